@@ -1,0 +1,175 @@
+//! gpupin's configuration: `--config FILE`, else `$GPUPIN_CONFIG`, else
+//! /etc/gpupin/config.toml; a missing default file means defaults.
+
+use crate::inventory::InventorySource;
+use crate::policy::PolicyName;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpupin/config.toml";
+pub const DEFAULT_STATE_DIR: &str = "/run/gpupin";
+pub const CONFIG_ENV: &str = "GPUPIN_CONFIG";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The lock directory holding the ledger and the inventory cache.
+    pub state_dir: PathBuf,
+    pub inventory: InventorySource,
+    /// Policy for requests that name none.
+    pub policy: PolicyName,
+    /// Where this configuration was read from; `None` for built-in defaults.
+    pub path: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            inventory: InventorySource::Auto,
+            policy: PolicyName::default(),
+            path: None,
+        }
+    }
+}
+
+/// The file as written: every key optional, unknown keys rejected by name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    state_dir: Option<PathBuf>,
+    inventory: Option<String>,
+    policy: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+impl Config {
+    /// Resolves which file to read (flag, env, default) and reads it.
+    pub fn discover(flag: Option<&Path>) -> Result<Config, ConfigError> {
+        if let Some(path) = flag {
+            return Config::load(path);
+        }
+        if let Some(path) = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty()) {
+            return Config::load(Path::new(&path));
+        }
+        match Config::load(Path::new(DEFAULT_CONFIG_PATH)) {
+            Err(ConfigError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                Ok(Config::default())
+            }
+            other => other,
+        }
+    }
+
+    /// Reads one config file; a file named explicitly must exist.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses config text; `path` names the file in errors and anchors relative paths.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let invalid = |reason: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let file: ConfigFile = toml::from_str(text).map_err(|e| invalid(one_line(e.message())))?;
+        let mut config = Config {
+            path: Some(path.to_path_buf()),
+            ..Config::default()
+        };
+        if let Some(dir) = file.state_dir {
+            config.state_dir = dir;
+        }
+        if let Some(inv) = file.inventory {
+            config.inventory = inv.parse().map_err(|e| invalid(format!("inventory: {e}")))?;
+            // A relative inventory file is relative to the config file, not the cwd of
+            // whichever runtime happens to call the hook.
+            if let InventorySource::File(p) = &config.inventory
+                && p.is_relative()
+                && let Some(dir) = path.parent()
+            {
+                config.inventory = InventorySource::File(dir.join(p));
+            }
+        }
+        if let Some(policy) = file.policy {
+            config.policy = policy.parse().map_err(|e| invalid(format!("policy: {e}")))?;
+        }
+        Ok(config)
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/gpupin/config.toml"))
+    }
+
+    #[test]
+    fn empty_file_means_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/run/gpupin"));
+        assert_eq!(c.inventory, InventorySource::Auto);
+    }
+
+    #[test]
+    fn reads_every_key() {
+        let c = parse("state_dir = \"/tmp/x\"\ninventory = \"sim:pcie8\"\npolicy = \"spread\"\n")
+            .unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.inventory, InventorySource::Sim("pcie8".into()));
+        assert_eq!(c.policy, PolicyName::Spread);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = parse("stat_dir = \"/tmp\"").unwrap_err().to_string();
+        assert!(err.contains("stat_dir"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = parse("inventory = \"gpu\"").unwrap_err().to_string();
+        assert!(err.contains("\"gpu\""), "{err}");
+        let err = parse("policy = \"random\"").unwrap_err().to_string();
+        assert!(err.contains("random") && err.contains("pack"), "{err}");
+        let err = parse("inventory = \"sim:nope\"").unwrap_err().to_string();
+        assert!(err.contains("sim:nope") && err.contains("sim:nvswitch8"), "{err}");
+    }
+
+    #[test]
+    fn relative_inventory_file_is_beside_the_config() {
+        let c = parse("inventory = \"machines/box.json\"").unwrap();
+        assert_eq!(
+            c.inventory,
+            InventorySource::File(PathBuf::from("/etc/gpupin/machines/box.json"))
+        );
+    }
+
+    #[test]
+    fn missing_explicit_file_is_an_error() {
+        let err = Config::load(Path::new("/nonexistent/gpupin.toml")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/gpupin.toml"));
+    }
+}

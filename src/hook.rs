@@ -1,0 +1,1 @@
+//! `gpupin hook STAGE`.

@@ -1,0 +1,210 @@
+//! The static description of a machine's GPUs: what exists, how it is wired, which
+//! device nodes it needs. Backends fill it from NVML, procfs, a JSON file or a built-in
+//! simulated machine; `cache` keeps a copy in the state dir so a hook never pays NVML's
+//! start-up cost.
+
+mod cache;
+mod file;
+mod link;
+mod nvml;
+mod procfs;
+mod sim;
+
+pub use file::{from_json, to_json};
+pub use link::Link;
+
+use std::path::{Path, PathBuf};
+
+/// One GPU as the inventory knows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Gpu {
+    /// NVML / nvidia-smi index. Not stable across reboots: records key GPUs by `uuid`.
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    /// Total memory in bytes.
+    pub memory_bytes: u64,
+    /// PCI bus id in NVML's form, e.g. `00000000:17:00.0`.
+    pub pci_bus_id: String,
+    /// Device minor: the node is `/dev/nvidia<minor>`, which need not equal `index`.
+    pub minor: u32,
+    pub numa_node: Option<u32>,
+    /// Host CPUs local to the GPU, as a cpulist (`0-15,32-47`).
+    pub local_cpus: Option<String>,
+}
+
+/// A character device node a container needs, with its path inside the container.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceNode {
+    /// Absolute path inside the container, always under `/dev`.
+    pub path: String,
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// Everything gpupin knows about the machine's GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inventory {
+    /// Where this came from, for humans: `sim:nvswitch8`, `nvml`, a file path.
+    pub source: String,
+    /// Major number of `/dev/nvidia<minor>` (from /proc/devices `nvidia`, 195 on every driver seen).
+    pub gpu_major: u32,
+    /// Sorted by index; `gpus[i].index == i` is not assumed.
+    pub gpus: Vec<Gpu>,
+    /// nvidiactl, nvidia-uvm, nvidia-uvm-tools, and nvidia-modeset where present.
+    pub control_nodes: Vec<DeviceNode>,
+    /// Pairwise links, `links[a][b]` for positions a, b in `gpus`; `None` when unknown.
+    pub links: Option<Vec<Vec<Link>>>,
+}
+
+impl Inventory {
+    /// The device node of one GPU.
+    pub fn gpu_node(&self, gpu: &Gpu) -> DeviceNode {
+        DeviceNode {
+            path: format!("/dev/nvidia{}", gpu.minor),
+            major: self.gpu_major,
+            minor: gpu.minor,
+        }
+    }
+
+    /// Finds a GPU by index (`3`), UUID (`GPU-...`, case-insensitive) or PCI bus id
+    /// (`00000000:17:00.0` or the short `17:00.0`).
+    pub fn find(&self, key: &str) -> Option<&Gpu> {
+        let key = key.trim();
+        if let Ok(index) = key.parse::<u32>() {
+            return self.gpus.iter().find(|g| g.index == index);
+        }
+        self.gpus.iter().find(|g| {
+            g.uuid.eq_ignore_ascii_case(key)
+                || g.pci_bus_id.eq_ignore_ascii_case(key)
+                || bus_id_suffix_matches(&g.pci_bus_id, key)
+        })
+    }
+
+    /// Position of a GPU in `gpus` by UUID.
+    pub fn position_of(&self, uuid: &str) -> Option<usize> {
+        self.gpus.iter().position(|g| g.uuid == uuid)
+    }
+
+    /// The link between GPUs at positions `a` and `b`, where known.
+    pub fn link(&self, a: usize, b: usize) -> Option<Link> {
+        self.links.as_ref().map(|m| m[a][b])
+    }
+}
+
+/// `17:00.0` matches `00000000:17:00.0`: users copy bus ids from lspci, which drops the domain.
+fn bus_id_suffix_matches(full: &str, short: &str) -> bool {
+    short.len() >= 7
+        && full.len() > short.len()
+        && full[full.len() - short.len()..].eq_ignore_ascii_case(short)
+        && full.as_bytes()[full.len() - short.len() - 1] == b':'
+}
+
+/// Where the inventory comes from: the `inventory` config key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InventorySource {
+    /// NVML, then procfs, then an error that says how to choose a simulated machine.
+    Auto,
+    Nvml,
+    Procfs,
+    /// A built-in simulated machine, by name (`nvswitch8`, `pcie8`).
+    Sim(String),
+    /// A JSON inventory file (format in README.md).
+    File(PathBuf),
+}
+
+impl std::str::FromStr for InventorySource {
+    type Err = InventoryError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "nvml" => Ok(Self::Nvml),
+            "procfs" => Ok(Self::Procfs),
+            _ => {
+                if let Some(name) = s.strip_prefix("sim:") {
+                    if sim::names().contains(&name) {
+                        return Ok(Self::Sim(name.to_string()));
+                    }
+                    return Err(InventoryError::UnknownSim {
+                        name: name.to_string(),
+                    });
+                }
+                if s.starts_with('/') || s.starts_with('.') || s.ends_with(".json") {
+                    return Ok(Self::File(PathBuf::from(s)));
+                }
+                Err(InventoryError::BadSource {
+                    value: s.to_string(),
+                })
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for InventorySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Nvml => f.write_str("nvml"),
+            Self::Procfs => f.write_str("procfs"),
+            Self::Sim(n) => write!(f, "sim:{n}"),
+            Self::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error(
+        "unknown simulated machine sim:{name}: expected one of {}",
+        sim::names().iter().map(|n| format!("sim:{n}")).collect::<Vec<_>>().join(", ")
+    )]
+    UnknownSim { name: String },
+    #[error(
+        "invalid inventory {value:?}: expected auto, nvml, procfs, sim:NAME or a path to an inventory JSON file"
+    )]
+    BadSource { value: String },
+    #[error("reading inventory file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid inventory file {path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error("NVML is not available ({reason}); is the NVIDIA driver installed?")]
+    NvmlUnavailable { reason: String },
+    #[error("NVML query failed: {what}: {reason}")]
+    Nvml { what: String, reason: String },
+    #[error("reading {path}")]
+    Procfs {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no NVIDIA GPU found under {root}")]
+    NoGpusInProcfs { root: PathBuf },
+    #[error(
+        "no NVIDIA GPU found (NVML: {nvml}; procfs: {procfs}); to try gpupin without GPUs set inventory = \"sim:nvswitch8\" (or sim:pcie8, or a JSON file) in the config"
+    )]
+    NothingFound { nvml: String, procfs: String },
+}
+
+/// Loads the inventory for `source`. `Auto`, `Nvml` and `Procfs` go through the cache in
+/// `state_dir`; `Sim` and `File` are cheap to build and are never cached.
+pub fn load(source: &InventorySource, state_dir: &Path) -> Result<Inventory, InventoryError> {
+    match source {
+        InventorySource::Sim(name) => sim::machine(name),
+        InventorySource::File(path) => file::load(path),
+        InventorySource::Auto | InventorySource::Nvml | InventorySource::Procfs => {
+            cache::load_or_probe(source, state_dir)
+        }
+    }
+}
+
+/// Probes the hardware again and rewrites the cache (`gpupin inventory --refresh`).
+pub fn refresh(source: &InventorySource, state_dir: &Path) -> Result<Inventory, InventoryError> {
+    match source {
+        InventorySource::Sim(_) | InventorySource::File(_) => load(source, state_dir),
+        _ => cache::probe_and_store(source, state_dir),
+    }
+}

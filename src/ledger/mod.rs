@@ -1,0 +1,1 @@
+//! The lock directory: the only writer of gpupin's state.

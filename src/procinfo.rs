@@ -1,0 +1,53 @@
+//! Process identity from /proc: a pid alone is not an identity (pids are reused), a pid
+//! with its start time is.
+
+use std::path::Path;
+
+/// The start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), or
+/// `None` when no such process exists.
+pub fn start_time(pid: i32) -> Option<u64> {
+    start_time_in(Path::new("/proc"), pid)
+}
+
+/// As `start_time`, with a different /proc root (tests use a fake tree).
+pub fn start_time_in(proc_root: &Path, pid: i32) -> Option<u64> {
+    if pid <= 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+/// The comm field may hold spaces and parentheses, so fields are counted after the last ')'.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // After ')' come field 3 (state) onwards; starttime is field 22.
+    after_comm.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// Whether the process `pid` that started at `started` still runs (and is not a zombie
+/// whose container is gone).
+pub fn is_alive(pid: i32, started: u64) -> bool {
+    start_time(pid) == Some(started)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_start_time_despite_odd_comm() {
+        let stat = "4242 (we ird) ) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(stat), Some(987654));
+    }
+
+    #[test]
+    fn own_process_is_alive_and_bogus_pid_is_not() {
+        let me = std::process::id() as i32;
+        let started = start_time(me).unwrap();
+        assert!(is_alive(me, started));
+        assert!(!is_alive(me, started + 1));
+        assert_eq!(start_time(-5), None);
+        assert_eq!(start_time(i32::MAX), None);
+    }
+}

@@ -1,0 +1,1 @@
+//! Tables and JSON for `gpupin inventory` and `gpupin status`, rendered to strings.
