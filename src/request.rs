@@ -279,7 +279,11 @@ mod tests {
             .unwrap();
         assert_eq!(
             r.selection,
-            Selection::Devices(vec!["0".into(), "GPU-abc".into(), "00000000:17:00.0".into()])
+            Selection::Devices(vec![
+                "0".into(),
+                "GPU-abc".into(),
+                "00000000:17:00.0".into()
+            ])
         );
     }
 
@@ -308,7 +312,10 @@ mod tests {
     #[test]
     fn unknown_key_is_an_error_not_a_silent_default() {
         let err = ann(&[("gpupin.cuont", "1")]).unwrap_err().to_string();
-        assert!(err.contains("gpupin.cuont") && err.contains("gpupin.count"), "{err}");
+        assert!(
+            err.contains("gpupin.cuont") && err.contains("gpupin.count"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -10,6 +10,17 @@ pub enum SpecError {
     Todo,
 }
 
+impl SpecError {
+    pub fn from_io(_path: &Path, _e: std::io::Error) -> SpecError {
+        todo!()
+    }
+}
+
+/// Parses config.json bytes already read; `path` names the file in errors.
+pub fn parse(_bytes: &[u8], _path: &Path) -> Result<Value, SpecError> {
+    todo!()
+}
+
 /// Reads a bundle's config.json.
 pub fn read(_path: &Path) -> Result<Value, SpecError> {
     todo!()
