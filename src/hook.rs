@@ -242,3 +242,122 @@ pub fn nodes_for(inventory: &Inventory, uuids: &[String]) -> Vec<DeviceNode> {
     gpus.chain(inventory.control_nodes.iter().cloned())
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bundle dir with a config.json whose env is `env`.
+    fn bundle(env: &[&str]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "env": env},
+            "root": {"path": "rootfs"},
+        });
+        std::fs::write(dir.path().join("config.json"), spec.to_string()).unwrap();
+        dir
+    }
+
+    fn state(id: &str, bundle: &Path, annotations: &[(&str, &str)]) -> Vec<u8> {
+        let annotations: serde_json::Map<String, serde_json::Value> = annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        serde_json::json!({
+            "ociVersion": "1.0.2", "id": id, "status": "created", "pid": 1,
+            "bundle": bundle, "annotations": annotations,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn never_loaded() -> Result<Config, ConfigError> {
+        panic!("the config must not be loaded for this container")
+    }
+
+    fn err(stage: Stage, state: &[u8]) -> String {
+        run(stage, state, never_loaded).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn container_without_request_costs_nothing() {
+        let b = bundle(&["PATH=/bin"]);
+        let s = state("plain", b.path(), &[("org.example", "1")]);
+        for stage in [Stage::Prestart, Stage::Poststop] {
+            assert!(matches!(
+                run(stage, &s, never_loaded).unwrap(),
+                Outcome::NoRequest
+            ));
+        }
+    }
+
+    #[test]
+    fn malformed_state_is_a_clear_error() {
+        let e = err(Stage::Prestart, b"{\"id\": 3");
+        assert!(e.starts_with("invalid OCI state on stdin"), "{e}");
+    }
+
+    #[test]
+    fn hostile_id_is_refused_before_anything_is_read() {
+        let b = bundle(&["GPUPIN_COUNT=1"]);
+        let e = err(Stage::Prestart, &state("../../etc", b.path(), &[]));
+        assert!(
+            e.contains("\"../../etc\"") && e.contains("container id"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn missing_bundle_names_the_path() {
+        let s = state(
+            "c1",
+            Path::new("/nonexistent/bundle"),
+            &[("gpupin.count", "1")],
+        );
+        let e = run(Stage::Prestart, &s, never_loaded).unwrap_err();
+        let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+        assert!(chain.contains("/nonexistent/bundle/config.json"), "{chain}");
+    }
+
+    #[test]
+    fn bad_requests_fail_before_the_ledger_is_touched() {
+        let b = bundle(&[]);
+        for (value, expected) in [
+            ("0", "positive integer"),
+            ("-1", "positive integer"),
+            ("two", "positive integer"),
+        ] {
+            let e = err(
+                Stage::Prestart,
+                &state("c1", b.path(), &[("gpupin.count", value)]),
+            );
+            assert!(
+                e.contains(&format!("gpupin.count={value:?}")) && e.contains(expected),
+                "{e}"
+            );
+        }
+        let s = state(
+            "c1",
+            b.path(),
+            &[("gpupin.count", "1"), ("gpupin.policy", "best")],
+        );
+        assert!(err(Stage::Prestart, &s).contains("expected one of pack, spread"));
+    }
+
+    #[test]
+    fn env_request_is_read_from_the_bundle() {
+        let b = bundle(&["GPUPIN_COUNT=two"]);
+        let e = err(Stage::Prestart, &state("c1", b.path(), &[]));
+        assert!(e.contains("GPUPIN_COUNT=\"two\""), "{e}");
+    }
+
+    #[test]
+    fn unknown_stage_lists_the_known_ones() {
+        let e = "poststart".parse::<Stage>().unwrap_err().to_string();
+        assert!(
+            e.contains("poststart") && e.contains("createRuntime"),
+            "{e}"
+        );
+    }
+}
