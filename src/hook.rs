@@ -130,7 +130,10 @@ fn read_container(
         Err(e) => {
             return Err(HookError::Bundle {
                 id: id.to_string(),
-                source: SpecError::from_io(&config_path, e),
+                source: SpecError::Read {
+                    path: config_path,
+                    source: e,
+                },
             });
         }
     };
