@@ -30,6 +30,10 @@ pub enum Selection {
 #[serde(rename_all = "snake_case")]
 pub enum Origin {
     Annotations,
+    /// Docker labels (config.v2.json), read by the runtime shim.
+    Labels,
+    /// Docker's own GPU request (`--gpus`, compose device reservations) in hostconfig.json.
+    DockerGpus,
     Env,
     Cli,
 }
@@ -80,11 +84,23 @@ const DEVICES_EXPECTED: &str =
 pub fn from_annotations(
     annotations: &HashMap<String, String>,
 ) -> Result<Option<GpuRequest>, RequestError> {
-    let pairs = annotations
+    from_keys(annotations, Origin::Annotations)
+}
+
+/// Reads a request from Docker labels, which use the annotation keys.
+pub fn from_labels(labels: &HashMap<String, String>) -> Result<Option<GpuRequest>, RequestError> {
+    from_keys(labels, Origin::Labels)
+}
+
+fn from_keys(
+    map: &HashMap<String, String>,
+    origin: Origin,
+) -> Result<Option<GpuRequest>, RequestError> {
+    let pairs = map
         .iter()
         .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
         .map(|(k, v)| (k.as_str(), v.as_str()));
-    parse(pairs, Origin::Annotations)
+    parse(pairs, origin)
 }
 
 /// Reads a request from a process env (`KEY=VALUE` strings). The last occurrence of a
