@@ -15,4 +15,5 @@ pub mod policy;
 pub mod procinfo;
 pub mod report;
 pub mod request;
+pub mod runtime;
 pub mod spec;
