@@ -3,6 +3,7 @@
 //! device cgroup. Used by `gpupin hook prestart|createRuntime` under plain runc, where the
 //! spec can no longer be edited.
 
+mod cgroup;
 mod mntns;
 mod nodes;
 mod paths;
@@ -83,6 +84,37 @@ pub enum InjectError {
         major: u32,
         minor: u32,
     },
+    #[error("reading {path}")]
+    ReadProc {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "pid {pid} has no cgroup v1 devices controller: cgroup v2 device control is not supported on the prestart path yet; use the gpupin-runtime shim or the podman precreate hook"
+    )]
+    CgroupV2Only { pid: i32 },
+    #[error(
+        "devices cgroup {cgroup} of pid {pid} is not under any devices hierarchy mount in {mountinfo}"
+    )]
+    CgroupNotMounted {
+        pid: i32,
+        cgroup: String,
+        mountinfo: PathBuf,
+    },
+    #[error("opening device cgroup file {path}")]
+    OpenCgroup {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing {rule:?} to {path}")]
+    WriteCgroup {
+        path: PathBuf,
+        rule: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Creates `nodes` under the container's /dev, inside the mount namespace of `pid`, with
@@ -118,8 +150,8 @@ pub fn create_nodes_in_container(
 
 /// Grants read/write/mknod access to `nodes` in the device cgroup of `pid`
 /// (cgroup v1; on a v2-only host this fails closed).
-pub fn allow_in_device_cgroup(_pid: i32, _nodes: &[DeviceNode]) -> Result<(), InjectError> {
-    todo!()
+pub fn allow_in_device_cgroup(pid: i32, nodes: &[DeviceNode]) -> Result<(), InjectError> {
+    cgroup::allow(Path::new("/proc"), pid, nodes)
 }
 
 #[cfg(test)]
