@@ -242,7 +242,7 @@ fn give_gpus(
     spec_value: &mut serde_json::Value,
     config_path: &Path,
 ) -> Result<(), HookError> {
-    let nodes = nodes_for(inventory, &record.gpus);
+    let nodes = inventory.nodes_for(&record.gpus);
     let inject_err = |source| HookError::Inject {
         id: id.to_string(),
         source,
@@ -257,15 +257,6 @@ fn give_gpus(
     spec::write_atomic(config_path, spec_value).map_err(write_err)
 }
 
-/// The chosen GPUs' nodes, then the control nodes every CUDA process opens.
-pub fn nodes_for(inventory: &Inventory, uuids: &[String]) -> Vec<DeviceNode> {
-    let gpus = uuids
-        .iter()
-        .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
-        .map(|g| inventory.gpu_node(g));
-    gpus.chain(inventory.control_nodes.iter().cloned())
-        .collect()
-}
 
 #[cfg(test)]
 mod tests {

@@ -5,6 +5,7 @@
 //! and the spec / inject modules give the container exactly the chosen GPUs.
 //! Nothing in this library prints or exits; the binaries do.
 
+pub mod assign;
 pub mod config;
 pub mod docker;
 pub mod hook;

@@ -82,6 +82,16 @@ impl Inventory {
         })
     }
 
+    /// The nodes a container holding `uuids` needs: its GPUs' nodes, then the control
+    /// nodes every CUDA process opens.
+    pub fn nodes_for(&self, uuids: &[String]) -> Vec<DeviceNode> {
+        let gpus = uuids
+            .iter()
+            .filter_map(|u| self.gpus.iter().find(|g| &g.uuid == u))
+            .map(|g| self.gpu_node(g));
+        gpus.chain(self.control_nodes.iter().cloned()).collect()
+    }
+
     /// Position of a GPU in `gpus` by UUID.
     pub fn position_of(&self, uuid: &str) -> Option<usize> {
         self.gpus.iter().position(|g| g.uuid == uuid)
