@@ -184,6 +184,8 @@ pub enum InventoryError {
     Invalid { path: PathBuf, reason: String },
     #[error("NVML is not available ({reason}); is the NVIDIA driver installed?")]
     NvmlUnavailable { reason: String },
+    #[error("NVML reports no GPUs")]
+    NoGpusInNvml,
     #[error("NVML query failed: {what}: {reason}")]
     Nvml { what: String, reason: String },
     #[error("reading {path}")]
@@ -192,6 +194,14 @@ pub enum InventoryError {
         #[source]
         source: std::io::Error,
     },
+    #[error("writing inventory cache {path}")]
+    CacheWrite {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unexpected content in {path}: {reason}")]
+    ProcfsFormat { path: PathBuf, reason: String },
     #[error("no NVIDIA GPU found under {root}")]
     NoGpusInProcfs { root: PathBuf },
     #[error(
