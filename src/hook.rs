@@ -4,7 +4,7 @@
 
 use crate::config::{Config, ConfigError};
 use crate::inject::{self, InjectError};
-use crate::inventory::{self, DeviceNode, Inventory, InventoryError};
+use crate::inventory::{self, Inventory, InventoryError};
 use crate::ledger::{BadHolderId, HolderId, HolderMeta, Ledger, LedgerError, Record};
 use crate::request::{self, GpuRequest, RequestError};
 use crate::spec::{self, SpecError};
@@ -256,7 +256,6 @@ fn give_gpus(
     spec::set_env(spec_value, VISIBLE_DEVICES, &record.gpus.join(",")).map_err(write_err)?;
     spec::write_atomic(config_path, spec_value).map_err(write_err)
 }
-
 
 #[cfg(test)]
 mod tests {

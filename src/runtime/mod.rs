@@ -61,7 +61,10 @@ fn search_path(name: &Path) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
     std::env::split_paths(&path)
         .map(|dir| dir.join(name))
-        .find(|p| p.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// Releases `id` if it holds anything. Cheap when it does not: one stat of its record.
