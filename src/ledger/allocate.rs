@@ -88,6 +88,7 @@ pub(super) fn plan(
                 free: &free,
                 count,
                 cursor,
+                live: None,
             };
             policy.choose(&input).ok_or_else(|| not_enough(count))?
         }

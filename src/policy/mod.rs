@@ -14,6 +14,18 @@ pub struct PolicyInput<'a> {
     pub count: usize,
     /// Position after the last GPU handed out by any allocation.
     pub cursor: usize,
+    /// Live figures per position, when the policy needs them (`PolicyName::needs_live`)
+    /// and a source is configured.
+    pub live: Option<&'a [Live]>,
+}
+
+/// What a GPU is doing now: NVML on a real machine, the `live_file` for simulated ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Live {
+    /// GPU utilization, percent.
+    pub utilization: u32,
+    /// Free memory in bytes.
+    pub memory_free: u64,
 }
 
 impl PolicyInput<'_> {

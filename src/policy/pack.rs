@@ -24,6 +24,7 @@ mod tests {
             free: &free,
             count: 2,
             cursor: 3,
+            live: None,
         };
         assert_eq!(Pack.choose(&input), Some(vec![1, 2]));
     }
@@ -37,6 +38,7 @@ mod tests {
             free: &free,
             count: 2,
             cursor: 0,
+            live: None,
         };
         assert_eq!(Pack.choose(&input), None);
     }

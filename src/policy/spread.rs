@@ -38,6 +38,7 @@ mod tests {
             free: &free,
             count: 2,
             cursor: 3,
+            live: None,
         };
         assert_eq!(Spread.choose(&input), Some(vec![3, 0]));
     }
@@ -51,6 +52,7 @@ mod tests {
             free: &free,
             count: 1,
             cursor: 1,
+            live: None,
         };
         assert_eq!(Spread.choose(&input), Some(vec![3]));
     }
@@ -64,6 +66,7 @@ mod tests {
             free: &free,
             count: 2,
             cursor: 0,
+            live: None,
         };
         assert_eq!(Spread.choose(&input), None);
     }
