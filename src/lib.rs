@@ -18,3 +18,4 @@ pub mod report;
 pub mod request;
 pub mod runtime;
 pub mod spec;
+pub mod units;

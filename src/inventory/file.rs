@@ -236,31 +236,9 @@ fn memory_bytes(value: &Value) -> Result<u64, String> {
         Value::Number(n) => n
             .as_u64()
             .ok_or_else(|| "expected a whole number of bytes".to_string()),
-        Value::String(s) => parse_size(s),
+        Value::String(s) => crate::units::parse_size(s),
         _ => Err("expected a number of bytes or a size such as \"80GiB\"".to_string()),
     }
-}
-
-fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(digits_end);
-    let count: u64 = digits
-        .parse()
-        .map_err(|_| "expected a whole number followed by a unit, such as 80GiB".to_string())?;
-    let shift = match unit.trim() {
-        "" | "B" => 0,
-        "KiB" => 10,
-        "MiB" => 20,
-        "GiB" => 30,
-        "TiB" => 40,
-        _ => return Err("expected unit B, KiB, MiB, GiB or TiB".to_string()),
-    };
-    count
-        .checked_mul(1 << shift)
-        .ok_or_else(|| "too large".to_string())
 }
 
 /// Rejects the second GPU that has the same `key` as an earlier one.
@@ -527,7 +505,7 @@ mod tests {
             ("1024", 1024),
             ("2 TiB", 2 << 40),
         ] {
-            assert_eq!(parse_size(memory), Ok(bytes), "{memory}");
+            assert_eq!(crate::units::parse_size(memory), Ok(bytes), "{memory}");
         }
         let text = two_gpus("").replace(r#""40GiB""#, "85899345920");
         assert_eq!(parse(&text).unwrap().gpus[1].memory_bytes, 85899345920);

@@ -4,7 +4,7 @@
 //! start-up cost.
 
 mod cache;
-mod cpulist;
+pub(crate) mod cpulist;
 mod file;
 mod link;
 mod nvml;
