@@ -14,4 +14,5 @@ pub mod policy;
 pub mod procinfo;
 pub mod report;
 pub mod request;
+pub mod sandbox;
 pub mod spec;
