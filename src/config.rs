@@ -96,7 +96,9 @@ impl Config {
             config.state_dir = dir;
         }
         if let Some(inv) = file.inventory {
-            config.inventory = inv.parse().map_err(|e| invalid(format!("inventory: {e}")))?;
+            config.inventory = inv
+                .parse()
+                .map_err(|e| invalid(format!("inventory: {e}")))?;
             // A relative inventory file is relative to the config file, not the cwd of
             // whichever runtime happens to call the hook.
             if let InventorySource::File(p) = &config.inventory
@@ -107,7 +109,9 @@ impl Config {
             }
         }
         if let Some(policy) = file.policy {
-            config.policy = policy.parse().map_err(|e| invalid(format!("policy: {e}")))?;
+            config.policy = policy
+                .parse()
+                .map_err(|e| invalid(format!("policy: {e}")))?;
         }
         Ok(config)
     }
@@ -155,7 +159,10 @@ mod tests {
         let err = parse("policy = \"random\"").unwrap_err().to_string();
         assert!(err.contains("random") && err.contains("pack"), "{err}");
         let err = parse("inventory = \"sim:nope\"").unwrap_err().to_string();
-        assert!(err.contains("sim:nope") && err.contains("sim:nvswitch8"), "{err}");
+        assert!(
+            err.contains("sim:nope") && err.contains("sim:nvswitch8"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,1 +1,366 @@
-//! `gpupin hook STAGE`.
+//! `gpupin hook STAGE`: the OCI hook protocol. The runtime passes the container state on
+//! stdin; prestart/createRuntime allocate and give the container its GPUs from outside
+//! (runc has already read the spec), poststop releases.
+
+use crate::config::{Config, ConfigError};
+use crate::inject::{self, InjectError};
+use crate::inventory::{self, DeviceNode, Inventory, InventoryError};
+use crate::ledger::{BadHolderId, HolderId, HolderMeta, Ledger, LedgerError, Record};
+use crate::request::{self, GpuRequest, RequestError};
+use crate::spec::{self, SpecError};
+use oci_spec::runtime::State;
+use std::path::{Path, PathBuf};
+
+/// The env var later hooks (NVIDIA's among them) read the chosen GPUs from.
+pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Prestart,
+    CreateRuntime,
+    Poststop,
+}
+
+impl std::str::FromStr for Stage {
+    type Err = HookError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "prestart" => Ok(Stage::Prestart),
+            "createRuntime" => Ok(Stage::CreateRuntime),
+            "poststop" => Ok(Stage::Poststop),
+            _ => Err(HookError::UnknownStage(s.to_string())),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("unknown hook stage {0:?}: expected prestart, createRuntime or poststop")]
+    UnknownStage(String),
+    #[error("invalid OCI state on stdin: {0}")]
+    State(String),
+    #[error(transparent)]
+    BadId(#[from] BadHolderId),
+    #[error("bundle of container {id}")]
+    Bundle {
+        id: String,
+        #[source]
+        source: SpecError,
+    },
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(
+        "OCI state of container {0} has no pid; a prestart hook needs the container's init process"
+    )]
+    NoPid(String),
+    #[error("giving container {id} its GPUs")]
+    Inject {
+        id: String,
+        #[source]
+        source: InjectError,
+    },
+    #[error("recording the choice in the bundle of container {id}")]
+    WriteSpec {
+        id: String,
+        #[source]
+        source: SpecError,
+    },
+}
+
+/// What the hook did, for the binary to report.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The container asked for nothing: nothing was read beyond its state and spec.
+    NoRequest,
+    Allocated(Record),
+    /// Poststop: the record released, `None` when nothing was held.
+    Released(Option<Record>),
+}
+
+/// The container state plus, when it had to be read, its spec.
+struct Container {
+    id: HolderId,
+    pid: Option<i32>,
+    bundle: PathBuf,
+    request: Option<GpuRequest>,
+    spec_bytes: Vec<u8>,
+}
+
+/// Runs one stage. `load_config` is only called when the container asks for GPUs, so the
+/// hook costs a container without a request a state parse and one small file read.
+pub fn run(
+    stage: Stage,
+    state_json: &[u8],
+    load_config: impl FnOnce() -> Result<Config, ConfigError>,
+) -> Result<Outcome, HookError> {
+    let state: State =
+        serde_json::from_slice(state_json).map_err(|e| HookError::State(e.to_string()))?;
+    let id = HolderId::new(state.id())?;
+    let Some(container) = read_container(id, &state, stage)? else {
+        return Ok(Outcome::NoRequest);
+    };
+    let config = load_config()?;
+    match stage {
+        Stage::Poststop => {
+            let ledger = Ledger::open(&config.state_dir)?;
+            Ok(Outcome::Released(ledger.release(&container.id)?))
+        }
+        Stage::Prestart | Stage::CreateRuntime => prestart(container, &config),
+    }
+}
+
+/// Reads the request: annotations first, then the spec's env. `None`: no request at all.
+fn read_container(
+    id: HolderId,
+    state: &State,
+    stage: Stage,
+) -> Result<Option<Container>, HookError> {
+    let annotations = state.annotations().clone().unwrap_or_default();
+    let config_path = state.bundle().join("config.json");
+    let spec_bytes = match std::fs::read(&config_path) {
+        Ok(bytes) => bytes,
+        // A bundle removed before `runc delete` must not keep its GPUs held.
+        Err(_) if stage == Stage::Poststop => b"GPUPIN_".to_vec(),
+        Err(e) => {
+            return Err(HookError::Bundle {
+                id: id.to_string(),
+                source: SpecError::Read {
+                    path: config_path,
+                    source: e,
+                },
+            });
+        }
+    };
+    let has_annotation = annotations
+        .keys()
+        .any(|k| k.starts_with(request::ANNOTATION_PREFIX));
+    // The cheap test first: a spec that never mentions GPUPIN_ has no env request.
+    let may_have_env = contains(&spec_bytes, request::ENV_PREFIX.as_bytes());
+    if !has_annotation && !may_have_env {
+        return Ok(None);
+    }
+    let spec_value = || spec::parse(&spec_bytes, &config_path);
+    let bundle_err = |source| HookError::Bundle {
+        id: id.to_string(),
+        source,
+    };
+    // Poststop releases whatever the id holds: a request that no longer parses must not
+    // keep GPUs held forever.
+    let request = if stage == Stage::Poststop {
+        None
+    } else if has_annotation {
+        request::from_annotations(&annotations)?
+    } else {
+        let env = spec::process_env(&spec_value().map_err(bundle_err)?);
+        request::from_env(&env)?
+    };
+    if stage != Stage::Poststop && request.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Container {
+        id,
+        pid: *state.pid(),
+        bundle: state.bundle().to_path_buf(),
+        request,
+        spec_bytes,
+    }))
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn prestart(c: Container, config: &Config) -> Result<Outcome, HookError> {
+    let pid = c.pid.ok_or_else(|| HookError::NoPid(c.id.to_string()))?;
+    let request = c.request.as_ref().expect("prestart has a request");
+    let config_path = c.bundle.join("config.json");
+    let bundle_err = |source| HookError::Bundle {
+        id: c.id.to_string(),
+        source,
+    };
+    let mut spec_value = spec::parse(&c.spec_bytes, &config_path).map_err(bundle_err)?;
+    let rootfs = spec::rootfs_path(&spec_value, &c.bundle).map_err(bundle_err)?;
+    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
+    let ledger = Ledger::open(&config.state_dir)?;
+    let meta = HolderMeta {
+        source: "hook".into(),
+        pid: Some(pid),
+        bundle: Some(c.bundle.clone()),
+    };
+    let allocation = ledger.allocate(&c.id, request, &inventory, config.policy, meta)?;
+    let record = allocation.record;
+    let given = give_gpus(
+        &c.id,
+        pid,
+        &rootfs,
+        &inventory,
+        &record,
+        &mut spec_value,
+        &config_path,
+    );
+    if let Err(err) = given {
+        // The container will not start: its GPUs go back at once, not at the next gc.
+        ledger.release(&c.id)?;
+        return Err(err);
+    }
+    Ok(Outcome::Allocated(record))
+}
+
+fn give_gpus(
+    id: &HolderId,
+    pid: i32,
+    rootfs: &Path,
+    inventory: &Inventory,
+    record: &Record,
+    spec_value: &mut serde_json::Value,
+    config_path: &Path,
+) -> Result<(), HookError> {
+    let nodes = nodes_for(inventory, &record.gpus);
+    let inject_err = |source| HookError::Inject {
+        id: id.to_string(),
+        source,
+    };
+    inject::create_nodes_in_container(pid, rootfs, &nodes).map_err(inject_err)?;
+    inject::allow_in_device_cgroup(pid, &nodes).map_err(inject_err)?;
+    let write_err = |source| HookError::WriteSpec {
+        id: id.to_string(),
+        source,
+    };
+    spec::set_env(spec_value, VISIBLE_DEVICES, &record.gpus.join(",")).map_err(write_err)?;
+    spec::write_atomic(config_path, spec_value).map_err(write_err)
+}
+
+/// The chosen GPUs' nodes, then the control nodes every CUDA process opens.
+pub fn nodes_for(inventory: &Inventory, uuids: &[String]) -> Vec<DeviceNode> {
+    let gpus = uuids
+        .iter()
+        .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
+        .map(|g| inventory.gpu_node(g));
+    gpus.chain(inventory.control_nodes.iter().cloned())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bundle dir with a config.json whose env is `env`.
+    fn bundle(env: &[&str]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "env": env},
+            "root": {"path": "rootfs"},
+        });
+        std::fs::write(dir.path().join("config.json"), spec.to_string()).unwrap();
+        dir
+    }
+
+    fn state(id: &str, bundle: &Path, annotations: &[(&str, &str)]) -> Vec<u8> {
+        let annotations: serde_json::Map<String, serde_json::Value> = annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+            .collect();
+        serde_json::json!({
+            "ociVersion": "1.0.2", "id": id, "status": "created", "pid": 1,
+            "bundle": bundle, "annotations": annotations,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn never_loaded() -> Result<Config, ConfigError> {
+        panic!("the config must not be loaded for this container")
+    }
+
+    fn err(stage: Stage, state: &[u8]) -> String {
+        run(stage, state, never_loaded).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn container_without_request_costs_nothing() {
+        let b = bundle(&["PATH=/bin"]);
+        let s = state("plain", b.path(), &[("org.example", "1")]);
+        for stage in [Stage::Prestart, Stage::Poststop] {
+            assert!(matches!(
+                run(stage, &s, never_loaded).unwrap(),
+                Outcome::NoRequest
+            ));
+        }
+    }
+
+    #[test]
+    fn malformed_state_is_a_clear_error() {
+        let e = err(Stage::Prestart, b"{\"id\": 3");
+        assert!(e.starts_with("invalid OCI state on stdin"), "{e}");
+    }
+
+    #[test]
+    fn hostile_id_is_refused_before_anything_is_read() {
+        let b = bundle(&["GPUPIN_COUNT=1"]);
+        let e = err(Stage::Prestart, &state("../../etc", b.path(), &[]));
+        assert!(
+            e.contains("\"../../etc\"") && e.contains("container id"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn missing_bundle_names_the_path() {
+        let s = state(
+            "c1",
+            Path::new("/nonexistent/bundle"),
+            &[("gpupin.count", "1")],
+        );
+        let e = run(Stage::Prestart, &s, never_loaded).unwrap_err();
+        let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+        assert!(chain.contains("/nonexistent/bundle/config.json"), "{chain}");
+    }
+
+    #[test]
+    fn bad_requests_fail_before_the_ledger_is_touched() {
+        let b = bundle(&[]);
+        for (value, expected) in [
+            ("0", "positive integer"),
+            ("-1", "positive integer"),
+            ("two", "positive integer"),
+        ] {
+            let e = err(
+                Stage::Prestart,
+                &state("c1", b.path(), &[("gpupin.count", value)]),
+            );
+            assert!(
+                e.contains(&format!("gpupin.count={value:?}")) && e.contains(expected),
+                "{e}"
+            );
+        }
+        let s = state(
+            "c1",
+            b.path(),
+            &[("gpupin.count", "1"), ("gpupin.policy", "best")],
+        );
+        assert!(err(Stage::Prestart, &s).contains("expected one of pack, spread"));
+    }
+
+    #[test]
+    fn env_request_is_read_from_the_bundle() {
+        let b = bundle(&["GPUPIN_COUNT=two"]);
+        let e = err(Stage::Prestart, &state("c1", b.path(), &[]));
+        assert!(e.contains("GPUPIN_COUNT=\"two\""), "{e}");
+    }
+
+    #[test]
+    fn unknown_stage_lists_the_known_ones() {
+        let e = "poststart".parse::<Stage>().unwrap_err().to_string();
+        assert!(
+            e.contains("poststart") && e.contains("createRuntime"),
+            "{e}"
+        );
+    }
+}

@@ -6,6 +6,7 @@
 //! Nothing in this library prints or exits; the binaries do.
 
 pub mod config;
+pub mod docker;
 pub mod hook;
 pub mod inject;
 pub mod inventory;

@@ -4,7 +4,8 @@
 use std::path::Path;
 
 /// The start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), or
-/// `None` when no such process exists.
+/// `None` when no such process exists or it is a zombie (it has exited; only its parent
+/// has not reaped it yet).
 pub fn start_time(pid: i32) -> Option<u64> {
     start_time_in(Path::new("/proc"), pid)
 }
@@ -22,7 +23,12 @@ pub fn start_time_in(proc_root: &Path, pid: i32) -> Option<u64> {
 fn parse_start_time(stat: &str) -> Option<u64> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
     // After ')' come field 3 (state) onwards; starttime is field 22.
-    after_comm.split_whitespace().nth(22 - 3)?.parse().ok()
+    let mut fields = after_comm.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    fields.nth(22 - 4)?.parse().ok()
 }
 
 /// Whether the process `pid` that started at `started` still runs (and is not a zombie
@@ -37,8 +43,15 @@ mod tests {
 
     #[test]
     fn parses_start_time_despite_odd_comm() {
-        let stat = "4242 (we ird) ) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let stat =
+            "4242 (we ird) ) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_start_time(stat), Some(987654));
+    }
+
+    #[test]
+    fn zombie_has_no_start_time() {
+        let stat = "4242 (sleep) Z 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 0 0";
+        assert_eq!(parse_start_time(stat), None);
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub enum Selection {
 #[serde(rename_all = "snake_case")]
 pub enum Origin {
     Annotations,
+    /// Docker labels (config.v2.json), read by the runtime shim.
+    Labels,
+    /// Docker's own GPU request (`--gpus`, compose device reservations) in hostconfig.json.
+    DockerGpus,
     Env,
     Cli,
 }
@@ -80,11 +84,23 @@ const DEVICES_EXPECTED: &str =
 pub fn from_annotations(
     annotations: &HashMap<String, String>,
 ) -> Result<Option<GpuRequest>, RequestError> {
-    let pairs = annotations
+    from_keys(annotations, Origin::Annotations)
+}
+
+/// Reads a request from Docker labels, which use the annotation keys.
+pub fn from_labels(labels: &HashMap<String, String>) -> Result<Option<GpuRequest>, RequestError> {
+    from_keys(labels, Origin::Labels)
+}
+
+fn from_keys(
+    map: &HashMap<String, String>,
+    origin: Origin,
+) -> Result<Option<GpuRequest>, RequestError> {
+    let pairs = map
         .iter()
         .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
         .map(|(k, v)| (k.as_str(), v.as_str()));
-    parse(pairs, Origin::Annotations)
+    parse(pairs, origin)
 }
 
 /// Reads a request from a process env (`KEY=VALUE` strings). The last occurrence of a
@@ -279,7 +295,11 @@ mod tests {
             .unwrap();
         assert_eq!(
             r.selection,
-            Selection::Devices(vec!["0".into(), "GPU-abc".into(), "00000000:17:00.0".into()])
+            Selection::Devices(vec![
+                "0".into(),
+                "GPU-abc".into(),
+                "00000000:17:00.0".into()
+            ])
         );
     }
 
@@ -308,7 +328,10 @@ mod tests {
     #[test]
     fn unknown_key_is_an_error_not_a_silent_default() {
         let err = ann(&[("gpupin.cuont", "1")]).unwrap_err().to_string();
-        assert!(err.contains("gpupin.cuont") && err.contains("gpupin.count"), "{err}");
+        assert!(
+            err.contains("gpupin.cuont") && err.contains("gpupin.count"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -2,9 +2,15 @@
 use super::{Inventory, InventoryError, InventorySource};
 use std::path::Path;
 
-pub fn load_or_probe(_source: &InventorySource, _state_dir: &Path) -> Result<Inventory, InventoryError> {
+pub fn load_or_probe(
+    _source: &InventorySource,
+    _state_dir: &Path,
+) -> Result<Inventory, InventoryError> {
     todo!()
 }
-pub fn probe_and_store(_source: &InventorySource, _state_dir: &Path) -> Result<Inventory, InventoryError> {
+pub fn probe_and_store(
+    _source: &InventorySource,
+    _state_dir: &Path,
+) -> Result<Inventory, InventoryError> {
     todo!()
 }

@@ -81,7 +81,9 @@ mod tests {
 
     #[test]
     fn round_trips_every_notation() {
-        for s in ["X", "NVS", "NV1", "NV12", "PIX", "PXB", "PHB", "NODE", "SYS"] {
+        for s in [
+            "X", "NVS", "NV1", "NV12", "PIX", "PXB", "PHB", "NODE", "SYS",
+        ] {
             assert_eq!(s.parse::<Link>().unwrap().to_string(), s);
         }
     }

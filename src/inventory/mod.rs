@@ -4,6 +4,7 @@
 //! start-up cost.
 
 mod cache;
+mod cpulist;
 mod file;
 mod link;
 mod nvml;

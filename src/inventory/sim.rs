@@ -1,9 +1,237 @@
-//! Built-in simulated machines.
-use super::{Inventory, InventoryError};
+//! Built-in simulated machines, for trying gpupin (and testing it) without GPUs.
+//!
+//! - `nvswitch8`: eight `NVIDIA H100 80GB HBM3` (81559 MiB, as NVML reports it) on an
+//!   NVSwitch, like a DGX/HGX H100: every pair is `NVS`; GPUs 0-3 on NUMA node 0, 4-7 on 1.
+//! - `pcie8`: eight `NVIDIA L40S` (46068 MiB) without NVLink in a two-socket server. Each
+//!   socket has two PCIe switches with two GPUs each: GPUs on one switch are `PIX`, on the
+//!   same socket but different switches `NODE`, across sockets `SYS`. `NODE` rather than
+//!   `PXB` because on current Intel and AMD servers each x16 root port sits behind its own
+//!   host bridge, so two switches on one socket meet only at the CPU's internal fabric;
+//!   `PXB` would need both switches under one upstream switch.
+//!
+//! Both use GPU major 195, minors equal to indexes, and the default control nodes of the
+//! file format (nvidiactl 195:255, nvidia-uvm 510:0, nvidia-uvm-tools 510:1). These are
+//! fake: a container gets nodes with these numbers, nothing on the host is touched. UUIDs
+//! are `GPU-5a1e<machine>-0000-4000-8000-<index>`, distinct across machines.
+//!
+//! The two simulated NUMA nodes map onto the host's real online CPUs (first half, second
+//! half; all of them for both with a single CPU), so cpusets built from `local_cpus` are
+//! valid on the host that runs the simulation.
 
+use super::file::{DEFAULT_GPU_MAJOR, default_control_nodes};
+use super::{Gpu, Inventory, InventoryError, Link, cpulist};
+
+/// The names of the simulated machines; `machine` accepts exactly these.
 pub fn names() -> &'static [&'static str] {
     &["nvswitch8", "pcie8"]
 }
-pub fn machine(_name: &str) -> Result<Inventory, InventoryError> {
-    todo!()
+
+pub fn machine(name: &str) -> Result<Inventory, InventoryError> {
+    let spec = MACHINES
+        .iter()
+        .find(|m| m.name == name && names().contains(&name))
+        .ok_or_else(|| InventoryError::UnknownSim {
+            name: name.to_string(),
+        })?;
+    Ok(spec.build(&host_online_cpus()))
+}
+
+const NUMA_NODES: usize = 2;
+
+struct Spec {
+    name: &'static str,
+    /// Goes into the UUIDs, so machines never share one.
+    id: u16,
+    gpu_name: &'static str,
+    memory_mib: u64,
+    /// PCI bus numbers, one per GPU; domain 0, device 0, function 0.
+    buses: [u8; 8],
+    link: fn(usize, usize) -> Link,
+}
+
+const MACHINES: &[Spec] = &[
+    Spec {
+        name: "nvswitch8",
+        id: 1,
+        gpu_name: "NVIDIA H100 80GB HBM3",
+        memory_mib: 81559,
+        // The bus numbers of a DGX H100.
+        buses: [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb],
+        link: |_, _| Link::NvSwitch,
+    },
+    Spec {
+        name: "pcie8",
+        id: 2,
+        gpu_name: "NVIDIA L40S",
+        memory_mib: 46068,
+        buses: [0x1b, 0x1c, 0x3d, 0x3e, 0x89, 0x8a, 0xb1, 0xb2],
+        link: pcie_link,
+    },
+];
+
+/// Two GPUs per PCIe switch, two switches per socket.
+fn pcie_link(a: usize, b: usize) -> Link {
+    if a / 2 == b / 2 {
+        Link::PcieSwitch
+    } else if a / 4 == b / 4 {
+        Link::SameNuma
+    } else {
+        Link::CrossSocket
+    }
+}
+
+impl Spec {
+    fn build(&self, online_cpus: &[u32]) -> Inventory {
+        let node_cpus = split_cpus(online_cpus, NUMA_NODES);
+        let per_node = self.buses.len() / NUMA_NODES;
+        let gpus = (0..self.buses.len())
+            .map(|i| self.gpu(i, i / per_node, &node_cpus))
+            .collect();
+        let n = self.buses.len();
+        let links = (0..n)
+            .map(|a| {
+                (0..n)
+                    .map(|b| {
+                        if a == b {
+                            Link::SelfLink
+                        } else {
+                            (self.link)(a, b)
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        Inventory {
+            source: format!("sim:{}", self.name),
+            gpu_major: DEFAULT_GPU_MAJOR,
+            gpus,
+            control_nodes: default_control_nodes(DEFAULT_GPU_MAJOR),
+            links: Some(links),
+        }
+    }
+
+    fn gpu(&self, i: usize, node: usize, node_cpus: &[Option<String>]) -> Gpu {
+        Gpu {
+            index: i as u32,
+            uuid: format!("GPU-5a1e{:04x}-0000-4000-8000-{i:012x}", self.id),
+            name: self.gpu_name.to_string(),
+            memory_bytes: self.memory_mib << 20,
+            pci_bus_id: format!("00000000:{:02X}:00.0", self.buses[i]),
+            minor: i as u32,
+            numa_node: Some(node as u32),
+            local_cpus: node_cpus[node].clone(),
+        }
+    }
+}
+
+/// The host's online CPUs; empty when sysfs is unreadable (then `local_cpus` stay unknown).
+fn host_online_cpus() -> Vec<u32> {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|text| cpulist::parse(&text))
+        .unwrap_or_default()
+}
+
+/// Splits the CPUs into `nodes` consecutive, nearly equal parts, as cpulists. With fewer
+/// CPUs than nodes every node gets all of them: an empty cpuset is never valid.
+fn split_cpus(online: &[u32], nodes: usize) -> Vec<Option<String>> {
+    if online.is_empty() {
+        return vec![None; nodes];
+    }
+    if online.len() < nodes {
+        return vec![Some(cpulist::format(online)); nodes];
+    }
+    let len = online.len();
+    (0..nodes)
+        .map(|n| {
+            Some(cpulist::format(
+                &online[n * len / nodes..(n + 1) * len / nodes],
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{from_json, to_json};
+    use std::path::Path;
+
+    #[test]
+    fn every_name_builds_and_every_machine_is_named() {
+        for name in names() {
+            let inv = machine(name).unwrap();
+            assert_eq!(inv.source, format!("sim:{name}"));
+            assert_eq!(inv.gpus.len(), 8);
+        }
+        assert_eq!(MACHINES.len(), names().len());
+        assert!(matches!(
+            machine("dgx"),
+            Err(InventoryError::UnknownSim { .. })
+        ));
+    }
+
+    #[test]
+    fn machines_are_valid_inventory_files() {
+        for name in names() {
+            let inv = machine(name).unwrap();
+            let mut back = from_json(&to_json(&inv), Path::new("x.json")).unwrap();
+            back.source = inv.source.clone();
+            assert_eq!(back, inv);
+        }
+    }
+
+    #[test]
+    fn uuids_and_bus_ids_differ_across_machines() {
+        let a = machine("nvswitch8").unwrap();
+        let b = machine("pcie8").unwrap();
+        for g in &a.gpus {
+            assert!(b.position_of(&g.uuid).is_none());
+            assert!(b.find(&g.pci_bus_id).is_none());
+        }
+        assert_eq!(a.gpus[3].uuid, "GPU-5a1e0001-0000-4000-8000-000000000003");
+    }
+
+    #[test]
+    fn nvswitch8_links_every_pair_by_nvswitch() {
+        let inv = machine("nvswitch8").unwrap();
+        assert_eq!(inv.link(0, 7), Some(Link::NvSwitch));
+        assert_eq!(inv.link(5, 5), Some(Link::SelfLink));
+        assert_eq!(inv.gpus[3].numa_node, Some(0));
+        assert_eq!(inv.gpus[4].numa_node, Some(1));
+    }
+
+    #[test]
+    fn pcie8_follows_switches_and_sockets() {
+        let inv = machine("pcie8").unwrap();
+        assert_eq!(inv.link(0, 1), Some(Link::PcieSwitch));
+        assert_eq!(inv.link(0, 2), Some(Link::SameNuma));
+        assert_eq!(inv.link(3, 4), Some(Link::CrossSocket));
+        assert_eq!(inv.link(6, 7), Some(Link::PcieSwitch));
+    }
+
+    #[test]
+    fn splits_cpus_by_node() {
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(split_cpus(&[0], 2), [some("0"), some("0")]);
+        assert_eq!(split_cpus(&[0, 1], 2), [some("0"), some("1")]);
+        assert_eq!(split_cpus(&[0, 1, 2], 2), [some("0"), some("1-2")]);
+        assert_eq!(
+            split_cpus(&(0..16).collect::<Vec<_>>(), 2),
+            [some("0-7"), some("8-15")]
+        );
+        assert_eq!(split_cpus(&[], 2), [None, None]);
+    }
+
+    #[test]
+    fn local_cpus_are_online_host_cpus() {
+        let online = host_online_cpus();
+        for gpu in machine("pcie8").unwrap().gpus {
+            let cpus = cpulist::parse(gpu.local_cpus.as_deref().unwrap_or("")).unwrap();
+            assert!(
+                cpus.iter().all(|c| online.contains(c)),
+                "{cpus:?} not in {online:?}"
+            );
+        }
+    }
 }

@@ -1,1 +1,192 @@
-//! The lock directory: the only writer of gpupin's state.
+//! The ledger: the lock directory that says which holder has which GPUs. It is the only
+//! writer of gpupin's state; every read-modify-write happens under one flock.
+
+mod allocate;
+mod holder;
+mod record;
+mod store;
+
+pub use allocate::{Allocation, resolve_devices};
+pub use holder::{BadHolderId, HolderId};
+pub use record::{HolderMeta, Mode, Record, UNBOUND_GRACE};
+
+use crate::inventory::Inventory;
+use crate::policy::PolicyName;
+use crate::request::GpuRequest;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("{action} {path}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("refusing state dir {path}: {reason}")]
+    UnsafeStateDir { path: PathBuf, reason: &'static str },
+    #[error(
+        "corrupt ledger record {path}: {reason} (inspect it, then remove it with `gpupin release ID`)"
+    )]
+    CorruptRecord { path: PathBuf, reason: String },
+    #[error(transparent)]
+    BadId(#[from] BadHolderId),
+    #[error("count {count} is more than the {total} GPUs of this machine")]
+    CountTooLarge { count: u32, total: usize },
+    #[error("unknown GPU {key:?}: this machine has GPUs {known}")]
+    UnknownGpu { key: String, known: String },
+    #[error("cannot allocate GPU {index} ({uuid}) for {id}: it is held by {holder}")]
+    DeviceHeld {
+        id: String,
+        index: u32,
+        uuid: String,
+        holder: String,
+    },
+    #[error(
+        "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {free} free",
+        s = if *wanted == 1 { "" } else { "s" },
+        free = total - held
+    )]
+    NotEnoughFree {
+        id: String,
+        wanted: usize,
+        held: usize,
+        total: usize,
+    },
+    #[error("the machine has no GPUs to allocate")]
+    NoGpus,
+}
+
+/// A handle on the lock directory. Cheap: opening checks the directory, nothing more.
+pub struct Ledger {
+    dir: PathBuf,
+}
+
+impl Ledger {
+    /// Opens the ledger for writing, creating the directory when missing.
+    pub fn open(dir: &Path) -> Result<Ledger, LedgerError> {
+        store::ensure_safe_dir(dir)?;
+        Ok(Ledger {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Opens the ledger for reading only; a missing directory reads as an empty ledger.
+    pub fn open_read_only(dir: &Path) -> Result<Ledger, LedgerError> {
+        if dir.exists() || dir.is_symlink() {
+            store::check_safe_dir(dir)?;
+        }
+        Ok(Ledger {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every record, live or stale. Records are replaced by rename, so a read without the
+    /// lock sees each record whole.
+    pub fn records(&self) -> Result<Vec<Record>, LedgerError> {
+        store::read_records(&self.dir)
+    }
+
+    /// Gives `holder` GPUs for `request`, or returns what it already holds (a retried
+    /// create). Stale holders are reaped first. Nothing is written on error.
+    pub fn allocate(
+        &self,
+        holder: &HolderId,
+        request: &GpuRequest,
+        inventory: &Inventory,
+        default_policy: PolicyName,
+        meta: HolderMeta,
+    ) -> Result<Allocation, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let records = store::read_records(&self.dir)?;
+        if let Some(existing) = records.iter().find(|r| r.id == holder.as_str()) {
+            return self.rebind(existing.clone(), meta);
+        }
+        let live = self.reap(records, SystemTime::now())?;
+        let cursor = store::read_cursor(&self.dir);
+        let plan = allocate::plan(holder, request, inventory, default_policy, &live, cursor)?;
+        let record = Record {
+            id: holder.to_string(),
+            gpus: plan.uuids.clone(),
+            mode: Mode::Exclusive,
+            request: request.clone(),
+            source: meta.source,
+            start_time: meta.pid.and_then(crate::procinfo::start_time),
+            pid: meta.pid,
+            bundle: meta.bundle,
+            created_at: record::unix_now(),
+        };
+        store::write_record(&self.dir, &holder.file_name(), &record)?;
+        store::write_cursor(&self.dir, plan.next_cursor)?;
+        store::audit(
+            &self.dir,
+            &format!("allocate {} {}", record.id, record.gpus.join(",")),
+        );
+        Ok(Allocation { record })
+    }
+
+    /// A holder asked again: same GPUs; a pid learnt since is recorded.
+    fn rebind(&self, mut record: Record, meta: HolderMeta) -> Result<Allocation, LedgerError> {
+        if meta.pid.is_some() && meta.pid != record.pid {
+            record.pid = meta.pid;
+            record.start_time = meta.pid.and_then(crate::procinfo::start_time);
+            let id = HolderId::new(&record.id)?;
+            store::write_record(&self.dir, &id.file_name(), &record)?;
+        }
+        Ok(Allocation { record })
+    }
+
+    /// Releases `holder`'s GPUs. Returns the record it had, `None` when it held nothing.
+    pub fn release(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let path = store::holders_dir(&self.dir).join(holder.file_name());
+        // A corrupt record can still be released: that is how an operator clears it.
+        let record = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Record>(&t).ok());
+        let removed = store::remove_record(&self.dir, &holder.file_name())?;
+        if removed {
+            store::audit(&self.dir, &format!("release {holder}"));
+        }
+        Ok(record.filter(|_| removed))
+    }
+
+    /// Removes every stale holder; returns what was released.
+    pub fn gc(&self) -> Result<Vec<Record>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let records = store::read_records(&self.dir)?;
+        let before: Vec<Record> = records.clone();
+        let live = self.reap(records, SystemTime::now())?;
+        Ok(before
+            .into_iter()
+            .filter(|r| !live.iter().any(|l| l.id == r.id))
+            .collect())
+    }
+
+    /// Deletes stale records (caller holds the lock) and returns the live ones.
+    fn reap(&self, records: Vec<Record>, now: SystemTime) -> Result<Vec<Record>, LedgerError> {
+        let mut live = Vec::with_capacity(records.len());
+        for record in records {
+            if record.is_stale(now) {
+                let id = HolderId::new(&record.id)?;
+                store::remove_record(&self.dir, &id.file_name())?;
+                store::audit(
+                    &self.dir,
+                    &format!("reap {} pid={:?}", record.id, record.pid),
+                );
+            } else {
+                live.push(record);
+            }
+        }
+        Ok(live)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -19,7 +19,12 @@ mod tests {
     fn takes_the_lowest_free() {
         let inv = machine(4);
         let free = [false, true, true, true];
-        let input = PolicyInput { inventory: &inv, free: &free, count: 2, cursor: 3 };
+        let input = PolicyInput {
+            inventory: &inv,
+            free: &free,
+            count: 2,
+            cursor: 3,
+        };
         assert_eq!(Pack.choose(&input), Some(vec![1, 2]));
     }
 
@@ -27,7 +32,12 @@ mod tests {
     fn too_few_free_is_none() {
         let inv = machine(4);
         let free = [false, true, false, false];
-        let input = PolicyInput { inventory: &inv, free: &free, count: 2, cursor: 0 };
+        let input = PolicyInput {
+            inventory: &inv,
+            free: &free,
+            count: 2,
+            cursor: 0,
+        };
         assert_eq!(Pack.choose(&input), None);
     }
 }

@@ -33,7 +33,12 @@ mod tests {
     fn starts_at_the_cursor_and_wraps() {
         let inv = machine(4);
         let free = [true; 4];
-        let input = PolicyInput { inventory: &inv, free: &free, count: 2, cursor: 3 };
+        let input = PolicyInput {
+            inventory: &inv,
+            free: &free,
+            count: 2,
+            cursor: 3,
+        };
         assert_eq!(Spread.choose(&input), Some(vec![3, 0]));
     }
 
@@ -41,7 +46,12 @@ mod tests {
     fn skips_held_gpus() {
         let inv = machine(4);
         let free = [true, false, false, true];
-        let input = PolicyInput { inventory: &inv, free: &free, count: 1, cursor: 1 };
+        let input = PolicyInput {
+            inventory: &inv,
+            free: &free,
+            count: 1,
+            cursor: 1,
+        };
         assert_eq!(Spread.choose(&input), Some(vec![3]));
     }
 
@@ -49,7 +59,12 @@ mod tests {
     fn too_few_free_is_none() {
         let inv = machine(2);
         let free = [true, false];
-        let input = PolicyInput { inventory: &inv, free: &free, count: 2, cursor: 0 };
+        let input = PolicyInput {
+            inventory: &inv,
+            free: &free,
+            count: 2,
+            cursor: 0,
+        };
         assert_eq!(Spread.choose(&input), None);
     }
 }

@@ -1,38 +1,63 @@
 //! Edits on an OCI runtime spec (config.json) held as `serde_json::Value`, so that no key
 //! the runtime or Docker put there is ever lost; typed reads go through small views.
 
-use serde_json::Value;
-use std::path::{Path, PathBuf};
+mod env;
+mod io;
+mod view;
+
+pub use env::{process_env, set_env};
+pub use io::{parse, read, write_atomic};
+pub use view::{annotations, rootfs_path};
+
+use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    #[error("todo")]
-    Todo,
+    #[error("reading spec {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing spec {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("serializing spec for {path}")]
+    Serialize {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("writing spec {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A spec field exists but holds the wrong JSON type; editing it would lose data.
+    #[error("spec field {field} is {found}, expected {expected}")]
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+        found: &'static str,
+    },
+    #[error("spec has no {field}")]
+    Missing { field: &'static str },
+    #[error("invalid environment variable name {key:?}")]
+    InvalidEnvKey { key: String },
 }
 
-/// Reads a bundle's config.json.
-pub fn read(_path: &Path) -> Result<Value, SpecError> {
-    todo!()
-}
-
-/// Writes `spec` to `path` atomically (temp file in the same dir, fsync, rename).
-pub fn write_atomic(_path: &Path, _spec: &Value) -> Result<(), SpecError> {
-    todo!()
-}
-
-/// `process.env` as a list of `KEY=VALUE` strings (empty when absent).
-pub fn process_env(_spec: &Value) -> Vec<String> {
-    todo!()
-}
-
-/// Sets `key=value` in `process.env`, replacing every earlier occurrence in place (the
-/// last occurrence wins for the NVIDIA hook, so a duplicate must never be appended).
-pub fn set_env(_spec: &mut Value, _key: &str, _value: &str) -> Result<(), SpecError> {
-    todo!()
-}
-
-/// The host path of the container's root filesystem: `root.path`, relative to `bundle`
-/// when not absolute.
-pub fn rootfs_path(_spec: &Value, _bundle: &Path) -> Result<PathBuf, SpecError> {
-    todo!()
+/// The JSON type name of `value`, for error messages.
+fn type_name(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }

@@ -1,0 +1,84 @@
+//! Command-line structure (clap) and dispatch; each command lives in its own file.
+
+mod demo;
+mod gc;
+mod hook;
+mod inventory;
+mod release;
+mod status;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use gpupin::config::Config;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "gpupin",
+    version,
+    about = "Pin NVIDIA GPUs to containers on a shared machine"
+)]
+pub struct Cli {
+    /// Config file [default: $GPUPIN_CONFIG, else /etc/gpupin/config.toml]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run as an OCI hook: reads the container state on stdin
+    Hook(hook::HookArgs),
+    /// Show the machine's GPUs and how they are linked
+    Inventory(inventory::InventoryArgs),
+    /// Show which GPUs are held, by whom, since when
+    Status(status::StatusArgs),
+    /// Release GPUs held by containers and processes that are gone
+    Gc,
+    /// Release the GPUs of one holder (container id)
+    Release(release::ReleaseArgs),
+    /// Start real containers on a simulated machine and show gpupin at work
+    Demo(demo::DemoArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            // One line: runtimes fold hook stderr into their own error message.
+            eprintln!("gpupin: {}", chain(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Hook(args) = &cli.command {
+        // The hook loads config lazily: a container without a request must not pay for it.
+        return hook::run(cli.config.as_deref(), args);
+    }
+    let config = load_config(cli.config.as_deref())?;
+    match cli.command {
+        Command::Hook(_) => unreachable!("handled above"),
+        Command::Inventory(args) => inventory::run(&config, &args),
+        Command::Status(args) => status::run(&config, &args),
+        Command::Gc => gc::run(&config),
+        Command::Release(args) => release::run(&config, &args),
+        Command::Demo(args) => demo::run(&config, cli.config.as_deref(), &args),
+    }
+}
+
+pub fn load_config(flag: Option<&std::path::Path>) -> anyhow::Result<Config> {
+    Config::discover(flag).context("loading configuration")
+}
+
+/// `outer: inner: innermost`, on one line.
+fn chain(err: &anyhow::Error) -> String {
+    err.chain()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join(": ")
+}

@@ -1,0 +1,79 @@
+//! Holder ids: container ids and exec'd processes become file names in the ledger, so they
+//! are validated before they touch the filesystem.
+
+use std::fmt;
+
+/// A validated holder id: 1-128 characters of `[A-Za-z0-9_.-]`, starting with a letter
+/// or digit. That covers Docker's 64-hex ids, podman's, runc's and CRI-O's, and excludes
+/// anything that could name a path (`/`, `..`) or hide a file (leading `.`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HolderId(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid container id {0:?}: expected 1-128 characters of letters, digits, '_', '.', '-', starting with a letter or digit"
+)]
+pub struct BadHolderId(pub String);
+
+pub const MAX_LEN: usize = 128;
+
+impl HolderId {
+    pub fn new(id: &str) -> Result<HolderId, BadHolderId> {
+        let ok = !id.is_empty()
+            && id.len() <= MAX_LEN
+            && id.as_bytes()[0].is_ascii_alphanumeric()
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if ok {
+            Ok(HolderId(id.to_string()))
+        } else {
+            Err(BadHolderId(id.to_string()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The record's file name inside `holders/`.
+    pub fn file_name(&self) -> String {
+        format!("{}.json", self.0)
+    }
+}
+
+impl fmt::Display for HolderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_runtime_ids() {
+        for id in ["c1", "a".repeat(64).as_str(), "web_1.worker-2", "4f2a"] {
+            assert!(HolderId::new(id).is_ok(), "{id}");
+        }
+    }
+
+    #[test]
+    fn rejects_path_like_and_hidden_ids() {
+        for id in [
+            "",
+            "../../etc",
+            "a/b",
+            ".hidden",
+            "..",
+            "-x",
+            "a b",
+            "x\n",
+            &"a".repeat(129),
+        ] {
+            let err = HolderId::new(id).unwrap_err().to_string();
+            assert!(err.contains("invalid container id"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! One holder's record: which GPUs it holds, for what, and how to tell whether it still runs.
+
+use crate::procinfo;
+use crate::request::GpuRequest;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A holder that never got a pid is stale after this long (a claim whose container never
+/// started, or a hook that died between allocation and binding).
+pub const UNBOUND_GRACE: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Exclusive,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    pub id: String,
+    /// GPU UUIDs: indices change across reboots, UUIDs do not.
+    pub gpus: Vec<String>,
+    pub mode: Mode,
+    pub request: GpuRequest,
+    /// Who allocated: `hook:prestart`, `cli`, ...
+    pub source: String,
+    pub pid: Option<i32>,
+    /// Start time of `pid` in clock ticks since boot, to tell pid reuse apart.
+    pub start_time: Option<u64>,
+    pub bundle: Option<PathBuf>,
+    /// Seconds since the Unix epoch.
+    pub created_at: u64,
+}
+
+/// What an allocation knows about the holder besides its id.
+#[derive(Debug, Clone, Default)]
+pub struct HolderMeta {
+    pub source: String,
+    pub pid: Option<i32>,
+    pub bundle: Option<PathBuf>,
+}
+
+impl Record {
+    /// Whether the holder is gone: its process ended, its pid now belongs to another
+    /// process, or it never got a process within the grace period.
+    pub fn is_stale(&self, now: SystemTime) -> bool {
+        match (self.pid, self.start_time) {
+            (Some(pid), Some(started)) => !procinfo::is_alive(pid, started),
+            (Some(pid), None) => procinfo::start_time(pid).is_none(),
+            (None, _) => {
+                let created = UNIX_EPOCH + Duration::from_secs(self.created_at);
+                now.duration_since(created).unwrap_or_default() > UNBOUND_GRACE
+            }
+        }
+    }
+
+    pub fn created(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.created_at)
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

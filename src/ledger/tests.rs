@@ -1,0 +1,300 @@
+use super::*;
+use crate::policy::testing::machine;
+use crate::request::{Origin, Selection};
+use std::collections::HashSet;
+
+fn request(selection: Selection) -> GpuRequest {
+    GpuRequest {
+        selection,
+        policy: None,
+        origin: Origin::Annotations,
+    }
+}
+
+fn me() -> HolderMeta {
+    HolderMeta {
+        source: "test".into(),
+        pid: Some(std::process::id() as i32),
+        bundle: None,
+    }
+}
+
+fn ledger() -> (tempfile::TempDir, Ledger) {
+    let tmp = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(&tmp.path().join("state")).unwrap();
+    (tmp, ledger)
+}
+
+fn id(s: &str) -> HolderId {
+    HolderId::new(s).unwrap()
+}
+
+fn count(n: u32) -> GpuRequest {
+    request(Selection::Count(n))
+}
+
+fn snapshot(l: &Ledger) -> Vec<Record> {
+    l.records().unwrap()
+}
+
+#[test]
+fn allocates_distinct_gpus_until_none_is_free() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let a = l
+        .allocate(&id("a"), &count(3), &inv, PolicyName::Pack, me())
+        .unwrap();
+    assert_eq!(a.record.gpus, ["GPU-test-0", "GPU-test-1", "GPU-test-2"]);
+    let before = snapshot(&l);
+    let err = l
+        .allocate(&id("b"), &count(2), &inv, PolicyName::Pack, me())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "cannot allocate 2 GPUs for b: 3 of 4 GPUs held, 1 free"
+    );
+    assert_eq!(
+        snapshot(&l),
+        before,
+        "a refused request leaves the ledger untouched"
+    );
+}
+
+#[test]
+fn retried_holder_gets_its_own_gpus_back() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let first = l
+        .allocate(&id("a"), &count(2), &inv, PolicyName::Spread, me())
+        .unwrap();
+    let again = l
+        .allocate(&id("a"), &count(2), &inv, PolicyName::Spread, me())
+        .unwrap();
+    assert_eq!(first.record.gpus, again.record.gpus);
+    assert_eq!(snapshot(&l).len(), 1);
+}
+
+#[test]
+fn release_frees_and_is_idempotent() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    l.allocate(&id("a"), &count(2), &inv, PolicyName::Pack, me())
+        .unwrap();
+    assert!(l.release(&id("a")).unwrap().is_some());
+    assert!(l.release(&id("a")).unwrap().is_none());
+    assert!(
+        l.allocate(&id("b"), &count(2), &inv, PolicyName::Pack, me())
+            .is_ok()
+    );
+}
+
+#[test]
+fn dead_holders_are_reaped_at_allocation_and_by_gc() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    let dead = HolderMeta {
+        pid: Some(pid),
+        ..me()
+    };
+    // Record while the child may still run; then make sure it is gone.
+    l.allocate(&id("dead"), &count(2), &inv, PolicyName::Pack, dead)
+        .unwrap();
+    child.wait().unwrap();
+    let got = l
+        .allocate(&id("b"), &count(1), &inv, PolicyName::Pack, me())
+        .unwrap();
+    assert_eq!(got.record.gpus.len(), 1);
+    assert_eq!(
+        snapshot(&l)
+            .iter()
+            .map(|r| r.id.as_str())
+            .collect::<Vec<_>>(),
+        ["b"]
+    );
+
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = HolderMeta {
+        pid: Some(child.id() as i32),
+        ..me()
+    };
+    l.allocate(&id("dead2"), &count(1), &inv, PolicyName::Pack, dead)
+        .unwrap();
+    child.wait().unwrap();
+    let reaped = l.gc().unwrap();
+    assert_eq!(
+        reaped.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["dead2"]
+    );
+    assert_eq!(snapshot(&l).len(), 1);
+}
+
+#[test]
+fn pid_reuse_is_detected_by_start_time() {
+    let (_t, l) = ledger();
+    let inv = machine(1);
+    l.allocate(&id("a"), &count(1), &inv, PolicyName::Pack, me())
+        .unwrap();
+    let path = l.dir().join("holders/a.json");
+    let mut rec: Record = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    rec.start_time = rec.start_time.map(|t| t + 1);
+    std::fs::write(&path, serde_json::to_string(&rec).unwrap()).unwrap();
+    assert_eq!(l.gc().unwrap().len(), 1);
+}
+
+#[test]
+fn explicit_devices_are_checked_against_holders() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    l.allocate(
+        &id("a"),
+        &request(Selection::Devices(vec!["2".into()])),
+        &inv,
+        PolicyName::Pack,
+        me(),
+    )
+    .unwrap();
+    let err = l
+        .allocate(
+            &id("b"),
+            &request(Selection::Devices(vec!["GPU-test-2".into()])),
+            &inv,
+            PolicyName::Pack,
+            me(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("GPU 2 (GPU-test-2)") && err.contains("is held by a"),
+        "{err}"
+    );
+    let ok = l
+        .allocate(
+            &id("b"),
+            &request(Selection::Devices(vec!["3".into()])),
+            &inv,
+            PolicyName::Pack,
+            me(),
+        )
+        .unwrap();
+    assert_eq!(ok.record.gpus, ["GPU-test-3"]);
+    let err = l
+        .allocate(
+            &id("c"),
+            &request(Selection::Devices(vec!["7".into()])),
+            &inv,
+            PolicyName::Pack,
+            me(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("unknown GPU \"7\"") && err.contains("0,1,2,3"),
+        "{err}"
+    );
+}
+
+#[test]
+fn count_beyond_machine_and_all_on_busy_machine_are_refused() {
+    let (_t, l) = ledger();
+    let inv = machine(8);
+    let err = l
+        .allocate(&id("a"), &count(99), &inv, PolicyName::Pack, me())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "count 99 is more than the 8 GPUs of this machine"
+    );
+    l.allocate(&id("b"), &count(1), &inv, PolicyName::Pack, me())
+        .unwrap();
+    let err = l
+        .allocate(
+            &id("c"),
+            &request(Selection::All),
+            &inv,
+            PolicyName::Pack,
+            me(),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("1 of 8 GPUs held"), "{err}");
+}
+
+#[test]
+fn spread_rotates_across_allocations() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let mut seen = Vec::new();
+    for name in ["a", "b", "c"] {
+        let a = l
+            .allocate(&id(name), &count(1), &inv, PolicyName::Spread, me())
+            .unwrap();
+        seen.push(a.record.gpus[0].clone());
+        l.release(&id(name)).unwrap();
+    }
+    assert_eq!(seen, ["GPU-test-0", "GPU-test-1", "GPU-test-2"]);
+}
+
+#[test]
+fn corrupt_record_fails_closed_and_can_be_released() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    std::fs::create_dir_all(l.dir().join("holders")).unwrap();
+    std::fs::write(l.dir().join("holders/x.json"), "{not json").unwrap();
+    let err = l
+        .allocate(&id("a"), &count(1), &inv, PolicyName::Pack, me())
+        .unwrap_err();
+    assert!(err.to_string().contains("corrupt ledger record"), "{err}");
+    l.release(&id("x")).unwrap();
+    assert!(
+        l.allocate(&id("a"), &count(1), &inv, PolicyName::Pack, me())
+            .is_ok()
+    );
+}
+
+#[test]
+fn unsafe_state_dirs_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let open = tmp.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = Ledger::open(&open).err().unwrap().to_string();
+    assert!(err.contains("writable by group or others"), "{err}");
+    let link = tmp.path().join("link");
+    let real = tmp.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let err = Ledger::open(&link).err().unwrap().to_string();
+    assert!(err.contains("symlink"), "{err}");
+}
+
+#[test]
+fn concurrent_allocations_never_share_a_gpu() {
+    let (_t, l) = ledger();
+    let dir = l.dir().to_path_buf();
+    let handles: Vec<_> = (0..16)
+        .map(|i| {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let l = Ledger::open(&dir).unwrap();
+                l.allocate(
+                    &id(&format!("c{i}")),
+                    &count(1),
+                    &machine(8),
+                    PolicyName::Pack,
+                    me(),
+                )
+                .ok()
+                .map(|a| a.record.gpus[0].clone())
+            })
+        })
+        .collect();
+    let got: Vec<String> = handles
+        .into_iter()
+        .filter_map(|h| h.join().unwrap())
+        .collect();
+    assert_eq!(got.len(), 8);
+    assert_eq!(got.iter().collect::<HashSet<_>>().len(), 8);
+}
