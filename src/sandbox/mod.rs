@@ -6,14 +6,16 @@
 //! Like the rest of the library this never prints; callers decide what to show.
 
 mod bundle;
+mod no_container;
 mod requirements;
 mod rootfs;
 mod runc;
 
 pub use bundle::{BundleSpec, HookCommand, write_bundle};
+pub use no_container::{poststop, prestart_without_container};
 pub use requirements::{Requirements, find_on_path};
 pub use rootfs::{APPLETS, build_busybox_rootfs, find_static_busybox, is_static_elf};
-pub use runc::{Container, ContainerState, Runc};
+pub use runc::{Container, ContainerState, Runc, hook_message};
 
 use std::path::PathBuf;
 

@@ -213,3 +213,30 @@ impl Drop for Container {
         }
     }
 }
+
+/// gpupin's own message out of runc's report of a failed hook: runc quotes the hook's
+/// stderr inside its log line (`... stderr: gpupin: not enough GPUs ...\\n"`), escaped.
+pub fn hook_message(runc_stderr: &str) -> Option<String> {
+    let start = runc_stderr.find("gpupin: ")?;
+    let rest = &runc_stderr[start..];
+    let end = rest
+        .find("\\n")
+        .or_else(|| rest.find('\n'))
+        .unwrap_or(rest.len());
+    Some(rest[..end].trim_end_matches('"').replace("\\\"", "\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_message_is_cut_out_of_runcs_log_line() {
+        let log = r#"time="x" level=error msg="runc run failed: error running hook #0: error running hook: exit status 1, stdout: , stderr: gpupin: invalid gpupin.count=\"0\": expected a positive integer\n""#;
+        assert_eq!(
+            hook_message(log).unwrap(),
+            r#"gpupin: invalid gpupin.count="0": expected a positive integer"#
+        );
+        assert_eq!(hook_message("runc: no such file"), None);
+    }
+}
