@@ -17,6 +17,8 @@ pub struct Config {
     pub inventory: InventorySource,
     /// Policy for requests that name none.
     pub policy: PolicyName,
+    /// The OCI runtime gpupin-runtime hands over to: a path, or a name found on PATH.
+    pub runtime: PathBuf,
     /// Where this configuration was read from; `None` for built-in defaults.
     pub path: Option<PathBuf>,
 }
@@ -27,6 +29,7 @@ impl Default for Config {
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             inventory: InventorySource::Auto,
             policy: PolicyName::default(),
+            runtime: PathBuf::from("runc"),
             path: None,
         }
     }
@@ -39,6 +42,7 @@ struct ConfigFile {
     state_dir: Option<PathBuf>,
     inventory: Option<String>,
     policy: Option<String>,
+    runtime: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +112,9 @@ impl Config {
                 config.inventory = InventorySource::File(dir.join(p));
             }
         }
+        if let Some(runtime) = file.runtime {
+            config.runtime = runtime;
+        }
         if let Some(policy) = file.policy {
             config.policy = policy
                 .parse()
@@ -138,11 +145,12 @@ mod tests {
 
     #[test]
     fn reads_every_key() {
-        let c = parse("state_dir = \"/tmp/x\"\ninventory = \"sim:pcie8\"\npolicy = \"spread\"\n")
+        let c = parse("state_dir = \"/tmp/x\"\ninventory = \"sim:pcie8\"\npolicy = \"spread\"\nruntime = \"/usr/sbin/runc\"\n")
             .unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/tmp/x"));
         assert_eq!(c.inventory, InventorySource::Sim("pcie8".into()));
         assert_eq!(c.policy, PolicyName::Spread);
+        assert_eq!(c.runtime, PathBuf::from("/usr/sbin/runc"));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use crate::config::{Config, ConfigError};
 use crate::inject::{self, InjectError};
-use crate::inventory::{self, DeviceNode, Inventory, InventoryError};
+use crate::inventory::{self, Inventory, InventoryError};
 use crate::ledger::{BadHolderId, HolderId, HolderMeta, Ledger, LedgerError, Record};
 use crate::request::{self, GpuRequest, RequestError};
 use crate::spec::{self, SpecError};
@@ -79,6 +79,8 @@ pub enum Outcome {
     /// The container asked for nothing: nothing was read beyond its state and spec.
     NoRequest,
     Allocated(Record),
+    /// The spec was edited before create (shim, precreate); the holder now has its pid.
+    Bound(Record),
     /// Poststop: the record released, `None` when nothing was held.
     Released(Option<Record>),
 }
@@ -88,8 +90,17 @@ struct Container {
     id: HolderId,
     pid: Option<i32>,
     bundle: PathBuf,
-    request: Option<GpuRequest>,
+    task: Task,
     spec_bytes: Vec<u8>,
+}
+
+/// What this stage has to do for a container that involves gpupin.
+enum Task {
+    /// Plain runc: allocate now and give the GPUs from outside.
+    Allocate(GpuRequest),
+    /// gpupin edited the spec before create and assigned these UUIDs: record the pid.
+    Bind(Vec<String>),
+    Release,
 }
 
 /// Runs one stage. `load_config` is only called when the container asks for GPUs, so the
@@ -106,12 +117,19 @@ pub fn run(
         return Ok(Outcome::NoRequest);
     };
     let config = load_config()?;
-    match stage {
-        Stage::Poststop => {
+    match &container.task {
+        Task::Release => {
             let ledger = Ledger::open(&config.state_dir)?;
             Ok(Outcome::Released(ledger.release(&container.id)?))
         }
-        Stage::Prestart | Stage::CreateRuntime => prestart(container, &config),
+        Task::Bind(uuids) => {
+            let pid = container
+                .pid
+                .ok_or_else(|| HookError::NoPid(container.id.to_string()))?;
+            let ledger = Ledger::open(&config.state_dir)?;
+            Ok(Outcome::Bound(ledger.bind(&container.id, pid, uuids)?))
+        }
+        Task::Allocate(request) => prestart(&container, request, &config),
     }
 }
 
@@ -150,24 +168,28 @@ fn read_container(
         id: id.to_string(),
         source,
     };
-    // Poststop releases whatever the id holds: a request that no longer parses must not
-    // keep GPUs held forever.
-    let request = if stage == Stage::Poststop {
-        None
-    } else if has_annotation {
-        request::from_annotations(&annotations)?
+    let task = if stage == Stage::Poststop {
+        // Poststop releases whatever the id holds: a request that no longer parses must
+        // not keep GPUs held forever.
+        Task::Release
+    } else if let Some(assigned) = annotations.get(request::ASSIGNED_ANNOTATION) {
+        Task::Bind(assigned.split(',').map(str::to_string).collect())
     } else {
-        let env = spec::process_env(&spec_value().map_err(bundle_err)?);
-        request::from_env(&env)?
+        let request = if has_annotation {
+            request::from_annotations(&annotations)?
+        } else {
+            request::from_env(&spec::process_env(&spec_value().map_err(bundle_err)?))?
+        };
+        match request {
+            Some(request) => Task::Allocate(request),
+            None => return Ok(None),
+        }
     };
-    if stage != Stage::Poststop && request.is_none() {
-        return Ok(None);
-    }
     Ok(Some(Container {
         id,
         pid: *state.pid(),
         bundle: state.bundle().to_path_buf(),
-        request,
+        task,
         spec_bytes,
     }))
 }
@@ -176,9 +198,8 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-fn prestart(c: Container, config: &Config) -> Result<Outcome, HookError> {
+fn prestart(c: &Container, request: &GpuRequest, config: &Config) -> Result<Outcome, HookError> {
     let pid = c.pid.ok_or_else(|| HookError::NoPid(c.id.to_string()))?;
-    let request = c.request.as_ref().expect("prestart has a request");
     let config_path = c.bundle.join("config.json");
     let bundle_err = |source| HookError::Bundle {
         id: c.id.to_string(),
@@ -221,7 +242,7 @@ fn give_gpus(
     spec_value: &mut serde_json::Value,
     config_path: &Path,
 ) -> Result<(), HookError> {
-    let nodes = nodes_for(inventory, &record.gpus);
+    let nodes = inventory.nodes_for(&record.gpus);
     let inject_err = |source| HookError::Inject {
         id: id.to_string(),
         source,
@@ -234,16 +255,6 @@ fn give_gpus(
     };
     spec::set_env(spec_value, VISIBLE_DEVICES, &record.gpus.join(",")).map_err(write_err)?;
     spec::write_atomic(config_path, spec_value).map_err(write_err)
-}
-
-/// The chosen GPUs' nodes, then the control nodes every CUDA process opens.
-pub fn nodes_for(inventory: &Inventory, uuids: &[String]) -> Vec<DeviceNode> {
-    let gpus = uuids
-        .iter()
-        .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
-        .map(|g| inventory.gpu_node(g));
-    gpus.chain(inventory.control_nodes.iter().cloned())
-        .collect()
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! and the spec / inject modules give the container exactly the chosen GPUs.
 //! Nothing in this library prints or exits; the binaries do.
 
+pub mod assign;
 pub mod config;
 pub mod docker;
 pub mod hook;
@@ -15,5 +16,6 @@ pub mod policy;
 pub mod procinfo;
 pub mod report;
 pub mod request;
+pub mod runtime;
 pub mod sandbox;
 pub mod spec;

@@ -12,6 +12,11 @@ pub const KEYS: &[(&str, &str)] = &[
     ("gpupin.policy", "GPUPIN_POLICY"),
 ];
 pub const ANNOTATION_PREFIX: &str = "gpupin.";
+/// Annotation gpupin itself writes into an edited spec: the UUIDs it assigned.
+pub const ASSIGNED_ANNOTATION: &str = "gpupin.assigned";
+/// Keys gpupin writes, not users: ignored when reading a request, so that a retried
+/// create of an already edited spec reads the same request again.
+const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION];
 pub const ENV_PREFIX: &str = "GPUPIN_";
 
 /// Which GPUs are wanted.
@@ -98,7 +103,9 @@ fn from_keys(
 ) -> Result<Option<GpuRequest>, RequestError> {
     let pairs = map
         .iter()
-        .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
+        .filter(|(k, _)| {
+            k.starts_with(ANNOTATION_PREFIX) && !WRITTEN_BY_GPUPIN.contains(&k.as_str())
+        })
         .map(|(k, v)| (k.as_str(), v.as_str()));
     parse(pairs, origin)
 }
@@ -332,6 +339,15 @@ mod tests {
             err.contains("gpupin.cuont") && err.contains("gpupin.count"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn gpupins_own_annotation_is_not_a_request_key() {
+        let r = ann(&[("gpupin.count", "1"), (ASSIGNED_ANNOTATION, "GPU-x")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.selection, Selection::Count(1));
+        assert_eq!(ann(&[(ASSIGNED_ANNOTATION, "GPU-x")]).unwrap(), None);
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub fn run(config_flag: Option<&Path>, args: &HookArgs) -> anyhow::Result<ExitCo
         Outcome::Allocated(record) => {
             eprintln!("gpupin: {} holds {}", record.id, record.gpus.join(","));
         }
+        Outcome::Bound(record) => {
+            let pid = record.pid.unwrap_or_default();
+            eprintln!("gpupin: {} bound to pid {pid}", record.id);
+        }
         Outcome::Released(Some(record)) => {
             eprintln!("gpupin: {} released {}", record.id, record.gpus.join(","));
         }

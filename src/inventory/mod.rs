@@ -82,6 +82,16 @@ impl Inventory {
         })
     }
 
+    /// The nodes a container holding `uuids` needs: its GPUs' nodes, then the control
+    /// nodes every CUDA process opens.
+    pub fn nodes_for(&self, uuids: &[String]) -> Vec<DeviceNode> {
+        let gpus = uuids
+            .iter()
+            .filter_map(|u| self.gpus.iter().find(|g| &g.uuid == u))
+            .map(|g| self.gpu_node(g));
+        gpus.chain(self.control_nodes.iter().cloned()).collect()
+    }
+
     /// Position of a GPU in `gpus` by UUID.
     pub fn position_of(&self, uuid: &str) -> Option<usize> {
         self.gpus.iter().position(|g| g.uuid == uuid)
@@ -174,6 +184,8 @@ pub enum InventoryError {
     Invalid { path: PathBuf, reason: String },
     #[error("NVML is not available ({reason}); is the NVIDIA driver installed?")]
     NvmlUnavailable { reason: String },
+    #[error("NVML reports no GPUs")]
+    NoGpusInNvml,
     #[error("NVML query failed: {what}: {reason}")]
     Nvml { what: String, reason: String },
     #[error("reading {path}")]
@@ -182,6 +194,14 @@ pub enum InventoryError {
         #[source]
         source: std::io::Error,
     },
+    #[error("writing inventory cache {path}")]
+    CacheWrite {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unexpected content in {path}: {reason}")]
+    ProcfsFormat { path: PathBuf, reason: String },
     #[error("no NVIDIA GPU found under {root}")]
     NoGpusInProcfs { root: PathBuf },
     #[error(

@@ -1,1 +1,229 @@
-//! NVML backend.
+//! NVML backend: the inventory from libnvidia-ml.so.1, loaded at run time by nvml-wrapper
+//! so the binary runs on machines without a driver.
+//!
+//! Per GPU: index, UUID, name, total memory, PCI bus id and device minor from NVML; NUMA
+//! node and local CPUs from sysfs by bus id (as in the procfs backend); majors and control
+//! nodes from /proc/devices (as in the procfs backend).
+//!
+//! Topology, per pair of GPUs:
+//! - `NV<n>` when `n` active NVLinks of either GPU lead to the other (remote PCI bus id);
+//! - `NVS` when both have active NVLinks whose remote is not a GPU of this machine: that is
+//!   an NVSwitch. (nvidia-smi prints `NV18` for the same H100 HGX pair; `NVS` says what the
+//!   policies need: every pair is linked at full bandwidth.) NVLinks to a CPU (IBM POWER9)
+//!   would be taken for a switch, a machine kind gpupin does not target;
+//! - otherwise the PCIe level from `nvmlDeviceGetTopologyCommonAncestor`.
+//!
+//! When any PCIe level cannot be read the matrix is left out rather than guessed.
+
+use super::procfs::{Roots, add_sysfs_locality, device_nodes, nvml_bus_id};
+use super::{Gpu, Inventory, InventoryError, Link};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+use nvml_wrapper::error::NvmlError;
+use std::ffi::OsStr;
+
+/// The library name NVIDIA installs with the driver (the unversioned name needs the dev package).
+const LIBRARY: &str = "libnvidia-ml.so.1";
+/// NVML_NVLINK_MAX_LINKS in nvml.h; nvml-wrapper does not re-export it.
+const MAX_NVLINKS: u32 = 18;
+
+pub(super) fn probe() -> Result<Inventory, InventoryError> {
+    probe_with(OsStr::new(LIBRARY), &Roots::host())
+}
+
+fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryError> {
+    let nvml =
+        Nvml::builder()
+            .lib_path(library)
+            .init()
+            .map_err(|e| InventoryError::NvmlUnavailable {
+                reason: one_line(&e),
+            })?;
+    let count = nvml.device_count().map_err(query_error("device count"))?;
+    if count == 0 {
+        return Err(InventoryError::NoGpusInNvml);
+    }
+    let mut gpus = (0..count)
+        .map(|index| read_gpu(&nvml, index))
+        .collect::<Result<Vec<_>, _>>()?;
+    for gpu in &mut gpus {
+        add_sysfs_locality(roots, gpu)?;
+    }
+    let links = links(&nvml, &gpus);
+    let (gpu_major, control_nodes) = device_nodes(roots)?;
+    Ok(Inventory {
+        source: "nvml".to_string(),
+        gpu_major,
+        gpus,
+        control_nodes,
+        links,
+    })
+}
+
+/// NVML and libloading messages can span lines; ours are one line.
+fn one_line(e: &NvmlError) -> String {
+    e.to_string()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn query_error(what: &str) -> impl Fn(NvmlError) -> InventoryError + '_ {
+    move |e| InventoryError::Nvml {
+        what: what.to_string(),
+        reason: one_line(&e),
+    }
+}
+
+fn read_gpu(nvml: &Nvml, index: u32) -> Result<Gpu, InventoryError> {
+    let what = |field: &str| format!("{field} of GPU {index}");
+    let device = nvml
+        .device_by_index(index)
+        .map_err(query_error(&what("handle")))?;
+    let bus_id = device
+        .pci_info()
+        .map_err(query_error(&what("pci bus id")))?
+        .bus_id;
+    Ok(Gpu {
+        index,
+        uuid: device.uuid().map_err(query_error(&what("uuid")))?,
+        name: device.name().map_err(query_error(&what("name")))?,
+        memory_bytes: device
+            .memory_info()
+            .map_err(query_error(&what("memory")))?
+            .total,
+        pci_bus_id: nvml_bus_id(&bus_id).unwrap_or(bus_id),
+        minor: device
+            .minor_number()
+            .map_err(query_error(&what("minor number")))?,
+        numa_node: None,
+        local_cpus: None,
+    })
+}
+
+fn links(nvml: &Nvml, gpus: &[Gpu]) -> Option<Vec<Vec<Link>>> {
+    let nvlinks = NvLinks::read(nvml, gpus);
+    let n = gpus.len();
+    let mut matrix = vec![vec![Link::SelfLink; n]; n];
+    for a in 0..n {
+        for b in a + 1..n {
+            let link = match nvlinks.between(a, b) {
+                Some(link) => link,
+                None => pcie_level(nvml, gpus[a].index, gpus[b].index)?,
+            };
+            matrix[a][b] = link;
+            matrix[b][a] = link;
+        }
+    }
+    Some(matrix)
+}
+
+fn pcie_level(nvml: &Nvml, a: u32, b: u32) -> Option<Link> {
+    let first = nvml.device_by_index(a).ok()?;
+    let second = nvml.device_by_index(b).ok()?;
+    Some(match first.topology_common_ancestor(second).ok()? {
+        // Internal: two GPUs on one board behind its own switch (Tesla K80).
+        TopologyLevel::Internal | TopologyLevel::Single => Link::PcieSwitch,
+        TopologyLevel::Multiple => Link::PcieMultiSwitch,
+        TopologyLevel::HostBridge => Link::HostBridge,
+        TopologyLevel::Node => Link::SameNuma,
+        TopologyLevel::System => Link::CrossSocket,
+    })
+}
+
+/// Active NVLinks per GPU: how many lead to each other GPU, how many to something else.
+struct NvLinks {
+    to_gpu: Vec<Vec<u32>>,
+    to_other: Vec<u32>,
+}
+
+impl NvLinks {
+    fn read(nvml: &Nvml, gpus: &[Gpu]) -> Self {
+        let mut links = NvLinks {
+            to_gpu: vec![vec![0; gpus.len()]; gpus.len()],
+            to_other: vec![0; gpus.len()],
+        };
+        for (a, gpu) in gpus.iter().enumerate() {
+            for remote in active_remotes(nvml, gpu.index) {
+                match gpus.iter().position(|g| g.pci_bus_id == remote) {
+                    Some(b) => links.to_gpu[a][b] += 1,
+                    None => links.to_other[a] += 1,
+                }
+            }
+        }
+        links
+    }
+
+    fn between(&self, a: usize, b: usize) -> Option<Link> {
+        let direct = self.to_gpu[a][b].max(self.to_gpu[b][a]);
+        if direct > 0 {
+            return Some(Link::NvLink(u8::try_from(direct).unwrap_or(u8::MAX)));
+        }
+        (self.to_other[a] > 0 && self.to_other[b] > 0).then_some(Link::NvSwitch)
+    }
+}
+
+/// Remote PCI bus ids of a GPU's active NVLinks, normalized; none on GPUs without
+/// NVLink, where every query answers NotSupported.
+fn active_remotes(nvml: &Nvml, index: u32) -> Vec<String> {
+    let Ok(device) = nvml.device_by_index(index) else {
+        return Vec::new();
+    };
+    (0..MAX_NVLINKS)
+        .filter_map(|link| {
+            let wrapper = device.link_wrapper_for(link);
+            if !wrapper.is_active().ok()? {
+                return None;
+            }
+            let bus_id = wrapper.remote_pci_info().ok()?.bus_id;
+            Some(nvml_bus_id(&bus_id).unwrap_or(bus_id))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_one_line_unavailable(result: Result<Inventory, InventoryError>) {
+        match result {
+            Err(e @ InventoryError::NvmlUnavailable { .. }) => {
+                let message = e.to_string();
+                assert!(!message.contains('\n'), "{message}");
+                assert!(message.starts_with("NVML is not available ("), "{message}");
+            }
+            Err(other) => panic!("expected NvmlUnavailable, got {other}"),
+            Ok(inv) => panic!("expected NvmlUnavailable, got {} GPUs", inv.gpus.len()),
+        }
+    }
+
+    #[test]
+    fn missing_library_is_nvml_unavailable() {
+        let library = OsStr::new("/nonexistent/libnvidia-ml.so.1");
+        assert_one_line_unavailable(probe_with(library, &Roots::host()));
+    }
+
+    #[test]
+    fn host_without_driver_is_nvml_unavailable() {
+        // On a machine with the driver this probes real GPUs instead: nothing to assert.
+        let driver_present = std::path::Path::new("/proc/driver/nvidia").exists();
+        if !driver_present {
+            let state = tempfile::tempdir().unwrap();
+            let source = crate::inventory::InventorySource::Nvml;
+            assert_one_line_unavailable(crate::inventory::load(&source, state.path()));
+        }
+    }
+
+    #[test]
+    fn counts_direct_nvlinks_and_switches() {
+        let links = NvLinks {
+            to_gpu: vec![vec![0, 4, 0], vec![4, 0, 0], vec![0, 0, 0]],
+            to_other: vec![0, 2, 6],
+        };
+        assert_eq!(links.between(0, 1), Some(Link::NvLink(4)));
+        assert_eq!(links.between(1, 2), Some(Link::NvSwitch));
+        assert_eq!(links.between(0, 2), None);
+    }
+}

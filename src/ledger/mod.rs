@@ -55,6 +55,12 @@ pub enum LedgerError {
         held: usize,
         total: usize,
     },
+    #[error("container {id} carries gpupin.assigned={claimed} but the ledger gives it {held}")]
+    NotAssigned {
+        id: String,
+        claimed: String,
+        held: String,
+    },
     #[error("the machine has no GPUs to allocate")]
     NoGpus,
 }
@@ -140,6 +146,39 @@ impl Ledger {
             store::write_record(&self.dir, &id.file_name(), &record)?;
         }
         Ok(Allocation { record })
+    }
+
+    /// Records the pid of a holder whose GPUs were assigned before its container had one
+    /// (the spec was edited before create). The record must exist and hold exactly
+    /// `assigned`: a container that claims GPUs the ledger did not give it is refused.
+    pub fn bind(
+        &self,
+        holder: &HolderId,
+        pid: i32,
+        assigned: &[String],
+    ) -> Result<Record, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let records = store::read_records(&self.dir)?;
+        let mismatch = |held: Option<&Record>| LedgerError::NotAssigned {
+            id: holder.to_string(),
+            claimed: assigned.join(","),
+            held: held.map_or("nothing".into(), |r| r.gpus.join(",")),
+        };
+        let Some(record) = records.iter().find(|r| r.id == holder.as_str()) else {
+            return Err(mismatch(None));
+        };
+        let mut claimed = assigned.to_vec();
+        claimed.sort();
+        let mut held = record.gpus.clone();
+        held.sort();
+        if claimed != held {
+            return Err(mismatch(Some(record)));
+        }
+        let mut record = record.clone();
+        record.pid = Some(pid);
+        record.start_time = crate::procinfo::start_time(pid);
+        store::write_record(&self.dir, &holder.file_name(), &record)?;
+        Ok(record)
     }
 
     /// Releases `holder`'s GPUs. Returns the record it had, `None` when it held nothing.

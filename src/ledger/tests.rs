@@ -298,3 +298,58 @@ fn concurrent_allocations_never_share_a_gpu() {
     assert_eq!(got.len(), 8);
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), 8);
 }
+
+#[test]
+fn bind_records_the_pid_of_an_assigned_holder() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    let unbound = HolderMeta { pid: None, ..me() };
+    let a = l
+        .allocate(&id("a"), &count(1), &inv, PolicyName::Pack, unbound)
+        .unwrap();
+    assert_eq!(a.record.pid, None);
+    let pid = std::process::id() as i32;
+    let bound = l.bind(&id("a"), pid, &a.record.gpus).unwrap();
+    assert_eq!(bound.pid, Some(pid));
+    assert!(bound.start_time.is_some());
+    assert_eq!(snapshot(&l)[0].pid, Some(pid));
+}
+
+#[test]
+fn bind_refuses_gpus_the_ledger_did_not_give() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    l.allocate(&id("a"), &count(1), &inv, PolicyName::Pack, me())
+        .unwrap();
+    let before = snapshot(&l);
+    let err = l
+        .bind(&id("a"), 1, &["GPU-test-1".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gpupin.assigned=GPU-test-1") && err.contains("GPU-test-0"),
+        "{err}"
+    );
+    let err = l
+        .bind(&id("b"), 1, &["GPU-test-1".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.ends_with("gives it nothing"), "{err}");
+    assert_eq!(snapshot(&l), before);
+}
+
+#[test]
+fn unbound_holder_is_stale_after_the_grace_period() {
+    let (_t, l) = ledger();
+    let inv = machine(1);
+    let unbound = HolderMeta { pid: None, ..me() };
+    let a = l
+        .allocate(&id("a"), &count(1), &inv, PolicyName::Pack, unbound)
+        .unwrap();
+    let now = SystemTime::now();
+    assert!(!a.record.is_stale(now));
+    assert!(
+        a.record
+            .is_stale(now + UNBOUND_GRACE + std::time::Duration::from_secs(1))
+    );
+}

@@ -1,10 +1,12 @@
 //! Edits on an OCI runtime spec (config.json) held as `serde_json::Value`, so that no key
 //! the runtime or Docker put there is ever lost; typed reads go through small views.
 
+mod edit;
 mod env;
 mod io;
 mod view;
 
+pub use edit::{add_devices, add_hook, set_annotation};
 pub use env::{process_env, set_env};
 pub use io::{parse, read, write_atomic};
 pub use view::{annotations, rootfs_path};

@@ -1,0 +1,223 @@
+//! runc's command line, read just far enough to know the command, the bundle and the
+//! container id; everything is passed on to the real runtime unchanged.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// runc global options that take a value (`runc --help`): the command word is the first
+/// argument that is neither one of these nor their value.
+const GLOBAL_WITH_VALUE: &[&str] = &["--root", "--log", "--log-format", "--criu", "--rootless"];
+/// Option that only gpupin-runtime understands, usable from daemon.json `runtimeArgs`.
+pub const CONFIG_FLAG: &str = "--gpupin-config";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// `create` or `run`: the spec may be edited before the real runtime reads it.
+    Create {
+        bundle: PathBuf,
+        id: String,
+    },
+    Delete {
+        id: String,
+    },
+    /// Everything else goes through untouched.
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invocation {
+    pub gpupin_config: Option<PathBuf>,
+    /// The arguments for the real runtime: the original ones minus gpupin's own.
+    pub runtime_args: Vec<OsString>,
+    /// runc's `--log FILE`, where containerd looks for the reason a create failed.
+    pub log_file: Option<PathBuf>,
+    pub action: Action,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ArgvError {
+    #[error("{CONFIG_FLAG} needs a file argument")]
+    ConfigWithoutValue,
+}
+
+/// Parses `args` (without argv[0]). `cwd` is the default bundle, as for runc.
+pub fn parse(args: Vec<OsString>, cwd: PathBuf) -> Result<Invocation, ArgvError> {
+    let (gpupin_config, runtime_args) = take_config_flag(args)?;
+    let strs: Vec<String> = runtime_args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let log_file = option_value(&strs, &["--log"]).map(PathBuf::from);
+    let action = match command_position(&strs) {
+        Some(at) => action_for(&strs[at], &strs[at + 1..], cwd),
+        None => Action::Other,
+    };
+    Ok(Invocation {
+        gpupin_config,
+        runtime_args,
+        log_file,
+        action,
+    })
+}
+
+/// Removes a leading `--gpupin-config FILE` (or `--gpupin-config=FILE`).
+fn take_config_flag(
+    mut args: Vec<OsString>,
+) -> Result<(Option<PathBuf>, Vec<OsString>), ArgvError> {
+    let Some(first) = args.first().map(|a| a.to_string_lossy().into_owned()) else {
+        return Ok((None, args));
+    };
+    if let Some(value) = first.strip_prefix(&format!("{CONFIG_FLAG}=")) {
+        args.remove(0);
+        return Ok((Some(PathBuf::from(value)), args));
+    }
+    if first == CONFIG_FLAG {
+        if args.len() < 2 {
+            return Err(ArgvError::ConfigWithoutValue);
+        }
+        let value = args.remove(1);
+        args.remove(0);
+        return Ok((Some(PathBuf::from(value)), args));
+    }
+    Ok((None, args))
+}
+
+fn command_position(args: &[String]) -> Option<usize> {
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        if !a.starts_with('-') {
+            return Some(i);
+        }
+        let takes_value = GLOBAL_WITH_VALUE.contains(&a.as_str());
+        i += if takes_value { 2 } else { 1 };
+    }
+    None
+}
+
+fn action_for(command: &str, rest: &[String], cwd: PathBuf) -> Action {
+    // runc puts the container id last for create, run and delete.
+    let id = match rest.last() {
+        Some(id) if !id.starts_with('-') => id.clone(),
+        _ => return Action::Other,
+    };
+    match command {
+        "create" | "run" => {
+            let bundle = option_value(rest, &["--bundle", "-b"])
+                .map(PathBuf::from)
+                .unwrap_or(cwd);
+            Action::Create { bundle, id }
+        }
+        "delete" => Action::Delete { id },
+        _ => Action::Other,
+    }
+}
+
+/// The value of the first of `names`, given as `--name value`, `--name=value`, or with
+/// Go's flag package, `-name value`.
+fn option_value(args: &[String], names: &[&str]) -> Option<String> {
+    for (i, a) in args.iter().enumerate() {
+        for name in names {
+            let single_dash = name.strip_prefix('-').filter(|n| n.starts_with('-'));
+            let forms = [Some(*name), single_dash];
+            for form in forms.into_iter().flatten() {
+                if a == form {
+                    return args.get(i + 1).cloned();
+                }
+                if let Some(v) = a.strip_prefix(form).and_then(|r| r.strip_prefix('=')) {
+                    return Some(v.to_string());
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(args: &[&str]) -> Invocation {
+        parse(
+            args.iter().map(OsString::from).collect(),
+            PathBuf::from("/cwd"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn containerd_create_is_recognised() {
+        let inv = parse_str(&[
+            "--root",
+            "/run/docker/runtime-runc/moby",
+            "--log",
+            "/run/c/log.json",
+            "--log-format",
+            "json",
+            "--systemd-cgroup",
+            "create",
+            "--bundle",
+            "/run/c/abc",
+            "--pid-file",
+            "/run/c/init.pid",
+            "abc",
+        ]);
+        assert_eq!(
+            inv.action,
+            Action::Create {
+                bundle: "/run/c/abc".into(),
+                id: "abc".into()
+            }
+        );
+        assert_eq!(inv.log_file, Some(PathBuf::from("/run/c/log.json")));
+        assert_eq!(inv.runtime_args.len(), 13);
+    }
+
+    #[test]
+    fn bundle_defaults_to_cwd_and_takes_every_form() {
+        assert_eq!(
+            parse_str(&["run", "x"]).action,
+            Action::Create {
+                bundle: "/cwd".into(),
+                id: "x".into()
+            }
+        );
+        for form in [&["-b", "/b"][..], &["--bundle=/b"], &["-bundle", "/b"]] {
+            let mut args = vec!["create"];
+            args.extend_from_slice(form);
+            args.push("x");
+            assert_eq!(
+                parse_str(&args).action,
+                Action::Create {
+                    bundle: "/b".into(),
+                    id: "x".into()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn delete_and_other_commands() {
+        assert_eq!(
+            parse_str(&["--root", "/r", "delete", "--force", "x"]).action,
+            Action::Delete { id: "x".into() }
+        );
+        assert_eq!(parse_str(&["start", "x"]).action, Action::Other);
+        assert_eq!(parse_str(&["--version"]).action, Action::Other);
+        assert_eq!(parse_str(&[]).action, Action::Other);
+    }
+
+    #[test]
+    fn gpupin_config_is_taken_out() {
+        let inv = parse_str(&["--gpupin-config", "/etc/g.toml", "state", "x"]);
+        assert_eq!(inv.gpupin_config, Some(PathBuf::from("/etc/g.toml")));
+        assert_eq!(
+            inv.runtime_args,
+            vec![OsString::from("state"), OsString::from("x")]
+        );
+        let inv = parse_str(&["--gpupin-config=/g.toml", "state", "x"]);
+        assert_eq!(inv.gpupin_config, Some(PathBuf::from("/g.toml")));
+        let err = parse(vec![OsString::from("--gpupin-config")], "/".into()).unwrap_err();
+        assert_eq!(err, ArgvError::ConfigWithoutValue);
+    }
+}

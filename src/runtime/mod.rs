@@ -1,0 +1,84 @@
+//! `gpupin-runtime`: a drop-in for runc that Docker and compose can name as a runtime.
+//! On `create` it edits the bundle's spec (devices, cgroup rules, env, hooks) and then
+//! runs the real runtime; every other command passes through unchanged.
+
+pub mod argv;
+pub mod create;
+
+use crate::config::{Config, ConfigError};
+use crate::docker::DockerError;
+use crate::inventory::InventoryError;
+use crate::ledger::{BadHolderId, HolderId, Ledger, LedgerError};
+use crate::request::RequestError;
+use crate::spec::SpecError;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error(transparent)]
+    Argv(#[from] argv::ArgvError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    BadId(#[from] BadHolderId),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Docker(#[from] DockerError),
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("runtime {0:?} not found on PATH; set `runtime` in the gpupin config")]
+    RuntimeNotFound(PathBuf),
+    #[error("runtime {0} is gpupin-runtime itself; set `runtime` to the real runtime (runc)")]
+    RuntimeIsSelf(PathBuf),
+}
+
+/// The real runtime's path: `runtime` from the config, searched on PATH when it is a
+/// bare name, and never this binary (which would recurse).
+pub fn real_runtime(config: &Config, own_exe: &Path) -> Result<PathBuf, ShimError> {
+    let name = &config.runtime;
+    let path = if name.components().count() > 1 {
+        name.clone()
+    } else {
+        search_path(name).ok_or_else(|| ShimError::RuntimeNotFound(name.clone()))?
+    };
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(&path, own_exe) {
+        return Err(ShimError::RuntimeIsSelf(path));
+    }
+    Ok(path)
+}
+
+fn search_path(name: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// Releases `id` if it holds anything. Cheap when it does not: one stat of its record.
+pub fn release(config: &Config, id: &str) -> Result<(), ShimError> {
+    let holder = HolderId::new(id)?;
+    let record = config.state_dir.join("holders").join(holder.file_name());
+    if !record.exists() {
+        return Ok(());
+    }
+    Ledger::open(&config.state_dir)?.release(&holder)?;
+    Ok(())
+}
+
+/// Loads gpupin's config for the shim: `--gpupin-config`, else the usual discovery.
+pub fn load_config(flag: Option<&Path>) -> Result<Config, ShimError> {
+    Ok(Config::discover(flag)?)
+}

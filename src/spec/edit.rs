@@ -1,0 +1,171 @@
+//! Spec edits beyond env: device nodes with their cgroup rules, annotations, and hooks.
+//! Each edit is idempotent, so a retried `create` leaves one entry, not two.
+
+use super::{SpecError, type_name};
+use crate::inventory::DeviceNode;
+use serde_json::{Map, Value, json};
+
+/// `spec.<path>` as a mutable array, creating the objects on the way and the array itself.
+/// `field` is the dotted path, for errors.
+fn array_at<'a>(
+    spec: &'a mut Value,
+    path: &[&str],
+    field: &'static str,
+) -> Result<&'a mut Vec<Value>, SpecError> {
+    let (last, parents) = path.split_last().expect("a non-empty path");
+    let mut node = spec;
+    for key in parents {
+        node = object(node, field)?
+            .entry(*key)
+            .or_insert_with(|| Value::Object(Map::new()));
+    }
+    match object(node, field)?
+        .entry(*last)
+        .or_insert_with(|| Value::Array(Vec::new()))
+    {
+        Value::Array(items) => Ok(items),
+        other => Err(SpecError::WrongType {
+            field,
+            expected: "an array",
+            found: type_name(other),
+        }),
+    }
+}
+
+fn object<'a>(
+    value: &'a mut Value,
+    field: &'static str,
+) -> Result<&'a mut Map<String, Value>, SpecError> {
+    // `null` is how Go's encoder writes an absent struct pointer: treat it as empty.
+    if value.is_null() {
+        *value = Value::Object(Map::new());
+    }
+    match value {
+        Value::Object(map) => Ok(map),
+        other => Err(SpecError::WrongType {
+            field,
+            expected: "an object",
+            found: type_name(other),
+        }),
+    }
+}
+
+/// Adds `nodes` to `linux.devices` (the runtime creates them in the container) and an
+/// allow rule for each to `linux.resources.devices` (the runtime grants them in the
+/// device cgroup, v1 or v2, and keeps them across `systemctl daemon-reload`).
+pub fn add_devices(spec: &mut Value, nodes: &[DeviceNode]) -> Result<(), SpecError> {
+    let devices = array_at(spec, &["linux", "devices"], "linux.devices")?;
+    for node in nodes {
+        // A node the spec already has at this path is replaced: ours is the one chosen.
+        devices.retain(|d| d.get("path").and_then(Value::as_str) != Some(node.path.as_str()));
+        devices.push(json!({
+            "path": node.path, "type": "c", "major": node.major, "minor": node.minor,
+            "fileMode": 0o666, "uid": 0, "gid": 0,
+        }));
+    }
+    let rules = array_at(
+        spec,
+        &["linux", "resources", "devices"],
+        "linux.resources.devices",
+    )?;
+    for node in nodes {
+        let rule = json!({
+            "allow": true, "type": "c", "major": node.major, "minor": node.minor, "access": "rwm",
+        });
+        if !rules.contains(&rule) {
+            rules.push(rule);
+        }
+    }
+    Ok(())
+}
+
+/// Sets one annotation, replacing an earlier value.
+pub fn set_annotation(spec: &mut Value, key: &str, value: &str) -> Result<(), SpecError> {
+    let root = object(spec, "spec")?;
+    let annotations = root
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Map::new()));
+    object(annotations, "annotations")?.insert(key.to_string(), Value::String(value.to_string()));
+    Ok(())
+}
+
+/// Appends a hook to `hooks.<stage>` unless an identical one is there.
+pub fn add_hook(
+    spec: &mut Value,
+    stage: &'static str,
+    path: &str,
+    args: &[String],
+) -> Result<(), SpecError> {
+    let field = match stage {
+        "prestart" => "hooks.prestart",
+        "createRuntime" => "hooks.createRuntime",
+        "poststop" => "hooks.poststop",
+        _ => "hooks",
+    };
+    let hooks = array_at(spec, &["hooks", stage], field)?;
+    let hook = json!({"path": path, "args": args});
+    if !hooks.contains(&hook) {
+        hooks.push(hook);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(path: &str, minor: u32) -> DeviceNode {
+        DeviceNode {
+            path: path.into(),
+            major: 195,
+            minor,
+        }
+    }
+
+    #[test]
+    fn devices_and_rules_are_added_once() {
+        let mut spec =
+            json!({"linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}}});
+        let nodes = [node("/dev/nvidia3", 3), node("/dev/nvidiactl", 255)];
+        add_devices(&mut spec, &nodes).unwrap();
+        add_devices(&mut spec, &nodes).unwrap();
+        let devices = spec["linux"]["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[0]["path"], "/dev/nvidia3");
+        assert_eq!(devices[0]["minor"], 3);
+        assert_eq!(devices[0]["fileMode"], 438);
+        let rules = spec["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(rules.len(), 3, "the deny-all rule stays first: {rules:?}");
+        assert_eq!(
+            rules[1],
+            json!({"allow": true, "type": "c", "major": 195, "minor": 3, "access": "rwm"})
+        );
+    }
+
+    #[test]
+    fn null_sections_are_filled_and_wrong_types_refused() {
+        let mut spec = json!({"linux": null, "hooks": null});
+        add_devices(&mut spec, &[node("/dev/nvidia0", 0)]).unwrap();
+        add_hook(&mut spec, "poststop", "/usr/bin/gpupin", &["gpupin".into()]).unwrap();
+        add_hook(&mut spec, "poststop", "/usr/bin/gpupin", &["gpupin".into()]).unwrap();
+        assert_eq!(spec["hooks"]["poststop"].as_array().unwrap().len(), 1);
+        let mut bad = json!({"linux": {"devices": {}}});
+        let err = add_devices(&mut bad, &[node("/dev/nvidia0", 0)])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "spec field linux.devices is an object, expected an array"
+        );
+    }
+
+    #[test]
+    fn annotation_is_replaced() {
+        let mut spec = json!({"annotations": {"gpupin.assigned": "old", "x": "y"}});
+        set_annotation(&mut spec, "gpupin.assigned", "GPU-1").unwrap();
+        assert_eq!(
+            spec["annotations"],
+            json!({"gpupin.assigned": "GPU-1", "x": "y"})
+        );
+    }
+}
