@@ -50,6 +50,7 @@ pub fn prestart_without_container(
 pub fn poststop(config: &Config, state_json: &[u8]) -> Result<Option<Record>, HookError> {
     match hook::run(Stage::Poststop, state_json, || Ok(config.clone()))? {
         Outcome::Released(record) => Ok(record),
-        Outcome::NoRequest | Outcome::Allocated(_) => Ok(None),
+        // The other outcomes are prestart's.
+        _ => Ok(None),
     }
 }
