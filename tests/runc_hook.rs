@@ -5,7 +5,7 @@
 mod common;
 
 use common::{CONTROL_NODES, GPU_MAJOR, Sandbox, char_node, devices_list, nvidia_nodes, stat_node};
-use gpupin::sandbox::{Container, SandboxError};
+use gpupin::sandbox::{Container, SandboxError, hook_message};
 use std::collections::BTreeSet;
 
 /// What a container holding the GPUs of `minors` must see under /dev.
@@ -48,11 +48,16 @@ fn assert_sees_exactly(c: &Container, minors: &[u32]) {
     }
 }
 
-/// The message runc reports for a refused start: it carries the hook's stderr.
+/// gpupin's message out of runc's report of a refused start, which must carry it (runc
+/// quotes the hook's stderr, escaped, in its own log line).
 fn refusal(result: Result<Container, SandboxError>) -> String {
-    match result {
+    let err = match result {
         Ok(c) => panic!("container {} started but should have been refused", c.id()),
         Err(err) => err.to_string(),
+    };
+    match hook_message(&err) {
+        Some(message) => message,
+        None => panic!("no gpupin message in runc's error: {err}"),
     }
 }
 
@@ -266,7 +271,10 @@ fn dev_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error() {
     spec.rootfs = rootfs;
     let id = sb.id("devlink");
     let err = refusal(sb.start(&id, &spec));
-    assert!(err.contains("gpupin: ") && err.contains("symlink"), "{err}");
+    assert!(
+        err.starts_with("gpupin: ") && err.contains("symlink"),
+        "{err}"
+    );
     assert_eq!(nvidia_entries(&outside), Vec::<String>::new());
     assert!(sb.gpupin.ledger_snapshot().is_empty());
 }
@@ -292,7 +300,10 @@ fn node_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error() {
     spec.rootfs = rootfs;
     let id = sb.id("nodelink");
     let err = refusal(sb.start(&id, &spec));
-    assert!(err.contains("gpupin: ") && err.contains("symlink"), "{err}");
+    assert!(
+        err.starts_with("gpupin: ") && err.contains("symlink"),
+        "{err}"
+    );
     assert_eq!(nvidia_entries(&outside), Vec::<String>::new());
     assert!(sb.gpupin.ledger_snapshot().is_empty());
 }
@@ -324,7 +335,7 @@ fn bad_requests_through_runc_are_refused_and_leave_the_ledger_unchanged() {
         }
         let err = refusal(sb.start(&id, &spec));
         assert!(
-            err.contains("gpupin: ") && err.contains(expected),
+            err.starts_with("gpupin: ") && err.contains(expected),
             "{key}={value}: {err}"
         );
         assert!(!sb.runc.exists(&id));
