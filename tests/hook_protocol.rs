@@ -5,6 +5,8 @@
 mod common;
 
 use common::{Gpupin, stderr};
+use gpupin::config::Config;
+use gpupin::sandbox::prestart_without_container;
 use serde_json::json;
 use std::path::Path;
 use std::process::{Child, Command, Output};
@@ -48,10 +50,25 @@ fn state(id: &str, pid: u32, bundle: &Path, annotations: serde_json::Value) -> S
     .to_string()
 }
 
+/// Puts a live holder of one GPU into the ledger, so that "unchanged" means something.
+/// It goes through the hook's request parsing and the ledger without a container
+/// (`sandbox::prestart_without_container`), which needs no root.
+fn hold_one_gpu(g: &Gpupin) -> Sleeper {
+    let sleeper = Sleeper::start();
+    let b = bundle(&g.dir.path().join("holder"), &["GPUPIN_COUNT=1"]);
+    let input = state("holder", sleeper.pid(), &b, json!({}));
+    let config = Config::load(&g.config).unwrap();
+    let record = prestart_without_container(&config, input.as_bytes()).unwrap();
+    assert_eq!(record.expect("a request").gpus.len(), 1);
+    sleeper
+}
+
 /// Runs prestart with `input`, expects a one-line refusal containing every `needle`, and
-/// checks that the ledger did not change.
+/// checks that the ledger (holding one GPU for another container) did not change.
 fn assert_refused(g: &Gpupin, input: &str, needles: &[&str]) -> Output {
+    let _holder = hold_one_gpu(g);
     let before = g.ledger_snapshot();
+    assert_eq!(before.len(), 1, "the ledger should hold one record");
     let out = g.run(&["hook", "prestart"], input);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -62,7 +79,14 @@ fn assert_refused(g: &Gpupin, input: &str, needles: &[&str]) -> Output {
     }
     assert!(out.stdout.is_empty(), "a hook must not write to stdout");
     assert_eq!(g.ledger_snapshot(), before, "the ledger changed");
+    release_all(g);
     out
+}
+
+/// Empties the ledger between cases, through the CLI as an operator would.
+fn release_all(g: &Gpupin) {
+    let out = g.run(&["release", "holder"], "");
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[test]

@@ -84,6 +84,8 @@ fn two_gpus_by_annotation_are_exactly_what_the_container_gets() {
     expected.extend(expected_allow_lines(&minors));
     assert_eq!(devices_list(c.pid().unwrap()), expected);
 
+    let record_file = sb.gpupin.state_dir.join(format!("holders/{id}.json"));
+    assert!(record_file.is_file(), "no {}", record_file.display());
     let holder = sb.gpupin.holder(&id).expect("held while running");
     assert_eq!(holder["pid"], c.pid().unwrap());
     let uuids: Vec<String> = serde_json::from_value(holder["gpus"].clone()).unwrap();
@@ -97,6 +99,11 @@ fn two_gpus_by_annotation_are_exactly_what_the_container_gets() {
     assert!(
         sb.gpupin.holder(&id).is_none(),
         "still held after runc delete"
+    );
+    assert!(
+        !record_file.exists(),
+        "{} left behind",
+        record_file.display()
     );
     assert_eq!(sb.gpupin.status()["free"], 8);
 }
