@@ -5,6 +5,7 @@ use crate::inventory::InventorySource;
 use crate::policy::PolicyName;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpupin/config.toml";
 pub const DEFAULT_STATE_DIR: &str = "/run/gpupin";
@@ -19,6 +20,9 @@ pub struct Config {
     pub policy: PolicyName,
     /// The OCI runtime gpupin-runtime hands over to: a path, or a name found on PATH.
     pub runtime: PathBuf,
+    /// How long GPUs assigned before create (shim, precreate) stay held while the
+    /// container has not reached its prestart hook.
+    pub claim_grace: Duration,
     /// Where this configuration was read from; `None` for built-in defaults.
     pub path: Option<PathBuf>,
 }
@@ -30,6 +34,7 @@ impl Default for Config {
             inventory: InventorySource::Auto,
             policy: PolicyName::default(),
             runtime: PathBuf::from("runc"),
+            claim_grace: crate::ledger::UNBOUND_GRACE,
             path: None,
         }
     }
@@ -43,6 +48,7 @@ struct ConfigFile {
     inventory: Option<String>,
     policy: Option<String>,
     runtime: Option<PathBuf>,
+    claim_grace: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +118,13 @@ impl Config {
                 config.inventory = InventorySource::File(dir.join(p));
             }
         }
+        if let Some(grace) = file.claim_grace {
+            config.claim_grace = humantime::parse_duration(&grace).map_err(|_| {
+                invalid(format!(
+                    "claim_grace {grace:?}: expected a duration such as \"120s\" or \"2m\""
+                ))
+            })?;
+        }
         if let Some(runtime) = file.runtime {
             config.runtime = runtime;
         }
@@ -151,6 +164,19 @@ mod tests {
         assert_eq!(c.inventory, InventorySource::Sim("pcie8".into()));
         assert_eq!(c.policy, PolicyName::Spread);
         assert_eq!(c.runtime, PathBuf::from("/usr/sbin/runc"));
+    }
+
+    #[test]
+    fn claim_grace_is_a_duration() {
+        assert_eq!(
+            parse("claim_grace = \"2m\"").unwrap().claim_grace,
+            Duration::from_secs(120)
+        );
+        let err = parse("claim_grace = \"soon\"").unwrap_err().to_string();
+        assert!(
+            err.contains("\"soon\"") && err.contains("duration"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use crate::inventory::Inventory;
 use crate::ledger::Record;
 use serde_json::{Value, json};
 use std::fmt::Write;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// Bytes as the GiB figure nvidia-smi users expect.
 fn gib(bytes: u64) -> String {
@@ -23,7 +23,7 @@ fn holders_of<'a>(uuid: &str, records: &'a [Record]) -> Vec<&'a Record> {
         .collect()
 }
 
-fn holder_json(r: &Record, now: SystemTime) -> Value {
+fn holder_json(r: &Record, now: SystemTime, grace: Duration) -> Value {
     json!({
         "id": r.id,
         "gpus": r.gpus,
@@ -31,13 +31,13 @@ fn holder_json(r: &Record, now: SystemTime) -> Value {
         "pid": r.pid,
         "since": since(r),
         "source": r.source,
-        "state": if r.is_stale(now) { "gone" } else { "running" },
+        "state": if r.is_stale(now, grace) { "gone" } else { "running" },
         "request": r.request,
     })
 }
 
-/// `gpupin status --json`.
-pub fn status_json(inventory: &Inventory, records: &[Record]) -> Value {
+/// `gpupin status --json`. `grace`: how long a holder may go without a pid.
+pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -> Value {
     let now = SystemTime::now();
     let gpus: Vec<Value> = inventory
         .gpus
@@ -45,7 +45,7 @@ pub fn status_json(inventory: &Inventory, records: &[Record]) -> Value {
         .map(|g| {
             let holders: Vec<Value> = holders_of(&g.uuid, records)
                 .into_iter()
-                .map(|r| holder_json(r, now))
+                .map(|r| holder_json(r, now, grace))
                 .collect();
             json!({
                 "index": g.index,
@@ -66,12 +66,12 @@ pub fn status_json(inventory: &Inventory, records: &[Record]) -> Value {
         "total": inventory.gpus.len(),
         "free": inventory.gpus.len() - held,
         "gpus": gpus,
-        "holders": records.iter().map(|r| holder_json(r, now)).collect::<Vec<_>>(),
+        "holders": records.iter().map(|r| holder_json(r, now, grace)).collect::<Vec<_>>(),
     })
 }
 
 /// `gpupin status`: one row per GPU, then a summary line.
-pub fn status_table(inventory: &Inventory, records: &[Record]) -> String {
+pub fn status_table(inventory: &Inventory, records: &[Record], grace: Duration) -> String {
     let now = SystemTime::now();
     let mut rows = vec![[
         "GPU".to_string(),
@@ -95,7 +95,11 @@ pub fn status_table(inventory: &Inventory, records: &[Record]) -> String {
         }
         held += 1;
         for r in holders {
-            let gone = if r.is_stale(now) { " (gone)" } else { "" };
+            let gone = if r.is_stale(now, grace) {
+                " (gone)"
+            } else {
+                ""
+            };
             let pid = r.pid.map(|p| p.to_string()).unwrap_or_default();
             rows.push([
                 g.index.to_string(),
@@ -198,7 +202,7 @@ fn table<R: AsRef<[String]>>(rows: &[R]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::Mode;
+    use crate::ledger::{Mode, UNBOUND_GRACE};
     use crate::policy::testing::machine;
     use crate::request::{GpuRequest, Origin, Selection};
 
@@ -223,7 +227,7 @@ mod tests {
     #[test]
     fn status_json_lists_holders_per_gpu() {
         let inv = machine(3);
-        let v = status_json(&inv, &[record("c1", &["GPU-test-1"])]);
+        let v = status_json(&inv, &[record("c1", &["GPU-test-1"])], UNBOUND_GRACE);
         assert_eq!(v["total"], 3);
         assert_eq!(v["free"], 2);
         assert_eq!(v["gpus"][1]["holders"][0]["id"], "c1");
@@ -235,7 +239,7 @@ mod tests {
     #[test]
     fn status_table_shows_holder_and_summary() {
         let inv = machine(2);
-        let t = status_table(&inv, &[record("c1", &["GPU-test-0"])]);
+        let t = status_table(&inv, &[record("c1", &["GPU-test-0"])], UNBOUND_GRACE);
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].starts_with("GPU  UUID"), "{t}");
         assert!(

@@ -14,9 +14,12 @@ pub const KEYS: &[(&str, &str)] = &[
 pub const ANNOTATION_PREFIX: &str = "gpupin.";
 /// Annotation gpupin itself writes into an edited spec: the UUIDs it assigned.
 pub const ASSIGNED_ANNOTATION: &str = "gpupin.assigned";
+/// Annotation of a spec edited at podman's precreate: the claim its GPUs are held under
+/// until the prestart hook binds them to the container id.
+pub const CLAIM_ANNOTATION: &str = "gpupin.claim";
 /// Keys gpupin writes, not users: ignored when reading a request, so that a retried
 /// create of an already edited spec reads the same request again.
-const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION];
+pub const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION];
 pub const ENV_PREFIX: &str = "GPUPIN_";
 
 /// Which GPUs are wanted.

@@ -5,7 +5,7 @@ use gpupin::ledger::Ledger;
 use std::process::ExitCode;
 
 pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
-    let reaped = Ledger::open(&config.state_dir)?.gc()?;
+    let reaped = Ledger::for_config(config)?.gc()?;
     for r in &reaped {
         println!(
             "released {} ({}): {}",

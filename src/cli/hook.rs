@@ -1,15 +1,15 @@
-//! `gpupin hook STAGE`: reads the OCI state on stdin. Nothing goes to stdout: a runtime
-//! may read it (podman's precreate stage does).
+//! `gpupin hook STAGE`: reads the OCI state (precreate: the spec) on stdin. Only the
+//! precreate stage writes to stdout, and only the spec: podman parses it.
 
 use gpupin::config::Config;
 use gpupin::hook::{self, Outcome, Stage};
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct HookArgs {
-    /// OCI hook stage: prestart, createRuntime or poststop
+    /// OCI hook stage: precreate (podman), prestart, createRuntime or poststop
     pub stage: String,
 }
 
@@ -17,8 +17,17 @@ pub fn run(config_flag: Option<&Path>, args: &HookArgs) -> anyhow::Result<ExitCo
     let stage: Stage = args.stage.parse()?;
     let mut state = Vec::new();
     std::io::stdin().read_to_end(&mut state)?;
-    match hook::run(stage, &state, || Config::discover(config_flag))? {
+    let exe = std::env::current_exe()?;
+    match hook::run(stage, &state, &exe, || Config::discover(config_flag))? {
         Outcome::NoRequest | Outcome::Released(None) => {}
+        Outcome::Spec { bytes, claim } => {
+            if let Some(record) = claim {
+                eprintln!("gpupin: {} holds {}", record.id, record.gpus.join(","));
+            }
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(&bytes)?;
+            stdout.flush()?;
+        }
         Outcome::Allocated(record) => {
             eprintln!("gpupin: {} holds {}", record.id, record.gpus.join(","));
         }

@@ -3,6 +3,7 @@
 mod demo;
 mod gc;
 mod hook;
+mod install;
 mod inventory;
 mod release;
 mod status;
@@ -41,6 +42,10 @@ pub enum Command {
     Release(release::ReleaseArgs),
     /// Start real containers on a simulated machine and show gpupin at work
     Demo(demo::DemoArgs),
+    /// Register gpupin with a container engine
+    Install(install::InstallArgs),
+    /// Take gpupin out of a container engine's configuration again
+    Uninstall(install::UninstallArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -68,6 +73,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Gc => gc::run(&config),
         Command::Release(args) => release::run(&config, &args),
         Command::Demo(args) => demo::run(&config, cli.config.as_deref(), &args),
+        Command::Install(args) => install::install(cli.config.as_deref(), &args),
+        Command::Uninstall(args) => install::uninstall(&args),
     }
 }
 

@@ -12,7 +12,7 @@ pub struct ReleaseArgs {
 
 pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
     let id = HolderId::new(&args.id)?;
-    match Ledger::open(&config.state_dir)?.release(&id)? {
+    match Ledger::for_config(config)?.release(&id)? {
         Some(r) => println!("released {}: {}", r.id, r.gpus.join(",")),
         None => println!("{id} held nothing"),
     }

@@ -14,11 +14,17 @@ pub struct StatusArgs {
 
 pub fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let inventory = inventory::load(&config.inventory, &config.state_dir)?;
-    let records = Ledger::open_read_only(&config.state_dir)?.records()?;
+    let records = Ledger::read_only_for_config(config)?.records()?;
     if args.json {
-        println!("{:#}", report::status_json(&inventory, &records));
+        println!(
+            "{:#}",
+            report::status_json(&inventory, &records, config.claim_grace)
+        );
     } else {
-        print!("{}", report::status_table(&inventory, &records));
+        print!(
+            "{}",
+            report::status_table(&inventory, &records, config.claim_grace)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -10,11 +10,12 @@ pub use allocate::{Allocation, resolve_devices};
 pub use holder::{BadHolderId, HolderId};
 pub use record::{HolderMeta, Mode, Record, UNBOUND_GRACE};
 
+use crate::config::Config;
 use crate::inventory::Inventory;
 use crate::policy::PolicyName;
 use crate::request::GpuRequest;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
@@ -65,9 +66,25 @@ pub enum LedgerError {
     NoGpus,
 }
 
+fn same_set(a: &[String], b: &[String]) -> bool {
+    let (mut a, mut b) = (a.to_vec(), b.to_vec());
+    a.sort();
+    b.sort();
+    a == b
+}
+
+fn not_assigned(holder: &HolderId, assigned: &[String], held: Option<&Record>) -> LedgerError {
+    LedgerError::NotAssigned {
+        id: holder.to_string(),
+        claimed: assigned.join(","),
+        held: held.map_or("nothing".into(), |r| r.gpus.join(",")),
+    }
+}
+
 /// A handle on the lock directory. Cheap: opening checks the directory, nothing more.
 pub struct Ledger {
     dir: PathBuf,
+    unbound_grace: Duration,
 }
 
 impl Ledger {
@@ -76,6 +93,7 @@ impl Ledger {
         store::ensure_safe_dir(dir)?;
         Ok(Ledger {
             dir: dir.to_path_buf(),
+            unbound_grace: UNBOUND_GRACE,
         })
     }
 
@@ -86,7 +104,29 @@ impl Ledger {
         }
         Ok(Ledger {
             dir: dir.to_path_buf(),
+            unbound_grace: UNBOUND_GRACE,
         })
+    }
+
+    /// The ledger a configuration names, with its claim grace.
+    pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
+        Ok(Ledger::open(&config.state_dir)?.with_unbound_grace(config.claim_grace))
+    }
+
+    /// As `for_config`, read only (`open_read_only`).
+    pub fn read_only_for_config(config: &Config) -> Result<Ledger, LedgerError> {
+        Ok(Ledger::open_read_only(&config.state_dir)?.with_unbound_grace(config.claim_grace))
+    }
+
+    /// How long a holder may stay without a pid before it counts as stale.
+    pub fn with_unbound_grace(mut self, grace: Duration) -> Ledger {
+        self.unbound_grace = grace;
+        self
+    }
+
+    /// Whether `record` is stale by this ledger's rules.
+    pub fn is_stale(&self, record: &Record) -> bool {
+        record.is_stale(SystemTime::now(), self.unbound_grace)
     }
 
     pub fn dir(&self) -> &Path {
@@ -148,36 +188,41 @@ impl Ledger {
         Ok(Allocation { record })
     }
 
-    /// Records the pid of a holder whose GPUs were assigned before its container had one
-    /// (the spec was edited before create). The record must exist and hold exactly
-    /// `assigned`: a container that claims GPUs the ledger did not give it is refused.
+    /// Records the pid of a holder whose GPUs were assigned before its container had one.
+    /// With `claim` (podman's precreate, which runs before the container has an id), the
+    /// claim's record becomes the container's; without, the container id was the holder
+    /// from the start (the Docker shim). The record must hold exactly `assigned`: a
+    /// container that claims GPUs the ledger did not give it is refused. Binding twice
+    /// (a prestart hook from the spec and one from hooks.d) is harmless.
     pub fn bind(
         &self,
         holder: &HolderId,
+        claim: Option<&HolderId>,
         pid: i32,
         assigned: &[String],
     ) -> Result<Record, LedgerError> {
         let _lock = store::lock(&self.dir)?;
         let records = store::read_records(&self.dir)?;
-        let mismatch = |held: Option<&Record>| LedgerError::NotAssigned {
-            id: holder.to_string(),
-            claimed: assigned.join(","),
-            held: held.map_or("nothing".into(), |r| r.gpus.join(",")),
+        let find = |id: &HolderId| records.iter().find(|r| r.id == id.as_str());
+        let claimed = claim.and_then(find);
+        let Some(found) = claimed.or_else(|| find(holder)) else {
+            return Err(not_assigned(holder, assigned, None));
         };
-        let Some(record) = records.iter().find(|r| r.id == holder.as_str()) else {
-            return Err(mismatch(None));
-        };
-        let mut claimed = assigned.to_vec();
-        claimed.sort();
-        let mut held = record.gpus.clone();
-        held.sort();
-        if claimed != held {
-            return Err(mismatch(Some(record)));
+        if !same_set(&found.gpus, assigned) {
+            return Err(not_assigned(holder, assigned, Some(found)));
         }
-        let mut record = record.clone();
+        let mut record = found.clone();
+        record.id = holder.to_string();
         record.pid = Some(pid);
         record.start_time = crate::procinfo::start_time(pid);
+        // Write the container's record before removing the claim: a crash in between
+        // leaves the GPUs held twice by one container (reaped with the claim's grace),
+        // never free while it runs.
         store::write_record(&self.dir, &holder.file_name(), &record)?;
+        if let (Some(claim), Some(_)) = (claim, claimed) {
+            store::remove_record(&self.dir, &claim.file_name())?;
+            store::audit(&self.dir, &format!("bind {claim} -> {holder} pid={pid}"));
+        }
         Ok(record)
     }
 
@@ -212,7 +257,7 @@ impl Ledger {
     fn reap(&self, records: Vec<Record>, now: SystemTime) -> Result<Vec<Record>, LedgerError> {
         let mut live = Vec::with_capacity(records.len());
         for record in records {
-            if record.is_stale(now) {
+            if record.is_stale(now, self.unbound_grace) {
                 let id = HolderId::new(&record.id)?;
                 store::remove_record(&self.dir, &id.file_name())?;
                 store::audit(

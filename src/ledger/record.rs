@@ -5,8 +5,8 @@ use crate::request::GpuRequest;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A holder that never got a pid is stale after this long (a claim whose container never
-/// started, or a hook that died between allocation and binding).
+/// By default a holder that never got a pid is stale after this long (a claim whose
+/// container never started, or a runtime that died between allocation and binding).
 pub const UNBOUND_GRACE: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -42,14 +42,14 @@ pub struct HolderMeta {
 
 impl Record {
     /// Whether the holder is gone: its process ended, its pid now belongs to another
-    /// process, or it never got a process within the grace period.
-    pub fn is_stale(&self, now: SystemTime) -> bool {
+    /// process, or it never got a process within `grace`.
+    pub fn is_stale(&self, now: SystemTime, grace: Duration) -> bool {
         match (self.pid, self.start_time) {
             (Some(pid), Some(started)) => !procinfo::is_alive(pid, started),
             (Some(pid), None) => procinfo::start_time(pid).is_none(),
             (None, _) => {
                 let created = UNIX_EPOCH + Duration::from_secs(self.created_at);
-                now.duration_since(created).unwrap_or_default() > UNBOUND_GRACE
+                now.duration_since(created).unwrap_or_default() > grace
             }
         }
     }

@@ -309,7 +309,7 @@ fn bind_records_the_pid_of_an_assigned_holder() {
         .unwrap();
     assert_eq!(a.record.pid, None);
     let pid = std::process::id() as i32;
-    let bound = l.bind(&id("a"), pid, &a.record.gpus).unwrap();
+    let bound = l.bind(&id("a"), None, pid, &a.record.gpus).unwrap();
     assert_eq!(bound.pid, Some(pid));
     assert!(bound.start_time.is_some());
     assert_eq!(snapshot(&l)[0].pid, Some(pid));
@@ -323,7 +323,7 @@ fn bind_refuses_gpus_the_ledger_did_not_give() {
         .unwrap();
     let before = snapshot(&l);
     let err = l
-        .bind(&id("a"), 1, &["GPU-test-1".into()])
+        .bind(&id("a"), None, 1, &["GPU-test-1".into()])
         .unwrap_err()
         .to_string();
     assert!(
@@ -331,7 +331,7 @@ fn bind_refuses_gpus_the_ledger_did_not_give() {
         "{err}"
     );
     let err = l
-        .bind(&id("b"), 1, &["GPU-test-1".into()])
+        .bind(&id("b"), None, 1, &["GPU-test-1".into()])
         .unwrap_err()
         .to_string();
     assert!(err.ends_with("gives it nothing"), "{err}");
@@ -347,9 +347,31 @@ fn unbound_holder_is_stale_after_the_grace_period() {
         .allocate(&id("a"), &count(1), &inv, PolicyName::Pack, unbound)
         .unwrap();
     let now = SystemTime::now();
-    assert!(!a.record.is_stale(now));
-    assert!(
-        a.record
-            .is_stale(now + UNBOUND_GRACE + std::time::Duration::from_secs(1))
-    );
+    assert!(!a.record.is_stale(now, UNBOUND_GRACE));
+    assert!(a.record.is_stale(
+        now + UNBOUND_GRACE + std::time::Duration::from_secs(1),
+        UNBOUND_GRACE
+    ));
+}
+
+#[test]
+fn bind_turns_a_claim_into_the_containers_record() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    let unbound = HolderMeta { pid: None, ..me() };
+    let claim = id("claim-0123abcd");
+    let a = l
+        .allocate(&claim, &count(1), &inv, PolicyName::Pack, unbound)
+        .unwrap();
+    let pid = std::process::id() as i32;
+    let bound = l
+        .bind(&id("ctr"), Some(&claim), pid, &a.record.gpus)
+        .unwrap();
+    assert_eq!(bound.id, "ctr");
+    let ids: Vec<String> = snapshot(&l).into_iter().map(|r| r.id).collect();
+    assert_eq!(ids, ["ctr"]);
+    // A second prestart hook (hooks.d and the spec's own) binds again without harm.
+    l.bind(&id("ctr"), Some(&claim), pid, &a.record.gpus)
+        .unwrap();
+    assert_eq!(snapshot(&l).len(), 1);
 }

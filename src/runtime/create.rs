@@ -48,7 +48,7 @@ pub fn prepare(
         return Ok(None);
     };
     let inventory = inventory::load(&config.inventory, &config.state_dir)?;
-    let ledger = Ledger::open(&config.state_dir)?;
+    let ledger = Ledger::for_config(config)?;
     let meta = HolderMeta {
         source: "runtime".into(),
         pid: None,

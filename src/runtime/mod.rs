@@ -74,7 +74,7 @@ pub fn release(config: &Config, id: &str) -> Result<(), ShimError> {
     if !record.exists() {
         return Ok(());
     }
-    Ledger::open(&config.state_dir)?.release(&holder)?;
+    Ledger::for_config(config)?.release(&holder)?;
     Ok(())
 }
 

@@ -1,11 +1,16 @@
 //! `gpupin hook STAGE`: the OCI hook protocol. The runtime passes the container state on
 //! stdin; prestart/createRuntime allocate and give the container its GPUs from outside
-//! (runc has already read the spec), poststop releases.
+//! (runc has already read the spec) or, when the spec was edited before create, bind the
+//! holder to the container's pid; poststop releases. Podman's precreate stage passes the
+//! proposed spec instead and reads it back, edited, from stdout.
+
+mod precreate;
+mod prestart;
 
 use crate::config::{Config, ConfigError};
-use crate::inject::{self, InjectError};
-use crate::inventory::{self, Inventory, InventoryError};
-use crate::ledger::{BadHolderId, HolderId, HolderMeta, Ledger, LedgerError, Record};
+use crate::inject::InjectError;
+use crate::inventory::InventoryError;
+use crate::ledger::{BadHolderId, HolderId, Ledger, LedgerError, Record};
 use crate::request::{self, GpuRequest, RequestError};
 use crate::spec::{self, SpecError};
 use oci_spec::runtime::State;
@@ -16,6 +21,8 @@ pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
+    /// Podman: the spec on stdin, the edited spec on stdout.
+    Precreate,
     Prestart,
     CreateRuntime,
     Poststop,
@@ -25,6 +32,7 @@ impl std::str::FromStr for Stage {
     type Err = HookError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
+            "precreate" => Ok(Stage::Precreate),
             "prestart" => Ok(Stage::Prestart),
             "createRuntime" => Ok(Stage::CreateRuntime),
             "poststop" => Ok(Stage::Poststop),
@@ -35,10 +43,14 @@ impl std::str::FromStr for Stage {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
-    #[error("unknown hook stage {0:?}: expected prestart, createRuntime or poststop")]
+    #[error("unknown hook stage {0:?}: expected precreate, prestart, createRuntime or poststop")]
     UnknownStage(String),
     #[error("invalid OCI state on stdin: {0}")]
     State(String),
+    #[error("invalid spec on stdin")]
+    Spec(#[source] SpecError),
+    #[error("annotation {0} is written by gpupin, not by users; remove it from the container")]
+    ReservedAnnotation(&'static str),
     #[error(transparent)]
     BadId(#[from] BadHolderId),
     #[error("bundle of container {id}")]
@@ -81,6 +93,11 @@ pub enum Outcome {
     Allocated(Record),
     /// The spec was edited before create (shim, precreate); the holder now has its pid.
     Bound(Record),
+    /// Precreate: the spec for the runtime, edited or as it came.
+    Spec {
+        bytes: Vec<u8>,
+        claim: Option<Record>,
+    },
     /// Poststop: the record released, `None` when nothing was held.
     Released(Option<Record>),
 }
@@ -98,18 +115,28 @@ struct Container {
 enum Task {
     /// Plain runc: allocate now and give the GPUs from outside.
     Allocate(GpuRequest),
-    /// gpupin edited the spec before create and assigned these UUIDs: record the pid.
-    Bind(Vec<String>),
+    /// gpupin edited the spec before create and assigned these UUIDs, under a claim id
+    /// when the container had no id yet (precreate): record the pid.
+    Bind {
+        uuids: Vec<String>,
+        claim: Option<HolderId>,
+    },
     Release,
 }
 
 /// Runs one stage. `load_config` is only called when the container asks for GPUs, so the
 /// hook costs a container without a request a state parse and one small file read.
+///
+/// `exe` is the gpupin binary, written into specs edited at precreate as their hook.
 pub fn run(
     stage: Stage,
     state_json: &[u8],
+    exe: &Path,
     load_config: impl FnOnce() -> Result<Config, ConfigError>,
 ) -> Result<Outcome, HookError> {
+    if stage == Stage::Precreate {
+        return precreate::run(state_json, exe, load_config);
+    }
     let state: State =
         serde_json::from_slice(state_json).map_err(|e| HookError::State(e.to_string()))?;
     let id = HolderId::new(state.id())?;
@@ -119,17 +146,18 @@ pub fn run(
     let config = load_config()?;
     match &container.task {
         Task::Release => {
-            let ledger = Ledger::open(&config.state_dir)?;
+            let ledger = Ledger::for_config(&config)?;
             Ok(Outcome::Released(ledger.release(&container.id)?))
         }
-        Task::Bind(uuids) => {
+        Task::Bind { uuids, claim } => {
             let pid = container
                 .pid
                 .ok_or_else(|| HookError::NoPid(container.id.to_string()))?;
-            let ledger = Ledger::open(&config.state_dir)?;
-            Ok(Outcome::Bound(ledger.bind(&container.id, pid, uuids)?))
+            let ledger = Ledger::for_config(&config)?;
+            let record = ledger.bind(&container.id, claim.as_ref(), pid, uuids)?;
+            Ok(Outcome::Bound(record))
         }
-        Task::Allocate(request) => prestart(&container, request, &config),
+        Task::Allocate(request) => prestart::prestart(&container, request, &config),
     }
 }
 
@@ -173,7 +201,11 @@ fn read_container(
         // not keep GPUs held forever.
         Task::Release
     } else if let Some(assigned) = annotations.get(request::ASSIGNED_ANNOTATION) {
-        Task::Bind(assigned.split(',').map(str::to_string).collect())
+        let claim = annotations.get(request::CLAIM_ANNOTATION);
+        Task::Bind {
+            uuids: assigned.split(',').map(str::to_string).collect(),
+            claim: claim.map(|c| HolderId::new(c)).transpose()?,
+        }
     } else {
         let request = if has_annotation {
             request::from_annotations(&annotations)?
@@ -194,67 +226,8 @@ fn read_container(
     }))
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-fn prestart(c: &Container, request: &GpuRequest, config: &Config) -> Result<Outcome, HookError> {
-    let pid = c.pid.ok_or_else(|| HookError::NoPid(c.id.to_string()))?;
-    let config_path = c.bundle.join("config.json");
-    let bundle_err = |source| HookError::Bundle {
-        id: c.id.to_string(),
-        source,
-    };
-    let mut spec_value = spec::parse(&c.spec_bytes, &config_path).map_err(bundle_err)?;
-    let rootfs = spec::rootfs_path(&spec_value, &c.bundle).map_err(bundle_err)?;
-    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
-    let ledger = Ledger::open(&config.state_dir)?;
-    let meta = HolderMeta {
-        source: "hook".into(),
-        pid: Some(pid),
-        bundle: Some(c.bundle.clone()),
-    };
-    let allocation = ledger.allocate(&c.id, request, &inventory, config.policy, meta)?;
-    let record = allocation.record;
-    let given = give_gpus(
-        &c.id,
-        pid,
-        &rootfs,
-        &inventory,
-        &record,
-        &mut spec_value,
-        &config_path,
-    );
-    if let Err(err) = given {
-        // The container will not start: its GPUs go back at once, not at the next gc.
-        ledger.release(&c.id)?;
-        return Err(err);
-    }
-    Ok(Outcome::Allocated(record))
-}
-
-fn give_gpus(
-    id: &HolderId,
-    pid: i32,
-    rootfs: &Path,
-    inventory: &Inventory,
-    record: &Record,
-    spec_value: &mut serde_json::Value,
-    config_path: &Path,
-) -> Result<(), HookError> {
-    let nodes = inventory.nodes_for(&record.gpus);
-    let inject_err = |source| HookError::Inject {
-        id: id.to_string(),
-        source,
-    };
-    inject::create_nodes_in_container(pid, rootfs, &nodes).map_err(inject_err)?;
-    inject::allow_in_device_cgroup(pid, &nodes).map_err(inject_err)?;
-    let write_err = |source| HookError::WriteSpec {
-        id: id.to_string(),
-        source,
-    };
-    spec::set_env(spec_value, VISIBLE_DEVICES, &record.gpus.join(",")).map_err(write_err)?;
-    spec::write_atomic(config_path, spec_value).map_err(write_err)
 }
 
 #[cfg(test)]
@@ -291,7 +264,9 @@ mod tests {
     }
 
     fn err(stage: Stage, state: &[u8]) -> String {
-        run(stage, state, never_loaded).unwrap_err().to_string()
+        run(stage, state, Path::new("/usr/bin/gpupin"), never_loaded)
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -300,7 +275,7 @@ mod tests {
         let s = state("plain", b.path(), &[("org.example", "1")]);
         for stage in [Stage::Prestart, Stage::Poststop] {
             assert!(matches!(
-                run(stage, &s, never_loaded).unwrap(),
+                run(stage, &s, Path::new("/usr/bin/gpupin"), never_loaded).unwrap(),
                 Outcome::NoRequest
             ));
         }
@@ -329,7 +304,13 @@ mod tests {
             Path::new("/nonexistent/bundle"),
             &[("gpupin.count", "1")],
         );
-        let e = run(Stage::Prestart, &s, never_loaded).unwrap_err();
+        let e = run(
+            Stage::Prestart,
+            &s,
+            Path::new("/usr/bin/gpupin"),
+            never_loaded,
+        )
+        .unwrap_err();
         let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
         assert!(chain.contains("/nonexistent/bundle/config.json"), "{chain}");
     }

@@ -1,0 +1,96 @@
+//! `gpupin-runtime`: an OCI runtime for Docker's daemon.json that pins GPUs on `create`
+//! and hands every command to the real runtime (runc). Thin: the work is in
+//! `gpupin::runtime`.
+
+use gpupin::assign::HookCommand;
+use gpupin::runtime::{self, argv, argv::Action, argv::Invocation};
+use std::ffi::OsString;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, ExitStatus};
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    let invocation = match argv::parse(args, cwd) {
+        Ok(inv) => inv,
+        Err(err) => return fail(None, &anyhow::Error::from(err)),
+    };
+    match run(&invocation) {
+        Ok(code) => code,
+        Err(err) => fail(invocation.log_file.as_deref(), &err),
+    }
+}
+
+fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
+    let own_exe = std::env::current_exe()?;
+    let config = runtime::load_config(inv.gpupin_config.as_deref())?;
+    let real = runtime::real_runtime(&config, &own_exe)?;
+    match &inv.action {
+        Action::Other => Err(exec(&real, &inv.runtime_args)),
+        Action::Create { bundle, id } => {
+            let hook = HookCommand {
+                exe: own_exe.with_file_name("gpupin"),
+                config: config.path.clone(),
+            };
+            if runtime::create::prepare(&config, bundle, id, &hook)?.is_none() {
+                return Err(exec(&real, &inv.runtime_args));
+            }
+            let status = Command::new(&real).args(&inv.runtime_args).status()?;
+            if !status.success() {
+                // The container never came to be: no poststop will run for it.
+                runtime::release(&config, id)?;
+            }
+            Ok(exit_code(status))
+        }
+        Action::Delete { id } => {
+            let status = Command::new(&real).args(&inv.runtime_args).status()?;
+            // Poststop has usually released already; this covers a container whose
+            // hooks never ran (killed before start, runtime crash).
+            runtime::release(&config, id)?;
+            Ok(exit_code(status))
+        }
+    }
+}
+
+/// Replaces this process with the real runtime; returns only on failure.
+fn exec(real: &Path, args: &[OsString]) -> anyhow::Error {
+    let err = Command::new(real).args(args).exec();
+    anyhow::Error::new(err).context(format!("running {}", real.display()))
+}
+
+fn exit_code(status: ExitStatus) -> ExitCode {
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// Reports on stderr and, as runc does, in the `--log` file: containerd shows the last
+/// error line of that file to the user (`docker run` prints it).
+fn fail(log_file: Option<&Path>, err: &anyhow::Error) -> ExitCode {
+    let msg = err
+        .chain()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join(": ");
+    let msg = format!("gpupin: {msg}");
+    eprintln!("{msg}");
+    if let Some(path) = log_file {
+        append_log(path, &msg);
+    }
+    ExitCode::FAILURE
+}
+
+fn append_log(path: &Path, msg: &str) {
+    use std::io::Write;
+    let time = humantime::format_rfc3339_nanos(std::time::SystemTime::now()).to_string();
+    let line = serde_json::json!({"level": "error", "msg": msg, "time": time});
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}

@@ -1,0 +1,43 @@
+//! `gpupin install ENGINE` / `gpupin uninstall ENGINE`.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct InstallArgs {
+    #[command(subcommand)]
+    pub engine: Engine,
+}
+
+#[derive(clap::Args)]
+pub struct UninstallArgs {
+    #[command(subcommand)]
+    pub engine: Engine,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Engine {
+    /// Docker: the `gpupin` runtime in /etc/docker/daemon.json
+    Docker(DockerArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DockerArgs {
+    /// Make gpupin Docker's default runtime
+    #[arg(long)]
+    pub default: bool,
+    /// Show the resulting daemon.json without writing it or signalling dockerd
+    #[arg(long)]
+    pub dry_run: bool,
+    /// daemon.json to edit
+    #[arg(long, default_value = "/etc/docker/daemon.json", value_name = "FILE")]
+    pub daemon_json: std::path::PathBuf,
+}
+
+pub fn install(_config: Option<&Path>, _args: &InstallArgs) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("install: not yet")
+}
+
+pub fn uninstall(_args: &UninstallArgs) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("uninstall: not yet")
+}
