@@ -198,13 +198,16 @@ fn print_fallback_notice(reason: &str) {
 }
 
 fn setup_records(setup: &Setup) -> anyhow::Result<Vec<Record>> {
-    Ok(Ledger::open_read_only(&setup.config.state_dir)?.records()?)
+    Ok(Ledger::read_only_for_config(&setup.config)?.records()?)
 }
 
 fn print_status(setup: &Setup) -> anyhow::Result<()> {
     println!("\n$ gpupin --config {} status", setup.config_file.display());
     let records = setup_records(setup)?;
-    print!("{}", report::status_table(&setup.inventory, &records));
+    print!(
+        "{}",
+        report::status_table(&setup.inventory, &records, setup.config.claim_grace)
+    );
     Ok(())
 }
 

@@ -13,6 +13,7 @@ use crate::ledger::{HolderId, HolderMeta, Ledger, Record};
 use crate::request;
 use crate::spec;
 use oci_spec::runtime::State;
+use std::path::Path;
 
 /// Allocates what the OCI state `state_json` asks for. `Ok(None)`: it asks for nothing.
 pub fn prestart_without_container(
@@ -41,14 +42,16 @@ pub fn prestart_without_container(
         pid: *state.pid(),
         bundle: Some(state.bundle().to_path_buf()),
     };
-    let ledger = Ledger::open(&config.state_dir)?;
+    let ledger = Ledger::for_config(config)?;
     let allocation = ledger.allocate(&id, &request, &inventory, config.policy, meta)?;
     Ok(Some(allocation.record))
 }
 
 /// `gpupin hook poststop`, in process.
 pub fn poststop(config: &Config, state_json: &[u8]) -> Result<Option<Record>, HookError> {
-    match hook::run(Stage::Poststop, state_json, || Ok(config.clone()))? {
+    // The exe only matters at precreate, which writes it into the spec as the hook.
+    let exe = Path::new("gpupin");
+    match hook::run(Stage::Poststop, state_json, exe, || Ok(config.clone()))? {
         Outcome::Released(record) => Ok(record),
         // The other outcomes are prestart's.
         _ => Ok(None),
