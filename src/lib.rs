@@ -17,5 +17,6 @@ pub mod procinfo;
 pub mod report;
 pub mod request;
 pub mod runtime;
+pub mod sandbox;
 pub mod spec;
 pub mod units;

@@ -1,19 +1,399 @@
-//! `gpupin demo`.
+//! `gpupin demo`: starts real containers under runc on a simulated machine, each asking
+//! for GPUs a different way, shows `gpupin status` while they run, stops them and shows
+//! the GPUs back. Where runc or root is missing (or with `--no-containers`) the same
+//! requests go through the hook protocol with a `sleep` process standing in for each
+//! container, and no device node is created.
+//!
+//! The demo never touches the system's configuration or ledger: it writes its own config
+//! with a state dir in a temp dir.
+
+use anyhow::Context;
 use gpupin::config::Config;
-use std::path::Path;
-use std::process::ExitCode;
+use gpupin::inventory::{self, Inventory};
+use gpupin::ledger::{Ledger, Record};
+use gpupin::report;
+use gpupin::sandbox::{self, BundleSpec, Container, HookCommand, Requirements, Runc};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
     /// Simulated machine to run on
     #[arg(long, default_value = "sim:nvswitch8")]
     pub machine: String,
+    /// Start no containers even where runc and root are available: run the requests
+    /// through the hook protocol with a `sleep` process standing in for each container
+    #[arg(long)]
+    pub no_containers: bool,
+}
+
+/// One container of the demo and what it asks for.
+struct Scenario {
+    name: &'static str,
+    annotations: &'static [(&'static str, &'static str)],
+    env: &'static [(&'static str, &'static str)],
+    /// The demo's machines have 8 GPUs; the last request asks for more than is left.
+    expect_refusal: bool,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "train",
+        annotations: &[("gpupin.count", "2")],
+        env: &[],
+        expect_refusal: false,
+    },
+    Scenario {
+        name: "infer",
+        annotations: &[],
+        env: &[("GPUPIN_COUNT", "1")],
+        expect_refusal: false,
+    },
+    Scenario {
+        name: "pinned",
+        annotations: &[("gpupin.devices", "7")],
+        env: &[],
+        expect_refusal: false,
+    },
+    Scenario {
+        name: "spread",
+        annotations: &[("gpupin.count", "2"), ("gpupin.policy", "spread")],
+        env: &[],
+        expect_refusal: false,
+    },
+    Scenario {
+        name: "plain",
+        annotations: &[],
+        env: &[],
+        expect_refusal: false,
+    },
+    Scenario {
+        name: "greedy",
+        annotations: &[("gpupin.count", "4")],
+        env: &[],
+        expect_refusal: true,
+    },
+];
+
+impl Scenario {
+    fn spec(&self, rootfs: &Path) -> BundleSpec {
+        let spec = BundleSpec::sleeper(rootfs);
+        let spec = self
+            .annotations
+            .iter()
+            .fold(spec, |s, (k, v)| s.annotation(k, v));
+        self.env.iter().fold(spec, |s, (k, v)| s.env(k, v))
+    }
+
+    fn describe(&self) -> String {
+        let pairs = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        match (self.annotations.is_empty(), self.env.is_empty()) {
+            (false, _) => format!("annotations {}", pairs(self.annotations)),
+            (true, false) => format!("env {}", pairs(self.env)),
+            (true, true) => "no request".into(),
+        }
+    }
+
+    /// A container id of this run: cgroups are named after ids and shared by the machine.
+    fn id(&self) -> String {
+        format!("demo-{}-{}", std::process::id(), self.name)
+    }
+}
+
+/// The demo's private directory, removed at the end (containers are deleted before it).
+struct WorkDir(PathBuf);
+
+impl WorkDir {
+    fn create() -> anyhow::Result<WorkDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let path = std::env::temp_dir().join(format!("gpupin-demo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        Ok(WorkDir(path))
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What the demo has set up before its first container.
+struct Setup {
+    work: PathBuf,
+    config: Config,
+    config_file: PathBuf,
+    inventory: Inventory,
 }
 
 pub fn run(
-    _config: &Config,
-    _config_path: Option<&Path>,
-    _args: &DemoArgs,
+    _system_config: &Config,
+    _system_config_path: Option<&Path>,
+    args: &DemoArgs,
 ) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("demo: not yet")
+    let work = WorkDir::create()?;
+    let setup = setup(&work.0, &args.machine)?;
+    println!(
+        "gpupin demo on simulated machine {} ({} GPUs); config {}",
+        setup.inventory.source,
+        setup.inventory.gpus.len(),
+        setup.config_file.display()
+    );
+    let requirements = match args.no_containers {
+        true => Err("--no-containers given".to_string()),
+        false => Requirements::check(),
+    };
+    let all_as_expected = match requirements {
+        Ok(reqs) => with_containers(&setup, &reqs)?,
+        Err(reason) => {
+            print_fallback_notice(&reason);
+            without_containers(&setup)?
+        }
+    };
+    let all_back = setup_records(&setup)?.is_empty();
+    if !all_as_expected || !all_back {
+        eprintln!("gpupin: demo: not everything went as expected (see above)");
+        return Ok(ExitCode::FAILURE);
+    }
+    println!("\nEvery GPU is free again.");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn setup(work: &Path, machine: &str) -> anyhow::Result<Setup> {
+    let state_dir = work.join("state");
+    let config_file = work.join("gpupin.toml");
+    let text = format!(
+        "state_dir = {:?}\ninventory = {machine:?}\npolicy = \"pack\"\n",
+        state_dir.to_string_lossy()
+    );
+    std::fs::write(&config_file, text)
+        .with_context(|| format!("writing {}", config_file.display()))?;
+    let config = Config::load(&config_file)?;
+    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
+    Ok(Setup {
+        work: work.to_path_buf(),
+        config,
+        config_file,
+        inventory,
+    })
+}
+
+fn print_fallback_notice(reason: &str) {
+    println!("No real containers: {reason}.");
+    println!(
+        "Running the same requests through the hook protocol instead: each \"container\" is a\n\
+         live `sleep` process, its OCI state goes to the hook's prestart logic in process,\n\
+         which allocates in the same ledger but creates no device node and grants no cgroup\n\
+         access (both need a container's mount namespace, and root); poststop is the hook's own."
+    );
+}
+
+fn setup_records(setup: &Setup) -> anyhow::Result<Vec<Record>> {
+    Ok(Ledger::read_only_for_config(&setup.config)?.records()?)
+}
+
+fn print_status(setup: &Setup) -> anyhow::Result<()> {
+    println!("\n$ gpupin --config {} status", setup.config_file.display());
+    let records = setup_records(setup)?;
+    print!(
+        "{}",
+        report::status_table(&setup.inventory, &records, setup.config.claim_grace)
+    );
+    Ok(())
+}
+
+/// "GPUs 0,1" for the GPUs of a record, by index.
+fn gpu_list(inventory: &Inventory, record: &Record) -> String {
+    let indices: Vec<String> = record
+        .gpus
+        .iter()
+        .filter_map(|uuid| inventory.gpus.iter().find(|g| &g.uuid == uuid))
+        .map(|g| g.index.to_string())
+        .collect();
+    format!("GPUs {}", indices.join(","))
+}
+
+fn record_of(setup: &Setup, id: &str) -> anyhow::Result<Option<Record>> {
+    Ok(setup_records(setup)?.into_iter().find(|r| r.id == id))
+}
+
+/// Prints one scenario's result; returns whether it was the expected one.
+fn report_line(scenario: &Scenario, outcome: &str, refused: bool) -> bool {
+    println!(
+        "  {:<7} {:<52} -> {outcome}",
+        scenario.name,
+        scenario.describe()
+    );
+    let expected = refused == scenario.expect_refusal;
+    if !expected {
+        println!(
+            "          (unexpected: this request should have been {})",
+            if scenario.expect_refusal {
+                "refused"
+            } else {
+                "granted"
+            }
+        );
+    }
+    expected
+}
+
+fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
+    let rootfs = setup.work.join("rootfs");
+    sandbox::build_busybox_rootfs(&reqs.busybox, &rootfs)?;
+    let runc = Runc::new(&reqs.runc, &setup.work.join("runc-root"));
+    let hook = HookCommand {
+        gpupin: std::env::current_exe().context("finding the gpupin binary")?,
+        config: setup.config_file.clone(),
+    };
+    println!(
+        "Starting {} containers with `runc run -d` (busybox, `sleep 1000`), gpupin as their\n\
+         prestart and poststop hook; what each asks for, and what it sees in /dev:",
+        SCENARIOS.len()
+    );
+    let mut ok = true;
+    let mut running = Vec::new();
+    for scenario in SCENARIOS {
+        let (expected, container) = start_one(setup, &runc, &hook, &rootfs, scenario)?;
+        ok &= expected;
+        running.extend(container);
+    }
+    print_status(setup)?;
+    println!("\nStopping the containers (runc kill, then runc delete, which runs poststop)...");
+    for container in running {
+        container.stop()?;
+    }
+    print_status(setup)?;
+    Ok(ok)
+}
+
+fn start_one(
+    setup: &Setup,
+    runc: &Runc,
+    hook: &HookCommand,
+    rootfs: &Path,
+    scenario: &Scenario,
+) -> anyhow::Result<(bool, Option<Container>)> {
+    let id = scenario.id();
+    let bundle = setup.work.join("bundles").join(scenario.name);
+    sandbox::write_bundle(&bundle, &scenario.spec(rootfs).with_hook(hook))?;
+    let container = match runc.run_detached(&id, &bundle) {
+        Ok(c) => c,
+        Err(err) => return Ok((report_refusal(scenario, &err.to_string()), None)),
+    };
+    let nodes = nvidia_nodes(&container)?;
+    let outcome = match record_of(setup, &id)? {
+        Some(r) => format!("{}; sees {nodes}", gpu_list(&setup.inventory, &r)),
+        None => format!("untouched; sees {nodes}"),
+    };
+    Ok((report_line(scenario, &outcome, false), Some(container)))
+}
+
+/// A refusal counts as one only when gpupin said no; any other runc failure is a fault.
+fn report_refusal(scenario: &Scenario, runc_error: &str) -> bool {
+    match sandbox::hook_message(runc_error) {
+        Some(message) => report_line(scenario, &format!("refused: {message}"), true),
+        None => {
+            report_line(scenario, &format!("failed: {runc_error}"), true);
+            false
+        }
+    }
+}
+
+/// The container's /dev/nvidia* entries, as `ls /dev` inside it shows them.
+fn nvidia_nodes(container: &Container) -> anyhow::Result<String> {
+    let ls = container.exec_stdout(&["ls", "/dev"])?;
+    let nodes: Vec<&str> = ls
+        .split_whitespace()
+        .filter(|n| n.starts_with("nvidia"))
+        .collect();
+    Ok(match nodes.is_empty() {
+        true => "no nvidia node".into(),
+        false => nodes.join(" "),
+    })
+}
+
+/// A stand-in container: a live `sleep` and the OCI state a runtime would pass.
+struct FakeContainer {
+    sleep: Child,
+    state: Vec<u8>,
+}
+
+impl FakeContainer {
+    fn kill(&mut self) {
+        let _ = self.sleep.kill();
+        let _ = self.sleep.wait();
+    }
+}
+
+impl Drop for FakeContainer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn without_containers(setup: &Setup) -> anyhow::Result<bool> {
+    println!("Requests, each from a `sleep` process with its own bundle:");
+    let mut ok = true;
+    let mut fakes = Vec::new();
+    for scenario in SCENARIOS {
+        let fake = fake_container(setup, scenario)?;
+        let outcome = sandbox::prestart_without_container(&setup.config, &fake.state);
+        ok &= match outcome {
+            Ok(Some(r)) => report_line(scenario, &gpu_list(&setup.inventory, &r), false),
+            Ok(None) => report_line(scenario, "untouched", false),
+            Err(e) => report_line(scenario, &format!("refused: gpupin: {}", chain(&e)), true),
+        };
+        fakes.push(fake);
+    }
+    print_status(setup)?;
+    println!("\nStopping: each `sleep` is killed and its state goes to the hook's poststop...");
+    for mut fake in fakes {
+        fake.kill();
+        sandbox::poststop(&setup.config, &fake.state)?;
+    }
+    print_status(setup)?;
+    Ok(ok)
+}
+
+fn fake_container(setup: &Setup, scenario: &Scenario) -> anyhow::Result<FakeContainer> {
+    let bundle = setup.work.join("bundles").join(scenario.name);
+    let spec = scenario.spec(&setup.work.join("rootfs"));
+    sandbox::write_bundle(&bundle, &spec)?;
+    let sleep = Command::new("sleep")
+        .arg("1000")
+        .spawn()
+        .context("starting sleep")?;
+    let state = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "id": scenario.id(),
+        "status": "created",
+        "pid": sleep.id(),
+        "bundle": bundle,
+        "annotations": spec.annotations,
+    });
+    Ok(FakeContainer {
+        sleep,
+        state: state.to_string().into_bytes(),
+    })
+}
+
+/// `outer: inner: innermost`, as the hook prints errors.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        text.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    text
 }

@@ -1,0 +1,159 @@
+//! `gpupin hook` fed OCI state JSON directly, as runc would, for the requests that must be
+//! refused before anything is allocated. Needs neither root nor runc: none of these get as
+//! far as touching a container.
+
+mod common;
+
+use common::{Gpupin, stderr};
+use gpupin::config::Config;
+use gpupin::sandbox::prestart_without_container;
+use serde_json::json;
+use std::path::Path;
+use std::process::{Child, Command, Output};
+
+/// A live process to stand in for a container's init.
+struct Sleeper(Child);
+
+impl Sleeper {
+    fn start() -> Sleeper {
+        Sleeper(Command::new("sleep").arg("1000").spawn().unwrap())
+    }
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A bundle with a config.json whose env is `env` and an empty rootfs.
+fn bundle(dir: &Path, env: &[&str]) -> std::path::PathBuf {
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs/dev")).unwrap();
+    let spec = json!({
+        "ociVersion": "1.0.2", "process": {"args": ["sleep", "1"], "env": env},
+        "root": {"path": "rootfs"},
+    });
+    std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+    bundle
+}
+
+fn state(id: &str, pid: u32, bundle: &Path, annotations: serde_json::Value) -> String {
+    json!({
+        "ociVersion": "1.0.2", "id": id, "status": "creating", "pid": pid,
+        "bundle": bundle, "annotations": annotations,
+    })
+    .to_string()
+}
+
+/// Puts a live holder of one GPU into the ledger, so that "unchanged" means something.
+/// It goes through the hook's request parsing and the ledger without a container
+/// (`sandbox::prestart_without_container`), which needs no root.
+fn hold_one_gpu(g: &Gpupin) -> Sleeper {
+    let sleeper = Sleeper::start();
+    let b = bundle(&g.dir.path().join("holder"), &["GPUPIN_COUNT=1"]);
+    let input = state("holder", sleeper.pid(), &b, json!({}));
+    let config = Config::load(&g.config).unwrap();
+    let record = prestart_without_container(&config, input.as_bytes()).unwrap();
+    assert_eq!(record.expect("a request").gpus.len(), 1);
+    sleeper
+}
+
+/// Runs prestart with `input`, expects a one-line refusal containing every `needle`, and
+/// checks that the ledger (holding one GPU for another container) did not change.
+fn assert_refused(g: &Gpupin, input: &str, needles: &[&str]) -> Output {
+    let _holder = hold_one_gpu(g);
+    let before = g.ledger_snapshot();
+    assert_eq!(before.len(), 1, "the ledger should hold one record");
+    let out = g.run(&["hook", "prestart"], input);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("gpupin: "), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    for needle in needles {
+        assert!(err.contains(needle), "{needle:?} missing from: {err}");
+    }
+    assert!(out.stdout.is_empty(), "a hook must not write to stdout");
+    assert_eq!(g.ledger_snapshot(), before, "the ledger changed");
+    release_all(g);
+    out
+}
+
+/// Empties the ledger between cases, through the CLI as an operator would.
+fn release_all(g: &Gpupin) {
+    let out = g.run(&["release", "holder"], "");
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn malformed_state_json_is_refused() {
+    let g = Gpupin::new("sim:nvswitch8");
+    assert_refused(&g, "{\"id\": \"c1\", ", &["OCI state"]);
+    assert_refused(&g, "", &["OCI state"]);
+}
+
+#[test]
+fn missing_bundle_is_refused_naming_it() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let sleeper = Sleeper::start();
+    let missing = g.dir.path().join("no-such-bundle");
+    let input = state("c1", sleeper.pid(), &missing, json!({"gpupin.count": "1"}));
+    assert_refused(&g, &input, &[missing.to_str().unwrap()]);
+}
+
+#[test]
+fn bad_counts_are_refused() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let sleeper = Sleeper::start();
+    let b = bundle(g.dir.path(), &[]);
+    for value in ["0", "-1", "two"] {
+        let input = state("c1", sleeper.pid(), &b, json!({"gpupin.count": value}));
+        let key = format!("gpupin.count={value:?}");
+        assert_refused(&g, &input, &[&key, "positive integer"]);
+    }
+    let input = state("c1", sleeper.pid(), &b, json!({"gpupin.count": "99"}));
+    assert_refused(&g, &input, &["99"]);
+}
+
+#[test]
+fn bad_count_in_env_is_refused() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let sleeper = Sleeper::start();
+    let b = bundle(g.dir.path(), &["GPUPIN_COUNT=0"]);
+    let input = state("c1", sleeper.pid(), &b, json!({}));
+    assert_refused(&g, &input, &["GPUPIN_COUNT=\"0\"", "positive integer"]);
+}
+
+#[test]
+fn unknown_policy_is_refused() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let sleeper = Sleeper::start();
+    let b = bundle(g.dir.path(), &[]);
+    let annotations = json!({"gpupin.count": "1", "gpupin.policy": "random"});
+    let input = state("c1", sleeper.pid(), &b, annotations);
+    assert_refused(&g, &input, &["random", "expected one of pack, spread"]);
+}
+
+#[test]
+fn path_like_container_id_is_refused() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let sleeper = Sleeper::start();
+    let b = bundle(g.dir.path(), &[]);
+    let input = state("../../etc", sleeper.pid(), &b, json!({"gpupin.count": "1"}));
+    assert_refused(&g, &input, &["../../etc", "container id"]);
+    assert!(!g.dir.path().join("etc.json").exists());
+}
+
+#[test]
+fn poststop_of_a_container_that_holds_nothing_succeeds() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let b = bundle(g.dir.path(), &[]);
+    let input = state("never-held", 0, &b, json!({"gpupin.count": "1"}));
+    let out = g.run(&["hook", "poststop"], &input);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(g.ledger_snapshot().is_empty());
+}
