@@ -136,7 +136,7 @@ pub fn gpus_request(dir: &Path) -> Result<Option<GpuRequest>, DockerError> {
     let ids = req.device_ids.unwrap_or_default();
     let selection = if !ids.is_empty() {
         let joined = ids.join(",");
-        match request::from_parts(None, Some(&joined), None)? {
+        match request::from_pairs(&[("gpupin.devices", &joined)], Origin::DockerGpus)? {
             Some(GpuRequest { selection, .. }) => selection,
             None => return Err(bad(format!("empty DeviceIDs {ids:?}"))),
         }
@@ -151,11 +151,7 @@ pub fn gpus_request(dir: &Path) -> Result<Option<GpuRequest>, DockerError> {
             }
         }
     };
-    Ok(Some(GpuRequest {
-        selection,
-        policy: None,
-        origin: Origin::DockerGpus,
-    }))
+    Ok(Some(GpuRequest::new(selection, Origin::DockerGpus)))
 }
 
 #[cfg(test)]

@@ -211,11 +211,7 @@ mod tests {
             id: id.into(),
             gpus: gpus.iter().map(|s| s.to_string()).collect(),
             mode: Mode::Exclusive,
-            request: GpuRequest {
-                selection: Selection::Count(gpus.len() as u32),
-                policy: None,
-                origin: Origin::Annotations,
-            },
+            request: GpuRequest::new(Selection::Count(gpus.len() as u32), Origin::Annotations),
             source: "hook".into(),
             pid: Some(std::process::id() as i32),
             start_time: crate::procinfo::start_time(std::process::id() as i32),

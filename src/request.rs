@@ -4,12 +4,19 @@
 
 use crate::policy::PolicyName;
 use std::collections::HashMap;
+use std::time::Duration;
 
 /// Annotation keys and the env names that stand in for them.
 pub const KEYS: &[(&str, &str)] = &[
     ("gpupin.count", "GPUPIN_COUNT"),
     ("gpupin.devices", "GPUPIN_DEVICES"),
     ("gpupin.policy", "GPUPIN_POLICY"),
+    ("gpupin.memory", "GPUPIN_MEMORY"),
+    ("gpupin.model", "GPUPIN_MODEL"),
+    ("gpupin.share", "GPUPIN_SHARE"),
+    ("gpupin.reserve", "GPUPIN_RESERVE"),
+    ("gpupin.wait", "GPUPIN_WAIT"),
+    ("gpupin.cpus", "GPUPIN_CPUS"),
 ];
 pub const ANNOTATION_PREFIX: &str = "gpupin.";
 /// Annotation gpupin itself writes into an edited spec: the UUIDs it assigned.
@@ -21,6 +28,8 @@ pub const CLAIM_ANNOTATION: &str = "gpupin.claim";
 /// create of an already edited spec reads the same request again.
 pub const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION];
 pub const ENV_PREFIX: &str = "GPUPIN_";
+/// The longest `gpupin.wait` accepted: a runtime blocked for longer is a stuck host.
+pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// Which GPUs are wanted.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -31,6 +40,24 @@ pub enum Selection {
     All,
     /// Named GPUs: indices, UUIDs or PCI bus ids, as the user wrote them.
     Devices(Vec<String>),
+}
+
+/// Whether a holder has its GPUs to itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Share {
+    #[default]
+    Exclusive,
+    /// Up to `max_shared` holders per GPU, never together with an exclusive one.
+    Shared,
+}
+
+/// Where the container's CPUs should be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpuBinding {
+    /// The CPUs (and memory nodes) local to the assigned GPUs.
+    Numa,
 }
 
 /// Where a request was read from, for records and messages.
@@ -51,7 +78,40 @@ pub struct GpuRequest {
     pub selection: Selection,
     /// `None`: the configured default.
     pub policy: Option<PolicyName>,
+    /// Only GPUs with at least this much memory (free memory, where live figures exist).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<u64>,
+    /// Only GPUs whose name contains this, ignoring case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub share: Share,
+    /// Memory a shared holder reserves on each of its GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<u64>,
+    /// How long to wait for the request to become satisfiable instead of failing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<CpuBinding>,
     pub origin: Origin,
+}
+
+impl GpuRequest {
+    /// A request for `selection` with every option at its default.
+    pub fn new(selection: Selection, origin: Origin) -> GpuRequest {
+        GpuRequest {
+            selection,
+            policy: None,
+            memory: None,
+            model: None,
+            share: Share::Exclusive,
+            reserve: None,
+            wait: None,
+            cpus: None,
+            origin,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,11 +129,16 @@ pub enum RequestError {
         count_key: &'static str,
         devices_key: &'static str,
     },
-    #[error("{policy_key} was given without {count_key} or {devices_key}")]
-    PolicyAlone {
-        policy_key: &'static str,
+    #[error("{key} was given without {count_key} or {devices_key}")]
+    OptionWithoutSelection {
+        key: &'static str,
         count_key: &'static str,
         devices_key: &'static str,
+    },
+    #[error("{reserve_key} needs {share_key}=shared: an exclusive holder has the whole GPU")]
+    ReserveWithoutSharing {
+        reserve_key: &'static str,
+        share_key: &'static str,
     },
 }
 
@@ -87,6 +152,12 @@ fn known_keys(origin: Origin) -> String {
 const COUNT_EXPECTED: &str = "expected a positive integer or \"all\"";
 const DEVICES_EXPECTED: &str =
     "expected a comma-separated list of GPU indices, GPU UUIDs or PCI bus ids";
+const SIZE_EXPECTED: &str = "expected a size such as 40GiB or 512MiB (binary units)";
+const MODEL_EXPECTED: &str =
+    "expected part of a GPU name, such as H100 (letters, digits, space, -, _)";
+const SHARE_EXPECTED: &str = "expected exclusive or shared";
+const WAIT_EXPECTED: &str = "expected a duration of at most 24h, such as 90s or 5m";
+const CPUS_EXPECTED: &str = "expected numa";
 
 /// Reads a request from OCI annotations. `Ok(None)`: no `gpupin.` key at all.
 pub fn from_annotations(
@@ -129,21 +200,13 @@ pub fn from_env<S: AsRef<str>>(env: &[S]) -> Result<Option<GpuRequest>, RequestE
     parse(vars.into_iter(), Origin::Env)
 }
 
-/// Builds a request from parts given on a command line (`gpupin pick`, tests).
-pub fn from_parts(
-    count: Option<&str>,
-    devices: Option<&str>,
-    policy: Option<&str>,
+/// Builds a request from annotation-named parts given on a command line (`gpupin pick`)
+/// or taken from another source (Docker's `--gpus` device ids).
+pub fn from_pairs(
+    pairs: &[(&str, &str)],
+    origin: Origin,
 ) -> Result<Option<GpuRequest>, RequestError> {
-    let pairs = [
-        ("gpupin.count", count),
-        ("gpupin.devices", devices),
-        ("gpupin.policy", policy),
-    ];
-    parse(
-        pairs.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))),
-        Origin::Cli,
-    )
+    parse(pairs.iter().copied(), origin)
 }
 
 fn key_name(annotation: &'static str, origin: Origin) -> &'static str {
@@ -153,12 +216,26 @@ fn key_name(annotation: &'static str, origin: Origin) -> &'static str {
     }
 }
 
+/// Every key as the user gave it, before the checks that look at several keys at once.
+#[derive(Default)]
+struct Parts {
+    count: Option<Selection>,
+    devices: Option<Selection>,
+    policy: Option<PolicyName>,
+    memory: Option<u64>,
+    model: Option<String>,
+    share: Option<Share>,
+    reserve: Option<u64>,
+    wait: Option<Duration>,
+    cpus: Option<CpuBinding>,
+}
+
 fn parse<'a>(
     pairs: impl Iterator<Item = (&'a str, &'a str)>,
     origin: Origin,
 ) -> Result<Option<GpuRequest>, RequestError> {
-    let (mut count, mut devices, mut policy) = (None, None, None);
-    let mut any = false;
+    let mut parts = Parts::default();
+    let mut first_key: Option<&'static str> = None;
     for (key, value) in pairs {
         let Some(&(annotation, _)) = KEYS
             .iter()
@@ -169,19 +246,57 @@ fn parse<'a>(
                 origin,
             });
         };
-        any = true;
-        match annotation {
-            "gpupin.count" => count = Some(parse_count(key, value)?),
-            "gpupin.devices" => devices = Some(parse_devices(key, value)?),
-            _ => policy = Some(parse_policy(key, value)?),
+        first_key.get_or_insert(annotation);
+        parse_one(&mut parts, annotation, key, value)?;
+    }
+    match first_key {
+        None => Ok(None),
+        Some(some_key) => assemble(parts, origin, some_key).map(Some),
+    }
+}
+
+fn parse_one(p: &mut Parts, annotation: &str, key: &str, value: &str) -> Result<(), RequestError> {
+    let v = value.trim();
+    match annotation {
+        "gpupin.count" => p.count = Some(parse_count(key, value)?),
+        "gpupin.devices" => p.devices = Some(parse_devices(key, value)?),
+        "gpupin.policy" => p.policy = Some(parse_policy(key, value)?),
+        "gpupin.memory" => p.memory = Some(parse_size(key, value)?),
+        "gpupin.reserve" => p.reserve = Some(parse_size(key, value)?),
+        "gpupin.model" => {
+            let ok = !v.is_empty()
+                && v.len() <= 64
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || " -_".contains(c));
+            if !ok {
+                return Err(invalid(key, value, MODEL_EXPECTED));
+            }
+            p.model = Some(v.to_string());
         }
+        "gpupin.share" => {
+            p.share = Some(match v {
+                "exclusive" => Share::Exclusive,
+                "shared" => Share::Shared,
+                _ => return Err(invalid(key, value, SHARE_EXPECTED)),
+            })
+        }
+        "gpupin.wait" => match humantime::parse_duration(v) {
+            Ok(d) if d <= MAX_WAIT => p.wait = Some(d),
+            _ => return Err(invalid(key, value, WAIT_EXPECTED)),
+        },
+        "gpupin.cpus" => match v {
+            "numa" => p.cpus = Some(CpuBinding::Numa),
+            _ => return Err(invalid(key, value, CPUS_EXPECTED)),
+        },
+        other => unreachable!("key {other} is in KEYS but not parsed"),
     }
-    if !any {
-        return Ok(None);
-    }
+    Ok(())
+}
+
+fn assemble(p: Parts, origin: Origin, some_key: &'static str) -> Result<GpuRequest, RequestError> {
     let count_key = key_name("gpupin.count", origin);
     let devices_key = key_name("gpupin.devices", origin);
-    let selection = match (count, devices) {
+    let selection = match (p.count, p.devices) {
         (Some(_), Some(_)) => {
             return Err(RequestError::CountAndDevices {
                 count_key,
@@ -191,18 +306,31 @@ fn parse<'a>(
         (Some(c), None) => c,
         (None, Some(d)) => d,
         (None, None) => {
-            return Err(RequestError::PolicyAlone {
-                policy_key: key_name("gpupin.policy", origin),
+            return Err(RequestError::OptionWithoutSelection {
+                key: key_name(some_key, origin),
                 count_key,
                 devices_key,
             });
         }
     };
-    Ok(Some(GpuRequest {
+    let share = p.share.unwrap_or_default();
+    if p.reserve.is_some() && share != Share::Shared {
+        return Err(RequestError::ReserveWithoutSharing {
+            reserve_key: key_name("gpupin.reserve", origin),
+            share_key: key_name("gpupin.share", origin),
+        });
+    }
+    Ok(GpuRequest {
         selection,
-        policy,
+        policy: p.policy,
+        memory: p.memory,
+        model: p.model,
+        share,
+        reserve: p.reserve,
+        wait: p.wait,
+        cpus: p.cpus,
         origin,
-    }))
+    })
 }
 
 fn invalid(key: &str, value: &str, expected: &'static str) -> RequestError {
@@ -210,6 +338,13 @@ fn invalid(key: &str, value: &str, expected: &'static str) -> RequestError {
         key: key.to_string(),
         value: value.to_string(),
         expected,
+    }
+}
+
+fn parse_size(key: &str, value: &str) -> Result<u64, RequestError> {
+    match crate::units::parse_size(value) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(invalid(key, value, SIZE_EXPECTED)),
     }
 }
 
@@ -357,8 +492,66 @@ mod tests {
     fn policy_alone_is_rejected() {
         assert!(matches!(
             ann(&[("gpupin.policy", "pack")]).unwrap_err(),
-            RequestError::PolicyAlone { .. }
+            RequestError::OptionWithoutSelection { .. }
         ));
+    }
+
+    #[test]
+    fn filters_sharing_wait_and_cpus() {
+        let r = ann(&[
+            ("gpupin.count", "2"),
+            ("gpupin.memory", "40GiB"),
+            ("gpupin.model", "H100"),
+            ("gpupin.share", "shared"),
+            ("gpupin.reserve", "20GiB"),
+            ("gpupin.wait", "90s"),
+            ("gpupin.cpus", "numa"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.memory, Some(40 << 30));
+        assert_eq!(r.model.as_deref(), Some("H100"));
+        assert_eq!(r.share, Share::Shared);
+        assert_eq!(r.reserve, Some(20 << 30));
+        assert_eq!(r.wait, Some(Duration::from_secs(90)));
+        assert_eq!(r.cpus, Some(CpuBinding::Numa));
+    }
+
+    #[test]
+    fn bad_option_values_name_key_and_expectation() {
+        for (key, value, expected) in [
+            ("gpupin.memory", "40GB", "binary units"),
+            ("gpupin.memory", "0", "binary units"),
+            ("gpupin.model", "H100;rm", "part of a GPU name"),
+            ("gpupin.share", "yes", "exclusive or shared"),
+            ("gpupin.wait", "forever", "duration"),
+            ("gpupin.wait", "2days", "at most 24h"),
+            ("gpupin.cpus", "0-3", "numa"),
+        ] {
+            let err = ann(&[("gpupin.count", "1"), (key, value)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("{key}={value:?}")) && err.contains(expected),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn reserve_needs_sharing() {
+        let err = ann(&[("gpupin.count", "1"), ("gpupin.reserve", "1GiB")]).unwrap_err();
+        assert!(matches!(err, RequestError::ReserveWithoutSharing { .. }));
+        let err = from_env(&["GPUPIN_COUNT=1", "GPUPIN_RESERVE=1GiB"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("GPUPIN_SHARE=shared"), "{err}");
+    }
+
+    #[test]
+    fn options_alone_are_not_a_request() {
+        let err = ann(&[("gpupin.memory", "1GiB")]).unwrap_err().to_string();
+        assert!(err.starts_with("gpupin.memory was given without"), "{err}");
     }
 
     #[test]

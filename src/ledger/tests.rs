@@ -4,11 +4,7 @@ use crate::request::{Origin, Selection};
 use std::collections::HashSet;
 
 fn request(selection: Selection) -> GpuRequest {
-    GpuRequest {
-        selection,
-        policy: None,
-        origin: Origin::Annotations,
-    }
+    GpuRequest::new(selection, Origin::Annotations)
 }
 
 fn me() -> HolderMeta {
