@@ -23,6 +23,10 @@ pub struct Config {
     /// How long GPUs assigned before create (shim, precreate) stay held while the
     /// container has not reached its prestart hook.
     pub claim_grace: Duration,
+    /// Live figures for simulated and file inventories (NVML supplies them otherwise).
+    pub live_file: Option<PathBuf>,
+    /// How many shared holders one GPU takes at most.
+    pub max_shared: u32,
     /// Where this configuration was read from; `None` for built-in defaults.
     pub path: Option<PathBuf>,
 }
@@ -35,6 +39,8 @@ impl Default for Config {
             policy: PolicyName::default(),
             runtime: PathBuf::from("runc"),
             claim_grace: crate::ledger::UNBOUND_GRACE,
+            live_file: None,
+            max_shared: 4,
             path: None,
         }
     }
@@ -49,6 +55,8 @@ struct ConfigFile {
     policy: Option<String>,
     runtime: Option<PathBuf>,
     claim_grace: Option<String>,
+    live_file: Option<PathBuf>,
+    max_shared: Option<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +133,15 @@ impl Config {
                 ))
             })?;
         }
+        if let Some(live) = file.live_file {
+            config.live_file = Some(path.parent().map_or(live.clone(), |dir| dir.join(&live)));
+        }
+        if let Some(max) = file.max_shared {
+            if max == 0 {
+                return Err(invalid("max_shared 0: expected at least 1".into()));
+            }
+            config.max_shared = max;
+        }
         if let Some(runtime) = file.runtime {
             config.runtime = runtime;
         }
@@ -177,6 +194,15 @@ mod tests {
             err.contains("\"soon\"") && err.contains("duration"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn live_file_and_max_shared() {
+        let c = parse("live_file = \"live.json\"\nmax_shared = 2").unwrap();
+        assert_eq!(c.live_file, Some(PathBuf::from("/etc/gpupin/live.json")));
+        assert_eq!(c.max_shared, 2);
+        assert!(parse("max_shared = 0").unwrap_err().to_string().contains("max_shared 0"));
+        assert!(parse("max_shared = -1").is_err());
     }
 
     #[test]

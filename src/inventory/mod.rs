@@ -7,6 +7,7 @@ mod cache;
 pub(crate) mod cpulist;
 mod file;
 mod link;
+pub mod live;
 mod nvml;
 mod procfs;
 mod sim;

@@ -60,6 +60,38 @@ fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryErro
     })
 }
 
+/// Utilization and free memory of each GPU of `inventory`, by UUID (indices may have
+/// moved since the inventory was cached).
+pub(super) fn live(inventory: &Inventory) -> Result<Vec<crate::policy::Live>, InventoryError> {
+    let nvml = Nvml::builder()
+        .lib_path(OsStr::new(LIBRARY))
+        .init()
+        .map_err(|e| InventoryError::NvmlUnavailable {
+            reason: one_line(&e),
+        })?;
+    inventory
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let device = nvml
+                .device_by_uuid(gpu.uuid.as_str())
+                .map_err(query_error("device by uuid"))?;
+            let utilization = device
+                .utilization_rates()
+                .map_err(query_error("utilization"))?
+                .gpu;
+            let memory_free = device
+                .memory_info()
+                .map_err(query_error("memory info"))?
+                .free;
+            Ok(crate::policy::Live {
+                utilization,
+                memory_free,
+            })
+        })
+        .collect()
+}
+
 /// NVML and libloading messages can span lines; ours are one line.
 fn one_line(e: &NvmlError) -> String {
     e.to_string()
