@@ -201,7 +201,12 @@ mod tests {
         let c = parse("live_file = \"live.json\"\nmax_shared = 2").unwrap();
         assert_eq!(c.live_file, Some(PathBuf::from("/etc/gpupin/live.json")));
         assert_eq!(c.max_shared, 2);
-        assert!(parse("max_shared = 0").unwrap_err().to_string().contains("max_shared 0"));
+        assert!(
+            parse("max_shared = 0")
+                .unwrap_err()
+                .to_string()
+                .contains("max_shared 0")
+        );
         assert!(parse("max_shared = -1").is_err());
     }
 

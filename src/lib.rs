@@ -8,6 +8,7 @@
 pub mod assign;
 pub mod config;
 pub mod docker;
+pub mod grant;
 pub mod hook;
 pub mod inject;
 pub mod inventory;

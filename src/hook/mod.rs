@@ -67,6 +67,12 @@ pub enum HookError {
     Inventory(#[from] InventoryError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Grant(#[from] crate::grant::GrantError),
+    #[error(
+        "container {0} asks for gpupin.cpus=numa, which needs its spec edited before create (gpupin-runtime or podman's precreate hook); the prestart hook cannot change a cpuset"
+    )]
+    CpusNeedSpecEdit(String),
     #[error(
         "OCI state of container {0} has no pid; a prestart hook needs the container's init process"
     )]
@@ -158,6 +164,22 @@ pub fn run(
             Ok(Outcome::Bound(record))
         }
         Task::Allocate(request) => prestart::prestart(&container, request, &config),
+    }
+}
+
+/// The request of the container whose OCI state is `state_json`, read exactly as the
+/// prestart stage reads it (annotations, else the bundle's env). `None`: it asks for
+/// nothing, or its spec was already edited by gpupin.
+pub fn request_of(state_json: &[u8]) -> Result<Option<(State, GpuRequest)>, HookError> {
+    let state: State =
+        serde_json::from_slice(state_json).map_err(|e| HookError::State(e.to_string()))?;
+    let id = HolderId::new(state.id())?;
+    match read_container(id, &state, Stage::Prestart)? {
+        Some(Container {
+            task: Task::Allocate(request),
+            ..
+        }) => Ok(Some((state, request))),
+        _ => Ok(None),
     }
 }
 

@@ -7,6 +7,7 @@
 use super::{HookError, Outcome, contains};
 use crate::assign::{self, HookCommand};
 use crate::config::{Config, ConfigError};
+use crate::grant;
 use crate::inventory;
 use crate::ledger::{HolderId, HolderMeta, Ledger, Record};
 use crate::request::{self, CLAIM_ANNOTATION, WRITTEN_BY_GPUPIN};
@@ -46,17 +47,13 @@ pub(super) fn run(
         },
     };
     let config = load_config()?;
-    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
-    let ledger = Ledger::for_config(&config)?;
     let claim = HolderId::new(&new_claim_id())?;
     let meta = HolderMeta {
         source: "precreate".into(),
         pid: None,
         bundle: None,
     };
-    let record = ledger
-        .allocate(&claim, &request, &inventory, config.policy, meta)?
-        .record;
+    let (inventory, record) = grant::allocate(&config, &claim, &request, meta)?;
     let hook = HookCommand {
         exe: exe.to_path_buf(),
         config: config.path.clone(),
@@ -67,7 +64,7 @@ pub(super) fn run(
             claim: Some(record),
         }),
         Err(err) => {
-            ledger.release(&claim)?;
+            Ledger::for_config(&config)?.release(&claim)?;
             Err(err)
         }
     }

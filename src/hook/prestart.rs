@@ -4,8 +4,9 @@
 
 use super::{Container, HookError, Outcome, VISIBLE_DEVICES};
 use crate::config::Config;
+use crate::grant;
 use crate::inject;
-use crate::inventory::{self, Inventory};
+use crate::inventory::Inventory;
 use crate::ledger::{HolderId, HolderMeta, Ledger, Record};
 use crate::request::GpuRequest;
 use crate::spec;
@@ -24,15 +25,15 @@ pub(super) fn prestart(
     };
     let mut spec_value = spec::parse(&c.spec_bytes, &config_path).map_err(bundle_err)?;
     let rootfs = spec::rootfs_path(&spec_value, &c.bundle).map_err(bundle_err)?;
-    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
-    let ledger = Ledger::for_config(config)?;
+    if request.cpus.is_some() {
+        return Err(HookError::CpusNeedSpecEdit(c.id.to_string()));
+    }
     let meta = HolderMeta {
         source: "hook".into(),
         pid: Some(pid),
         bundle: Some(c.bundle.clone()),
     };
-    let allocation = ledger.allocate(&c.id, request, &inventory, config.policy, meta)?;
-    let record = allocation.record;
+    let (inventory, record) = grant::allocate(config, &c.id, request, meta)?;
     let given = give_gpus(
         &c.id,
         pid,
@@ -44,7 +45,7 @@ pub(super) fn prestart(
     );
     if let Err(err) = given {
         // The container will not start: its GPUs go back at once, not at the next gc.
-        ledger.release(&c.id)?;
+        Ledger::for_config(config)?.release(&c.id)?;
         return Err(err);
     }
     Ok(Outcome::Allocated(record))

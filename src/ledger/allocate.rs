@@ -3,8 +3,32 @@
 
 use super::{HolderId, LedgerError, Record};
 use crate::inventory::{Gpu, Inventory};
-use crate::policy::{PolicyInput, PolicyName};
-use crate::request::{GpuRequest, Selection};
+use crate::policy::{Live, PolicyInput, PolicyName};
+use crate::request::{GpuRequest, Selection, Share};
+use crate::units::format_size;
+
+/// The machine an allocation is decided against, besides the ledger itself.
+#[derive(Clone, Copy)]
+pub struct Machine<'a> {
+    pub inventory: &'a Inventory,
+    /// Live figures per position, when read (policies and filters that need them).
+    pub live: Option<&'a [Live]>,
+    pub default_policy: PolicyName,
+    /// Shared holders one GPU takes at most.
+    pub max_shared: u32,
+}
+
+impl<'a> Machine<'a> {
+    /// A machine without live figures and the default sharing limit.
+    pub fn new(inventory: &'a Inventory, default_policy: PolicyName) -> Machine<'a> {
+        Machine {
+            inventory,
+            live: None,
+            default_policy,
+            max_shared: 4,
+        }
+    }
+}
 
 /// The outcome of an allocation: the holder's record as written.
 #[derive(Debug, Clone)]
@@ -28,48 +52,46 @@ pub(super) struct Plan {
     pub next_cursor: usize,
 }
 
+/// Why a GPU cannot take this request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Unfit {
+    /// Its name does not match `gpupin.model`.
+    Model,
+    /// Too little (free) memory for `gpupin.memory`.
+    Memory,
+    /// Held by someone this request may not share with.
+    Held,
+}
+
 pub(super) fn plan(
     holder: &HolderId,
     request: &GpuRequest,
-    inventory: &Inventory,
-    default_policy: PolicyName,
+    machine: &Machine,
     live: &[Record],
     cursor: usize,
 ) -> Result<Plan, LedgerError> {
+    let inventory = machine.inventory;
     let total = inventory.gpus.len();
     if total == 0 {
         return Err(LedgerError::NoGpus);
     }
-    let holder_of = |uuid: &str| live.iter().find(|r| r.gpus.iter().any(|g| g == uuid));
-    let free: Vec<bool> = inventory
-        .gpus
-        .iter()
-        .map(|g| holder_of(&g.uuid).is_none())
+    let fit: Vec<Result<(), Unfit>> = (0..total)
+        .map(|p| fits(p, request, machine, live))
         .collect();
-    let held = free.iter().filter(|f| !**f).count();
-    let not_enough = |wanted: usize| LedgerError::NotEnoughFree {
-        id: holder.to_string(),
-        wanted,
-        held,
-        total,
-    };
+    let free: Vec<bool> = fit.iter().map(Result::is_ok).collect();
+    let not_enough = |wanted: usize| not_enough_error(holder, request, machine, live, &fit, wanted);
     let positions = match &request.selection {
         Selection::Devices(keys) => {
             let positions = resolve_devices(keys, inventory)?;
             for &p in &positions {
-                if let Some(other) = holder_of(&inventory.gpus[p].uuid) {
-                    return Err(LedgerError::DeviceHeld {
-                        id: holder.to_string(),
-                        index: inventory.gpus[p].index,
-                        uuid: inventory.gpus[p].uuid.clone(),
-                        holder: other.id.clone(),
-                    });
+                if let Err(unfit) = &fit[p] {
+                    return Err(device_unfit(holder, request, inventory, live, p, unfit));
                 }
             }
             positions
         }
         Selection::All => {
-            if held > 0 {
+            if free.iter().any(|f| !f) {
                 return Err(not_enough(total));
             }
             (0..total).collect()
@@ -82,13 +104,13 @@ pub(super) fn plan(
                     total,
                 });
             }
-            let policy = request.policy.unwrap_or(default_policy).policy();
+            let policy = request.policy.unwrap_or(machine.default_policy).policy();
             let input = PolicyInput {
                 inventory,
                 free: &free,
                 count,
                 cursor,
-                live: None,
+                live: machine.live,
             };
             policy.choose(&input).ok_or_else(|| not_enough(count))?
         }
@@ -103,6 +125,152 @@ pub(super) fn plan(
             .collect(),
         next_cursor,
     })
+}
+
+fn holders_of<'r>(uuid: &str, live: &'r [Record]) -> impl Iterator<Item = &'r Record> {
+    live.iter()
+        .filter(move |r| r.gpus.iter().any(|g| g == uuid))
+}
+
+/// Whether the GPU at `position` can take `request` now.
+fn fits(
+    position: usize,
+    request: &GpuRequest,
+    machine: &Machine,
+    live: &[Record],
+) -> Result<(), Unfit> {
+    let gpu = &machine.inventory.gpus[position];
+    if let Some(model) = &request.model
+        && !gpu
+            .name
+            .to_ascii_lowercase()
+            .contains(&model.to_ascii_lowercase())
+    {
+        return Err(Unfit::Model);
+    }
+    if let Some(wanted) = request.memory {
+        // Free memory where live figures are on; else what the GPU has in all.
+        let have = machine
+            .live
+            .map_or(gpu.memory_bytes, |l| l[position].memory_free);
+        if have < wanted {
+            return Err(Unfit::Memory);
+        }
+    }
+    let holders: Vec<&Record> = holders_of(&gpu.uuid, live).collect();
+    match request.share {
+        Share::Exclusive if !holders.is_empty() => Err(Unfit::Held),
+        Share::Exclusive => Ok(()),
+        Share::Shared => shared_fit(gpu, request, machine, &holders),
+    }
+}
+
+/// A shared holder joins only shared holders, within the per-GPU limit, and its
+/// reservation must fit beside theirs in the GPU's memory.
+fn shared_fit(
+    gpu: &Gpu,
+    request: &GpuRequest,
+    machine: &Machine,
+    holders: &[&Record],
+) -> Result<(), Unfit> {
+    if holders.iter().any(|r| r.request.share == Share::Exclusive) {
+        return Err(Unfit::Held);
+    }
+    if holders.len() >= machine.max_shared as usize {
+        return Err(Unfit::Held);
+    }
+    if let Some(reserve) = request.reserve {
+        let reserved: u64 = holders.iter().filter_map(|r| r.request.reserve).sum();
+        // Memory 0 means unknown (procfs): no reservation can be promised on it.
+        if gpu.memory_bytes == 0 || reserved.saturating_add(reserve) > gpu.memory_bytes {
+            return Err(Unfit::Held);
+        }
+    }
+    Ok(())
+}
+
+fn not_enough_error(
+    holder: &HolderId,
+    request: &GpuRequest,
+    machine: &Machine,
+    live: &[Record],
+    fit: &[Result<(), Unfit>],
+    wanted: usize,
+) -> LedgerError {
+    let gpus = &machine.inventory.gpus;
+    let held = gpus
+        .iter()
+        .filter(|g| holders_of(&g.uuid, live).next().is_some())
+        .count();
+    let fitting = fit.iter().filter(|f| f.is_ok()).count();
+    LedgerError::NotEnoughFree {
+        id: holder.to_string(),
+        wanted,
+        held,
+        total: gpus.len(),
+        detail: fit_detail(request, machine, fitting, held),
+    }
+}
+
+/// What besides plain holding narrowed the choice, for the message; empty when nothing did.
+fn fit_detail(request: &GpuRequest, machine: &Machine, fitting: usize, held: usize) -> String {
+    let mut conditions = Vec::new();
+    if let Some(model) = &request.model {
+        conditions.push(format!("gpupin.model={model}"));
+    }
+    if let Some(memory) = request.memory {
+        let what = if machine.live.is_some() {
+            "free memory"
+        } else {
+            "memory"
+        };
+        conditions.push(format!("{what} >= {}", format_size(memory)));
+    }
+    if request.share == Share::Shared {
+        let mut s = format!("shared (at most {} per GPU", machine.max_shared);
+        if let Some(r) = request.reserve {
+            s.push_str(&format!(", reserving {}", format_size(r)));
+        }
+        s.push(')');
+        conditions.push(s);
+    }
+    let free = machine.inventory.gpus.len() - held;
+    if conditions.is_empty() && fitting == free {
+        return String::new();
+    }
+    format!("; {fitting} can take {}", conditions.join(", "))
+}
+
+fn device_unfit(
+    holder: &HolderId,
+    request: &GpuRequest,
+    inventory: &Inventory,
+    live: &[Record],
+    position: usize,
+    unfit: &Unfit,
+) -> LedgerError {
+    let gpu = &inventory.gpus[position];
+    let reason = match unfit {
+        Unfit::Model => format!(
+            "its name {:?} does not match gpupin.model={}",
+            gpu.name,
+            request.model.as_deref().unwrap_or_default()
+        ),
+        Unfit::Memory => format!(
+            "it has less memory than gpupin.memory={}",
+            format_size(request.memory.unwrap_or_default())
+        ),
+        Unfit::Held => {
+            let holders: Vec<&str> = holders_of(&gpu.uuid, live).map(|r| r.id.as_str()).collect();
+            format!("it is held by {}", holders.join(", "))
+        }
+    };
+    LedgerError::DeviceUnavailable {
+        id: holder.to_string(),
+        index: gpu.index,
+        uuid: gpu.uuid.clone(),
+        reason,
+    }
 }
 
 /// Positions in `inventory.gpus` of GPUs named by index, UUID or PCI bus id.

@@ -3,17 +3,16 @@
 
 mod allocate;
 mod holder;
+mod queue;
 mod record;
 mod store;
 
-pub use allocate::{Allocation, resolve_devices};
+pub use allocate::{Allocation, Machine, resolve_devices};
 pub use holder::{BadHolderId, HolderId};
 pub use record::{HolderMeta, Mode, Record, UNBOUND_GRACE};
 
 use crate::config::Config;
-use crate::inventory::Inventory;
-use crate::policy::PolicyName;
-use crate::request::GpuRequest;
+use crate::request::{GpuRequest, Share};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -38,15 +37,15 @@ pub enum LedgerError {
     CountTooLarge { count: u32, total: usize },
     #[error("unknown GPU {key:?}: this machine has GPUs {known}")]
     UnknownGpu { key: String, known: String },
-    #[error("cannot allocate GPU {index} ({uuid}) for {id}: it is held by {holder}")]
-    DeviceHeld {
+    #[error("cannot allocate GPU {index} ({uuid}) for {id}: {reason}")]
+    DeviceUnavailable {
         id: String,
         index: u32,
         uuid: String,
-        holder: String,
+        reason: String,
     },
     #[error(
-        "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {free} free",
+        "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {free} free{detail}",
         s = if *wanted == 1 { "" } else { "s" },
         free = total - held
     )]
@@ -55,6 +54,19 @@ pub enum LedgerError {
         wanted: usize,
         held: usize,
         total: usize,
+        /// What else narrowed the choice (filters, sharing), starting with "; ".
+        detail: String,
+    },
+    #[error(
+        "cannot allocate for {id}: {waiting} request{s} waiting ahead of it; add gpupin.wait to queue behind them",
+        s = if *waiting == 1 { " is" } else { "s are" }
+    )]
+    QueueAhead { id: String, waiting: usize },
+    #[error("gave up waiting for GPUs for {id} after {waited}: {last}")]
+    WaitExpired {
+        id: String,
+        waited: String,
+        last: String,
     },
     #[error("container {id} carries gpupin.assigned={claimed} but the ledger gives it {held}")]
     NotAssigned {
@@ -140,13 +152,14 @@ impl Ledger {
     }
 
     /// Gives `holder` GPUs for `request`, or returns what it already holds (a retried
-    /// create). Stale holders are reaped first. Nothing is written on error.
+    /// create). Stale holders are reaped first. Requests that wait (`gpupin.wait`) go
+    /// through `allocate_waiting`; while any waits, others are refused rather than let
+    /// overtake them. Nothing is written on error.
     pub fn allocate(
         &self,
         holder: &HolderId,
         request: &GpuRequest,
-        inventory: &Inventory,
-        default_policy: PolicyName,
+        machine: &Machine,
         meta: HolderMeta,
     ) -> Result<Allocation, LedgerError> {
         let _lock = store::lock(&self.dir)?;
@@ -155,12 +168,34 @@ impl Ledger {
             return self.rebind(existing.clone(), meta);
         }
         let live = self.reap(records, SystemTime::now())?;
+        let waiting = queue::live_tickets(&self.dir)?.len();
+        if waiting > 0 {
+            return Err(LedgerError::QueueAhead {
+                id: holder.to_string(),
+                waiting,
+            });
+        }
+        self.commit(holder, request, machine, meta, &live)
+    }
+
+    /// Plans and writes one allocation; the caller holds the lock.
+    fn commit(
+        &self,
+        holder: &HolderId,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: HolderMeta,
+        live: &[Record],
+    ) -> Result<Allocation, LedgerError> {
         let cursor = store::read_cursor(&self.dir);
-        let plan = allocate::plan(holder, request, inventory, default_policy, &live, cursor)?;
+        let plan = allocate::plan(holder, request, machine, live, cursor)?;
         let record = Record {
             id: holder.to_string(),
             gpus: plan.uuids.clone(),
-            mode: Mode::Exclusive,
+            mode: match request.share {
+                Share::Exclusive => Mode::Exclusive,
+                Share::Shared => Mode::Shared,
+            },
             request: request.clone(),
             source: meta.source,
             start_time: meta.pid.and_then(crate::procinfo::start_time),
@@ -175,6 +210,23 @@ impl Ledger {
             &format!("allocate {} {}", record.id, record.gpus.join(",")),
         );
         Ok(Allocation { record })
+    }
+
+    /// What `request` would get now, without allocating (`gpupin pick`).
+    pub fn preview(
+        &self,
+        request: &GpuRequest,
+        machine: &Machine,
+    ) -> Result<Vec<String>, LedgerError> {
+        let records = store::read_records(&self.dir)?;
+        let now = SystemTime::now();
+        let live: Vec<Record> = records
+            .into_iter()
+            .filter(|r| !r.is_stale(now, self.unbound_grace))
+            .collect();
+        let holder = HolderId::new("pick").expect("a valid id");
+        let cursor = store::read_cursor(&self.dir);
+        Ok(allocate::plan(&holder, request, machine, &live, cursor)?.uuids)
     }
 
     /// A holder asked again: same GPUs; a pid learnt since is recorded.

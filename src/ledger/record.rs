@@ -13,6 +13,8 @@ pub const UNBOUND_GRACE: Duration = Duration::from_secs(120);
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     Exclusive,
+    /// With other shared holders, each with its reservation (`request.reserve`).
+    Shared,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

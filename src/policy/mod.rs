@@ -75,6 +75,11 @@ impl PolicyName {
         }
     }
 
+    /// Whether the policy reads live figures (utilization, free memory).
+    pub fn needs_live(self) -> bool {
+        false
+    }
+
     pub fn policy(self) -> &'static dyn Policy {
         match self {
             PolicyName::Pack => &pack::Pack,

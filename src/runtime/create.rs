@@ -4,7 +4,7 @@ use super::ShimError;
 use crate::assign::{self, HookCommand};
 use crate::config::Config;
 use crate::docker;
-use crate::inventory;
+use crate::grant;
 use crate::ledger::{HolderId, HolderMeta, Ledger, Record};
 use crate::request::{self, GpuRequest};
 use crate::spec;
@@ -47,20 +47,16 @@ pub fn prepare(
     let Some(request) = find_request(&spec_value, id)? else {
         return Ok(None);
     };
-    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
-    let ledger = Ledger::for_config(config)?;
     let meta = HolderMeta {
         source: "runtime".into(),
         pid: None,
         bundle: Some(bundle.to_path_buf()),
     };
-    let record = ledger
-        .allocate(&holder, &request, &inventory, config.policy, meta)?
-        .record;
+    let (inventory, record) = grant::allocate(config, &holder, &request, meta)?;
     let edited = assign::edit_spec(&mut spec_value, &inventory, &record, hook)
         .and_then(|()| spec::write_atomic(&config_path, &spec_value));
     if let Err(err) = edited {
-        ledger.release(&holder)?;
+        Ledger::for_config(config)?.release(&holder)?;
         return Err(err.into());
     }
     Ok(Some(record))

@@ -31,6 +31,8 @@ pub enum ShimError {
     Inventory(#[from] InventoryError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Grant(#[from] crate::grant::GrantError),
     #[error("runtime {0:?} not found on PATH; set `runtime` in the gpupin config")]
     RuntimeNotFound(PathBuf),
     #[error("runtime {0} is gpupin-runtime itself; set `runtime` to the real runtime (runc)")]

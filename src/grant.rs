@@ -1,0 +1,45 @@
+//! The one allocation path every integration takes (prestart hook, precreate, the Docker
+//! shim, the demo): load the machine, read live figures only when the request needs them,
+//! then allocate, waiting in the queue when the request asks to.
+
+use crate::config::Config;
+use crate::inventory::{self, Inventory, InventoryError};
+use crate::ledger::{HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
+use crate::request::GpuRequest;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GrantError {
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// Allocates for `holder` under `config`; returns the machine's inventory with the record,
+/// since every caller goes on to turn the record's UUIDs into device nodes.
+pub fn allocate(
+    config: &Config,
+    holder: &HolderId,
+    request: &GpuRequest,
+    meta: HolderMeta,
+) -> Result<(Inventory, Record), GrantError> {
+    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
+    let policy = request.policy.unwrap_or(config.policy);
+    let live = if policy.needs_live() || request.memory.is_some() {
+        inventory::live::read(config.live_file.as_deref(), &inventory)?
+    } else {
+        None
+    };
+    let machine = Machine {
+        inventory: &inventory,
+        live: live.as_deref(),
+        default_policy: config.policy,
+        max_shared: config.max_shared,
+    };
+    let ledger = Ledger::for_config(config)?;
+    let allocation = match request.wait {
+        Some(wait) => ledger.allocate_waiting(holder, request, &machine, meta, wait)?,
+        None => ledger.allocate(holder, request, &machine, meta)?,
+    };
+    Ok((inventory, allocation.record))
+}

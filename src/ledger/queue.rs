@@ -1,0 +1,170 @@
+//! The wait queue for `gpupin.wait`: a ticket file per waiting request, served strictly in
+//! arrival order. A waiter holds no lock while it sleeps; under the lock it only checks
+//! whether it is at the head and whether its request fits now. A ticket whose process is
+//! gone (a runtime killed the hook at its timeout) is stale and dropped.
+
+use super::store;
+use super::{Allocation, HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
+use crate::procinfo;
+use crate::request::GpuRequest;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+const QUEUE_DIR: &str = "queue";
+const SEQ_FILE: &str = "queue-seq";
+/// How often a waiter looks again. Short enough that a freed GPU is taken well within a
+/// second, long enough that a few waiters cost nothing.
+const POLL: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(super) struct Ticket {
+    pub seq: u64,
+    pub id: String,
+    pub pid: i32,
+    pub start_time: Option<u64>,
+}
+
+impl Ticket {
+    fn file_name(&self) -> String {
+        // Zero-padded so that name order is arrival order.
+        format!("{:020}-{}.json", self.seq, self.id)
+    }
+}
+
+fn queue_dir(dir: &Path) -> PathBuf {
+    dir.join(QUEUE_DIR)
+}
+
+/// Live tickets in arrival order; stale ones are removed. Caller holds the lock.
+pub(super) fn live_tickets(dir: &Path) -> Result<Vec<Ticket>, LedgerError> {
+    let qdir = queue_dir(dir);
+    let Ok(entries) = fs::read_dir(&qdir) else {
+        return Ok(Vec::new());
+    };
+    let mut tickets = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let ticket = fs::read_to_string(entry.path())
+            .ok()
+            .and_then(|t| serde_json::from_str::<Ticket>(&t).ok());
+        match ticket {
+            Some(t) if t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)) => {
+                tickets.push(t)
+            }
+            // A ticket that does not parse is as stale as one whose waiter died: nobody
+            // can be served through it.
+            _ => {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+    }
+    tickets.sort_by_key(|t| t.seq);
+    Ok(tickets)
+}
+
+fn enqueue(dir: &Path, holder: &HolderId) -> Result<Ticket, LedgerError> {
+    let qdir = queue_dir(dir);
+    fs::create_dir_all(&qdir).map_err(|source| LedgerError::Io {
+        action: "creating",
+        path: qdir.clone(),
+        source,
+    })?;
+    let seq = fs::read_to_string(dir.join(SEQ_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        + 1;
+    store::write_atomic(dir, SEQ_FILE, format!("{seq}\n").as_bytes(), true)?;
+    let pid = std::process::id() as i32;
+    let ticket = Ticket {
+        seq,
+        id: holder.to_string(),
+        pid,
+        start_time: procinfo::start_time(pid),
+    };
+    let text = serde_json::to_vec(&ticket).expect("tickets serialize");
+    store::write_atomic(&qdir, &ticket.file_name(), &text, true)?;
+    Ok(ticket)
+}
+
+fn dequeue(dir: &Path, ticket: &Ticket) {
+    let _ = fs::remove_file(queue_dir(dir).join(ticket.file_name()));
+}
+
+/// Errors that can go away when other holders leave.
+fn retryable(err: &LedgerError) -> bool {
+    matches!(
+        err,
+        LedgerError::NotEnoughFree { .. } | LedgerError::DeviceUnavailable { .. }
+    )
+}
+
+impl Ledger {
+    /// As `allocate`, but waits up to `wait` for the request to fit, behind every request
+    /// that started waiting earlier.
+    pub fn allocate_waiting(
+        &self,
+        holder: &HolderId,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: HolderMeta,
+        wait: Duration,
+    ) -> Result<Allocation, LedgerError> {
+        let deadline = Instant::now() + wait;
+        let ticket = {
+            let _lock = store::lock(&self.dir)?;
+            let records = store::read_records(&self.dir)?;
+            if let Some(existing) = records.iter().find(|r| r.id == holder.as_str()) {
+                return self.rebind(existing.clone(), meta);
+            }
+            enqueue(&self.dir, holder)?
+        };
+        let mut last = None;
+        loop {
+            match self.try_from_queue(&ticket, holder, request, machine, &meta) {
+                Ok(Some(allocation)) => return Ok(allocation),
+                Ok(None) => {}
+                Err(err) if retryable(&err) => last = Some(err),
+                Err(err) => {
+                    dequeue(&self.dir, &ticket);
+                    return Err(err);
+                }
+            }
+            if Instant::now() >= deadline {
+                let _lock = store::lock(&self.dir)?;
+                dequeue(&self.dir, &ticket);
+                return Err(LedgerError::WaitExpired {
+                    id: holder.to_string(),
+                    waited: humantime::format_duration(wait).to_string(),
+                    last: last.map_or("others were waiting ahead".into(), |e| e.to_string()),
+                });
+            }
+            std::thread::sleep(POLL.min(deadline.saturating_duration_since(Instant::now())));
+        }
+    }
+
+    /// One look under the lock: `None` while others are ahead.
+    fn try_from_queue(
+        &self,
+        ticket: &Ticket,
+        holder: &HolderId,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: &HolderMeta,
+    ) -> Result<Option<Allocation>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let records = store::read_records(&self.dir)?;
+        let live: Vec<Record> = self.reap(records, SystemTime::now())?;
+        let tickets = live_tickets(&self.dir)?;
+        if tickets.first().map(|t| t.seq) != Some(ticket.seq) {
+            return Ok(None);
+        }
+        let allocation = self.commit(holder, request, machine, meta.clone(), &live)?;
+        dequeue(&self.dir, ticket);
+        Ok(Some(allocation))
+    }
+}
