@@ -69,6 +69,8 @@ pub enum HookError {
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Grant(#[from] crate::grant::GrantError),
+    #[error(transparent)]
+    Assign(#[from] crate::assign::AssignError),
     #[error(
         "container {0} asks for gpupin.cpus=numa, which needs its spec edited before create (gpupin-runtime or podman's precreate hook); the prestart hook cannot change a cpuset"
     )]

@@ -76,7 +76,7 @@ fn edit(
     record: &Record,
     hook: &HookCommand,
 ) -> Result<Vec<u8>, HookError> {
-    assign::edit_spec(spec_value, inventory, record, hook).map_err(HookError::Spec)?;
+    assign::edit_spec(spec_value, inventory, record, hook)?;
     spec::set_annotation(spec_value, CLAIM_ANNOTATION, &record.id).map_err(HookError::Spec)?;
     serde_json::to_vec(spec_value).map_err(|e| {
         HookError::Spec(spec::SpecError::Serialize {

@@ -54,10 +54,11 @@ pub fn prepare(
     };
     let (inventory, record) = grant::allocate(config, &holder, &request, meta)?;
     let edited = assign::edit_spec(&mut spec_value, &inventory, &record, hook)
-        .and_then(|()| spec::write_atomic(&config_path, &spec_value));
+        .map_err(ShimError::from)
+        .and_then(|()| Ok(spec::write_atomic(&config_path, &spec_value)?));
     if let Err(err) = edited {
         Ledger::for_config(config)?.release(&holder)?;
-        return Err(err.into());
+        return Err(err);
     }
     Ok(Some(record))
 }

@@ -33,6 +33,8 @@ pub enum ShimError {
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Grant(#[from] crate::grant::GrantError),
+    #[error(transparent)]
+    Assign(#[from] crate::assign::AssignError),
     #[error("runtime {0:?} not found on PATH; set `runtime` in the gpupin config")]
     RuntimeNotFound(PathBuf),
     #[error("runtime {0} is gpupin-runtime itself; set `runtime` to the real runtime (runc)")]

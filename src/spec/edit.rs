@@ -79,6 +79,34 @@ pub fn add_devices(spec: &mut Value, nodes: &[DeviceNode]) -> Result<(), SpecErr
     Ok(())
 }
 
+/// Pins the container to `cpus` (and memory nodes `mems`) unless its spec already has a
+/// cpuset: a user's own `--cpuset-cpus` wins. Returns whether it set one.
+pub fn set_cpuset_unless_set(
+    spec: &mut Value,
+    cpus: &str,
+    mems: Option<&str>,
+) -> Result<bool, SpecError> {
+    let already = spec
+        .pointer("/linux/resources/cpu/cpus")
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.is_empty());
+    if already {
+        return Ok(false);
+    }
+    let mut node = spec;
+    for key in ["linux", "resources", "cpu"] {
+        node = object(node, "linux.resources.cpu")?
+            .entry(key)
+            .or_insert_with(|| Value::Object(Map::new()));
+    }
+    let cpu = object(node, "linux.resources.cpu")?;
+    cpu.insert("cpus".into(), Value::String(cpus.into()));
+    if let Some(mems) = mems {
+        cpu.insert("mems".into(), Value::String(mems.into()));
+    }
+    Ok(true)
+}
+
 /// Sets one annotation, replacing an earlier value.
 pub fn set_annotation(spec: &mut Value, key: &str, value: &str) -> Result<(), SpecError> {
     let root = object(spec, "spec")?;
@@ -157,6 +185,20 @@ mod tests {
             err,
             "spec field linux.devices is an object, expected an array"
         );
+    }
+
+    #[test]
+    fn cpuset_is_set_unless_the_user_set_one() {
+        let mut spec = json!({"linux": {"resources": {"memory": {"limit": 1}}}});
+        assert!(set_cpuset_unless_set(&mut spec, "0-3", Some("0")).unwrap());
+        assert_eq!(
+            spec["linux"]["resources"]["cpu"],
+            json!({"cpus": "0-3", "mems": "0"})
+        );
+        assert_eq!(spec["linux"]["resources"]["memory"]["limit"], 1);
+        let mut mine = json!({"linux": {"resources": {"cpu": {"cpus": "5"}}}});
+        assert!(!set_cpuset_unless_set(&mut mine, "0-3", None).unwrap());
+        assert_eq!(mine["linux"]["resources"]["cpu"]["cpus"], "5");
     }
 
     #[test]
