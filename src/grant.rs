@@ -5,6 +5,7 @@
 use crate::config::Config;
 use crate::inventory::{self, Inventory, InventoryError};
 use crate::ledger::{HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
+use crate::policy::Live;
 use crate::request::GpuRequest;
 
 #[derive(Debug, thiserror::Error)]
@@ -15,6 +16,36 @@ pub enum GrantError {
     Ledger(#[from] LedgerError),
 }
 
+/// The inventory, and live figures when `request` needs them (its policy reads them, or
+/// it filters on memory).
+pub fn load_machine(
+    config: &Config,
+    request: &GpuRequest,
+) -> Result<(Inventory, Option<Vec<Live>>), GrantError> {
+    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
+    let policy = request.policy.unwrap_or(config.policy);
+    let live = if policy.needs_live() || request.memory.is_some() {
+        inventory::live::read(config.live_file.as_deref(), &inventory)?
+    } else {
+        None
+    };
+    Ok((inventory, live))
+}
+
+/// The allocation settings of `config` over a loaded machine.
+pub fn machine<'a>(
+    config: &Config,
+    inventory: &'a Inventory,
+    live: Option<&'a [Live]>,
+) -> Machine<'a> {
+    Machine {
+        inventory,
+        live,
+        default_policy: config.policy,
+        max_shared: config.max_shared,
+    }
+}
+
 /// Allocates for `holder` under `config`; returns the machine's inventory with the record,
 /// since every caller goes on to turn the record's UUIDs into device nodes.
 pub fn allocate(
@@ -23,19 +54,8 @@ pub fn allocate(
     request: &GpuRequest,
     meta: HolderMeta,
 ) -> Result<(Inventory, Record), GrantError> {
-    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
-    let policy = request.policy.unwrap_or(config.policy);
-    let live = if policy.needs_live() || request.memory.is_some() {
-        inventory::live::read(config.live_file.as_deref(), &inventory)?
-    } else {
-        None
-    };
-    let machine = Machine {
-        inventory: &inventory,
-        live: live.as_deref(),
-        default_policy: config.policy,
-        max_shared: config.max_shared,
-    };
+    let (inventory, live) = load_machine(config, request)?;
+    let machine = machine(config, &inventory, live.as_deref());
     let ledger = Ledger::for_config(config)?;
     let allocation = match request.wait {
         Some(wait) => ledger.allocate_waiting(holder, request, &machine, meta, wait)?,

@@ -2,7 +2,7 @@
 //! for scripts). The binary prints them.
 
 use crate::inventory::Inventory;
-use crate::ledger::Record;
+use crate::ledger::{Mode, Record};
 use serde_json::{Value, json};
 use std::fmt::Write;
 use std::time::{Duration, SystemTime};
@@ -10,6 +10,15 @@ use std::time::{Duration, SystemTime};
 /// Bytes as the GiB figure nvidia-smi users expect.
 fn gib(bytes: u64) -> String {
     format!("{:.0}GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// ` (shared)` or ` (shared, 20GiB)` after a shared holder's id; nothing for exclusive ones.
+fn sharing(record: &Record) -> String {
+    match (record.mode, record.request.reserve) {
+        (Mode::Exclusive, _) => String::new(),
+        (Mode::Shared, None) => " (shared)".into(),
+        (Mode::Shared, Some(r)) => format!(" (shared, {})", crate::units::format_size(r)),
+    }
 }
 
 fn since(record: &Record) -> String {
@@ -104,7 +113,7 @@ pub fn status_table(inventory: &Inventory, records: &[Record], grace: Duration) 
             rows.push([
                 g.index.to_string(),
                 g.uuid.clone(),
-                format!("{}{gone}", r.id),
+                format!("{}{}{gone}", r.id, sharing(r)),
                 pid,
                 since(r),
             ]);
@@ -202,7 +211,7 @@ fn table<R: AsRef<[String]>>(rows: &[R]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Mode, UNBOUND_GRACE};
+    use crate::ledger::UNBOUND_GRACE;
     use crate::policy::testing::machine;
     use crate::request::{GpuRequest, Origin, Selection};
 
@@ -244,5 +253,20 @@ mod tests {
         );
         assert!(lines[2].ends_with('-'), "{t}");
         assert_eq!(lines[3], "1 of 2 GPUs free, 1 holder (test)");
+    }
+
+    #[test]
+    fn status_table_marks_shared_holders_and_their_reservations() {
+        let inv = machine(1);
+        let mut a = record("a", &["GPU-test-0"]);
+        a.mode = Mode::Shared;
+        a.request.share = crate::request::Share::Shared;
+        a.request.reserve = Some(20 << 30);
+        let mut b = record("b", &["GPU-test-0"]);
+        b.mode = Mode::Shared;
+        let t = status_table(&inv, &[a, b], UNBOUND_GRACE);
+        assert!(t.contains("a (shared, 20GiB)"), "{t}");
+        assert!(t.contains("b (shared)"), "{t}");
+        assert!(t.ends_with("0 of 1 GPUs free, 2 holders (test)\n"), "{t}");
     }
 }

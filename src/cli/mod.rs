@@ -5,6 +5,7 @@ mod gc;
 mod hook;
 mod install;
 mod inventory;
+mod pick;
 mod release;
 mod status;
 
@@ -36,6 +37,8 @@ pub enum Command {
     Inventory(inventory::InventoryArgs),
     /// Show which GPUs are held, by whom, since when
     Status(status::StatusArgs),
+    /// Show which GPUs a request would get now, without allocating
+    Pick(pick::PickArgs),
     /// Release GPUs held by containers and processes that are gone
     Gc,
     /// Release the GPUs of one holder (container id)
@@ -70,6 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Hook(_) => unreachable!("handled above"),
         Command::Inventory(args) => inventory::run(&config, &args),
         Command::Status(args) => status::run(&config, &args),
+        Command::Pick(args) => pick::run(&config, &args),
         Command::Gc => gc::run(&config),
         Command::Release(args) => release::run(&config, &args),
         Command::Demo(args) => demo::run(&config, cli.config.as_deref(), &args),

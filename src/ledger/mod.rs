@@ -224,7 +224,7 @@ impl Ledger {
             .into_iter()
             .filter(|r| !r.is_stale(now, self.unbound_grace))
             .collect();
-        let holder = HolderId::new("pick").expect("a valid id");
+        let holder = HolderId::new("gpupin-pick").expect("a valid id");
         let cursor = store::read_cursor(&self.dir);
         Ok(allocate::plan(&holder, request, machine, &live, cursor)?.uuids)
     }
