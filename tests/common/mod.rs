@@ -31,6 +31,11 @@ pub struct Gpupin {
 
 impl Gpupin {
     pub fn new(machine: &str) -> Gpupin {
+        Gpupin::with_extra(machine, "")
+    }
+
+    /// As `new`, with more config lines (`max_shared = 2`, `live_file = "..."`).
+    pub fn with_extra(machine: &str, extra: &str) -> Gpupin {
         let dir = tempfile::Builder::new()
             .prefix("gpupin-e2e")
             .tempdir()
@@ -38,7 +43,7 @@ impl Gpupin {
         let state_dir = dir.path().join("state");
         let config = dir.path().join("gpupin.toml");
         let text = format!(
-            "state_dir = {:?}\ninventory = {machine:?}\npolicy = \"pack\"\n",
+            "state_dir = {:?}\ninventory = {machine:?}\npolicy = \"pack\"\n{extra}\n",
             state_dir.to_str().unwrap()
         );
         std::fs::write(&config, text).unwrap();
@@ -148,11 +153,16 @@ impl Sandbox {
     }
 
     pub fn with_machine(test: &str, machine: &str) -> Option<Sandbox> {
+        Sandbox::with_config(test, machine, "")
+    }
+
+    /// A sandbox whose gpupin config has `extra` lines besides state dir and machine.
+    pub fn with_config(test: &str, machine: &str, extra: &str) -> Option<Sandbox> {
         let reqs = match Requirements::check() {
             Ok(reqs) => reqs,
             Err(reason) => return skip(test, &reason),
         };
-        let gpupin = Gpupin::new(machine);
+        let gpupin = Gpupin::with_extra(machine, extra);
         let root = gpupin.dir.path().join("runc-root");
         let rootfs = gpupin.dir.path().join("rootfs");
         gpupin::sandbox::build_busybox_rootfs(&reqs.busybox, &rootfs).unwrap();
@@ -211,6 +221,14 @@ pub fn nvidia_nodes(c: &Container) -> BTreeSet<String> {
     ls.split_whitespace()
         .filter(|n| n.starts_with("nvidia"))
         .map(str::to_string)
+        .collect()
+}
+
+/// The GPU nodes (`nvidia<minor>`) under the container's /dev, without control nodes.
+pub fn nvidia_gpu_nodes(c: &Container) -> Vec<String> {
+    nvidia_nodes(c)
+        .into_iter()
+        .filter(|n| n["nvidia".len()..].bytes().all(|b| b.is_ascii_digit()) && n.len() > 6)
         .collect()
 }
 
