@@ -99,9 +99,9 @@ fn annotation_count_pins_two_gpus() {
         assert_pinned(&slot, &c, 2);
         return;
     }
-    eprintln!(
+    docker_support::say(
         "annotation_count_pins_two_gpus: docker < 24 cannot pass annotations; \
-         driving gpupin-runtime directly as runc would be driven"
+         driving gpupin-runtime directly as runc would be driven",
     );
     annotation_through_the_shim(h, &slot);
 }

@@ -44,7 +44,7 @@ pub fn harness(test: &str, need: Need) -> Option<&'static Harness> {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("{test}: {reason} (CI=true: required)");
         }
-        eprintln!("skipping {test}: {reason}");
+        say(&format!("skipping {test}: {reason}"));
         return None;
     }
     static HARNESS: OnceLock<Harness> = OnceLock::new();
@@ -469,6 +469,13 @@ pub fn visible(env: &[String]) -> Vec<String> {
         .first()
         .map(|v| v.split(',').map(String::from).collect())
         .unwrap_or_default()
+}
+
+/// A line on stderr that libtest does not capture: skips and fallbacks must be seen
+/// without `--nocapture` (eprintln! output of a passing test is swallowed).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// Runs `cmd`, panics with its stderr unless it succeeds; returns stdout.
