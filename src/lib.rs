@@ -11,6 +11,7 @@ pub mod docker;
 pub mod grant;
 pub mod hook;
 pub mod inject;
+pub mod install;
 pub mod inventory;
 pub mod ledger;
 pub mod policy;

@@ -1,6 +1,11 @@
 //! `gpupin install ENGINE` / `gpupin uninstall ENGINE`.
 
-use std::path::Path;
+use anyhow::Context;
+use gpupin::install::docker::{self, RuntimeEntry};
+use gpupin::install::file;
+use gpupin::install::reload::{self, Reload};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -12,7 +17,7 @@ pub struct InstallArgs {
 #[derive(clap::Args)]
 pub struct UninstallArgs {
     #[command(subcommand)]
-    pub engine: Engine,
+    pub engine: UninstallEngine,
 }
 
 #[derive(clap::Subcommand)]
@@ -21,23 +26,135 @@ pub enum Engine {
     Docker(DockerArgs),
 }
 
+#[derive(clap::Subcommand)]
+pub enum UninstallEngine {
+    /// Docker: take the `gpupin` runtime out of /etc/docker/daemon.json
+    Docker(DaemonFileArgs),
+}
+
 #[derive(clap::Args)]
 pub struct DockerArgs {
     /// Make gpupin Docker's default runtime
     #[arg(long)]
     pub default: bool,
+    #[command(flatten)]
+    pub file: DaemonFileArgs,
+}
+
+#[derive(clap::Args)]
+pub struct DaemonFileArgs {
     /// Show the resulting daemon.json without writing it or signalling dockerd
     #[arg(long)]
     pub dry_run: bool,
     /// daemon.json to edit
     #[arg(long, default_value = "/etc/docker/daemon.json", value_name = "FILE")]
-    pub daemon_json: std::path::PathBuf,
+    pub daemon_json: PathBuf,
+    /// dockerd's pid file: the dockerd told to reload (SIGHUP) after a change
+    #[arg(long, default_value = reload::DEFAULT_PIDFILE, value_name = "FILE")]
+    pub pidfile: PathBuf,
 }
 
-pub fn install(_config: Option<&Path>, _args: &InstallArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("install: not yet")
+pub fn install(config: Option<&Path>, args: &InstallArgs) -> anyhow::Result<ExitCode> {
+    let Engine::Docker(args) = &args.engine;
+    let entry = runtime_entry(config)?;
+    let before = read_daemon_json(&args.file.daemon_json)?;
+    let after = docker::with_gpupin(&before.doc, &entry, args.default)
+        .with_context(|| format!("editing {}", args.file.daemon_json.display()))?;
+    if args.default
+        && let Some(old) =
+            docker::default_runtime(&before.doc).filter(|r| *r != docker::RUNTIME_NAME)
+    {
+        eprintln!(
+            "default-runtime was {old:?}, now {:?}",
+            docker::RUNTIME_NAME
+        );
+    }
+    apply(&args.file, &before, &after)
 }
 
-pub fn uninstall(_args: &UninstallArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("uninstall: not yet")
+pub fn uninstall(args: &UninstallArgs) -> anyhow::Result<ExitCode> {
+    let UninstallEngine::Docker(args) = &args.engine;
+    let before = read_daemon_json(&args.daemon_json)?;
+    if !before.existed {
+        println!(
+            "{}: no such file, nothing to remove",
+            args.daemon_json.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let after = docker::without_gpupin(&before.doc)
+        .with_context(|| format!("editing {}", args.daemon_json.display()))?;
+    apply(args, &before, &after)
+}
+
+/// daemon.json as found: `existed` tells "no change" apart from "file to create".
+struct Found {
+    doc: Value,
+    existed: bool,
+}
+
+fn read_daemon_json(path: &Path) -> anyhow::Result<Found> {
+    let text = file::read(path)?;
+    let doc = docker::parse(text.as_deref().unwrap_or(""))
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(Found {
+        doc,
+        existed: text.is_some(),
+    })
+}
+
+/// gpupin-runtime beside this binary, and the config it is to use, both absolute:
+/// dockerd runs them from its own working directory.
+fn runtime_entry(config: Option<&Path>) -> anyhow::Result<RuntimeEntry> {
+    let exe = std::env::current_exe().context("finding the gpupin binary")?;
+    let path = exe.with_file_name("gpupin-runtime");
+    anyhow::ensure!(
+        path.is_file(),
+        "gpupin-runtime not found beside {} (looked for {})",
+        exe.display(),
+        path.display()
+    );
+    let config = config
+        .map(|c| std::path::absolute(c).with_context(|| format!("resolving {}", c.display())))
+        .transpose()?;
+    Ok(RuntimeEntry { path, config })
+}
+
+/// Prints (dry run), reports no change, or writes with a backup and reloads dockerd.
+fn apply(args: &DaemonFileArgs, before: &Found, after: &Value) -> anyhow::Result<ExitCode> {
+    let path = &args.daemon_json;
+    if args.dry_run {
+        print!("{}", docker::render(after));
+        eprintln!(
+            "dry run: {} not written, dockerd not signalled",
+            path.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if before.existed && before.doc == *after {
+        println!("{}: already up to date, no change", path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    match file::replace_with_backup(path, &docker::render(after))? {
+        Some(backup) => println!(
+            "wrote {} (previous file saved as {})",
+            path.display(),
+            backup.display()
+        ),
+        None => println!("created {}", path.display()),
+    }
+    report_reload(&args.pidfile, path)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn report_reload(pidfile: &Path, daemon_json: &Path) -> anyhow::Result<()> {
+    match reload::reload_dockerd(pidfile)? {
+        Reload::Signalled(pid) => println!("dockerd (pid {pid}) told to reload (SIGHUP)"),
+        Reload::NotRunning => println!(
+            "dockerd is not running (no live dockerd in {}): it reads {} when it starts",
+            pidfile.display(),
+            daemon_json.display()
+        ),
+    }
+    Ok(())
 }

@@ -1,0 +1,629 @@
+//! A private dockerd for the end-to-end tests: started once per test binary, with its
+//! own data root, exec root, socket and daemon.json in a temp dir, and stopped when the
+//! binary exits.
+//!
+//! Parallel tests share the dockerd but not a ledger: daemon.json registers a pool of
+//! runtimes `gpupin-s0`..`gpupin-s15`, each gpupin-runtime with its own config and state
+//! dir, and every test takes a slot of its own. The compose examples name the runtime
+//! `gpupin`, so that one entry is shared and its users take `compose_slot()`, which
+//! serializes them. gpupin-runtime reads its config on every call, so a test may
+//! rewrite its slot's config (e.g. `runtime = wrapper`) without reloading dockerd.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const IMAGE: &str = "busybox:gpupin-test";
+pub const RUNTIME_BIN: &str = env!("CARGO_BIN_EXE_gpupin-runtime");
+pub const GPUPIN_BIN: &str = env!("CARGO_BIN_EXE_gpupin");
+const SLOTS: usize = 16;
+const DIR_PREFIX: &str = "gpupin-docker-e2e.";
+/// How long dockerd may take to answer after it starts (a readiness wait, no assertion).
+const START_WAIT: Duration = Duration::from_secs(90);
+
+/// What a test needs from the machine.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// root, dockerd, docker, runc, busybox
+    Docker,
+    /// all of `Docker`, and docker-compose
+    Compose,
+}
+
+/// `Some(harness)`, or `None` after printing why the test is skipped. Under CI=true a
+/// missing requirement fails the test instead: CI must not pass by skipping.
+pub fn harness(test: &str, need: Need) -> Option<&'static Harness> {
+    if let Some(reason) = missing(need) {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{test}: {reason} (CI=true: required)");
+        }
+        say(&format!("skipping {test}: {reason}"));
+        return None;
+    }
+    static HARNESS: OnceLock<Harness> = OnceLock::new();
+    Some(HARNESS.get_or_init(Harness::launch))
+}
+
+fn missing(need: Need) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (dockerd, runc)".into());
+    }
+    let mut tools = vec!["dockerd", "docker", "runc", "busybox", "tar"];
+    if need == Need::Compose {
+        tools.push("docker-compose");
+    }
+    let absent: Vec<_> = tools.into_iter().filter(|t| which(t).is_none()).collect();
+    (!absent.is_empty()).then(|| format!("not on PATH: {}", absent.join(", ")))
+}
+
+pub fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+pub struct Harness {
+    pub dir: PathBuf,
+    pub host: String,
+    pub rootfs: PathBuf,
+    pub bin: PathBuf,
+    next_slot: AtomicUsize,
+    compose_lock: Mutex<()>,
+}
+
+/// The dockerd child, stopped by the atexit handler.
+static DOCKERD: Mutex<Option<(Child, PathBuf)>> = Mutex::new(None);
+
+impl Harness {
+    fn launch() -> Harness {
+        reap_stale_instances();
+        let dir = tempfile::Builder::new()
+            .prefix(DIR_PREFIX)
+            .tempdir_in("/tmp")
+            .expect("temp dir for dockerd")
+            .keep();
+        // Marks whose dockerd this is: a later run reaps it only once we are gone.
+        write(&dir.join("owner.pid"), &std::process::id().to_string());
+        let harness = Harness {
+            host: format!("unix://{}", dir.join("docker.sock").display()),
+            rootfs: dir.join("rootfs"),
+            bin: dir.join("bin"),
+            dir,
+            next_slot: AtomicUsize::new(0),
+            compose_lock: Mutex::new(()),
+        };
+        harness.write_files();
+        harness.start_dockerd();
+        harness.import_image();
+        harness
+    }
+
+    fn write_files(&self) {
+        make_rootfs(&self.rootfs);
+        std::fs::create_dir_all(&self.bin).unwrap();
+        // dockerd accepts `--gpus` only when this executable is on its PATH (Docker's
+        // daemon/nvidia_linux.go registers the NVIDIA device driver then). It becomes a
+        // prestart hook of such containers; the stand-in does nothing.
+        write_script(&self.bin.join("nvidia-container-runtime-hook"), "exit 0\n");
+        let mut runtimes = serde_json::Map::new();
+        let mut add = |name: String, slot: &Slot, path: &str| {
+            slot.reset_config(None);
+            runtimes.insert(
+                name,
+                json!({"path": path, "runtimeArgs": ["--gpupin-config", slot.config]}),
+            );
+        };
+        for i in 0..SLOTS {
+            add(
+                format!("gpupin-s{i}"),
+                &self.slot_named(&format!("s{i}")),
+                RUNTIME_BIN,
+            );
+        }
+        add("gpupin".into(), &self.slot_named("compose"), RUNTIME_BIN);
+        let capture = self.slot_named("capture");
+        let pre = self.bin.join("capture-pre");
+        write_capture_script(&pre, &capture.dir.join("specs"), "pre", RUNTIME_BIN);
+        add("gpupin-capture".into(), &capture, pre.to_str().unwrap());
+        let daemon_json = json!({ "runtimes": runtimes });
+        write(&self.dir.join("daemon.json"), &daemon_json.to_string());
+    }
+
+    fn start_dockerd(&self) {
+        let d = &self.dir;
+        let log = std::fs::File::create(d.join("dockerd.log")).unwrap();
+        let path = format!(
+            "{}:{}",
+            self.bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let child = Command::new("dockerd")
+            .arg("--data-root")
+            .arg(d.join("root"))
+            .arg("--exec-root")
+            .arg(d.join("exec"))
+            .arg("-H")
+            .arg(&self.host)
+            .arg("--pidfile")
+            .arg(d.join("docker.pid"))
+            .arg("--config-file")
+            .arg(d.join("daemon.json"))
+            // vfs: works on any backing filesystem, and the image is one small file.
+            .args([
+                "--storage-driver",
+                "vfs",
+                "--bridge=none",
+                "--iptables=false",
+                "--ip6tables=false",
+            ])
+            .env("PATH", path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting dockerd");
+        *DOCKERD.lock().unwrap() = Some((child, d.clone()));
+        // SAFETY: registers a plain extern "C" fn; it runs once at process exit.
+        unsafe { libc::atexit(stop_dockerd) };
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let start = Instant::now();
+        loop {
+            if self
+                .docker()
+                .args(["version"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+            {
+                return;
+            }
+            let exited = DOCKERD
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|(c, _)| c.try_wait().ok().flatten());
+            if exited.is_some() || start.elapsed() > START_WAIT {
+                let log = std::fs::read_to_string(self.dir.join("dockerd.log")).unwrap_or_default();
+                panic!("dockerd did not come up ({exited:?}); its log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn import_image(&self) {
+        let tar = self.dir.join("rootfs.tar");
+        ok(Command::new("tar")
+            .arg("-C")
+            .arg(&self.rootfs)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."));
+        ok(self
+            .docker()
+            .args(["import", "-c", "ENV PATH=/bin"])
+            .arg(&tar)
+            .arg(IMAGE));
+    }
+
+    /// `docker` talking to this harness's dockerd.
+    pub fn docker(&self) -> Command {
+        let mut cmd = Command::new("docker");
+        cmd.env("DOCKER_HOST", &self.host);
+        cmd
+    }
+
+    /// `docker-compose -p PROJECT -f FILE` against this dockerd.
+    pub fn compose(&self, project: &str, file: &Path) -> Command {
+        let mut cmd = Command::new("docker-compose");
+        cmd.env("DOCKER_HOST", &self.host)
+            .arg("-p")
+            .arg(project)
+            .arg("-f")
+            .arg(file);
+        cmd
+    }
+
+    /// A runtime entry with a ledger of its own, used by this test only.
+    pub fn slot(&self) -> Slot {
+        let i = self.next_slot.fetch_add(1, Ordering::SeqCst);
+        assert!(i < SLOTS, "more than {SLOTS} slots taken: raise SLOTS");
+        let mut slot = self.slot_named(&format!("s{i}"));
+        slot.runtime = format!("gpupin-s{i}");
+        slot
+    }
+
+    /// The `gpupin` runtime the compose examples name; held until the guard drops.
+    pub fn compose_slot(&self) -> (MutexGuard<'_, ()>, Slot) {
+        let guard = self.compose_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.slot_named("compose");
+        slot.runtime = "gpupin".into();
+        (guard, slot)
+    }
+
+    /// The runtime whose entry is a wrapper saving Docker's spec before gpupin edits it,
+    /// to `capture/specs/<container id>.pre.json`. One test uses it.
+    pub fn capture_slot(&self) -> Slot {
+        let mut slot = self.slot_named("capture");
+        slot.runtime = "gpupin-capture".into();
+        slot
+    }
+
+    fn slot_named(&self, name: &str) -> Slot {
+        let dir = self.dir.join("slots").join(name);
+        Slot {
+            runtime: String::new(),
+            config: dir.join("config.toml"),
+            state: dir.join("state"),
+            dir,
+        }
+    }
+
+    /// `docker run -d` of a sleeping container; removed (rm -f) when the guard drops.
+    pub fn start(&self, runtime: &str, args: &[&str]) -> Container<'_> {
+        let out = self.run_detached(runtime, args);
+        assert!(
+            out.status.success(),
+            "docker run failed: {}",
+            text(&out.stderr)
+        );
+        Container {
+            harness: self,
+            id: text(&out.stdout).trim().to_string(),
+        }
+    }
+
+    /// `docker run -d --network none --runtime R ARGS IMAGE sleep`, as it came out.
+    pub fn run_detached(&self, runtime: &str, args: &[&str]) -> Output {
+        self.docker()
+            .args(["run", "-d", "--network", "none", "--runtime", runtime])
+            .args(args)
+            .args([IMAGE, "sleep", "1000000"])
+            .output()
+            .unwrap()
+    }
+}
+
+/// A gpupin runtime entry: its name in daemon.json, its config and its ledger.
+pub struct Slot {
+    pub runtime: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub state: PathBuf,
+}
+
+impl Slot {
+    /// Writes the slot's gpupin config; `runtime`: the real runtime (default runc).
+    pub fn reset_config(&self, runtime: Option<&Path>) {
+        std::fs::create_dir_all(&self.dir).unwrap();
+        let mut text = format!(
+            "state_dir = {:?}\ninventory = \"sim:nvswitch8\"\n",
+            self.state.display().to_string()
+        );
+        if let Some(r) = runtime {
+            text.push_str(&format!("runtime = {:?}\n", r.display().to_string()));
+        }
+        write(&self.config, &text);
+    }
+
+    /// `gpupin status --json` for this slot's ledger.
+    pub fn status(&self) -> Value {
+        let out = ok(Command::new(GPUPIN_BIN)
+            .arg("--config")
+            .arg(&self.config)
+            .args(["status", "--json"]));
+        serde_json::from_str(&out).expect("status --json is JSON")
+    }
+
+    /// Holder id -> its GPU UUIDs.
+    pub fn holders(&self) -> BTreeMap<String, Vec<String>> {
+        let status = self.status();
+        status["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                let gpus = h["gpus"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|g| g.as_str().unwrap().to_string());
+                (h["id"].as_str().unwrap().to_string(), gpus.collect())
+            })
+            .collect()
+    }
+
+    /// GPU UUID -> device minor, from the slot's inventory.
+    pub fn minors(&self) -> BTreeMap<String, u64> {
+        let status = self.status();
+        status["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                (
+                    g["uuid"].as_str().unwrap().to_string(),
+                    g["minor"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// UUID of the GPU with this index.
+    pub fn uuid_of(&self, index: u64) -> String {
+        let status = self.status();
+        let gpu = status["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["index"] == index);
+        gpu.expect("index in inventory")["uuid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+}
+
+/// A running container, force-removed on drop so no test leaks one.
+pub struct Container<'h> {
+    harness: &'h Harness,
+    pub id: String,
+}
+
+impl Container<'_> {
+    /// `docker exec` output (stdout); panics with stderr on failure.
+    pub fn exec(&self, cmd: &[&str]) -> String {
+        ok(self.harness.docker().arg("exec").arg(&self.id).args(cmd))
+    }
+
+    /// The container's main process env as the process sees it (`docker exec env` would
+    /// show Docker's config instead, without gpupin's edits).
+    pub fn init_env(&self) -> Vec<String> {
+        let raw = self.exec(&["cat", "/proc/1/environ"]);
+        raw.split('\0')
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect()
+    }
+
+    /// `nvidia<N>` device nodes in the container's /dev.
+    pub fn gpu_nodes(&self) -> Vec<String> {
+        gpu_nodes(&self.exec(&["ls", "/dev"]))
+    }
+
+    /// NVIDIA_VISIBLE_DEVICES of the main process, split at commas.
+    pub fn visible(&self) -> Vec<String> {
+        visible(&self.init_env())
+    }
+}
+
+impl Drop for Container<'_> {
+    fn drop(&mut self) {
+        let _ = self.harness.docker().args(["rm", "-f", &self.id]).output();
+    }
+}
+
+/// Runs `docker-compose down` for a project on drop, also when the test fails.
+pub struct ComposeProject<'h> {
+    pub harness: &'h Harness,
+    pub project: String,
+    pub file: PathBuf,
+}
+
+impl ComposeProject<'_> {
+    pub fn cmd(&self) -> Command {
+        self.harness.compose(&self.project, &self.file)
+    }
+
+    /// Container ids of the project (`docker-compose ps -q`).
+    pub fn ids(&self) -> Vec<String> {
+        ok(self.cmd().args(["ps", "-q"]))
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+}
+
+impl Drop for ComposeProject<'_> {
+    fn drop(&mut self) {
+        let _ = self.cmd().args(["down", "--timeout", "1"]).output();
+    }
+}
+
+pub fn gpu_nodes(ls_dev: &str) -> Vec<String> {
+    let is_gpu = |n: &str| {
+        n.strip_prefix("nvidia")
+            .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
+    };
+    ls_dev
+        .split_whitespace()
+        .filter(|n| is_gpu(n))
+        .map(String::from)
+        .collect()
+}
+
+pub fn visible(env: &[String]) -> Vec<String> {
+    let values: Vec<_> = env
+        .iter()
+        .filter_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+        .collect();
+    assert!(
+        values.len() <= 1,
+        "NVIDIA_VISIBLE_DEVICES set {} times: {env:?}",
+        values.len()
+    );
+    values
+        .first()
+        .map(|v| v.split(',').map(String::from).collect())
+        .unwrap_or_default()
+}
+
+/// A line on stderr that libtest does not capture: skips and fallbacks must be seen
+/// without `--nocapture` (eprintln! output of a passing test is swallowed).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Runs `cmd`, panics with its stderr unless it succeeds; returns stdout.
+pub fn ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+pub fn write(path: &Path, content: &str) {
+    std::fs::write(path, content).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
+
+pub fn write_script(path: &Path, body: &str) {
+    write(path, &format!("#!/bin/sh\n{body}"));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A runtime wrapper: on `create` it copies bundle/config.json to
+/// `<dest>/<bundle dir name>.<tag>.json` (Docker names the bundle dir after the
+/// container id), then execs `next` with every argument unchanged.
+pub fn write_capture_script(path: &Path, dest: &Path, tag: &str, next: &str) {
+    std::fs::create_dir_all(dest).unwrap();
+    let body = format!(
+        r#"prev= bundle= create=
+for a in "$@"; do
+  [ "$prev" = --bundle ] && bundle=$a
+  [ "$a" = create ] && create=1
+  prev=$a
+done
+if [ -n "$create" ] && [ -n "$bundle" ]; then
+  cp "$bundle/config.json" "{dest}/$(basename "$bundle").{tag}.json"
+fi
+exec {next} "$@"
+"#,
+        dest = dest.display()
+    );
+    write_script(path, &body);
+}
+
+/// A root filesystem of one static busybox and its applet links.
+fn make_rootfs(rootfs: &Path) {
+    let bin = rootfs.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for dir in ["dev", "proc", "sys", "tmp", "etc"] {
+        std::fs::create_dir_all(rootfs.join(dir)).unwrap();
+    }
+    let busybox = which("busybox").unwrap();
+    std::fs::copy(&busybox, bin.join("busybox")).unwrap();
+    let list = ok(Command::new(&busybox).arg("--list"));
+    for applet in list.lines().filter(|a| *a != "busybox") {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+    }
+}
+
+/// Stops our dockerd at process exit: containers first (their shims would outlive
+/// dockerd), then dockerd, then its directory.
+extern "C" fn stop_dockerd() {
+    let Some((mut child, dir)) = DOCKERD.lock().ok().and_then(|mut d| d.take()) else {
+        return;
+    };
+    let host = format!("unix://{}", dir.join("docker.sock").display());
+    remove_all_containers(&host);
+    // SAFETY: kill on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn remove_all_containers(host: &str) {
+    let Ok(out) = Command::new("docker")
+        .env("DOCKER_HOST", host)
+        .args(["ps", "-aq"])
+        .output()
+    else {
+        return;
+    };
+    let ids: Vec<String> = text(&out.stdout)
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    if !ids.is_empty() {
+        let _ = Command::new("docker")
+            .env("DOCKER_HOST", host)
+            .arg("rm")
+            .arg("-f")
+            .args(&ids)
+            .output();
+    }
+}
+
+/// A run killed before its atexit handler (SIGKILL, a debugger) leaves a dockerd
+/// behind; reap those whose owning test process is gone. Another live test binary's
+/// dockerd is left alone.
+fn reap_stale_instances() {
+    let Ok(entries) = std::fs::read_dir("/tmp") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let is_ours = entry.file_name().to_string_lossy().starts_with(DIR_PREFIX);
+        if is_ours && !pid_alive(&dir.join("owner.pid")) {
+            reap(&dir);
+        }
+    }
+}
+
+fn reap(dir: &Path) {
+    if pid_alive(&dir.join("docker.pid")) {
+        remove_all_containers(&format!("unix://{}", dir.join("docker.sock").display()));
+        let pid = read_pid(&dir.join("docker.pid")).unwrap();
+        // SAFETY: plain kill(2); pid_alive checked the pid is a live dockerd.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn read_pid(file: &Path) -> Option<i32> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
+/// The pid in `file` is alive and is a test binary or dockerd (not a reused pid).
+fn pid_alive(file: &Path) -> bool {
+    let Some(pid) = read_pid(file) else {
+        return false;
+    };
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    let name = exe
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    name == "dockerd" || name.starts_with("docker_e2e")
+}
