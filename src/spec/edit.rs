@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 
 /// `spec.<path>` as a mutable array, creating the objects on the way and the array itself.
 /// `field` is the dotted path, for errors.
-fn array_at<'a>(
+pub(super) fn array_at<'a>(
     spec: &'a mut Value,
     path: &[&str],
     field: &'static str,

@@ -1,7 +1,7 @@
 //! `process.env` reads and edits.
 
-use super::{SpecError, type_name};
-use serde_json::{Map, Value};
+use super::SpecError;
+use serde_json::Value;
 
 /// `process.env` as a list of `KEY=VALUE` strings (empty when absent; non-string
 /// entries, which the runtime would reject anyway, are skipped).
@@ -43,36 +43,7 @@ pub fn set_env(spec: &mut Value, key: &str, value: &str) -> Result<(), SpecError
 
 /// `process.env` as a mutable array, creating `process` and `env` when absent.
 fn env_array_mut(spec: &mut Value) -> Result<&mut Vec<Value>, SpecError> {
-    let root = object_mut(spec, "spec")?;
-    let process = root
-        .entry("process")
-        .or_insert_with(|| Value::Object(Map::new()));
-    let process = object_mut(process, "process")?;
-    let env = process
-        .entry("env")
-        .or_insert_with(|| Value::Array(Vec::new()));
-    match env {
-        Value::Array(env) => Ok(env),
-        other => Err(SpecError::WrongType {
-            field: "process.env",
-            expected: "an array",
-            found: type_name(other),
-        }),
-    }
-}
-
-fn object_mut<'a>(
-    value: &'a mut Value,
-    field: &'static str,
-) -> Result<&'a mut Map<String, Value>, SpecError> {
-    match value {
-        Value::Object(map) => Ok(map),
-        other => Err(SpecError::WrongType {
-            field,
-            expected: "an object",
-            found: type_name(other),
-        }),
-    }
+    super::edit::array_at(spec, &["process", "env"], "process.env")
 }
 
 #[cfg(test)]
