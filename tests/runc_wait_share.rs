@@ -183,5 +183,9 @@ fn reservations_never_exceed_a_gpus_memory() {
     let err = start_count(&sb, "d", &over).unwrap_err().to_string();
     assert!(err.contains("0 can take shared"), "{err}");
     let e = start_count(&sb, "e", &small).unwrap();
-    assert_eq!(sb.gpupin.held_minors(e.id()).len(), 1, "30GiB still fits beside the other 50");
+    assert_eq!(
+        sb.gpupin.held_minors(e.id()).len(),
+        1,
+        "30GiB still fits beside the other 50"
+    );
 }
