@@ -10,6 +10,7 @@ pub mod config;
 pub mod docker;
 pub mod hook;
 pub mod inject;
+pub mod install;
 pub mod inventory;
 pub mod ledger;
 pub mod policy;

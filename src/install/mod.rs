@@ -1,0 +1,4 @@
+//! Registering gpupin with container engines: the files each engine reads, generated as
+//! values (pure, tested) and written atomically. Nothing here prints.
+
+pub mod podman;
