@@ -19,6 +19,8 @@ pub struct UninstallArgs {
 pub enum Engine {
     /// Docker: the `gpupin` runtime in /etc/docker/daemon.json
     Docker(DockerArgs),
+    /// Podman: hooks in /etc/containers/oci/hooks.d
+    Podman(super::install_podman::PodmanArgs),
 }
 
 #[derive(clap::Args)]
@@ -34,10 +36,16 @@ pub struct DockerArgs {
     pub daemon_json: std::path::PathBuf,
 }
 
-pub fn install(_config: Option<&Path>, _args: &InstallArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("install: not yet")
+pub fn install(config: Option<&Path>, args: &InstallArgs) -> anyhow::Result<ExitCode> {
+    match &args.engine {
+        Engine::Podman(podman) => super::install_podman::install(config, podman),
+        Engine::Docker(_) => anyhow::bail!("install: not yet"),
+    }
 }
 
-pub fn uninstall(_args: &UninstallArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("uninstall: not yet")
+pub fn uninstall(args: &UninstallArgs) -> anyhow::Result<ExitCode> {
+    match &args.engine {
+        Engine::Podman(podman) => super::install_podman::uninstall(podman),
+        Engine::Docker(_) => anyhow::bail!("uninstall: not yet"),
+    }
 }
