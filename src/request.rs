@@ -24,9 +24,12 @@ pub const ASSIGNED_ANNOTATION: &str = "gpupin.assigned";
 /// Annotation of a spec edited at podman's precreate: the claim its GPUs are held under
 /// until the prestart hook binds them to the container id.
 pub const CLAIM_ANNOTATION: &str = "gpupin.claim";
+/// Annotation of a spec whose precreate failed: the reason, for gpupin's prestart hook
+/// to fail with (podman does not show a precreate hook's stderr).
+pub const ERROR_ANNOTATION: &str = "gpupin.error";
 /// Keys gpupin writes, not users: ignored when reading a request, so that a retried
 /// create of an already edited spec reads the same request again.
-pub const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION];
+pub const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, ERROR_ANNOTATION];
 pub const ENV_PREFIX: &str = "GPUPIN_";
 /// The longest `gpupin.wait` accepted: a runtime blocked for longer is a stuck host.
 pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);

@@ -24,12 +24,16 @@ pub struct UninstallArgs {
 pub enum Engine {
     /// Docker: the `gpupin` runtime in /etc/docker/daemon.json
     Docker(DockerArgs),
+    /// Podman: hooks in /etc/containers/oci/hooks.d
+    Podman(super::install_podman::PodmanArgs),
 }
 
 #[derive(clap::Subcommand)]
 pub enum UninstallEngine {
     /// Docker: take the `gpupin` runtime out of /etc/docker/daemon.json
     Docker(DaemonFileArgs),
+    /// Podman: remove gpupin's hooks from /etc/containers/oci/hooks.d
+    Podman(super::install_podman::PodmanArgs),
 }
 
 #[derive(clap::Args)]
@@ -55,7 +59,10 @@ pub struct DaemonFileArgs {
 }
 
 pub fn install(config: Option<&Path>, args: &InstallArgs) -> anyhow::Result<ExitCode> {
-    let Engine::Docker(args) = &args.engine;
+    let args = match &args.engine {
+        Engine::Docker(args) => args,
+        Engine::Podman(podman) => return super::install_podman::install(config, podman),
+    };
     let entry = runtime_entry(config)?;
     let before = read_daemon_json(&args.file.daemon_json)?;
     let after = docker::with_gpupin(&before.doc, &entry, args.default)
@@ -73,7 +80,10 @@ pub fn install(config: Option<&Path>, args: &InstallArgs) -> anyhow::Result<Exit
 }
 
 pub fn uninstall(args: &UninstallArgs) -> anyhow::Result<ExitCode> {
-    let UninstallEngine::Docker(args) = &args.engine;
+    let args = match &args.engine {
+        UninstallEngine::Docker(args) => args,
+        UninstallEngine::Podman(podman) => return super::install_podman::uninstall(podman),
+    };
     let before = read_daemon_json(&args.daemon_json)?;
     if !before.existed {
         println!(

@@ -4,6 +4,7 @@ mod demo;
 mod gc;
 mod hook;
 mod install;
+mod install_podman;
 mod inventory;
 mod pick;
 mod release;

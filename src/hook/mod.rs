@@ -75,6 +75,9 @@ pub enum HookError {
         "container {0} asks for gpupin.cpus=numa, which needs its spec edited before create (gpupin-runtime or podman's precreate hook); the prestart hook cannot change a cpuset"
     )]
     CpusNeedSpecEdit(String),
+    /// Precreate failed and left its reason in the spec for this stage to report.
+    #[error("{0}")]
+    Precreate(String),
     #[error(
         "OCI state of container {0} has no pid; a prestart hook needs the container's init process"
     )]
@@ -192,6 +195,11 @@ fn read_container(
     stage: Stage,
 ) -> Result<Option<Container>, HookError> {
     let annotations = state.annotations().clone().unwrap_or_default();
+    if stage != Stage::Poststop
+        && let Some(reason) = annotations.get(request::ERROR_ANNOTATION)
+    {
+        return Err(HookError::Precreate(reason.clone()));
+    }
     let config_path = state.bundle().join("config.json");
     let spec_bytes = match std::fs::read(&config_path) {
         Ok(bytes) => bytes,

@@ -10,7 +10,7 @@ use crate::config::{Config, ConfigError};
 use crate::grant;
 use crate::inventory;
 use crate::ledger::{HolderId, HolderMeta, Ledger, Record};
-use crate::request::{self, CLAIM_ANNOTATION, WRITTEN_BY_GPUPIN};
+use crate::request::{self, CLAIM_ANNOTATION, ERROR_ANNOTATION, WRITTEN_BY_GPUPIN};
 use crate::spec;
 use serde_json::Value;
 use std::path::Path;
@@ -32,7 +32,21 @@ pub(super) fn run(
         return Ok(unchanged());
     }
     let mut spec_value = spec::parse(input, Path::new("<stdin>")).map_err(HookError::Spec)?;
-    let annotations = spec::annotations(&spec_value);
+    let original = spec_value.clone();
+    match claim(&mut spec_value, exe, load_config) {
+        Ok(Some(outcome)) => Ok(outcome),
+        Ok(None) => Ok(unchanged()),
+        Err(err) => defer_error(original, &err, exe),
+    }
+}
+
+/// Allocates for the container's request and edits the spec. `None`: no request.
+fn claim(
+    spec_value: &mut Value,
+    exe: &Path,
+    load_config: impl FnOnce() -> Result<Config, ConfigError>,
+) -> Result<Option<Outcome>, HookError> {
+    let annotations = spec::annotations(spec_value);
     if let Some(key) = WRITTEN_BY_GPUPIN
         .iter()
         .find(|k| annotations.contains_key(**k))
@@ -41,9 +55,9 @@ pub(super) fn run(
     }
     let request = match request::from_annotations(&annotations)? {
         Some(r) => r,
-        None => match request::from_env(&spec::process_env(&spec_value))? {
+        None => match request::from_env(&spec::process_env(spec_value))? {
             Some(r) => r,
-            None => return Ok(unchanged()),
+            None => return Ok(None),
         },
     };
     let config = load_config()?;
@@ -58,16 +72,49 @@ pub(super) fn run(
         exe: exe.to_path_buf(),
         config: config.path.clone(),
     };
-    match edit(&mut spec_value, &inventory, &record, &hook) {
-        Ok(bytes) => Ok(Outcome::Spec {
+    match edit(spec_value, &inventory, &record, &hook) {
+        Ok(bytes) => Ok(Some(Outcome::Spec {
             bytes,
             claim: Some(record),
-        }),
+        })),
         Err(err) => {
             Ledger::for_config(&config)?.release(&claim)?;
             Err(err)
         }
     }
+}
+
+/// Podman (containers/common, RuntimeConfigFilter) discards a precreate hook's stderr
+/// and reports only "exit status 1", so a failed precreate would hide why. Instead the
+/// spec goes on unedited, nothing held, with the reason in `gpupin.error` and gpupin as
+/// a prestart hook: that hook fails with the reason, and runc puts a failed hook's
+/// stderr into the error podman prints.
+fn defer_error(mut spec_value: Value, err: &HookError, exe: &Path) -> Result<Outcome, HookError> {
+    spec::set_annotation(&mut spec_value, ERROR_ANNOTATION, &error_chain(err))
+        .map_err(HookError::Spec)?;
+    // No config: the prestart hook fails on the annotation before it would read one.
+    let hook = HookCommand {
+        exe: exe.to_path_buf(),
+        config: None,
+    };
+    let exe = hook.exe.display().to_string();
+    spec::add_hook(&mut spec_value, "prestart", &exe, &hook.args("prestart"))
+        .map_err(HookError::Spec)?;
+    Ok(Outcome::Spec {
+        bytes: to_bytes(&spec_value)?,
+        claim: None,
+    })
+}
+
+/// `outer: inner: innermost`, the way the binary prints errors.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut parts = vec![err.to_string()];
+    let mut source = err.source();
+    while let Some(inner) = source {
+        parts.push(inner.to_string());
+        source = inner.source();
+    }
+    parts.join(": ")
 }
 
 fn edit(
@@ -78,6 +125,10 @@ fn edit(
 ) -> Result<Vec<u8>, HookError> {
     assign::edit_spec(spec_value, inventory, record, hook)?;
     spec::set_annotation(spec_value, CLAIM_ANNOTATION, &record.id).map_err(HookError::Spec)?;
+    to_bytes(spec_value)
+}
+
+fn to_bytes(spec_value: &Value) -> Result<Vec<u8>, HookError> {
     serde_json::to_vec(spec_value).map_err(|e| {
         HookError::Spec(spec::SpecError::Serialize {
             path: "<stdout>".into(),
@@ -101,4 +152,89 @@ fn new_claim_id() -> String {
     }
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     format!("claim-{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hook::{self, Stage};
+    use serde_json::json;
+
+    fn config(state_dir: &Path) -> Config {
+        Config {
+            state_dir: state_dir.to_path_buf(),
+            inventory: "sim:nvswitch8".parse().unwrap(),
+            ..Config::default()
+        }
+    }
+
+    fn precreate(spec: &Value, state_dir: &Path) -> Value {
+        let input = serde_json::to_vec(spec).unwrap();
+        let exe = Path::new("/usr/bin/gpupin");
+        match run(&input, exe, || Ok(config(state_dir))).unwrap() {
+            Outcome::Spec { bytes, claim: None } => serde_json::from_slice(&bytes).unwrap(),
+            other => panic!("expected a spec without claim, got {other:?}"),
+        }
+    }
+
+    fn spec_with(annotations: Value) -> Value {
+        json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "env": ["PATH=/bin"]},
+            "root": {"path": "rootfs"},
+            "annotations": annotations,
+        })
+    }
+
+    #[test]
+    fn failed_allocation_travels_to_prestart_and_holds_nothing() {
+        let state = tempfile::tempdir().unwrap();
+        let edited = precreate(&spec_with(json!({"gpupin.count": "9"})), state.path());
+        let reason = edited["annotations"][ERROR_ANNOTATION].as_str().unwrap();
+        assert!(
+            reason.contains("count 9 is more than the 8 GPUs"),
+            "{reason}"
+        );
+        assert_eq!(
+            edited["hooks"]["prestart"],
+            json!([{"path": "/usr/bin/gpupin", "args": ["gpupin", "hook", "prestart"]}])
+        );
+        assert!(edited.pointer("/linux/devices").is_none());
+        assert!(
+            crate::ledger::Ledger::open(state.path())
+                .unwrap()
+                .records()
+                .unwrap()
+                .is_empty()
+        );
+
+        let bundle = tempfile::tempdir().unwrap();
+        std::fs::write(bundle.path().join("config.json"), edited.to_string()).unwrap();
+        let state_json = json!({
+            "ociVersion": "1.0.2", "id": "c1", "status": "created", "pid": 1,
+            "bundle": bundle.path(), "annotations": edited["annotations"],
+        });
+        let err = hook::run(
+            Stage::Prestart,
+            state_json.to_string().as_bytes(),
+            Path::new("/usr/bin/gpupin"),
+            || panic!("the prestart hook fails before reading a config"),
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), reason);
+    }
+
+    #[test]
+    fn user_set_gpupin_annotation_is_reported_not_obeyed() {
+        let state = tempfile::tempdir().unwrap();
+        let spec =
+            spec_with(json!({"gpupin.count": "1", "gpupin.claim": "claim-0123456789abcdef"}));
+        let edited = precreate(&spec, state.path());
+        let reason = edited["annotations"][ERROR_ANNOTATION].as_str().unwrap();
+        assert!(
+            reason.contains("gpupin.claim is written by gpupin"),
+            "{reason}"
+        );
+        assert!(!state.path().join("holders").exists());
+    }
 }

@@ -1,0 +1,76 @@
+//! `gpupin install podman` / `gpupin uninstall podman`: the hooks.d files.
+
+use anyhow::Context;
+use gpupin::assign::HookCommand;
+use gpupin::config::CONFIG_ENV;
+use gpupin::install::podman::{self, Change, Step, Trigger};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct PodmanArgs {
+    /// hooks.d directory to write to or remove from
+    #[arg(long, default_value = podman::HOOKS_DIR, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Install: run the hooks for every container, not only those with a gpupin.*
+    /// annotation, so that GPUPIN_* in a container's env is a request too
+    #[arg(long)]
+    pub always: bool,
+    /// Show what would be written or removed, and change nothing
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<ExitCode> {
+    let hook = HookCommand {
+        exe: std::env::current_exe().context("finding the gpupin binary")?,
+        config: hook_config(config_flag)?,
+    };
+    let trigger = if args.always {
+        Trigger::Always
+    } else {
+        Trigger::Annotation
+    };
+    let files = podman::hook_files(&hook, trigger);
+    let steps = podman::install(&args.dir, &files, args.dry_run)?;
+    for (step, file) in steps.iter().zip(&files) {
+        println!("{}", describe(step, args.dry_run));
+        if args.dry_run && step.change == Change::Written {
+            println!("{:#}", file.content);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn uninstall(args: &PodmanArgs) -> anyhow::Result<ExitCode> {
+    for step in podman::uninstall(&args.dir, args.dry_run)? {
+        println!("{}", describe(&step, args.dry_run));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The config the hooks must load, as an absolute path: podman runs hooks with an empty
+/// environment and its own working directory, so neither `$GPUPIN_CONFIG` nor a relative
+/// path would reach them.
+fn hook_config(flag: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
+    let env = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
+    let Some(path) = flag.map(Path::to_path_buf).or(env.map(PathBuf::from)) else {
+        return Ok(None);
+    };
+    let absolute = std::path::absolute(&path)
+        .with_context(|| format!("making config path {} absolute", path.display()))?;
+    Ok(Some(absolute))
+}
+
+fn describe(step: &Step, dry_run: bool) -> String {
+    let verb = match (step.change, dry_run) {
+        (Change::Written, false) => "wrote",
+        (Change::Written, true) => "would write",
+        (Change::Removed, false) => "removed",
+        (Change::Removed, true) => "would remove",
+        (Change::Unchanged, _) => "unchanged",
+        (Change::Absent, _) => "absent",
+        (Change::Foreign, _) => "left alone (not written by gpupin)",
+    };
+    format!("{verb} {}", step.path.display())
+}

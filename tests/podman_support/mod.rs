@@ -1,0 +1,332 @@
+//! Harness for the podman end-to-end tests: real podman with `--runtime runc`, the hooks
+//! written by `gpupin install podman`, and a simulated 8-GPU machine.
+//!
+//! Each test gets its own podman storage (`--root`, `--runroot`, `--tmpdir`), hooks dir,
+//! gpupin config and state dir under one temp dir, so tests run in parallel without
+//! seeing each other's containers or GPUs; dropping the harness removes its containers.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
+/// Podman here needs explicit ulimits (DESIGN.md, "Tests on this machine kind").
+const CONTAINERS_CONF: &str =
+    "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n";
+const APPLETS: &[&str] = &["sh", "ls", "env", "sleep", "cat", "tr", "true"];
+
+pub struct Podman {
+    dir: tempfile::TempDir,
+    /// Prefix of this test's container names.
+    test: String,
+    runtime: String,
+}
+
+/// What a test needs from gpupin's config beyond the simulated machine.
+#[derive(Default)]
+pub struct Options {
+    /// `claim_grace` in the config, e.g. "2s".
+    pub claim_grace: Option<&'static str>,
+    /// Install the hooks with `--always` (env requests).
+    pub always: bool,
+}
+
+/// A harness for `test`, or `None` (after saying why) where podman cannot run here.
+/// Under CI=true a missing prerequisite fails the test instead: CI must not go green by
+/// skipping.
+pub fn setup(test: &str, options: Options) -> Option<Podman> {
+    if let Err(reason) = prerequisites() {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{test}: {reason} (CI=true: the podman tests must run)");
+        }
+        eprintln!("skipping {test}: {reason}");
+        return None;
+    }
+    let podman = Podman {
+        dir: tempfile::Builder::new()
+            .prefix("gpupin-podman-")
+            .tempdir()
+            .expect("temp dir"),
+        test: test.replace('_', "-"),
+        runtime: "runc".into(),
+    };
+    podman.write_files(&options);
+    podman.install_hooks(options.always);
+    Some(podman)
+}
+
+fn prerequisites() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("needs root (podman with runc and device nodes)".into());
+    }
+    for tool in ["podman", "runc"] {
+        let ran = Command::new(tool).arg("--version").output();
+        if !ran.is_ok_and(|o| o.status.success()) {
+            return Err(format!("{tool} is not installed or does not run"));
+        }
+    }
+    busybox().map(|_| ())
+}
+
+fn busybox() -> Result<PathBuf, String> {
+    ["/usr/bin/busybox", "/bin/busybox"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or_else(|| "busybox (busybox-static) is not installed".into())
+}
+
+impl Podman {
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.path("gpupin.toml")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.path("state")
+    }
+
+    pub fn hooks_dir(&self) -> PathBuf {
+        self.path("hooks.d")
+    }
+
+    pub fn rootfs(&self) -> PathBuf {
+        self.path("rootfs")
+    }
+
+    /// A container name unique to this test.
+    pub fn name(&self, n: usize) -> String {
+        format!("{}-{n}", self.test)
+    }
+
+    fn write_files(&self, options: &Options) {
+        let mut toml = format!(
+            "state_dir = {:?}\ninventory = \"sim:nvswitch8\"\n",
+            self.state_dir()
+        );
+        if let Some(grace) = options.claim_grace {
+            toml.push_str(&format!("claim_grace = {grace:?}\n"));
+        }
+        std::fs::write(self.config_path(), toml).unwrap();
+        std::fs::write(self.path("containers.conf"), CONTAINERS_CONF).unwrap();
+        self.make_rootfs();
+    }
+
+    /// One static busybox and its applet links, plus the mount points podman expects.
+    fn make_rootfs(&self) {
+        let root = self.rootfs();
+        for dir in ["bin", "dev", "proc", "sys", "etc", "tmp"] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        std::fs::copy(busybox().unwrap(), root.join("bin/busybox")).unwrap();
+        for applet in APPLETS {
+            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+        }
+    }
+
+    /// The hooks dir is filled by `gpupin install podman`, so that install is what the
+    /// tests exercise, not hand-written files.
+    fn install_hooks(&self, always: bool) {
+        let hooks = self.hooks_dir();
+        let mut args = vec!["install", "podman", "--dir", hooks.to_str().unwrap()];
+        if always {
+            args.push("--always");
+        }
+        let out = self.gpupin(&args);
+        assert_success("gpupin install podman", &out);
+    }
+
+    /// Later `podman` commands use `runtime` (a path or a name) instead of runc.
+    pub fn set_runtime(&mut self, runtime: &Path) {
+        self.runtime = runtime.display().to_string();
+    }
+
+    /// `podman` with this test's storage, hooks and runtime.
+    pub fn podman(&self) -> Command {
+        let mut cmd = Command::new("podman");
+        cmd.env("CONTAINERS_CONF", self.path("containers.conf"));
+        for (flag, dir) in [
+            ("--root", "root"),
+            ("--runroot", "runroot"),
+            ("--tmpdir", "tmp"),
+        ] {
+            cmd.arg(flag).arg(self.path(dir));
+        }
+        cmd.args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs"]);
+        cmd.args(["--events-backend", "file", "--runtime", &self.runtime]);
+        cmd.arg("--hooks-dir").arg(self.hooks_dir());
+        cmd
+    }
+
+    /// `podman [global] run --name NAME --network none OPTIONS --rootfs ROOTFS CMD...`:
+    /// with `--rootfs` the first argument after the options is the rootfs, not an image.
+    pub fn run(&self, global: &[&str], name: &str, options: &[&str], cmd: &[&str]) -> Output {
+        let mut command = self.podman();
+        command
+            .args(global)
+            .args(["run", "--name", name, "--network", "none"])
+            .args(options)
+            .arg("--rootfs")
+            .arg(self.rootfs())
+            .args(cmd);
+        command.output().expect("running podman")
+    }
+
+    /// Starts a detached `sleep` container with `args` (annotations, env) and returns its
+    /// full id.
+    pub fn start(&self, name: &str, args: &[&str]) -> String {
+        let options = [&["-d"], args].concat();
+        let out = self.run(&[], name, &options, &["sleep", "1000"]);
+        assert_success(&format!("podman run -d {name}"), &out);
+        let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        assert_eq!(id.len(), 64, "podman run -d prints the full id: {id:?}");
+        id
+    }
+
+    /// Removes a container at once (`sleep` as pid 1 ignores SIGTERM).
+    pub fn remove(&self, name: &str) {
+        let out = self
+            .podman()
+            .args(["rm", "-f", "-t", "0", name])
+            .output()
+            .unwrap();
+        assert_success(&format!("podman rm -f {name}"), &out);
+    }
+
+    /// `/dev` entries and the env of pid 1 inside a running container. The env is read
+    /// from /proc/1/environ: `podman exec` would show podman's idea of the env, not the
+    /// spec gpupin edited.
+    pub fn inside(&self, name: &str) -> (Vec<String>, Vec<String>) {
+        let script = "ls /dev; echo ---; tr '\\0' '\\n' < /proc/1/environ";
+        let out = self
+            .podman()
+            .args(["exec", name, "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert_success(&format!("podman exec {name}"), &out);
+        let text = String::from_utf8(out.stdout).unwrap();
+        let (dev, env) = text.split_once("---\n").expect("separator");
+        (lines(dev), lines(env))
+    }
+
+    pub fn gpupin(&self, args: &[&str]) -> Output {
+        Command::new(GPUPIN)
+            .arg("--config")
+            .arg(self.config_path())
+            .args(args)
+            .env_remove("GPUPIN_CONFIG")
+            .output()
+            .expect("running gpupin")
+    }
+
+    pub fn status(&self) -> Value {
+        let out = self.gpupin(&["status", "--json"]);
+        assert_success("gpupin status --json", &out);
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    pub fn holders(&self) -> Vec<Value> {
+        self.status()["holders"].as_array().unwrap().clone()
+    }
+
+    /// The (uuid, minor) of each GPU `holder` holds, from `gpupin status --json`.
+    pub fn gpus_of(&self, holder: &str) -> Vec<(String, u64)> {
+        let status = self.status();
+        let mut gpus: Vec<(String, u64)> = status["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| {
+                g["holders"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|h| h["id"] == holder)
+            })
+            .map(|g| {
+                (
+                    g["uuid"].as_str().unwrap().to_string(),
+                    g["minor"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        gpus.sort();
+        gpus
+    }
+
+    pub fn audit_log(&self) -> String {
+        std::fs::read_to_string(self.state_dir().join("audit.log")).unwrap_or_default()
+    }
+
+    /// A runtime that refuses `create` and passes everything else to runc: a container
+    /// whose precreate claim is never bound.
+    pub fn failing_runtime(&self) -> PathBuf {
+        let path = self.path("failing-runtime");
+        let script = "#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = create ]; then\n    \
+                      echo 'failing-runtime: refusing create' >&2\n    exit 1\n  fi\ndone\n\
+                      exec runc \"$@\"\n";
+        std::fs::write(&path, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        // Best effort: a failed test must not leave containers running.
+        let _ = self.podman().args(["rm", "-a", "-f", "-t", "0"]).output();
+    }
+}
+
+fn lines(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+pub fn combined(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+pub fn assert_success(what: &str, out: &Output) {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}",
+        out.status,
+        combined(out)
+    );
+}
+
+/// `/dev/nvidia<minor>` entries, sorted.
+pub fn gpu_nodes(dev: &[String]) -> Vec<String> {
+    let mut nodes: Vec<String> = dev
+        .iter()
+        .filter(|n| {
+            n.strip_prefix("nvidia")
+                .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .cloned()
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+/// The value of `key` in `env` (`KEY=VALUE` lines), the last one winning.
+pub fn env_value<'a>(env: &'a [String], key: &str) -> Option<&'a str> {
+    env.iter()
+        .rev()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+}
