@@ -345,3 +345,54 @@ fn install_is_idempotent_and_uninstall_removes_exactly_its_files() {
         .collect();
     assert_eq!(left, [other]);
 }
+
+/// `gpupin.cpus=numa` on sim:pcie8 (two sockets; the simulated NUMA nodes map onto this
+/// host's real CPUs): the container runs on the CPUs local to its GPUs, as the kernel
+/// reports them inside it.
+#[test]
+fn numa_cpus_container_runs_on_its_sockets_cpus() {
+    let options = Options {
+        machine: Some("sim:pcie8"),
+        ..Options::default()
+    };
+    let Some(podman) = setup("numa_cpus_container_runs_on_its_sockets_cpus", options) else {
+        return;
+    };
+    let inventory = podman.gpupin(&["inventory", "--json"]);
+    assert_success("gpupin inventory", &inventory);
+    let inventory: serde_json::Value = serde_json::from_slice(&inventory.stdout).unwrap();
+    let local_cpus = |index: usize| {
+        inventory["gpus"][index]["local_cpus"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for (n, device) in ["1", "6"].into_iter().enumerate() {
+        let name = podman.name(n);
+        let annotations = [
+            "--annotation",
+            &format!("gpupin.devices={device}"),
+            "--annotation",
+            "gpupin.cpus=numa",
+        ];
+        podman.start(&name, &annotations);
+        let out = podman
+            .podman()
+            .args(["exec", &name, "cat", "/proc/self/status"])
+            .output()
+            .unwrap();
+        assert_success("podman exec cat", &out);
+        let status = String::from_utf8(out.stdout).unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("Cpus_allowed_list:"))
+            .unwrap();
+        let allowed = line.split(':').nth(1).unwrap().trim().to_string();
+        assert_eq!(
+            allowed,
+            local_cpus(device.parse().unwrap()),
+            "GPU {device}: {line}"
+        );
+        podman.remove(&name);
+    }
+}

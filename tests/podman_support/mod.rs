@@ -31,6 +31,8 @@ pub struct Options {
     pub claim_grace: Option<&'static str>,
     /// Install the hooks with `--always` (env requests).
     pub always: bool,
+    /// The simulated machine; `sim:nvswitch8` when `None`.
+    pub machine: Option<&'static str>,
 }
 
 /// A harness for `test`, or `None` (after saying why) where podman cannot run here.
@@ -107,8 +109,9 @@ impl Podman {
 
     fn write_files(&self, options: &Options) {
         let mut toml = format!(
-            "state_dir = {:?}\ninventory = \"sim:nvswitch8\"\n",
-            self.state_dir()
+            "state_dir = {:?}\ninventory = {:?}\n",
+            self.state_dir(),
+            options.machine.unwrap_or("sim:nvswitch8")
         );
         if let Some(grace) = options.claim_grace {
             toml.push_str(&format!("claim_grace = {grace:?}\n"));
