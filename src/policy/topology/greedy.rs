@@ -51,11 +51,12 @@ fn improve(p: &Problem, mut set: Vec<usize>, mut key: Key) -> (Vec<usize>, Key) 
     let n = p.len();
     let mut taken = vec![false; n];
     set.iter().for_each(|&a| taken[a] = true);
+    // `gain[v]`: v's score with the current set, kept up to date across swaps.
+    let mut gain: Vec<u64> = (0..n)
+        .map(|v| set.iter().map(|&s| p.score(v, s)).sum())
+        .collect();
     // Enough passes for every realistic case; each accepted swap strictly raises the key.
     for _ in 0..4 * n {
-        let gain: Vec<u64> = (0..n)
-            .map(|v| set.iter().map(|&s| p.score(v, s)).sum())
-            .collect();
         let swap = set.iter().enumerate().find_map(|(x, &out)| {
             (0..n)
                 .filter(|&v| !taken[v])
@@ -70,6 +71,9 @@ fn improve(p: &Problem, mut set: Vec<usize>, mut key: Key) -> (Vec<usize>, Key) 
         taken[out] = false;
         taken[inn] = true;
         key = better;
+        for (v, g) in gain.iter_mut().enumerate() {
+            *g = *g + p.score(v, inn) - p.score(v, out);
+        }
     }
     set.sort_unstable();
     (set, key)

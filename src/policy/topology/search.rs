@@ -17,7 +17,7 @@ pub(super) struct Found {
 }
 
 pub(super) fn run(classes: &Classes, k: usize, start: (Vec<usize>, Key), budget: u64) -> Found {
-    let mut s = Search::new(classes, k, budget);
+    let mut s = Search::new(classes, budget);
     s.best_key = start.1;
     s.best = start.0;
     s.descend(0, k, Key::default());
@@ -30,15 +30,22 @@ pub(super) fn run(classes: &Classes, k: usize, start: (Vec<usize>, Key), budget:
 
 struct Search<'a> {
     c: &'a Classes,
-    /// Members of groups `i..`, as `low` prefix sums: `low_prefix[i][r]` is the most
+    /// `open_low[i]`: the `low` of all members of groups `i..`; one bit per member, so its
+    /// `r` highest set bits are the most `low` that `r` more members can add.
     /// `low` that `r` more members can add.
-    low_prefix: Vec<Vec<u128>>,
+    open_low: Vec<u128>,
     /// `member_low[x][m]`: `low` of the first `m` members of group `x`.
     member_low: Vec<Vec<u128>>,
     /// Members in groups `i..`.
     room: Vec<usize>,
-    /// For each group, all groups by falling score with it.
-    by_score: Vec<Vec<usize>>,
+    /// The distinct pair scores, falling: few (one per link kind present), which keeps
+    /// the bound's work per group short.
+    levels: Vec<u64>,
+    /// `level_of[y * groups + z]`: index in `levels` of the score between `y` and `z`.
+    level_of: Vec<usize>,
+    /// `open[y * levels + l]`: how many GPUs in groups not yet decided (other than `y`'s
+    /// own member) score `levels[l]` with a member of `y`. Kept as groups close.
+    open: Vec<usize>,
     /// Groups by rising degree.
     by_degree: Vec<usize>,
     /// `cross[y]`: score of one member of `y` with everything taken so far.
@@ -52,15 +59,16 @@ struct Search<'a> {
 }
 
 impl<'a> Search<'a> {
-    fn new(c: &'a Classes, k: usize, budget: u64) -> Self {
+    fn new(c: &'a Classes, budget: u64) -> Self {
         let g = c.len();
-        let low_prefix = (0..=g)
-            .map(|i| {
-                let mut m: Vec<usize> = c.members[i..].iter().flatten().copied().collect();
-                m.sort_unstable();
-                prefix(m.iter().take(k).map(|&a| Problem::low_bit(a)))
-            })
-            .collect();
+        let mut open_low = vec![0; g + 1];
+        for i in (0..g).rev() {
+            open_low[i] = open_low[i + 1]
+                + c.members[i]
+                    .iter()
+                    .map(|&a| Problem::low_bit(a))
+                    .sum::<u128>();
+        }
         let member_low = c
             .members
             .iter()
@@ -70,21 +78,36 @@ impl<'a> Search<'a> {
         for i in (0..g).rev() {
             room[i] = room[i + 1] + c.members[i].len();
         }
-        let by_score = (0..g)
-            .map(|x| {
-                let mut ys: Vec<usize> = (0..g).collect();
-                ys.sort_by_key(|&y| Reverse(c.between(x, y)));
-                ys
+        let mut levels = c.between.clone();
+        levels.sort_unstable_by_key(|&v| Reverse(v));
+        levels.dedup();
+        let level_of: Vec<usize> = c
+            .between
+            .iter()
+            .map(|v| {
+                levels
+                    .iter()
+                    .position(|l| l == v)
+                    .expect("every score is a level")
             })
             .collect();
+        let mut open = vec![0; g * levels.len()];
+        for y in 0..g {
+            for z in 0..g {
+                let n = c.members[z].len() - usize::from(z == y);
+                open[y * levels.len() + level_of[y * g + z]] += n;
+            }
+        }
         let mut by_degree: Vec<usize> = (0..g).collect();
         by_degree.sort_by_key(|&x| c.degree[x]);
         Search {
             c,
-            low_prefix,
+            open_low,
             member_low,
             room,
-            by_score,
+            levels,
+            level_of,
+            open,
             by_degree,
             cross: vec![0; g],
             take: vec![0; g],
@@ -114,6 +137,7 @@ impl<'a> Search<'a> {
         }
         let size = self.c.members[i].len();
         let fewest = r.saturating_sub(self.room[i + 1]);
+        self.close(i, true);
         for m in (fewest..=size.min(r)).rev() {
             let next = self.with(i, m, key);
             self.add_cross(i, m, true);
@@ -122,6 +146,18 @@ impl<'a> Search<'a> {
             self.add_cross(i, m, false);
         }
         self.take[i] = 0;
+        self.close(i, false);
+    }
+
+    /// Group `i` is decided (or undecided again, when `close` is false): its members no
+    /// longer count as open partners of the later groups.
+    fn close(&mut self, i: usize, close: bool) {
+        let (g, l) = (self.c.len(), self.levels.len());
+        let n = self.c.members[i].len();
+        for y in i + 1..g {
+            let slot = &mut self.open[y * l + self.level_of[y * g + i]];
+            if close { *slot -= n } else { *slot += n }
+        }
     }
 
     /// `key` plus `m` members of group `i`.
@@ -151,7 +187,7 @@ impl<'a> Search<'a> {
         Key {
             links: key.links + self.links_bound(i, r),
             spare: Reverse(key.spare.0 + self.spare_bound(i, r)),
-            low: key.low + self.low_prefix[i][r],
+            low: key.low + highest_bits(self.open_low[i], r),
         }
     }
 
@@ -160,23 +196,19 @@ impl<'a> Search<'a> {
     /// those per-member gains bound the sum. Values are doubled to keep integers.
     fn links_bound(&mut self, i: usize, r: usize) -> u64 {
         self.units.clear();
+        let l = self.levels.len();
         for y in i..self.c.len() {
-            let mut left = r - 1;
-            let mut best = 0;
-            for &z in &self.by_score[y] {
-                if left == 0 {
-                    break;
-                }
-                if z < i {
-                    continue;
-                }
-                let n = self.c.members[z].len() - usize::from(z == y);
-                let t = n.min(left);
-                best += t as u64 * self.c.between(y, z);
-                left -= t;
-            }
+            let open = &self.open[y * l..(y + 1) * l];
+            let best = take_best(self.levels.iter().copied().zip(open.iter().copied()), r - 1);
             self.units
                 .push((2 * self.cross[y] + best, self.c.members[y].len()));
+        }
+        // Only the `r` best units can contribute (each holds at least one member): select
+        // them in linear time, then order just those.
+        if self.units.len() > r {
+            self.units
+                .select_nth_unstable_by_key(r - 1, |&(v, _)| Reverse(v));
+            self.units.truncate(r);
         }
         self.units.sort_unstable_by_key(|&(v, _)| Reverse(v));
         take_best(self.units.iter().copied(), r) / 2
@@ -214,6 +246,14 @@ fn take_best(units: impl Iterator<Item = (u64, usize)>, r: usize) -> u64 {
         }
     }
     sum
+}
+
+/// `bits` with all but its `r` highest set bits cleared.
+fn highest_bits(mut bits: u128, r: usize) -> u128 {
+    for _ in r..bits.count_ones() as usize {
+        bits &= bits - 1;
+    }
+    bits
 }
 
 fn prefix(weights: impl Iterator<Item = u128>) -> Vec<u128> {
