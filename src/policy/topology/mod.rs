@@ -41,11 +41,14 @@
 //! what is taken, plus half its best possible scores with the other newcomers; the
 //! smallest possible cut; the lowest open positions) cannot beat the best answer so far.
 //! The bound never underestimates, so the result is exact whenever the search finishes.
-//! It visits at most [`NODE_BUDGET`] search nodes; past that it returns the best answer
-//! found, which is never worse than the greedy one and is a 1-swap local optimum. On the
-//! built-in machines and the 64-GPU machines of `benches/policy.rs` it always finishes
-//! (see docs/policy-benchmarks.md); the budget only matters for irregular link matrices
-//! larger than any server has.
+//!
+//! With up to [`EXACT_UP_TO`] free GPUs the search may visit its whole tree (at most
+//! 2^17 nodes), so it is always exact. With more it stops after [`NODE_BUDGET`] nodes
+//! (about 10 ms at 64 GPUs on one core) and returns the best answer found: never worse
+//! than the greedy one, and a 1-swap local optimum. On the built-in machines and the
+//! 64-GPU machines of `benches/policy.rs` (NVSwitch islands, a PCIe tree, eight
+//! cube-meshes) it finishes well inside the budget; see docs/policy-benchmarks.md.
+//! [`search`] reports whether an answer is exact.
 
 mod greedy;
 mod problem;
@@ -57,9 +60,16 @@ use crate::inventory::{Inventory, Link};
 use problem::Problem;
 use std::cmp::Reverse;
 
-/// Search nodes visited before the search settles for the best answer found so far;
-/// each costs well under a microsecond on the group counts real machines have.
-pub const NODE_BUDGET: u64 = 200_000;
+/// Up to this many free GPUs the search is never cut short.
+pub const EXACT_UP_TO: usize = 16;
+
+/// Search nodes visited, with more than [`EXACT_UP_TO`] free GPUs, before the search
+/// settles for the best answer found so far. A node costs under a microsecond at 64
+/// GPUs, so this caps the search near 10 ms.
+pub const NODE_BUDGET: u64 = 10_000;
+
+/// A tree over at most 16 groups has fewer nodes than this: no cut-off below 17 GPUs.
+const WHOLE_TREE: u64 = 1 << (EXACT_UP_TO + 1);
 
 /// The score of one pair's link, per the table above.
 pub fn pair_score(link: Link) -> u64 {
@@ -112,7 +122,13 @@ pub struct Outcome {
 
 /// The topology choice with its search statistics; `None` when too few GPUs are free.
 pub fn search(input: &PolicyInput) -> Option<Outcome> {
-    search_with_budget(input, NODE_BUDGET)
+    let free = input.free.iter().filter(|&&f| f).count();
+    let budget = if free <= EXACT_UP_TO {
+        WHOLE_TREE
+    } else {
+        NODE_BUDGET
+    };
+    search_with_budget(input, budget)
 }
 
 /// [`search`] with another node budget, for tests of the fallback.
