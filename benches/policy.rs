@@ -67,10 +67,29 @@ fn machines(quick: bool) -> Vec<Machine> {
         sim("cubemesh8"),
         sim("nvswitch16"),
         synthetic("pcietree16", 16, pcie_tree),
+        synthetic("random16", 16, random),
         synthetic("islands64", 64, islands),
         synthetic("pcietree64", 64, pcie_tree),
         synthetic("cubemesh64", 64, cube_meshes),
     ]
+}
+
+/// Every pair drawn (seeded by the pair) from all link kinds: no machine looks like this,
+/// but it leaves the search no interchangeable GPUs and many distinct scores.
+fn random(a: usize, b: usize) -> Link {
+    const KINDS: [Link; 9] = [
+        Link::NvSwitch,
+        Link::NvLink(1),
+        Link::NvLink(2),
+        Link::NvLink(4),
+        Link::PcieSwitch,
+        Link::PcieMultiSwitch,
+        Link::HostBridge,
+        Link::SameNuma,
+        Link::CrossSocket,
+    ];
+    let mut rng = Rng(((a.min(b) as u64) << 32) | a.max(b) as u64);
+    KINDS[(rng.next() % KINDS.len() as u64) as usize]
 }
 
 /// Eight NVSwitch islands of eight; islands 0-3 on socket 0, 4-7 on socket 1.
