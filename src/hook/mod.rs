@@ -369,7 +369,10 @@ mod tests {
             b.path(),
             &[("gpupin.count", "1"), ("gpupin.policy", "best")],
         );
-        assert!(err(Stage::Prestart, &s).contains("expected one of pack, spread"));
+        assert!(
+            err(Stage::Prestart, &s)
+                .contains("expected one of topology, pack, spread, least-loaded, most-free")
+        );
     }
 
     #[test]

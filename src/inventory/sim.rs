@@ -8,8 +8,18 @@
 //!   `PXB` because on current Intel and AMD servers each x16 root port sits behind its own
 //!   host bridge, so two switches on one socket meet only at the CPU's internal fabric;
 //!   `PXB` would need both switches under one upstream switch.
+//! - `cubemesh8`: eight `Tesla V100-SXM2-32GB` (32768 MiB) in the NVLink hybrid cube-mesh
+//!   of the first NVLink servers (DGX-1 with V100), with that machine's `topo -m` matrix.
+//!   Two quads (GPUs 0-3 on NUMA node 0, 4-7 on 1), each fully linked: in each quad the
+//!   pairs (0,3), (1,2), (2,3) (counted within the quad) have two links (`NV2`), the
+//!   others one (`NV1`). Across quads only GPU i and i+4 are linked: `NV2` for i = 0, 1,
+//!   `NV1` for i = 2, 3. Every GPU uses its six V100 links. The unlinked pairs all cross
+//!   the sockets, so they are `SYS`, as nvidia-smi shows them there. So the best pairs are
+//!   the `NV2` pairs, and the only fully linked quads are the two halves.
+//! - `nvswitch16`: sixteen `Tesla V100-SXM3-32GB` (32768 MiB) on NVSwitches, like a DGX-2:
+//!   every pair is `NVS`; GPUs 0-7 on NUMA node 0, 8-15 on 1.
 //!
-//! Both use GPU major 195, minors equal to indexes, and the default control nodes of the
+//! All use GPU major 195, minors equal to indexes, and the default control nodes of the
 //! file format (nvidiactl 195:255, nvidia-uvm 510:0, nvidia-uvm-tools 510:1). These are
 //! fake: a container gets nodes with these numbers, nothing on the host is touched. UUIDs
 //! are `GPU-5a1e<machine>-0000-4000-8000-<index>`, distinct across machines.
@@ -23,7 +33,7 @@ use super::{Gpu, Inventory, InventoryError, Link, cpulist};
 
 /// The names of the simulated machines; `machine` accepts exactly these.
 pub fn names() -> &'static [&'static str] {
-    &["nvswitch8", "pcie8"]
+    &["nvswitch8", "pcie8", "cubemesh8", "nvswitch16"]
 }
 
 pub fn machine(name: &str) -> Result<Inventory, InventoryError> {
@@ -45,7 +55,7 @@ struct Spec {
     gpu_name: &'static str,
     memory_mib: u64,
     /// PCI bus numbers, one per GPU; domain 0, device 0, function 0.
-    buses: [u8; 8],
+    buses: &'static [u8],
     link: fn(usize, usize) -> Link,
 }
 
@@ -56,7 +66,7 @@ const MACHINES: &[Spec] = &[
         gpu_name: "NVIDIA H100 80GB HBM3",
         memory_mib: 81559,
         // The bus numbers of a DGX H100.
-        buses: [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb],
+        buses: &[0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb],
         link: |_, _| Link::NvSwitch,
     },
     Spec {
@@ -64,8 +74,29 @@ const MACHINES: &[Spec] = &[
         id: 2,
         gpu_name: "NVIDIA L40S",
         memory_mib: 46068,
-        buses: [0x1b, 0x1c, 0x3d, 0x3e, 0x89, 0x8a, 0xb1, 0xb2],
+        buses: &[0x1b, 0x1c, 0x3d, 0x3e, 0x89, 0x8a, 0xb1, 0xb2],
         link: pcie_link,
+    },
+    Spec {
+        name: "cubemesh8",
+        id: 3,
+        gpu_name: "Tesla V100-SXM2-32GB",
+        memory_mib: 32768,
+        // A DGX-1's first socket; the second moved off 0x89/0x8a, which pcie8 uses.
+        buses: &[0x06, 0x07, 0x0a, 0x0b, 0x85, 0x86, 0x8c, 0x8d],
+        link: cube_mesh_link,
+    },
+    Spec {
+        name: "nvswitch16",
+        id: 4,
+        gpu_name: "Tesla V100-SXM3-32GB",
+        memory_mib: 32768,
+        // The bus numbers of a DGX-2.
+        buses: &[
+            0x34, 0x36, 0x39, 0x3b, 0x57, 0x59, 0x5c, 0x5e, 0xb7, 0xb9, 0xbc, 0xbe, 0xe0, 0xe2,
+            0xe5, 0xe7,
+        ],
+        link: |_, _| Link::NvSwitch,
     },
 ];
 
@@ -75,6 +106,21 @@ fn pcie_link(a: usize, b: usize) -> Link {
         Link::PcieSwitch
     } else if a / 4 == b / 4 {
         Link::SameNuma
+    } else {
+        Link::CrossSocket
+    }
+}
+
+/// DGX-1 (V100) hybrid cube-mesh: see the module docs.
+fn cube_mesh_link(a: usize, b: usize) -> Link {
+    let (lo, hi) = (a.min(b), a.max(b));
+    if lo / 4 == hi / 4 {
+        match (lo % 4, hi % 4) {
+            (0, 3) | (1, 2) | (2, 3) => Link::NvLink(2),
+            _ => Link::NvLink(1),
+        }
+    } else if hi == lo + 4 {
+        Link::NvLink(if lo < 2 { 2 } else { 1 })
     } else {
         Link::CrossSocket
     }
@@ -162,7 +208,7 @@ mod tests {
         for name in names() {
             let inv = machine(name).unwrap();
             assert_eq!(inv.source, format!("sim:{name}"));
-            assert_eq!(inv.gpus.len(), 8);
+            assert!([8, 16].contains(&inv.gpus.len()));
         }
         assert_eq!(MACHINES.len(), names().len());
         assert!(matches!(
@@ -183,13 +229,77 @@ mod tests {
 
     #[test]
     fn uuids_and_bus_ids_differ_across_machines() {
-        let a = machine("nvswitch8").unwrap();
-        let b = machine("pcie8").unwrap();
-        for g in &a.gpus {
-            assert!(b.position_of(&g.uuid).is_none());
-            assert!(b.find(&g.pci_bus_id).is_none());
+        let all: Vec<Inventory> = names().iter().map(|n| machine(n).unwrap()).collect();
+        for (x, a) in all.iter().enumerate() {
+            for b in &all[x + 1..] {
+                for g in &a.gpus {
+                    assert!(b.position_of(&g.uuid).is_none());
+                    assert!(b.find(&g.pci_bus_id).is_none());
+                }
+            }
         }
-        assert_eq!(a.gpus[3].uuid, "GPU-5a1e0001-0000-4000-8000-000000000003");
+        assert_eq!(
+            all[0].gpus[3].uuid,
+            "GPU-5a1e0001-0000-4000-8000-000000000003"
+        );
+        assert_eq!(
+            all[1].gpus[3].uuid,
+            "GPU-5a1e0002-0000-4000-8000-000000000003"
+        );
+        assert_eq!(
+            all[2].gpus[3].uuid,
+            "GPU-5a1e0003-0000-4000-8000-000000000003"
+        );
+        assert_eq!(
+            all[3].gpus[15].uuid,
+            "GPU-5a1e0004-0000-4000-8000-00000000000f"
+        );
+    }
+
+    #[test]
+    fn link_matrices_are_symmetric_with_x_on_the_diagonal() {
+        for name in names() {
+            let inv = machine(name).unwrap();
+            let n = inv.gpus.len();
+            for a in 0..n {
+                for b in 0..n {
+                    let l = inv.link(a, b).unwrap();
+                    assert_eq!(l, inv.link(b, a).unwrap(), "{name} {a} {b}");
+                    assert_eq!(a == b, l == Link::SelfLink, "{name} {a} {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cubemesh8_quads_are_fully_linked_and_every_gpu_uses_six_links() {
+        let inv = machine("cubemesh8").unwrap();
+        let links = |a: usize, b: usize| match inv.link(a, b) {
+            Some(Link::NvLink(k)) => u32::from(k),
+            _ => 0,
+        };
+        for a in 0..8 {
+            assert_eq!((0..8).map(|b| links(a, b)).sum::<u32>(), 6, "GPU {a}");
+            for b in 0..8 {
+                let same_quad = a != b && a / 4 == b / 4;
+                assert_eq!(same_quad || a.abs_diff(b) == 4, links(a, b) > 0, "{a} {b}");
+            }
+        }
+        assert_eq!(inv.link(0, 3), Some(Link::NvLink(2)));
+        assert_eq!(inv.link(0, 1), Some(Link::NvLink(1)));
+        assert_eq!(inv.link(1, 5), Some(Link::NvLink(2)));
+        assert_eq!(inv.link(3, 7), Some(Link::NvLink(1)));
+        assert_eq!(inv.link(0, 5), Some(Link::CrossSocket));
+        assert_eq!(inv.gpus[4].numa_node, Some(1));
+    }
+
+    #[test]
+    fn nvswitch16_links_every_pair_by_nvswitch_on_two_nodes() {
+        let inv = machine("nvswitch16").unwrap();
+        assert_eq!(inv.gpus.len(), 16);
+        assert_eq!(inv.link(0, 15), Some(Link::NvSwitch));
+        assert_eq!(inv.gpus[7].numa_node, Some(0));
+        assert_eq!(inv.gpus[8].numa_node, Some(1));
     }
 
     #[test]

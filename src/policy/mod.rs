@@ -1,8 +1,14 @@
 //! Selection policies: pure functions from (inventory, what is free, how many) to a choice.
 //! Adding a policy is a new file with one `Policy` impl and one line in `PolicyName`.
+//!
+//! `topology` (the default) is described in [`topology`]; [`reference`] is the brute-force
+//! search that tests and benchmarks hold it to.
 
+mod load;
 mod pack;
+pub mod reference;
 mod spread;
+pub mod topology;
 
 use crate::inventory::Inventory;
 
@@ -58,33 +64,59 @@ pub trait Policy {
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyName {
-    /// Lowest-numbered free GPUs first, keeping the high ones free for big jobs.
+    /// The best-connected free GPUs (NVLink, then PCIe distance), leaving the
+    /// best-connected ones free for later; like `pack` where links are unknown.
     #[default]
+    Topology,
+    /// Lowest-numbered free GPUs first, keeping the high ones free for big jobs.
     Pack,
     /// Rotate through the GPUs, starting after the last one handed out, so wear and heat spread.
     Spread,
+    /// Lowest utilization first, then most free memory (live figures; `pack` without them).
+    LeastLoaded,
+    /// Most free memory first (live figures; `pack` without them).
+    MostFree,
 }
 
 impl PolicyName {
-    pub const EXPECTED: &'static str = "expected one of pack, spread";
+    /// Every policy, in the order error messages list them.
+    pub const ALL: [PolicyName; 5] = [
+        PolicyName::Topology,
+        PolicyName::Pack,
+        PolicyName::Spread,
+        PolicyName::LeastLoaded,
+        PolicyName::MostFree,
+    ];
+
+    /// A literal so that it can sit in other `const`s and `#[error]`s; a test keeps it equal
+    /// to `ALL`.
+    pub const EXPECTED: &'static str =
+        "expected one of topology, pack, spread, least-loaded, most-free";
 
     pub fn as_str(self) -> &'static str {
         match self {
+            PolicyName::Topology => "topology",
             PolicyName::Pack => "pack",
             PolicyName::Spread => "spread",
+            PolicyName::LeastLoaded => "least-loaded",
+            PolicyName::MostFree => "most-free",
         }
-    }
-
-    /// Whether the policy reads live figures (utilization, free memory).
-    pub fn needs_live(self) -> bool {
-        false
     }
 
     pub fn policy(self) -> &'static dyn Policy {
         match self {
+            PolicyName::Topology => &topology::Topology,
             PolicyName::Pack => &pack::Pack,
             PolicyName::Spread => &spread::Spread,
+            PolicyName::LeastLoaded => &load::LeastLoaded,
+            PolicyName::MostFree => &load::MostFree,
         }
+    }
+
+    /// Whether the policy reads `PolicyInput::live`, so the caller should fetch live
+    /// figures (NVML is slow to open: only ask when this is true).
+    pub fn needs_live(self) -> bool {
+        matches!(self, PolicyName::LeastLoaded | PolicyName::MostFree)
     }
 }
 
@@ -101,11 +133,51 @@ pub struct UnknownPolicy(pub String);
 impl std::str::FromStr for PolicyName {
     type Err = UnknownPolicy;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "pack" => Ok(PolicyName::Pack),
-            "spread" => Ok(PolicyName::Spread),
-            _ => Err(UnknownPolicy(s.to_string())),
+        PolicyName::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownPolicy(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    #[test]
+    fn expected_lists_every_policy_in_order() {
+        let names: Vec<&str> = PolicyName::ALL.iter().map(|p| p.as_str()).collect();
+        assert_eq!(
+            PolicyName::EXPECTED,
+            format!("expected one of {}", names.join(", "))
+        );
+        assert_eq!(PolicyName::value_variants(), PolicyName::ALL);
+    }
+
+    #[test]
+    fn names_agree_across_fromstr_serde_and_clap() {
+        for p in PolicyName::ALL {
+            assert_eq!(p.as_str().parse::<PolicyName>().unwrap(), p);
+            assert_eq!(
+                serde_json::to_string(&p).unwrap(),
+                format!("{:?}", p.as_str())
+            );
+            let clap_name = p.to_possible_value().unwrap();
+            assert_eq!(clap_name.get_name(), p.as_str());
         }
+        let err = "best".parse::<PolicyName>().unwrap_err().to_string();
+        assert!(err.contains(PolicyName::EXPECTED), "{err}");
+    }
+
+    #[test]
+    fn topology_is_the_default_and_only_load_policies_need_live() {
+        assert_eq!(PolicyName::default(), PolicyName::Topology);
+        let live: Vec<_> = PolicyName::ALL
+            .into_iter()
+            .filter(|p| p.needs_live())
+            .collect();
+        assert_eq!(live, [PolicyName::LeastLoaded, PolicyName::MostFree]);
     }
 }
 
