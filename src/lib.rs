@@ -6,6 +6,7 @@
 //! Nothing in this library prints or exits; the binaries do.
 
 pub mod assign;
+pub mod atomic;
 pub mod config;
 pub mod docker;
 pub mod grant;

@@ -135,7 +135,14 @@ fn unknown_policy_is_refused() {
     let b = bundle(g.dir.path(), &[]);
     let annotations = json!({"gpupin.count": "1", "gpupin.policy": "random"});
     let input = state("c1", sleeper.pid(), &b, annotations);
-    assert_refused(&g, &input, &["random", "expected one of topology, pack, spread, least-loaded, most-free"]);
+    assert_refused(
+        &g,
+        &input,
+        &[
+            "random",
+            "expected one of topology, pack, spread, least-loaded, most-free",
+        ],
+    );
 }
 
 #[test]

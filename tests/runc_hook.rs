@@ -332,7 +332,10 @@ fn bad_requests_through_runc_are_refused_and_leave_the_ledger_unchanged() {
         (("gpupin.count", "-1"), "gpupin.count=\"-1\""),
         (("gpupin.count", "two"), "gpupin.count=\"two\""),
         (("gpupin.count", "99"), "99"),
-        (("gpupin.policy", "random"), "expected one of topology, pack, spread, least-loaded, most-free"),
+        (
+            ("gpupin.policy", "random"),
+            "expected one of topology, pack, spread, least-loaded, most-free",
+        ),
     ];
     for ((key, value), expected) in cases {
         let id = sb.id("bad");

@@ -1,8 +1,7 @@
 //! Reading daemon.json, keeping a backup of it and replacing it atomically.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use crate::atomic::{self, Durability};
+use std::fs;
 use std::path::{Path, PathBuf};
 
 /// Appended to the file's name for the copy taken before each change gpupin makes.
@@ -61,44 +60,14 @@ pub fn replace_with_backup(path: &Path, text: &str) -> Result<Option<PathBuf>, F
     Ok(backup)
 }
 
-/// Temp file in the same directory, fsync, rename, fsync of the directory: dockerd
-/// reloading at any moment reads either the old or the new file, never half of one.
+/// Through `atomic::write`: dockerd reloading at any moment reads either the old or the
+/// new file, never half of one.
 fn write_atomic(path: &Path, text: &str) -> Result<(), FileError> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&dir).map_err(|source| write_error(&dir, source))?;
-    let mode = fs::metadata(path).map_or(NEW_FILE_MODE, |m| m.permissions().mode() & 0o7777);
-    let tmp = dir.join(format!(
-        ".{}.gpupin-tmp-{}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
-    ));
-    let written = write_new(&tmp, text, mode)
-        .and_then(|()| fs::rename(&tmp, path).map_err(|source| write_error(path, source)));
-    if written.is_err() {
-        // Best effort: the temp file is ours and useless after a failure.
-        let _ = fs::remove_file(&tmp);
-        return written;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).map_err(|source| write_error(dir, source))?;
     }
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| write_error(&dir, source))
-}
-
-fn write_new(tmp: &Path, text: &str, mode: u32) -> Result<(), FileError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(tmp)
-        .map_err(|source| write_error(tmp, source))?;
-    // The umask may have narrowed the mode given to open.
-    file.set_permissions(fs::Permissions::from_mode(mode))
-        .and_then(|()| file.write_all(text.as_bytes()))
-        .and_then(|()| file.sync_all())
-        .map_err(|source| write_error(tmp, source))
+    atomic::write(path, text.as_bytes(), NEW_FILE_MODE, Durability::Synced)
+        .map_err(|e| write_error(&e.path, e.source))
 }
 
 fn write_error(path: &Path, source: std::io::Error) -> FileError {
@@ -111,6 +80,7 @@ fn write_error(path: &Path, source: std::io::Error) -> FileError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn missing_file_reads_as_none() {

@@ -18,11 +18,8 @@
 //! Writes are atomic: a temp file in the same dir, fsync, rename, fsync of the dir.
 
 use super::{Inventory, InventoryError, InventorySource, file, nvml, procfs, sim};
-use std::fs::{File, OpenOptions, Permissions};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use crate::atomic::{self, Durability};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 const FILE_NAME: &str = "inventory.json";
 const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
@@ -141,40 +138,20 @@ fn store(
         inventory: file::to_value(inv),
     };
     let path = state_dir.join(FILE_NAME);
-    write_atomically(state_dir, &path, &file::pretty(&cached))
+    write_atomically(&path, &file::pretty(&cached))
         .map_err(|source| InventoryError::CacheWrite { path, source })
 }
 
-fn write_atomically(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
-    // Unique per process and call, so concurrent writers never share a temp file.
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".{FILE_NAME}.{}.{n}.tmp", std::process::id()));
-    let result = write_and_rename(dir, &tmp, path, text);
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-fn write_and_rename(dir: &Path, tmp: &Path, path: &Path, text: &str) -> std::io::Result<()> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .open(tmp)?;
-    // The umask may have narrowed the mode; hooks run as other users read it too.
-    file.set_permissions(Permissions::from_mode(0o644))?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(tmp, path)?;
-    File::open(dir)?.sync_all()
+/// 0644: hooks running as other users read the cache too.
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    atomic::write(path, text.as_bytes(), 0o644, Durability::Synced).map_err(|e| e.source)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::cell::Cell;
+    use std::os::unix::fs::PermissionsExt;
 
     fn machine(source: &str) -> Inventory {
         let mut inv = sim::machine("pcie8").unwrap();

@@ -3,11 +3,12 @@
 
 use super::LedgerError;
 use super::record::Record;
+use crate::atomic::{self, Durability};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use std::fs::{self, File};
 use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub const LOCK_FILE: &str = "lock";
@@ -180,39 +181,24 @@ pub fn remove_record(dir: &Path, file_name: &str) -> Result<bool, LedgerError> {
     }
 }
 
+/// Writes `<dir>/<name>` through `atomic::write`; `durable` says whether a crash must not
+/// lose it. Mode 0644 whatever the umask: a record must not be writable by others.
 pub fn write_atomic(
     dir: &Path,
     name: &str,
     bytes: &[u8],
     durable: bool,
 ) -> Result<(), LedgerError> {
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let target = dir.join(name);
-    let io = |action: &'static str, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LedgerError::Io {
-            action,
-            path,
-            source,
-        }
+    let durability = if durable {
+        Durability::Synced
+    } else {
+        Durability::Renamed
     };
-    // An explicit mode: under a permissive umask a record must still not be writable by others.
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .open(&tmp)
-        .map_err(io("creating", &tmp))?;
-    file.write_all(bytes).map_err(io("writing", &tmp))?;
-    if durable {
-        file.sync_all().map_err(io("syncing", &tmp))?;
-    }
-    fs::rename(&tmp, &target).map_err(io("renaming into place", &target))?;
-    if durable {
-        sync_dir(dir)?;
-    }
-    Ok(())
+    atomic::write(&dir.join(name), bytes, 0o644, durability).map_err(|e| LedgerError::Io {
+        action: "writing",
+        path: e.path,
+        source: e.source,
+    })
 }
 
 fn sync_dir(dir: &Path) -> Result<(), LedgerError> {

@@ -1,12 +1,10 @@
 //! Reading and atomically rewriting a bundle's config.json.
 
 use super::SpecError;
+use crate::atomic::{self, Durability};
 use serde_json::Value;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::fs;
+use std::path::Path;
 
 /// Mode of a config.json written where none existed (what containerd and runc spec use).
 const NEW_FILE_MODE: u32 = 0o644;
@@ -39,77 +37,17 @@ pub fn write_atomic(path: &Path, spec: &Value) -> Result<(), SpecError> {
         path: path.to_owned(),
         source,
     })?;
-    let dir = parent_dir(path);
-    let tmp = temp_path(path, &dir);
-    let result = write_file(&tmp, path, &bytes)
-        .and_then(|()| fs::rename(&tmp, path).map_err(|source| write_error(path, source)));
-    if result.is_err() {
-        // Best effort: the temp file is ours and useless after a failure.
-        let _ = fs::remove_file(&tmp);
-        return result;
-    }
-    File::open(&dir)
-        .and_then(|dir| dir.sync_all())
-        .map_err(|source| write_error(&dir, source))
-}
-
-/// Writes and fsyncs `bytes` into a new file `tmp` with the mode and owner of `original`.
-fn write_file(tmp: &Path, original: &Path, bytes: &[u8]) -> Result<(), SpecError> {
-    let existing = match fs::metadata(original) {
-        Ok(meta) => Some(meta),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
-        Err(source) => return Err(write_error(original, source)),
-    };
-    let mode = existing
-        .as_ref()
-        .map_or(NEW_FILE_MODE, |m| m.mode() & 0o7777);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .mode(0o600)
-        .open(tmp)
-        .map_err(|source| write_error(tmp, source))?;
-    let io = (|| {
-        file.write_all(bytes)?;
-        if let Some(meta) = &existing {
-            std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()))?;
-        }
-        // fchmod after fchown: chown clears set-id bits, and umask does not apply here.
-        file.set_permissions(fs::Permissions::from_mode(mode))?;
-        file.sync_all()
-    })();
-    io.map_err(|source| write_error(tmp, source))
-}
-
-fn parent_dir(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// A temp name unique within this process and across processes (pid), hidden (dot).
-fn temp_path(path: &Path, dir: &Path) -> PathBuf {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let name = path
-        .file_name()
-        .map_or_else(|| "config.json".into(), |n| n.to_string_lossy());
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    dir.join(format!(".{name}.gpupin-{}-{n}.tmp", std::process::id()))
-}
-
-fn write_error(path: &Path, source: std::io::Error) -> SpecError {
-    SpecError::Write {
-        path: path.to_owned(),
-        source,
-    }
+    atomic::write(path, &bytes, NEW_FILE_MODE, Durability::Synced).map_err(|e| SpecError::Write {
+        path: e.path,
+        source: e.source,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     #[test]
     fn round_trip_keeps_key_order() {
