@@ -32,7 +32,7 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Run as an OCI hook: reads the container state on stdin
+    /// Run as an OCI hook: reads the container state on stdin (precreate: the spec, written back edited on stdout)
     Hook(hook::HookArgs),
     /// Show the machine's GPUs and how they are linked
     Inventory(inventory::InventoryArgs),

@@ -119,7 +119,7 @@ pub enum InventorySource {
     Auto,
     Nvml,
     Procfs,
-    /// A built-in simulated machine, by name (`nvswitch8`, `pcie8`).
+    /// A built-in simulated machine, by name (`sim::names`: nvswitch8, pcie8, ...).
     Sim(String),
     /// A JSON inventory file (format in README.md).
     File(PathBuf),
