@@ -163,6 +163,18 @@ const WAIT_EXPECTED: &str = "expected a duration of at most 24h, such as 90s or 
 const CPUS_EXPECTED: &str = "expected numa";
 
 /// Reads a request from OCI annotations. `Ok(None)`: no `gpupin.` key at all.
+///
+/// ```
+/// use gpupin::request::{from_annotations, Selection};
+/// use std::collections::HashMap;
+///
+/// let ann = HashMap::from([("gpupin.count".to_string(), "2".to_string())]);
+/// assert_eq!(from_annotations(&ann).unwrap().unwrap().selection, Selection::Count(2));
+///
+/// let bad = HashMap::from([("gpupin.count".to_string(), "-1".to_string())]);
+/// let err = from_annotations(&bad).unwrap_err().to_string();
+/// assert_eq!(err, r#"invalid gpupin.count="-1": expected a positive integer or "all""#);
+/// ```
 pub fn from_annotations(
     annotations: &HashMap<String, String>,
 ) -> Result<Option<GpuRequest>, RequestError> {
