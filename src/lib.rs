@@ -15,6 +15,7 @@ pub mod inject;
 pub mod install;
 pub mod inventory;
 pub mod ledger;
+pub mod message;
 pub mod policy;
 pub mod procinfo;
 pub mod report;

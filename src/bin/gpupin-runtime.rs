@@ -69,12 +69,7 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 /// Reports on stderr and, as runc does, in the `--log` file: containerd shows the last
 /// error line of that file to the user (`docker run` prints it).
 fn fail(log_file: Option<&Path>, err: &anyhow::Error) -> ExitCode {
-    let msg = err
-        .chain()
-        .map(|e| e.to_string())
-        .collect::<Vec<_>>()
-        .join(": ");
-    let msg = format!("gpupin: {msg}");
+    let msg = format!("gpupin: {}", gpupin::message::one_line(err.as_ref()));
     eprintln!("{msg}");
     if let Some(path) = log_file {
         append_log(path, &msg);

@@ -351,7 +351,11 @@ fn without_containers(setup: &Setup) -> anyhow::Result<bool> {
         ok &= match outcome {
             Ok(Some(r)) => report_line(scenario, &gpu_list(&setup.inventory, &r), false),
             Ok(None) => report_line(scenario, "untouched", false),
-            Err(e) => report_line(scenario, &format!("refused: gpupin: {}", chain(&e)), true),
+            Err(e) => report_line(
+                scenario,
+                &format!("refused: gpupin: {}", gpupin::message::one_line(&e)),
+                true,
+            ),
         };
         fakes.push(fake);
     }
@@ -385,15 +389,4 @@ fn fake_container(setup: &Setup, scenario: &Scenario) -> anyhow::Result<FakeCont
         sleep,
         state: state.to_string().into_bytes(),
     })
-}
-
-/// `outer: inner: innermost`, as the hook prints errors.
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(e) = source {
-        text.push_str(&format!(": {e}"));
-        source = e.source();
-    }
-    text
 }

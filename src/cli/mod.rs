@@ -58,7 +58,7 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             // One line: runtimes fold hook stderr into their own error message.
-            eprintln!("gpupin: {}", chain(&err));
+            eprintln!("gpupin: {}", gpupin::message::one_line(err.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -85,12 +85,4 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 pub fn load_config(flag: Option<&std::path::Path>) -> anyhow::Result<Config> {
     Config::discover(flag).context("loading configuration")
-}
-
-/// `outer: inner: innermost`, on one line.
-fn chain(err: &anyhow::Error) -> String {
-    err.chain()
-        .map(|e| e.to_string())
-        .collect::<Vec<_>>()
-        .join(": ")
 }

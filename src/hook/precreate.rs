@@ -90,8 +90,12 @@ fn claim(
 /// a prestart hook: that hook fails with the reason, and runc puts a failed hook's
 /// stderr into the error podman prints.
 fn defer_error(mut spec_value: Value, err: &HookError, exe: &Path) -> Result<Outcome, HookError> {
-    spec::set_annotation(&mut spec_value, ERROR_ANNOTATION, &error_chain(err))
-        .map_err(HookError::Spec)?;
+    spec::set_annotation(
+        &mut spec_value,
+        ERROR_ANNOTATION,
+        &crate::message::one_line(err),
+    )
+    .map_err(HookError::Spec)?;
     // No config: the prestart hook fails on the annotation before it would read one.
     let hook = HookCommand {
         exe: exe.to_path_buf(),
@@ -104,17 +108,6 @@ fn defer_error(mut spec_value: Value, err: &HookError, exe: &Path) -> Result<Out
         bytes: to_bytes(&spec_value)?,
         claim: None,
     })
-}
-
-/// `outer: inner: innermost`, the way the binary prints errors.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut parts = vec![err.to_string()];
-    let mut source = err.source();
-    while let Some(inner) = source {
-        parts.push(inner.to_string());
-        source = inner.source();
-    }
-    parts.join(": ")
 }
 
 fn edit(
