@@ -2,7 +2,7 @@
 //! for scripts). The binary prints them.
 
 use crate::inventory::Inventory;
-use crate::ledger::{Mode, Record};
+use crate::ledger::{Mode, Record, holders_of};
 use serde_json::{Value, json};
 use std::fmt::Write;
 use std::time::{Duration, SystemTime};
@@ -23,13 +23,6 @@ fn sharing(record: &Record) -> String {
 
 fn since(record: &Record) -> String {
     humantime::format_rfc3339_seconds(record.created()).to_string()
-}
-
-fn holders_of<'a>(uuid: &str, records: &'a [Record]) -> Vec<&'a Record> {
-    records
-        .iter()
-        .filter(|r| r.gpus.iter().any(|g| g == uuid))
-        .collect()
 }
 
 fn holder_json(r: &Record, now: SystemTime, grace: Duration) -> Value {
@@ -53,7 +46,6 @@ pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -
         .iter()
         .map(|g| {
             let holders: Vec<Value> = holders_of(&g.uuid, records)
-                .into_iter()
                 .map(|r| holder_json(r, now, grace))
                 .collect();
             json!({
@@ -68,7 +60,7 @@ pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -
     let held = inventory
         .gpus
         .iter()
-        .filter(|g| !holders_of(&g.uuid, records).is_empty())
+        .filter(|g| holders_of(&g.uuid, records).next().is_some())
         .count();
     json!({
         "inventory": inventory.source,
@@ -91,7 +83,7 @@ pub fn status_table(inventory: &Inventory, records: &[Record], grace: Duration) 
     ]];
     let mut held = 0;
     for g in &inventory.gpus {
-        let holders = holders_of(&g.uuid, records);
+        let holders: Vec<&Record> = holders_of(&g.uuid, records).collect();
         if holders.is_empty() {
             rows.push([
                 g.index.to_string(),

@@ -1,7 +1,7 @@
 //! Turning a request into a concrete set of GPUs, given what is held. Pure: the ledger
 //! calls it under its lock and writes the outcome.
 
-use super::{HolderId, LedgerError, Record};
+use super::{HolderId, LedgerError, Record, holders_of};
 use crate::inventory::{Gpu, Inventory};
 use crate::policy::{Live, PolicyInput, PolicyName};
 use crate::request::{GpuRequest, Selection, Share};
@@ -125,11 +125,6 @@ pub(super) fn plan(
             .collect(),
         next_cursor,
     })
-}
-
-fn holders_of<'r>(uuid: &str, live: &'r [Record]) -> impl Iterator<Item = &'r Record> {
-    live.iter()
-        .filter(move |r| r.gpus.iter().any(|g| g == uuid))
 }
 
 /// Whether the GPU at `position` can take `request` now.

@@ -9,7 +9,7 @@ mod store;
 
 pub use allocate::{Allocation, Machine, resolve_devices};
 pub use holder::{BadHolderId, HolderId};
-pub use record::{HolderMeta, Mode, Record, UNBOUND_GRACE};
+pub use record::{HolderMeta, Mode, Record, UNBOUND_GRACE, holders_of};
 
 use crate::config::Config;
 use crate::request::{GpuRequest, Share};

@@ -61,6 +61,13 @@ impl Record {
     }
 }
 
+/// The records among `records` that hold the GPU `uuid`.
+pub fn holders_of<'r>(uuid: &str, records: &'r [Record]) -> impl Iterator<Item = &'r Record> {
+    records
+        .iter()
+        .filter(move |r| r.gpus.iter().any(|g| g == uuid))
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
