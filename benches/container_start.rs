@@ -66,8 +66,8 @@ fn setup(dir: &Path, busybox: &Path) -> Vec<Variant> {
     )
     .unwrap();
     let hook = HookCommand {
-        gpupin: PathBuf::from(GPUPIN),
-        config,
+        exe: PathBuf::from(GPUPIN),
+        config: Some(config),
     };
     let mut base = BundleSpec::sleeper(&rootfs);
     base.args = vec!["true".into()];

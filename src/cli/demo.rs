@@ -252,8 +252,8 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
     sandbox::build_busybox_rootfs(&reqs.busybox, &rootfs)?;
     let runc = Runc::new(&reqs.runc, &setup.work.join("runc-root"));
     let hook = HookCommand {
-        gpupin: std::env::current_exe().context("finding the gpupin binary")?,
-        config: setup.config_file.clone(),
+        exe: std::env::current_exe().context("finding the gpupin binary")?,
+        config: Some(setup.config_file.clone()),
     };
     println!(
         "Starting {} containers with `runc run -d` (busybox, `sleep 1000`), gpupin as their\n\

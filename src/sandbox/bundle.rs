@@ -2,29 +2,22 @@
 //! detached, non-interactive test container needs it, plus gpupin's hooks.
 
 use super::SandboxError;
+pub use crate::assign::HookCommand;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// How the hooks call gpupin: `<gpupin> --config <config> hook <stage>`.
-#[derive(Debug, Clone)]
-pub struct HookCommand {
-    pub gpupin: PathBuf,
-    pub config: PathBuf,
-}
-
 /// runc kills a hook that runs longer; a stuck hook must fail a test, not hang it.
 const HOOK_TIMEOUT_S: u64 = 30;
 
-impl HookCommand {
-    /// One entry of `hooks.<stage>` in OCI form (argv[0] is the program name).
-    fn entry(&self, stage: &str) -> Value {
-        json!({
-            "path": self.gpupin,
-            "args": ["gpupin", "--config", self.config, "hook", stage],
-            "timeout": HOOK_TIMEOUT_S,
-        })
-    }
+/// One entry of `hooks.<stage>` in OCI form, with the arguments gpupin writes into specs
+/// itself (argv[0] is the program name).
+fn hook_entry(hook: &HookCommand, stage: &str) -> Value {
+    json!({
+        "path": hook.exe,
+        "args": hook.args(stage),
+        "timeout": HOOK_TIMEOUT_S,
+    })
 }
 
 /// What differs between the containers of the demo and the tests.
@@ -105,8 +98,8 @@ impl BundleSpec {
         });
         if let Some(hook) = &self.hook {
             config["hooks"] = json!({
-                "prestart": [hook.entry("prestart")],
-                "poststop": [hook.entry("poststop")],
+                "prestart": [hook_entry(hook, "prestart")],
+                "poststop": [hook_entry(hook, "poststop")],
             });
         }
         config
@@ -187,8 +180,8 @@ mod tests {
     #[test]
     fn hooks_call_gpupin_with_its_config() {
         let hook = HookCommand {
-            gpupin: "/usr/bin/gpupin".into(),
-            config: "/etc/g.toml".into(),
+            exe: "/usr/bin/gpupin".into(),
+            config: Some("/etc/g.toml".into()),
         };
         let c = BundleSpec::sleeper(Path::new("/r"))
             .with_hook(&hook)

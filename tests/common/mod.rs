@@ -167,8 +167,8 @@ impl Sandbox {
         let rootfs = gpupin.dir.path().join("rootfs");
         gpupin::sandbox::build_busybox_rootfs(&reqs.busybox, &rootfs).unwrap();
         let hook = HookCommand {
-            gpupin: PathBuf::from(GPUPIN),
-            config: gpupin.config.clone(),
+            exe: PathBuf::from(GPUPIN),
+            config: Some(gpupin.config.clone()),
         };
         Some(Sandbox {
             runc: Runc::new(&reqs.runc, &root),
