@@ -14,6 +14,7 @@ use crate::ledger::{BadHolderId, HolderId, Ledger, LedgerError, Record};
 use crate::request::{self, GpuRequest, RequestError};
 use crate::spec::{self, SpecError};
 use oci_spec::runtime::State;
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// The env var later hooks (NVIDIA's among them) read the chosen GPUs from.
@@ -113,19 +114,23 @@ pub enum Outcome {
     Released(Option<Record>),
 }
 
-/// The container state plus, when it had to be read, its spec.
+/// The container state and what gpupin has to do for it.
 struct Container {
     id: HolderId,
     pid: Option<i32>,
     bundle: PathBuf,
     task: Task,
-    spec_bytes: Vec<u8>,
 }
 
 /// What this stage has to do for a container that involves gpupin.
 enum Task {
-    /// Plain runc: allocate now and give the GPUs from outside.
-    Allocate(GpuRequest),
+    /// Plain runc: allocate now and give the GPUs from outside. `spec` is the bundle's
+    /// config.json, parsed once: the env request is read from it, and the prestart path
+    /// writes the choice back into it.
+    Allocate {
+        request: GpuRequest,
+        spec: Value,
+    },
     /// gpupin edited the spec before create and assigned these UUIDs, under a claim id
     /// when the container had no id yet (precreate): record the pid.
     Bind {
@@ -155,20 +160,31 @@ pub fn run(
         return Ok(Outcome::NoRequest);
     };
     let config = load_config()?;
-    match &container.task {
+    let Container {
+        id,
+        pid,
+        bundle,
+        task,
+    } = container;
+    match task {
         Task::Release => {
             let ledger = Ledger::for_config(&config)?;
-            Ok(Outcome::Released(ledger.release(&container.id)?))
+            Ok(Outcome::Released(ledger.release(&id)?))
         }
         Task::Bind { uuids, claim } => {
-            let pid = container
-                .pid
-                .ok_or_else(|| HookError::NoPid(container.id.to_string()))?;
+            let pid = pid.ok_or_else(|| HookError::NoPid(id.to_string()))?;
             let ledger = Ledger::for_config(&config)?;
-            let record = ledger.bind(&container.id, claim.as_ref(), pid, uuids)?;
+            let record = ledger.bind(&id, claim.as_ref(), pid, &uuids)?;
             Ok(Outcome::Bound(record))
         }
-        Task::Allocate(request) => prestart::prestart(&container, request, &config),
+        Task::Allocate { request, spec } => {
+            let target = prestart::Target {
+                id: &id,
+                pid,
+                bundle: &bundle,
+            };
+            prestart::prestart(&target, &request, spec, &config)
+        }
     }
 }
 
@@ -181,7 +197,7 @@ pub fn request_of(state_json: &[u8]) -> Result<Option<(State, GpuRequest)>, Hook
     let id = HolderId::new(state.id())?;
     match read_container(id, &state, Stage::Prestart)? {
         Some(Container {
-            task: Task::Allocate(request),
+            task: Task::Allocate { request, .. },
             ..
         }) => Ok(Some((state, request))),
         _ => Ok(None),
@@ -223,10 +239,11 @@ fn read_container(
     if !has_annotation && !may_have_env {
         return Ok(None);
     }
-    let spec_value = || spec::parse(&spec_bytes, &config_path);
-    let bundle_err = |source| HookError::Bundle {
-        id: id.to_string(),
-        source,
+    let parse_spec = || {
+        spec::parse(&spec_bytes, &config_path).map_err(|source| HookError::Bundle {
+            id: id.to_string(),
+            source,
+        })
     };
     let task = if stage == Stage::Poststop {
         // Poststop releases whatever the id holds: a request that no longer parses must
@@ -239,22 +256,28 @@ fn read_container(
             claim: claim.map(|c| HolderId::new(c)).transpose()?,
         }
     } else {
-        let request = if has_annotation {
-            request::from_annotations(&annotations)?
+        // Annotations are checked before the spec is parsed, so that a bad request is
+        // reported as such whatever the state of the bundle.
+        let (request, spec) = if has_annotation {
+            (request::from_annotations(&annotations)?, None)
         } else {
-            request::from_env(&spec::process_env(&spec_value().map_err(bundle_err)?))?
+            let spec = parse_spec()?;
+            (request::from_env(&spec::process_env(&spec))?, Some(spec))
         };
-        match request {
-            Some(request) => Task::Allocate(request),
-            None => return Ok(None),
-        }
+        let Some(request) = request else {
+            return Ok(None);
+        };
+        let spec = match spec {
+            Some(spec) => spec,
+            None => parse_spec()?,
+        };
+        Task::Allocate { request, spec }
     };
     Ok(Some(Container {
         id,
         pid: *state.pid(),
         bundle: state.bundle().to_path_buf(),
         task,
-        spec_bytes,
     }))
 }
 

@@ -2,7 +2,7 @@
 //! GPUs are given from outside: nodes in the container's mount namespace, access in its
 //! device cgroup, and the choice written to the bundle for later hooks.
 
-use super::{Container, HookError, Outcome, VISIBLE_DEVICES};
+use super::{HookError, Outcome, VISIBLE_DEVICES};
 use crate::config::Config;
 use crate::grant;
 use crate::inject;
@@ -12,30 +12,36 @@ use crate::request::GpuRequest;
 use crate::spec;
 use std::path::Path;
 
+/// The container the prestart path works on.
+pub(super) struct Target<'a> {
+    pub id: &'a HolderId,
+    pub pid: Option<i32>,
+    pub bundle: &'a Path,
+}
+
 pub(super) fn prestart(
-    c: &Container,
+    c: &Target,
     request: &GpuRequest,
+    mut spec_value: serde_json::Value,
     config: &Config,
 ) -> Result<Outcome, HookError> {
     let pid = c.pid.ok_or_else(|| HookError::NoPid(c.id.to_string()))?;
     let config_path = c.bundle.join("config.json");
-    let bundle_err = |source| HookError::Bundle {
+    let rootfs = spec::rootfs_path(&spec_value, c.bundle).map_err(|source| HookError::Bundle {
         id: c.id.to_string(),
         source,
-    };
-    let mut spec_value = spec::parse(&c.spec_bytes, &config_path).map_err(bundle_err)?;
-    let rootfs = spec::rootfs_path(&spec_value, &c.bundle).map_err(bundle_err)?;
+    })?;
     if request.cpus.is_some() {
         return Err(HookError::CpusNeedSpecEdit(c.id.to_string()));
     }
     let meta = HolderMeta {
         source: "hook".into(),
         pid: Some(pid),
-        bundle: Some(c.bundle.clone()),
+        bundle: Some(c.bundle.to_path_buf()),
     };
-    let (inventory, record) = grant::allocate(config, &c.id, request, meta)?;
+    let (inventory, record) = grant::allocate(config, c.id, request, meta)?;
     let given = give_gpus(
-        &c.id,
+        c.id,
         pid,
         &rootfs,
         &inventory,
@@ -45,7 +51,7 @@ pub(super) fn prestart(
     );
     if let Err(err) = given {
         // The container will not start: its GPUs go back at once, not at the next gc.
-        Ledger::for_config(config)?.release(&c.id)?;
+        Ledger::for_config(config)?.release(c.id)?;
         return Err(err);
     }
     Ok(Outcome::Allocated(record))
