@@ -1,7 +1,7 @@
 //! Whole container starts with real runc: what gpupin's hooks add to `runc run`.
 //!
-//!     sudo cargo bench --bench container_start            # 20 rounds
-//!     sudo GPUPIN_BENCH_ROUNDS=50 cargo bench --bench container_start
+//!     cargo bench --bench container_start                     # as root; 20 rounds
+//!     GPUPIN_BENCH_ROUNDS=50 cargo bench --bench container_start  # as root
 //!
 //! Each round runs, in turn, a busybox `true` container without hooks (the baseline),
 //! one with gpupin's prestart and poststop hooks but no request (what every container on
