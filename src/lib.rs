@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod message;
 pub mod policy;
 pub mod procinfo;
+pub mod regular;
 pub mod report;
 pub mod request;
 pub mod runtime;

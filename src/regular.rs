@@ -1,0 +1,166 @@
+//! Opening files that someone else could have replaced: a FIFO must not block the hook
+//! (under the ledger's flock that would stall every container start on the host), a
+//! symlink must not be followed where none belongs, and a huge file must not be read
+//! whole. Every open is O_NONBLOCK, then fstat must call the file regular.
+
+use rustix::fs::{FileType, Mode, OFlags};
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+
+/// Whether the last component of a path may be a symlink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// State files and bundle specs: a link there is an attack or a mistake.
+    Refuse,
+    /// Files an administrator names (the config, the inventory file), which are often
+    /// links into a managed tree.
+    Follow,
+}
+
+/// The most any reader here takes: records, specs and configs are kilobytes.
+pub const MAX_LEN: u64 = 16 << 20;
+
+/// Opens `path` for reading without blocking on a FIFO or device and without following a
+/// final symlink unless `links` allows it; anything but a regular file is refused with
+/// `InvalidInput` (a symlink with `Links::Refuse`: the kernel's ELOOP).
+pub fn open(path: &Path, links: Links) -> io::Result<File> {
+    let mut flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    if links == Links::Refuse {
+        flags |= OFlags::NOFOLLOW;
+    }
+    let fd = rustix::fs::open(path, flags, Mode::empty())?;
+    ensure_regular(&fd)?;
+    Ok(File::from(fd))
+}
+
+/// Opens `path` for appending, creating it with `mode` (whatever the umask) when missing;
+/// never through a symlink, never a FIFO.
+pub fn open_append(path: &Path, mode: u32) -> io::Result<File> {
+    let flags = OFlags::WRONLY
+        | OFlags::APPEND
+        | OFlags::CREATE
+        | OFlags::NOFOLLOW
+        | OFlags::NONBLOCK
+        | OFlags::CLOEXEC
+        | OFlags::NOCTTY;
+    let fd = rustix::fs::open(path, flags, Mode::from_raw_mode(mode)).map_err(|e| {
+        // A FIFO without a reader refuses a non-blocking writer with ENXIO.
+        if e == rustix::io::Errno::NXIO {
+            io::Error::new(io::ErrorKind::InvalidInput, "not a regular file but a FIFO")
+        } else {
+            e.into()
+        }
+    })?;
+    ensure_regular(&fd)?;
+    // O_CREAT applies the umask; the mode asked for is the mode the file has.
+    let stat = rustix::fs::fstat(&fd)?;
+    if stat.st_mode & 0o7777 != mode && stat.st_uid == rustix::process::geteuid().as_raw() {
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+    }
+    Ok(File::from(fd))
+}
+
+/// The whole of a regular file, at most `MAX_LEN` bytes (`InvalidData` beyond).
+pub fn read(path: &Path, links: Links) -> io::Result<Vec<u8>> {
+    let file = open(path, links)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_LEN + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_LEN {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {} MiB", MAX_LEN >> 20),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// As `read`, as UTF-8 text (`InvalidData` otherwise).
+pub fn read_to_string(path: &Path, links: Links) -> io::Result<String> {
+    String::from_utf8(read(path, links)?)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
+}
+
+fn ensure_regular(fd: &impl std::os::fd::AsFd) -> io::Result<()> {
+    let stat = rustix::fs::fstat(fd)?;
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::RegularFile => Ok(()),
+        other => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("not a regular file but a {}", describe(other)),
+        )),
+    }
+}
+
+fn describe(kind: FileType) -> &'static str {
+    match kind {
+        FileType::Directory => "directory",
+        FileType::Fifo => "FIFO",
+        FileType::Socket => "socket",
+        FileType::CharacterDevice => "character device",
+        FileType::BlockDevice => "block device",
+        FileType::Symlink => "symlink",
+        _ => "special file",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn fifo(path: &Path) {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            path,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("record.json");
+        fifo(&path);
+        for links in [Links::Refuse, Links::Follow] {
+            let err = read(&path, links).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+            assert!(err.to_string().contains("FIFO"), "{err}");
+        }
+        let err = open_append(&path, 0o600).unwrap_err();
+        assert!(err.to_string().contains("FIFO"), "{err}");
+    }
+
+    #[test]
+    fn a_symlink_is_followed_only_when_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "x").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(read(&link, Links::Refuse).is_err());
+        assert_eq!(read(&link, Links::Follow).unwrap(), b"x");
+        assert!(open_append(&link, 0o600).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"x");
+    }
+
+    #[test]
+    fn a_directory_is_not_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read(dir.path(), Links::Refuse).unwrap_err();
+        assert!(err.to_string().contains("directory"), "{err}");
+    }
+
+    #[test]
+    fn append_creates_with_the_mode_asked_for_whatever_the_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        // 0666 is more than the usual umask (022) lets O_CREAT give.
+        drop(open_append(&path, 0o666).unwrap());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o666);
+    }
+}
