@@ -25,6 +25,11 @@ pub(super) fn with_mount_namespace<T>(
 ) -> Result<T, InjectError> {
     let own = open_ns(Path::new("/proc/self/ns/mnt"))?;
     let target = open_ns(&PathBuf::from(format!("/proc/{pid}/ns/mnt")))?;
+    if same_namespace(&own, &target, pid)? {
+        // A container's init at prestart always has a mount namespace of its own; a pid
+        // in ours is a host process, and nodes made "inside" it would appear on the host.
+        return Err(InjectError::HostNamespace { pid });
+    }
     let cwd = rustix::fs::open(
         ".",
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -45,6 +50,18 @@ pub(super) fn with_mount_namespace<T>(
         let _ = rustix::process::fchdir(&cwd);
     }
     result
+}
+
+/// Namespaces are the same when their nsfs inodes are (namespaces(7)).
+fn same_namespace(own: &OwnedFd, target: &OwnedFd, pid: i32) -> Result<bool, InjectError> {
+    let stat = |fd: &OwnedFd| {
+        rustix::fs::fstat(fd).map_err(|e| InjectError::OpenNamespace {
+            path: PathBuf::from(format!("/proc/{pid}/ns/mnt")),
+            source: e.into(),
+        })
+    };
+    let (a, b) = (stat(own)?, stat(target)?);
+    Ok(a.st_dev == b.st_dev && a.st_ino == b.st_ino)
 }
 
 fn open_ns(path: &Path) -> Result<OwnedFd, InjectError> {

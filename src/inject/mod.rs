@@ -24,6 +24,10 @@ pub enum InjectError {
         source: std::io::Error,
     },
     #[error(
+        "pid {pid} shares gpupin's own mount namespace, so it is no container's init; refusing to create device nodes on the host"
+    )]
+    HostNamespace { pid: i32 },
+    #[error(
         "cannot enter the mount namespace of pid {pid}: setns(CLONE_NEWNS) needs a single-threaded process"
     )]
     MultiThreaded {
@@ -43,6 +47,8 @@ pub enum InjectError {
         #[source]
         source: std::io::Error,
     },
+    #[error("rootfs {path} is the host's root directory; refusing to create device nodes")]
+    HostRoot { path: PathBuf },
     #[error("opening container rootfs {path}")]
     OpenRootfs {
         path: PathBuf,
@@ -267,6 +273,16 @@ mod tests {
         );
         let err = threaded.unwrap_err();
         assert!(matches!(err, InjectError::MultiThreaded { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_pid_in_our_own_mount_namespace_is_refused_and_nothing_is_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir(tmp.path().join("dev")).unwrap();
+        let me = std::process::id() as i32;
+        let err = create_nodes_in_container(me, tmp.path(), &gpu_nodes()).unwrap_err();
+        assert!(matches!(err, InjectError::HostNamespace { .. }), "{err}");
+        assert_eq!(fs::read_dir(tmp.path().join("dev")).unwrap().count(), 0);
     }
 
     #[test]

@@ -41,10 +41,23 @@ impl Drop for UmaskGuard {
 /// Opens the container rootfs as a directory. Its path comes from the bundle, written by
 /// the runtime's caller, so it is resolved like the runtime itself resolves it.
 pub(super) fn open_rootfs(rootfs: &Path) -> Result<OwnedFd, InjectError> {
-    rustix::fs::open(rootfs, DIR_FLAGS, Mode::empty()).map_err(|e| InjectError::OpenRootfs {
+    let open_err = |e: rustix::io::Errno| InjectError::OpenRootfs {
         path: rootfs.to_owned(),
         source: e.into(),
-    })
+    };
+    let root = rustix::fs::open(rootfs, DIR_FLAGS, Mode::empty()).map_err(open_err)?;
+    // Before pivot_root the namespace's / is the host's root, whose /dev is the host's
+    // devtmpfs: a rootfs that resolves there would put GPU nodes on the host.
+    let (ours, slash) = (
+        rustix::fs::fstat(&root).map_err(open_err)?,
+        rustix::fs::stat("/").map_err(open_err)?,
+    );
+    if (ours.st_dev, ours.st_ino) == (slash.st_dev, slash.st_ino) {
+        return Err(InjectError::HostRoot {
+            path: rootfs.to_owned(),
+        });
+    }
+    Ok(root)
 }
 
 /// Creates every node beneath `root` (an open rootfs whose host path is `rootfs`, for
@@ -226,6 +239,14 @@ mod tests {
         let meta = fs::symlink_metadata(path).unwrap();
         assert!(meta.file_type().is_char_device(), "{}", path.display());
         assert_eq!(meta.rdev(), rustix::fs::makedev(195, minor));
+    }
+
+    #[test]
+    fn a_rootfs_that_is_the_host_root_is_refused() {
+        for path in ["/", "/.", "/tmp/.."] {
+            let err = open_rootfs(Path::new(path)).unwrap_err();
+            assert!(matches!(err, InjectError::HostRoot { .. }), "{path}: {err}");
+        }
     }
 
     #[test]
