@@ -2,16 +2,17 @@
 
 use super::SpecError;
 use crate::atomic::{self, Durability};
+use crate::regular::{self, Links};
 use serde_json::Value;
-use std::fs;
 use std::path::Path;
 
 /// Mode of a config.json written where none existed (what containerd and runc spec use).
 const NEW_FILE_MODE: u32 = 0o644;
 
-/// Reads a bundle's config.json.
+/// Reads a bundle's config.json: a regular file, never through a symlink, never a FIFO
+/// (the bundle may be a hostile one).
 pub fn read(path: &Path) -> Result<Value, SpecError> {
-    let text = fs::read(path).map_err(|source| SpecError::Read {
+    let text = regular::read(path, Links::Refuse).map_err(|source| SpecError::Read {
         path: path.to_owned(),
         source,
     })?;
@@ -47,6 +48,7 @@ pub fn write_atomic(path: &Path, spec: &Value) -> Result<(), SpecError> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::fs;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     #[test]
