@@ -4,20 +4,36 @@
 
 use crate::hook::VISIBLE_DEVICES;
 use crate::inventory::{Inventory, cpulist};
-use crate::ledger::Record;
-use crate::request::{ASSIGNED_ANNOTATION, CpuBinding};
+use crate::ledger::{ClaimToken, Record};
+use crate::request::{ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, CpuBinding, WRITTEN_BY_GPUPIN};
 use crate::spec::{self, SpecError};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AssignError {
     #[error(transparent)]
     Spec(#[from] SpecError),
+    #[error("annotation {0} is written by gpupin, not by users; remove it from the container")]
+    ReservedAnnotation(&'static str),
     #[error(
         "gpupin.cpus=numa: the inventory knows no local CPUs for GPU {index} ({uuid}); use an inventory that has them (nvml, procfs, or local_cpus in the file)"
     )]
     NoLocalCpus { index: u32, uuid: String },
+}
+
+/// Refuses a spec that arrives carrying an annotation gpupin writes: whoever set it is
+/// not gpupin, and the annotation would be trusted later. Keys are checked in a fixed
+/// order, so the same spec is always refused with the same message.
+pub fn refuse_reserved(annotations: &HashMap<String, String>) -> Result<(), AssignError> {
+    match WRITTEN_BY_GPUPIN
+        .iter()
+        .find(|key| annotations.contains_key(**key))
+    {
+        Some(key) => Err(AssignError::ReservedAnnotation(key)),
+        None => Ok(()),
+    }
 }
 
 /// How a runtime calls gpupin back as a hook.
@@ -40,21 +56,31 @@ impl HookCommand {
         args.extend(["hook".to_string(), stage.to_string()]);
         args
     }
+
+    /// A prestart hook that refuses the container with `reason`, whatever its state says.
+    pub fn refusal_args(&self, reason: &str) -> Vec<String> {
+        let mut args = self.args("prestart");
+        args.extend(["--refuse".to_string(), reason.to_string()]);
+        args
+    }
 }
 
 /// Puts the holder's GPUs into `spec`: devices and their cgroup rules, the env later
-/// hooks read, the `gpupin.assigned` annotation, a prestart hook that binds the holder to
-/// the container's pid and a poststop hook that releases it. Idempotent.
+/// hooks read, the `gpupin.assigned` annotation with the claim `token` the record was
+/// made with, a prestart hook that binds the holder to the container's pid and a poststop
+/// hook that releases it. Idempotent.
 pub fn edit_spec(
     spec: &mut Value,
     inventory: &Inventory,
     record: &Record,
+    token: &ClaimToken,
     hook: &HookCommand,
 ) -> Result<(), AssignError> {
     let uuids = record.gpus.join(",");
     spec::add_devices(spec, &inventory.nodes_for(&record.gpus))?;
     spec::set_env(spec, VISIBLE_DEVICES, &uuids)?;
     spec::set_annotation(spec, ASSIGNED_ANNOTATION, &uuids)?;
+    spec::set_annotation(spec, CLAIM_ANNOTATION, &token.annotation())?;
     let exe = hook.exe.display().to_string();
     spec::add_hook(spec, "prestart", &exe, &hook.args("prestart"))?;
     spec::add_hook(spec, "poststop", &exe, &hook.args("poststop"))?;

@@ -217,6 +217,7 @@ mod tests {
             pid: Some(std::process::id() as i32),
             start_time: crate::procinfo::start_time(std::process::id() as i32),
             bundle: None,
+            claim_digest: None,
             created_at: 0,
         }
     }

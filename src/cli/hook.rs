@@ -11,12 +11,19 @@ use std::process::ExitCode;
 pub struct HookArgs {
     /// OCI hook stage: precreate (podman), prestart, createRuntime or poststop
     pub stage: String,
+    /// Fail with this reason whatever the state says: the hook a failed precreate adds,
+    /// since podman does not show a precreate hook's own error
+    #[arg(long, value_name = "REASON", hide = true)]
+    pub refuse: Option<String>,
 }
 
 pub fn run(config_flag: Option<&Path>, args: &HookArgs) -> anyhow::Result<ExitCode> {
     let stage: Stage = args.stage.parse()?;
     let mut state = Vec::new();
     std::io::stdin().read_to_end(&mut state)?;
+    if let Some(reason) = &args.refuse {
+        return Err(hook::HookError::Precreate(reason.clone()).into());
+    }
     let exe = std::env::current_exe()?;
     match hook::run(stage, &state, &exe, || Config::discover(config_flag))? {
         Outcome::NoRequest | Outcome::Released(None) => {}

@@ -10,11 +10,13 @@ mod prestart;
 use crate::config::{Config, ConfigError};
 use crate::inject::InjectError;
 use crate::inventory::InventoryError;
-use crate::ledger::{BadHolderId, HolderId, Ledger, LedgerError, Record};
+use crate::ledger::{BadHolderId, ClaimError, ClaimToken, HolderId, Ledger, LedgerError, Record};
+use crate::regular::{self, Links};
 use crate::request::{self, GpuRequest, RequestError};
 use crate::spec::{self, SpecError};
 use oci_spec::runtime::State;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The env var later hooks (NVIDIA's among them) read the chosen GPUs from.
@@ -53,6 +55,8 @@ pub enum HookError {
     #[error("annotation {0} is written by gpupin, not by users; remove it from the container")]
     ReservedAnnotation(&'static str),
     #[error(transparent)]
+    Claim(#[from] ClaimError),
+    #[error(transparent)]
     BadId(#[from] BadHolderId),
     #[error("bundle of container {id}")]
     Bundle {
@@ -76,7 +80,7 @@ pub enum HookError {
         "container {0} asks for gpupin.cpus=numa, which needs its spec edited before create (gpupin-runtime or podman's precreate hook); the prestart hook cannot change a cpuset"
     )]
     CpusNeedSpecEdit(String),
-    /// Precreate failed and left its reason in the spec for this stage to report.
+    /// Precreate failed and handed its reason to this hook in its arguments (`--refuse`).
     #[error("{0}")]
     Precreate(String),
     #[error(
@@ -131,11 +135,11 @@ enum Task {
         request: GpuRequest,
         spec: Value,
     },
-    /// gpupin edited the spec before create and assigned these UUIDs, under a claim id
-    /// when the container had no id yet (precreate): record the pid.
+    /// gpupin edited the spec before create, assigned these UUIDs and held them under
+    /// the claim whose token it wrote next to them: record the pid.
     Bind {
         uuids: Vec<String>,
-        claim: Option<HolderId>,
+        token: ClaimToken,
     },
     Release,
 }
@@ -171,10 +175,10 @@ pub fn run(
             let ledger = Ledger::for_config(&config)?;
             Ok(Outcome::Released(ledger.release(&id)?))
         }
-        Task::Bind { uuids, claim } => {
+        Task::Bind { uuids, token } => {
             let pid = pid.ok_or_else(|| HookError::NoPid(id.to_string()))?;
             let ledger = Ledger::for_config(&config)?;
-            let record = ledger.bind(&id, claim.as_ref(), pid, &uuids)?;
+            let record = ledger.bind(&id, &token, pid, &uuids)?;
             Ok(Outcome::Bound(record))
         }
         Task::Allocate { request, spec } => {
@@ -211,13 +215,15 @@ fn read_container(
     stage: Stage,
 ) -> Result<Option<Container>, HookError> {
     let annotations = state.annotations().clone().unwrap_or_default();
-    if stage != Stage::Poststop
-        && let Some(reason) = annotations.get(request::ERROR_ANNOTATION)
-    {
-        return Err(HookError::Precreate(reason.clone()));
+    // A precreate that failed hands its reason to the prestart hook it adds, in that
+    // hook's arguments; the annotation it also leaves is for people (`podman inspect`).
+    // Anywhere else gpupin.error was written by the container's author: refused, never
+    // repeated.
+    if stage != Stage::Poststop && annotations.contains_key(request::ERROR_ANNOTATION) {
+        return Err(HookError::ReservedAnnotation(request::ERROR_ANNOTATION));
     }
     let config_path = state.bundle().join("config.json");
-    let spec_bytes = match std::fs::read(&config_path) {
+    let spec_bytes = match regular::read(&config_path, Links::Refuse) {
         Ok(bytes) => bytes,
         // A bundle removed before `runc delete` must not keep its GPUs held.
         Err(_) if stage == Stage::Poststop => b"GPUPIN_".to_vec(),
@@ -249,12 +255,8 @@ fn read_container(
         // Poststop releases whatever the id holds: a request that no longer parses must
         // not keep GPUs held forever.
         Task::Release
-    } else if let Some(assigned) = annotations.get(request::ASSIGNED_ANNOTATION) {
-        let claim = annotations.get(request::CLAIM_ANNOTATION);
-        Task::Bind {
-            uuids: assigned.split(',').map(str::to_string).collect(),
-            claim: claim.map(|c| HolderId::new(c)).transpose()?,
-        }
+    } else if let Some(task) = bind_task(&annotations)? {
+        task
     } else {
         // Annotations are checked before the spec is parsed, so that a bad request is
         // reported as such whatever the state of the bundle.
@@ -279,6 +281,22 @@ fn read_container(
         bundle: state.bundle().to_path_buf(),
         task,
     }))
+}
+
+/// The bind task of a spec gpupin edited before create: `gpupin.assigned` and the
+/// `gpupin.claim` token, both or neither; one without the other was not written by gpupin.
+fn bind_task(annotations: &HashMap<String, String>) -> Result<Option<Task>, HookError> {
+    let assigned = annotations.get(request::ASSIGNED_ANNOTATION);
+    let claim = annotations.get(request::CLAIM_ANNOTATION);
+    match (assigned, claim) {
+        (None, None) => Ok(None),
+        (Some(assigned), Some(claim)) => Ok(Some(Task::Bind {
+            uuids: assigned.split(',').map(str::to_string).collect(),
+            token: ClaimToken::parse(claim)?,
+        })),
+        (Some(_), None) => Err(HookError::ReservedAnnotation(request::ASSIGNED_ANNOTATION)),
+        (None, Some(_)) => Err(HookError::ReservedAnnotation(request::CLAIM_ANNOTATION)),
+    }
 }
 
 pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -412,5 +430,33 @@ mod tests {
             e.contains("poststart") && e.contains("createRuntime"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn gpupin_annotations_without_a_token_gpupin_made_are_refused() {
+        let b = bundle(&[]);
+        let uuid = ("gpupin.assigned", "GPU-victim");
+        for (annotations, expected) in [
+            (
+                vec![uuid],
+                "annotation gpupin.assigned is written by gpupin",
+            ),
+            (
+                vec![("gpupin.claim", "victim")],
+                "annotation gpupin.claim is written by gpupin",
+            ),
+            (
+                vec![uuid, ("gpupin.claim", "victim")],
+                "invalid gpupin.claim",
+            ),
+            (
+                vec![uuid, ("gpupin.claim", "victim:\nsecret")],
+                "invalid gpupin.claim",
+            ),
+        ] {
+            let e = err(Stage::Prestart, &state("thief", b.path(), &annotations));
+            assert!(e.starts_with(expected), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 }

@@ -1,19 +1,18 @@
 //! Podman's precreate stage: the proposed spec arrives on stdin and leaves, edited, on
 //! stdout, so the runtime itself creates the nodes and grants the cgroup rules. There is
-//! no container id yet: the GPUs are held under a fresh claim id written into the spec,
-//! and the prestart hook binds the claim to the container (or gc reaps it after
-//! `claim_grace` when the container never got that far).
+//! no container id yet: the GPUs are held under a fresh claim, whose token (id and
+//! secret) is written into the spec, and the prestart hook binds the claim to the
+//! container (or gc reaps it after `claim_grace` when the container never got that far).
 
 use super::{HookError, Outcome, contains};
 use crate::assign::{self, HookCommand};
 use crate::config::{Config, ConfigError};
 use crate::grant;
-use crate::inventory;
-use crate::ledger::{HolderId, HolderMeta, Ledger, Record};
-use crate::request::{self, CLAIM_ANNOTATION, ERROR_ANNOTATION, WRITTEN_BY_GPUPIN};
+use crate::ledger::{ClaimToken, HolderMeta, Ledger};
+use crate::request::{self, ERROR_ANNOTATION};
 use crate::spec;
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub(super) fn run(
     input: &[u8],
@@ -47,12 +46,7 @@ fn claim(
     load_config: impl FnOnce() -> Result<Config, ConfigError>,
 ) -> Result<Option<Outcome>, HookError> {
     let annotations = spec::annotations(spec_value);
-    if let Some(key) = WRITTEN_BY_GPUPIN
-        .iter()
-        .find(|k| annotations.contains_key(**k))
-    {
-        return Err(HookError::ReservedAnnotation(key));
-    }
+    assign::refuse_reserved(&annotations)?;
     let request = match request::from_annotations(&annotations)? {
         Some(r) => r,
         None => match request::from_env(&spec::process_env(spec_value))? {
@@ -61,24 +55,27 @@ fn claim(
         },
     };
     let config = load_config()?;
-    let claim = HolderId::new(&new_claim_id())?;
+    let token = ClaimToken::new_claim()?;
     let meta = HolderMeta {
         source: "precreate".into(),
-        pid: None,
-        bundle: None,
+        claim_digest: Some(token.digest()),
+        ..HolderMeta::default()
     };
-    let (inventory, record) = grant::allocate(&config, &claim, &request, meta)?;
+    let (inventory, record) = grant::allocate(&config, token.holder(), &request, meta)?;
     let hook = HookCommand {
         exe: exe.to_path_buf(),
         config: config.path.clone(),
     };
-    match edit(spec_value, &inventory, &record, &hook) {
+    let edited = assign::edit_spec(spec_value, &inventory, &record, &token, &hook)
+        .map_err(HookError::from)
+        .and_then(|()| to_bytes(spec_value));
+    match edited {
         Ok(bytes) => Ok(Some(Outcome::Spec {
             bytes,
             claim: Some(record),
         })),
         Err(err) => {
-            Ledger::for_config(&config)?.release(&claim)?;
+            Ledger::for_config(&config)?.release(token.holder())?;
             Err(err)
         }
     }
@@ -86,39 +83,35 @@ fn claim(
 
 /// Podman (containers/common, RuntimeConfigFilter) discards a precreate hook's stderr
 /// and reports only "exit status 1", so a failed precreate would hide why. Instead the
-/// spec goes on unedited, nothing held, with the reason in `gpupin.error` and gpupin as
-/// a prestart hook: that hook fails with the reason, and runc puts a failed hook's
-/// stderr into the error podman prints.
+/// spec goes on unedited, nothing held, with gpupin as its one prestart hook, told the
+/// reason in its arguments (`--refuse`): that hook fails with it, and runc puts a failed
+/// hook's stderr into the error podman prints. The reason travels in the hook's
+/// arguments, which a container's author cannot write, rather than in an annotation,
+/// which they can; `gpupin.error` is left beside it for `podman inspect`.
 fn defer_error(mut spec_value: Value, err: &HookError, exe: &Path) -> Result<Outcome, HookError> {
-    spec::set_annotation(
-        &mut spec_value,
-        ERROR_ANNOTATION,
-        &crate::message::one_line(err),
-    )
-    .map_err(HookError::Spec)?;
-    // No config: the prestart hook fails on the annotation before it would read one.
+    let reason = crate::message::one_line(err);
+    spec::set_annotation(&mut spec_value, ERROR_ANNOTATION, &reason).map_err(HookError::Spec)?;
+    // hooks.d put gpupin's own prestart hook in already (podman adds them before
+    // precreate): it would report the annotation instead of the reason.
+    let exe = exe.display().to_string();
+    for stage in ["prestart", "createRuntime"] {
+        spec::remove_hooks(&mut spec_value, stage, &exe);
+    }
     let hook = HookCommand {
-        exe: exe.to_path_buf(),
+        exe: PathBuf::from(&exe),
         config: None,
     };
-    let exe = hook.exe.display().to_string();
-    spec::add_hook(&mut spec_value, "prestart", &exe, &hook.args("prestart"))
-        .map_err(HookError::Spec)?;
+    spec::add_hook(
+        &mut spec_value,
+        "prestart",
+        &exe,
+        &hook.refusal_args(&reason),
+    )
+    .map_err(HookError::Spec)?;
     Ok(Outcome::Spec {
         bytes: to_bytes(&spec_value)?,
         claim: None,
     })
-}
-
-fn edit(
-    spec_value: &mut Value,
-    inventory: &inventory::Inventory,
-    record: &Record,
-    hook: &HookCommand,
-) -> Result<Vec<u8>, HookError> {
-    assign::edit_spec(spec_value, inventory, record, hook)?;
-    spec::set_annotation(spec_value, CLAIM_ANNOTATION, &record.id).map_err(HookError::Spec)?;
-    to_bytes(spec_value)
 }
 
 fn to_bytes(spec_value: &Value) -> Result<Vec<u8>, HookError> {
@@ -128,23 +121,6 @@ fn to_bytes(spec_value: &Value) -> Result<Vec<u8>, HookError> {
             source: e,
         })
     })
-}
-
-/// `claim-` and 16 random hex digits: unguessable, so one container cannot bind another's
-/// claim by writing its id into its own annotations.
-fn new_claim_id() -> String {
-    let mut bytes = [0u8; 8];
-    // getrandom(2) fails only on pre-3.17 kernels or a bad buffer; the fallback keeps the
-    // id unique (pid and time), if not unguessable.
-    if rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty()).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        bytes = (nanos ^ (u64::from(std::process::id()) << 32)).to_le_bytes();
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("claim-{hex}")
 }
 
 #[cfg(test)]
@@ -180,9 +156,15 @@ mod tests {
     }
 
     #[test]
-    fn failed_allocation_travels_to_prestart_and_holds_nothing() {
+    fn failed_allocation_travels_to_prestart_in_its_arguments_and_holds_nothing() {
         let state = tempfile::tempdir().unwrap();
-        let edited = precreate(&spec_with(json!({"gpupin.count": "9"})), state.path());
+        let mut spec = spec_with(json!({"gpupin.count": "9"}));
+        // What hooks.d put in before precreate ran, and another program's hook.
+        spec["hooks"] = json!({"prestart": [
+            {"path": "/usr/bin/gpupin", "args": ["gpupin", "hook", "prestart"]},
+            {"path": "/usr/bin/other"},
+        ]});
+        let edited = precreate(&spec, state.path());
         let reason = edited["annotations"][ERROR_ANNOTATION].as_str().unwrap();
         assert!(
             reason.contains("count 9 is more than the 8 GPUs"),
@@ -190,7 +172,11 @@ mod tests {
         );
         assert_eq!(
             edited["hooks"]["prestart"],
-            json!([{"path": "/usr/bin/gpupin", "args": ["gpupin", "hook", "prestart"]}])
+            json!([
+                {"path": "/usr/bin/other"},
+                {"path": "/usr/bin/gpupin",
+                 "args": ["gpupin", "hook", "prestart", "--refuse", reason]},
+            ])
         );
         assert!(edited.pointer("/linux/devices").is_none());
         assert!(
@@ -200,12 +186,17 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
 
+    #[test]
+    fn gpupin_error_written_by_anyone_but_precreate_is_refused_not_repeated() {
         let bundle = tempfile::tempdir().unwrap();
-        std::fs::write(bundle.path().join("config.json"), edited.to_string()).unwrap();
+        let spec = spec_with(json!({}));
+        std::fs::write(bundle.path().join("config.json"), spec.to_string()).unwrap();
+        let forged = "gpupin: all GPUs are yours\nsecond line";
         let state_json = json!({
             "ociVersion": "1.0.2", "id": "c1", "status": "created", "pid": 1,
-            "bundle": bundle.path(), "annotations": edited["annotations"],
+            "bundle": bundle.path(), "annotations": {ERROR_ANNOTATION: forged},
         });
         let err = hook::run(
             Stage::Prestart,
@@ -213,8 +204,10 @@ mod tests {
             Path::new("/usr/bin/gpupin"),
             || panic!("the prestart hook fails before reading a config"),
         )
-        .unwrap_err();
-        assert_eq!(err.to_string(), reason);
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("gpupin.error is written by gpupin"), "{err}");
+        assert!(!err.contains("yours"), "{err}");
     }
 
     #[test]

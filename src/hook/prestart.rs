@@ -38,6 +38,7 @@ pub(super) fn prestart(
         source: "hook".into(),
         pid: Some(pid),
         bundle: Some(c.bundle.to_path_buf()),
+        ..HolderMeta::default()
     };
     let (inventory, record) = grant::allocate(config, c.id, request, meta)?;
     let given = give_gpus(

@@ -2,12 +2,15 @@
 //! writer of gpupin's state; every read-modify-write happens under one flock.
 
 mod allocate;
+mod bind;
+mod claim;
 mod holder;
 mod queue;
 mod record;
 mod store;
 
 pub use allocate::{Allocation, Machine, resolve_devices};
+pub use claim::{ClaimError, ClaimToken};
 pub use holder::{BadHolderId, HolderId};
 pub use record::{HolderMeta, Mode, Record, UNBOUND_GRACE, holders_of};
 
@@ -67,6 +70,12 @@ pub enum LedgerError {
         id: String,
         waited: String,
         last: String,
+    },
+    #[error("container {id} carries gpupin.claim for {claim}, refused: {reason}")]
+    ClaimRefused {
+        id: String,
+        claim: String,
+        reason: &'static str,
     },
     #[error("container {id} carries gpupin.assigned={claimed} but the ledger gives it {held}")]
     NotAssigned {
@@ -201,6 +210,7 @@ impl Ledger {
             start_time: meta.pid.and_then(crate::procinfo::start_time),
             pid: meta.pid,
             bundle: meta.bundle,
+            claim_digest: meta.claim_digest,
             created_at: record::unix_now(),
         };
         store::write_record(&self.dir, &holder.file_name(), &record)?;
@@ -229,53 +239,23 @@ impl Ledger {
         Ok(allocate::plan(&holder, request, machine, &live, cursor)?.uuids)
     }
 
-    /// A holder asked again: same GPUs; a pid learnt since is recorded.
+    /// A holder asked again: same GPUs; a pid learnt since is recorded. A retried create
+    /// of a holder that has no process yet brings a new claim secret (its spec is written
+    /// anew); the old one dies with the spec it was written into.
     fn rebind(&self, mut record: Record, meta: HolderMeta) -> Result<Allocation, LedgerError> {
+        let before = record.clone();
         if meta.pid.is_some() && meta.pid != record.pid {
             record.pid = meta.pid;
             record.start_time = meta.pid.and_then(crate::procinfo::start_time);
+        }
+        if record.pid.is_none() && meta.claim_digest.is_some() {
+            record.claim_digest = meta.claim_digest;
+        }
+        if record != before {
             let id = HolderId::new(&record.id)?;
             store::write_record(&self.dir, &id.file_name(), &record)?;
         }
         Ok(Allocation { record })
-    }
-
-    /// Records the pid of a holder whose GPUs were assigned before its container had one.
-    /// With `claim` (podman's precreate, which runs before the container has an id), the
-    /// claim's record becomes the container's; without, the container id was the holder
-    /// from the start (the Docker shim). The record must hold exactly `assigned`: a
-    /// container that claims GPUs the ledger did not give it is refused. Binding twice
-    /// (a prestart hook from the spec and one from hooks.d) is harmless.
-    pub fn bind(
-        &self,
-        holder: &HolderId,
-        claim: Option<&HolderId>,
-        pid: i32,
-        assigned: &[String],
-    ) -> Result<Record, LedgerError> {
-        let _lock = store::lock(&self.dir)?;
-        let records = store::read_records(&self.dir)?;
-        let find = |id: &HolderId| records.iter().find(|r| r.id == id.as_str());
-        let claimed = claim.and_then(find);
-        let Some(found) = claimed.or_else(|| find(holder)) else {
-            return Err(not_assigned(holder, assigned, None));
-        };
-        if !same_set(&found.gpus, assigned) {
-            return Err(not_assigned(holder, assigned, Some(found)));
-        }
-        let mut record = found.clone();
-        record.id = holder.to_string();
-        record.pid = Some(pid);
-        record.start_time = crate::procinfo::start_time(pid);
-        // Write the container's record before removing the claim: a crash in between
-        // leaves the GPUs held twice by one container (reaped with the claim's grace),
-        // never free while it runs.
-        store::write_record(&self.dir, &holder.file_name(), &record)?;
-        if let (Some(claim), Some(_)) = (claim, claimed) {
-            store::remove_record(&self.dir, &claim.file_name())?;
-            store::audit(&self.dir, &format!("bind {claim} -> {holder} pid={pid}"));
-        }
-        Ok(record)
     }
 
     /// Releases `holder`'s GPUs. Returns the record it had, `None` when it held nothing.

@@ -30,6 +30,10 @@ pub struct Record {
     /// Start time of `pid` in clock ticks since boot, to tell pid reuse apart.
     pub start_time: Option<u64>,
     pub bundle: Option<PathBuf>,
+    /// SHA-256 of the claim secret gpupin wrote into the holder's spec, for holders whose
+    /// spec was edited before create: only that spec's container can bind the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_digest: Option<String>,
     /// Seconds since the Unix epoch.
     pub created_at: u64,
 }
@@ -40,6 +44,8 @@ pub struct HolderMeta {
     pub source: String,
     pub pid: Option<i32>,
     pub bundle: Option<PathBuf>,
+    /// See `Record::claim_digest`.
+    pub claim_digest: Option<String>,
 }
 
 impl Record {

@@ -13,7 +13,7 @@ fn me() -> HolderMeta {
     HolderMeta {
         source: "test".into(),
         pid: Some(std::process::id() as i32),
-        bundle: None,
+        ..HolderMeta::default()
     }
 }
 
@@ -367,55 +367,6 @@ fn concurrent_allocations_never_share_a_gpu() {
 }
 
 #[test]
-fn bind_records_the_pid_of_an_assigned_holder() {
-    let (_t, l) = ledger();
-    let inv = machine(2);
-    let unbound = HolderMeta { pid: None, ..me() };
-    let a = l
-        .allocate(
-            &id("a"),
-            &count(1),
-            &Machine::new(&inv, PolicyName::Pack),
-            unbound,
-        )
-        .unwrap();
-    assert_eq!(a.record.pid, None);
-    let pid = std::process::id() as i32;
-    let bound = l.bind(&id("a"), None, pid, &a.record.gpus).unwrap();
-    assert_eq!(bound.pid, Some(pid));
-    assert!(bound.start_time.is_some());
-    assert_eq!(snapshot(&l)[0].pid, Some(pid));
-}
-
-#[test]
-fn bind_refuses_gpus_the_ledger_did_not_give() {
-    let (_t, l) = ledger();
-    let inv = machine(2);
-    l.allocate(
-        &id("a"),
-        &count(1),
-        &Machine::new(&inv, PolicyName::Pack),
-        me(),
-    )
-    .unwrap();
-    let before = snapshot(&l);
-    let err = l
-        .bind(&id("a"), None, 1, &["GPU-test-1".into()])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("gpupin.assigned=GPU-test-1") && err.contains("GPU-test-0"),
-        "{err}"
-    );
-    let err = l
-        .bind(&id("b"), None, 1, &["GPU-test-1".into()])
-        .unwrap_err()
-        .to_string();
-    assert!(err.ends_with("gives it nothing"), "{err}");
-    assert_eq!(snapshot(&l), before);
-}
-
-#[test]
 fn unbound_holder_is_stale_after_the_grace_period() {
     let (_t, l) = ledger();
     let inv = machine(1);
@@ -434,33 +385,6 @@ fn unbound_holder_is_stale_after_the_grace_period() {
         now + UNBOUND_GRACE + std::time::Duration::from_secs(1),
         UNBOUND_GRACE
     ));
-}
-
-#[test]
-fn bind_turns_a_claim_into_the_containers_record() {
-    let (_t, l) = ledger();
-    let inv = machine(2);
-    let unbound = HolderMeta { pid: None, ..me() };
-    let claim = id("claim-0123abcd");
-    let a = l
-        .allocate(
-            &claim,
-            &count(1),
-            &Machine::new(&inv, PolicyName::Pack),
-            unbound,
-        )
-        .unwrap();
-    let pid = std::process::id() as i32;
-    let bound = l
-        .bind(&id("ctr"), Some(&claim), pid, &a.record.gpus)
-        .unwrap();
-    assert_eq!(bound.id, "ctr");
-    let ids: Vec<String> = snapshot(&l).into_iter().map(|r| r.id).collect();
-    assert_eq!(ids, ["ctr"]);
-    // A second prestart hook (hooks.d and the spec's own) binds again without harm.
-    l.bind(&id("ctr"), Some(&claim), pid, &a.record.gpus)
-        .unwrap();
-    assert_eq!(snapshot(&l).len(), 1);
 }
 
 fn shared(reserve: Option<u64>) -> GpuRequest {

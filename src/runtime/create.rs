@@ -5,7 +5,7 @@ use crate::assign::{self, HookCommand};
 use crate::config::Config;
 use crate::docker;
 use crate::grant;
-use crate::ledger::{HolderId, HolderMeta, Ledger, Record};
+use crate::ledger::{ClaimToken, HolderId, HolderMeta, Ledger, Record};
 use crate::request::{self, GpuRequest};
 use crate::spec;
 use serde_json::Value;
@@ -47,13 +47,16 @@ pub fn prepare(
     let Some(request) = find_request(&spec_value, id)? else {
         return Ok(None);
     };
+    assign::refuse_reserved(&spec::annotations(&spec_value))?;
+    let token = ClaimToken::new(holder.clone())?;
     let meta = HolderMeta {
         source: "runtime".into(),
-        pid: None,
         bundle: Some(bundle.to_path_buf()),
+        claim_digest: Some(token.digest()),
+        ..HolderMeta::default()
     };
     let (inventory, record) = grant::allocate(config, &holder, &request, meta)?;
-    let edited = assign::edit_spec(&mut spec_value, &inventory, &record, hook)
+    let edited = assign::edit_spec(&mut spec_value, &inventory, &record, &token, hook)
         .map_err(ShimError::from)
         .and_then(|()| Ok(spec::write_atomic(&config_path, &spec_value)?));
     if let Err(err) = edited {

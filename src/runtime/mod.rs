@@ -24,6 +24,8 @@ pub enum ShimError {
     #[error(transparent)]
     BadId(#[from] BadHolderId),
     #[error(transparent)]
+    Claim(#[from] crate::ledger::ClaimError),
+    #[error(transparent)]
     Request(#[from] RequestError),
     #[error(transparent)]
     Docker(#[from] DockerError),

@@ -25,6 +25,7 @@ pub fn prestart_without_container(
         source: "demo (no container)".into(),
         pid: *state.pid(),
         bundle: Some(state.bundle().to_path_buf()),
+        ..HolderMeta::default()
     };
     let (_, record) = grant::allocate(config, &id, &request, meta)?;
     Ok(Some(record))

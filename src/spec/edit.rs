@@ -138,6 +138,16 @@ pub fn add_hook(
     Ok(())
 }
 
+/// Removes every `stage` hook that runs `path`; a missing list is left missing.
+pub fn remove_hooks(spec: &mut Value, stage: &str, path: &str) {
+    if let Some(hooks) = spec
+        .pointer_mut(&format!("/hooks/{stage}"))
+        .and_then(Value::as_array_mut)
+    {
+        hooks.retain(|hook| hook.get("path").and_then(Value::as_str) != Some(path));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +218,20 @@ mod tests {
         assert_eq!(
             spec["annotations"],
             json!({"gpupin.assigned": "GPU-1", "x": "y"})
+        );
+    }
+
+    #[test]
+    fn remove_hooks_drops_only_the_named_program() {
+        let mut spec = json!({"hooks": {"prestart": [
+            {"path": "/usr/bin/gpupin", "args": ["gpupin", "hook", "prestart"]},
+            {"path": "/usr/bin/other"},
+        ]}});
+        remove_hooks(&mut spec, "prestart", "/usr/bin/gpupin");
+        remove_hooks(&mut spec, "poststop", "/usr/bin/gpupin");
+        assert_eq!(
+            spec,
+            json!({"hooks": {"prestart": [{"path": "/usr/bin/other"}]}})
         );
     }
 }

@@ -6,7 +6,7 @@ mod env;
 mod io;
 mod view;
 
-pub use edit::{add_devices, add_hook, set_annotation, set_cpuset_unless_set};
+pub use edit::{add_devices, add_hook, remove_hooks, set_annotation, set_cpuset_unless_set};
 pub use env::{process_env, set_env};
 pub use io::{parse, read, write_atomic};
 pub use view::{annotations, rootfs_path};
