@@ -531,7 +531,10 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
             assert_eq!(from_annotations(&map).unwrap_err(), first);
-            assert_eq!(from_labels(&map).unwrap_err().to_string(), first.to_string());
+            assert_eq!(
+                from_labels(&map).unwrap_err().to_string(),
+                first.to_string()
+            );
         }
         // The first key in byte order is the one reported.
         assert!(first.to_string().contains("\"gpupin.aaa\""), "{first}");
