@@ -3,6 +3,7 @@
 
 use crate::inventory::InventorySource;
 use crate::policy::PolicyName;
+use crate::regular::{self, Links};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -92,10 +93,13 @@ impl Config {
 
     /// Reads one config file; a file named explicitly must exist.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        // Admins link configs into managed trees, so a link is followed; a FIFO or device
+        // is refused rather than read (a FIFO would block every hook on the host).
+        let text =
+            regular::read_to_string(path, Links::Follow).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Config::parse(&text, path)
     }
 
@@ -237,6 +241,41 @@ mod tests {
             c.inventory,
             InventorySource::File(PathBuf::from("/etc/gpupin/machines/box.json"))
         );
+    }
+
+    #[test]
+    fn a_fifo_as_config_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fifo = path.clone();
+        // Opening a FIFO for reading blocks until a writer comes, which may be never.
+        std::thread::spawn(move || {
+            let _ = tx.send(Config::load(&fifo).map(|_| ()));
+        });
+        let result = rx.recv_timeout(Duration::from_secs(5));
+        let err = result.expect("still blocked after 5 s").unwrap_err();
+        let line = crate::message::one_line(&err);
+        assert!(line.contains(&path.display().to_string()), "{line}");
+        assert!(line.contains("FIFO"), "{line}");
+    }
+
+    #[test]
+    fn a_symlinked_config_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("real.toml");
+        std::fs::write(&target, "max_shared = 3").unwrap();
+        let link = dir.path().join("config.toml");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(Config::load(&link).unwrap().max_shared, 3);
     }
 
     #[test]
