@@ -1,5 +1,6 @@
 //! `gpupin install ENGINE` / `gpupin uninstall ENGINE`.
 
+use super::out;
 use anyhow::Context;
 use gpupin::install::docker::{self, RuntimeEntry};
 use gpupin::install::file;
@@ -71,10 +72,10 @@ pub fn install(config: Option<&Path>, args: &InstallArgs) -> anyhow::Result<Exit
         && let Some(old) =
             docker::default_runtime(&before.doc).filter(|r| *r != docker::RUNTIME_NAME)
     {
-        eprintln!(
+        out::note(format_args!(
             "default-runtime was {old:?}, now {:?}",
             docker::RUNTIME_NAME
-        );
+        ));
     }
     apply(&args.file, &before, &after)
 }
@@ -86,10 +87,10 @@ pub fn uninstall(args: &UninstallArgs) -> anyhow::Result<ExitCode> {
     };
     let before = read_daemon_json(&args.daemon_json)?;
     if !before.existed {
-        println!(
+        outln!(
             "{}: no such file, nothing to remove",
             args.daemon_json.display()
-        );
+        )?;
         return Ok(ExitCode::SUCCESS);
     }
     let after = docker::without_gpupin(&before.doc)
@@ -134,24 +135,24 @@ fn runtime_entry(config: Option<&Path>) -> anyhow::Result<RuntimeEntry> {
 fn apply(args: &DaemonFileArgs, before: &Found, after: &Value) -> anyhow::Result<ExitCode> {
     let path = &args.daemon_json;
     if args.dry_run {
-        print!("{}", docker::render(after));
-        eprintln!(
+        out!("{}", docker::render(after))?;
+        out::note(format_args!(
             "dry run: {} not written, dockerd not signalled",
             path.display()
-        );
+        ));
         return Ok(ExitCode::SUCCESS);
     }
     if before.existed && before.doc == *after {
-        println!("{}: already up to date, no change", path.display());
+        outln!("{}: already up to date, no change", path.display())?;
         return Ok(ExitCode::SUCCESS);
     }
     match file::replace_with_backup(path, &docker::render(after))? {
-        Some(backup) => println!(
+        Some(backup) => outln!(
             "wrote {} (previous file saved as {})",
             path.display(),
             backup.display()
-        ),
-        None => println!("created {}", path.display()),
+        )?,
+        None => outln!("created {}", path.display())?,
     }
     report_reload(&args.pidfile, path)?;
     Ok(ExitCode::SUCCESS)
@@ -159,12 +160,12 @@ fn apply(args: &DaemonFileArgs, before: &Found, after: &Value) -> anyhow::Result
 
 fn report_reload(pidfile: &Path, daemon_json: &Path) -> anyhow::Result<()> {
     match reload::reload_dockerd(pidfile)? {
-        Reload::Signalled(pid) => println!("dockerd (pid {pid}) told to reload (SIGHUP)"),
-        Reload::NotRunning => println!(
+        Reload::Signalled(pid) => outln!("dockerd (pid {pid}) told to reload (SIGHUP)")?,
+        Reload::NotRunning => outln!(
             "dockerd is not running (no live dockerd in {}): it reads {} when it starts",
             pidfile.display(),
             daemon_json.display()
-        ),
+        )?,
     }
     Ok(())
 }

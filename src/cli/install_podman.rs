@@ -34,9 +34,9 @@ pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<
     let files = podman::hook_files(&hook, trigger);
     let steps = podman::install(&args.dir, &files, args.dry_run)?;
     for (step, file) in steps.iter().zip(&files) {
-        println!("{}", describe(step, args.dry_run));
+        outln!("{}", describe(step, args.dry_run))?;
         if args.dry_run && step.change == Change::Written {
-            println!("{:#}", file.content);
+            outln!("{:#}", file.content)?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -44,7 +44,7 @@ pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<
 
 pub fn uninstall(args: &PodmanArgs) -> anyhow::Result<ExitCode> {
     for step in podman::uninstall(&args.dir, args.dry_run)? {
-        println!("{}", describe(&step, args.dry_run));
+        outln!("{}", describe(&step, args.dry_run))?;
     }
     Ok(ExitCode::SUCCESS)
 }

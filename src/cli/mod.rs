@@ -1,5 +1,9 @@
 //! Command-line structure (clap) and dispatch; each command lives in its own file.
 
+// First: the printing macros must be defined before the commands that use them.
+#[macro_use]
+mod out;
+
 mod demo;
 mod gc;
 mod hook;
@@ -57,8 +61,14 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
+            if let Some(code) = out::broken_pipe_exit(&err) {
+                return code;
+            }
             // One line: runtimes fold hook stderr into their own error message.
-            eprintln!("gpupin: {}", gpupin::message::one_line(err.as_ref()));
+            out::note(format_args!(
+                "gpupin: {}",
+                gpupin::message::one_line(err.as_ref())
+            ));
             ExitCode::FAILURE
         }
     }

@@ -1,0 +1,114 @@
+//! The binaries as a shell sees them: output to a full disk or a closed pipe, errors that
+//! stay on one line, and config paths that stay valid wherever the hooks later run.
+//! Needs neither root nor runc.
+
+mod common;
+
+use common::{GPUPIN, Gpupin, stderr};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+/// Every command that prints, with what it needs to run without changing anything.
+fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
+    let daemon_json = dir.join("daemon.json").display().to_string();
+    let hooks = dir.join("hooks.d").display().to_string();
+    let cases: &[&[&str]] = &[
+        &["status"],
+        &["status", "--json"],
+        &["inventory"],
+        &["inventory", "--json"],
+        &["pick", "--count", "2"],
+        &["pick", "--count", "2", "--json"],
+        &[
+            "install",
+            "docker",
+            "--dry-run",
+            "--daemon-json",
+            &daemon_json,
+        ],
+        &[
+            "uninstall",
+            "docker",
+            "--dry-run",
+            "--daemon-json",
+            &daemon_json,
+        ],
+        &["install", "podman", "--dry-run", "--dir", &hooks],
+        &["uninstall", "podman", "--dry-run", "--dir", &hooks],
+    ];
+    cases
+        .iter()
+        .map(|c| c.iter().map(|s| s.to_string()).collect())
+        .collect()
+}
+
+fn gpupin(g: &Gpupin, args: &[String], stdout: Stdio) -> Output {
+    Command::new(GPUPIN)
+        .env_remove("GPUPIN_CONFIG")
+        .arg("--config")
+        .arg(&g.config)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// The one stderr line of a failed command.
+fn one_error_line(out: &Output) -> String {
+    let err = stderr(out);
+    assert_eq!(err.lines().count(), 1, "not one line: {err:?}");
+    assert!(
+        err.starts_with("gpupin: ") && err.ends_with('\n'),
+        "{err:?}"
+    );
+    err.trim_end().to_string()
+}
+
+#[test]
+fn a_full_stdout_is_one_error_line_not_a_panic() {
+    let g = Gpupin::new("sim:nvswitch8");
+    for args in printing_commands(g.dir.path()) {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = gpupin(&g, &args, Stdio::from(full));
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let line = one_error_line(&out);
+        assert!(
+            line.contains("writing to stdout") && line.contains("No space left on device"),
+            "{args:?}: {line}"
+        );
+    }
+}
+
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    let g = Gpupin::new("sim:nvswitch8");
+    for args in printing_commands(g.dir.path()) {
+        // `gpupin status | true`, with `true` long gone before gpupin writes.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = gpupin(&g, &args, Stdio::from(writer));
+        // 141 = 128 + SIGPIPE: what a shell reports for a tool the pipe signal ended.
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}");
+    }
+}
+
+#[test]
+fn a_newline_in_a_path_does_not_start_a_second_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpupin\nfake: second line.toml");
+    let out = Command::new(GPUPIN)
+        .arg("--config")
+        .arg(&config)
+        .arg("status")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_error_line(&out);
+    assert!(line.contains(r"gpupin\nfake: second line.toml"), "{line}");
+}
