@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{GPUPIN, Gpupin, stderr};
+use common::{GPUPIN, Gpupin, stderr, stdout};
+use serde_json::{Value, json};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -111,4 +112,75 @@ fn a_newline_in_a_path_does_not_start_a_second_line() {
     assert_eq!(out.status.code(), Some(1));
     let line = one_error_line(&out);
     assert!(line.contains(r"gpupin\nfake: second line.toml"), "{line}");
+}
+
+/// A copy of `g`'s config as `cfg.toml` in a fresh working directory.
+fn relative_config(g: &Gpupin, extra: &str) -> tempfile::TempDir {
+    let cwd = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(&g.config).unwrap();
+    std::fs::write(cwd.path().join("cfg.toml"), text + extra).unwrap();
+    cwd
+}
+
+#[test]
+fn install_docker_writes_an_absolute_config_path() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let cwd = relative_config(&g, "");
+    let absolute = cwd.path().join("cfg.toml");
+    let dry_run = [
+        "install",
+        "docker",
+        "--dry-run",
+        "--daemon-json",
+        "daemon.json",
+    ];
+    // From --config and from $GPUPIN_CONFIG alike: dockerd sees neither our cwd nor our env.
+    let by_flag = Command::new(GPUPIN)
+        .env_remove("GPUPIN_CONFIG")
+        .args(["--config", "cfg.toml"])
+        .args(dry_run)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let by_env = Command::new(GPUPIN)
+        .env("GPUPIN_CONFIG", "cfg.toml")
+        .args(dry_run)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    for out in [by_flag, by_env] {
+        assert!(out.status.success(), "{}", stderr(&out));
+        let doc: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(
+            doc["runtimes"]["gpupin"]["runtimeArgs"],
+            json!(["--gpupin-config", absolute])
+        );
+    }
+}
+
+#[test]
+fn install_podman_writes_an_absolute_config_path() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let cwd = relative_config(&g, "");
+    let absolute = cwd.path().join("cfg.toml").display().to_string();
+    let dry_run = ["install", "podman", "--dry-run", "--dir", "hooks.d"];
+    let by_flag = Command::new(GPUPIN)
+        .env_remove("GPUPIN_CONFIG")
+        .args(["--config", "cfg.toml"])
+        .args(dry_run)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let by_env = Command::new(GPUPIN)
+        .env("GPUPIN_CONFIG", "cfg.toml")
+        .args(dry_run)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    for out in [by_flag, by_env] {
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(text.contains(&format!("{absolute:?}")), "{text}");
+        assert!(!text.contains("\"cfg.toml\""), "{text}");
+    }
 }

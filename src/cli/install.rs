@@ -2,6 +2,7 @@
 
 use super::out;
 use anyhow::Context;
+use gpupin::config::CONFIG_ENV;
 use gpupin::install::docker::{self, RuntimeEntry};
 use gpupin::install::file;
 use gpupin::install::reload::{self, Reload};
@@ -125,10 +126,24 @@ fn runtime_entry(config: Option<&Path>) -> anyhow::Result<RuntimeEntry> {
         exe.display(),
         path.display()
     );
-    let config = config
-        .map(|c| std::path::absolute(c).with_context(|| format!("resolving {}", c.display())))
-        .transpose()?;
-    Ok(RuntimeEntry { path, config })
+    Ok(RuntimeEntry {
+        path,
+        config: absolute_config(config)?,
+    })
+}
+
+/// The config an engine is to hand to gpupin, as an absolute path: dockerd and podman run
+/// gpupin with their own working directory and environment, so neither a relative path
+/// nor `$GPUPIN_CONFIG` would reach it. `None`: neither was given, the default applies.
+/// A symlink is kept as a symlink: an admin who re-points it means gpupin to follow.
+pub fn absolute_config(flag: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
+    let env = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
+    let Some(path) = flag.map(Path::to_path_buf).or(env.map(PathBuf::from)) else {
+        return Ok(None);
+    };
+    let absolute = std::path::absolute(&path)
+        .with_context(|| format!("making config path {} absolute", path.display()))?;
+    Ok(Some(absolute))
 }
 
 /// Prints (dry run), reports no change, or writes with a backup and reloads dockerd.

@@ -2,7 +2,6 @@
 
 use anyhow::Context;
 use gpupin::assign::HookCommand;
-use gpupin::config::CONFIG_ENV;
 use gpupin::install::podman::{self, Change, Step, Trigger};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,7 +23,7 @@ pub struct PodmanArgs {
 pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<ExitCode> {
     let hook = HookCommand {
         exe: std::env::current_exe().context("finding the gpupin binary")?,
-        config: hook_config(config_flag)?,
+        config: super::install::absolute_config(config_flag)?,
     };
     let trigger = if args.always {
         Trigger::Always
@@ -47,19 +46,6 @@ pub fn uninstall(args: &PodmanArgs) -> anyhow::Result<ExitCode> {
         outln!("{}", describe(&step, args.dry_run))?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The config the hooks must load, as an absolute path: podman runs hooks with an empty
-/// environment and its own working directory, so neither `$GPUPIN_CONFIG` nor a relative
-/// path would reach them.
-fn hook_config(flag: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
-    let env = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
-    let Some(path) = flag.map(Path::to_path_buf).or(env.map(PathBuf::from)) else {
-        return Ok(None);
-    };
-    let absolute = std::path::absolute(&path)
-        .with_context(|| format!("making config path {} absolute", path.display()))?;
-    Ok(Some(absolute))
 }
 
 fn describe(step: &Step, dry_run: bool) -> String {
