@@ -6,8 +6,10 @@ mod common;
 
 use common::{GPUPIN, Gpupin, stderr, stdout};
 use serde_json::{Value, json};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+const RUNTIME: &str = env!("CARGO_BIN_EXE_gpupin-runtime");
 
 /// Every command that prints, with what it needs to run without changing anything.
 fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
@@ -183,4 +185,81 @@ fn install_podman_writes_an_absolute_config_path() {
         assert!(text.contains(&format!("{absolute:?}")), "{text}");
         assert!(!text.contains("\"cfg.toml\""), "{text}");
     }
+}
+
+/// A bundle asking for one GPU by annotation, and a stand-in for runc that does nothing.
+fn bundle_and_fake_runc(dir: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    let spec = json!({
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sleep", "1"], "env": ["PATH=/bin"]},
+        "root": {"path": "rootfs"},
+        "annotations": {"gpupin.count": "1"},
+    });
+    std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+    let runc = dir.join("fake-runc");
+    std::fs::write(&runc, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&runc, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (bundle, runc)
+}
+
+#[test]
+fn gpupin_runtime_refuses_a_relative_config() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let scratch = tempfile::tempdir().unwrap();
+    let (bundle, runc) = bundle_and_fake_runc(scratch.path());
+    let cwd = relative_config(&g, &format!("runtime = {:?}\n", runc.to_str().unwrap()));
+    let spec_before = std::fs::read(bundle.join("config.json")).unwrap();
+    let create = ["create", "--bundle", bundle.to_str().unwrap(), "ctr1"];
+    let by_flag = Command::new(RUNTIME)
+        .env_remove("GPUPIN_CONFIG")
+        .args(["--gpupin-config", "cfg.toml"])
+        .args(create)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let by_env = Command::new(RUNTIME)
+        .env("GPUPIN_CONFIG", "cfg.toml")
+        .args(create)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    for out in [by_flag, by_env] {
+        // Under dockerd the cwd is the bundle: the hooks would look for cfg.toml there.
+        let spec: Value =
+            serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        assert!(
+            !spec.to_string().contains("\"cfg.toml\""),
+            "relative config injected: {spec:#}"
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let line = one_error_line(&out);
+        assert!(
+            line.contains("\"cfg.toml\"") && line.contains("absolute"),
+            "{line}"
+        );
+        assert_eq!(
+            std::fs::read(bundle.join("config.json")).unwrap(),
+            spec_before
+        );
+        assert_eq!(g.ledger_snapshot().len(), 0, "nothing held after a refusal");
+    }
+    // The same config named by its absolute path is taken, and so the hooks get.
+    let absolute = cwd.path().join("cfg.toml");
+    let out = Command::new(RUNTIME)
+        .env_remove("GPUPIN_CONFIG")
+        .arg("--gpupin-config")
+        .arg(&absolute)
+        .args(create)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let spec = std::fs::read_to_string(bundle.join("config.json")).unwrap();
+    assert!(
+        spec.contains(&format!("{:?}", absolute.display().to_string())),
+        "{spec}"
+    );
 }
