@@ -116,6 +116,20 @@ fn a_newline_in_a_path_does_not_start_a_second_line() {
     assert!(line.contains(r"gpupin\nfake: second line.toml"), "{line}");
 }
 
+#[test]
+fn a_usage_error_is_one_line() {
+    for args in [
+        &["hook"][..],
+        &["--bogus\nfake: line", "status"],
+        &["pick", "--count"],
+    ] {
+        let out = Command::new(GPUPIN).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let line = one_error_line(&out);
+        assert!(line.contains("gpupin --help"), "{line}");
+    }
+}
+
 /// A copy of `g`'s config as `cfg.toml` in a fresh working directory.
 fn relative_config(g: &Gpupin, extra: &str) -> tempfile::TempDir {
     let cwd = tempfile::tempdir().unwrap();
