@@ -225,7 +225,7 @@ mod tests {
         std::fs::remove_file(dir.join(HOSTCONFIG_FILE)).unwrap();
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &dir.join(HOSTCONFIG_FILE),
+            dir.join(HOSTCONFIG_FILE),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o600),
             0,
