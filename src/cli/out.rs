@@ -39,9 +39,9 @@ pub fn note(args: fmt::Arguments) {
     let _ = writeln!(io::stderr().lock(), "{args}");
 }
 
-/// 128 + SIGPIPE: the status a shell shows for a tool that the pipe signal ended. Rust
-/// ignores SIGPIPE, so gpupin sees EPIPE instead and exits with the same status, quietly,
-/// as `cat`, `ls` and the rest appear to do under `set -o pipefail`.
+/// 128 + SIGPIPE. A C tool that writes to a pipe whose reader is gone dies of SIGPIPE,
+/// silently, and a shell shows 141 (`set -o pipefail` counts it as a failure). Rust
+/// ignores SIGPIPE, so gpupin gets EPIPE instead, and ends the same way: no message, 141.
 const BROKEN_PIPE_STATUS: u8 = 128 + 13;
 
 /// The exit status for a reader that went away (`gpupin status | head -0`), if `err`
