@@ -110,24 +110,22 @@ impl Config {
             reason,
         };
         let file: ConfigFile = toml::from_str(text).map_err(|e| invalid(one_line(e.message())))?;
+        // Relative paths are relative to the config file, not to the cwd of whichever
+        // runtime happens to call the hook (the bundle, under runc and dockerd).
+        let beside = |p: PathBuf| path.parent().map_or(p.clone(), |dir| dir.join(&p));
         let mut config = Config {
             path: Some(path.to_path_buf()),
             ..Config::default()
         };
         if let Some(dir) = file.state_dir {
-            config.state_dir = dir;
+            config.state_dir = beside(dir);
         }
         if let Some(inv) = file.inventory {
             config.inventory = inv
                 .parse()
                 .map_err(|e| invalid(format!("inventory: {e}")))?;
-            // A relative inventory file is relative to the config file, not the cwd of
-            // whichever runtime happens to call the hook.
-            if let InventorySource::File(p) = &config.inventory
-                && p.is_relative()
-                && let Some(dir) = path.parent()
-            {
-                config.inventory = InventorySource::File(dir.join(p));
+            if let InventorySource::File(p) = config.inventory {
+                config.inventory = InventorySource::File(beside(p));
             }
         }
         if let Some(grace) = file.claim_grace {
@@ -138,7 +136,7 @@ impl Config {
             })?;
         }
         if let Some(live) = file.live_file {
-            config.live_file = Some(path.parent().map_or(live.clone(), |dir| dir.join(&live)));
+            config.live_file = Some(beside(live));
         }
         if let Some(max) = file.max_shared {
             if max == 0 {
@@ -147,7 +145,11 @@ impl Config {
             config.max_shared = max;
         }
         if let Some(runtime) = file.runtime {
-            config.runtime = runtime;
+            // A bare name is looked up on PATH; only a path is anchored.
+            config.runtime = match runtime.components().count() {
+                1 => runtime,
+                _ => beside(runtime),
+            };
         }
         if let Some(policy) = file.policy {
             config.policy = policy
@@ -231,6 +233,20 @@ mod tests {
         assert!(
             err.contains("sim:nope") && err.contains("sim:nvswitch8"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn relative_state_dir_and_runtime_path_are_beside_the_config() {
+        // Hooks and the shim run in a container's bundle: resolved against their cwd,
+        // a relative state_dir would give every bundle a ledger of its own.
+        let c = parse("state_dir = \"state\"\nruntime = \"bin/runc\"").unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/etc/gpupin/state"));
+        assert_eq!(c.runtime, PathBuf::from("/etc/gpupin/bin/runc"));
+        // A bare name is looked up on PATH, not beside the config.
+        assert_eq!(
+            parse("runtime = \"crun\"").unwrap().runtime,
+            PathBuf::from("crun")
         );
     }
 
