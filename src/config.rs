@@ -3,6 +3,7 @@
 
 use crate::inventory::InventorySource;
 use crate::policy::PolicyName;
+use crate::regular::{self, Links};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -92,10 +93,13 @@ impl Config {
 
     /// Reads one config file; a file named explicitly must exist.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        // Admins link configs into managed trees, so a link is followed; a FIFO or device
+        // is refused rather than read (a FIFO would block every hook on the host).
+        let text =
+            regular::read_to_string(path, Links::Follow).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Config::parse(&text, path)
     }
 
@@ -106,24 +110,22 @@ impl Config {
             reason,
         };
         let file: ConfigFile = toml::from_str(text).map_err(|e| invalid(one_line(e.message())))?;
+        // Relative paths are relative to the config file, not to the cwd of whichever
+        // runtime happens to call the hook (the bundle, under runc and dockerd).
+        let beside = |p: PathBuf| path.parent().map_or(p.clone(), |dir| dir.join(&p));
         let mut config = Config {
             path: Some(path.to_path_buf()),
             ..Config::default()
         };
         if let Some(dir) = file.state_dir {
-            config.state_dir = dir;
+            config.state_dir = beside(dir);
         }
         if let Some(inv) = file.inventory {
             config.inventory = inv
                 .parse()
                 .map_err(|e| invalid(format!("inventory: {e}")))?;
-            // A relative inventory file is relative to the config file, not the cwd of
-            // whichever runtime happens to call the hook.
-            if let InventorySource::File(p) = &config.inventory
-                && p.is_relative()
-                && let Some(dir) = path.parent()
-            {
-                config.inventory = InventorySource::File(dir.join(p));
+            if let InventorySource::File(p) = config.inventory {
+                config.inventory = InventorySource::File(beside(p));
             }
         }
         if let Some(grace) = file.claim_grace {
@@ -134,7 +136,7 @@ impl Config {
             })?;
         }
         if let Some(live) = file.live_file {
-            config.live_file = Some(path.parent().map_or(live.clone(), |dir| dir.join(&live)));
+            config.live_file = Some(beside(live));
         }
         if let Some(max) = file.max_shared {
             if max == 0 {
@@ -143,7 +145,11 @@ impl Config {
             config.max_shared = max;
         }
         if let Some(runtime) = file.runtime {
-            config.runtime = runtime;
+            // A bare name is looked up on PATH; only a path is anchored.
+            config.runtime = match runtime.components().count() {
+                1 => runtime,
+                _ => beside(runtime),
+            };
         }
         if let Some(policy) = file.policy {
             config.policy = policy
@@ -231,12 +237,61 @@ mod tests {
     }
 
     #[test]
+    fn relative_state_dir_and_runtime_path_are_beside_the_config() {
+        // Hooks and the shim run in a container's bundle: resolved against their cwd,
+        // a relative state_dir would give every bundle a ledger of its own.
+        let c = parse("state_dir = \"state\"\nruntime = \"bin/runc\"").unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/etc/gpupin/state"));
+        assert_eq!(c.runtime, PathBuf::from("/etc/gpupin/bin/runc"));
+        // A bare name is looked up on PATH, not beside the config.
+        assert_eq!(
+            parse("runtime = \"crun\"").unwrap().runtime,
+            PathBuf::from("crun")
+        );
+    }
+
+    #[test]
     fn relative_inventory_file_is_beside_the_config() {
         let c = parse("inventory = \"machines/box.json\"").unwrap();
         assert_eq!(
             c.inventory,
             InventorySource::File(PathBuf::from("/etc/gpupin/machines/box.json"))
         );
+    }
+
+    #[test]
+    fn a_fifo_as_config_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fifo = path.clone();
+        // Opening a FIFO for reading blocks until a writer comes, which may be never.
+        std::thread::spawn(move || {
+            let _ = tx.send(Config::load(&fifo).map(|_| ()));
+        });
+        let result = rx.recv_timeout(Duration::from_secs(5));
+        let err = result.expect("still blocked after 5 s").unwrap_err();
+        let line = crate::message::one_line(&err);
+        assert!(line.contains(&path.display().to_string()), "{line}");
+        assert!(line.contains("FIFO"), "{line}");
+    }
+
+    #[test]
+    fn a_symlinked_config_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("real.toml");
+        std::fs::write(&target, "max_shared = 3").unwrap();
+        let link = dir.path().join("config.toml");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(Config::load(&link).unwrap().max_shared, 3);
     }
 
     #[test]

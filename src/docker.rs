@@ -4,6 +4,7 @@
 //! mounts /etc/hostname, /etc/hosts and /etc/resolv.conf from it. The Docker API is never
 //! called: during `create` the daemon holds the container's lock, and a call would deadlock.
 
+use crate::regular::{self, Links};
 use crate::request::{self, GpuRequest, Origin, RequestError, Selection};
 use serde::Deserialize;
 use serde_json::Value;
@@ -16,13 +17,13 @@ const DOCKER_MOUNTS: &[&str] = &["/etc/hostname", "/etc/hosts", "/etc/resolv.con
 
 #[derive(Debug, thiserror::Error)]
 pub enum DockerError {
-    #[error("reading Docker container file {path}")]
+    #[error("reading Docker container file {path:?}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("parsing Docker container file {path}")]
+    #[error("parsing Docker container file {path:?}")]
     Parse {
         path: PathBuf,
         #[source]
@@ -30,7 +31,7 @@ pub enum DockerError {
     },
     #[error(transparent)]
     Request(#[from] RequestError),
-    #[error("invalid Docker GPU request in {path}: {reason}")]
+    #[error("invalid Docker GPU request in {path:?}: {reason}")]
     BadDeviceRequest { path: PathBuf, reason: String },
 }
 
@@ -94,8 +95,10 @@ impl DeviceRequest {
     }
 }
 
+/// The folder comes from the spec's mounts, so its path is quoted in errors and its files
+/// are read as dockerd writes them: regular files, never links, never a FIFO to block on.
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, DockerError> {
-    let bytes = std::fs::read(path).map_err(|source| DockerError::Read {
+    let bytes = regular::read(path, Links::Refuse).map_err(|source| DockerError::Read {
         path: path.to_path_buf(),
         source,
     })?;
@@ -200,6 +203,41 @@ mod tests {
                 .to_string()
                 .contains("gpupin.count=\"-1\"")
         );
+    }
+
+    #[test]
+    fn a_path_from_the_spec_is_quoted_in_errors() {
+        let (_root, dir) = container("c\nfake: line", json!({}), json!({}));
+        std::fs::write(dir.join(HOSTCONFIG_FILE), "{").unwrap();
+        let err = gpus_request(&dir).unwrap_err().to_string();
+        assert!(!err.contains('\n'), "{err}");
+        assert!(err.contains(r"c\nfake: line/hostconfig.json"), "{err}");
+    }
+
+    #[test]
+    fn container_files_that_are_links_or_fifos_are_refused() {
+        let (_root, dir) = container("c", json!({"gpupin.count": "1"}), json!({}));
+        let elsewhere = dir.parent().unwrap().join("other.json");
+        std::fs::rename(dir.join(CONFIG_FILE), &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.join(CONFIG_FILE)).unwrap();
+        let err = crate::message::one_line(&label_request(&dir).unwrap_err());
+        assert!(err.starts_with("reading Docker container file"), "{err}");
+        std::fs::remove_file(dir.join(HOSTCONFIG_FILE)).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.join(HOSTCONFIG_FILE),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(gpus_request(&dir).map(|_| ()));
+        });
+        let result = rx.recv_timeout(std::time::Duration::from_secs(5));
+        let err = result.expect("still blocked after 5 s").unwrap_err();
+        assert!(crate::message::one_line(&err).contains("FIFO"), "{err}");
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //! fold a hook's stderr into their own one-line message.
 
 use std::error::Error;
+use std::fmt::Write;
 
-/// `outer: inner: innermost`.
+/// `outer: inner: innermost`, with every control character escaped (`\n`, `\u{1b}`), so
+/// that text a container chose (an annotation key, a label) can neither start a second
+/// line nor steer a terminal, whatever message it ends up in.
 pub fn one_line(err: &dyn Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
@@ -12,7 +15,25 @@ pub fn one_line(err: &dyn Error) -> String {
         text.push_str(&inner.to_string());
         source = inner.source();
     }
-    text
+    escape_controls(&text)
+}
+
+/// C0, DEL and C1 (`char::is_control`), and the Unicode line and paragraph separators,
+/// which some terminals and log viewers also break lines at.
+fn escape_controls(text: &str) -> String {
+    let breaks_line = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    if !text.contains(breaks_line) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if breaks_line(c) {
+            let _ = write!(out, "{}", c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -27,5 +48,25 @@ mod tests {
     fn joins_the_chain_on_one_line() {
         let err = Outer("/x", std::io::Error::other("no such file"));
         assert_eq!(one_line(&err), "reading /x: no such file");
+    }
+
+    #[test]
+    fn control_characters_anywhere_in_the_chain_are_escaped() {
+        let err = Outer(
+            "a\nb\rc\td\u{1b}[31me\u{7f}f",
+            std::io::Error::other("g\u{85}h\u{2028}i\nj"),
+        );
+        let line = one_line(&err);
+        assert_eq!(
+            line,
+            r"reading a\nb\rc\td\u{1b}[31me\u{7f}f: g\u{85}h\u{2028}i\nj"
+        );
+        assert!(!line.contains(|c: char| c.is_control()), "{line}");
+    }
+
+    #[test]
+    fn other_text_is_kept_as_it_is() {
+        let err = Outer("/données/ü \"x\" \\n", std::io::Error::other("GPU-ä"));
+        assert_eq!(one_line(&err), "reading /données/ü \"x\" \\n: GPU-ä");
     }
 }

@@ -125,7 +125,7 @@ pub enum RequestError {
         value: String,
         expected: &'static str,
     },
-    #[error("unknown request key {key}: expected one of {}", known_keys(*.origin))]
+    #[error("unknown request key {key:?}: expected one of {}", known_keys(*.origin))]
     UnknownKey { key: String, origin: Origin },
     #[error("{count_key} and {devices_key} exclude each other: give one of them")]
     CountAndDevices {
@@ -162,7 +162,8 @@ const SHARE_EXPECTED: &str = "expected exclusive or shared";
 const WAIT_EXPECTED: &str = "expected a duration of at most 24h, such as 90s or 5m";
 const CPUS_EXPECTED: &str = "expected numa";
 
-/// Reads a request from OCI annotations. `Ok(None)`: no `gpupin.` key at all.
+/// Reads a request from OCI annotations. `Ok(None)`: no `gpupin.` key at all. Keys are
+/// read in byte order, so that of several bad keys the same one is always reported.
 ///
 /// ```
 /// use gpupin::request::{from_annotations, Selection};
@@ -190,13 +191,17 @@ fn from_keys(
     map: &HashMap<String, String>,
     origin: Origin,
 ) -> Result<Option<GpuRequest>, RequestError> {
-    let pairs = map
+    let mut pairs: Vec<(&str, &str)> = map
         .iter()
         .filter(|(k, _)| {
             k.starts_with(ANNOTATION_PREFIX) && !WRITTEN_BY_GPUPIN.contains(&k.as_str())
         })
-        .map(|(k, v)| (k.as_str(), v.as_str()));
-    parse(pairs, origin)
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    // A HashMap's order changes from run to run: without a fixed order, a request with
+    // several bad keys would be refused with a different reason each time.
+    pairs.sort_unstable();
+    parse(pairs.into_iter(), origin)
 }
 
 /// Reads a request from a process env (`KEY=VALUE` strings). The last occurrence of a
@@ -492,6 +497,47 @@ mod tests {
             err.contains("gpupin.cuont") && err.contains("gpupin.count"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn unknown_key_is_quoted_so_it_cannot_break_the_line() {
+        let err = ann(&[("gpupin.count\nfake: line", "1")])
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains('\n'), "{err}");
+        assert!(err.contains(r#""gpupin.count\nfake: line""#), "{err}");
+        let err = from_env(&["GPUPIN_\x1b[2JX=1"]).unwrap_err().to_string();
+        assert!(!err.contains('\x1b'), "{err}");
+        assert!(err.contains(r#""GPUPIN_\u{1b}[2JX""#), "{err}");
+    }
+
+    #[test]
+    fn several_bad_keys_give_the_same_error_whatever_the_map_order() {
+        let bad = [
+            ("gpupin.share", "sometimes"),
+            ("gpupin.zzz", "1"),
+            ("gpupin.count", "-1"),
+            ("gpupin.wait", "forever"),
+            ("gpupin.aaa", "1"),
+            ("gpupin.policy", "random"),
+        ];
+        let first = ann(&bad).unwrap_err();
+        // Each HashMap gets its own random hasher: 50 maps, 50 iteration orders.
+        for round in 0..50 {
+            let mut pairs = bad.to_vec();
+            pairs.rotate_left(round % bad.len());
+            let map: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            assert_eq!(from_annotations(&map).unwrap_err(), first);
+            assert_eq!(
+                from_labels(&map).unwrap_err().to_string(),
+                first.to_string()
+            );
+        }
+        // The first key in byte order is the one reported.
+        assert!(first.to_string().contains("\"gpupin.aaa\""), "{first}");
     }
 
     #[test]

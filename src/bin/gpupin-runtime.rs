@@ -3,6 +3,7 @@
 //! `gpupin::runtime`.
 
 use gpupin::assign::HookCommand;
+use gpupin::config::CONFIG_ENV;
 use gpupin::runtime::{self, argv, argv::Action, argv::Invocation};
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -24,7 +25,8 @@ fn main() -> ExitCode {
 
 fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
     let own_exe = std::env::current_exe()?;
-    let config = runtime::load_config(inv.gpupin_config.as_deref())?;
+    let flag = argv::config_path(inv.gpupin_config.as_deref(), std::env::var_os(CONFIG_ENV))?;
+    let config = runtime::load_config(flag.as_deref())?;
     let real = runtime::real_runtime(&config, &own_exe)?;
     match &inv.action {
         Action::Other => Err(exec(&real, &inv.runtime_args)),
@@ -69,8 +71,10 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 /// Reports on stderr and, as runc does, in the `--log` file: containerd shows the last
 /// error line of that file to the user (`docker run` prints it).
 fn fail(log_file: Option<&Path>, err: &anyhow::Error) -> ExitCode {
+    use std::io::Write;
     let msg = format!("gpupin: {}", gpupin::message::one_line(err.as_ref()));
-    eprintln!("{msg}");
+    // A closed or full stderr is no reason to panic: the log file may still get the line.
+    let _ = writeln!(std::io::stderr().lock(), "{msg}");
     if let Some(path) = log_file {
         append_log(path, &msg);
     }

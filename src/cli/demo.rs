@@ -7,6 +7,7 @@
 //! The demo never touches the system's configuration or ledger: it writes its own config
 //! with a state dir in a temp dir.
 
+use super::out;
 use anyhow::Context;
 use gpupin::config::Config;
 use gpupin::inventory::{self, Inventory};
@@ -142,12 +143,12 @@ pub fn run(
 ) -> anyhow::Result<ExitCode> {
     let work = WorkDir::create()?;
     let setup = setup(&work.0, &args.machine)?;
-    println!(
+    outln!(
         "gpupin demo on simulated machine {} ({} GPUs); config {}",
         setup.inventory.source,
         setup.inventory.gpus.len(),
         setup.config_file.display()
-    );
+    )?;
     let requirements = match args.no_containers {
         true => Err("--no-containers given".to_string()),
         false => Requirements::check(),
@@ -155,16 +156,18 @@ pub fn run(
     let all_as_expected = match requirements {
         Ok(reqs) => with_containers(&setup, &reqs)?,
         Err(reason) => {
-            print_fallback_notice(&reason);
+            print_fallback_notice(&reason)?;
             without_containers(&setup)?
         }
     };
     let all_back = setup_records(&setup)?.is_empty();
     if !all_as_expected || !all_back {
-        eprintln!("gpupin: demo: not everything went as expected (see above)");
+        out::note(format_args!(
+            "gpupin: demo: not everything went as expected (see above)"
+        ));
         return Ok(ExitCode::FAILURE);
     }
-    println!("\nEvery GPU is free again.");
+    outln!("\nEvery GPU is free again.")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -187,14 +190,15 @@ fn setup(work: &Path, machine: &str) -> anyhow::Result<Setup> {
     })
 }
 
-fn print_fallback_notice(reason: &str) {
-    println!("No real containers: {reason}.");
-    println!(
+fn print_fallback_notice(reason: &str) -> anyhow::Result<()> {
+    outln!("No real containers: {reason}.")?;
+    outln!(
         "Running the same requests through the hook protocol instead: each \"container\" is a\n\
          live `sleep` process, its OCI state goes to the hook's prestart logic in process,\n\
          which allocates in the same ledger but creates no device node and grants no cgroup\n\
          access (both need a container's mount namespace, and root); poststop is the hook's own."
-    );
+    )?;
+    Ok(())
 }
 
 fn setup_records(setup: &Setup) -> anyhow::Result<Vec<Record>> {
@@ -202,12 +206,12 @@ fn setup_records(setup: &Setup) -> anyhow::Result<Vec<Record>> {
 }
 
 fn print_status(setup: &Setup) -> anyhow::Result<()> {
-    println!("\n$ gpupin --config {} status", setup.config_file.display());
+    outln!("\n$ gpupin --config {} status", setup.config_file.display())?;
     let records = setup_records(setup)?;
-    print!(
+    out!(
         "{}",
         report::status_table(&setup.inventory, &records, setup.config.claim_grace)
-    );
+    )?;
     Ok(())
 }
 
@@ -227,24 +231,24 @@ fn record_of(setup: &Setup, id: &str) -> anyhow::Result<Option<Record>> {
 }
 
 /// Prints one scenario's result; returns whether it was the expected one.
-fn report_line(scenario: &Scenario, outcome: &str, refused: bool) -> bool {
-    println!(
+fn report_line(scenario: &Scenario, outcome: &str, refused: bool) -> anyhow::Result<bool> {
+    outln!(
         "  {:<7} {:<52} -> {outcome}",
         scenario.name,
         scenario.describe()
-    );
+    )?;
     let expected = refused == scenario.expect_refusal;
     if !expected {
-        println!(
+        outln!(
             "          (unexpected: this request should have been {})",
             if scenario.expect_refusal {
                 "refused"
             } else {
                 "granted"
             }
-        );
+        )?;
     }
-    expected
+    Ok(expected)
 }
 
 fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
@@ -255,11 +259,11 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
         exe: std::env::current_exe().context("finding the gpupin binary")?,
         config: Some(setup.config_file.clone()),
     };
-    println!(
+    outln!(
         "Starting {} containers with `runc run -d` (busybox, `sleep 1000`), gpupin as their\n\
          prestart and poststop hook; what each asks for, and what it sees in /dev:",
         SCENARIOS.len()
-    );
+    )?;
     let mut ok = true;
     let mut running = Vec::new();
     for scenario in SCENARIOS {
@@ -268,7 +272,7 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
         running.extend(container);
     }
     print_status(setup)?;
-    println!("\nStopping the containers (runc kill, then runc delete, which runs poststop)...");
+    outln!("\nStopping the containers (runc kill, then runc delete, which runs poststop)...")?;
     for container in running {
         container.stop()?;
     }
@@ -288,23 +292,23 @@ fn start_one(
     sandbox::write_bundle(&bundle, &scenario.spec(rootfs).with_hook(hook))?;
     let container = match runc.run_detached(&id, &bundle) {
         Ok(c) => c,
-        Err(err) => return Ok((report_refusal(scenario, &err.to_string()), None)),
+        Err(err) => return Ok((report_refusal(scenario, &err.to_string())?, None)),
     };
     let nodes = nvidia_nodes(&container)?;
     let outcome = match record_of(setup, &id)? {
         Some(r) => format!("{}; sees {nodes}", gpu_list(&setup.inventory, &r)),
         None => format!("untouched; sees {nodes}"),
     };
-    Ok((report_line(scenario, &outcome, false), Some(container)))
+    Ok((report_line(scenario, &outcome, false)?, Some(container)))
 }
 
 /// A refusal counts as one only when gpupin said no; any other runc failure is a fault.
-fn report_refusal(scenario: &Scenario, runc_error: &str) -> bool {
+fn report_refusal(scenario: &Scenario, runc_error: &str) -> anyhow::Result<bool> {
     match sandbox::hook_message(runc_error) {
         Some(message) => report_line(scenario, &format!("refused: {message}"), true),
         None => {
-            report_line(scenario, &format!("failed: {runc_error}"), true);
-            false
+            report_line(scenario, &format!("failed: {runc_error}"), true)?;
+            Ok(false)
         }
     }
 }
@@ -342,7 +346,7 @@ impl Drop for FakeContainer {
 }
 
 fn without_containers(setup: &Setup) -> anyhow::Result<bool> {
-    println!("Requests, each from a `sleep` process with its own bundle:");
+    outln!("Requests, each from a `sleep` process with its own bundle:")?;
     let mut ok = true;
     let mut fakes = Vec::new();
     for scenario in SCENARIOS {
@@ -356,11 +360,11 @@ fn without_containers(setup: &Setup) -> anyhow::Result<bool> {
                 &format!("refused: gpupin: {}", gpupin::message::one_line(&e)),
                 true,
             ),
-        };
+        }?;
         fakes.push(fake);
     }
     print_status(setup)?;
-    println!("\nStopping: each `sleep` is killed and its state goes to the hook's poststop...");
+    outln!("\nStopping: each `sleep` is killed and its state goes to the hook's poststop...")?;
     for mut fake in fakes {
         fake.kill();
         sandbox::poststop(&setup.config, &fake.state)?;

@@ -1,6 +1,8 @@
 //! `gpupin install ENGINE` / `gpupin uninstall ENGINE`.
 
+use super::out;
 use anyhow::Context;
+use gpupin::config::CONFIG_ENV;
 use gpupin::install::docker::{self, RuntimeEntry};
 use gpupin::install::file;
 use gpupin::install::reload::{self, Reload};
@@ -71,10 +73,10 @@ pub fn install(config: Option<&Path>, args: &InstallArgs) -> anyhow::Result<Exit
         && let Some(old) =
             docker::default_runtime(&before.doc).filter(|r| *r != docker::RUNTIME_NAME)
     {
-        eprintln!(
+        out::note(format_args!(
             "default-runtime was {old:?}, now {:?}",
             docker::RUNTIME_NAME
-        );
+        ));
     }
     apply(&args.file, &before, &after)
 }
@@ -86,10 +88,10 @@ pub fn uninstall(args: &UninstallArgs) -> anyhow::Result<ExitCode> {
     };
     let before = read_daemon_json(&args.daemon_json)?;
     if !before.existed {
-        println!(
+        outln!(
             "{}: no such file, nothing to remove",
             args.daemon_json.display()
-        );
+        )?;
         return Ok(ExitCode::SUCCESS);
     }
     let after = docker::without_gpupin(&before.doc)
@@ -124,34 +126,48 @@ fn runtime_entry(config: Option<&Path>) -> anyhow::Result<RuntimeEntry> {
         exe.display(),
         path.display()
     );
-    let config = config
-        .map(|c| std::path::absolute(c).with_context(|| format!("resolving {}", c.display())))
-        .transpose()?;
-    Ok(RuntimeEntry { path, config })
+    Ok(RuntimeEntry {
+        path,
+        config: absolute_config(config)?,
+    })
+}
+
+/// The config an engine is to hand to gpupin, as an absolute path: dockerd and podman run
+/// gpupin with their own working directory and environment, so neither a relative path
+/// nor `$GPUPIN_CONFIG` would reach it. `None`: neither was given, the default applies.
+/// A symlink is kept as a symlink: an admin who re-points it means gpupin to follow.
+pub fn absolute_config(flag: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
+    let env = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
+    let Some(path) = flag.map(Path::to_path_buf).or(env.map(PathBuf::from)) else {
+        return Ok(None);
+    };
+    let absolute = std::path::absolute(&path)
+        .with_context(|| format!("making config path {} absolute", path.display()))?;
+    Ok(Some(absolute))
 }
 
 /// Prints (dry run), reports no change, or writes with a backup and reloads dockerd.
 fn apply(args: &DaemonFileArgs, before: &Found, after: &Value) -> anyhow::Result<ExitCode> {
     let path = &args.daemon_json;
     if args.dry_run {
-        print!("{}", docker::render(after));
-        eprintln!(
+        out!("{}", docker::render(after))?;
+        out::note(format_args!(
             "dry run: {} not written, dockerd not signalled",
             path.display()
-        );
+        ));
         return Ok(ExitCode::SUCCESS);
     }
     if before.existed && before.doc == *after {
-        println!("{}: already up to date, no change", path.display());
+        outln!("{}: already up to date, no change", path.display())?;
         return Ok(ExitCode::SUCCESS);
     }
     match file::replace_with_backup(path, &docker::render(after))? {
-        Some(backup) => println!(
+        Some(backup) => outln!(
             "wrote {} (previous file saved as {})",
             path.display(),
             backup.display()
-        ),
-        None => println!("created {}", path.display()),
+        )?,
+        None => outln!("created {}", path.display())?,
     }
     report_reload(&args.pidfile, path)?;
     Ok(ExitCode::SUCCESS)
@@ -159,12 +175,12 @@ fn apply(args: &DaemonFileArgs, before: &Found, after: &Value) -> anyhow::Result
 
 fn report_reload(pidfile: &Path, daemon_json: &Path) -> anyhow::Result<()> {
     match reload::reload_dockerd(pidfile)? {
-        Reload::Signalled(pid) => println!("dockerd (pid {pid}) told to reload (SIGHUP)"),
-        Reload::NotRunning => println!(
+        Reload::Signalled(pid) => outln!("dockerd (pid {pid}) told to reload (SIGHUP)")?,
+        Reload::NotRunning => outln!(
             "dockerd is not running (no live dockerd in {}): it reads {} when it starts",
             pidfile.display(),
             daemon_json.display()
-        ),
+        )?,
     }
     Ok(())
 }

@@ -2,7 +2,6 @@
 
 use anyhow::Context;
 use gpupin::assign::HookCommand;
-use gpupin::config::CONFIG_ENV;
 use gpupin::install::podman::{self, Change, Step, Trigger};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,7 +23,7 @@ pub struct PodmanArgs {
 pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<ExitCode> {
     let hook = HookCommand {
         exe: std::env::current_exe().context("finding the gpupin binary")?,
-        config: hook_config(config_flag)?,
+        config: super::install::absolute_config(config_flag)?,
     };
     let trigger = if args.always {
         Trigger::Always
@@ -34,9 +33,9 @@ pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<
     let files = podman::hook_files(&hook, trigger);
     let steps = podman::install(&args.dir, &files, args.dry_run)?;
     for (step, file) in steps.iter().zip(&files) {
-        println!("{}", describe(step, args.dry_run));
+        outln!("{}", describe(step, args.dry_run))?;
         if args.dry_run && step.change == Change::Written {
-            println!("{:#}", file.content);
+            outln!("{:#}", file.content)?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -44,22 +43,9 @@ pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<
 
 pub fn uninstall(args: &PodmanArgs) -> anyhow::Result<ExitCode> {
     for step in podman::uninstall(&args.dir, args.dry_run)? {
-        println!("{}", describe(&step, args.dry_run));
+        outln!("{}", describe(&step, args.dry_run))?;
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The config the hooks must load, as an absolute path: podman runs hooks with an empty
-/// environment and its own working directory, so neither `$GPUPIN_CONFIG` nor a relative
-/// path would reach them.
-fn hook_config(flag: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
-    let env = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
-    let Some(path) = flag.map(Path::to_path_buf).or(env.map(PathBuf::from)) else {
-        return Ok(None);
-    };
-    let absolute = std::path::absolute(&path)
-        .with_context(|| format!("making config path {} absolute", path.display()))?;
-    Ok(Some(absolute))
 }
 
 fn describe(step: &Step, dry_run: bool) -> String {

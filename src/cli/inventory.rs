@@ -21,9 +21,9 @@ pub fn run(config: &Config, args: &InventoryArgs) -> anyhow::Result<ExitCode> {
         inventory::load(&config.inventory, &config.state_dir)?
     };
     if args.json {
-        println!("{:#}", report::inventory_json(&inv));
+        outln!("{:#}", report::inventory_json(&inv))?;
     } else {
-        print!("{}", report::inventory_table(&inv));
+        out!("{}", report::inventory_table(&inv))?;
     }
     Ok(ExitCode::SUCCESS)
 }

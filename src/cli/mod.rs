@@ -1,5 +1,9 @@
 //! Command-line structure (clap) and dispatch; each command lives in its own file.
 
+// First: the printing macros must be defined before the commands that use them.
+#[macro_use]
+mod out;
+
 mod demo;
 mod gc;
 mod hook;
@@ -53,15 +57,52 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage_error(err),
+    };
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
-            // One line: runtimes fold hook stderr into their own error message.
-            eprintln!("gpupin: {}", gpupin::message::one_line(err.as_ref()));
+            if let Some(code) = out::broken_pipe_exit(&err) {
+                return code;
+            }
+            report(&err);
             ExitCode::FAILURE
         }
     }
+}
+
+/// One line: runtimes fold hook stderr into their own error message.
+fn report(err: &anyhow::Error) {
+    out::note(format_args!(
+        "gpupin: {}",
+        gpupin::message::one_line(err.as_ref())
+    ));
+}
+
+/// Help and version as clap prints them; a usage error as one line, in clap's words
+/// without its usage block (a hook's stderr ends up in a runtime's one-line message).
+fn usage_error(err: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        err.exit()
+    }
+    let text = err.render().to_string();
+    let first = text.split("\n\n").next().unwrap_or_default();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    // clap lists missing arguments on lines of their own.
+    let message: Vec<&str> = first.lines().map(str::trim).collect();
+    report(&anyhow::anyhow!(
+        "{} (see gpupin --help)",
+        message.join(" ")
+    ));
+    ExitCode::from(2)
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -69,16 +69,16 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|g| json!({"index": g.index, "uuid": g.uuid, "name": g.name}))
             .collect();
-        println!("{:#}", json!({"policy": policy.as_str(), "gpus": list}));
+        outln!("{:#}", json!({"policy": policy.as_str(), "gpus": list}))?;
     } else {
         let indices: Vec<String> = gpus.iter().map(|g| g.index.to_string()).collect();
-        println!(
+        outln!(
             "{policy} would pick GPU{} {}",
             if gpus.len() == 1 { "" } else { "s" },
             indices.join(",")
-        );
+        )?;
         for g in gpus {
-            println!("  {}  {}  {}", g.index, g.uuid, g.name);
+            outln!("  {}  {}  {}", g.index, g.uuid, g.name)?;
         }
     }
     Ok(ExitCode::SUCCESS)

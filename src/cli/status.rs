@@ -16,15 +16,15 @@ pub fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let inventory = inventory::load(&config.inventory, &config.state_dir)?;
     let records = Ledger::read_only_for_config(config)?.records()?;
     if args.json {
-        println!(
+        outln!(
             "{:#}",
             report::status_json(&inventory, &records, config.claim_grace)
-        );
+        )?;
     } else {
-        print!(
+        out!(
             "{}",
             report::status_table(&inventory, &records, config.claim_grace)
-        );
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -47,6 +47,7 @@
 //! is not part of it: `from_json` takes it from the file's path.
 
 use super::{DeviceNode, Gpu, Inventory, InventoryError, Link, cpulist};
+use crate::regular::{self, Links};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -117,11 +118,14 @@ pub(super) fn node(path: &str, major: u32, minor: u32) -> DeviceNode {
     }
 }
 
+/// Reads an inventory file; a link is followed (admins name it), anything but a regular
+/// file is refused without blocking.
 pub fn load(path: &Path) -> Result<Inventory, InventoryError> {
-    let text = std::fs::read_to_string(path).map_err(|source| InventoryError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text =
+        regular::read_to_string(path, Links::Follow).map_err(|source| InventoryError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
     from_json(&text, path)
 }
 
@@ -457,7 +461,7 @@ impl serde_json::ser::Formatter for RowFormatter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     const ORIGIN: &str = "/etc/gpupin/machine.json";
@@ -655,5 +659,53 @@ mod tests {
     #[test]
     fn reports_syntax_errors_with_the_file() {
         assert_err("{", "EOF");
+    }
+
+    /// A FIFO at `name` in a new temp dir (kept alive by the returned guard).
+    pub(in crate::inventory) fn fifo(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        (dir, path)
+    }
+
+    /// Runs `f` on a thread and fails if it has not returned within 5 s: opening a FIFO
+    /// for reading blocks until a writer comes, which may be never.
+    pub(in crate::inventory) fn within_5s<T: Send + 'static>(
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+            .expect("still blocked after 5 s")
+    }
+
+    #[test]
+    fn a_fifo_as_inventory_file_is_refused_without_blocking() {
+        let (_dir, path) = fifo("machine.json");
+        let shown = path.clone();
+        let err = within_5s(move || load(&path).unwrap_err());
+        let line = crate::message::one_line(&err);
+        assert!(line.contains(&shown.display().to_string()), "{line}");
+        assert!(line.contains("FIFO"), "{line}");
+    }
+
+    #[test]
+    fn a_symlinked_inventory_file_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("real.json");
+        std::fs::write(&target, two_gpus("")).unwrap();
+        let link = dir.path().join("machine.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(load(&link).unwrap().gpus.len(), 2);
     }
 }

@@ -7,6 +7,7 @@
 
 use super::{Inventory, InventoryError};
 use crate::policy::Live;
+use crate::regular::{self, Links};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
@@ -42,11 +43,13 @@ pub fn read(
 }
 
 fn from_file(path: &Path, inventory: &Inventory) -> Result<Vec<Live>, InventoryError> {
-    let invalid = |reason: String| InventoryError::Invalid {
+    let invalid = |reason: String| InventoryError::LiveInvalid {
         path: path.to_path_buf(),
         reason,
     };
-    let text = std::fs::read(path).map_err(|source| InventoryError::Read {
+    // Named by the admin, so a link is followed; rewritten by whatever tracks the load, so
+    // a FIFO there is refused rather than waited on.
+    let text = regular::read(path, Links::Follow).map_err(|source| InventoryError::LiveRead {
         path: path.to_path_buf(),
         source,
     })?;
@@ -124,6 +127,29 @@ mod tests {
         let f = write(r#"{"gpus": [{"index": 0, "utilization": 500, "memory_free": 1}]}"#);
         let err = read(Some(f.path()), &machine(1)).unwrap_err().to_string();
         assert!(err.contains("utilization of GPU 0 is 500"), "{err}");
+    }
+
+    #[test]
+    fn errors_name_the_live_file_not_the_inventory() {
+        let f = write("{");
+        let err = read(Some(f.path()), &machine(1)).unwrap_err().to_string();
+        assert!(err.starts_with("invalid live file "), "{err}");
+        assert!(err.contains(&f.path().display().to_string()), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("live.json");
+        let err = read(Some(&missing), &machine(1)).unwrap_err().to_string();
+        assert!(err.starts_with("reading live file "), "{err}");
+    }
+
+    #[test]
+    fn a_fifo_as_live_file_is_refused_without_blocking() {
+        let (_dir, path) = crate::inventory::file::tests::fifo("live.json");
+        let err = crate::inventory::file::tests::within_5s(move || {
+            read(Some(&path), &machine(1)).unwrap_err()
+        });
+        let line = crate::message::one_line(&err);
+        assert!(line.starts_with("reading live file "), "{line}");
+        assert!(line.contains("FIFO"), "{line}");
     }
 
     #[test]

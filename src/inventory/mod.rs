@@ -183,6 +183,14 @@ pub enum InventoryError {
     },
     #[error("invalid inventory file {path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
+    #[error("reading live file {path}")]
+    LiveRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid live file {path}: {reason}")]
+    LiveInvalid { path: PathBuf, reason: String },
     #[error("NVML is not available ({reason}); is the NVIDIA driver installed?")]
     NvmlUnavailable { reason: String },
     #[error("NVML reports no GPUs")]

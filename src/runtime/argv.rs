@@ -1,8 +1,9 @@
 //! runc's command line, read just far enough to know the command, the bundle and the
 //! container id; everything is passed on to the real runtime unchanged.
 
+use crate::config::CONFIG_ENV;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// runc global options that take a value (`runc --help`): the command word is the first
 /// argument that is neither one of these nor their value.
@@ -38,6 +39,32 @@ pub struct Invocation {
 pub enum ArgvError {
     #[error("{CONFIG_FLAG} needs a file argument")]
     ConfigWithoutValue,
+    #[error(
+        "{named_by} {path:?} is a relative path: gpupin-runtime runs in the container's bundle directory, and so would the hooks it adds; give an absolute path"
+    )]
+    RelativeConfig {
+        named_by: &'static str,
+        path: PathBuf,
+    },
+}
+
+/// The config gpupin-runtime is to read: `--gpupin-config`, else `$GPUPIN_CONFIG` (as
+/// `env` holds it), else `None` for the default. A relative path is refused rather than
+/// resolved: dockerd and containerd start the runtime in the bundle, so it would name a
+/// file in the container's bundle (or in its rootfs), never the one the admin meant.
+pub fn config_path(
+    flag: Option<&Path>,
+    env: Option<OsString>,
+) -> Result<Option<PathBuf>, ArgvError> {
+    let (named_by, path) = match (flag, env.filter(|v| !v.is_empty())) {
+        (Some(flag), _) => (CONFIG_FLAG, flag.to_path_buf()),
+        (None, Some(env)) => (CONFIG_ENV, PathBuf::from(env)),
+        (None, None) => return Ok(None),
+    };
+    if path.is_relative() {
+        return Err(ArgvError::RelativeConfig { named_by, path });
+    }
+    Ok(Some(path))
 }
 
 /// Parses `args` (without argv[0]). `cwd` is the default bundle, as for runc.
@@ -219,5 +246,25 @@ mod tests {
         assert_eq!(inv.gpupin_config, Some(PathBuf::from("/g.toml")));
         let err = parse(vec![OsString::from("--gpupin-config")], "/".into()).unwrap_err();
         assert_eq!(err, ArgvError::ConfigWithoutValue);
+    }
+
+    #[test]
+    fn a_relative_config_is_refused_from_flag_and_env() {
+        let err = config_path(Some(Path::new("cfg.toml")), None).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("--gpupin-config \"cfg.toml\" is a relative path"),
+            "{text}"
+        );
+        let err = config_path(None, Some("./cfg.toml".into())).unwrap_err();
+        assert!(
+            err.to_string().starts_with("GPUPIN_CONFIG \"./cfg.toml\""),
+            "{err}"
+        );
+        // The flag wins over the env, as in Config::discover.
+        let abs = config_path(Some(Path::new("/etc/g.toml")), Some("rel.toml".into()));
+        assert_eq!(abs, Ok(Some(PathBuf::from("/etc/g.toml"))));
+        assert_eq!(config_path(None, Some("".into())), Ok(None));
+        assert_eq!(config_path(None, None), Ok(None));
     }
 }

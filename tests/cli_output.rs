@@ -1,0 +1,279 @@
+//! The binaries as a shell sees them: output to a full disk or a closed pipe, errors that
+//! stay on one line, and config paths that stay valid wherever the hooks later run.
+//! Needs neither root nor runc.
+
+mod common;
+
+use common::{GPUPIN, Gpupin, stderr, stdout};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const RUNTIME: &str = env!("CARGO_BIN_EXE_gpupin-runtime");
+
+/// Every command that prints, with what it needs to run without changing anything.
+fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
+    let daemon_json = dir.join("daemon.json").display().to_string();
+    let hooks = dir.join("hooks.d").display().to_string();
+    let cases: &[&[&str]] = &[
+        &["status"],
+        &["status", "--json"],
+        &["inventory"],
+        &["inventory", "--json"],
+        &["pick", "--count", "2"],
+        &["pick", "--count", "2", "--json"],
+        &[
+            "install",
+            "docker",
+            "--dry-run",
+            "--daemon-json",
+            &daemon_json,
+        ],
+        &[
+            "uninstall",
+            "docker",
+            "--dry-run",
+            "--daemon-json",
+            &daemon_json,
+        ],
+        &["install", "podman", "--dry-run", "--dir", &hooks],
+        &["uninstall", "podman", "--dry-run", "--dir", &hooks],
+    ];
+    cases
+        .iter()
+        .map(|c| c.iter().map(|s| s.to_string()).collect())
+        .collect()
+}
+
+fn gpupin(g: &Gpupin, args: &[String], stdout: Stdio) -> Output {
+    Command::new(GPUPIN)
+        .env_remove("GPUPIN_CONFIG")
+        .arg("--config")
+        .arg(&g.config)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// The one stderr line of a failed command.
+fn one_error_line(out: &Output) -> String {
+    let err = stderr(out);
+    assert_eq!(err.lines().count(), 1, "not one line: {err:?}");
+    assert!(
+        err.starts_with("gpupin: ") && err.ends_with('\n'),
+        "{err:?}"
+    );
+    err.trim_end().to_string()
+}
+
+#[test]
+fn a_full_stdout_is_one_error_line_not_a_panic() {
+    let g = Gpupin::new("sim:nvswitch8");
+    for args in printing_commands(g.dir.path()) {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = gpupin(&g, &args, Stdio::from(full));
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let line = one_error_line(&out);
+        assert!(
+            line.contains("writing to stdout") && line.contains("No space left on device"),
+            "{args:?}: {line}"
+        );
+    }
+}
+
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    let g = Gpupin::new("sim:nvswitch8");
+    for args in printing_commands(g.dir.path()) {
+        // `gpupin status | true`, with `true` long gone before gpupin writes.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = gpupin(&g, &args, Stdio::from(writer));
+        // 141 = 128 + SIGPIPE: what a shell reports for a tool the pipe signal ended.
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}");
+    }
+}
+
+#[test]
+fn a_newline_in_a_path_does_not_start_a_second_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpupin\nfake: second line.toml");
+    let out = Command::new(GPUPIN)
+        .arg("--config")
+        .arg(&config)
+        .arg("status")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_error_line(&out);
+    assert!(line.contains(r"gpupin\nfake: second line.toml"), "{line}");
+}
+
+#[test]
+fn a_usage_error_is_one_line() {
+    for args in [
+        &["hook"][..],
+        &["--bogus\nfake: line", "status"],
+        &["pick", "--count"],
+    ] {
+        let out = Command::new(GPUPIN).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let line = one_error_line(&out);
+        assert!(line.contains("gpupin --help"), "{line}");
+    }
+}
+
+/// A copy of `g`'s config as `cfg.toml` in a fresh working directory.
+fn relative_config(g: &Gpupin, extra: &str) -> tempfile::TempDir {
+    let cwd = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(&g.config).unwrap();
+    std::fs::write(cwd.path().join("cfg.toml"), text + extra).unwrap();
+    cwd
+}
+
+#[test]
+fn install_docker_writes_an_absolute_config_path() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let cwd = relative_config(&g, "");
+    let absolute = cwd.path().join("cfg.toml");
+    let dry_run = [
+        "install",
+        "docker",
+        "--dry-run",
+        "--daemon-json",
+        "daemon.json",
+    ];
+    // From --config and from $GPUPIN_CONFIG alike: dockerd sees neither our cwd nor our env.
+    let by_flag = Command::new(GPUPIN)
+        .env_remove("GPUPIN_CONFIG")
+        .args(["--config", "cfg.toml"])
+        .args(dry_run)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let by_env = Command::new(GPUPIN)
+        .env("GPUPIN_CONFIG", "cfg.toml")
+        .args(dry_run)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    for out in [by_flag, by_env] {
+        assert!(out.status.success(), "{}", stderr(&out));
+        let doc: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(
+            doc["runtimes"]["gpupin"]["runtimeArgs"],
+            json!(["--gpupin-config", absolute])
+        );
+    }
+}
+
+#[test]
+fn install_podman_writes_an_absolute_config_path() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let cwd = relative_config(&g, "");
+    let absolute = cwd.path().join("cfg.toml").display().to_string();
+    let dry_run = ["install", "podman", "--dry-run", "--dir", "hooks.d"];
+    let by_flag = Command::new(GPUPIN)
+        .env_remove("GPUPIN_CONFIG")
+        .args(["--config", "cfg.toml"])
+        .args(dry_run)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let by_env = Command::new(GPUPIN)
+        .env("GPUPIN_CONFIG", "cfg.toml")
+        .args(dry_run)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    for out in [by_flag, by_env] {
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(text.contains(&format!("{absolute:?}")), "{text}");
+        assert!(!text.contains("\"cfg.toml\""), "{text}");
+    }
+}
+
+/// A bundle asking for one GPU by annotation, and a stand-in for runc that does nothing.
+fn bundle_and_fake_runc(dir: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    let spec = json!({
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sleep", "1"], "env": ["PATH=/bin"]},
+        "root": {"path": "rootfs"},
+        "annotations": {"gpupin.count": "1"},
+    });
+    std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+    let runc = dir.join("fake-runc");
+    std::fs::write(&runc, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&runc, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (bundle, runc)
+}
+
+#[test]
+fn gpupin_runtime_refuses_a_relative_config() {
+    let g = Gpupin::new("sim:nvswitch8");
+    let scratch = tempfile::tempdir().unwrap();
+    let (bundle, runc) = bundle_and_fake_runc(scratch.path());
+    let cwd = relative_config(&g, &format!("runtime = {:?}\n", runc.to_str().unwrap()));
+    let spec_before = std::fs::read(bundle.join("config.json")).unwrap();
+    let create = ["create", "--bundle", bundle.to_str().unwrap(), "ctr1"];
+    let by_flag = Command::new(RUNTIME)
+        .env_remove("GPUPIN_CONFIG")
+        .args(["--gpupin-config", "cfg.toml"])
+        .args(create)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let by_env = Command::new(RUNTIME)
+        .env("GPUPIN_CONFIG", "cfg.toml")
+        .args(create)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    for out in [by_flag, by_env] {
+        // Under dockerd the cwd is the bundle: the hooks would look for cfg.toml there.
+        let spec: Value =
+            serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        assert!(
+            !spec.to_string().contains("\"cfg.toml\""),
+            "relative config injected: {spec:#}"
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let line = one_error_line(&out);
+        assert!(
+            line.contains("\"cfg.toml\"") && line.contains("absolute"),
+            "{line}"
+        );
+        assert_eq!(
+            std::fs::read(bundle.join("config.json")).unwrap(),
+            spec_before
+        );
+        assert_eq!(g.ledger_snapshot().len(), 0, "nothing held after a refusal");
+    }
+    // The same config named by its absolute path is taken, and so the hooks get.
+    let absolute = cwd.path().join("cfg.toml");
+    let out = Command::new(RUNTIME)
+        .env_remove("GPUPIN_CONFIG")
+        .arg("--gpupin-config")
+        .arg(&absolute)
+        .args(create)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let spec = std::fs::read_to_string(bundle.join("config.json")).unwrap();
+    assert!(
+        spec.contains(&format!("{:?}", absolute.display().to_string())),
+        "{spec}"
+    );
+}
