@@ -7,22 +7,22 @@ use std::process::ExitCode;
 pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
     let report = Ledger::for_config(config)?.gc()?;
     for r in &report.released {
-        println!(
+        outln!(
             "released {} ({}): {}",
             r.id,
             pid_text(r.pid),
             r.gpus.join(",")
-        );
+        )?;
     }
     for path in &report.cleared {
-        println!("removed {path:?}");
+        outln!("removed {path:?}")?;
     }
     // Left in place on purpose; each says how to remove it once inspected.
     for err in &report.left {
-        eprintln!("kept {err}");
+        super::out::note(format_args!("kept {}", gpupin::message::one_line(err)));
     }
     let n = report.released.len();
-    println!("{n} stale holder{} released", if n == 1 { "" } else { "s" });
+    outln!("{n} stale holder{} released", if n == 1 { "" } else { "s" })?;
     Ok(ExitCode::SUCCESS)
 }
 

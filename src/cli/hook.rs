@@ -1,6 +1,7 @@
 //! `gpupin hook STAGE`: reads the OCI state (precreate: the spec) on stdin. Only the
 //! precreate stage writes to stdout, and only the spec: podman parses it.
 
+use super::out::note;
 use gpupin::config::Config;
 use gpupin::hook::{self, Outcome, Stage};
 use std::io::{Read, Write};
@@ -29,21 +30,33 @@ pub fn run(config_flag: Option<&Path>, args: &HookArgs) -> anyhow::Result<ExitCo
         Outcome::NoRequest | Outcome::Released(None) => {}
         Outcome::Spec { bytes, claim } => {
             if let Some(record) = claim {
-                eprintln!("gpupin: {} holds {}", record.id, record.gpus.join(","));
+                note(format_args!(
+                    "gpupin: {} holds {}",
+                    record.id,
+                    record.gpus.join(",")
+                ));
             }
             let mut stdout = std::io::stdout().lock();
             stdout.write_all(&bytes)?;
             stdout.flush()?;
         }
         Outcome::Allocated(record) => {
-            eprintln!("gpupin: {} holds {}", record.id, record.gpus.join(","));
+            note(format_args!(
+                "gpupin: {} holds {}",
+                record.id,
+                record.gpus.join(",")
+            ));
         }
         Outcome::Bound(record) => {
             let pid = record.pid.unwrap_or_default();
-            eprintln!("gpupin: {} bound to pid {pid}", record.id);
+            note(format_args!("gpupin: {} bound to pid {pid}", record.id));
         }
         Outcome::Released(Some(record)) => {
-            eprintln!("gpupin: {} released {}", record.id, record.gpus.join(","));
+            note(format_args!(
+                "gpupin: {} released {}",
+                record.id,
+                record.gpus.join(",")
+            ));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -15,9 +15,9 @@ pub struct ReleaseArgs {
 
 pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
     match Ledger::for_config(config)?.release_entry(&args.id)? {
-        Released::Holder(r) => println!("released {}: {}", r.id, r.gpus.join(",")),
-        Released::Entry(path) => println!("removed {path:?}"),
-        Released::Nothing => println!("{} held nothing", args.id.to_string_lossy().escape_debug()),
+        Released::Holder(r) => outln!("released {}: {}", r.id, r.gpus.join(","))?,
+        Released::Entry(path) => outln!("removed {path:?}")?,
+        Released::Nothing => outln!("{} held nothing", args.id.to_string_lossy().escape_debug())?,
     }
     Ok(ExitCode::SUCCESS)
 }
