@@ -22,6 +22,8 @@ fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
         &["inventory", "--json"],
         &["pick", "--count", "2"],
         &["pick", "--count", "2", "--json"],
+        &["gc"],
+        &["release", "nobody"],
         &[
             "install",
             "docker",
