@@ -1,8 +1,8 @@
 //! `gpupin install podman` / `gpupin uninstall podman`: the hooks.d files.
 
 use anyhow::Context;
-use gpupin::assign::HookCommand;
 use gpupin::config::CONFIG_ENV;
+use gpupin::edits::HookCommand;
 use gpupin::install::podman::{self, Change, Step, Trigger};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
