@@ -37,8 +37,20 @@ pub fn open(path: &Path, links: Links) -> io::Result<File> {
 /// Opens `path` for appending, creating it with `mode` (whatever the umask) when missing;
 /// never through a symlink, never a FIFO.
 pub fn open_append(path: &Path, mode: u32) -> io::Result<File> {
-    let flags = OFlags::WRONLY
-        | OFlags::APPEND
+    open_created(path, OFlags::WRONLY | OFlags::APPEND, mode)
+}
+
+/// Opens `path` for reading and writing (a lock file to flock), creating it with `mode`
+/// when missing; never through a symlink, never a FIFO (a FIFO opened read-write does not
+/// block on Linux, but it is no file of ours either).
+pub fn open_read_write(path: &Path, mode: u32) -> io::Result<File> {
+    open_created(path, OFlags::RDWR, mode)
+}
+
+/// Opens or creates `path` with `access` flags; the file ends up regular, with exactly
+/// `mode` when this user owns it.
+fn open_created(path: &Path, access: OFlags, mode: u32) -> io::Result<File> {
+    let flags = access
         | OFlags::CREATE
         | OFlags::NOFOLLOW
         | OFlags::NONBLOCK
@@ -53,7 +65,8 @@ pub fn open_append(path: &Path, mode: u32) -> io::Result<File> {
         }
     })?;
     ensure_regular(&fd)?;
-    // O_CREAT applies the umask; the mode asked for is the mode the file has.
+    // O_CREAT applies the umask, and an old file may have any mode: the mode asked for
+    // is the mode the file has.
     let stat = rustix::fs::fstat(&fd)?;
     if stat.st_mode & 0o7777 != mode && stat.st_uid == rustix::process::geteuid().as_raw() {
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
@@ -132,6 +145,8 @@ mod tests {
         }
         let err = open_append(&path, 0o600).unwrap_err();
         assert!(err.to_string().contains("FIFO"), "{err}");
+        let err = open_read_write(&path, 0o600).unwrap_err();
+        assert!(err.to_string().contains("FIFO"), "{err}");
     }
 
     #[test]
@@ -162,5 +177,16 @@ mod tests {
         drop(open_append(&path, 0o666).unwrap());
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o666);
+    }
+
+    #[test]
+    fn an_existing_file_gets_the_mode_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        std::fs::write(&path, "").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        drop(open_read_write(&path, 0o600).unwrap());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
     }
 }

@@ -1,12 +1,12 @@
-//! `gpupin gc`: release the GPUs of holders that are gone.
+//! `gpupin gc`: release the GPUs of holders that are gone, and clear what no holder owns.
 
 use gpupin::config::Config;
 use gpupin::ledger::Ledger;
 use std::process::ExitCode;
 
 pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
-    let reaped = Ledger::for_config(config)?.gc()?;
-    for r in &reaped {
+    let report = Ledger::for_config(config)?.gc()?;
+    for r in &report.released {
         println!(
             "released {} ({}): {}",
             r.id,
@@ -14,11 +14,15 @@ pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
             r.gpus.join(",")
         );
     }
-    println!(
-        "{} stale holder{} released",
-        reaped.len(),
-        if reaped.len() == 1 { "" } else { "s" }
-    );
+    for path in &report.cleared {
+        println!("removed {path:?}");
+    }
+    // Left in place on purpose; each says how to remove it once inspected.
+    for err in &report.left {
+        eprintln!("kept {err}");
+    }
+    let n = report.released.len();
+    println!("{n} stale holder{} released", if n == 1 { "" } else { "s" });
     Ok(ExitCode::SUCCESS)
 }
 

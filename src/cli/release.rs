@@ -1,20 +1,23 @@
-//! `gpupin release ID`: release one holder's GPUs, whether or not it still runs.
+//! `gpupin release NAME`: release one holder's GPUs, whether or not it still runs, or
+//! remove an entry of the ledger's holders/ that is no readable record.
 
 use gpupin::config::Config;
-use gpupin::ledger::{HolderId, Ledger};
+use gpupin::ledger::{Ledger, Released};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct ReleaseArgs {
-    /// Holder id (container id) as `gpupin status` shows it
-    pub id: String,
+    /// Holder id (container id) as `gpupin status` shows it, or the file name of an
+    /// entry in the ledger's holders/ that an error named
+    pub id: OsString,
 }
 
 pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
-    let id = HolderId::new(&args.id)?;
-    match Ledger::for_config(config)?.release(&id)? {
-        Some(r) => println!("released {}: {}", r.id, r.gpus.join(",")),
-        None => println!("{id} held nothing"),
+    match Ledger::for_config(config)?.release_entry(&args.id)? {
+        Released::Holder(r) => println!("released {}: {}", r.id, r.gpus.join(",")),
+        Released::Entry(path) => println!("removed {path:?}"),
+        Released::Nothing => println!("{} held nothing", args.id.to_string_lossy().escape_debug()),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -4,6 +4,7 @@
 mod allocate;
 mod bind;
 mod claim;
+mod entry;
 mod holder;
 mod queue;
 mod record;
@@ -11,11 +12,16 @@ mod store;
 
 pub use allocate::{Allocation, Machine, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
+pub use entry::release_arg;
 pub use holder::{BadHolderId, HolderId};
 pub use record::{HolderMeta, Mode, Record, UNBOUND_GRACE, holders_of};
 
 use crate::config::Config;
+use crate::regular::Links;
 use crate::request::{GpuRequest, Share};
+use entry::Entry;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -31,9 +37,19 @@ pub enum LedgerError {
     #[error("refusing state dir {path}: {reason}")]
     UnsafeStateDir { path: PathBuf, reason: &'static str },
     #[error(
-        "corrupt ledger record {path}: {reason} (inspect it, then remove it with `gpupin release ID`)"
+        "corrupt ledger record {path:?}: {reason} (inspect it, then remove it with `gpupin release {}`)",
+        release_arg(.path)
     )]
     CorruptRecord { path: PathBuf, reason: String },
+    #[error(
+        "stray entry {path:?} in the ledger: {reason} (remove it with `gpupin gc` or `gpupin release {}`)",
+        release_arg(.path)
+    )]
+    StrayEntry { path: PathBuf, reason: &'static str },
+    #[error(
+        "invalid ledger entry {name:?}: expected a holder id or one file name in the ledger's holders/ (no '/', not '.' or '..')"
+    )]
+    BadEntryName { name: String },
     #[error(transparent)]
     BadId(#[from] BadHolderId),
     #[error("count {count} is more than the {total} GPUs of this machine")]
@@ -214,7 +230,9 @@ impl Ledger {
             created_at: record::unix_now(),
         };
         store::write_record(&self.dir, &holder.file_name(), &record)?;
-        store::write_cursor(&self.dir, plan.next_cursor)?;
+        // The record is the allocation; the cursor only a hint for the next one. Failing
+        // here (a full disk) would fail an allocation that is already written.
+        let _ = store::write_cursor(&self.dir, plan.next_cursor);
         store::audit(
             &self.dir,
             &format!("allocate {} {}", record.id, record.gpus.join(",")),
@@ -261,28 +279,111 @@ impl Ledger {
     /// Releases `holder`'s GPUs. Returns the record it had, `None` when it held nothing.
     pub fn release(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
-        let path = store::holders_dir(&self.dir).join(holder.file_name());
-        // A corrupt record can still be released: that is how an operator clears it.
-        let record = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Record>(&t).ok());
-        let removed = store::remove_record(&self.dir, &holder.file_name())?;
-        if removed {
-            store::audit(&self.dir, &format!("release {holder}"));
+        match self.remove_entry(holder.file_name().as_bytes())? {
+            Some(Released::Holder(record)) => Ok(Some(*record)),
+            _ => Ok(None),
         }
-        Ok(record.filter(|_| removed))
     }
 
-    /// Removes every stale holder; returns what was released.
-    pub fn gc(&self) -> Result<Vec<Record>, LedgerError> {
+    /// `gpupin release NAME`: removes the record of holder `NAME`, else the entry of
+    /// `holders/` named exactly `NAME`, whatever it is (a corrupt record, a directory, a
+    /// FIFO, a link: never followed). `NAME` must be one file-name component.
+    pub fn release_entry(&self, name: &OsStr) -> Result<Released, LedgerError> {
+        let names = entry::release_names(name)?;
         let _lock = store::lock(&self.dir)?;
-        let records = store::read_records(&self.dir)?;
-        let before: Vec<Record> = records.clone();
-        let live = self.reap(records, SystemTime::now())?;
-        Ok(before
+        for name in names {
+            if let Some(released) = self.remove_entry(&name)? {
+                return Ok(released);
+            }
+        }
+        Ok(Released::Nothing)
+    }
+
+    /// Removes `holders/<name>` when it exists (caller holds the lock).
+    fn remove_entry(&self, name: &[u8]) -> Result<Option<Released>, LedgerError> {
+        let Some(holders) = store::existing_subdir(&self.dir, store::HOLDERS_DIR)? else {
+            return Ok(None);
+        };
+        let path = holders.join(OsStr::from_bytes(name));
+        let kind = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta.file_type(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(LedgerError::Io {
+                    action: "inspecting",
+                    path,
+                    source,
+                });
+            }
+        };
+        let kind_of_entry = entry::classify(OsStr::from_bytes(name), kind);
+        let audited = match kind_of_entry {
+            Entry::Record => strip_json(name),
+            _ => name.to_vec(),
+        };
+        let released = match kind_of_entry {
+            // A corrupt record can still be released: that is how an operator clears it.
+            Entry::Record => {
+                let record = crate::regular::read_to_string(&path, Links::Refuse)
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<Record>(&t).ok());
+                store::remove_record(&self.dir, &String::from_utf8_lossy(name))?;
+                record.map_or(Released::Entry(path), |r| Released::Holder(Box::new(r)))
+            }
+            _ => {
+                store::remove_entry(&path, kind)?;
+                Released::Entry(path)
+            }
+        };
+        store::audit(
+            &self.dir,
+            &format!("release {}", store::audit_name(&audited)),
+        );
+        Ok(Some(released))
+    }
+
+    /// Removes every stale holder, every entry of holders/ that cannot be anyone's
+    /// record, and the temp files of dead writers. Corrupt records under a holder's name
+    /// are left: they may hold GPUs of a live container, and only an operator who has
+    /// looked at them should remove them (`gpupin release`).
+    pub fn gc(&self) -> Result<GcReport, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let scan = store::scan_holders(&self.dir)?;
+        let mut cleared = Vec::new();
+        for (path, _) in &scan.stray {
+            let kind = match std::fs::symlink_metadata(path) {
+                Ok(meta) => meta.file_type(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => {
+                    return Err(LedgerError::Io {
+                        action: "inspecting",
+                        path: path.clone(),
+                        source,
+                    });
+                }
+            };
+            store::remove_entry(path, kind)?;
+            let name = path.file_name().unwrap_or_default().as_bytes();
+            store::audit(&self.dir, &format!("clear {}", store::audit_name(name)));
+            cleared.push(path.clone());
+        }
+        let before = scan.records.clone();
+        let live = self.reap(scan.records, SystemTime::now())?;
+        let released = before
             .into_iter()
             .filter(|r| !live.iter().any(|l| l.id == r.id))
-            .collect())
+            .collect();
+        cleared.extend(store::remove_dead_temps(&self.dir)?);
+        for sub in [store::HOLDERS_DIR, queue::QUEUE_DIR] {
+            if let Some(sub) = store::existing_subdir(&self.dir, sub)? {
+                cleared.extend(store::remove_dead_temps(&sub)?);
+            }
+        }
+        Ok(GcReport {
+            released,
+            cleared,
+            left: scan.corrupt,
+        })
     }
 
     /// Deletes stale records (caller holds the lock) and returns the live ones.
@@ -302,6 +403,33 @@ impl Ledger {
         }
         Ok(live)
     }
+}
+
+/// What `Ledger::release_entry` removed.
+#[derive(Debug)]
+pub enum Released {
+    /// A holder's record, as it read.
+    Holder(Box<Record>),
+    /// An entry that was no readable record.
+    Entry(PathBuf),
+    /// Nothing: no such entry.
+    Nothing,
+}
+
+/// What `Ledger::gc` did.
+#[derive(Debug, Default)]
+pub struct GcReport {
+    /// Stale holders whose records were removed.
+    pub released: Vec<Record>,
+    /// Entries that could be nobody's record, and temp files of dead writers, removed.
+    pub cleared: Vec<PathBuf>,
+    /// Corrupt records left in place (`CorruptRecord`, which says how to remove each).
+    pub left: Vec<LedgerError>,
+}
+
+/// A record's file name without `.json`: the holder id the audit log names.
+fn strip_json(name: &[u8]) -> Vec<u8> {
+    name.strip_suffix(b".json").unwrap_or(name).to_vec()
 }
 
 #[cfg(test)]

@@ -6,12 +6,13 @@
 use super::store;
 use super::{Allocation, HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
 use crate::procinfo;
+use crate::regular::{self, Links};
 use crate::request::GpuRequest;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
-const QUEUE_DIR: &str = "queue";
+pub(super) const QUEUE_DIR: &str = "queue";
 const SEQ_FILE: &str = "queue-seq";
 /// How often a waiter looks again. Short enough that a freed GPU is taken well within a
 /// second, long enough that a few waiters cost nothing.
@@ -32,25 +33,23 @@ impl Ticket {
     }
 }
 
-fn queue_dir(dir: &Path) -> PathBuf {
-    dir.join(QUEUE_DIR)
-}
-
 /// Live tickets in arrival order; stale ones are removed. Caller holds the lock.
 pub(super) fn live_tickets(dir: &Path) -> Result<Vec<Ticket>, LedgerError> {
-    let qdir = queue_dir(dir);
-    let Ok(entries) = fs::read_dir(&qdir) else {
+    let Some(qdir) = store::existing_subdir(dir, QUEUE_DIR)? else {
         return Ok(Vec::new());
     };
     let mut tickets = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') {
+    for (path, _) in store::list(&qdir)? {
+        if path
+            .file_name()
+            .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."))
+        {
             continue;
         }
-        let ticket = fs::read_to_string(entry.path())
+        // Not a regular file (a FIFO would block here, under the lock) is no ticket.
+        let ticket = regular::read(&path, Links::Refuse)
             .ok()
-            .and_then(|t| serde_json::from_str::<Ticket>(&t).ok());
+            .and_then(|t| serde_json::from_slice::<Ticket>(&t).ok());
         match ticket {
             Some(t) if t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)) => {
                 tickets.push(t)
@@ -58,7 +57,7 @@ pub(super) fn live_tickets(dir: &Path) -> Result<Vec<Ticket>, LedgerError> {
             // A ticket that does not parse is as stale as one whose waiter died: nobody
             // can be served through it.
             _ => {
-                let _ = fs::remove_file(entry.path());
+                let _ = fs::remove_file(&path);
             }
         }
     }
@@ -66,17 +65,15 @@ pub(super) fn live_tickets(dir: &Path) -> Result<Vec<Ticket>, LedgerError> {
     Ok(tickets)
 }
 
-fn enqueue(dir: &Path, holder: &HolderId) -> Result<Ticket, LedgerError> {
-    let qdir = queue_dir(dir);
-    fs::create_dir_all(&qdir).map_err(|source| LedgerError::Io {
-        action: "creating",
-        path: qdir.clone(),
-        source,
-    })?;
-    let seq = fs::read_to_string(dir.join(SEQ_FILE))
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
+/// Queues `holder` behind every live ticket. Caller holds the lock.
+pub(super) fn enqueue(dir: &Path, holder: &HolderId) -> Result<Ticket, LedgerError> {
+    let qdir = store::ensure_subdir(dir, QUEUE_DIR)?;
+    // queue-seq may be lost or unreadable: the tickets themselves say how far it got,
+    // and a new ticket must sort after all of them.
+    let last_ticket = live_tickets(dir)?.last().map_or(0, |t| t.seq);
+    let seq = store::read_number::<u64>(&dir.join(SEQ_FILE))
         .unwrap_or(0)
+        .max(last_ticket)
         + 1;
     store::write_atomic(dir, SEQ_FILE, format!("{seq}\n").as_bytes(), true)?;
     let pid = std::process::id() as i32;
@@ -92,7 +89,9 @@ fn enqueue(dir: &Path, holder: &HolderId) -> Result<Ticket, LedgerError> {
 }
 
 fn dequeue(dir: &Path, ticket: &Ticket) {
-    let _ = fs::remove_file(queue_dir(dir).join(ticket.file_name()));
+    if let Ok(Some(qdir)) = store::existing_subdir(dir, QUEUE_DIR) {
+        let _ = fs::remove_file(qdir.join(ticket.file_name()));
+    }
 }
 
 /// Errors that can go away when other holders leave.

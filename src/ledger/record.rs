@@ -50,14 +50,22 @@ pub struct HolderMeta {
 
 impl Record {
     /// Whether the holder is gone: its process ended, its pid now belongs to another
-    /// process, or it never got a process within `grace`.
+    /// process, or it never got a process within `grace` (of its creation, before or
+    /// after: see below).
     pub fn is_stale(&self, now: SystemTime, grace: Duration) -> bool {
         match (self.pid, self.start_time) {
             (Some(pid), Some(started)) => !procinfo::is_alive(pid, started),
             (Some(pid), None) => procinfo::start_time(pid).is_none(),
             (None, _) => {
                 let created = UNIX_EPOCH + Duration::from_secs(self.created_at);
-                now.duration_since(created).unwrap_or_default() > grace
+                // Created "in the future" means the clock was stepped back since: the
+                // record's age is unknown, and waiting for the clock to catch up could
+                // hold its GPUs for days. Off by more than the grace either way is stale.
+                let age = match now.duration_since(created) {
+                    Ok(age) => age,
+                    Err(ahead) => ahead.duration(),
+                };
+                age > grace
             }
         }
     }

@@ -1,13 +1,17 @@
-//! The lock directory on disk: checks on the directory itself, the flock, and atomic
-//! record files.
+//! The lock directory on disk: checks on the directory and its subdirectories, the flock,
+//! and the files. Nothing here follows a symlink or opens a FIFO: whoever could plant one
+//! would otherwise steer root's writes or stall every container start under the lock.
 
 use super::LedgerError;
+use super::entry::{self, Entry};
 use super::record::Record;
 use crate::atomic::{self, Durability};
+use crate::procinfo;
+use crate::regular::{self, Links};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use std::fs::{self, File};
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -16,20 +20,41 @@ pub const HOLDERS_DIR: &str = "holders";
 pub const CURSOR_FILE: &str = "cursor";
 pub const AUDIT_FILE: &str = "audit.log";
 
-/// Creates `dir` (0755) when missing, then refuses it when it is a symlink, not a
-/// directory, writable by group or others, or owned by another non-root user: whoever can
-/// write the ledger can hand out any GPU.
+/// Directories: everyone may read the ledger (`gpupin status`), only its owner write it.
+const DIR_MODE: u32 = 0o755;
+/// Records, the cursor, queue tickets and queue-seq.
+pub const FILE_MODE: u32 = 0o644;
+/// Only the ledger's writer may take the lock: a reader holding it would stall every start.
+const LOCK_MODE: u32 = 0o600;
+/// The audit log is the machine's history of who used which GPU when; the records show
+/// today's holders to everyone, the history is for the administrator (and group adm).
+const AUDIT_MODE: u32 = 0o640;
+
+/// Creates `dir` (0755 whatever the umask) when missing, then refuses it when it is a
+/// symlink, not a directory, writable by group or others, or owned by another non-root
+/// user: whoever can write the ledger can hand out any GPU.
 pub fn ensure_safe_dir(dir: &Path) -> Result<(), LedgerError> {
     if fs::symlink_metadata(dir).is_err() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(dir)
-            .map_err(|source| LedgerError::Io {
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(DIR_MODE)
+                .create(parent)
+                .map_err(|source| LedgerError::Io {
+                    action: "creating state dir",
+                    path: parent.to_path_buf(),
+                    source,
+                })?;
+        }
+        match make_dir(dir) {
+            // Another gpupin made it first: the checks below judge it all the same.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            other => other.map_err(|source| LedgerError::Io {
                 action: "creating state dir",
                 path: dir.to_path_buf(),
                 source,
-            })?;
+            })?,
+        }
     }
     check_safe_dir(dir)
 }
@@ -60,78 +85,155 @@ pub fn check_safe_dir(dir: &Path) -> Result<(), LedgerError> {
     Ok(())
 }
 
+/// `<dir>/<name>`, created (0755) when missing and held to the state dir's rules: a
+/// subdirectory anyone can write lets anyone forge its entries.
+pub fn ensure_subdir(dir: &Path, name: &str) -> Result<PathBuf, LedgerError> {
+    let path = dir.join(name);
+    match make_dir(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => {
+            return Err(LedgerError::Io {
+                action: "creating",
+                path,
+                source,
+            });
+        }
+    }
+    check_safe_dir(&path)?;
+    Ok(path)
+}
+
+/// `<dir>/<name>` when it exists and passes the state dir's checks; `None` when missing.
+pub fn existing_subdir(dir: &Path, name: &str) -> Result<Option<PathBuf>, LedgerError> {
+    let path = dir.join(name);
+    match fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        _ => check_safe_dir(&path).map(|()| Some(path)),
+    }
+}
+
+/// mkdir (which never follows a final symlink: one there is EEXIST), then fchmod through
+/// a no-follow handle, since mkdir's mode passes through the umask.
+fn make_dir(path: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new().mode(DIR_MODE).create(path)?;
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(DIR_MODE))?;
+    Ok(())
+}
+
 /// An exclusive flock on `<dir>/lock`, released when dropped.
 pub struct LockGuard {
-    _fd: OwnedFd,
+    _file: File,
 }
 
 pub fn lock(dir: &Path) -> Result<LockGuard, LedgerError> {
     let path = dir.join(LOCK_FILE);
-    let fd = rustix::fs::open(
-        &path,
-        OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::from_raw_mode(0o600),
-    )
-    .map_err(|e| LedgerError::Io {
+    let file = regular::open_read_write(&path, LOCK_MODE).map_err(|source| LedgerError::Io {
         action: "opening lock file",
         path: path.clone(),
-        source: e.into(),
+        source,
     })?;
-    rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(|e| LedgerError::Io {
+    rustix::fs::flock(&file, FlockOperation::LockExclusive).map_err(|e| LedgerError::Io {
         action: "locking",
         path,
         source: e.into(),
     })?;
-    Ok(LockGuard { _fd: fd })
+    Ok(LockGuard { _file: file })
 }
 
 pub fn holders_dir(dir: &Path) -> PathBuf {
     dir.join(HOLDERS_DIR)
 }
 
-/// Every record, in id order. Temp files (leading `.`) are skipped; a file that does not
-/// parse is an error, since skipping it could hand its GPUs out twice.
-pub fn read_records(dir: &Path) -> Result<Vec<Record>, LedgerError> {
-    let holders = holders_dir(dir);
-    let entries = match fs::read_dir(&holders) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(LedgerError::Io {
-                action: "listing",
-                path: holders,
-                source,
-            });
-        }
+/// What `holders/` holds, sorted out.
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Every record that reads, in id order.
+    pub records: Vec<Record>,
+    /// Entries that cannot be anyone's record (`entry::Entry::Stray`), with why.
+    pub stray: Vec<(PathBuf, &'static str)>,
+    /// Records that do not read (`CorruptRecord`): they may hold GPUs nobody can name.
+    pub corrupt: Vec<LedgerError>,
+    /// Temp files of writers, with their pid.
+    pub temps: Vec<(PathBuf, i32)>,
+}
+
+/// Reads every entry of `holders/` without following or blocking on any.
+pub fn scan_holders(dir: &Path) -> Result<Scan, LedgerError> {
+    let mut scan = Scan::default();
+    let Some(holders) = existing_subdir(dir, HOLDERS_DIR)? else {
+        return Ok(scan);
     };
-    let mut records = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| LedgerError::Io {
-            action: "listing",
-            path: holders.clone(),
-            source,
-        })?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || !name.ends_with(".json") {
-            continue;
+    for (path, kind) in list(&holders)? {
+        match entry::classify(path.file_name().unwrap_or_default(), kind) {
+            Entry::Record => match read_record(&path) {
+                Ok(record) => scan.records.push(record),
+                Err(err @ LedgerError::CorruptRecord { .. }) => scan.corrupt.push(err),
+                Err(err) => return Err(err),
+            },
+            Entry::Stray(reason) => scan.stray.push((path, reason)),
+            Entry::Temp(pid) => scan.temps.push((path, pid)),
+            Entry::Other => {}
         }
-        records.push(read_record(&entry.path())?);
     }
-    records.sort_by(|a, b| a.id.cmp(&b.id));
-    Ok(records)
+    scan.records.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(scan)
+}
+
+/// Every record, in id order. An entry that is not a readable record is an error, since
+/// skipping it could hand its GPUs out twice; the error says how to clear it.
+pub fn read_records(dir: &Path) -> Result<Vec<Record>, LedgerError> {
+    let scan = scan_holders(dir)?;
+    if let Some((path, reason)) = scan.stray.into_iter().next() {
+        return Err(LedgerError::StrayEntry { path, reason });
+    }
+    if let Some(err) = scan.corrupt.into_iter().next() {
+        return Err(err);
+    }
+    Ok(scan.records)
+}
+
+/// The entries of `dir` with their file types (as lstat sees them), in name order.
+pub fn list(dir: &Path) -> Result<Vec<(PathBuf, fs::FileType)>, LedgerError> {
+    let listing = |source| LedgerError::Io {
+        action: "listing",
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut entries = Vec::new();
+    for entry in fs::read_dir(dir).map_err(listing)? {
+        let entry = entry.map_err(listing)?;
+        // DirEntry::file_type does not follow a symlink.
+        let kind = entry.file_type().map_err(listing)?;
+        entries.push((entry.path(), kind));
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(entries)
 }
 
 fn read_record(path: &Path) -> Result<Record, LedgerError> {
-    let text = fs::read_to_string(path).map_err(|source| LedgerError::Io {
-        action: "reading record",
-        path: path.to_path_buf(),
-        source,
-    })?;
     let corrupt = |reason: String| LedgerError::CorruptRecord {
         path: path.to_path_buf(),
         reason,
     };
+    let text = regular::read_to_string(path, Links::Refuse).map_err(|source| {
+        match source.kind() {
+            // Not a regular file after all, too large, not text: unreadable as a record.
+            std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
+                corrupt(source.to_string())
+            }
+            _ => LedgerError::Io {
+                action: "reading record",
+                path: path.to_path_buf(),
+                source,
+            },
+        }
+    })?;
     let record: Record = serde_json::from_str(&text).map_err(|e| corrupt(e.to_string()))?;
     // The file name is the key every release and reap uses; a record that disagrees with
     // its own name could never be released by id.
@@ -144,21 +246,7 @@ fn read_record(path: &Path) -> Result<Record, LedgerError> {
 /// Writes a record: temp file, fsync, rename, fsync of the directory, so that after a
 /// crash a record is either whole or absent.
 pub fn write_record(dir: &Path, file_name: &str, record: &Record) -> Result<(), LedgerError> {
-    let holders = holders_dir(dir);
-    if !holders.exists() {
-        fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&holders)
-            .or_else(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => Ok(()),
-                _ => Err(e),
-            })
-            .map_err(|source| LedgerError::Io {
-                action: "creating",
-                path: holders.clone(),
-                source,
-            })?;
-    }
+    let holders = ensure_subdir(dir, HOLDERS_DIR)?;
     let mut text = serde_json::to_string_pretty(record).expect("records serialize");
     text.push('\n');
     write_atomic(&holders, file_name, text.as_bytes(), true)
@@ -181,8 +269,41 @@ pub fn remove_record(dir: &Path, file_name: &str) -> Result<bool, LedgerError> {
     }
 }
 
-/// Writes `<dir>/<name>` through `atomic::write`; `durable` says whether a crash must not
-/// lose it. Mode 0644 whatever the umask: a record must not be writable by others.
+/// Removes the entry at `path` whatever it is, without following it: a directory with
+/// all it holds (`remove_dir_all` does not follow links inside), anything else unlinked.
+pub fn remove_entry(path: &Path, kind: fs::FileType) -> Result<(), LedgerError> {
+    let removed = if kind.is_dir() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    };
+    removed.map_err(|source| LedgerError::Io {
+        action: "removing",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Removes the temp files in `dir` whose writer is gone (killed between create and
+/// rename); returns their paths. A live writer's file is left to it.
+pub fn remove_dead_temps(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
+    let mut removed = Vec::new();
+    for (path, kind) in list(dir)? {
+        let name = path.file_name().unwrap_or_default();
+        let Some(pid) = name.to_str().and_then(atomic::temp_writer) else {
+            continue;
+        };
+        if procinfo::start_time(pid).is_none() {
+            remove_entry(&path, kind)?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+/// Writes `<dir>/<name>` through `atomic::replace`; `durable` says whether a crash must
+/// not lose it. Mode 0644 and this user as owner, whatever the umask and whatever stood
+/// there: a state file must not be writable by others, nor take a planted link's target's.
 pub fn write_atomic(
     dir: &Path,
     name: &str,
@@ -194,7 +315,7 @@ pub fn write_atomic(
     } else {
         Durability::Renamed
     };
-    atomic::write(&dir.join(name), bytes, 0o644, durability).map_err(|e| LedgerError::Io {
+    atomic::replace(&dir.join(name), bytes, FILE_MODE, durability).map_err(|e| LedgerError::Io {
         action: "writing",
         path: e.path,
         source: e.source,
@@ -211,11 +332,16 @@ fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
         })
 }
 
-pub fn read_cursor(dir: &Path) -> usize {
-    fs::read_to_string(dir.join(CURSOR_FILE))
+/// A small number from a state file (the cursor, queue-seq); `None` when it is missing,
+/// not a regular file or not a number.
+pub fn read_number<T: std::str::FromStr>(path: &Path) -> Option<T> {
+    regular::read_to_string(path, Links::Refuse)
         .ok()
         .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+}
+
+pub fn read_cursor(dir: &Path) -> usize {
+    read_number(&dir.join(CURSOR_FILE)).unwrap_or(0)
 }
 
 /// The spread cursor is a hint, not an invariant: losing it in a crash only restarts the
@@ -225,15 +351,21 @@ pub fn write_cursor(dir: &Path, cursor: usize) -> Result<(), LedgerError> {
 }
 
 /// Appends one line to the audit log. Best effort by design: an audit line must never be
-/// the reason a container does not start, so failures are ignored.
+/// the reason a container does not start, so failures are ignored. Never through a link,
+/// never into a FIFO.
 pub fn audit(dir: &Path, line: &str) {
-    use std::fs::OpenOptions;
-    if let Ok(mut f) = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(AUDIT_FILE))
-    {
+    if let Ok(mut f) = regular::open_append(&dir.join(AUDIT_FILE), AUDIT_MODE) {
         let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
         let _ = writeln!(f, "{stamp} {line}");
+    }
+}
+
+/// `name` for an audit line: as it is when it is plain, else escaped, so that no name
+/// can start a forged line.
+pub fn audit_name(name: &[u8]) -> String {
+    if name.iter().all(|b| b.is_ascii_graphic()) {
+        String::from_utf8_lossy(name).into_owned()
+    } else {
+        format!("{:?}", std::ffi::OsStr::from_bytes(name))
     }
 }

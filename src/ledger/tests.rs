@@ -1,8 +1,11 @@
 use super::*;
+use crate::message::one_line;
 use crate::policy::PolicyName;
 use crate::policy::testing::machine;
 use crate::request::{Origin, Selection};
 use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::path::Path;
 use std::time::Duration;
 
 fn request(selection: Selection) -> GpuRequest {
@@ -166,7 +169,7 @@ fn dead_holders_are_reaped_at_allocation_and_by_gc() {
     )
     .unwrap();
     child.wait().unwrap();
-    let reaped = l.gc().unwrap();
+    let reaped = l.gc().unwrap().released;
     assert_eq!(
         reaped.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
         ["dead2"]
@@ -189,7 +192,7 @@ fn pid_reuse_is_detected_by_start_time() {
     let mut rec: Record = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     rec.start_time = rec.start_time.map(|t| t + 1);
     std::fs::write(&path, serde_json::to_string(&rec).unwrap()).unwrap();
-    assert_eq!(l.gc().unwrap().len(), 1);
+    assert_eq!(l.gc().unwrap().released.len(), 1);
 }
 
 #[test]
@@ -609,4 +612,381 @@ fn waiters_are_served_in_arrival_order() {
     let (late_ok, late_at) = late.join().unwrap();
     assert!(early_ok && late_ok);
     assert!(early_at < late_at, "the earlier waiter was served first");
+}
+
+// The state dir under attack (issue 8): whoever can plant an entry there must not steer
+// root's writes, stall the lock, or block allocation beyond what gc or release clears.
+
+fn alloc(l: &Ledger, name: &str) -> Result<Allocation, LedgerError> {
+    let inv = machine(4);
+    l.allocate(
+        &id(name),
+        &count(1),
+        &Machine::new(&inv, PolicyName::Pack),
+        me(),
+    )
+}
+
+fn mkfifo(path: &Path) {
+    use rustix::fs::{FileType, Mode};
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        FileType::Fifo,
+        Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+}
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+}
+
+fn a_dead_pid() -> i32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    child.wait().unwrap();
+    pid
+}
+
+#[test]
+fn a_queue_symlink_is_refused_and_its_target_left_alone() {
+    let (t, l) = ledger();
+    let elsewhere = t.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("precious"), "keep me").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, l.dir().join("queue")).unwrap();
+    let err = alloc(&l, "a").unwrap_err().to_string();
+    assert!(err.contains("queue") && err.contains("symlink"), "{err}");
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let err = l
+        .allocate_waiting(&id("w"), &count(1), &m, me(), Duration::from_secs(1))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("queue") && err.contains("symlink"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(elsewhere.join("precious")).unwrap(),
+        "keep me"
+    );
+    assert!(snapshot(&l).is_empty(), "nothing is held after a refusal");
+}
+
+#[test]
+fn subdirectories_are_held_to_the_state_dirs_rules() {
+    use std::os::unix::fs::PermissionsExt;
+    for sub in ["holders", "queue"] {
+        let (_t, l) = ledger();
+        let path = l.dir().join(sub);
+        std::fs::create_dir(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = alloc(&l, "a").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "refusing state dir {}: it is writable by group or others",
+                path.display()
+            )
+        );
+        if rustix::process::geteuid().is_root() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::os::unix::fs::chown(&path, Some(4242), None).unwrap();
+            let err = alloc(&l, "a").unwrap_err().to_string();
+            assert!(err.ends_with("it is owned by another user"), "{err}");
+        }
+    }
+}
+
+/// The umask is the process's: this test runs itself again in a child with umask 000.
+#[test]
+fn every_file_and_directory_gets_its_mode_whatever_the_umask() {
+    const CHILD: &str = "GPUPIN_TEST_UMASK_000";
+    if std::env::var_os(CHILD).is_none() {
+        let name = concat!(
+            module_path!(),
+            "::every_file_and_directory_gets_its_mode_whatever_the_umask"
+        );
+        let name = name.split_once("::").unwrap().1;
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("1 passed"), "the child ran no test: {text}");
+        return;
+    }
+    rustix::process::umask(rustix::fs::Mode::empty());
+    let (_t, l) = ledger();
+    alloc(&l, "a").unwrap();
+    let ticket = queue::enqueue(l.dir(), &id("w")).unwrap();
+    let d = l.dir();
+    for (path, mode) in [
+        (d.to_path_buf(), 0o755),
+        (d.join("holders"), 0o755),
+        (d.join("queue"), 0o755),
+        (d.join("holders/a.json"), 0o644),
+        (d.join("cursor"), 0o644),
+        (d.join("queue-seq"), 0o644),
+        (
+            d.join("queue").join(format!("{:020}-w.json", ticket.seq)),
+            0o644,
+        ),
+        (d.join("audit.log"), 0o640),
+        (d.join("lock"), 0o600),
+    ] {
+        assert_eq!(mode_of(&path), mode, "{}", path.display());
+    }
+}
+
+#[test]
+fn a_failed_cursor_write_fails_nothing_and_holds_nothing_half() {
+    let (_t, l) = ledger();
+    // The cursor cannot be written (as on a full disk): a directory stands in its place.
+    std::fs::create_dir_all(l.dir().join("cursor/full")).unwrap();
+    let got = alloc(&l, "a").unwrap();
+    assert_eq!(snapshot(&l), [got.record]);
+    let audit = std::fs::read_to_string(l.dir().join("audit.log")).unwrap();
+    assert!(audit.contains("allocate a GPU-test-0"), "{audit}");
+}
+
+#[test]
+fn an_audit_log_symlink_is_not_followed() {
+    let (t, l) = ledger();
+    let elsewhere = t.path().join("passwd");
+    std::fs::write(&elsewhere, "root:x:0:0\n").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, l.dir().join("audit.log")).unwrap();
+    alloc(&l, "a").unwrap();
+    l.release(&id("a")).unwrap();
+    assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "root:x:0:0\n");
+}
+
+#[test]
+fn a_fifo_anywhere_in_the_state_dir_never_blocks() {
+    // Where the FIFO is, and whether a plain allocation then works.
+    let cases = [
+        ("cursor", true),
+        ("audit.log", true),
+        ("queue/00000000000000000001-x.json", true),
+        ("queue-seq", true),
+        ("holders/x.json", false),
+        ("lock", false),
+    ];
+    // All at once, each in its own state dir, so that every case that blocks is named.
+    let running: Vec<_> = cases
+        .into_iter()
+        .map(|(name, works)| {
+            let (t, l) = ledger();
+            std::fs::create_dir_all(l.dir().join("queue")).unwrap();
+            std::fs::create_dir_all(l.dir().join("holders")).unwrap();
+            mkfifo(&l.dir().join(name));
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let inv = machine(4);
+                let m = Machine::new(&inv, PolicyName::Pack);
+                let plain = alloc(&l, "a").map_err(|e| one_line(&e));
+                let waiting = l
+                    .allocate_waiting(&id("w"), &count(1), &m, me(), Duration::from_millis(50))
+                    .map_err(|e| one_line(&e));
+                let _ = tx.send((plain, waiting));
+            });
+            (name, works, rx, t)
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut failures = Vec::new();
+    for (name, works, rx, _t) in running {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok((plain, waiting)) = rx.recv_timeout(left) else {
+            failures.push(format!("{name}: blocked"));
+            continue;
+        };
+        for got in [&plain, &waiting] {
+            if got.is_ok() != works {
+                failures.push(format!("{name}: {got:?}"));
+            }
+            if let Err(err) = got
+                && !(err.contains("FIFO") || err.contains("special file"))
+            {
+                failures.push(format!("{name}: {err}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn a_state_file_replaced_by_a_symlink_is_replaced_not_followed() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (t, l) = ledger();
+    let elsewhere = t.path().join("elsewhere");
+    std::fs::write(&elsewhere, "7\n").unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let root = rustix::process::geteuid().is_root();
+    if root {
+        std::os::unix::fs::chown(&elsewhere, Some(4242), Some(4242)).unwrap();
+    }
+    std::os::unix::fs::symlink(&elsewhere, l.dir().join("cursor")).unwrap();
+    let inv = machine(4);
+    let got = l
+        .allocate(
+            &id("a"),
+            &count(1),
+            &Machine::new(&inv, PolicyName::Spread),
+            me(),
+        )
+        .unwrap();
+    assert_eq!(
+        got.record.gpus,
+        ["GPU-test-0"],
+        "the link is not read either"
+    );
+    let cursor = std::fs::symlink_metadata(l.dir().join("cursor")).unwrap();
+    assert!(cursor.is_file());
+    assert_eq!(cursor.mode() & 0o7777, 0o644);
+    assert_eq!(cursor.uid(), rustix::process::geteuid().as_raw());
+    assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "7\n");
+    assert_eq!(mode_of(&elsewhere), 0o666);
+}
+
+#[test]
+fn entries_that_are_no_record_block_allocation_until_gc_clears_them() {
+    let (_t, l) = ledger();
+    alloc(&l, "live").unwrap();
+    let holders = l.dir().join("holders");
+    let mut bad: Record = snapshot(&l)[0].clone();
+    bad.id = "bad id".into();
+    std::fs::write(
+        holders.join("bad id.json"),
+        serde_json::to_string(&bad).unwrap(),
+    )
+    .unwrap();
+    std::fs::create_dir(holders.join("x.json")).unwrap();
+    std::fs::write(holders.join("x.json/inside"), "").unwrap();
+    let err = alloc(&l, "b").unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "stray entry {:?} in the ledger: its name is not that of a holder id \
+             (remove it with `gpupin gc` or `gpupin release $'bad id.json'`)",
+            holders.join("bad id.json")
+        )
+    );
+    let report = l.gc().unwrap();
+    assert_eq!(
+        report.cleared,
+        [holders.join("bad id.json"), holders.join("x.json")]
+    );
+    assert!(report.released.is_empty() && report.left.is_empty());
+    assert_eq!(snapshot(&l).len(), 1, "the live holder stays");
+    alloc(&l, "b").unwrap();
+}
+
+#[test]
+fn release_removes_any_single_entry_and_nothing_beyond() {
+    let (t, l) = ledger();
+    let holders = l.dir().join("holders");
+    std::fs::create_dir(&holders).unwrap();
+    std::fs::write(holders.join("bad id.json"), "{}").unwrap();
+    std::fs::create_dir(holders.join("x.json")).unwrap();
+    mkfifo(&holders.join("f.json"));
+    std::os::unix::fs::symlink(t.path(), holders.join("l.json")).unwrap();
+    for name in ["bad id.json", "x", "f.json", "l"] {
+        match l.release_entry(OsStr::new(name)).unwrap() {
+            Released::Entry(path) => assert!(path.starts_with(&holders), "{path:?}"),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    assert_eq!(holders.read_dir().unwrap().count(), 0);
+    assert!(t.path().join("state").is_dir(), "the link's target stays");
+    for name in ["", ".", "..", "../state", "a/b"] {
+        let err = l.release_entry(OsStr::new(name)).unwrap_err().to_string();
+        assert!(err.starts_with("invalid ledger entry"), "{err}");
+    }
+    assert!(matches!(
+        l.release_entry(OsStr::new("gone")).unwrap(),
+        Released::Nothing
+    ));
+}
+
+#[test]
+fn gc_leaves_a_corrupt_record_for_release_and_says_how() {
+    let (_t, l) = ledger();
+    let holders = l.dir().join("holders");
+    std::fs::create_dir(&holders).unwrap();
+    std::fs::write(holders.join("c1.json"), "{not json").unwrap();
+    let err = alloc(&l, "a").unwrap_err().to_string();
+    assert!(
+        err.starts_with("corrupt ledger record")
+            && err.ends_with("remove it with `gpupin release c1`)"),
+        "{err}"
+    );
+    let report = l.gc().unwrap();
+    assert_eq!(report.left.len(), 1);
+    assert!(holders.join("c1.json").exists());
+    assert!(matches!(
+        l.release_entry(OsStr::new("c1")).unwrap(),
+        Released::Entry(_)
+    ));
+    alloc(&l, "a").unwrap();
+}
+
+#[test]
+fn gc_removes_the_temp_files_of_dead_writers_only() {
+    let (_t, l) = ledger();
+    alloc(&l, "a").unwrap();
+    let d = l.dir();
+    std::fs::create_dir_all(d.join("queue")).unwrap();
+    let dead = a_dead_pid();
+    let mine = std::process::id();
+    let dead_ones = [
+        d.join(format!(".a.json.gpupin-{dead}-0.tmp")),
+        d.join(format!("holders/.a.json.gpupin-{dead}-3.tmp")),
+        d.join(format!("queue/.1-w.json.gpupin-{dead}-1.tmp")),
+    ];
+    let live_one = d.join(format!("holders/.b.json.gpupin-{mine}-9.tmp"));
+    for path in dead_ones.iter().chain([&live_one]) {
+        std::fs::write(path, "{").unwrap();
+    }
+    let mut cleared = l.gc().unwrap().cleared;
+    cleared.sort();
+    let mut expected = dead_ones.to_vec();
+    expected.sort();
+    assert_eq!(cleared, expected);
+    assert!(dead_ones.iter().all(|p| !p.exists()));
+    assert!(live_one.exists(), "a live writer's temp file stays");
+    assert_eq!(snapshot(&l).len(), 1);
+}
+
+#[test]
+fn an_unbound_record_from_the_future_is_stale_after_the_grace() {
+    let (_t, l) = ledger();
+    let unbound = HolderMeta { pid: None, ..me() };
+    let inv = machine(1);
+    let a = l
+        .allocate(
+            &id("a"),
+            &count(1),
+            &Machine::new(&inv, PolicyName::Pack),
+            unbound,
+        )
+        .unwrap();
+    let now = SystemTime::now();
+    let grace = UNBOUND_GRACE;
+    let mut soon = a.record.clone();
+    soon.created_at += 10; // a clock stepped back by seconds: still within the grace
+    assert!(!soon.is_stale(now, grace));
+    let mut far = a.record.clone();
+    far.created_at += 2 * grace.as_secs(); // stepped back by more than the grace
+    assert!(far.is_stale(now, grace));
+    let path = l.dir().join("holders/a.json");
+    std::fs::write(&path, serde_json::to_string(&far).unwrap()).unwrap();
+    assert_eq!(l.gc().unwrap().released, [far]);
 }
