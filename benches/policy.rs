@@ -10,8 +10,9 @@
 //! exact (search finished within its node budget) and, on 8 and 16, equal to the brute force.
 
 use criterion::{BenchmarkId, Criterion};
+use gpupin::inventory::Live;
 use gpupin::inventory::{Gpu, Inventory, InventorySource, Link, load};
-use gpupin::policy::{Live, PolicyInput, PolicyName, reference, topology};
+use gpupin::policy::{PolicyInput, PolicyName, reference, topology};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

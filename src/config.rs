@@ -11,6 +11,8 @@ use std::time::Duration;
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpupin/config.toml";
 pub const DEFAULT_STATE_DIR: &str = "/run/gpupin";
 pub const CONFIG_ENV: &str = "GPUPIN_CONFIG";
+/// How long GPUs assigned before create stay held without a container process.
+pub const DEFAULT_CLAIM_GRACE: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -39,7 +41,7 @@ impl Default for Config {
             inventory: InventorySource::Auto,
             policy: PolicyName::default(),
             runtime: PathBuf::from("runc"),
-            claim_grace: crate::ledger::UNBOUND_GRACE,
+            claim_grace: DEFAULT_CLAIM_GRACE,
             live_file: None,
             max_shared: 4,
             path: None,

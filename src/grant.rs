@@ -3,9 +3,9 @@
 //! then allocate, waiting in the queue when the request asks to.
 
 use crate::config::Config;
+use crate::inventory::Live;
 use crate::inventory::{self, Inventory, InventoryError};
 use crate::ledger::{HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
-use crate::policy::Live;
 use crate::request::GpuRequest;
 
 #[derive(Debug, thiserror::Error)]

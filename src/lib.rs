@@ -5,10 +5,11 @@
 //! and the spec / inject modules give the container exactly the chosen GPUs.
 //! Nothing in this library prints or exits; the binaries do.
 
-pub mod assign;
+pub mod admit;
 pub mod atomic;
 pub mod config;
 pub mod docker;
+pub mod edits;
 pub mod grant;
 pub mod hook;
 pub mod inject;

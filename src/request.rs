@@ -229,6 +229,41 @@ pub fn from_pairs(
     parse(pairs.iter().copied(), origin)
 }
 
+/// Where one entry point finds a container's request. `find` reads them in the one
+/// order of precedence and stops at the first that asks for something, so an entry point
+/// pays only for the sources it reaches (a spec parse, Docker's files).
+pub trait Sources {
+    type Error: From<RequestError>;
+    /// OCI annotations: Docker >= 24 `--annotation`, compose `annotations:`, podman,
+    /// CRI-O pod annotations, a runc bundle's own.
+    fn annotations(&self) -> &HashMap<String, String>;
+    /// A request from Docker labels; `None` where there is no Docker container.
+    fn labels(&mut self) -> Result<Option<GpuRequest>, Self::Error> {
+        Ok(None)
+    }
+    /// The process env (`KEY=VALUE`).
+    fn env(&mut self) -> Result<Vec<String>, Self::Error>;
+    /// Docker's own GPU request (`--gpus`, compose device reservations).
+    fn docker_gpus(&mut self) -> Result<Option<GpuRequest>, Self::Error> {
+        Ok(None)
+    }
+}
+
+/// A container's request: annotations, else Docker labels, else the process env, else
+/// Docker's `--gpus`. `Ok(None)`: it asks for nothing.
+pub fn find<S: Sources>(sources: &mut S) -> Result<Option<GpuRequest>, S::Error> {
+    if let Some(request) = from_annotations(sources.annotations())? {
+        return Ok(Some(request));
+    }
+    if let Some(request) = sources.labels()? {
+        return Ok(Some(request));
+    }
+    if let Some(request) = from_env(&sources.env()?)? {
+        return Ok(Some(request));
+    }
+    sources.docker_gpus()
+}
+
 fn key_name(annotation: &'static str, origin: Origin) -> &'static str {
     match origin {
         Origin::Env => KEYS.iter().find(|(a, _)| *a == annotation).unwrap().1,
@@ -625,5 +660,90 @@ mod tests {
         assert_eq!(r.origin, Origin::Env);
         let err = from_env(&["GPUPIN_COUNT=-1"]).unwrap_err().to_string();
         assert!(err.contains("GPUPIN_COUNT=\"-1\""), "{err}");
+    }
+
+    /// Sources with fixed contents that count how often each later one is read.
+    #[derive(Default)]
+    struct Fixed {
+        annotations: HashMap<String, String>,
+        labels: Option<GpuRequest>,
+        env: Vec<String>,
+        gpus: Option<GpuRequest>,
+        reads: Vec<&'static str>,
+    }
+
+    impl Sources for Fixed {
+        type Error = RequestError;
+        fn annotations(&self) -> &HashMap<String, String> {
+            &self.annotations
+        }
+        fn labels(&mut self) -> Result<Option<GpuRequest>, RequestError> {
+            self.reads.push("labels");
+            Ok(self.labels.clone())
+        }
+        fn env(&mut self) -> Result<Vec<String>, RequestError> {
+            self.reads.push("env");
+            Ok(self.env.clone())
+        }
+        fn docker_gpus(&mut self) -> Result<Option<GpuRequest>, RequestError> {
+            self.reads.push("gpus");
+            Ok(self.gpus.clone())
+        }
+    }
+
+    #[test]
+    fn find_takes_the_first_source_that_asks_and_reads_no_further() {
+        let every = || Fixed {
+            annotations: HashMap::from([("gpupin.count".into(), "1".into())]),
+            labels: Some(GpuRequest::new(Selection::Count(2), Origin::Labels)),
+            env: vec!["GPUPIN_COUNT=3".into()],
+            gpus: Some(GpuRequest::new(Selection::Count(4), Origin::DockerGpus)),
+            reads: Vec::new(),
+        };
+        let mut sources = every();
+        assert_eq!(
+            find(&mut sources).unwrap().unwrap().origin,
+            Origin::Annotations
+        );
+        assert!(sources.reads.is_empty());
+        let mut sources = Fixed {
+            annotations: HashMap::new(),
+            ..every()
+        };
+        assert_eq!(find(&mut sources).unwrap().unwrap().origin, Origin::Labels);
+        assert_eq!(sources.reads, ["labels"]);
+        let mut sources = Fixed {
+            annotations: HashMap::new(),
+            labels: None,
+            ..every()
+        };
+        assert_eq!(find(&mut sources).unwrap().unwrap().origin, Origin::Env);
+        let mut sources = Fixed {
+            annotations: HashMap::new(),
+            labels: None,
+            env: vec!["PATH=/bin".into()],
+            ..every()
+        };
+        assert_eq!(
+            find(&mut sources).unwrap().unwrap().origin,
+            Origin::DockerGpus
+        );
+        assert_eq!(sources.reads, ["labels", "env", "gpus"]);
+        let mut nothing = Fixed::default();
+        assert_eq!(find(&mut nothing).unwrap(), None);
+    }
+
+    #[test]
+    fn a_bad_annotation_is_reported_before_any_other_source_is_read() {
+        let mut sources = Fixed {
+            annotations: HashMap::from([("gpupin.count".into(), "0".into())]),
+            env: vec!["GPUPIN_COUNT=1".into()],
+            ..Fixed::default()
+        };
+        assert!(matches!(
+            find(&mut sources),
+            Err(RequestError::Invalid { .. })
+        ));
+        assert!(sources.reads.is_empty());
     }
 }

@@ -2,8 +2,8 @@
 //! and hands every command to the real runtime (runc). Thin: the work is in
 //! `gpupin::runtime`.
 
-use gpupin::assign::HookCommand;
 use gpupin::config::CONFIG_ENV;
+use gpupin::edits::HookCommand;
 use gpupin::runtime::{self, argv, argv::Action, argv::Invocation};
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};

@@ -1,7 +1,7 @@
 //! `gpupin install podman` / `gpupin uninstall podman`: the hooks.d files.
 
 use anyhow::Context;
-use gpupin::assign::HookCommand;
+use gpupin::edits::HookCommand;
 use gpupin::install::podman::{self, Change, Step, Trigger};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

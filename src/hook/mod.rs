@@ -8,7 +8,7 @@ mod precreate;
 mod prestart;
 
 use crate::config::{Config, ConfigError};
-use crate::inject::InjectError;
+use crate::edits::EditsError;
 use crate::inventory::InventoryError;
 use crate::ledger::{BadHolderId, ClaimError, ClaimToken, HolderId, Ledger, LedgerError, Record};
 use crate::regular::{self, Links};
@@ -18,9 +18,6 @@ use oci_spec::runtime::State;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-/// The env var later hooks (NVIDIA's among them) read the chosen GPUs from.
-pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
@@ -52,8 +49,6 @@ pub enum HookError {
     State(String),
     #[error("invalid spec on stdin")]
     Spec(#[source] SpecError),
-    #[error("annotation {0} is written by gpupin, not by users; remove it from the container")]
-    ReservedAnnotation(&'static str),
     #[error(transparent)]
     Claim(#[from] ClaimError),
     #[error(transparent)]
@@ -73,9 +68,9 @@ pub enum HookError {
     #[error(transparent)]
     Ledger(#[from] LedgerError),
     #[error(transparent)]
-    Grant(#[from] crate::grant::GrantError),
+    Admit(#[from] crate::admit::AdmitError),
     #[error(transparent)]
-    Assign(#[from] crate::assign::AssignError),
+    Edits(#[from] crate::edits::EditsError),
     #[error(
         "container {0} asks for gpupin.cpus=numa, which needs its spec edited before create (gpupin-runtime or podman's precreate hook); the prestart hook cannot change a cpuset"
     )]
@@ -87,18 +82,6 @@ pub enum HookError {
         "OCI state of container {0} has no pid; a prestart hook needs the container's init process"
     )]
     NoPid(String),
-    #[error("giving container {id} its GPUs")]
-    Inject {
-        id: String,
-        #[source]
-        source: InjectError,
-    },
-    #[error("recording the choice in the bundle of container {id}")]
-    WriteSpec {
-        id: String,
-        #[source]
-        source: SpecError,
-    },
 }
 
 /// What the hook did, for the binary to report.
@@ -182,12 +165,12 @@ pub fn run(
             Ok(Outcome::Bound(record))
         }
         Task::Allocate { request, spec } => {
-            let target = prestart::Target {
+            let container = prestart::Container {
                 id: &id,
                 pid,
                 bundle: &bundle,
             };
-            prestart::prestart(&target, &request, spec, &config)
+            prestart::prestart(&container, &request, spec, &config)
         }
     }
 }
@@ -220,7 +203,7 @@ fn read_container(
     // Anywhere else gpupin.error was written by the container's author: refused, never
     // repeated.
     if stage != Stage::Poststop && annotations.contains_key(request::ERROR_ANNOTATION) {
-        return Err(HookError::ReservedAnnotation(request::ERROR_ANNOTATION));
+        return Err(EditsError::ReservedAnnotation(request::ERROR_ANNOTATION).into());
     }
     let config_path = state.bundle().join("config.json");
     let spec_bytes = match regular::read(&config_path, Links::Refuse) {
@@ -245,12 +228,6 @@ fn read_container(
     if !has_annotation && !may_have_env {
         return Ok(None);
     }
-    let parse_spec = || {
-        spec::parse(&spec_bytes, &config_path).map_err(|source| HookError::Bundle {
-            id: id.to_string(),
-            source,
-        })
-    };
     let task = if stage == Stage::Poststop {
         // Poststop releases whatever the id holds: a request that no longer parses must
         // not keep GPUs held forever.
@@ -258,21 +235,17 @@ fn read_container(
     } else if let Some(task) = bind_task(&annotations)? {
         task
     } else {
-        // Annotations are checked before the spec is parsed, so that a bad request is
-        // reported as such whatever the state of the bundle.
-        let (request, spec) = if has_annotation {
-            (request::from_annotations(&annotations)?, None)
-        } else {
-            let spec = parse_spec()?;
-            (request::from_env(&spec::process_env(&spec))?, Some(spec))
+        let mut sources = BundleSources {
+            annotations: &annotations,
+            bytes: &spec_bytes,
+            path: &config_path,
+            id: &id,
+            spec: None,
         };
-        let Some(request) = request else {
+        let Some(request) = request::find(&mut sources)? else {
             return Ok(None);
         };
-        let spec = match spec {
-            Some(spec) => spec,
-            None => parse_spec()?,
-        };
+        let spec = sources.into_spec()?;
         Task::Allocate { request, spec }
     };
     Ok(Some(Container {
@@ -281,6 +254,47 @@ fn read_container(
         bundle: state.bundle().to_path_buf(),
         task,
     }))
+}
+
+/// Where the prestart hook finds a request: the state's annotations, and the env of the
+/// bundle's config.json, parsed only when the annotations ask for nothing (and then kept,
+/// since allocating needs the spec too). Annotations come first, so a bad request is
+/// reported as such whatever the state of the bundle.
+struct BundleSources<'a> {
+    annotations: &'a HashMap<String, String>,
+    bytes: &'a [u8],
+    path: &'a Path,
+    id: &'a HolderId,
+    spec: Option<Value>,
+}
+
+impl BundleSources<'_> {
+    fn parse(&self) -> Result<Value, HookError> {
+        spec::parse(self.bytes, self.path).map_err(|source| HookError::Bundle {
+            id: self.id.to_string(),
+            source,
+        })
+    }
+
+    fn into_spec(self) -> Result<Value, HookError> {
+        match self.spec {
+            Some(spec) => Ok(spec),
+            None => self.parse(),
+        }
+    }
+}
+
+impl request::Sources for BundleSources<'_> {
+    type Error = HookError;
+    fn annotations(&self) -> &HashMap<String, String> {
+        self.annotations
+    }
+    fn env(&mut self) -> Result<Vec<String>, HookError> {
+        let spec = self.parse()?;
+        let env = spec::process_env(&spec);
+        self.spec = Some(spec);
+        Ok(env)
+    }
 }
 
 /// The bind task of a spec gpupin edited before create: `gpupin.assigned` and the
@@ -294,8 +308,8 @@ fn bind_task(annotations: &HashMap<String, String>) -> Result<Option<Task>, Hook
             uuids: assigned.split(',').map(str::to_string).collect(),
             token: ClaimToken::parse(claim)?,
         })),
-        (Some(_), None) => Err(HookError::ReservedAnnotation(request::ASSIGNED_ANNOTATION)),
-        (None, Some(_)) => Err(HookError::ReservedAnnotation(request::CLAIM_ANNOTATION)),
+        (Some(_), None) => Err(EditsError::ReservedAnnotation(request::ASSIGNED_ANNOTATION).into()),
+        (None, Some(_)) => Err(EditsError::ReservedAnnotation(request::CLAIM_ANNOTATION).into()),
     }
 }
 

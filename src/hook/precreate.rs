@@ -5,13 +5,14 @@
 //! container (or gc reaps it after `claim_grace` when the container never got that far).
 
 use super::{HookError, Outcome, contains};
-use crate::assign::{self, HookCommand};
+use crate::admit::{self, Admission, Claim};
 use crate::config::{Config, ConfigError};
-use crate::grant;
-use crate::ledger::{ClaimToken, HolderMeta, Ledger};
+use crate::edits::{self, ApplyError, HookCommand};
+use crate::ledger::{ClaimToken, HolderMeta};
 use crate::request::{self, ERROR_ANNOTATION};
 use crate::spec;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub(super) fn run(
@@ -45,39 +46,55 @@ fn claim(
     exe: &Path,
     load_config: impl FnOnce() -> Result<Config, ConfigError>,
 ) -> Result<Option<Outcome>, HookError> {
-    let annotations = spec::annotations(spec_value);
-    assign::refuse_reserved(&annotations)?;
-    let request = match request::from_annotations(&annotations)? {
-        Some(r) => r,
-        None => match request::from_env(&spec::process_env(spec_value))? {
-            Some(r) => r,
-            None => return Ok(None),
-        },
+    let mut sources = SpecSources {
+        annotations: spec::annotations(spec_value),
+        spec: spec_value,
+    };
+    edits::refuse_reserved(&sources.annotations)?;
+    let Some(request) = request::find(&mut sources)? else {
+        return Ok(None);
     };
     let config = load_config()?;
     let token = ClaimToken::new_claim()?;
-    let meta = HolderMeta {
-        source: "precreate".into(),
-        claim_digest: Some(token.digest()),
-        ..HolderMeta::default()
-    };
-    let (inventory, record) = grant::allocate(&config, token.holder(), &request, meta)?;
     let hook = HookCommand {
         exe: exe.to_path_buf(),
         config: config.path.clone(),
     };
-    let edited = assign::edit_spec(spec_value, &inventory, &record, &token, &hook)
-        .map_err(HookError::from)
-        .and_then(|()| to_bytes(spec_value));
-    match edited {
-        Ok(bytes) => Ok(Some(Outcome::Spec {
-            bytes,
-            claim: Some(record),
-        })),
-        Err(err) => {
-            Ledger::for_config(&config)?.release(token.holder())?;
-            Err(err)
-        }
+    let admission = Admission {
+        holder: token.holder(),
+        request: &request,
+        meta: HolderMeta {
+            source: "precreate".into(),
+            ..HolderMeta::default()
+        },
+        claim: Some(Claim {
+            token: &token,
+            hook: &hook,
+        }),
+    };
+    let (record, bytes) = admit::admit(&config, admission, |edits| {
+        edits::spec::apply(edits, spec_value)?;
+        to_bytes(spec_value).map_err(ApplyError::Spec)
+    })?;
+    Ok(Some(Outcome::Spec {
+        bytes,
+        claim: Some(record),
+    }))
+}
+
+/// Where precreate finds a request: the proposed spec's annotations and process env.
+struct SpecSources<'a> {
+    annotations: HashMap<String, String>,
+    spec: &'a Value,
+}
+
+impl request::Sources for SpecSources<'_> {
+    type Error = HookError;
+    fn annotations(&self) -> &HashMap<String, String> {
+        &self.annotations
+    }
+    fn env(&mut self) -> Result<Vec<String>, HookError> {
+        Ok(spec::process_env(self.spec))
     }
 }
 
@@ -109,17 +126,15 @@ fn defer_error(mut spec_value: Value, err: &HookError, exe: &Path) -> Result<Out
     )
     .map_err(HookError::Spec)?;
     Ok(Outcome::Spec {
-        bytes: to_bytes(&spec_value)?,
+        bytes: to_bytes(&spec_value).map_err(HookError::Spec)?,
         claim: None,
     })
 }
 
-fn to_bytes(spec_value: &Value) -> Result<Vec<u8>, HookError> {
-    serde_json::to_vec(spec_value).map_err(|e| {
-        HookError::Spec(spec::SpecError::Serialize {
-            path: "<stdout>".into(),
-            source: e,
-        })
+fn to_bytes(spec_value: &Value) -> Result<Vec<u8>, spec::SpecError> {
+    serde_json::to_vec(spec_value).map_err(|e| spec::SpecError::Serialize {
+        path: "<stdout>".into(),
+        source: e,
     })
 }
 

@@ -6,7 +6,7 @@
 //! container, which is what an env request (`GPUPIN_COUNT` in the container's env) needs;
 //! a container without a request then costs one small spec scan per stage.
 
-use crate::assign::HookCommand;
+use crate::edits::HookCommand;
 use crate::spec::{self, SpecError};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};

@@ -6,11 +6,19 @@
 //! one entry per GPU, keyed by `uuid` or `index`; `memory_free` takes bytes or a size.
 
 use super::{Inventory, InventoryError};
-use crate::policy::Live;
 use crate::regular::{self, Links};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
+
+/// What a GPU is doing now: NVML on a real machine, the `live_file` for simulated ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Live {
+    /// GPU utilization, percent.
+    pub utilization: u32,
+    /// Free memory in bytes.
+    pub memory_free: u64,
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -14,6 +14,7 @@ mod sim;
 
 pub use file::{from_json, to_json};
 pub use link::Link;
+pub use live::Live;
 
 use std::path::{Path, PathBuf};
 

@@ -62,7 +62,7 @@ fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryErro
 
 /// Utilization and free memory of each GPU of `inventory`, by UUID (indices may have
 /// moved since the inventory was cached).
-pub(super) fn live(inventory: &Inventory) -> Result<Vec<crate::policy::Live>, InventoryError> {
+pub(super) fn live(inventory: &Inventory) -> Result<Vec<super::Live>, InventoryError> {
     let nvml = Nvml::builder()
         .lib_path(OsStr::new(LIBRARY))
         .init()
@@ -84,7 +84,7 @@ pub(super) fn live(inventory: &Inventory) -> Result<Vec<crate::policy::Live>, In
                 .memory_info()
                 .map_err(query_error("memory info"))?
                 .free;
-            Ok(crate::policy::Live {
+            Ok(super::Live {
                 utilization,
                 memory_free,
             })

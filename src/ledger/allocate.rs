@@ -2,8 +2,9 @@
 //! calls it under its lock and writes the outcome.
 
 use super::{HolderId, LedgerError, Record, holders_of};
+use crate::inventory::Live;
 use crate::inventory::{Gpu, Inventory};
-use crate::policy::{Live, PolicyInput, PolicyName};
+use crate::policy::{PolicyInput, PolicyName};
 use crate::request::{GpuRequest, Selection, Share};
 use crate::units::format_size;
 

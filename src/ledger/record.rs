@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// By default a holder that never got a pid is stale after this long (a claim whose
 /// container never started, or a runtime that died between allocation and binding).
-pub const UNBOUND_GRACE: Duration = Duration::from_secs(120);
+pub const UNBOUND_GRACE: Duration = crate::config::DEFAULT_CLAIM_GRACE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

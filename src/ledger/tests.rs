@@ -488,11 +488,11 @@ fn memory_filter_uses_free_memory_when_live_figures_are_on() {
     let (_t, l) = ledger();
     let inv = machine(2);
     let live = [
-        crate::policy::Live {
+        crate::inventory::Live {
             utilization: 0,
             memory_free: 10 << 30,
         },
-        crate::policy::Live {
+        crate::inventory::Live {
             utilization: 0,
             memory_free: 70 << 30,
         },

@@ -1,35 +1,52 @@
-//! `create` under gpupin-runtime: find the request, allocate, edit the spec.
+//! `create` under gpupin-runtime: find the request, admit, write the edited spec.
 
 use super::ShimError;
-use crate::assign::{self, HookCommand};
+use crate::admit::{self, Admission, Claim};
 use crate::config::Config;
 use crate::docker;
-use crate::grant;
-use crate::ledger::{ClaimToken, HolderId, HolderMeta, Ledger, Record};
+use crate::edits::{self, HookCommand};
+use crate::ledger::{ClaimToken, HolderId, HolderMeta, Record};
 use crate::request::{self, GpuRequest};
 use crate::spec;
 use serde_json::Value;
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
-/// The request of a container, in the order of precedence: OCI annotations (Docker >= 24
-/// `--annotation`, compose `annotations:`), Docker labels, process env, Docker's own
-/// `--gpus` request.
-pub fn find_request(spec_value: &Value, id: &str) -> Result<Option<GpuRequest>, ShimError> {
-    if let Some(r) = request::from_annotations(&spec::annotations(spec_value))? {
-        return Ok(Some(r));
+/// Where the shim finds a request: the spec's annotations and env, and Docker's labels
+/// and `--gpus` request in the container's folder when the spec shows one.
+struct ShimSources<'a> {
+    annotations: HashMap<String, String>,
+    spec: &'a Value,
+    docker_dir: Option<PathBuf>,
+}
+
+impl request::Sources for ShimSources<'_> {
+    type Error = ShimError;
+    fn annotations(&self) -> &HashMap<String, String> {
+        &self.annotations
     }
-    let docker_dir = docker::container_dir(spec_value, id);
-    if let Some(dir) = &docker_dir
-        && let Some(r) = docker::label_request(dir)?
-    {
-        return Ok(Some(r));
+    fn labels(&mut self) -> Result<Option<GpuRequest>, ShimError> {
+        match &self.docker_dir {
+            Some(dir) => Ok(docker::label_request(dir)?),
+            None => Ok(None),
+        }
     }
-    if let Some(r) = request::from_env(&spec::process_env(spec_value))? {
-        return Ok(Some(r));
+    fn env(&mut self) -> Result<Vec<String>, ShimError> {
+        Ok(spec::process_env(self.spec))
     }
-    match &docker_dir {
-        Some(dir) => Ok(docker::gpus_request(dir)?),
-        None => Ok(None),
+    fn docker_gpus(&mut self) -> Result<Option<GpuRequest>, ShimError> {
+        match &self.docker_dir {
+            Some(dir) => Ok(docker::gpus_request(dir)?),
+            None => Ok(None),
+        }
+    }
+}
+
+fn sources<'a>(spec_value: &'a Value, id: &str) -> ShimSources<'a> {
+    ShimSources {
+        annotations: spec::annotations(spec_value),
+        spec: spec_value,
+        docker_dir: docker::container_dir(spec_value, id),
     }
 }
 
@@ -44,24 +61,28 @@ pub fn prepare(
     let config_path = bundle.join("config.json");
     let mut spec_value = spec::read(&config_path)?;
     let holder = HolderId::new(id)?;
-    let Some(request) = find_request(&spec_value, id)? else {
+    let mut sources = sources(&spec_value, id);
+    let Some(request) = request::find(&mut sources)? else {
         return Ok(None);
     };
-    assign::refuse_reserved(&spec::annotations(&spec_value))?;
+    edits::refuse_reserved(&sources.annotations)?;
     let token = ClaimToken::new(holder.clone())?;
-    let meta = HolderMeta {
-        source: "runtime".into(),
-        bundle: Some(bundle.to_path_buf()),
-        claim_digest: Some(token.digest()),
-        ..HolderMeta::default()
+    let admission = Admission {
+        holder: &holder,
+        request: &request,
+        meta: HolderMeta {
+            source: "runtime".into(),
+            bundle: Some(bundle.to_path_buf()),
+            ..HolderMeta::default()
+        },
+        claim: Some(Claim {
+            token: &token,
+            hook,
+        }),
     };
-    let (inventory, record) = grant::allocate(config, &holder, &request, meta)?;
-    let edited = assign::edit_spec(&mut spec_value, &inventory, &record, &token, hook)
-        .map_err(ShimError::from)
-        .and_then(|()| Ok(spec::write_atomic(&config_path, &spec_value)?));
-    if let Err(err) = edited {
-        Ledger::for_config(config)?.release(&holder)?;
-        return Err(err);
-    }
+    let (record, ()) = admit::admit(config, admission, |edits| {
+        edits::spec::apply(edits, &mut spec_value)?;
+        Ok(spec::write_atomic(&config_path, &spec_value)?)
+    })?;
     Ok(Some(record))
 }

@@ -34,9 +34,9 @@ pub enum ShimError {
     #[error(transparent)]
     Ledger(#[from] LedgerError),
     #[error(transparent)]
-    Grant(#[from] crate::grant::GrantError),
+    Admit(#[from] crate::admit::AdmitError),
     #[error(transparent)]
-    Assign(#[from] crate::assign::AssignError),
+    Edits(#[from] crate::edits::EditsError),
     #[error("runtime {0:?} not found on PATH; set `runtime` in the gpupin config")]
     RuntimeNotFound(PathBuf),
     #[error("runtime {0} is gpupin-runtime itself; set `runtime` to the real runtime (runc)")]

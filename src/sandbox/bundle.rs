@@ -2,7 +2,7 @@
 //! detached, non-interactive test container needs it, plus gpupin's hooks.
 
 use super::SandboxError;
-pub use crate::assign::HookCommand;
+pub use crate::edits::HookCommand;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

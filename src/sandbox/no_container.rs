@@ -6,8 +6,8 @@
 //! no cgroup access: both need the mount namespace and device cgroup of a real container,
 //! and root. Poststop is the hook's own.
 
+use crate::admit::{self, Admission};
 use crate::config::Config;
-use crate::grant;
 use crate::hook::{self, HookError, Outcome, Stage};
 use crate::ledger::{HolderId, HolderMeta, Record};
 use std::path::Path;
@@ -21,13 +21,19 @@ pub fn prestart_without_container(
         return Ok(None);
     };
     let id = HolderId::new(state.id())?;
-    let meta = HolderMeta {
-        source: "demo (no container)".into(),
-        pid: *state.pid(),
-        bundle: Some(state.bundle().to_path_buf()),
-        ..HolderMeta::default()
+    let admission = Admission {
+        holder: &id,
+        request: &request,
+        meta: HolderMeta {
+            source: "demo (no container)".into(),
+            pid: *state.pid(),
+            bundle: Some(state.bundle().to_path_buf()),
+            ..HolderMeta::default()
+        },
+        claim: None,
     };
-    let (_, record) = grant::allocate(config, &id, &request, meta)?;
+    // No consumer: there is no container to give the GPUs to.
+    let (record, ()) = admit::admit(config, admission, |_| Ok(()))?;
     Ok(Some(record))
 }
 

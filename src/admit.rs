@@ -1,0 +1,199 @@
+//! The admission pipeline. Every entry point that gives a container GPUs (the prestart
+//! hook, podman's precreate, the Docker shim, and what comes after them) goes through it:
+//!
+//! ```text
+//! request (the entry point finds it with request::find)
+//!   -> grant: the machine (inventory, live figures when the request needs them)
+//!             and the ledger's allocation under its lock, or a wait in its queue
+//!   -> ContainerEdits from the record, with the claim for a spec edited before create
+//!   -> the entry point's consumer applies them (edits::spec, edits::inject)
+//!   -> on failure the GPUs go back at once, and both errors are kept
+//! ```
+
+use crate::config::Config;
+use crate::edits::{ApplyError, ContainerEdits, EditsError, HookCommand};
+use crate::grant::{self, GrantError};
+use crate::ledger::{ClaimToken, HolderId, HolderMeta, Ledger, LedgerError, Record};
+use crate::request::GpuRequest;
+
+/// One container's admission.
+pub struct Admission<'a> {
+    pub holder: &'a HolderId,
+    pub request: &'a GpuRequest,
+    pub meta: HolderMeta,
+    /// For a spec edited before create: the claim its record is made with, and how the
+    /// runtime calls gpupin back to bind and release it.
+    pub claim: Option<Claim<'a>>,
+}
+
+pub struct Claim<'a> {
+    pub token: &'a ClaimToken,
+    pub hook: &'a HookCommand,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    #[error(transparent)]
+    Grant(#[from] GrantError),
+    #[error(transparent)]
+    Edits(#[from] EditsError),
+    #[error("giving container {id} its GPUs")]
+    Apply {
+        id: String,
+        #[source]
+        source: ApplyError,
+    },
+    /// The admission failed, and so did releasing what it had allocated: the GPUs stay
+    /// held until gc reaps the holder. Both errors are kept.
+    #[error("{}", undo_message(.error, .holder, .undo))]
+    Undo {
+        error: Box<AdmitError>,
+        holder: String,
+        undo: LedgerError,
+    },
+}
+
+fn undo_message(error: &AdmitError, holder: &str, undo: &LedgerError) -> String {
+    format!(
+        "{}; releasing the GPUs of {holder} again failed too: {}",
+        crate::message::one_line(error),
+        crate::message::one_line(undo)
+    )
+}
+
+/// Allocates for `admission`, builds the container's edits and hands them to `apply`.
+/// Returns the record and what `apply` returned. On any failure after the allocation the
+/// holder's GPUs are released before the error is returned.
+pub fn admit<T>(
+    config: &Config,
+    admission: Admission<'_>,
+    apply: impl FnOnce(&ContainerEdits) -> Result<T, ApplyError>,
+) -> Result<(Record, T), AdmitError> {
+    let Admission {
+        holder,
+        request,
+        mut meta,
+        claim,
+    } = admission;
+    if let Some(claim) = &claim {
+        meta.claim_digest = Some(claim.token.digest());
+    }
+    let (inventory, record) = grant::allocate(config, holder, request, meta)?;
+    let given = ContainerEdits::for_record(&inventory, &record)
+        .map_err(AdmitError::from)
+        .map(|edits| match &claim {
+            Some(claim) => edits.with_claim(&record, claim.token, claim.hook),
+            None => edits,
+        })
+        .and_then(|edits| {
+            apply(&edits).map_err(|source| AdmitError::Apply {
+                id: holder.to_string(),
+                source,
+            })
+        });
+    match given {
+        Ok(out) => Ok((record, out)),
+        Err(error) => Err(undo(config, holder, error)),
+    }
+}
+
+/// Releases `holder` after `error`; an error of the release itself joins the first.
+fn undo(config: &Config, holder: &HolderId, error: AdmitError) -> AdmitError {
+    let released = Ledger::for_config(config).and_then(|ledger| ledger.release(holder));
+    match released {
+        Ok(_) => error,
+        Err(undo) => AdmitError::Undo {
+            error: Box::new(error),
+            holder: holder.to_string(),
+            undo,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{Origin, Selection};
+    use std::os::unix::fs::PermissionsExt;
+
+    fn config(state_dir: &std::path::Path) -> Config {
+        Config {
+            state_dir: state_dir.to_path_buf(),
+            inventory: "sim:nvswitch8".parse().unwrap(),
+            ..Config::default()
+        }
+    }
+
+    fn admission<'a>(holder: &'a HolderId, request: &'a GpuRequest) -> Admission<'a> {
+        Admission {
+            holder,
+            request,
+            meta: HolderMeta::default(),
+            claim: None,
+        }
+    }
+
+    #[test]
+    fn the_consumer_gets_the_records_gpus_and_the_holder_keeps_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(&tmp.path().join("state"));
+        let holder = HolderId::new("c1").unwrap();
+        let request = GpuRequest::new(Selection::Count(2), Origin::Annotations);
+        let (record, nodes) = admit(&config, admission(&holder, &request), |edits| {
+            Ok(edits.nodes.len())
+        })
+        .unwrap();
+        assert_eq!(record.gpus.len(), 2);
+        assert_eq!(nodes, 2 + 3, "two GPU nodes and three control nodes");
+        let ledger = Ledger::for_config(&config).unwrap();
+        assert_eq!(ledger.records().unwrap(), [record]);
+    }
+
+    #[test]
+    fn a_failed_consumer_leaves_nothing_held() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(&tmp.path().join("state"));
+        let holder = HolderId::new("c1").unwrap();
+        let request = GpuRequest::new(Selection::Count(1), Origin::Annotations);
+        let err = admit(
+            &config,
+            admission(&holder, &request),
+            |_| -> Result<(), _> { Err(ApplyError::NeedsCreate("a cpuset")) },
+        )
+        .unwrap_err();
+        let text = crate::message::one_line(&err);
+        assert_eq!(
+            text,
+            "giving container c1 its GPUs: a cpuset can only be given by editing the spec before create"
+        );
+        let ledger = Ledger::for_config(&config).unwrap();
+        assert!(ledger.records().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_failed_undo_keeps_both_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let config = config(&state);
+        let holder = HolderId::new("c1").unwrap();
+        let request = GpuRequest::new(Selection::Count(1), Origin::Annotations);
+        let err = admit(
+            &config,
+            admission(&holder, &request),
+            |_| -> Result<(), _> {
+                // The state dir turns unsafe between allocation and undo: the release is
+                // refused, as an operator's mistake would make it.
+                std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+                Err(ApplyError::NeedsCreate("a cpuset"))
+            },
+        )
+        .unwrap_err();
+        let text = crate::message::one_line(&err);
+        assert!(
+            text.starts_with("giving container c1 its GPUs: a cpuset can only")
+                && text.contains("; releasing the GPUs of c1 again failed too: refusing state dir"),
+            "{text}"
+        );
+        assert!(!text.contains('\n'));
+    }
+}

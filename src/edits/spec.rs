@@ -1,0 +1,72 @@
+//! The spec writer: applies edits to a runtime spec before create (the Docker shim,
+//! podman's precreate). The runtime then creates the nodes and grants them in the device
+//! cgroup itself, on cgroup v1 or v2, and access survives `systemctl daemon-reload`.
+
+use super::ContainerEdits;
+use crate::spec::{self, SpecError};
+use serde_json::Value;
+
+/// Writes every edit into `spec`. Idempotent: applied twice, the spec is the same.
+pub fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), SpecError> {
+    spec::add_devices(spec, &edits.nodes)?;
+    for (key, value) in &edits.env {
+        spec::set_env(spec, key, value)?;
+    }
+    for (key, value) in &edits.annotations {
+        spec::set_annotation(spec, key, value)?;
+    }
+    for hook in &edits.hooks {
+        spec::add_hook(spec, hook.stage, &hook.path, &hook.args)?;
+    }
+    if let Some(set) = &edits.cpuset {
+        spec::set_cpuset_unless_set(spec, &set.cpus, set.mems.as_deref())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::edits::{Cpuset, Hook};
+    use crate::inventory::DeviceNode;
+    use serde_json::json;
+
+    fn edits() -> ContainerEdits {
+        ContainerEdits {
+            nodes: vec![DeviceNode {
+                path: "/dev/nvidia3".into(),
+                major: 195,
+                minor: 3,
+            }],
+            env: vec![("NVIDIA_VISIBLE_DEVICES".into(), "GPU-3".into())],
+            annotations: vec![("gpupin.assigned".into(), "GPU-3".into())],
+            hooks: vec![Hook {
+                stage: "poststop",
+                path: "/usr/bin/gpupin".into(),
+                args: vec!["gpupin".into(), "hook".into(), "poststop".into()],
+            }],
+            cpuset: Some(Cpuset {
+                cpus: "0-3".into(),
+                mems: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn every_edit_lands_once_and_other_keys_stay() {
+        let mut spec = json!({"ociVersion": "1.0.2", "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0", "A=1"]}, "x-keep": true});
+        apply(&edits(), &mut spec).unwrap();
+        let once = spec.clone();
+        apply(&edits(), &mut spec).unwrap();
+        assert_eq!(spec, once);
+        assert_eq!(spec["x-keep"], true);
+        assert_eq!(
+            spec["process"]["env"],
+            json!(["NVIDIA_VISIBLE_DEVICES=GPU-3", "A=1"])
+        );
+        assert_eq!(spec["linux"]["devices"][0]["path"], "/dev/nvidia3");
+        assert_eq!(spec["annotations"]["gpupin.assigned"], "GPU-3");
+        assert_eq!(spec["hooks"]["poststop"][0]["path"], "/usr/bin/gpupin");
+        assert_eq!(spec["linux"]["resources"]["cpu"]["cpus"], "0-3");
+    }
+}
