@@ -4,7 +4,14 @@
 //! what the code happens to do today.
 //!
 //! Sizes: GPUPIN_ADV_N concurrent prestarts (default 500), GPUPIN_ADV_ROUNDS kill rounds
-//! (default 30, and at most about 60 s of them), GPUPIN_ADV_SEED to replay a run.
+//! (default 30, and at most about 60 s of them) of GPUPIN_ADV_KILL_HOOKS hooks (default
+//! 20), GPUPIN_ADV_SEED to replay a run's requests and victims.
+//!
+//! Needs root, `unshare` and the cgroup v1 devices controller (the user test also
+//! `useradd`, `userdel`, `setpriv`). Tests may run in parallel: each has its own state dir
+//! and cgroup names carry the test process's pid; the two heavy ones take turns.
+//! `cargo test --test adversarial_races -- --nocapture --test-threads=1` shows the seeds
+//! and timings.
 
 mod adversarial_support;
 
@@ -233,6 +240,18 @@ fn hundreds_of_concurrent_prestarts_share_the_gpus_by_the_rules_and_release_all(
 
     let minors = rig.minors();
     let held = holdings(&status);
+    // Refused containers got nothing: no node, no device allowed.
+    for i in (0..n).filter(|i| !succeeded.contains(&ids[*i])).take(25) {
+        let nodes: Vec<String> = boxes[i]
+            .dev_entries()
+            .into_iter()
+            .filter(|e| e.starts_with("nvidia"))
+            .collect();
+        let list = boxes[i].devices_list();
+        if !nodes.is_empty() || !list.is_empty() {
+            problems.push(format!("refused {} has {nodes:?}, allows {list:?}", ids[i]));
+        }
+    }
     for id in succeeded
         .iter()
         .filter(|id| held.contains_key(*id))
@@ -636,6 +655,7 @@ fn an_unprivileged_user_reads_roots_ledger_but_cannot_change_it() {
         "status as a user: {}",
         text(&out.stderr)
     );
+    assert_eq!(snapshot(&rig.state_dir), before, "status as a user wrote");
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         holder_ids(&status),
@@ -669,6 +689,7 @@ fn an_unprivileged_user_reads_roots_ledger_but_cannot_change_it() {
     let mut problems = Vec::new();
     for (what, args, input) in attempts {
         let out = user.gpupin(&exe, &rig.config, &args, input);
+        eprintln!("{test}: {what}: {:?}", text(&out.stderr));
         if let Some(p) = output_refusal_problem(&out) {
             problems.push(format!("{what} as a user: {p}"));
         }

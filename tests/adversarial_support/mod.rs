@@ -420,13 +420,14 @@ pub struct Hook {
 
 impl Hook {
     /// `gpupin hook STAGE` for container `id`; it blocks reading stdin until `release`.
-    /// `shell_prefix`: run through `sh -c '<prefix>; exec gpupin ...'` (e.g. `umask 000`).
     pub fn spawn(rig: &Rig, stage: &str, id: &str, state: String) -> Hook {
         let mut cmd = rig.command();
         cmd.args(["hook", stage]);
         Hook::spawn_command(rig, cmd, id, stage, state)
     }
 
+    /// As `spawn`, for any command that runs a hook (`sh -c 'umask 000; exec gpupin ...'`);
+    /// `stage` names its stderr file.
     pub fn spawn_command(
         rig: &Rig,
         mut cmd: Command,
@@ -435,13 +436,12 @@ impl Hook {
         state: String,
     ) -> Hook {
         let stderr_path = rig.dir.path().join(format!("hook-{stage}-{id}.err"));
-        let child = cmd
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&stderr_path).unwrap())
             .spawn()
             .unwrap();
-        let mut child = child;
         let stdin = child.stdin.take().unwrap();
         Hook {
             id: id.to_string(),
@@ -464,6 +464,7 @@ impl Hook {
         }
     }
 
+    /// SIGKILL, unless it is known to have exited (it may have, unnoticed: a victim).
     pub fn kill(&mut self) {
         if self.status.is_none() {
             let _ = self.child.kill();
@@ -485,7 +486,7 @@ impl Hook {
         fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
-    /// `Err` unless it exited 0.
+    /// Whether it exited 0.
     pub fn succeeded(&self) -> bool {
         self.status.is_some_and(|s| s.success())
     }
