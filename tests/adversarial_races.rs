@@ -22,7 +22,7 @@ use adversarial_support::{
     unsafe_modes, wait_all,
 };
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -160,6 +160,184 @@ fn container_problems(
     problems
 }
 
+/// Fake containers, each with a random request, whose hooks run together.
+struct Wave {
+    ids: Vec<String>,
+    boxes: Vec<FakeContainer>,
+    bundles: Vec<PathBuf>,
+    requests: Vec<(Vec<(String, String)>, Kind)>,
+}
+
+impl Wave {
+    /// `n` containers numbered from `first`, started and settled.
+    fn new(rig: &Rig, rng: &mut Rng, first: usize, n: usize) -> Wave {
+        let started = Instant::now();
+        let boxes = containers(rig, n);
+        eprintln!("{n} fake containers in {:?}", started.elapsed());
+        let ids: Vec<String> = (first..first + n).map(|i| container_id(rig, i)).collect();
+        Wave {
+            bundles: ids.iter().map(|id| rig.bundle(id)).collect(),
+            requests: (0..n).map(|_| request(rng)).collect(),
+            ids,
+            boxes,
+        }
+    }
+
+    /// One `stage` hook per container, each blocked until released.
+    fn hooks(&self, rig: &Rig, stage: &str) -> Vec<Hook> {
+        (0..self.ids.len())
+            .map(|i| {
+                let state = oci_state(
+                    &self.ids[i],
+                    self.boxes[i].pid,
+                    &self.bundles[i],
+                    &self.requests[i].0,
+                );
+                Hook::spawn(rig, stage, &self.ids[i], state)
+            })
+            .collect()
+    }
+
+    /// Which prestarts (in container order) got GPUs, and what is wrong with the
+    /// outcomes: a refused request that succeeded, a refusal that is not one line.
+    fn outcomes(&self, prestarts: &[Hook]) -> (BTreeSet<String>, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut succeeded = BTreeSet::new();
+        for (h, (request, kind)) in prestarts.iter().zip(&self.requests) {
+            if h.succeeded() {
+                succeeded.insert(h.id.clone());
+                if *kind != Kind::Valid {
+                    problems.push(format!("{} ({kind:?} {request:?}) succeeded", h.id));
+                }
+            } else if let Some(p) = h.refusal_problem() {
+                problems.push(format!("{} ({request:?}): {p}", h.id));
+            }
+        }
+        eprintln!(
+            "{} of {} prestarts got GPUs",
+            succeeded.len(),
+            prestarts.len()
+        );
+        (succeeded, problems)
+    }
+
+    /// Records of this wave's containers that are not bound to them, running.
+    fn binding_problems(&self, status: &serde_json::Value) -> Vec<String> {
+        let mut problems = Vec::new();
+        for h in status["holders"].as_array().unwrap() {
+            let Some(i) = self.ids.iter().position(|id| h["id"] == id.as_str()) else {
+                continue;
+            };
+            if h["pid"] != self.boxes[i].pid || h["state"] != "running" {
+                problems.push(format!(
+                    "{} is not bound to its container: {h}",
+                    self.ids[i]
+                ));
+            }
+        }
+        problems
+    }
+
+    /// What a sample of containers see: the refused ones no node and no device, those
+    /// that got GPUs exactly theirs.
+    fn container_checks(
+        &self,
+        rig: &Rig,
+        status: &serde_json::Value,
+        succeeded: &BTreeSet<String>,
+    ) -> Vec<String> {
+        let mut problems = Vec::new();
+        let refused = (0..self.ids.len()).filter(|i| !succeeded.contains(&self.ids[*i]));
+        for i in refused.take(25) {
+            let nodes: Vec<String> = self.boxes[i]
+                .dev_entries()
+                .into_iter()
+                .filter(|e| e.starts_with("nvidia"))
+                .collect();
+            let list = self.boxes[i].devices_list();
+            if !nodes.is_empty() || !list.is_empty() {
+                problems.push(format!(
+                    "refused {} has {nodes:?}, allows {list:?}",
+                    self.ids[i]
+                ));
+            }
+        }
+        let minors = rig.minors();
+        let held = holdings(status);
+        for (i, id) in self
+            .ids
+            .iter()
+            .enumerate()
+            .filter(|(_, id)| held.contains_key(*id))
+            .take(25)
+        {
+            let c = &self.boxes[i];
+            problems.extend(container_problems(
+                id,
+                c,
+                &held[id],
+                &minors,
+                &self.bundles[i],
+            ));
+        }
+        problems
+    }
+}
+
+/// Releases the hooks together and waits; hung hooks fail the test at once.
+fn run_together(hooks: &mut [Hook], what: &str) {
+    let started = Instant::now();
+    let hung = release_and_wait(hooks, Duration::from_secs(120));
+    eprintln!("{} {what} in {:?}", hooks.len(), started.elapsed());
+    assert!(
+        hung.is_empty(),
+        "{what} still running after 120 s: {hung:?}"
+    );
+}
+
+/// Poststop must succeed for every container, refused or not: runc runs it when it
+/// tears down a container whose prestart failed, too.
+fn poststop_problems(stops: &[Hook]) -> Vec<String> {
+    stops
+        .iter()
+        .filter(|h| !h.succeeded())
+        .map(|h| format!("poststop {}: {:?} {:?}", h.id, h.status, h.stderr()))
+        .collect()
+}
+
+/// Each id once.
+fn once<'a>(ids: impl IntoIterator<Item = &'a String>) -> BTreeMap<String, usize> {
+    ids.into_iter().map(|id| (id.clone(), 1)).collect()
+}
+
+/// The audit log has exactly one `event` line for each of `ids`, and none for others.
+fn audit_problems(rig: &Rig, event: &str, ids: &BTreeMap<String, usize>) -> Vec<String> {
+    let found = audit_count(&rig.state_dir, event);
+    if &found == ids {
+        return Vec::new();
+    }
+    vec![format!(
+        "audit {event} lines {found:?}, expected one each for {ids:?}"
+    )]
+}
+
+/// What must hold of the ledger when the holders are exactly `holders`.
+fn ledger_problems(
+    rig: &Rig,
+    status: &serde_json::Value,
+    holders: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut problems = holder_violations(status, rig.max_shared, |i| rig.live_free(i));
+    if &holder_ids(status) != holders {
+        problems.push(format!(
+            "records {:?} are not the successes {holders:?}",
+            holder_ids(status)
+        ));
+    }
+    problems.extend(ledger_hygiene(rig));
+    problems
+}
+
 #[test]
 fn hundreds_of_concurrent_prestarts_share_the_gpus_by_the_rules_and_release_all() {
     let test = "concurrent_prestarts";
@@ -171,130 +349,88 @@ fn hundreds_of_concurrent_prestarts_share_the_gpus_by_the_rules_and_release_all(
     let n = env_count("GPUPIN_ADV_N", 500);
     let mut rng = Rng::from_env(test);
     let rig = Rig::new(test, 3);
-    let started = Instant::now();
-    let boxes = containers(&rig, n);
-    eprintln!("{test}: {n} fake containers in {:?}", started.elapsed());
-    let requests: Vec<_> = (0..n).map(|_| request(&mut rng)).collect();
-    let ids: Vec<String> = (0..n).map(|i| container_id(&rig, i)).collect();
-    let bundles: Vec<_> = ids.iter().map(|id| rig.bundle(id)).collect();
-    let state = |i: usize| oci_state(&ids[i], boxes[i].pid, &bundles[i], &requests[i].0);
-    let mut hooks: Vec<Hook> = (0..n)
-        .map(|i| Hook::spawn(&rig, "prestart", &ids[i], state(i)))
-        .collect();
-    let started = Instant::now();
-    let hung = release_and_wait(&mut hooks, Duration::from_secs(120));
-    eprintln!("{test}: {n} prestarts in {:?}", started.elapsed());
-    assert!(
-        hung.is_empty(),
-        "prestarts still running after 120 s: {hung:?}"
-    );
+    let wave = Wave::new(&rig, &mut rng, 0, n);
+    let mut prestarts = wave.hooks(&rig, "prestart");
+    run_together(&mut prestarts, "prestarts");
 
     // Every check runs and every problem is reported: one defect must not hide another.
-    let mut problems = Vec::new();
-    let mut succeeded = BTreeSet::new();
-    for (i, h) in hooks.iter().enumerate() {
-        let kind = requests[i].1;
-        if h.succeeded() {
-            succeeded.insert(h.id.clone());
-            if kind != Kind::Valid {
-                problems.push(format!("{} ({kind:?} {:?}) succeeded", h.id, requests[i].0));
-            }
-        } else if let Some(p) = h.refusal_problem() {
-            problems.push(format!("{} ({:?}): {p}", h.id, requests[i].0));
-        }
-    }
-    eprintln!("{test}: {} of {n} prestarts got GPUs", succeeded.len());
+    let (succeeded, mut problems) = wave.outcomes(&prestarts);
     if succeeded.is_empty() {
         problems.push("no prestart got GPUs".into());
     }
-
     let status = rig.status();
-    problems.extend(holder_violations(&status, rig.max_shared, |i| {
-        rig.live_free(i)
-    }));
-    if holder_ids(&status) != succeeded {
-        problems.push(format!(
-            "records {:?} are not the successes {succeeded:?}",
-            holder_ids(&status)
-        ));
-    }
-    for h in status["holders"].as_array().unwrap() {
-        let Some(i) = ids.iter().position(|id| h["id"] == id.as_str()) else {
-            continue;
-        };
-        if h["pid"] != boxes[i].pid || h["state"] != "running" {
-            problems.push(format!(
-                "{} is not bound to its running container: {h}",
-                ids[i]
-            ));
-        }
-    }
-    problems.extend(ledger_hygiene(&rig));
-    let once: BTreeMap<String, usize> = succeeded.iter().map(|id| (id.clone(), 1)).collect();
-    let allocated = audit_count(&rig.state_dir, "allocate");
-    if allocated != once {
-        problems.push(format!(
-            "audit allocate lines {allocated:?}, expected one per success {once:?}"
-        ));
-    }
+    problems.extend(ledger_problems(&rig, &status, &succeeded));
+    problems.extend(wave.binding_problems(&status));
+    problems.extend(audit_problems(&rig, "allocate", &once(&succeeded)));
+    problems.extend(wave.container_checks(&rig, &status, &succeeded));
 
-    let minors = rig.minors();
-    let held = holdings(&status);
-    // Refused containers got nothing: no node, no device allowed.
-    for i in (0..n).filter(|i| !succeeded.contains(&ids[*i])).take(25) {
-        let nodes: Vec<String> = boxes[i]
-            .dev_entries()
-            .into_iter()
-            .filter(|e| e.starts_with("nvidia"))
-            .collect();
-        let list = boxes[i].devices_list();
-        if !nodes.is_empty() || !list.is_empty() {
-            problems.push(format!("refused {} has {nodes:?}, allows {list:?}", ids[i]));
-        }
-    }
-    for id in succeeded
-        .iter()
-        .filter(|id| held.contains_key(*id))
-        .take(25)
-    {
-        let i = ids.iter().position(|x| x == id).unwrap();
-        problems.extend(container_problems(
-            id,
-            &boxes[i],
-            &held[id],
-            &minors,
-            &bundles[i],
-        ));
-    }
-
-    // Poststop for every container, refused or not, all at once: runc runs poststop when
-    // it tears down a container whose prestart failed, too.
-    let mut stops: Vec<Hook> = (0..n)
-        .map(|i| Hook::spawn(&rig, "poststop", &ids[i], state(i)))
-        .collect();
-    let hung = release_and_wait(&mut stops, Duration::from_secs(120));
-    assert!(
-        hung.is_empty(),
-        "poststops still running after 120 s: {hung:?}"
-    );
-    problems.extend(
-        stops
-            .iter()
-            .filter(|h| !h.succeeded())
-            .map(|h| format!("poststop {}: {:?} {:?}", h.id, h.status, h.stderr())),
-    );
+    let mut stops = wave.hooks(&rig, "poststop");
+    run_together(&mut stops, "poststops");
+    problems.extend(poststop_problems(&stops));
     let status = rig.status();
-    if !holder_ids(&status).is_empty() || status["free"] != 16 {
-        problems.push(format!("after every poststop: {status}"));
+    problems.extend(ledger_problems(&rig, &status, &BTreeSet::new()));
+    if status["free"] != 16 {
+        problems.push(format!("not every GPU is free after poststop: {status}"));
     }
-    let released = audit_count(&rig.state_dir, "release");
-    if released != once {
-        problems.push(format!(
-            "audit release lines {released:?}, expected one per success {once:?}"
-        ));
-    }
-    problems.extend(ledger_hygiene(&rig));
+    problems.extend(audit_problems(&rig, "release", &once(&succeeded)));
     fail_if(&problems, "concurrent prestarts (seed above)");
+}
+
+#[test]
+fn prestarts_racing_poststops_take_only_what_was_released() {
+    let test = "prestarts_vs_poststops";
+    if !runnable(test, false) {
+        return;
+    }
+    let _heavy = heavy();
+    raise_fd_limit();
+    let n = env_count("GPUPIN_ADV_N", 500) / 2;
+    let mut rng = Rng::from_env(test);
+    let rig = Rig::new(test, 3);
+    let first = Wave::new(&rig, &mut rng, 0, n);
+    let mut prestarts = first.hooks(&rig, "prestart");
+    run_together(&mut prestarts, "first prestarts");
+    let (first_ok, mut problems) = first.outcomes(&prestarts);
+
+    // The first wave stops while the second starts, their hooks released alternately.
+    let second = Wave::new(&rig, &mut rng, n, n);
+    let stops = first.hooks(&rig, "poststop");
+    let starts = second.hooks(&rig, "prestart");
+    let mut mixed: Vec<Hook> = stops
+        .into_iter()
+        .zip(starts)
+        .flat_map(|(a, b)| [a, b])
+        .collect();
+    run_together(&mut mixed, "poststops and prestarts");
+    let (mut stops, mut starts) = (Vec::new(), Vec::new());
+    for (k, h) in mixed.into_iter().enumerate() {
+        if k % 2 == 0 {
+            stops.push(h)
+        } else {
+            starts.push(h)
+        }
+    }
+    problems.extend(poststop_problems(&stops));
+    let (second_ok, found) = second.outcomes(&starts);
+    problems.extend(found);
+    if second_ok.is_empty() {
+        problems.push("no prestart of the second wave got GPUs".into());
+    }
+    let status = rig.status();
+    problems.extend(ledger_problems(&rig, &status, &second_ok));
+    problems.extend(second.binding_problems(&status));
+    problems.extend(second.container_checks(&rig, &status, &second_ok));
+    let both = once(first_ok.iter().chain(&second_ok));
+    problems.extend(audit_problems(&rig, "allocate", &both));
+    problems.extend(audit_problems(&rig, "release", &once(&first_ok)));
+
+    let mut stops = second.hooks(&rig, "poststop");
+    run_together(&mut stops, "second poststops");
+    problems.extend(poststop_problems(&stops));
+    let status = rig.status();
+    problems.extend(ledger_problems(&rig, &status, &BTreeSet::new()));
+    problems.extend(audit_problems(&rig, "release", &both));
+    fail_if(&problems, "prestarts racing poststops (seed above)");
 }
 
 /// No temp file anywhere in the state dir, and the lock free.
