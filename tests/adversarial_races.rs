@@ -23,7 +23,7 @@ use adversarial_support::{
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -536,10 +536,10 @@ fn hooks_and_containers_killed_mid_allocation_leave_a_ledger_gc_repairs() {
     fail_if(&problems, "kill loop (seed above)");
 }
 
-/// One round: `size` containers and their prestarts race; some hooks and containers are
-/// SIGKILLed 0-50 ms in, and one hook waiting in the queue later; then gc. Returns what
-/// is wrong afterwards. The surviving containers die at the end without poststop: the
-/// next round's allocations must reap them.
+/// One round: `size` containers and their prestarts race with two `gpupin gc`; some
+/// hooks and containers are SIGKILLed 0-50 ms in, and one hook waiting in the queue
+/// later; then gc. Returns what is wrong afterwards. The surviving containers die at the
+/// end without poststop: the next round's allocations must reap them.
 fn kill_round(rig: &Rig, rng: &mut Rng, first: usize, size: usize) -> Vec<String> {
     let mut boxes = containers(rig, size);
     let ids: Vec<String> = (first..first + size)
@@ -553,27 +553,34 @@ fn kill_round(rig: &Rig, rng: &mut Rng, first: usize, size: usize) -> Vec<String
             Hook::spawn(rig, "prestart", &ids[i], state)
         })
         .collect();
-    // (when in ms, a hook rather than its container, which one)
-    let mut kills: Vec<(u64, bool, usize)> = Vec::new();
+    // What happens when (ms after the release), in order.
+    let mut schedule: Vec<(u64, Blow)> = vec![(rng.below(50), Blow::Gc), (rng.below(50), Blow::Gc)];
     for i in 0..size {
         if rng.chance(40) {
-            kills.push((rng.below(50), true, i));
+            schedule.push((rng.below(50), Blow::KillHook(i)));
         }
         if rng.chance(20) {
-            kills.push((rng.below(50), false, i));
+            schedule.push((rng.below(50), Blow::KillContainer(i)));
         }
     }
-    kills.sort();
+    schedule.sort_by_key(|(at, _)| *at);
     for h in hooks.iter_mut() {
         h.release();
     }
     let t0 = Instant::now();
-    for (at, hook, i) in kills {
+    let mut gcs = Vec::new();
+    for (at, blow) in schedule {
         std::thread::sleep(Duration::from_millis(at).saturating_sub(t0.elapsed()));
-        if hook {
-            hooks[i].kill();
-        } else {
-            boxes[i].kill();
+        match blow {
+            Blow::KillHook(i) => hooks[i].kill(),
+            Blow::KillContainer(i) => boxes[i].kill(),
+            Blow::Gc => gcs.push(
+                rig.command()
+                    .arg("gc")
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            ),
         }
     }
     // Some hooks sit in the queue by now (gpupin.wait): one of them dies there.
@@ -589,6 +596,11 @@ fn kill_round(rig: &Rig, rng: &mut Rng, first: usize, size: usize) -> Vec<String
         .filter(|h| !h.killed && !h.succeeded())
         .filter_map(|h| h.refusal_problem().map(|p| format!("{}: {p}", h.id)))
         .collect();
+    for mut gc in gcs {
+        if !gc.wait().unwrap().success() {
+            problems.push("a gc racing the hooks failed".into());
+        }
+    }
     rig.gc();
     let live: BTreeSet<i32> = boxes
         .iter()
@@ -596,7 +608,22 @@ fn kill_round(rig: &Rig, rng: &mut Rng, first: usize, size: usize) -> Vec<String
         .map(|b| b.pid)
         .collect();
     problems.extend(after_gc_problems(rig, &live));
+    // No gc, racing or after, takes the GPUs of a container that runs.
+    let records = holder_ids(&rig.status());
+    for (h, b) in hooks.iter().zip(&boxes) {
+        if h.succeeded() && !h.killed && !b.is_dead() && !records.contains(&h.id) {
+            problems.push(format!("{} runs, but its GPUs were released", h.id));
+        }
+    }
     problems
+}
+
+/// What a kill round does to the racing hooks.
+enum Blow {
+    KillHook(usize),
+    KillContainer(usize),
+    /// Starts a `gpupin gc` amid the hooks.
+    Gc,
 }
 
 /// Rebinds the record of `id` to `pid` started at `start_time`, as if the holder's
@@ -835,6 +862,11 @@ fn an_unprivileged_user_reads_roots_ledger_but_cannot_change_it() {
             problems.push(format!("{what} as a user changed the ledger"));
         }
     }
+    // Whoever can open the lock can hold it and stall every container start.
+    let lock = rig.state_dir.join("lock");
+    if user.sh(&format!("exec 3< '{}'", lock.display())) {
+        problems.push("the user can open the ledger lock".into());
+    }
     for dir in ["holders", "queue", "."] {
         let target = rig.state_dir.join(dir).join("planted.json");
         let script = format!("echo '{{}}' > '{}'", target.display());
@@ -981,4 +1013,110 @@ fn the_ledger_checks_catch_what_they_look_for() {
             "{code:?} {stderr:?}"
         );
     }
+}
+
+#[test]
+fn retried_prestarts_of_one_container_racing_each_other_get_one_allocation() {
+    let test = "retried_prestarts";
+    if !runnable(test, false) {
+        return;
+    }
+    raise_fd_limit();
+    let (containers_n, tries) = (10, 4);
+    let rig = Rig::new(test, 2);
+    let boxes = containers(&rig, containers_n);
+    let ids: Vec<String> = (0..containers_n).map(|i| container_id(&rig, i)).collect();
+    let bundles: Vec<PathBuf> = ids.iter().map(|id| rig.bundle(id)).collect();
+    let count = [("gpupin.count".to_string(), "1".to_string())];
+    // Every try of every container, interleaved, released together.
+    let mut hooks: Vec<Hook> = (0..tries)
+        .flat_map(|_| 0..containers_n)
+        .map(|i| {
+            let state = oci_state(&ids[i], boxes[i].pid, &bundles[i], &count);
+            Hook::spawn(&rig, "prestart", &ids[i], state)
+        })
+        .collect();
+    run_together(&mut hooks, "retried prestarts");
+    let mut problems: Vec<String> = hooks
+        .iter()
+        .filter(|h| !h.succeeded())
+        .map(|h| format!("{}: {:?} {:?}", h.id, h.status, h.stderr()))
+        .collect();
+    let status = rig.status();
+    let all: BTreeSet<String> = ids.iter().cloned().collect();
+    problems.extend(ledger_problems(&rig, &status, &all));
+    problems.extend(audit_problems(&rig, "allocate", &once(&all)));
+    let held = holdings(&status);
+    let minors = rig.minors();
+    for (i, id) in ids.iter().enumerate() {
+        if let Some(gpus) = held.get(id) {
+            problems.extend(container_problems(
+                id,
+                &boxes[i],
+                gpus,
+                &minors,
+                &bundles[i],
+            ));
+        }
+    }
+    fail_if(&problems, "retried prestarts");
+}
+
+#[test]
+fn a_state_dir_a_local_user_got_to_first_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let test = "planted_state_dir";
+    if !runnable(test, true) {
+        return;
+    }
+    let rig = Rig::new(test, 2);
+    // A world-writable sticky parent, like /tmp: a user can create the state dir first.
+    let public = rig.dir.path().join("public");
+    std::fs::create_dir(&public).unwrap();
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::set_permissions(rig.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let user = User::new();
+    let c = rig.container();
+    let mut problems = Vec::new();
+    let plants = [
+        (
+            "a symlink to the user's dir",
+            "mkdir \"$0-target\" && ln -s \"$0-target\" \"$0\"",
+        ),
+        ("a dir the user owns", "mkdir -m 755 \"$0\""),
+        ("a world-writable dir", "mkdir \"$0\" && chmod 777 \"$0\""),
+    ];
+    for (n, (how, script)) in plants.into_iter().enumerate() {
+        let state_dir = public.join(format!("state-{n}"));
+        let planted = format!("{script}; exit $?");
+        assert!(
+            user.sh(&format!("sh -c '{planted}' '{}'", state_dir.display())),
+            "{how}: the user could not plant it"
+        );
+        let config = rig.config_with_state_dir(&format!("planted-{n}.toml"), &state_dir);
+        let id = format!("{}-planted{n}", rig.prefix);
+        let bundle = rig.bundle(&id);
+        let state = oci_state(&id, c.pid, &bundle, &[("gpupin.count".into(), "1".into())]);
+        let before = snapshot(&public);
+        for (what, args, input) in [
+            ("prestart", vec!["hook", "prestart"], state.as_str()),
+            ("gc", vec!["gc"], ""),
+            ("release", vec!["release", id.as_str()], ""),
+        ] {
+            let mut cmd = Command::new(adversarial_support::GPUPIN);
+            cmd.arg("--config").arg(&config).args(&args);
+            let out = adversarial_support::run_with_input(&mut cmd, input);
+            eprintln!("{test}: {how}: {what}: {:?}", text(&out.stderr));
+            if let Some(p) = output_refusal_problem(&out) {
+                problems.push(format!("{how}: {what}: {p}"));
+            }
+        }
+        if snapshot(&public) != before {
+            problems.push(format!("{how}: gpupin wrote into it"));
+        }
+    }
+    if c.dev_entries().iter().any(|e| e.starts_with("nvidia")) {
+        problems.push(format!("the container got nodes: {:?}", c.dev_entries()));
+    }
+    fail_if(&problems, "state dirs a user planted");
 }

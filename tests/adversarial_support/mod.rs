@@ -214,6 +214,19 @@ impl Rig {
         assert!(out.status.success(), "gc failed: {}", text(&out.stderr));
     }
 
+    /// A copy of the config, named `name`, whose state dir is `state_dir` instead.
+    pub fn config_with_state_dir(&self, name: &str, state_dir: &Path) -> PathBuf {
+        let text = fs::read_to_string(&self.config).unwrap();
+        let line = |dir: &Path| format!("state_dir = {:?}", dir.to_str().unwrap());
+        let path = self.dir.path().join(name);
+        fs::write(
+            &path,
+            text.replace(&line(&self.state_dir), &line(state_dir)),
+        )
+        .unwrap();
+        path
+    }
+
     /// A fake container, started and ready (its /dev mounted, in its own device cgroup).
     pub fn container(&self) -> FakeContainer {
         let mut c = self.spawn_container();
