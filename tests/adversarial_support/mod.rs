@@ -68,7 +68,7 @@ pub fn runnable(test: &str, needs_users: bool) -> bool {
     false
 }
 
-/// A positive number from the environment, else `default`.
+/// A whole number from the environment, else `default`.
 pub fn env_count(name: &str, default: usize) -> usize {
     match std::env::var(name) {
         Ok(v) => v
@@ -325,15 +325,25 @@ pub struct FakeContainer {
 
 impl FakeContainer {
     fn spawn(rootfs: &Path, cgroup: PathBuf) -> FakeContainer {
+        use std::os::unix::process::CommandExt;
         let script = "mount -t tmpfs -o mode=755 tmpfs \"$0/dev\" && exec sleep 600";
-        let child = Command::new("unshare")
-            .args(["-m", "--propagation", "private", "sh", "-c", script])
+        let mut cmd = Command::new("unshare");
+        cmd.args(["-m", "--propagation", "private", "sh", "-c", script])
             .arg(rootfs)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::null());
+        // SAFETY: prctl is async-signal-safe. A test runner killed outright (a CI timeout)
+        // takes its containers with it instead of leaving them asleep for ten minutes;
+        // the signal follows the spawning thread, which is the test's own, alive as long
+        // as the container is.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
         FakeContainer {
             pid: child.id() as i32,
             child,
@@ -464,10 +474,6 @@ impl Hook {
             status: None,
             killed: false,
         }
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.id() as i32
     }
 
     /// Hands it its state; it starts working once stdin closes.
