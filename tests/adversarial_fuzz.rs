@@ -60,7 +60,10 @@ fn fuzz<T: Debug>(
         let value = strategy.new_tree(&mut runner).unwrap().current();
         let mut what = format!("{name} case {i} (GPUPIN_FUZZ_SEED={seed}): {value:?}");
         if what.len() > 3000 {
-            let cut = (0..=3000).rev().find(|&c| what.is_char_boundary(c)).unwrap();
+            let cut = (0..=3000)
+                .rev()
+                .find(|&c| what.is_char_boundary(c))
+                .unwrap();
             what.truncate(cut);
             what.push_str("...");
         }
@@ -108,7 +111,12 @@ fn check_against(
         }
         let id = file.trim_end_matches(".json");
         let out = env.gpupin(&["release", id], b"");
-        assert_eq!(out.code, Some(0), "{what}: releasing {id}: {}", out.describe());
+        assert_eq!(
+            out.code,
+            Some(0),
+            "{what}: releasing {id}: {}",
+            out.describe()
+        );
     }
 }
 
@@ -136,12 +144,54 @@ const KEYS: &[&str] = &[
 
 /// Values that are valid for some key, and near misses.
 const VALUES: &[&str] = &[
-    "1", "2", "8", "9", "all", "ALL", "0", "-1", "+2", " 2 ", "2.0", "0x2", "4294967296",
-    "0,1", "7,0", "0,0", "8", "1,,2", "GPU-5a1e0001-0000-4000-8000-000000000003",
-    "gpu-5a1e0001-0000-4000-8000-000000000003", "00000000:18:00.0", "pack", "spread",
-    "topology", "least-loaded", "most-free", "best", "40GiB", "80GiB", "81559MiB", "1TiB",
-    "40GB", "0B", "-5GiB", "18446744073709551615", "H100", "h100", "L40S", "H100;rm", "shared",
-    "exclusive", "numa", "NUMA", "", " ", "\n", "1\n", "gpupin: x\ny",
+    "1",
+    "2",
+    "8",
+    "9",
+    "all",
+    "ALL",
+    "0",
+    "-1",
+    "+2",
+    " 2 ",
+    "2.0",
+    "0x2",
+    "4294967296",
+    "0,1",
+    "7,0",
+    "0,0",
+    "8",
+    "1,,2",
+    "GPU-5a1e0001-0000-4000-8000-000000000003",
+    "gpu-5a1e0001-0000-4000-8000-000000000003",
+    "00000000:18:00.0",
+    "pack",
+    "spread",
+    "topology",
+    "least-loaded",
+    "most-free",
+    "best",
+    "40GiB",
+    "80GiB",
+    "81559MiB",
+    "1TiB",
+    "40GB",
+    "0B",
+    "-5GiB",
+    "18446744073709551615",
+    "H100",
+    "h100",
+    "L40S",
+    "H100;rm",
+    "shared",
+    "exclusive",
+    "numa",
+    "NUMA",
+    "",
+    " ",
+    "\n",
+    "1\n",
+    "gpupin: x\ny",
 ];
 
 /// Values for gpupin.wait: valid ones short, so that a request that cannot be met only
@@ -215,7 +265,7 @@ fn request_case() -> impl Strategy<Value = RequestCase> {
 fn fuzz_request_keys_and_values() {
     let env = Env::new();
     hold_one(&env);
-    fuzz("requests", 700, request_case(), |i, case, what| {
+    fuzz("requests", 1500, request_case(), |i, case, what| {
         let id = format!("req{i}");
         let spec = if case.as_env {
             let vars: Vec<String> = case
@@ -318,7 +368,7 @@ fn objects_mut<'a>(doc: &'a mut Value, list_key: &str) -> Vec<&'a mut Value> {
 fn edit_at(doc: &mut Value, list_key: &str, a: usize, b: usize, new: Option<&Value>) {
     // Index 0 is the top level, the others the entries.
     let n = objects_mut(doc, list_key).len() + 1;
-    let target: &mut Value = if a % n == 0 {
+    let target: &mut Value = if a.is_multiple_of(n) {
         doc
     } else {
         objects_mut(doc, list_key).swap_remove(a % n - 1)
@@ -432,7 +482,7 @@ fn fuzz_inventory_file() {
     std::fs::write(&inventory, valid_inventory().to_string()).unwrap();
     hold_one(&env);
     let bundle = env.bundle("c", &[("gpupin.count", "1")]);
-    fuzz("inventory", 300, file_case(), |i, case, what| {
+    fuzz("inventory", 600, file_case(), |i, case, what| {
         let mut doc = valid_inventory();
         for m in &case.mutations {
             apply(&mut doc, "gpus", m);
@@ -452,15 +502,19 @@ fn fuzz_inventory_file() {
 
 fn valid_live() -> Value {
     let gpus: Vec<Value> = (0..8)
-        .map(|i| {
-            let key = if i % 2 == 0 {
+        .map(|i: u32| {
+            let key = if i.is_multiple_of(2) {
                 json!({"uuid": format!("GPU-5a1e0001-0000-4000-8000-{i:012}")})
             } else {
                 json!({"index": i})
             };
             let mut entry = key;
             entry["utilization"] = json!(i * 10);
-            entry["memory_free"] = if i % 3 == 0 { json!("20GiB") } else { json!(1u64 << 34) };
+            entry["memory_free"] = if i.is_multiple_of(3) {
+                json!("20GiB")
+            } else {
+                json!(1u64 << 34)
+            };
             entry
         })
         .collect();
@@ -485,7 +539,7 @@ fn fuzz_live_file() {
         .map(|(n, r)| env.bundle(&format!("live{n}"), r))
         .collect();
     let case = (file_case(), 0..requests.len());
-    fuzz("live", 400, case, |i, (case, which), what| {
+    fuzz("live", 800, case, |i, (case, which), what| {
         let mut doc = valid_live();
         for m in &case.mutations {
             apply(&mut doc, "gpus", m);
@@ -555,7 +609,7 @@ fn fuzz_runtime_argv() {
     hold_one(&env);
     let bundle = env.bundle("argv", &[("gpupin.count", "1")]);
     let log = env.path("runc-log.json");
-    fuzz("argv", 700, argv_case(), |i, case, what| {
+    fuzz("argv", 1500, argv_case(), |i, case, what| {
         let id = format!("argv{i}");
         let word = |t: &Token| -> OsString {
             match t {

@@ -41,7 +41,13 @@ fn refusal(result: Result<Container, SandboxError>, what: &str) -> String {
 
 /// The record file of `id` in a sandbox's ledger, as bytes.
 fn record_bytes(sb: &Sandbox, id: &str) -> Option<Vec<u8>> {
-    std::fs::read(sb.gpupin.state_dir.join("holders").join(format!("{id}.json"))).ok()
+    std::fs::read(
+        sb.gpupin
+            .state_dir
+            .join("holders")
+            .join(format!("{id}.json")),
+    )
+    .ok()
 }
 
 fn uuids_of(holder: &Value) -> Vec<String> {
@@ -64,8 +70,15 @@ fn allocate_against(env: &Env, id: &str, what: &str) -> Run {
     let run = env.create(&bundle, id);
     assert_zero_or_refused(&run, what);
     if run.code == Some(1) {
-        assert_eq!(env.ledger(), before, "{what}: the ledger changed on a refusal");
-        assert!(env.record(id).is_none(), "{what}: {id} holds after a refusal");
+        assert_eq!(
+            env.ledger(),
+            before,
+            "{what}: the ledger changed on a refusal"
+        );
+        assert!(
+            env.record(id).is_none(),
+            "{what}: {id} holds after a refusal"
+        );
     } else {
         assert!(
             env.record(id).is_some(),
@@ -92,28 +105,41 @@ fn thief_with_victims_assigned_and_claim_annotations_is_refused() {
     let victim = sb
         .start(&victim_id, &sb.spec().annotation("gpupin.count", "1"))
         .unwrap();
-    let holder = sb.gpupin.holder(&victim_id).expect("the victim holds a GPU");
+    let holder = sb
+        .gpupin
+        .holder(&victim_id)
+        .expect("the victim holds a GPU");
     let uuids = uuids_of(&holder).join(",");
     let victim_record = record_bytes(&sb, &victim_id).unwrap();
 
-    // Everything the thief writes is visible to anyone in `gpupin status`.
-    let thief_id = sb.id("thief");
-    let spec = sb
-        .spec()
-        .annotation("gpupin.assigned", &uuids)
-        .annotation("gpupin.claim", &victim_id);
-    refusal(sb.start(&thief_id, &spec), "thief naming the victim's id");
-
-    assert_eq!(
-        record_bytes(&sb, &victim_id).as_deref(),
-        Some(&victim_record[..]),
-        "the victim's record changed"
-    );
-    let after = sb.gpupin.holder(&victim_id).expect("the victim still holds");
-    assert_eq!(after["pid"], victim.pid().unwrap());
-    assert_eq!(uuids_of(&after).join(","), uuids);
-    assert!(sb.gpupin.holder(&thief_id).is_none(), "the thief holds");
-    assert!(sb.gpupin.held_minors(&thief_id).is_empty());
+    // Everything the thief writes is visible to anyone in `gpupin status`; the secret
+    // of the new claim format it can only guess.
+    let claims = [victim_id.clone(), format!("{victim_id}:{}", "0".repeat(32))];
+    for (n, claim) in claims.iter().enumerate() {
+        let thief_id = sb.id(&format!("thief{n}"));
+        let spec = sb
+            .spec()
+            .annotation("gpupin.assigned", &uuids)
+            .annotation("gpupin.claim", claim);
+        let what = format!("thief with gpupin.claim={claim}");
+        refusal(sb.start(&thief_id, &spec), &what);
+        assert_eq!(
+            record_bytes(&sb, &victim_id).as_deref(),
+            Some(&victim_record[..]),
+            "{what}: the victim's record changed"
+        );
+        let after = sb
+            .gpupin
+            .holder(&victim_id)
+            .expect("the victim still holds");
+        assert_eq!(after["pid"], victim.pid().unwrap(), "{what}");
+        assert_eq!(uuids_of(&after).join(","), uuids, "{what}");
+        assert!(
+            sb.gpupin.holder(&thief_id).is_none(),
+            "{what}: the thief holds"
+        );
+        assert!(sb.gpupin.held_minors(&thief_id).is_empty(), "{what}");
+    }
     victim.stop().unwrap();
 }
 
@@ -204,8 +230,14 @@ fn precreate_claim_cannot_be_bound_by_a_container_that_copies_what_status_shows(
     let bundle = sb.bundle_dir(&id);
     std::fs::create_dir_all(&bundle).unwrap();
     std::fs::write(bundle.join("config.json"), edited.to_string()).unwrap();
-    let c = sb.runc.run_detached(&id, &bundle).expect("the legit container starts");
-    let holder = sb.gpupin.holder(&id).expect("the claim is bound to the container");
+    let c = sb
+        .runc
+        .run_detached(&id, &bundle)
+        .expect("the legit container starts");
+    let holder = sb
+        .gpupin
+        .holder(&id)
+        .expect("the claim is bound to the container");
     assert_eq!(holder["pid"], c.pid().unwrap());
     assert_eq!(uuids_of(&holder).join(","), assigned);
     assert!(sb.gpupin.holder(&claim_id).is_none(), "the claim remains");
@@ -272,7 +304,10 @@ fn state_with_a_host_namespace_pid_is_refused_and_creates_nothing() {
     // Clean up before asserting: a node made on the host must not outlive the test.
     let _ = env.gpupin(&["release", "hostpid"], b"");
     assert_refused(&run, "host pid");
-    assert!(created.is_empty(), "created under the host's rootfs/dev: {created:?}");
+    assert!(
+        created.is_empty(),
+        "created under the host's rootfs/dev: {created:?}"
+    );
     assert!(env.record_files().is_empty(), "something is held");
 }
 
@@ -354,7 +389,11 @@ fn record_symlinked_to_another_users_file_is_not_followed() {
     let run = allocate_against(&env, "c1", "record as a symlink");
 
     let meta = std::fs::metadata(&target).unwrap();
-    assert_eq!(std::fs::read(&target).unwrap(), before, "the target changed");
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        before,
+        "the target changed"
+    );
     assert_eq!((meta.uid(), meta.mode() & 0o7777), (NOBODY, 0o600));
     if run.code == Some(0) {
         let record = std::fs::symlink_metadata(&planted).unwrap();
@@ -378,7 +417,12 @@ fn world_writable_holders_dir_hands_out_nothing_through_a_planted_record() {
     chown(&planted, NOBODY);
     chmod(&env.state.join("holders"), 0o777);
     let run = allocate_against(&env, "c1", "holders/ 0777 with a planted record");
-    assert_eq!(run.code, Some(1), "a planted record was honoured: {}", run.describe());
+    assert_eq!(
+        run.code,
+        Some(1),
+        "a planted record was honoured: {}",
+        run.describe()
+    );
 }
 
 #[test]
@@ -400,10 +444,17 @@ fn world_writable_queue_dir_hands_out_nothing_through_a_planted_ticket() {
     std::fs::write(&ticket, text.to_string()).unwrap();
     chown(&ticket, NOBODY);
     let run = allocate_against(&env, "c1", "queue/ 0777 with a planted ticket");
-    assert!(env.record("planted").is_none(), "the planted ticket got GPUs");
+    assert!(
+        env.record("planted").is_none(),
+        "the planted ticket got GPUs"
+    );
     if run.code == Some(0) {
         // Repaired rather than refused: then others cannot plant again.
-        assert_eq!(mode_of(&queue) & 0o022, 0, "queue/ still writable by others");
+        assert_eq!(
+            mode_of(&queue) & 0o022,
+            0,
+            "queue/ still writable by others"
+        );
     }
 }
 
@@ -425,10 +476,17 @@ fn fifo_case(rel: &str, annotations: &[(&str, &str)], hint: bool) {
     let what = format!("FIFO as {rel}");
     assert_zero_or_refused(&run, &what);
     if run.code == Some(1) {
-        assert!(!hint, "{what}: refused where the file is only a hint: {}", run.stderr);
+        assert!(
+            !hint,
+            "{what}: refused where the file is only a hint: {}",
+            run.stderr
+        );
         assert_eq!(env.ledger(), before, "{what}: ledger changed on a refusal");
     } else {
-        assert!(env.record("c1").is_some(), "{what}: exit 0 without a record");
+        assert!(
+            env.record("c1").is_some(),
+            "{what}: exit 0 without a record"
+        );
     }
 }
 
@@ -497,14 +555,20 @@ fn fifo_as_the_config_file_is_refused_in_time() {
         .args(["create", "--bundle"])
         .arg(&bundle)
         .arg("c1");
-    assert_refused(&run_bounded(&mut cmd, b"", LIMIT), "runtime: FIFO as config");
+    assert_refused(
+        &run_bounded(&mut cmd, b"", LIMIT),
+        "runtime: FIFO as config",
+    );
     let mut cmd = Command::new(GPUPIN);
     cmd.arg("--config").arg(&fifo).arg("status");
     assert_refused(&run_bounded(&mut cmd, b"", LIMIT), "status: FIFO as config");
     let input = state_json("c2", dead_pid(), &bundle, json!({"gpupin.count": "1"}));
     let mut cmd = Command::new(GPUPIN);
     cmd.arg("--config").arg(&fifo).args(["hook", "prestart"]);
-    assert_refused(&run_bounded(&mut cmd, &input, LIMIT), "hook: FIFO as config");
+    assert_refused(
+        &run_bounded(&mut cmd, &input, LIMIT),
+        "hook: FIFO as config",
+    );
     assert!(!env.state.exists() || env.record_files().is_empty());
 }
 
@@ -517,14 +581,20 @@ fn cleared_by_gc_or_release(env: &Env, name: &str, what: &str) {
     let release = env.gpupin(&["release", name], b"");
     assert_zero_or_refused(&release, &format!("{what}: release {name:?}"));
     let run = env.create(&env.bundle("after", &[("gpupin.count", "1")]), "after");
-    assert_eq!(run.code, Some(0), "{what}: allocation after clearing: {}", run.describe());
+    assert_eq!(
+        run.code,
+        Some(0),
+        "{what}: allocation after clearing: {}",
+        run.describe()
+    );
 }
 
 #[test]
 fn record_with_an_invalid_id_is_cleared_by_gc_or_release() {
     let env = Env::new();
     let template = env.record_template();
-    env.plant_record(&template, "bad id.json", "bad id", None);
+    // Its holder is gone: every reap and gc must deal with it.
+    env.plant_record(&template, "bad id.json", "bad id", Some(dead_pid()));
     cleared_by_gc_or_release(&env, "bad id", "record `bad id.json`");
 }
 
@@ -636,12 +706,8 @@ fn fill_leaving_one_page(dir: &Path) {
     let path = dir.join("filler");
     let mut f = std::fs::File::create(&path).unwrap();
     let page = [0u8; 4096];
-    loop {
-        match f.write(&page) {
-            Ok(4096) => {}
-            Ok(_) | Err(_) => break,
-        }
-    }
+    // A short write or ENOSPC: the filesystem is full.
+    while let Ok(4096) = f.write(&page) {}
     let pages = f.metadata().unwrap().len() / 4096;
     f.set_len((pages - 1) * 4096).unwrap();
 }
@@ -695,7 +761,10 @@ fn gc_removes_temp_files_of_dead_processes_only() {
     let run = env.gpupin(&["gc"], b"");
     assert_eq!(run.code, Some(0), "{}", run.describe());
     assert!(!dead_tmp.exists(), "gc left a dead process's temp record");
-    assert!(!dead_cursor_tmp.exists(), "gc left a dead process's temp cursor");
+    assert!(
+        !dead_cursor_tmp.exists(),
+        "gc left a dead process's temp cursor"
+    );
     assert!(live_tmp.exists(), "gc removed a live process's temp file");
 }
 
@@ -705,12 +774,19 @@ fn gc_reaps_an_unbound_record_created_in_the_future() {
     allocate_one(&env, "future");
     let path = env.state.join("holders/future.json");
     let mut record = env.record("future").unwrap();
-    assert_eq!(record["pid"], Value::Null, "a runtime record is unbound until prestart");
+    assert_eq!(
+        record["pid"],
+        Value::Null,
+        "a runtime record is unbound until prestart"
+    );
     record["created_at"] = json!(unix_now() + 86_400);
     std::fs::write(&path, serde_json::to_vec_pretty(&record).unwrap()).unwrap();
     let run = env.gpupin(&["gc"], b"");
     assert_eq!(run.code, Some(0), "{}", run.describe());
-    assert!(env.record("future").is_none(), "a record from tomorrow is never stale");
+    assert!(
+        env.record("future").is_none(),
+        "a record from tomorrow is never stale"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -731,7 +807,11 @@ fn several_bad_keys_give_the_same_message_every_time() {
         assert_refused(&run, "several bad keys");
         messages.insert(run.stderr);
     }
-    assert_eq!(messages.len(), 1, "messages differ between runs: {messages:#?}");
+    assert_eq!(
+        messages.len(),
+        1,
+        "messages differ between runs: {messages:#?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -753,14 +833,21 @@ fn status_into_a_full_device_does_not_panic() {
     let env = Env::new();
     allocate_one(&env, "c1");
     for args in [&["status"][..], &["status", "--json"]] {
-        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
         let mut cmd = Command::new(GPUPIN);
         cmd.arg("--config").arg(&env.config).args(args);
         let run = run_bounded_to(&mut cmd, b"", LIMIT, full.into());
         let what = format!("{args:?} > /dev/full");
         assert_no_panic(&run, &what);
         assert_eq!(run.signal, None, "{what}: {}", run.describe());
-        assert_ne!(run.code, Some(0), "{what}: success though nothing was written");
+        assert_ne!(
+            run.code,
+            Some(0),
+            "{what}: success though nothing was written"
+        );
     }
 }
 
@@ -844,7 +931,11 @@ fn config_json_symlinked_to_another_file_is_refused() {
     let before = std::fs::read(&target).unwrap();
     let run = env.create(&bundle, "c1");
     assert_refused(&run, "config.json as a symlink");
-    assert_eq!(std::fs::read(&target).unwrap(), before, "the link's target changed");
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        before,
+        "the link's target changed"
+    );
     assert!(
         std::fs::symlink_metadata(bundle.join("config.json"))
             .unwrap()
@@ -867,8 +958,15 @@ fn config_json_symlink_in_a_runc_bundle_is_refused() {
     std::fs::rename(bundle.join("config.json"), &target).unwrap();
     std::os::unix::fs::symlink(&target, bundle.join("config.json")).unwrap();
     let before = std::fs::read(&target).unwrap();
-    refusal(sb.runc.run_detached(&id, &bundle), "config.json as a symlink");
-    assert_eq!(std::fs::read(&target).unwrap(), before, "the link's target changed");
+    refusal(
+        sb.runc.run_detached(&id, &bundle),
+        "config.json as a symlink",
+    );
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        before,
+        "the link's target changed"
+    );
     assert!(sb.gpupin.holder(&id).is_none());
 }
 
@@ -876,10 +974,17 @@ fn config_json_symlink_in_a_runc_bundle_is_refused() {
 fn non_json_config_json_is_refused() {
     let env = Env::new();
     let bundle = env.bundle("c1", &[("gpupin.count", "1")]);
-    std::fs::write(bundle.join("config.json"), "ociVersion: 1.0.2\n\u{0}\u{1f4a3}").unwrap();
+    std::fs::write(
+        bundle.join("config.json"),
+        "ociVersion: 1.0.2\n\u{0}\u{1f4a3}",
+    )
+    .unwrap();
     assert_refused(&env.create(&bundle, "c1"), "runtime: non-JSON config.json");
     let input = state_json("c2", dead_pid(), &bundle, json!({"gpupin.count": "1"}));
-    assert_refused(&env.gpupin(&["hook", "prestart"], &input), "hook: non-JSON config.json");
+    assert_refused(
+        &env.gpupin(&["hook", "prestart"], &input),
+        "hook: non-JSON config.json",
+    );
     assert!(env.record_files().is_empty(), "something is held");
 }
 
@@ -906,7 +1011,10 @@ fn dev_symlinked_to_a_host_dir_gets_nothing_created_there() {
     std::fs::create_dir(&host_dir).unwrap();
     std::fs::remove_dir(rootfs.join("dev")).unwrap();
     std::os::unix::fs::symlink(&host_dir, rootfs.join("dev")).unwrap();
-    let mut spec = sb.spec().annotation("gpupin.count", "1").without_dev_tmpfs();
+    let mut spec = sb
+        .spec()
+        .annotation("gpupin.count", "1")
+        .without_dev_tmpfs();
     spec.rootfs = rootfs;
     let id = sb.id("devlink");
     let result = sb.start(&id, &spec);
@@ -924,7 +1032,10 @@ fn dev_symlinked_to_a_host_dir_gets_nothing_created_there() {
             if let Some(message) = hook_message(&err) {
                 assert!(!message.contains('\n'), "{message}");
             }
-            assert!(sb.gpupin.holder(&id).is_none(), "held after a refused start");
+            assert!(
+                sb.gpupin.holder(&id).is_none(),
+                "held after a refused start"
+            );
         }
     }
     assert!(created.is_empty(), "created in the host dir: {created:?}");
@@ -959,7 +1070,10 @@ fn rootfs_at_the_hosts_root_is_refused() {
     std::fs::create_dir_all(&bundle).unwrap();
     std::fs::write(bundle.join("config.json"), config.to_string()).unwrap();
     refusal(sb.runc.run_detached(&id, &bundle), "rootfs /");
-    assert!(sb.gpupin.holder(&id).is_none(), "held after a refused start");
+    assert!(
+        sb.gpupin.holder(&id).is_none(),
+        "held after a refused start"
+    );
     assert_eq!(host_nodes(), before, "nodes appeared in the host's /dev");
 }
 

@@ -61,6 +61,8 @@ pub fn run_bounded(cmd: &mut Command, input: &[u8], limit: Duration) -> Run {
 
 /// As `run_bounded`, with the child's stdout going to `stdout` (/dev/full, a pipe without
 /// readers); `Run::stdout` is then empty.
+// The child is reaped by wait4 (which also gives its peak memory), not Child::wait.
+#[allow(clippy::zombie_processes)]
 pub fn run_bounded_to(cmd: &mut Command, input: &[u8], limit: Duration, stdout: Stdio) -> Run {
     let started = Instant::now();
     let mut child = cmd
@@ -191,7 +193,13 @@ pub fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: c is a valid NUL-terminated path.
     let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
-    assert_eq!(r, 0, "mkfifo {}: {}", path.display(), std::io::Error::last_os_error());
+    assert_eq!(
+        r,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
 }
 
 pub fn chown(path: &Path, uid: u32) {
@@ -411,7 +419,9 @@ impl Env {
     /// ever started, refused or not) nor the directories themselves.
     pub fn ledger(&self) -> BTreeMap<String, Entry> {
         let mut all = snapshot_tree(&self.state);
-        all.retain(|k, v| !matches!(k.as_str(), "lock" | "audit.log" | "queue-seq") && *v != Entry::Dir);
+        all.retain(|k, v| {
+            !matches!(k.as_str(), "lock" | "audit.log" | "queue-seq") && *v != Entry::Dir
+        });
         all
     }
 
@@ -447,18 +457,31 @@ impl Env {
         assert_eq!(run.code, Some(0), "template allocation: {}", run.describe());
         let record = self.record("template").expect("a template record");
         let out = self.gpupin(&["release", "template"], b"");
-        assert_eq!(out.code, Some(0), "releasing the template: {}", out.describe());
+        assert_eq!(
+            out.code,
+            Some(0),
+            "releasing the template: {}",
+            out.describe()
+        );
         record
     }
 
-    /// Writes `holders/<file>` from the template, held by `pid` (alive: with its start
-    /// time) on `uuid`; returns the path.
-    pub fn plant_record(&self, template: &Value, file: &str, id: &str, pid: Option<i32>) -> PathBuf {
+    /// Writes `holders/<file>` from the template, held by `pid` on the first GPU, with
+    /// the pid's start time when it is alive (a dead pid makes the record stale); returns
+    /// the path.
+    pub fn plant_record(
+        &self,
+        template: &Value,
+        file: &str,
+        id: &str,
+        pid: Option<i32>,
+    ) -> PathBuf {
         let mut record = template.clone();
         record["id"] = json!(id);
         record["gpus"] = json!([SIM_UUID0]);
         record["pid"] = json!(pid);
-        record["start_time"] = json!(pid.map(start_time));
+        let alive = |p: &i32| Path::new(&format!("/proc/{p}")).exists();
+        record["start_time"] = json!(pid.filter(alive).map(start_time));
         record["created_at"] = json!(unix_now());
         let holders = self.state.join("holders");
         std::fs::create_dir_all(&holders).unwrap();
@@ -470,7 +493,12 @@ impl Env {
     /// Makes the state dir as gpupin would (0755), without allocating.
     pub fn make_state_dir(&self) {
         let out = self.gpupin(&["gc"], b"");
-        assert_eq!(out.code, Some(0), "gc on a fresh state dir: {}", out.describe());
+        assert_eq!(
+            out.code,
+            Some(0),
+            "gc on a fresh state dir: {}",
+            out.describe()
+        );
         assert!(self.state.is_dir());
     }
 }
