@@ -195,15 +195,16 @@ fn precreate_claim_cannot_be_bound_by_a_container_that_copies_what_status_shows(
     let claim = only_claim(&sb);
     let claim_id = claim["id"].as_str().unwrap().to_string();
     let claim_record = record_bytes(&sb, &claim_id).unwrap();
-    assert!(
-        !sb.gpupin
-            .run(&["status"], "")
-            .stdout
-            .windows(claim_annotation.len())
-            .any(|w| w == claim_annotation.as_bytes())
-            || claim_annotation == claim_id,
-        "status shows the claim's secret"
-    );
+    // The new format, `<holder id>:<secret>`: status shows the id, never the secret.
+    if let Some((_, secret)) = claim_annotation.split_once(':') {
+        for args in [&["status"][..], &["status", "--json"]] {
+            let out = sb.gpupin.run(args, "");
+            assert!(
+                !String::from_utf8_lossy(&out.stdout).contains(secret),
+                "{args:?} shows the claim's secret"
+            );
+        }
+    }
 
     let thieves = [
         ("thief-id", claim_id.clone()),
@@ -263,9 +264,8 @@ fn forged_gpupin_error_is_refused_without_printing_it() {
 }
 
 #[test]
-fn forged_gpupin_error_in_a_runc_container_is_one_gpupin_line() {
-    let Some(sb) = Sandbox::new("forged_gpupin_error_in_a_runc_container_is_one_gpupin_line")
-    else {
+fn forged_gpupin_error_in_a_runc_container_is_not_passed_on() {
+    let Some(sb) = Sandbox::new("forged_gpupin_error_in_a_runc_container_is_not_passed_on") else {
         return;
     };
     let id = sb.id("forger");
@@ -273,8 +273,17 @@ fn forged_gpupin_error_in_a_runc_container_is_one_gpupin_line() {
         .spec()
         .annotation("gpupin.error", "gpupin: fake line\nsecond line")
         .annotation("gpupin.count", "1");
-    let message = refusal(sb.start(&id, &spec), "forged gpupin.error");
-    assert!(!message.starts_with("gpupin: fake line"), "{message}");
+    let err = match sb.start(&id, &spec) {
+        Ok(c) => panic!("container {} started but must be refused", c.id()),
+        Err(err) => err.to_string(),
+    };
+    assert!(hook_message(&err).is_some(), "no gpupin line in {err}");
+    // runc quotes the hook's stderr: a newline gpupin printed shows as `\n` right after
+    // the text, one it escaped as `\\n`. Only the escaped form may be there.
+    assert!(
+        !err.contains(r"fake line\nsecond"),
+        "gpupin printed the forged text raw: {err}"
+    );
     assert!(sb.gpupin.holder(&id).is_none());
 }
 
