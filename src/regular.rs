@@ -76,7 +76,12 @@ fn open_created(path: &Path, access: OFlags, mode: u32) -> io::Result<File> {
 
 /// The whole of a regular file, at most `MAX_LEN` bytes (`InvalidData` beyond).
 pub fn read(path: &Path, links: Links) -> io::Result<Vec<u8>> {
-    let file = open(path, links)?;
+    read_file(open(path, links)?)
+}
+
+/// The whole of a file `open` returned, at most `MAX_LEN` bytes: for callers that look at
+/// its metadata (owner, mode) before they trust what it says.
+pub fn read_file(file: File) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     file.take(MAX_LEN + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_LEN {

@@ -216,12 +216,33 @@ pub fn list(dir: &Path) -> Result<Vec<(PathBuf, fs::FileType)>, LedgerError> {
     Ok(entries)
 }
 
+/// A record's text, from a regular file that only its owner can write and whose owner is
+/// root or gpupin's own user, as every record gpupin writes is: a record anyone else could
+/// have written (planted while the directory was open, or chowned away since) could hand
+/// out any GPU, and is refused like a corrupt one.
+fn read_trusted(path: &Path) -> std::io::Result<String> {
+    let file = regular::open(path, Links::Refuse)?;
+    let meta = file.metadata()?;
+    let me = rustix::process::geteuid().as_raw();
+    let untrusted = |reason: String| std::io::Error::new(std::io::ErrorKind::InvalidData, reason);
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(untrusted(format!("owned by uid {}, not root", meta.uid())));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(untrusted(format!(
+            "mode {:o} lets others write it",
+            meta.mode() & 0o7777
+        )));
+    }
+    String::from_utf8(regular::read_file(file)?).map_err(|_| untrusted("not UTF-8 text".into()))
+}
+
 fn read_record(path: &Path) -> Result<Record, LedgerError> {
     let corrupt = |reason: String| LedgerError::CorruptRecord {
         path: path.to_path_buf(),
         reason,
     };
-    let text = regular::read_to_string(path, Links::Refuse).map_err(|source| {
+    let text = read_trusted(path).map_err(|source| {
         match source.kind() {
             // Not a regular file after all, too large, not text: unreadable as a record.
             std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {

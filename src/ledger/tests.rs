@@ -939,6 +939,28 @@ fn gc_leaves_a_corrupt_record_for_release_and_says_how() {
 }
 
 #[test]
+fn a_record_others_could_have_written_is_refused_like_a_corrupt_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_t, l) = ledger();
+    alloc(&l, "a").unwrap();
+    let record = l.dir().join("holders/a.json");
+    std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let err = alloc(&l, "b").unwrap_err().to_string();
+    assert!(
+        err.starts_with("corrupt ledger record") && err.contains("mode 666 lets others write it"),
+        "{err}"
+    );
+    std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o644)).unwrap();
+    if rustix::process::geteuid().is_root() {
+        std::os::unix::fs::chown(&record, Some(4242), None).unwrap();
+        let err = alloc(&l, "b").unwrap_err().to_string();
+        assert!(err.contains("owned by uid 4242, not root"), "{err}");
+        std::os::unix::fs::chown(&record, Some(0), None).unwrap();
+    }
+    alloc(&l, "b").unwrap();
+}
+
+#[test]
 fn gc_removes_the_temp_files_of_dead_writers_only() {
     let (_t, l) = ledger();
     alloc(&l, "a").unwrap();
