@@ -373,6 +373,7 @@ impl Ledger {
             .into_iter()
             .filter(|r| !live.iter().any(|l| l.id == r.id))
             .collect();
+        cleared.extend(queue::drop_stale_tickets(&self.dir)?);
         cleared.extend(store::remove_dead_temps(&self.dir)?);
         for sub in [store::HOLDERS_DIR, queue::QUEUE_DIR] {
             if let Some(sub) = store::existing_subdir(&self.dir, sub)? {

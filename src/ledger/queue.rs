@@ -9,7 +9,7 @@ use crate::procinfo;
 use crate::regular::{self, Links};
 use crate::request::GpuRequest;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 pub(super) const QUEUE_DIR: &str = "queue";
@@ -35,10 +35,22 @@ impl Ticket {
 
 /// Live tickets in arrival order; stale ones are removed. Caller holds the lock.
 pub(super) fn live_tickets(dir: &Path) -> Result<Vec<Ticket>, LedgerError> {
+    Ok(scan_tickets(dir)?.0)
+}
+
+/// Drops the tickets no waiter can be served through any more; returns their paths.
+/// Caller holds the lock (gc: a waiter killed while it waited leaves its ticket).
+pub(super) fn drop_stale_tickets(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
+    Ok(scan_tickets(dir)?.1)
+}
+
+/// Live tickets in arrival order, and the stale ones it removed.
+fn scan_tickets(dir: &Path) -> Result<(Vec<Ticket>, Vec<PathBuf>), LedgerError> {
     let Some(qdir) = store::existing_subdir(dir, QUEUE_DIR)? else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     };
     let mut tickets = Vec::new();
+    let mut removed = Vec::new();
     for (path, _) in store::list(&qdir)? {
         if path
             .file_name()
@@ -57,12 +69,14 @@ pub(super) fn live_tickets(dir: &Path) -> Result<Vec<Ticket>, LedgerError> {
             // A ticket that does not parse is as stale as one whose waiter died: nobody
             // can be served through it.
             _ => {
-                let _ = fs::remove_file(&path);
+                if fs::remove_file(&path).is_ok() {
+                    removed.push(path);
+                }
             }
         }
     }
     tickets.sort_by_key(|t| t.seq);
-    Ok(tickets)
+    Ok((tickets, removed))
 }
 
 /// Queues `holder` behind every live ticket. Caller holds the lock.

@@ -961,6 +961,23 @@ fn a_record_others_could_have_written_is_refused_like_a_corrupt_one() {
 }
 
 #[test]
+fn gc_drops_the_queue_ticket_of_a_waiter_that_was_killed() {
+    let (_t, l) = ledger();
+    alloc(&l, "a").unwrap();
+    let queue = l.dir().join("queue");
+    std::fs::create_dir(&queue).unwrap();
+    let ticket = queue.join("00000000000000000001-w.json");
+    let text = format!(
+        r#"{{"seq":1,"id":"w","pid":{},"start_time":1}}"#,
+        a_dead_pid()
+    );
+    std::fs::write(&ticket, text).unwrap();
+    let report = l.gc().unwrap();
+    assert!(!ticket.exists());
+    assert!(report.cleared.contains(&ticket), "{:?}", report.cleared);
+}
+
+#[test]
 fn gc_removes_the_temp_files_of_dead_writers_only() {
     let (_t, l) = ledger();
     alloc(&l, "a").unwrap();
