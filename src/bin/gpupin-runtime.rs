@@ -1,10 +1,9 @@
 //! `gpupin-runtime`: an OCI runtime for Docker's daemon.json that pins GPUs on `create`
-//! and hands every command to the real runtime (runc). Thin: the work is in
-//! `gpupin::runtime`.
+//! and hands every command to the real runtime (runc). Thin: the work, the runtime's
+//! child included, is in `gpupin::runtime::run`; this only execs and exits.
 
 use gpupin::config::CONFIG_ENV;
-use gpupin::edits::HookCommand;
-use gpupin::runtime::{self, argv, argv::Action, argv::Invocation};
+use gpupin::runtime::{self, Handover, argv, argv::Invocation};
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -25,33 +24,9 @@ fn main() -> ExitCode {
 
 fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
     let own_exe = std::env::current_exe()?;
-    let flag = argv::config_path(inv.gpupin_config.as_deref(), std::env::var_os(CONFIG_ENV))?;
-    let config = runtime::load_config(flag.as_deref())?;
-    let real = runtime::real_runtime(&config, &own_exe)?;
-    match &inv.action {
-        Action::Other => Err(exec(&real, &inv.runtime_args)),
-        Action::Create { bundle, id } => {
-            let hook = HookCommand {
-                exe: own_exe.with_file_name("gpupin"),
-                config: config.path.clone(),
-            };
-            if runtime::create::prepare(&config, bundle, id, &hook)?.is_none() {
-                return Err(exec(&real, &inv.runtime_args));
-            }
-            let status = Command::new(&real).args(&inv.runtime_args).status()?;
-            if !status.success() {
-                // The container never came to be: no poststop will run for it.
-                runtime::release(&config, id)?;
-            }
-            Ok(exit_code(status))
-        }
-        Action::Delete { id } => {
-            let status = Command::new(&real).args(&inv.runtime_args).status()?;
-            // Poststop has usually released already; this covers a container whose
-            // hooks never ran (killed before start, runtime crash).
-            runtime::release(&config, id)?;
-            Ok(exit_code(status))
-        }
+    match runtime::run(inv, &own_exe, std::env::var_os(CONFIG_ENV))? {
+        Handover::Exec { runtime } => Err(exec(&runtime, &inv.runtime_args)),
+        Handover::Ran(status) => Ok(exit_code(status)),
     }
 }
 

@@ -276,6 +276,16 @@ impl Ledger {
         Ok(Allocation { record })
     }
 
+    /// Whether `holder` has a record: one lstat, no lock. For callers that release only
+    /// when something is held (the shim on every `delete`), so that the common case costs
+    /// no lock and no ledger check.
+    pub fn holds(&self, holder: &HolderId) -> bool {
+        store::holders_dir(&self.dir)
+            .join(holder.file_name())
+            .symlink_metadata()
+            .is_ok()
+    }
+
     /// Releases `holder`'s GPUs. Returns the record it had, `None` when it held nothing.
     pub fn release(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
         let _lock = store::lock(&self.dir)?;

@@ -4,11 +4,14 @@
 
 pub mod argv;
 pub mod create;
+mod shim;
+
+pub use shim::{Handover, release, run};
 
 use crate::config::{Config, ConfigError};
 use crate::docker::DockerError;
 use crate::inventory::InventoryError;
-use crate::ledger::{BadHolderId, HolderId, Ledger, LedgerError};
+use crate::ledger::{BadHolderId, LedgerError};
 use crate::request::RequestError;
 use crate::spec::SpecError;
 use std::path::{Path, PathBuf};
@@ -37,6 +40,22 @@ pub enum ShimError {
     Admit(#[from] crate::admit::AdmitError),
     #[error(transparent)]
     Edits(#[from] crate::edits::EditsError),
+    #[error("running the runtime {path}")]
+    RunRuntime {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A create failed, and so did releasing its GPUs again: both are kept.
+    #[error(
+        "{}; releasing its GPUs again failed too: {}",
+        crate::message::one_line(.error.as_ref()),
+        crate::message::one_line(.undo.as_ref())
+    )]
+    Undo {
+        error: Box<ShimError>,
+        undo: Box<ShimError>,
+    },
     #[error("runtime {0:?} not found on PATH; set `runtime` in the gpupin config")]
     RuntimeNotFound(PathBuf),
     #[error("runtime {0} is gpupin-runtime itself; set `runtime` to the real runtime (runc)")]
@@ -71,17 +90,6 @@ fn search_path(name: &Path) -> Option<PathBuf> {
             p.metadata()
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
-}
-
-/// Releases `id` if it holds anything. Cheap when it does not: one stat of its record.
-pub fn release(config: &Config, id: &str) -> Result<(), ShimError> {
-    let holder = HolderId::new(id)?;
-    let record = config.state_dir.join("holders").join(holder.file_name());
-    if !record.exists() {
-        return Ok(());
-    }
-    Ledger::for_config(config)?.release(&holder)?;
-    Ok(())
 }
 
 /// Loads gpupin's config for the shim: `--gpupin-config`, else the usual discovery.

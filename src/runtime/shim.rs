@@ -1,0 +1,168 @@
+//! One gpupin-runtime invocation from start to end: gpupin's part on `create` and
+//! `delete`, the real runtime for everything. The binary only replaces itself with the
+//! real runtime when told to, and turns an outcome into an exit status.
+
+use super::argv::{self, Action, Invocation};
+use super::{ShimError, create, load_config, real_runtime};
+use crate::config::Config;
+use crate::edits::HookCommand;
+use crate::ledger::{HolderId, Ledger};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+
+/// What the binary does next.
+#[derive(Debug)]
+pub enum Handover {
+    /// Replace this process with `runtime`, the arguments unchanged: every command but
+    /// `create` and `delete`, and a `create` that asks for no GPU. No child, no wait.
+    Exec { runtime: PathBuf },
+    /// The real runtime ran as a child and gpupin did its part after it: exit as it did.
+    Ran(ExitStatus),
+}
+
+/// Runs `inv`. `own_exe` is gpupin-runtime's path (`gpupin` is beside it); `config_env`
+/// the value of $GPUPIN_CONFIG.
+pub fn run(
+    inv: &Invocation,
+    own_exe: &Path,
+    config_env: Option<OsString>,
+) -> Result<Handover, ShimError> {
+    let flag = argv::config_path(inv.gpupin_config.as_deref(), config_env)?;
+    let config = load_config(flag.as_deref())?;
+    let runtime = real_runtime(&config, own_exe)?;
+    match &inv.action {
+        Action::Other => Ok(Handover::Exec { runtime }),
+        Action::Create { bundle, id } => {
+            let hook = HookCommand {
+                exe: own_exe.with_file_name("gpupin"),
+                config: config.path.clone(),
+            };
+            if create::prepare(&config, bundle, id, &hook)?.is_none() {
+                return Ok(Handover::Exec { runtime });
+            }
+            // The container never comes to be when the runtime fails: no poststop will
+            // run for it, so its GPUs go back now.
+            let status = match run_child(&runtime, &inv.runtime_args) {
+                Ok(status) => status,
+                Err(err) => return Err(release_after(&config, id, err)),
+            };
+            if !status.success() {
+                release(&config, id)?;
+            }
+            Ok(Handover::Ran(status))
+        }
+        Action::Delete { id } => {
+            let status = run_child(&runtime, &inv.runtime_args)?;
+            // Poststop has usually released already; this covers a container whose hooks
+            // never ran (killed before start, a runtime crash).
+            release(&config, id)?;
+            Ok(Handover::Ran(status))
+        }
+    }
+}
+
+fn run_child(runtime: &Path, args: &[OsString]) -> Result<ExitStatus, ShimError> {
+    Command::new(runtime)
+        .args(args)
+        .status()
+        .map_err(|source| ShimError::RunRuntime {
+            path: runtime.to_path_buf(),
+            source,
+        })
+}
+
+/// Releases `id` if it holds anything. Cheap when it does not: one lstat of its record.
+pub fn release(config: &Config, id: &str) -> Result<(), ShimError> {
+    let holder = HolderId::new(id)?;
+    let ledger = Ledger::for_config(config)?;
+    if ledger.holds(&holder) {
+        ledger.release(&holder)?;
+    }
+    Ok(())
+}
+
+/// `error`, after releasing `id`; a failed release joins it rather than replace it.
+fn release_after(config: &Config, id: &str, error: ShimError) -> ShimError {
+    match release(config, id) {
+        Ok(()) => error,
+        Err(undo) => ShimError::Undo {
+            error: Box::new(error),
+            undo: Box::new(undo),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A config whose real runtime is `runtime`, and a bundle asking for one GPU.
+    fn setup(runtime: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = tmp.path().join("gpupin.toml");
+        let text = format!(
+            "state_dir = \"state\"\ninventory = \"sim:nvswitch8\"\nruntime = {runtime:?}\n"
+        );
+        std::fs::write(&config, text).unwrap();
+        let bundle = tmp.path().join("bundle");
+        std::fs::create_dir(&bundle).unwrap();
+        let spec = json!({"ociVersion": "1.0.2", "process": {"args": ["true"]},
+            "root": {"path": "rootfs"}, "annotations": {"gpupin.count": "1"}});
+        std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+        (tmp, config, bundle)
+    }
+
+    fn create(config: &Path, bundle: &Path) -> Invocation {
+        let args = [
+            "--gpupin-config",
+            config.to_str().unwrap(),
+            "create",
+            "--bundle",
+        ]
+        .iter()
+        .map(OsString::from)
+        .chain([bundle.as_os_str().to_owned(), "c1".into()])
+        .collect();
+        argv::parse(args, bundle.to_path_buf()).unwrap()
+    }
+
+    fn held(tmp: &Path) -> usize {
+        Ledger::open(&tmp.join("state"))
+            .unwrap()
+            .records()
+            .unwrap()
+            .len()
+    }
+
+    #[test]
+    fn a_runtime_that_cannot_start_gets_the_gpus_released() {
+        let (tmp, config, bundle) = setup("/nonexistent/runc");
+        let err = run(
+            &create(&config, &bundle),
+            Path::new("/usr/bin/gpupin-runtime"),
+            None,
+        )
+        .unwrap_err();
+        let text = crate::message::one_line(&err);
+        assert!(
+            text.starts_with("running the runtime /nonexistent/runc: "),
+            "{text}"
+        );
+        assert_eq!(held(tmp.path()), 0);
+    }
+
+    #[test]
+    fn a_failed_create_releases_and_a_good_one_keeps_its_gpus() {
+        let (tmp, config, bundle) = setup("/bin/false");
+        let inv = create(&config, &bundle);
+        let own = Path::new("/usr/bin/gpupin-runtime");
+        assert!(matches!(run(&inv, own, None).unwrap(), Handover::Ran(s) if !s.success()));
+        assert_eq!(held(tmp.path()), 0);
+        let (tmp, config, bundle) = setup("/bin/true");
+        let inv = create(&config, &bundle);
+        assert!(matches!(run(&inv, own, None).unwrap(), Handover::Ran(s) if s.success()));
+        assert_eq!(held(tmp.path()), 1);
+    }
+}
