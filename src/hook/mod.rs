@@ -45,8 +45,8 @@ impl std::str::FromStr for Stage {
 pub enum HookError {
     #[error("unknown hook stage {0:?}: expected precreate, prestart, createRuntime or poststop")]
     UnknownStage(String),
-    #[error("invalid OCI state on stdin: {0}")]
-    State(String),
+    #[error("invalid OCI state on stdin")]
+    State(#[source] serde_json::Error),
     #[error("invalid spec on stdin")]
     Spec(#[source] SpecError),
     #[error(transparent)]
@@ -140,8 +140,7 @@ pub fn run(
     if stage == Stage::Precreate {
         return precreate::run(state_json, exe, load_config);
     }
-    let state: State =
-        serde_json::from_slice(state_json).map_err(|e| HookError::State(e.to_string()))?;
+    let state: State = serde_json::from_slice(state_json).map_err(HookError::State)?;
     let id = HolderId::new(state.id())?;
     let Some(container) = read_container(id, &state, stage)? else {
         return Ok(Outcome::NoRequest);
@@ -179,8 +178,7 @@ pub fn run(
 /// prestart stage reads it (annotations, else the bundle's env). `None`: it asks for
 /// nothing, or its spec was already edited by gpupin.
 pub fn request_of(state_json: &[u8]) -> Result<Option<(State, GpuRequest)>, HookError> {
-    let state: State =
-        serde_json::from_slice(state_json).map_err(|e| HookError::State(e.to_string()))?;
+    let state: State = serde_json::from_slice(state_json).map_err(HookError::State)?;
     let id = HolderId::new(state.id())?;
     match read_container(id, &state, Stage::Prestart)? {
         Some(Container {

@@ -70,8 +70,8 @@ fn probe_auto(
 ) -> Result<Inventory, InventoryError> {
     nvml().or_else(|nvml_err| {
         procfs().map_err(|procfs_err| InventoryError::NothingFound {
-            nvml: nvml_err.to_string(),
-            procfs: procfs_err.to_string(),
+            nvml: crate::message::one_line(&nvml_err),
+            procfs: crate::message::one_line(&procfs_err),
         })
     })
 }
@@ -274,7 +274,7 @@ mod tests {
         let procfs_inv = machine("procfs");
         let nvml_down = || {
             Err(InventoryError::NvmlUnavailable {
-                reason: "no lib".into(),
+                source: nvml_wrapper::error::NvmlError::Uninitialized,
             })
         };
         let found = probe_auto(nvml_down, || Ok(procfs_inv.clone())).unwrap();
@@ -286,7 +286,7 @@ mod tests {
         };
         let err = probe_auto(nvml_down, procfs_down).unwrap_err().to_string();
         assert!(
-            err.contains("no lib") && err.contains("/proc/driver/nvidia/gpus"),
+            err.contains("not first initialized") && err.contains("/proc/driver/nvidia/gpus"),
             "{err}"
         );
         assert!(err.contains("sim:nvswitch8"), "{err}");

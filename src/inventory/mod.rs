@@ -192,12 +192,19 @@ pub enum InventoryError {
     },
     #[error("invalid live file {path}: {reason}")]
     LiveInvalid { path: PathBuf, reason: String },
-    #[error("NVML is not available ({reason}); is the NVIDIA driver installed?")]
-    NvmlUnavailable { reason: String },
+    #[error("NVML is not available (is the NVIDIA driver installed?)")]
+    NvmlUnavailable {
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
     #[error("NVML reports no GPUs")]
     NoGpusInNvml,
-    #[error("NVML query failed: {what}: {reason}")]
-    Nvml { what: String, reason: String },
+    #[error("NVML query failed: {what}")]
+    Nvml {
+        what: String,
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
     #[error("reading {path}")]
     Procfs {
         path: PathBuf,

@@ -32,13 +32,10 @@ pub(super) fn probe() -> Result<Inventory, InventoryError> {
 }
 
 fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryError> {
-    let nvml =
-        Nvml::builder()
-            .lib_path(library)
-            .init()
-            .map_err(|e| InventoryError::NvmlUnavailable {
-                reason: one_line(&e),
-            })?;
+    let nvml = Nvml::builder()
+        .lib_path(library)
+        .init()
+        .map_err(|source| InventoryError::NvmlUnavailable { source })?;
     let count = nvml.device_count().map_err(query_error("device count"))?;
     if count == 0 {
         return Err(InventoryError::NoGpusInNvml);
@@ -66,9 +63,7 @@ pub(super) fn live(inventory: &Inventory) -> Result<Vec<super::Live>, InventoryE
     let nvml = Nvml::builder()
         .lib_path(OsStr::new(LIBRARY))
         .init()
-        .map_err(|e| InventoryError::NvmlUnavailable {
-            reason: one_line(&e),
-        })?;
+        .map_err(|source| InventoryError::NvmlUnavailable { source })?;
     inventory
         .gpus
         .iter()
@@ -92,20 +87,10 @@ pub(super) fn live(inventory: &Inventory) -> Result<Vec<super::Live>, InventoryE
         .collect()
 }
 
-/// NVML and libloading messages can span lines; ours are one line.
-fn one_line(e: &NvmlError) -> String {
-    e.to_string()
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn query_error(what: &str) -> impl Fn(NvmlError) -> InventoryError + '_ {
-    move |e| InventoryError::Nvml {
+    move |source| InventoryError::Nvml {
         what: what.to_string(),
-        reason: one_line(&e),
+        source,
     }
 }
 
