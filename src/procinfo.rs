@@ -31,6 +31,23 @@ fn parse_start_time(stat: &str) -> Option<u64> {
     fields.nth(22 - 4)?.parse().ok()
 }
 
+/// When this boot began, in seconds since the Unix epoch (`btime` in /proc/stat), read
+/// once per process. Nothing gpupin records outlives a reboot: a record made before it
+/// belongs to a process that is gone.
+pub fn boot_time() -> Option<u64> {
+    static BOOT_TIME: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *BOOT_TIME.get_or_init(|| {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        parse_boot_time(&stat)
+    })
+}
+
+fn parse_boot_time(stat: &str) -> Option<u64> {
+    stat.lines()
+        .find_map(|line| line.strip_prefix("btime "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
 /// Whether the process `pid` that started at `started` still runs (and is not a zombie
 /// whose container is gone).
 pub fn is_alive(pid: i32, started: u64) -> bool {
@@ -46,6 +63,19 @@ mod tests {
         let stat =
             "4242 (we ird) ) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_start_time(stat), Some(987654));
+    }
+
+    #[test]
+    fn boot_time_is_btime_and_before_now() {
+        let stat = "cpu  1 2 3\nintr 5\nbtime 1764700000\nprocesses 9\n";
+        assert_eq!(parse_boot_time(stat), Some(1764700000));
+        assert_eq!(parse_boot_time("cpu 1\n"), None);
+        let boot = boot_time().unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(boot > 0 && boot <= now, "{boot}");
     }
 
     #[test]

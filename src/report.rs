@@ -218,7 +218,8 @@ mod tests {
             start_time: crate::procinfo::start_time(std::process::id() as i32),
             bundle: None,
             claim_digest: None,
-            created_at: 0,
+            // After this boot, so that the holder counts as running.
+            created_at: 4_102_444_800,
         }
     }
 
@@ -231,7 +232,7 @@ mod tests {
         assert_eq!(v["gpus"][1]["holders"][0]["id"], "c1");
         assert_eq!(v["gpus"][1]["holders"][0]["state"], "running");
         assert_eq!(v["gpus"][0]["holders"].as_array().unwrap().len(), 0);
-        assert_eq!(v["holders"][0]["since"], "1970-01-01T00:00:00Z");
+        assert_eq!(v["holders"][0]["since"], "2100-01-01T00:00:00Z");
     }
 
     #[test]

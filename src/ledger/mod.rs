@@ -383,6 +383,24 @@ impl Ledger {
             .into_iter()
             .filter(|r| !live.iter().any(|l| l.id == r.id))
             .collect();
+        for path in &scan.leftovers {
+            store::remove_entry(
+                path,
+                std::fs::symlink_metadata(path)
+                    .map_err(|source| LedgerError::Io {
+                        action: "inspecting",
+                        path: path.clone(),
+                        source,
+                    })?
+                    .file_type(),
+            )?;
+            let name = path.file_name().unwrap_or_default().as_bytes();
+            store::audit(
+                &self.dir,
+                &format!("clear {} (from an earlier boot)", store::audit_name(name)),
+            );
+            cleared.push(path.clone());
+        }
         cleared.extend(queue::drop_stale_tickets(&self.dir)?);
         cleared.extend(store::remove_dead_temps(&self.dir)?);
         for sub in [store::HOLDERS_DIR, queue::QUEUE_DIR] {

@@ -89,7 +89,7 @@ pub(super) fn enqueue(dir: &Path, holder: &HolderId) -> Result<Ticket, LedgerErr
         .unwrap_or(0)
         .max(last_ticket)
         + 1;
-    store::write_atomic(dir, SEQ_FILE, format!("{seq}\n").as_bytes(), true)?;
+    store::write_atomic(dir, SEQ_FILE, format!("{seq}\n").as_bytes())?;
     let pid = std::process::id() as i32;
     let ticket = Ticket {
         seq,
@@ -98,7 +98,7 @@ pub(super) fn enqueue(dir: &Path, holder: &HolderId) -> Result<Ticket, LedgerErr
         start_time: procinfo::start_time(pid),
     };
     let text = serde_json::to_vec(&ticket).expect("tickets serialize");
-    store::write_atomic(&qdir, &ticket.file_name(), &text, true)?;
+    store::write_atomic(&qdir, &ticket.file_name(), &text)?;
     Ok(ticket)
 }
 

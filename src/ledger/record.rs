@@ -53,6 +53,9 @@ impl Record {
     /// process, or it never got a process within `grace` (of its creation, before or
     /// after: see below).
     pub fn is_stale(&self, now: SystemTime, grace: Duration) -> bool {
+        if self.from_an_earlier_boot() {
+            return true;
+        }
         match (self.pid, self.start_time) {
             (Some(pid), Some(started)) => !procinfo::is_alive(pid, started),
             (Some(pid), None) => procinfo::start_time(pid).is_none(),
@@ -68,6 +71,12 @@ impl Record {
                 age > grace
             }
         }
+    }
+
+    /// Made before this boot: its process is gone, whatever its pid says now (a pid and
+    /// start time can repeat across boots). This is why records need no fsync.
+    pub fn from_an_earlier_boot(&self) -> bool {
+        procinfo::boot_time().is_some_and(|boot| self.created_at < boot)
     }
 
     pub fn created(&self) -> SystemTime {

@@ -161,6 +161,9 @@ pub struct Scan {
     pub corrupt: Vec<LedgerError>,
     /// Temp files of writers, with their pid.
     pub temps: Vec<(PathBuf, i32)>,
+    /// Records that do not read and were last written before this boot: a crash can
+    /// leave a record half written (they are not fsynced), and none can hold GPUs now.
+    pub leftovers: Vec<PathBuf>,
 }
 
 /// Reads every entry of `holders/` without following or blocking on any.
@@ -173,6 +176,9 @@ pub fn scan_holders(dir: &Path) -> Result<Scan, LedgerError> {
         match entry::classify(path.file_name().unwrap_or_default(), kind) {
             Entry::Record => match read_record(&path) {
                 Ok(record) => scan.records.push(record),
+                Err(LedgerError::CorruptRecord { .. }) if written_before_boot(&path) => {
+                    scan.leftovers.push(path)
+                }
                 Err(err @ LedgerError::CorruptRecord { .. }) => scan.corrupt.push(err),
                 Err(err) => return Err(err),
             },
@@ -183,6 +189,14 @@ pub fn scan_holders(dir: &Path) -> Result<Scan, LedgerError> {
     }
     scan.records.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(scan)
+}
+
+fn written_before_boot(path: &Path) -> bool {
+    let modified = fs::symlink_metadata(path).map(|m| m.mtime());
+    match (modified, crate::procinfo::boot_time()) {
+        (Ok(modified), Some(boot)) => modified < boot as i64,
+        _ => false,
+    }
 }
 
 /// Every record, in id order. An entry that is not a readable record is an error, since
@@ -264,23 +278,19 @@ fn read_record(path: &Path) -> Result<Record, LedgerError> {
     Ok(record)
 }
 
-/// Writes a record: temp file, fsync, rename, fsync of the directory, so that after a
-/// crash a record is either whole or absent.
+/// Writes a record: temp file, rename (see `write_atomic` for why without fsync).
 pub fn write_record(dir: &Path, file_name: &str, record: &Record) -> Result<(), LedgerError> {
     let holders = ensure_subdir(dir, HOLDERS_DIR)?;
     let mut text = serde_json::to_string_pretty(record).expect("records serialize");
     text.push('\n');
-    write_atomic(&holders, file_name, text.as_bytes(), true)
+    write_atomic(&holders, file_name, text.as_bytes())
 }
 
 pub fn remove_record(dir: &Path, file_name: &str) -> Result<bool, LedgerError> {
     let holders = holders_dir(dir);
     let path = holders.join(file_name);
     match fs::remove_file(&path) {
-        Ok(()) => {
-            sync_dir(&holders)?;
-            Ok(true)
-        }
+        Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(source) => Err(LedgerError::Io {
             action: "removing record",
@@ -322,35 +332,23 @@ pub fn remove_dead_temps(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
     Ok(removed)
 }
 
-/// Writes `<dir>/<name>` through `atomic::replace`; `durable` says whether a crash must
-/// not lose it. Mode 0644 and this user as owner, whatever the umask and whatever stood
-/// there: a state file must not be writable by others, nor take a planted link's target's.
-pub fn write_atomic(
-    dir: &Path,
-    name: &str,
-    bytes: &[u8],
-    durable: bool,
-) -> Result<(), LedgerError> {
-    let durability = if durable {
-        Durability::Synced
-    } else {
-        Durability::Renamed
-    };
-    atomic::replace(&dir.join(name), bytes, FILE_MODE, durability).map_err(|e| LedgerError::Io {
-        action: "writing",
-        path: e.path,
-        source: e.source,
+/// Writes `<dir>/<name>` through `atomic::replace`. Mode 0644 and this user as owner,
+/// whatever the umask and whatever stood there: a state file must not be writable by
+/// others, nor take a planted link's target's.
+///
+/// Renamed, never fsynced: every state file matters only while the processes it names
+/// live, and none of them survives a crash of the machine. Readers see a whole file or
+/// the old one either way (rename is atomic); a file a crash left half written is from
+/// an earlier boot, which the readers recognise (`Record::from_an_earlier_boot`,
+/// `Scan::leftovers`, a ticket's dead pid, the cursor as a hint).
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), LedgerError> {
+    atomic::replace(&dir.join(name), bytes, FILE_MODE, Durability::Renamed).map_err(|e| {
+        LedgerError::Io {
+            action: "writing",
+            path: e.path,
+            source: e.source,
+        }
     })
-}
-
-fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|source| LedgerError::Io {
-            action: "syncing",
-            path: dir.to_path_buf(),
-            source,
-        })
 }
 
 /// A small number from a state file (the cursor, queue-seq); `None` when it is missing,
@@ -368,7 +366,7 @@ pub fn read_cursor(dir: &Path) -> usize {
 /// The spread cursor is a hint, not an invariant: losing it in a crash only restarts the
 /// rotation, so it is renamed into place without fsync.
 pub fn write_cursor(dir: &Path, cursor: usize) -> Result<(), LedgerError> {
-    write_atomic(dir, CURSOR_FILE, format!("{cursor}\n").as_bytes(), false)
+    write_atomic(dir, CURSOR_FILE, format!("{cursor}\n").as_bytes())
 }
 
 /// Appends one line to the audit log. Best effort by design: an audit line must never be

@@ -1029,3 +1029,58 @@ fn an_unbound_record_from_the_future_is_stale_after_the_grace() {
     std::fs::write(&path, serde_json::to_string(&far).unwrap()).unwrap();
     assert_eq!(l.gc().unwrap().released, [far]);
 }
+
+/// Seconds since the epoch at which this boot began, minus `before`.
+fn before_boot(before: u64) -> u64 {
+    crate::procinfo::boot_time().unwrap() - before
+}
+
+#[test]
+fn a_record_from_an_earlier_boot_is_stale_whatever_its_pid_says() {
+    let (_t, l) = ledger();
+    alloc(&l, "old").unwrap();
+    let path = l.dir().join("holders/old.json");
+    let mut record: Record = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    // Our own pid and start time: alive by every other rule.
+    record.created_at = before_boot(60);
+    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+    for n in 0..4 {
+        alloc(&l, &format!("new{n}")).unwrap();
+    }
+    assert!(!path.exists());
+}
+
+#[test]
+fn a_half_written_record_from_an_earlier_boot_blocks_nothing_and_gc_clears_it() {
+    let (_t, l) = ledger();
+    alloc(&l, "a").unwrap();
+    let torn = l.dir().join("holders/torn.json");
+    std::fs::write(&torn, "").unwrap();
+    let then = rustix::fs::Timespec {
+        tv_sec: before_boot(60) as i64,
+        tv_nsec: 0,
+    };
+    let times = rustix::fs::Timestamps {
+        last_access: then,
+        last_modification: then,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        &torn,
+        &times,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    alloc(&l, "b").unwrap();
+    let report = l.gc().unwrap();
+    assert_eq!(report.cleared, std::slice::from_ref(&torn));
+    assert!(!torn.exists());
+    // Written in this boot, the same file is a corrupt record and stops allocation.
+    std::fs::write(&torn, "").unwrap();
+    assert!(
+        alloc(&l, "c")
+            .unwrap_err()
+            .to_string()
+            .starts_with("corrupt ledger record")
+    );
+}

@@ -27,18 +27,19 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<Value, SpecError> {
     })
 }
 
-/// Writes `spec` to `path` atomically (temp file in the same dir, fsync, rename).
+/// Writes `spec` to `path` atomically (temp file in the same dir, rename).
 ///
 /// The temp file gets the original's mode and owner, so a runtime that runs the
-/// container as another user still reads it. A crash leaves either the old or the new
-/// file, never a truncated one: the data is fsynced before the rename and the directory
-/// after it, so the rename itself is durable.
+/// container as another user still reads it. The runtime reads either the old or the new
+/// file, never half of one. No fsync: a bundle does not outlive the host's next boot
+/// (containerd and runc keep them under /run), and a container whose start a crash cut
+/// short is created again from a fresh bundle.
 pub fn write_atomic(path: &Path, spec: &Value) -> Result<(), SpecError> {
     let bytes = serde_json::to_vec(spec).map_err(|source| SpecError::Serialize {
         path: path.to_owned(),
         source,
     })?;
-    atomic::write(path, &bytes, NEW_FILE_MODE, Durability::Synced).map_err(|e| SpecError::Write {
+    atomic::write(path, &bytes, NEW_FILE_MODE, Durability::Renamed).map_err(|e| SpecError::Write {
         path: e.path,
         source: e.source,
     })
