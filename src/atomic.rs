@@ -1,7 +1,8 @@
 //! Replacing a file so that a reader (a runtime, dockerd reloading, another gpupin) sees
-//! either the old or the new content, never half of it: a temp file beside it, written and
-//! fsynced, renamed over it, then the directory fsynced so the rename itself is durable.
-//! Used for bundle specs, daemon.json, hooks.d files and the ledger's records.
+//! either the old or the new content, never half of it: a temp file beside it, written,
+//! renamed over it. `Durability::Synced` also fsyncs the file and then the directory, for
+//! files that must survive a crash of the machine (daemon.json, hooks.d files); bundle
+//! specs and the ledger's files are only renamed (see `ledger::store::write_atomic`).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;

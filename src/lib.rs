@@ -1,9 +1,11 @@
 //! gpupin: pins NVIDIA GPUs to containers on one shared machine.
 //!
-//! Data flows one way: a request (annotations, env) is read from the container, the
-//! inventory says which GPUs exist, the ledger allocates under its lock with a policy,
-//! and the spec / inject modules give the container exactly the chosen GPUs.
-//! Nothing in this library prints or exits; the binaries do.
+//! Data flows one way, through `admit` for every entry point: a request is found
+//! (`request::find`), the inventory says which GPUs exist, the ledger allocates under its
+//! lock with a policy, `edits` describes what the container must get and one consumer
+//! gives it (the spec writer before create, the injector at prestart).
+//! docs/ARCHITECTURE.md draws the whole path. Nothing in this library prints or exits;
+//! the binaries do.
 
 pub mod admit;
 pub mod atomic;

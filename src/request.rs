@@ -1,6 +1,7 @@
-//! What a container asks for, read from its OCI annotations (`gpupin.*`) or, when it has
-//! none, its process env (`GPUPIN_*`). All validation of user input happens here, so that
-//! nothing past this point sees a count of 0 or a policy it does not know.
+//! What a container asks for: OCI annotations and Docker labels (`gpupin.*`), the process
+//! env (`GPUPIN_*`), Docker's own `--gpus`, found in that order by `find`. All validation
+//! of user input happens here, so that nothing past this point sees a count of 0 or a
+//! policy it does not know.
 
 use crate::policy::PolicyName;
 use std::collections::HashMap;
