@@ -10,7 +10,11 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
 
+#[path = "../cli/logging.rs"]
+mod logging;
+
 fn main() -> ExitCode {
+    logging::init_from_env();
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     let invocation = match argv::parse(args, cwd) {
@@ -27,6 +31,7 @@ fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
     let own_exe = std::env::current_exe()?;
     let flag = argv::config_path(inv.gpupin_config.as_deref(), std::env::var_os(CONFIG_ENV))?;
     let config = runtime::load_config(flag.as_deref())?;
+    logging::init_from_config(&config);
     let real = runtime::real_runtime(&config, &own_exe)?;
     match &inv.action {
         Action::Other => Err(exec(&real, &inv.runtime_args)),
