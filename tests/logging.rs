@@ -387,3 +387,19 @@ fn bind_and_release_of_a_precreated_container_are_logged() {
         "{released}"
     );
 }
+
+#[test]
+fn with_gpupin_log_a_container_without_a_request_says_so() {
+    let m = Machine::new("");
+    let out = m.hook(
+        &[("GPUPIN_LOG", "debug")],
+        "prestart",
+        &m.state(json!({"org.example": "1"})),
+    );
+    let err = stderr(&out);
+    assert!(out.status.success() && out.stdout.is_empty(), "{err}");
+    let (logs, others) = split(&err);
+    assert!(others.is_empty(), "{err}");
+    let line = event(&logs, "no request: nothing to do");
+    assert!(line.contains("container=\"c1\""), "{line}");
+}

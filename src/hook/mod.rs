@@ -184,6 +184,12 @@ fn run_stage(
         serde_json::from_slice(state_json).map_err(|e| HookError::State(e.to_string()))?;
     let id = HolderId::new(state.id())?;
     let Some(container) = read_container(id, &state, stage)? else {
+        // Seen only with GPUPIN_LOG: the config (and its `log` key) is never read here.
+        tracing::debug!(
+            stage = stage.as_str(),
+            container = ?state.id(),
+            "no request: nothing to do"
+        );
         return Ok(Outcome::NoRequest);
     };
     // Loading the config may be what turns logging on (its `log` key): the first event
