@@ -403,3 +403,34 @@ fn with_gpupin_log_a_container_without_a_request_says_so() {
     let line = event(&logs, "no request: nothing to do");
     assert!(line.contains("container=\"c1\""), "{line}");
 }
+
+#[test]
+fn the_choice_says_why_each_other_gpu_was_excluded() {
+    let m = Machine::new("max_shared = 1");
+    let exclusive = spec(json!({"gpupin.devices": "0"})).to_string();
+    let shared = spec(json!({"gpupin.devices": "1", "gpupin.share": "shared"})).to_string();
+    for input in [&exclusive, &shared] {
+        let out = m.hook(&[], "precreate", input.as_bytes());
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let choosing = |request: Value| {
+        let out = m.hook(
+            &[("GPUPIN_LOG", "debug")],
+            "precreate",
+            spec(request).to_string().as_bytes(),
+        );
+        event(&split(&stderr(&out)).0, "choosing").to_string()
+    };
+    let line = choosing(json!({"gpupin.count": "1", "gpupin.share": "shared"}));
+    assert!(
+        line.contains("free=[2, 3, 4, 5, 6, 7]")
+            && line.contains(r#"excluded=["0:held", "1:shared-full"]"#),
+        "{line}"
+    );
+    // Filters are checked first: every GPU of this H100 machine fails gpupin.model=A100.
+    let line = choosing(json!({"gpupin.count": "1", "gpupin.model": "A100"}));
+    assert!(
+        line.contains("free=[]") && line.contains(r#""7:model"]"#),
+        "{line}"
+    );
+}

@@ -62,6 +62,10 @@ enum Unfit {
     Memory,
     /// Held by someone this request may not share with.
     Held,
+    /// Shared already by as many holders as `max_shared` allows.
+    SharedFull,
+    /// The reservation does not fit beside the shared holders' (or memory is unknown).
+    NoRoom,
 }
 
 impl Unfit {
@@ -70,6 +74,8 @@ impl Unfit {
             Unfit::Model => "model",
             Unfit::Memory => "memory",
             Unfit::Held => "held",
+            Unfit::SharedFull => "shared-full",
+            Unfit::NoRoom => "no-room-to-reserve",
         }
     }
 }
@@ -229,13 +235,13 @@ fn shared_fit(
         return Err(Unfit::Held);
     }
     if holders.len() >= machine.max_shared as usize {
-        return Err(Unfit::Held);
+        return Err(Unfit::SharedFull);
     }
     if let Some(reserve) = request.reserve {
         let reserved: u64 = holders.iter().filter_map(|r| r.request.reserve).sum();
         // Memory 0 means unknown (procfs): no reservation can be promised on it.
         if gpu.memory_bytes == 0 || reserved.saturating_add(reserve) > gpu.memory_bytes {
-            return Err(Unfit::Held);
+            return Err(Unfit::NoRoom);
         }
     }
     Ok(())
@@ -312,7 +318,8 @@ fn device_unfit(
             "it has less memory than gpupin.memory={}",
             format_size(request.memory.unwrap_or_default())
         ),
-        Unfit::Held => {
+        // The message names the holders in every case; the log tells the three apart.
+        Unfit::Held | Unfit::SharedFull | Unfit::NoRoom => {
             let holders: Vec<&str> = holders_of(&gpu.uuid, live).map(|r| r.id.as_str()).collect();
             format!("it is held by {}", holders.join(", "))
         }
