@@ -78,6 +78,14 @@ pub fn admit<T>(
     if let Some(claim) = &claim {
         meta.claim_digest = Some(claim.token.digest());
     }
+    // Debug-formatted: a model name or device key is the container's text.
+    tracing::debug!(
+        holder = %holder,
+        origin = ?request.origin,
+        request = ?request,
+        source = meta.source.as_str(),
+        "request"
+    );
     let (inventory, record) = grant::allocate(config, holder, request, meta)?;
     let given = ContainerEdits::for_record(&inventory, &record)
         .map_err(AdmitError::from)
@@ -99,6 +107,7 @@ pub fn admit<T>(
 
 /// Releases `holder` after `error`; an error of the release itself joins the first.
 fn undo(config: &Config, holder: &HolderId, error: AdmitError) -> AdmitError {
+    tracing::debug!(holder = %holder, error = %crate::message::one_line(&error), "undoing the allocation");
     let released = Ledger::for_config(config).and_then(|ledger| ledger.release(holder));
     match released {
         Ok(_) => error,

@@ -2,6 +2,7 @@
 //! /etc/gpupin/config.toml; a missing default file means defaults.
 
 use crate::inventory::InventorySource;
+use crate::log::Level;
 use crate::policy::PolicyName;
 use crate::regular::{self, Links};
 use serde::Deserialize;
@@ -30,6 +31,9 @@ pub struct Config {
     pub live_file: Option<PathBuf>,
     /// How many shared holders one GPU takes at most.
     pub max_shared: u32,
+    /// How much to log to stderr when `GPUPIN_LOG` is unset: the way to turn logging
+    /// on for hooks, which get whatever environment the runtime gives them.
+    pub log: Option<Level>,
     /// Where this configuration was read from; `None` for built-in defaults.
     pub path: Option<PathBuf>,
 }
@@ -44,6 +48,7 @@ impl Default for Config {
             claim_grace: DEFAULT_CLAIM_GRACE,
             live_file: None,
             max_shared: 4,
+            log: None,
             path: None,
         }
     }
@@ -60,6 +65,7 @@ struct ConfigFile {
     claim_grace: Option<String>,
     live_file: Option<PathBuf>,
     max_shared: Option<u32>,
+    log: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +159,12 @@ impl Config {
                 _ => beside(runtime),
             };
         }
+        if let Some(log) = file.log {
+            let level = log
+                .parse()
+                .map_err(|_| invalid(format!("log {log:?}: {}", Level::EXPECTED)))?;
+            config.log = Some(level);
+        }
         if let Some(policy) = file.policy {
             config.policy = policy
                 .parse()
@@ -216,6 +228,23 @@ mod tests {
                 .contains("max_shared 0")
         );
         assert!(parse("max_shared = -1").is_err());
+    }
+
+    #[test]
+    fn log_is_a_level() {
+        assert_eq!(parse("").unwrap().log, None);
+        assert_eq!(parse("log = \"debug\"").unwrap().log, Some(Level::Debug));
+        let err = parse("log = \"loud\"").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config /etc/gpupin/config.toml: log \"loud\": expected one of error, warn, info, debug, trace, off"
+        );
+        let err = parse("log = \"de\\nbug\"").unwrap_err().to_string();
+        assert!(
+            err.contains(r#"log "de\nbug""#) && !err.contains('\n'),
+            "{err}"
+        );
+        assert!(parse("log = 3").is_err());
     }
 
     #[test]

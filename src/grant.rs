@@ -24,11 +24,21 @@ pub fn load_machine(
 ) -> Result<(Inventory, Option<Vec<Live>>), GrantError> {
     let inventory = inventory::load(&config.inventory, &config.state_dir)?;
     let policy = request.policy.unwrap_or(config.policy);
-    let live = if policy.needs_live() || request.memory.is_some() {
+    let wants_live = policy.needs_live() || request.memory.is_some();
+    let live = if wants_live {
         inventory::live::read(config.live_file.as_deref(), &inventory)?
     } else {
         None
     };
+    tracing::debug!(
+        inventory = %config.inventory,
+        backend = ?inventory.source,
+        gpus = inventory.gpus.len(),
+        policy = %policy,
+        live_wanted = wants_live,
+        live_read = live.is_some(),
+        "machine"
+    );
     Ok((inventory, live))
 }
 
@@ -58,7 +68,10 @@ pub fn allocate(
     let machine = machine(config, &inventory, live.as_deref());
     let ledger = Ledger::for_config(config)?;
     let allocation = match request.wait {
-        Some(wait) => ledger.allocate_waiting(holder, request, &machine, meta, wait)?,
+        Some(wait) => {
+            tracing::debug!(holder = %holder, wait = %humantime::format_duration(wait), "may wait in the queue");
+            ledger.allocate_waiting(holder, request, &machine, meta, wait)?
+        }
         None => ledger.allocate(holder, request, &machine, meta)?,
     };
     Ok((inventory, allocation.record))

@@ -18,6 +18,7 @@ pub mod inject;
 pub mod install;
 pub mod inventory;
 pub mod ledger;
+pub mod log;
 pub mod message;
 pub mod policy;
 pub mod procinfo;

@@ -9,7 +9,11 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
 
+#[path = "../cli/logging.rs"]
+mod logging;
+
 fn main() -> ExitCode {
+    logging::init_from_env();
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     let invocation = match argv::parse(args, cwd) {
@@ -24,7 +28,10 @@ fn main() -> ExitCode {
 
 fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
     let own_exe = std::env::current_exe()?;
-    match runtime::run(inv, &own_exe, std::env::var_os(CONFIG_ENV))? {
+    let flag = argv::config_path(inv.gpupin_config.as_deref(), std::env::var_os(CONFIG_ENV))?;
+    let config = runtime::load_config(flag.as_deref())?;
+    logging::init_from_config(&config);
+    match runtime::run(inv, &config, &own_exe)? {
         Handover::Exec { runtime } => Err(exec(&runtime, &inv.runtime_args)),
         Handover::Ran(status) => Ok(exit_code(status)),
     }

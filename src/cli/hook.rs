@@ -26,7 +26,13 @@ pub fn run(config_flag: Option<&Path>, args: &HookArgs) -> anyhow::Result<ExitCo
         return Err(hook::HookError::Precreate(reason.clone()).into());
     }
     let exe = std::env::current_exe()?;
-    match hook::run(stage, &state, &exe, || Config::discover(config_flag))? {
+    // The config, and so its `log` key, is loaded only for a container that asks for GPUs.
+    let load_config = || -> Result<Config, gpupin::config::ConfigError> {
+        let config = Config::discover(config_flag)?;
+        super::logging::init_from_config(&config);
+        Ok(config)
+    };
+    match hook::run(stage, &state, &exe, load_config)? {
         Outcome::NoRequest | Outcome::Released(None) => {}
         Outcome::Spec { bytes, claim } => {
             if let Some(record) = claim {

@@ -10,6 +10,7 @@ mod hook;
 mod install;
 mod install_podman;
 mod inventory;
+pub mod logging;
 mod pick;
 mod release;
 mod status;
@@ -57,6 +58,7 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
+    logging::init_from_env();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return usage_error(err),
@@ -125,5 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 pub fn load_config(flag: Option<&std::path::Path>) -> anyhow::Result<Config> {
-    Config::discover(flag).context("loading configuration")
+    let config = Config::discover(flag).context("loading configuration")?;
+    logging::init_from_config(&config);
+    Ok(config)
 }

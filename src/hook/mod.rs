@@ -28,6 +28,18 @@ pub enum Stage {
     Poststop,
 }
 
+impl Stage {
+    /// The stage as runtimes name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Precreate => "precreate",
+            Stage::Prestart => "prestart",
+            Stage::CreateRuntime => "createRuntime",
+            Stage::Poststop => "poststop",
+        }
+    }
+}
+
 impl std::str::FromStr for Stage {
     type Err = HookError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -127,11 +139,39 @@ enum Task {
     Release,
 }
 
+impl Task {
+    fn name(&self) -> &'static str {
+        match self {
+            Task::Allocate { .. } => "allocate",
+            Task::Bind { .. } => "bind",
+            Task::Release => "release",
+        }
+    }
+}
+
 /// Runs one stage. `load_config` is only called when the container asks for GPUs, so the
 /// hook costs a container without a request a state parse and one small file read.
 ///
 /// `exe` is the gpupin binary, written into specs edited at precreate as their hook.
 pub fn run(
+    stage: Stage,
+    state_json: &[u8],
+    exe: &Path,
+    load_config: impl FnOnce() -> Result<Config, ConfigError>,
+) -> Result<Outcome, HookError> {
+    let outcome = run_stage(stage, state_json, exe, load_config);
+    if let Err(err) = &outcome {
+        // Logged once, here, where the hook gives up; the binary prints the same line.
+        tracing::warn!(
+            stage = stage.as_str(),
+            error = %crate::message::one_line(err),
+            "refused"
+        );
+    }
+    outcome
+}
+
+fn run_stage(
     stage: Stage,
     state_json: &[u8],
     exe: &Path,
@@ -143,8 +183,16 @@ pub fn run(
     let state: State = serde_json::from_slice(state_json).map_err(HookError::State)?;
     let id = HolderId::new(state.id())?;
     let Some(container) = read_container(id, &state, stage)? else {
+        // Seen only with GPUPIN_LOG: the config (and its `log` key) is never read here.
+        tracing::debug!(
+            stage = stage.as_str(),
+            container = ?state.id(),
+            "no request: nothing to do"
+        );
         return Ok(Outcome::NoRequest);
     };
+    // Loading the config may be what turns logging on (its `log` key): the first event
+    // comes after it.
     let config = load_config()?;
     let Container {
         id,
@@ -152,6 +200,13 @@ pub fn run(
         bundle,
         task,
     } = container;
+    tracing::debug!(
+        stage = stage.as_str(),
+        container = %id,
+        pid = ?pid,
+        task = task.name(),
+        "hook"
+    );
     match task {
         Task::Release => {
             let ledger = Ledger::for_config(&config)?;

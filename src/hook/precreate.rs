@@ -56,6 +56,8 @@ fn claim(
     };
     let config = load_config()?;
     let token = ClaimToken::new_claim()?;
+    // No container id yet: the claim's holder id stands for it until prestart binds it.
+    tracing::debug!(stage = "precreate", claim = %token.holder(), "hook");
     let hook = HookCommand {
         exe: exe.to_path_buf(),
         config: config.path.clone(),
@@ -107,6 +109,11 @@ impl request::Sources for SpecSources<'_> {
 /// which they can; `gpupin.error` is left beside it for `podman inspect`.
 fn defer_error(mut spec_value: Value, err: &HookError, exe: &Path) -> Result<Outcome, HookError> {
     let reason = crate::message::one_line(err);
+    tracing::warn!(
+        stage = "precreate",
+        error = %reason,
+        "refused; the spec goes on unedited with a prestart hook that fails with this reason"
+    );
     spec::set_annotation(&mut spec_value, ERROR_ANNOTATION, &reason).map_err(HookError::Spec)?;
     // hooks.d put gpupin's own prestart hook in already (podman adds them before
     // precreate): it would report the annotation instead of the reason.

@@ -83,11 +83,18 @@ fn load_or_probe_with(
     probe: impl FnOnce() -> Result<Inventory, InventoryError>,
 ) -> Result<Inventory, InventoryError> {
     if let Some(inv) = boot_id.and_then(|id| read_cache(state_dir, id, source)) {
+        tracing::debug!(source = %source, backend = ?inv.source, "inventory from the cache");
         return Ok(inv);
     }
     let inv = probe()?;
     // The cache only saves time; a full or read-only state dir must not stop a container.
-    let _ = store(state_dir, boot_id, source, &inv);
+    let stored = store(state_dir, boot_id, source, &inv);
+    tracing::debug!(
+        source = %source,
+        backend = ?inv.source,
+        cached = stored.is_ok(),
+        "inventory probed"
+    );
     Ok(inv)
 }
 

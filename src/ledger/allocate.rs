@@ -62,6 +62,22 @@ enum Unfit {
     Memory,
     /// Held by someone this request may not share with.
     Held,
+    /// Shared already by as many holders as `max_shared` allows.
+    SharedFull,
+    /// The reservation does not fit beside the shared holders' (or memory is unknown).
+    NoRoom,
+}
+
+impl Unfit {
+    fn word(&self) -> &'static str {
+        match self {
+            Unfit::Model => "model",
+            Unfit::Memory => "memory",
+            Unfit::Held => "held",
+            Unfit::SharedFull => "shared-full",
+            Unfit::NoRoom => "no-room-to-reserve",
+        }
+    }
 }
 
 pub(super) fn plan(
@@ -80,6 +96,7 @@ pub(super) fn plan(
         .map(|p| fits(p, request, machine, live))
         .collect();
     let free: Vec<bool> = fit.iter().map(Result::is_ok).collect();
+    log_fit(holder, request, machine, &fit);
     let not_enough = |wanted: usize| not_enough_error(holder, request, machine, live, &fit, wanted);
     let positions = match &request.selection {
         Selection::Devices(keys) => {
@@ -119,6 +136,11 @@ pub(super) fn plan(
     let next_cursor = positions.last().map_or(cursor, |p| (p + 1) % total);
     let mut sorted = positions;
     sorted.sort_unstable();
+    tracing::debug!(
+        holder = %holder,
+        chose = ?indices(inventory, &sorted),
+        "chose"
+    );
     Ok(Plan {
         uuids: sorted
             .into_iter()
@@ -126,6 +148,46 @@ pub(super) fn plan(
             .collect(),
         next_cursor,
     })
+}
+
+/// What the choice starts from: the GPUs that can take the request, and why each other
+/// cannot (held, a filter, the sharing limit). Nothing is built unless debug is on.
+fn log_fit(holder: &HolderId, request: &GpuRequest, machine: &Machine, fit: &[Result<(), Unfit>]) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let gpus = &machine.inventory.gpus;
+    let free: Vec<u32> = (0..fit.len())
+        .filter(|&p| fit[p].is_ok())
+        .map(|p| gpus[p].index)
+        .collect();
+    let excluded: Vec<String> = (0..fit.len())
+        .filter_map(|p| {
+            fit[p]
+                .as_ref()
+                .err()
+                .map(|u| format!("{}:{}", gpus[p].index, u.word()))
+        })
+        .collect();
+    let policy = match request.selection {
+        Selection::Count(_) => request.policy.unwrap_or(machine.default_policy).as_str(),
+        Selection::All | Selection::Devices(_) => "none (GPUs named)",
+    };
+    tracing::debug!(
+        holder = %holder,
+        selection = ?request.selection,
+        policy,
+        share = ?request.share,
+        max_shared = machine.max_shared,
+        free = ?free,
+        excluded = ?excluded,
+        "choosing"
+    );
+}
+
+/// GPU indices of inventory positions, as people name GPUs.
+fn indices(inventory: &Inventory, positions: &[usize]) -> Vec<u32> {
+    positions.iter().map(|&p| inventory.gpus[p].index).collect()
 }
 
 /// Whether the GPU at `position` can take `request` now.
@@ -173,13 +235,13 @@ fn shared_fit(
         return Err(Unfit::Held);
     }
     if holders.len() >= machine.max_shared as usize {
-        return Err(Unfit::Held);
+        return Err(Unfit::SharedFull);
     }
     if let Some(reserve) = request.reserve {
         let reserved: u64 = holders.iter().filter_map(|r| r.request.reserve).sum();
         // Memory 0 means unknown (procfs): no reservation can be promised on it.
         if gpu.memory_bytes == 0 || reserved.saturating_add(reserve) > gpu.memory_bytes {
-            return Err(Unfit::Held);
+            return Err(Unfit::NoRoom);
         }
     }
     Ok(())
@@ -256,7 +318,8 @@ fn device_unfit(
             "it has less memory than gpupin.memory={}",
             format_size(request.memory.unwrap_or_default())
         ),
-        Unfit::Held => {
+        // The message names the holders in every case; the log tells the three apart.
+        Unfit::Held | Unfit::SharedFull | Unfit::NoRoom => {
             let holders: Vec<&str> = holders_of(&gpu.uuid, live).map(|r| r.id.as_str()).collect();
             format!("it is held by {}", holders.join(", "))
         }

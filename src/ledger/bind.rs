@@ -57,7 +57,10 @@ impl Ledger {
             // Already bound and renamed by an earlier hook of this same container.
             return match find(container) {
                 Some(r) if token.matches(r.claim_digest.as_deref()) => match bound_here(r) {
-                    true => Ok(r.clone()),
+                    true => {
+                        tracing::debug!(container = %container, pid, "already bound by an earlier hook");
+                        Ok(r.clone())
+                    }
                     false => Err(refuse(Refusal::BoundElsewhere)),
                 },
                 _ => Err(refuse(Refusal::Unknown)),
@@ -89,6 +92,13 @@ impl Ledger {
         store::audit(
             &self.dir,
             &format!("bind {} -> {container} pid={pid}", token.holder()),
+        );
+        tracing::debug!(
+            claim = %token.holder(),
+            container = %container,
+            pid,
+            gpus = ?record.gpus,
+            "bound"
         );
         Ok(record)
     }

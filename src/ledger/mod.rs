@@ -195,6 +195,7 @@ impl Ledger {
         let live = self.reap(records, SystemTime::now())?;
         let waiting = queue::live_tickets(&self.dir)?.len();
         if waiting > 0 {
+            tracing::debug!(holder = %holder, waiting, "others wait in the queue ahead");
             return Err(LedgerError::QueueAhead {
                 id: holder.to_string(),
                 waiting,
@@ -237,6 +238,13 @@ impl Ledger {
             &self.dir,
             &format!("allocate {} {}", record.id, record.gpus.join(",")),
         );
+        tracing::debug!(
+            holder = %holder,
+            gpus = ?record.gpus,
+            mode = ?record.mode,
+            pid = ?record.pid,
+            "allocated"
+        );
         Ok(Allocation { record })
     }
 
@@ -273,6 +281,13 @@ impl Ledger {
             let id = HolderId::new(&record.id)?;
             store::write_record(&self.dir, &id.file_name(), &record)?;
         }
+        // A retried create: the holder id is validated, the record's id is that id.
+        tracing::debug!(
+            holder = %record.id,
+            gpus = ?record.gpus,
+            pid = ?record.pid,
+            "already held: the same GPUs again"
+        );
         Ok(Allocation { record })
     }
 
@@ -290,8 +305,14 @@ impl Ledger {
     pub fn release(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
         match self.remove_entry(holder.file_name().as_bytes())? {
-            Some(Released::Holder(record)) => Ok(Some(*record)),
-            _ => Ok(None),
+            Some(Released::Holder(record)) => {
+                tracing::debug!(holder = %holder, gpus = ?record.gpus, "released");
+                Ok(Some(*record))
+            }
+            _ => {
+                tracing::debug!(holder = %holder, "nothing held to release");
+                Ok(None)
+            }
         }
     }
 
@@ -375,6 +396,7 @@ impl Ledger {
             store::remove_entry(path, kind)?;
             let name = path.file_name().unwrap_or_default().as_bytes();
             store::audit(&self.dir, &format!("clear {}", store::audit_name(name)));
+            tracing::info!(path = ?path, "cleared a stray ledger entry");
             cleared.push(path.clone());
         }
         let before = scan.records.clone();
@@ -425,6 +447,12 @@ impl Ledger {
                 store::audit(
                     &self.dir,
                     &format!("reap {} pid={:?}", record.id, record.pid),
+                );
+                tracing::info!(
+                    holder = %id,
+                    pid = ?record.pid,
+                    gpus = ?record.gpus,
+                    "reaped a stale holder"
                 );
             } else {
                 live.push(record);

@@ -136,10 +136,24 @@ impl Ledger {
             }
             enqueue(&self.dir, holder)?
         };
+        tracing::debug!(
+            holder = %holder,
+            ticket = ticket.seq,
+            wait = %humantime::format_duration(wait),
+            "queued"
+        );
+        let queued_at = Instant::now();
         let mut last = None;
         loop {
             match self.try_from_queue(&ticket, holder, request, machine, &meta) {
-                Ok(Some(allocation)) => return Ok(allocation),
+                Ok(Some(allocation)) => {
+                    tracing::debug!(
+                        holder = %holder,
+                        waited_ms = queued_at.elapsed().as_millis() as u64,
+                        "served from the queue"
+                    );
+                    return Ok(allocation);
+                }
                 Ok(None) => {}
                 Err(err) if retryable(&err) => last = Some(err),
                 Err(err) => {
@@ -174,6 +188,7 @@ impl Ledger {
         let live: Vec<Record> = self.reap(records, SystemTime::now())?;
         let tickets = live_tickets(&self.dir)?;
         if tickets.first().map(|t| t.seq) != Some(ticket.seq) {
+            tracing::trace!(holder = %holder, ahead = ?tickets.first().map(|t| t.seq), "others are ahead in the queue");
             return Ok(None);
         }
         let allocation = self.commit(holder, request, machine, meta.clone(), &live)?;

@@ -79,6 +79,8 @@ pub fn parse(args: Vec<OsString>, cwd: PathBuf) -> Result<Invocation, ArgvError>
         Some(at) => action_for(&strs[at], &strs[at + 1..], cwd),
         None => Action::Other,
     };
+    // Only GPUPIN_LOG can have turned logging on this early: the config is read next.
+    tracing::debug!(action = ?action, "runtime command");
     Ok(Invocation {
         gpupin_config,
         runtime_args,

@@ -58,10 +58,37 @@ pub fn prepare(
     id: &str,
     hook: &HookCommand,
 ) -> Result<Option<Record>, ShimError> {
+    let prepared = edit_spec(config, bundle, id, hook);
+    match &prepared {
+        Ok(Some(record)) => {
+            tracing::debug!(container = %record.id, gpus = ?record.gpus, "spec edited; running the real runtime")
+        }
+        // Debug-formatted: the id is not validated yet when it is refused.
+        Ok(None) => tracing::debug!(container = ?id, "no request: passing through unchanged"),
+        Err(err) => tracing::warn!(
+            container = ?id,
+            error = %crate::message::one_line(err),
+            "refused"
+        ),
+    }
+    prepared
+}
+
+fn edit_spec(
+    config: &Config,
+    bundle: &Path,
+    id: &str,
+    hook: &HookCommand,
+) -> Result<Option<Record>, ShimError> {
     let config_path = bundle.join("config.json");
     let mut spec_value = spec::read(&config_path)?;
     let holder = HolderId::new(id)?;
     let mut sources = sources(&spec_value, id);
+    tracing::debug!(
+        container = %holder,
+        docker_dir = ?sources.docker_dir,
+        "create: looking for a request"
+    );
     let Some(request) = request::find(&mut sources)? else {
         return Ok(None);
     };

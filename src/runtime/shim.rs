@@ -2,8 +2,8 @@
 //! `delete`, the real runtime for everything. The binary only replaces itself with the
 //! real runtime when told to, and turns an outcome into an exit status.
 
-use super::argv::{self, Action, Invocation};
-use super::{ShimError, create, load_config, real_runtime};
+use super::argv::{Action, Invocation};
+use super::{ShimError, create, real_runtime};
 use crate::config::Config;
 use crate::edits::HookCommand;
 use crate::ledger::{HolderId, Ledger};
@@ -21,16 +21,10 @@ pub enum Handover {
     Ran(ExitStatus),
 }
 
-/// Runs `inv`. `own_exe` is gpupin-runtime's path (`gpupin` is beside it); `config_env`
-/// the value of $GPUPIN_CONFIG.
-pub fn run(
-    inv: &Invocation,
-    own_exe: &Path,
-    config_env: Option<OsString>,
-) -> Result<Handover, ShimError> {
-    let flag = argv::config_path(inv.gpupin_config.as_deref(), config_env)?;
-    let config = load_config(flag.as_deref())?;
-    let runtime = real_runtime(&config, own_exe)?;
+/// Runs `inv` under `config` (the binary loads it, from `argv::config_path`, and sets up
+/// logging from it first). `own_exe` is gpupin-runtime's path; `gpupin` is beside it.
+pub fn run(inv: &Invocation, config: &Config, own_exe: &Path) -> Result<Handover, ShimError> {
+    let runtime = real_runtime(config, own_exe)?;
     match &inv.action {
         Action::Other => Ok(Handover::Exec { runtime }),
         Action::Create { bundle, id } => {
@@ -38,17 +32,17 @@ pub fn run(
                 exe: own_exe.with_file_name("gpupin"),
                 config: config.path.clone(),
             };
-            if create::prepare(&config, bundle, id, &hook)?.is_none() {
+            if create::prepare(config, bundle, id, &hook)?.is_none() {
                 return Ok(Handover::Exec { runtime });
             }
             // The container never comes to be when the runtime fails: no poststop will
             // run for it, so its GPUs go back now.
             let status = match run_child(&runtime, &inv.runtime_args) {
                 Ok(status) => status,
-                Err(err) => return Err(release_after(&config, id, err)),
+                Err(err) => return Err(release_after(config, id, err)),
             };
             if !status.success() {
-                release(&config, id)?;
+                release(config, id)?;
             }
             Ok(Handover::Ran(status))
         }
@@ -56,7 +50,7 @@ pub fn run(
             let status = run_child(&runtime, &inv.runtime_args)?;
             // Poststop has usually released already; this covers a container whose hooks
             // never ran (killed before start, a runtime crash).
-            release(&config, id)?;
+            release(config, id)?;
             Ok(Handover::Ran(status))
         }
     }
@@ -96,6 +90,7 @@ fn release_after(config: &Config, id: &str, error: ShimError) -> ShimError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::argv;
     use serde_json::json;
 
     /// A config whose real runtime is `runtime`, and a bundle asking for one GPU.
@@ -128,6 +123,11 @@ mod tests {
         argv::parse(args, bundle.to_path_buf()).unwrap()
     }
 
+    fn run_with(inv: &Invocation) -> Result<Handover, ShimError> {
+        let config = crate::config::Config::load(inv.gpupin_config.as_deref().unwrap()).unwrap();
+        run(inv, &config, Path::new("/usr/bin/gpupin-runtime"))
+    }
+
     fn held(tmp: &Path) -> usize {
         Ledger::open(&tmp.join("state"))
             .unwrap()
@@ -139,12 +139,7 @@ mod tests {
     #[test]
     fn a_runtime_that_cannot_start_gets_the_gpus_released() {
         let (tmp, config, bundle) = setup("/nonexistent/runc");
-        let err = run(
-            &create(&config, &bundle),
-            Path::new("/usr/bin/gpupin-runtime"),
-            None,
-        )
-        .unwrap_err();
+        let err = run_with(&create(&config, &bundle)).unwrap_err();
         let text = crate::message::one_line(&err);
         assert!(
             text.starts_with("running the runtime /nonexistent/runc: "),
@@ -157,12 +152,11 @@ mod tests {
     fn a_failed_create_releases_and_a_good_one_keeps_its_gpus() {
         let (tmp, config, bundle) = setup("/bin/false");
         let inv = create(&config, &bundle);
-        let own = Path::new("/usr/bin/gpupin-runtime");
-        assert!(matches!(run(&inv, own, None).unwrap(), Handover::Ran(s) if !s.success()));
+        assert!(matches!(run_with(&inv).unwrap(), Handover::Ran(s) if !s.success()));
         assert_eq!(held(tmp.path()), 0);
         let (tmp, config, bundle) = setup("/bin/true");
         let inv = create(&config, &bundle);
-        assert!(matches!(run(&inv, own, None).unwrap(), Handover::Ran(s) if s.success()));
+        assert!(matches!(run_with(&inv).unwrap(), Handover::Ran(s) if s.success()));
         assert_eq!(held(tmp.path()), 1);
     }
 }

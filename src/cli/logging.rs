@@ -1,0 +1,46 @@
+//! The one log subscriber of a binary: stderr only (a hook's stdout may be the spec its
+//! caller reads back), set up once, from `GPUPIN_LOG` at start or else from the config's
+//! `log` key once a config is loaded. Shared by both binaries (gpupin-runtime includes
+//! this file by path), so that the library itself never holds a subscriber.
+
+use gpupin::config::Config;
+use gpupin::log::{self, Level};
+
+/// At start: one env read when `GPUPIN_LOG` is unset, which is all a container without a
+/// request pays. An invalid value is one warning line, and logging stays off.
+pub fn init_from_env() {
+    match log::from_env() {
+        Ok(Some(level)) => install(level),
+        Ok(None) => {}
+        Err(err) => {
+            use std::io::Write;
+            let line = gpupin::message::one_line(&err);
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "gpupin: warning: {line}; logging off"
+            );
+        }
+    }
+}
+
+/// Once a config is loaded: its `log` key, unless `GPUPIN_LOG` was set (it wins, even
+/// when it was invalid).
+pub fn init_from_config(config: &Config) {
+    if let Some(level) = config.log
+        && std::env::var_os(log::LOG_ENV).is_none_or(|v| v.is_empty())
+    {
+        install(level);
+    }
+}
+
+fn install(level: Level) {
+    if level == Level::Off {
+        return;
+    }
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level.filter())
+        .finish();
+    // A second set-up (a config loaded twice) keeps the first.
+    let _ = tracing::subscriber::set_global_default(subscriber);
+}
