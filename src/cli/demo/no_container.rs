@@ -28,9 +28,15 @@ pub fn prestart_without_container(
     // The demo never edits a spec before create: an annotation gpupin writes there was
     // not written by gpupin, and the hook would refuse it too.
     edits::refuse_reserved(&annotations)?;
+    // Read up front, as the hook does: a bundle without a readable config.json is
+    // refused even when the annotations ask for GPUs.
+    let path = state.bundle().join("config.json");
+    let bytes = regular::read(&path, Links::Refuse)
+        .with_context(|| format!("reading {}", path.display()))?;
     let mut sources = BundleSources {
         annotations: &annotations,
-        config_json: state.bundle().join("config.json"),
+        bytes: &bytes,
+        path: &path,
     };
     let Some(request) = request::find(&mut sources)? else {
         return Ok(None);
@@ -51,11 +57,13 @@ pub fn prestart_without_container(
     Ok(Some(record))
 }
 
-/// The state's annotations, then the env of the bundle's config.json, read (as the hook
-/// reads it: a regular file, no symlink) only when the annotations ask for nothing.
+/// The state's annotations, then the env of the bundle's config.json (read as the hook
+/// reads it: a regular file, no symlink), parsed only when the annotations ask for
+/// nothing.
 struct BundleSources<'a> {
     annotations: &'a HashMap<String, String>,
-    config_json: std::path::PathBuf,
+    bytes: &'a [u8],
+    path: &'a Path,
 }
 
 impl request::Sources for BundleSources<'_> {
@@ -64,10 +72,7 @@ impl request::Sources for BundleSources<'_> {
         self.annotations
     }
     fn env(&mut self) -> anyhow::Result<Vec<String>> {
-        let path = &self.config_json;
-        let bytes = regular::read(path, Links::Refuse)
-            .with_context(|| format!("reading {}", path.display()))?;
-        Ok(spec::process_env(&spec::parse(&bytes, path)?))
+        Ok(spec::process_env(&spec::parse(self.bytes, self.path)?))
     }
 }
 
