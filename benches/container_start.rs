@@ -10,7 +10,7 @@
 //! alternate within each round so that drift on the machine hits all three alike. Figures
 //! are medians, and ratios against the baseline of the same run.
 
-use gpupin::sandbox::{BundleSpec, HookCommand, Requirements, build_busybox_rootfs, write_bundle};
+use gpupin_sandbox::{BundleSpec, HookCommand, Requirements, build_busybox_rootfs, write_bundle};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

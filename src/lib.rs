@@ -26,6 +26,5 @@ pub mod regular;
 pub mod report;
 pub mod request;
 pub mod runtime;
-pub mod sandbox;
 pub mod spec;
 pub mod units;

@@ -10,11 +10,10 @@
 //! a container go through real runc containers (tests/common's Sandbox).
 
 mod adversarial_inputs_support;
-mod common;
 
 use adversarial_inputs_support::*;
-use common::Sandbox;
-use gpupin::sandbox::{Container, SandboxError, hook_message};
+use gpupin_sandbox::harness::{Sandbox, Sleeper, need_root};
+use gpupin_sandbox::{Container, SandboxError, hook_message};
 use serde_json::{Value, json};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -97,8 +96,10 @@ fn mode_of(path: &Path) -> u32 {
 
 #[test]
 fn thief_with_victims_assigned_and_claim_annotations_is_refused() {
-    let Some(sb) = Sandbox::new("thief_with_victims_assigned_and_claim_annotations_is_refused")
-    else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "thief_with_victims_assigned_and_claim_annotations_is_refused",
+    ) else {
         return;
     };
     let victim_id = sb.id("victim");
@@ -145,7 +146,7 @@ fn thief_with_victims_assigned_and_claim_annotations_is_refused() {
 
 /// `gpupin hook precreate` on a spec asking for one GPU: the edited spec.
 fn precreate(sb: &Sandbox) -> Value {
-    let spec = gpupin::sandbox::BundleSpec::sleeper(&sb.rootfs)
+    let spec = gpupin_sandbox::BundleSpec::sleeper(&sb.rootfs)
         .annotation("gpupin.count", "1")
         .to_config();
     let mut cmd = Command::new(GPUPIN);
@@ -179,6 +180,7 @@ fn only_claim(sb: &Sandbox) -> Value {
 #[test]
 fn precreate_claim_cannot_be_bound_by_a_container_that_copies_what_status_shows() {
     let Some(sb) = Sandbox::new(
+        GPUPIN,
         "precreate_claim_cannot_be_bound_by_a_container_that_copies_what_status_shows",
     ) else {
         return;
@@ -265,7 +267,10 @@ fn forged_gpupin_error_is_refused_without_printing_it() {
 
 #[test]
 fn forged_gpupin_error_in_a_runc_container_is_not_passed_on() {
-    let Some(sb) = Sandbox::new("forged_gpupin_error_in_a_runc_container_is_not_passed_on") else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "forged_gpupin_error_in_a_runc_container_is_not_passed_on",
+    ) else {
         return;
     };
     let id = sb.id("forger");
@@ -957,12 +962,12 @@ fn config_json_symlinked_to_another_file_is_refused() {
 
 #[test]
 fn config_json_symlink_in_a_runc_bundle_is_refused() {
-    let Some(sb) = Sandbox::new("config_json_symlink_in_a_runc_bundle_is_refused") else {
+    let Some(sb) = Sandbox::new(GPUPIN, "config_json_symlink_in_a_runc_bundle_is_refused") else {
         return;
     };
     let id = sb.id("linked");
     let bundle = sb.bundle_dir(&id);
-    gpupin::sandbox::write_bundle(&bundle, &sb.spec().annotation("gpupin.count", "1")).unwrap();
+    gpupin_sandbox::write_bundle(&bundle, &sb.spec().annotation("gpupin.count", "1")).unwrap();
     let target = sb.gpupin.dir.path().join("linked-config.json");
     std::fs::rename(bundle.join("config.json"), &target).unwrap();
     std::os::unix::fs::symlink(&target, bundle.join("config.json")).unwrap();
@@ -1010,12 +1015,15 @@ fn config_json_of_20_mib_is_refused() {
 
 #[test]
 fn dev_symlinked_to_a_host_dir_gets_nothing_created_there() {
-    let Some(sb) = Sandbox::new("dev_symlinked_to_a_host_dir_gets_nothing_created_there") else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "dev_symlinked_to_a_host_dir_gets_nothing_created_there",
+    ) else {
         return;
     };
     let rootfs = sb.gpupin.dir.path().join("rootfs-devlink");
-    let busybox = gpupin::sandbox::find_static_busybox().unwrap();
-    gpupin::sandbox::build_busybox_rootfs(&busybox, &rootfs).unwrap();
+    let busybox = gpupin_sandbox::find_static_busybox().unwrap();
+    gpupin_sandbox::build_busybox_rootfs(&busybox, &rootfs).unwrap();
     let host_dir = sb.gpupin.dir.path().join("host-dir");
     std::fs::create_dir(&host_dir).unwrap();
     std::fs::remove_dir(rootfs.join("dev")).unwrap();
@@ -1052,7 +1060,7 @@ fn dev_symlinked_to_a_host_dir_gets_nothing_created_there() {
 
 #[test]
 fn rootfs_at_the_hosts_root_is_refused() {
-    let Some(sb) = Sandbox::new("rootfs_at_the_hosts_root_is_refused") else {
+    let Some(sb) = Sandbox::new(GPUPIN, "rootfs_at_the_hosts_root_is_refused") else {
         return;
     };
     let host_nodes = || -> Vec<String> {

@@ -2,12 +2,12 @@
 //! stay on one line, and config paths that stay valid wherever the hooks later run.
 //! Needs neither root nor runc.
 
-mod common;
-
-use common::{GPUPIN, Gpupin, stderr, stdout};
+use gpupin_sandbox::harness::{Gpupin, stderr, stdout};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 
 const RUNTIME: &str = env!("CARGO_BIN_EXE_gpupin-runtime");
 
@@ -73,7 +73,7 @@ fn one_error_line(out: &Output) -> String {
 
 #[test]
 fn a_full_stdout_is_one_error_line_not_a_panic() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     for args in printing_commands(g.dir.path()) {
         let full = std::fs::OpenOptions::new()
             .write(true)
@@ -91,7 +91,7 @@ fn a_full_stdout_is_one_error_line_not_a_panic() {
 
 #[test]
 fn a_closed_pipe_ends_the_command_quietly() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     for args in printing_commands(g.dir.path()) {
         // `gpupin status | true`, with `true` long gone before gpupin writes.
         let (reader, writer) = std::io::pipe().unwrap();
@@ -142,7 +142,7 @@ fn relative_config(g: &Gpupin, extra: &str) -> tempfile::TempDir {
 
 #[test]
 fn install_docker_writes_an_absolute_config_path() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     let cwd = relative_config(&g, "");
     let absolute = cwd.path().join("cfg.toml");
     let dry_run = [
@@ -178,7 +178,7 @@ fn install_docker_writes_an_absolute_config_path() {
 
 #[test]
 fn install_podman_writes_an_absolute_config_path() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     let cwd = relative_config(&g, "");
     let absolute = cwd.path().join("cfg.toml").display().to_string();
     let dry_run = ["install", "podman", "--dry-run", "--dir", "hooks.d"];
@@ -223,7 +223,7 @@ fn bundle_and_fake_runc(dir: &Path) -> (PathBuf, PathBuf) {
 
 #[test]
 fn gpupin_runtime_refuses_a_relative_config() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     let scratch = tempfile::tempdir().unwrap();
     let (bundle, runc) = bundle_and_fake_runc(scratch.path());
     let cwd = relative_config(&g, &format!("runtime = {:?}\n", runc.to_str().unwrap()));

@@ -1,10 +1,10 @@
 //! `gpupin demo`, the README's first command: with real containers where root and runc
 //! are here, and through the hook protocol alone (`--no-containers`) everywhere.
 
-mod common;
-
-use common::{GPUPIN, Sandbox};
+use gpupin_sandbox::harness::Sandbox;
 use std::process::{Command, Output};
+
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 
 fn demo(args: &[&str]) -> Output {
     Command::new(GPUPIN)
@@ -47,7 +47,7 @@ fn demo_without_containers_runs_the_requests_through_the_hook_protocol() {
 
 #[test]
 fn demo_with_real_containers_shows_their_nodes() {
-    if Sandbox::new("demo_with_real_containers_shows_their_nodes").is_none() {
+    if Sandbox::new(GPUPIN, "demo_with_real_containers_shows_their_nodes").is_none() {
         return;
     }
     let out = demo(&[]);

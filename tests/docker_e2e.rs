@@ -132,11 +132,8 @@ fn annotation_through_the_shim(h: &Harness, slot: &Slot) {
         .iter()
         .map(|u| format!("nvidia{}", minors[u]))
         .collect();
-    let seen: BTreeSet<String> = gpu_nodes(&ok(
-        &mut bundle.runc_cmd(&["exec", &bundle.id, "ls", "/dev"])
-    ))
-    .into_iter()
-    .collect();
+    let ls = ok(&mut bundle.runc_cmd(&["exec", &bundle.id, "ls", "/dev"]));
+    let seen: BTreeSet<String> = gpu_nodes(ls.split_whitespace()).into_iter().collect();
     assert_eq!(seen, want);
     bundle.runc(&["kill", &bundle.id, "KILL"]);
     bundle.wait_stopped();
@@ -323,7 +320,11 @@ fn run_rm_and_rm_f_release() {
             &slot.runtime,
         ])
         .args(["-l", "gpupin.count=1", IMAGE, "ls", "/dev"]));
-    assert_eq!(gpu_nodes(&out).len(), 1, "the container saw its GPU: {out}");
+    assert_eq!(
+        gpu_nodes(out.split_whitespace()).len(),
+        1,
+        "the container saw its GPU: {out}"
+    );
     assert!(
         slot.holders().is_empty(),
         "--rm released: {:?}",
@@ -476,7 +477,10 @@ fn shim_keeps_dockers_spec() {
         &post,
         &specs,
         "post",
-        docker_support::which("runc").unwrap().to_str().unwrap(),
+        gpupin_sandbox::find_on_path("runc")
+            .unwrap()
+            .to_str()
+            .unwrap(),
     );
     slot.reset_config(Some(&post));
     let c = h.start(&slot.runtime, &["-l", "gpupin.count=1", "-e", "KEEP=me"]);

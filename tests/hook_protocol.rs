@@ -2,33 +2,16 @@
 //! refused before anything is allocated. Needs neither root nor runc: none of these get as
 //! far as touching a container.
 
-mod common;
-
-use common::{Gpupin, stderr};
+use gpupin::admit::{self, Admission};
 use gpupin::config::Config;
-use gpupin::sandbox::prestart_without_container;
+use gpupin::ledger::{HolderId, HolderMeta};
+use gpupin::request;
+use gpupin_sandbox::harness::{Gpupin, Sleeper, stderr};
 use serde_json::json;
 use std::path::Path;
-use std::process::{Child, Command, Output};
+use std::process::Output;
 
-/// A live process to stand in for a container's init.
-struct Sleeper(Child);
-
-impl Sleeper {
-    fn start() -> Sleeper {
-        Sleeper(Command::new("sleep").arg("1000").spawn().unwrap())
-    }
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-impl Drop for Sleeper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 
 /// A bundle with a config.json whose env is `env` and an empty rootfs.
 fn bundle(dir: &Path, env: &[&str]) -> std::path::PathBuf {
@@ -42,7 +25,7 @@ fn bundle(dir: &Path, env: &[&str]) -> std::path::PathBuf {
     bundle
 }
 
-fn state(id: &str, pid: u32, bundle: &Path, annotations: serde_json::Value) -> String {
+fn state(id: &str, pid: i32, bundle: &Path, annotations: serde_json::Value) -> String {
     json!({
         "ociVersion": "1.0.2", "id": id, "status": "creating", "pid": pid,
         "bundle": bundle, "annotations": annotations,
@@ -51,15 +34,24 @@ fn state(id: &str, pid: u32, bundle: &Path, annotations: serde_json::Value) -> S
 }
 
 /// Puts a live holder of one GPU into the ledger, so that "unchanged" means something.
-/// It goes through the hook's request parsing and the ledger without a container
-/// (`sandbox::prestart_without_container`), which needs no root.
+/// It goes through the library's admission pipeline with no container to give the GPU
+/// to (what `gpupin demo --no-containers` does), which needs no root.
 fn hold_one_gpu(g: &Gpupin) -> Sleeper {
     let sleeper = Sleeper::start();
-    let b = bundle(&g.dir.path().join("holder"), &["GPUPIN_COUNT=1"]);
-    let input = state("holder", sleeper.pid(), &b, json!({}));
+    let request = request::from_env(&["GPUPIN_COUNT=1"]).unwrap();
+    let admission = Admission {
+        holder: &HolderId::new("holder").unwrap(),
+        request: &request.expect("a request"),
+        meta: HolderMeta {
+            source: "test".into(),
+            pid: Some(sleeper.pid()),
+            ..HolderMeta::default()
+        },
+        claim: None,
+    };
     let config = Config::load(&g.config).unwrap();
-    let record = prestart_without_container(&config, input.as_bytes()).unwrap();
-    assert_eq!(record.expect("a request").gpus.len(), 1);
+    let (record, ()) = admit::admit(&config, admission, |_| Ok(())).unwrap();
+    assert_eq!(record.gpus.len(), 1);
     sleeper
 }
 
@@ -91,14 +83,14 @@ fn release_all(g: &Gpupin) {
 
 #[test]
 fn malformed_state_json_is_refused() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     assert_refused(&g, "{\"id\": \"c1\", ", &["OCI state"]);
     assert_refused(&g, "", &["OCI state"]);
 }
 
 #[test]
 fn missing_bundle_is_refused_naming_it() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     let sleeper = Sleeper::start();
     let missing = g.dir.path().join("no-such-bundle");
     let input = state("c1", sleeper.pid(), &missing, json!({"gpupin.count": "1"}));
@@ -107,7 +99,7 @@ fn missing_bundle_is_refused_naming_it() {
 
 #[test]
 fn bad_counts_are_refused() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     let sleeper = Sleeper::start();
     let b = bundle(g.dir.path(), &[]);
     for value in ["0", "-1", "two"] {
@@ -121,7 +113,7 @@ fn bad_counts_are_refused() {
 
 #[test]
 fn bad_count_in_env_is_refused() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     let sleeper = Sleeper::start();
     let b = bundle(g.dir.path(), &["GPUPIN_COUNT=0"]);
     let input = state("c1", sleeper.pid(), &b, json!({}));
@@ -130,7 +122,7 @@ fn bad_count_in_env_is_refused() {
 
 #[test]
 fn unknown_policy_is_refused() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     let sleeper = Sleeper::start();
     let b = bundle(g.dir.path(), &[]);
     let annotations = json!({"gpupin.count": "1", "gpupin.policy": "random"});
@@ -147,7 +139,7 @@ fn unknown_policy_is_refused() {
 
 #[test]
 fn path_like_container_id_is_refused() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     let sleeper = Sleeper::start();
     let b = bundle(g.dir.path(), &[]);
     let input = state("../../etc", sleeper.pid(), &b, json!({"gpupin.count": "1"}));
@@ -157,7 +149,7 @@ fn path_like_container_id_is_refused() {
 
 #[test]
 fn poststop_of_a_container_that_holds_nothing_succeeds() {
-    let g = Gpupin::new("sim:nvswitch8");
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
     let b = bundle(g.dir.path(), &[]);
     let input = state("never-held", 0, &b, json!({"gpupin.count": "1"}));
     let out = g.run(&["hook", "poststop"], &input);

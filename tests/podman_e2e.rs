@@ -21,7 +21,11 @@ fn assert_sees_its_gpus(podman: &Podman, name: &str, id: &str, count: usize) {
         .map(|(_, minor)| format!("nvidia{minor}"))
         .collect();
     wanted.sort();
-    assert_eq!(gpu_nodes(&dev), wanted, "/dev: {dev:?}");
+    assert_eq!(
+        gpu_nodes(dev.iter().map(String::as_str)),
+        wanted,
+        "/dev: {dev:?}"
+    );
     for control in CONTROL_NODES {
         assert!(
             dev.iter().any(|d| d == control),
@@ -87,10 +91,7 @@ fn run_rm_releases_when_the_container_exits() {
     );
     assert_success("podman run --rm", &out);
     let output = combined(&out);
-    assert_eq!(
-        gpu_nodes(&output.lines().map(String::from).collect::<Vec<_>>()).len(),
-        1
-    );
+    assert_eq!(gpu_nodes(output.lines()).len(), 1);
     assert!(output.contains("NVIDIA_VISIBLE_DEVICES=GPU-"), "{output}");
     assert_eq!(podman.holders(), Vec::<serde_json::Value>::new());
     let log = podman.audit_log();

@@ -2,11 +2,13 @@
 //! 8-GPU machine, and the checks a user would make (`ls /dev`, `stat`, `env` inside the
 //! container, devices.list and `gpupin status` on the host). Needs root and runc.
 
-mod common;
-
-use common::{CONTROL_NODES, GPU_MAJOR, Sandbox, char_node, devices_list, nvidia_nodes, stat_node};
-use gpupin::sandbox::{Container, SandboxError, hook_message};
+use gpupin_sandbox::harness::{
+    self, CONTROL_NODES, GPU_MAJOR, Sandbox, char_node, devices_list, nvidia_nodes, stat_node,
+};
+use gpupin_sandbox::{Container, SandboxError, hook_message};
 use std::collections::BTreeSet;
+
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 
 /// What a container holding the GPUs of `minors` must see under /dev.
 fn expected_nodes(minors: &[u32]) -> BTreeSet<String> {
@@ -63,8 +65,10 @@ fn refusal(result: Result<Container, SandboxError>) -> String {
 
 #[test]
 fn two_gpus_by_annotation_are_exactly_what_the_container_gets() {
-    let Some(sb) = Sandbox::new("two_gpus_by_annotation_are_exactly_what_the_container_gets")
-    else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "two_gpus_by_annotation_are_exactly_what_the_container_gets",
+    ) else {
         return;
     };
     // runc's own defaults, from a container that asked for nothing.
@@ -110,7 +114,7 @@ fn two_gpus_by_annotation_are_exactly_what_the_container_gets() {
 
 #[test]
 fn env_request_is_honoured_like_an_annotation() {
-    let Some(sb) = Sandbox::new("env_request_is_honoured_like_an_annotation") else {
+    let Some(sb) = Sandbox::new(GPUPIN, "env_request_is_honoured_like_an_annotation") else {
         return;
     };
     let id = sb.id("env");
@@ -124,8 +128,10 @@ fn env_request_is_honoured_like_an_annotation() {
 
 #[test]
 fn eight_at_once_get_eight_different_gpus_and_a_ninth_is_refused() {
-    let Some(sb) = Sandbox::new("eight_at_once_get_eight_different_gpus_and_a_ninth_is_refused")
-    else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "eight_at_once_get_eight_different_gpus_and_a_ninth_is_refused",
+    ) else {
         return;
     };
     let ids: Vec<String> = (0..8).map(|i| sb.id(&format!("eight{i}"))).collect();
@@ -166,7 +172,7 @@ fn eight_at_once_get_eight_different_gpus_and_a_ninth_is_refused() {
 
 #[test]
 fn explicit_devices_held_is_refused_free_is_granted() {
-    let Some(sb) = Sandbox::new("explicit_devices_held_is_refused_free_is_granted") else {
+    let Some(sb) = Sandbox::new(GPUPIN, "explicit_devices_held_is_refused_free_is_granted") else {
         return;
     };
     let first = sb.id("first");
@@ -190,7 +196,7 @@ fn explicit_devices_held_is_refused_free_is_granted() {
 
 #[test]
 fn container_without_request_is_untouched() {
-    let Some(sb) = Sandbox::new("container_without_request_is_untouched") else {
+    let Some(sb) = Sandbox::new(GPUPIN, "container_without_request_is_untouched") else {
         return;
     };
     let id = sb.id("plain");
@@ -209,7 +215,7 @@ fn container_without_request_is_untouched() {
 
 #[test]
 fn killed_container_without_poststop_is_reaped_by_gc() {
-    let Some(sb) = Sandbox::new("killed_container_without_poststop_is_reaped_by_gc") else {
+    let Some(sb) = Sandbox::new(GPUPIN, "killed_container_without_poststop_is_reaped_by_gc") else {
         return;
     };
     let id = sb.id("killed");
@@ -220,11 +226,11 @@ fn killed_container_without_poststop_is_reaped_by_gc() {
     assert!(sb.gpupin.holder(&id).is_some(), "poststop ran after all?");
 
     let out = sb.gpupin.run(&["gc"], "");
-    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(out.status.success(), "{}", harness::stderr(&out));
     assert!(
-        common::stdout(&out).contains(&id),
+        harness::stdout(&out).contains(&id),
         "{}",
-        common::stdout(&out)
+        harness::stdout(&out)
     );
     assert!(sb.gpupin.holder(&id).is_none());
     assert_eq!(sb.gpupin.status()["free"], 8);
@@ -232,8 +238,10 @@ fn killed_container_without_poststop_is_reaped_by_gc() {
 
 #[test]
 fn killed_container_without_poststop_is_reaped_at_next_allocation() {
-    let Some(sb) = Sandbox::new("killed_container_without_poststop_is_reaped_at_next_allocation")
-    else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "killed_container_without_poststop_is_reaped_at_next_allocation",
+    ) else {
         return;
     };
     let dead = sb.id("dead");
@@ -262,15 +270,17 @@ fn nvidia_entries(dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn dev_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error() {
-    let Some(sb) = Sandbox::new("dev_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error")
-    else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "dev_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error",
+    ) else {
         return;
     };
     let outside = sb.gpupin.dir.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
     let rootfs = sb.gpupin.dir.path().join("evil-rootfs");
-    let busybox = gpupin::sandbox::find_static_busybox().unwrap();
-    gpupin::sandbox::build_busybox_rootfs(&busybox, &rootfs).unwrap();
+    let busybox = gpupin_sandbox::find_static_busybox().unwrap();
+    gpupin_sandbox::build_busybox_rootfs(&busybox, &rootfs).unwrap();
     std::fs::remove_dir(rootfs.join("dev")).unwrap();
     std::os::unix::fs::symlink(&outside, rootfs.join("dev")).unwrap();
 
@@ -288,15 +298,17 @@ fn dev_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error() {
 
 #[test]
 fn node_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error() {
-    let Some(sb) = Sandbox::new("node_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error")
-    else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "node_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error",
+    ) else {
         return;
     };
     let outside = sb.gpupin.dir.path().join("outside");
     std::fs::create_dir(&outside).unwrap();
     let rootfs = sb.gpupin.dir.path().join("evil-rootfs");
-    let busybox = gpupin::sandbox::find_static_busybox().unwrap();
-    gpupin::sandbox::build_busybox_rootfs(&busybox, &rootfs).unwrap();
+    let busybox = gpupin_sandbox::find_static_busybox().unwrap();
+    gpupin_sandbox::build_busybox_rootfs(&busybox, &rootfs).unwrap();
     std::os::unix::fs::symlink(outside.join("nvidia0"), rootfs.join("dev/nvidia0")).unwrap();
 
     // Without runc's /dev tmpfs the container's /dev is the rootfs's, symlink included.
@@ -317,9 +329,10 @@ fn node_symlink_out_of_the_rootfs_gets_no_node_and_a_clear_error() {
 
 #[test]
 fn bad_requests_through_runc_are_refused_and_leave_the_ledger_unchanged() {
-    let Some(sb) =
-        Sandbox::new("bad_requests_through_runc_are_refused_and_leave_the_ledger_unchanged")
-    else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "bad_requests_through_runc_are_refused_and_leave_the_ledger_unchanged",
+    ) else {
         return;
     };
     // Something to keep: a bad request must not disturb an existing holder.

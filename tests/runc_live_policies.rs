@@ -1,9 +1,9 @@
 //! `least-loaded` and `most-free` with real runc containers, following a live file that
 //! changes between two container starts (on a real machine NVML gives these figures).
 
-mod common;
+use gpupin_sandbox::harness::Sandbox;
 
-use common::Sandbox;
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 
 /// A live file for sim:nvswitch8 where `busy[i]`% and `free_gib[i]` describe GPU i.
 fn live_json(busy: [u32; 8], free_gib: [u64; 8]) -> String {
@@ -18,7 +18,7 @@ fn live_json(busy: [u32; 8], free_gib: [u64; 8]) -> String {
     format!(r#"{{"gpus": [{}]}}"#, gpus.join(", "))
 }
 
-fn start_with_policy(sb: &Sandbox, name: &str, policy: &str) -> gpupin::sandbox::Container {
+fn start_with_policy(sb: &Sandbox, name: &str, policy: &str) -> gpupin_sandbox::Container {
     let spec = sb
         .spec()
         .annotation("gpupin.count", "1")
@@ -29,7 +29,7 @@ fn start_with_policy(sb: &Sandbox, name: &str, policy: &str) -> gpupin::sandbox:
 /// A sandbox whose config names `live.json` beside itself (relative paths in the config
 /// are relative to the config file), and that file's path.
 fn sandbox(test: &str) -> Option<(Sandbox, std::path::PathBuf)> {
-    let sb = Sandbox::with_config(test, "sim:nvswitch8", "live_file = \"live.json\"")?;
+    let sb = Sandbox::with_config(GPUPIN, test, "sim:nvswitch8", "live_file = \"live.json\"")?;
     let live = sb.gpupin.config.parent().unwrap().join("live.json");
     Some((sb, live))
 }

@@ -2,12 +2,12 @@
 //! start until its GPUs are free, in arrival order; shared holders sit together on a GPU
 //! up to the limit and within its memory, and exclusive ones never join them.
 
-mod common;
-
-use common::Sandbox;
-use gpupin::sandbox::{Container, SandboxError};
+use gpupin_sandbox::harness::{self, Sandbox};
+use gpupin_sandbox::{Container, SandboxError};
 use std::path::Path;
 use std::time::Duration;
+
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 
 /// A two-GPU machine (an inventory file), so that the third request has to wait.
 fn two_gpus() -> String {
@@ -48,7 +48,8 @@ fn start_count(
 
 #[test]
 fn waiting_containers_start_in_arrival_order_as_gpus_free_up() {
-    let Some(sb) = Sandbox::with_machine("waiting_containers_start_in_order", &two_gpus()) else {
+    let Some(sb) = Sandbox::with_machine(GPUPIN, "waiting_containers_start_in_order", &two_gpus())
+    else {
         return;
     };
     let first = start_count(&sb, "first", &[]).unwrap();
@@ -95,7 +96,7 @@ fn waiting_containers_start_in_arrival_order_as_gpus_free_up() {
 
 #[test]
 fn an_expired_wait_fails_the_start_and_leaves_nothing_behind() {
-    let Some(sb) = Sandbox::with_machine("an_expired_wait_fails", &two_gpus()) else {
+    let Some(sb) = Sandbox::with_machine(GPUPIN, "an_expired_wait_fails", &two_gpus()) else {
         return;
     };
     let _a = start_count(&sb, "a", &[]).unwrap();
@@ -104,7 +105,7 @@ fn an_expired_wait_fails_the_start_and_leaves_nothing_behind() {
     let err = start_count(&sb, "late", &[("gpupin.wait", "1s")])
         .unwrap_err()
         .to_string();
-    let msg = gpupin::sandbox::hook_message(&err).unwrap_or(err.clone());
+    let msg = gpupin_sandbox::hook_message(&err).unwrap_or(err.clone());
     assert!(
         msg.contains("gave up waiting for GPUs for") && msg.contains("after 1s"),
         "{msg}"
@@ -120,8 +121,12 @@ fn an_expired_wait_fails_the_start_and_leaves_nothing_behind() {
 
 #[test]
 fn shared_holders_coexist_within_limit_and_memory_and_exclusive_ones_skip_them() {
-    let Some(sb) = Sandbox::with_config("shared_holders_coexist", &two_gpus(), "max_shared = 2")
-    else {
+    let Some(sb) = Sandbox::with_config(
+        GPUPIN,
+        "shared_holders_coexist",
+        &two_gpus(),
+        "max_shared = 2",
+    ) else {
         return;
     };
     let shared = [("gpupin.share", "shared"), ("gpupin.reserve", "30GiB")];
@@ -133,7 +138,7 @@ fn shared_holders_coexist_within_limit_and_memory_and_exclusive_ones_skip_them()
         [0],
         "two shared holders on one GPU"
     );
-    assert_eq!(common::nvidia_gpu_nodes(&s2), ["nvidia0"]);
+    assert_eq!(harness::nvidia_gpu_nodes(&s2), ["nvidia0"]);
 
     let ex = start_count(&sb, "ex", &[]).unwrap();
     assert_eq!(
@@ -143,14 +148,14 @@ fn shared_holders_coexist_within_limit_and_memory_and_exclusive_ones_skip_them()
     );
 
     let err = start_count(&sb, "s3", &shared).unwrap_err().to_string();
-    let msg = gpupin::sandbox::hook_message(&err).unwrap_or(err.clone());
+    let msg = gpupin_sandbox::hook_message(&err).unwrap_or(err.clone());
     assert!(
         msg.contains("0 can take shared (at most 2 per GPU, reserving 30GiB)"),
         "{msg}"
     );
 
     let table = sb.gpupin.run(&["status"], "");
-    let table = common::stdout(&table);
+    let table = harness::stdout(&table);
     assert!(
         table.contains(&format!("{} (shared, 30GiB)", s1.id())),
         "{table}"
@@ -164,7 +169,8 @@ fn shared_holders_coexist_within_limit_and_memory_and_exclusive_ones_skip_them()
 
 #[test]
 fn reservations_never_exceed_a_gpus_memory() {
-    let Some(sb) = Sandbox::with_machine("reservations_never_exceed_memory", &two_gpus()) else {
+    let Some(sb) = Sandbox::with_machine(GPUPIN, "reservations_never_exceed_memory", &two_gpus())
+    else {
         return;
     };
     let big = [("gpupin.share", "shared"), ("gpupin.reserve", "50GiB")];

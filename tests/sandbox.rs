@@ -1,14 +1,14 @@
 //! The sandbox itself, without gpupin: a plain busybox container under runc. When this
 //! fails, every other runc test fails for the same reason.
 
-mod common;
+use gpupin_sandbox::BundleSpec;
+use gpupin_sandbox::harness::{Sandbox, nvidia_nodes};
 
-use common::{Sandbox, nvidia_nodes};
-use gpupin::sandbox::BundleSpec;
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 
 #[test]
 fn plain_container_runs_execs_and_is_deleted() {
-    let Some(sb) = Sandbox::new("plain_container_runs_execs_and_is_deleted") else {
+    let Some(sb) = Sandbox::new(GPUPIN, "plain_container_runs_execs_and_is_deleted") else {
         return;
     };
     let id = sb.id("plain");
@@ -27,7 +27,10 @@ fn plain_container_runs_execs_and_is_deleted() {
 
 #[test]
 fn failed_start_reports_runc_stderr_and_leaves_nothing() {
-    let Some(sb) = Sandbox::new("failed_start_reports_runc_stderr_and_leaves_nothing") else {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "failed_start_reports_runc_stderr_and_leaves_nothing",
+    ) else {
         return;
     };
     let id = sb.id("nosuch");

@@ -4,6 +4,7 @@
 #[macro_use]
 mod out;
 
+#[cfg(feature = "demo")]
 mod demo;
 mod gc;
 mod hook;
@@ -50,6 +51,7 @@ pub enum Command {
     /// Release the GPUs of one holder (container id)
     Release(release::ReleaseArgs),
     /// Start real containers on a simulated machine and show gpupin at work
+    #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
     /// Register gpupin with a container engine
     Install(install::InstallArgs),
@@ -120,6 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pick(args) => pick::run(&config, &args),
         Command::Gc => gc::run(&config),
         Command::Release(args) => release::run(&config, &args),
+        #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(&config, cli.config.as_deref(), &args),
         Command::Install(args) => install::install(cli.config.as_deref(), &args),
         Command::Uninstall(args) => install::uninstall(&args),

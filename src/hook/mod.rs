@@ -229,21 +229,6 @@ fn run_stage(
     }
 }
 
-/// The request of the container whose OCI state is `state_json`, read exactly as the
-/// prestart stage reads it (annotations, else the bundle's env). `None`: it asks for
-/// nothing, or its spec was already edited by gpupin.
-pub fn request_of(state_json: &[u8]) -> Result<Option<(State, GpuRequest)>, HookError> {
-    let state: State = serde_json::from_slice(state_json).map_err(HookError::State)?;
-    let id = HolderId::new(state.id())?;
-    match read_container(id, &state, Stage::Prestart)? {
-        Some(Container {
-            task: Task::Allocate { request, .. },
-            ..
-        }) => Ok(Some((state, request))),
-        _ => Ok(None),
-    }
-}
-
 /// Reads the request: annotations first, then the spec's env. `None`: no request at all.
 fn read_container(
     id: HolderId,

@@ -1,15 +1,19 @@
 //! Shared set-up of the adversarial suites: gpupin and gpupin-runtime run with a time
 //! limit (a hook stuck on a FIFO must fail a test, not hang it), a config whose `runtime`
-//! is a fake that logs its argv, bundles, snapshots of the ledger, and the checks every
-//! refusal must pass (exit 1, one line starting `gpupin: `, ledger unchanged).
+//! is a fake that logs its argv, bundles, the ledger proper, and the checks every
+//! refusal must pass (exit 1, one line starting `gpupin: `, ledger unchanged). The
+//! snapshots, the one-line check, the root check and the stand-in process come from
+//! gpupin-sandbox's harness, shared with the other suites.
 
 // Each test crate uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub use gpupin_sandbox::harness::assert_one_gpupin_line;
+pub use gpupin_sandbox::harness::ledger::{Entry, snapshot_tree};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -160,32 +164,6 @@ pub fn assert_zero_or_refused(run: &Run, what: &str) {
     }
 }
 
-#[track_caller]
-pub fn assert_one_gpupin_line(stderr: &str, what: &str) {
-    let text = stderr.strip_suffix('\n').unwrap_or(stderr);
-    assert!(
-        !text.contains('\n') && !text.contains('\r'),
-        "{what}: not one line: {stderr:?}"
-    );
-    assert!(
-        text.starts_with("gpupin: "),
-        "{what}: does not start with `gpupin: `: {stderr:?}"
-    );
-}
-
-/// Skips a test that needs root (after saying why), or fails it under CI=true.
-pub fn need_root(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{test} needs root");
-    }
-    eprintln!("skipping {test}: not running as root");
-    false
-}
-
 /// A uid and gid that are neither root nor us: the "other user" of the attacks.
 pub const NOBODY: u32 = 65534;
 
@@ -210,34 +188,6 @@ pub fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-/// A live process to stand in for a holder or a container's init. Killed when dropped.
-pub struct Sleeper(std::process::Child);
-
-impl Sleeper {
-    pub fn start() -> Sleeper {
-        Sleeper(
-            Command::new("sleep")
-                .arg("1000")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.0.id() as i32
-    }
-}
-
-impl Drop for Sleeper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The pid of a process that has exited (and was reaped).
 pub fn dead_pid() -> i32 {
     let mut child = Command::new("true").spawn().unwrap();
@@ -258,64 +208,6 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
-}
-
-/// One entry of a state-dir snapshot. FIFOs and devices are never opened.
-#[derive(Clone, PartialEq, Eq)]
-pub enum Entry {
-    File(Vec<u8>),
-    Dir,
-    Link(PathBuf),
-    Special(&'static str),
-}
-
-impl std::fmt::Debug for Entry {
-    /// File contents as text, cut short: assertion messages stay readable.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Entry::File(bytes) => {
-                let text = String::from_utf8_lossy(&bytes[..bytes.len().min(400)]);
-                write!(f, "File({text:?}, {} bytes)", bytes.len())
-            }
-            Entry::Dir => write!(f, "Dir"),
-            Entry::Link(target) => write!(f, "Link({})", target.display()),
-            Entry::Special(kind) => write!(f, "Special({kind})"),
-        }
-    }
-}
-
-/// Everything under `dir`, without following symlinks, keyed by relative path.
-pub fn snapshot_tree(dir: &Path) -> BTreeMap<String, Entry> {
-    let mut out = BTreeMap::new();
-    walk(dir, dir, &mut out);
-    out
-}
-
-fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Entry>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let rel = path.strip_prefix(root).unwrap().display().to_string();
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
-            continue;
-        };
-        let ft = meta.file_type();
-        let value = if ft.is_symlink() {
-            Entry::Link(std::fs::read_link(&path).unwrap_or_default())
-        } else if ft.is_dir() {
-            walk(root, &path, out);
-            Entry::Dir
-        } else if ft.is_fifo() {
-            Entry::Special("fifo")
-        } else if ft.is_file() {
-            Entry::File(std::fs::read(&path).unwrap_or_default())
-        } else {
-            Entry::Special("other")
-        };
-        out.insert(rel, value);
-    }
 }
 
 /// A gpupin configuration in a temp dir whose `runtime` is a fake that appends its argv

@@ -1,16 +1,22 @@
 //! Shared pieces of the adversarial suites: a gpupin setup on a simulated machine whose
 //! hooks race for the same GPUs, fake containers (what runc's init is at prestart time: a
 //! process in its own mount namespace and its own device cgroup), hook processes started
-//! together behind a barrier, and checks of what the ledger must never show.
+//! together behind a barrier, and checks of what the ledger must never show. What other
+//! suites share too (the skip rule, fake containers, status queries, ledger snapshots,
+//! the refusal check) comes from gpupin-sandbox's harness.
 
 // Each adversarial test file uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub use gpupin_sandbox::harness::ledger::{snapshot, walk};
+pub use gpupin_sandbox::harness::status::{holder_ids, holdings};
+use gpupin_sandbox::harness::{self, DEVICES_CGROUP};
+pub use gpupin_sandbox::harness::{FakeContainer, refusal_problem, run_with_input, text};
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -26,11 +32,10 @@ pub const GPU_MAJOR: u32 = 195;
 /// `gpupin.memory=20GiB` request, the second half does not.
 pub const ROOMY_FREE: u64 = 30 << 30;
 pub const TIGHT_FREE: u64 = 10 << 30;
-const DEVICES_CGROUP: &str = "/sys/fs/cgroup/devices";
 
 /// `None` when the suite can run here; otherwise why not.
 fn missing(needs_users: bool) -> Option<String> {
-    if rustix::process::geteuid().as_raw() != 0 {
+    if !gpupin_sandbox::is_root() {
         return Some("root (mount namespaces, device nodes, cgroups)".into());
     }
     let mut tools = vec!["unshare", "sh", "sleep"];
@@ -38,7 +43,7 @@ fn missing(needs_users: bool) -> Option<String> {
         tools.extend(["useradd", "userdel", "setpriv"]);
     }
     for tool in tools {
-        if !on_path(tool) {
+        if gpupin_sandbox::find_on_path(tool).is_none() {
             return Some(format!("{tool} on PATH"));
         }
     }
@@ -50,22 +55,14 @@ fn missing(needs_users: bool) -> Option<String> {
     None
 }
 
-fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
-}
-
 /// Whether `test` can run. Under CI=true a missing requirement fails the test; elsewhere
 /// it is skipped with the reason on stderr.
 pub fn runnable(test: &str, needs_users: bool) -> bool {
-    let Some(reason) = missing(needs_users) else {
-        return true;
+    let found = match missing(needs_users) {
+        Some(reason) => Err(format!("needs {reason}")),
+        None => Ok(()),
     };
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{test} needs what is missing here: {reason}");
-    }
-    eprintln!("skipping {test}: needs {reason}");
-    false
+    harness::required(test, found).is_some()
 }
 
 /// A whole number from the environment, else `default`.
@@ -203,9 +200,7 @@ impl Rig {
 
     /// `gpupin status --json`, which must succeed.
     pub fn status(&self) -> Value {
-        let out = self.run(&["status", "--json"], "");
-        assert!(out.status.success(), "status failed: {}", text(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
+        harness::status::query(Path::new(GPUPIN), &self.config)
     }
 
     /// `gpupin gc`, which must succeed.
@@ -283,22 +278,6 @@ impl Rig {
     }
 }
 
-pub fn run_with_input(cmd: &mut Command, input: &str) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A command may exit before reading stdin (a bad argument); a broken pipe is fine.
-    let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
-    child.wait_with_output().unwrap()
-}
-
-pub fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 /// The OCI state runc passes a hook on stdin.
 pub fn oci_state(id: &str, pid: i32, bundle: &Path, annotations: &[(String, String)]) -> String {
     let annotations: serde_json::Map<String, Value> = annotations
@@ -310,116 +289,6 @@ pub fn oci_state(id: &str, pid: i32, bundle: &Path, annotations: &[(String, Stri
         "bundle": bundle, "annotations": annotations,
     })
     .to_string()
-}
-
-/// What runc's init is at prestart: a process in its own mount namespace, with a tmpfs on
-/// `<rootfs>/dev` the host does not see, in its own cgroup v1 device cgroup that denies
-/// every device until the hook allows some. Killed, and its cgroup removed, when dropped.
-pub struct FakeContainer {
-    child: Child,
-    pub pid: i32,
-    pub cgroup: PathBuf,
-    rootfs: PathBuf,
-    dead: bool,
-}
-
-impl FakeContainer {
-    fn spawn(rootfs: &Path, cgroup: PathBuf) -> FakeContainer {
-        use std::os::unix::process::CommandExt;
-        let script = "mount -t tmpfs -o mode=755 tmpfs \"$0/dev\" && exec sleep 600";
-        let mut cmd = Command::new("unshare");
-        cmd.args(["-m", "--propagation", "private", "sh", "-c", script])
-            .arg(rootfs)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: prctl is async-signal-safe. A test runner killed outright (a CI timeout)
-        // takes its containers with it instead of leaving them asleep for ten minutes;
-        // the signal follows the spawning thread, which is the test's own, alive as long
-        // as the container is.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().unwrap();
-        FakeContainer {
-            pid: child.id() as i32,
-            child,
-            cgroup,
-            rootfs: rootfs.to_path_buf(),
-            dead: false,
-        }
-    }
-
-    /// Waits until its /dev is mounted, then moves it into its own device cgroup.
-    pub fn settle(&mut self) -> Result<(), String> {
-        let mountinfo = format!("/proc/{}/mountinfo", self.pid);
-        let dev = format!(" {}/dev ", self.rootfs.display());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !fs::read_to_string(&mountinfo).is_ok_and(|m| m.contains(&dev)) {
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "fake container {} never mounted its /dev",
-                    self.pid
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        fs::create_dir(&self.cgroup).map_err(|e| format!("{}: {e}", self.cgroup.display()))?;
-        // As runc does: deny everything, so that what the hook allows is what the list shows.
-        fs::write(self.cgroup.join("devices.deny"), "a").map_err(|e| e.to_string())?;
-        fs::write(self.cgroup.join("cgroup.procs"), self.pid.to_string()).map_err(|e| e.to_string())
-    }
-
-    /// SIGKILL, and reaped, so its pid is gone from /proc.
-    pub fn kill(&mut self) {
-        if !self.dead {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            self.dead = true;
-        }
-    }
-
-    pub fn is_dead(&self) -> bool {
-        self.dead
-    }
-
-    /// Names under its /dev, read through its own mount namespace (/proc/PID/root).
-    pub fn dev_entries(&self) -> BTreeSet<String> {
-        let dev = Path::new(&format!("/proc/{}/root", self.pid))
-            .join(self.rootfs.strip_prefix("/").unwrap())
-            .join("dev");
-        fs::read_dir(&dev)
-            .unwrap_or_else(|e| panic!("{}: {e}", dev.display()))
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect()
-    }
-
-    /// Its device cgroup's allow list, as the kernel reports it.
-    pub fn devices_list(&self) -> BTreeSet<String> {
-        fs::read_to_string(self.cgroup.join("devices.list"))
-            .unwrap()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-}
-
-impl Drop for FakeContainer {
-    fn drop(&mut self) {
-        self.kill();
-        // The cgroup empties once its task is reaped; the kernel may lag a moment.
-        for _ in 0..50 {
-            match fs::remove_dir(&self.cgroup) {
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                _ => break,
-            }
-        }
-    }
 }
 
 /// Starts every container in `count`, then settles them; all killed on drop.
@@ -561,25 +430,6 @@ pub fn wait_all(hooks: &mut [Hook], limit: Duration) -> Vec<String> {
     }
 }
 
-/// `None` when a failed command failed as a refusal must; else what is wrong with it.
-pub fn refusal_problem(code: Option<i32>, stderr: &str) -> Option<String> {
-    let lines: Vec<&str> = stderr.split_terminator('\n').collect();
-    if code != Some(1) {
-        Some(format!("exit code {code:?}, expected 1; stderr {stderr:?}"))
-    } else if lines.len() != 1 || stderr.contains('\r') {
-        Some(format!(
-            "{} stderr lines, expected one: {stderr:?}",
-            lines.len()
-        ))
-    } else if !lines[0].starts_with("gpupin: ") {
-        Some(format!(
-            "stderr does not start with \"gpupin: \": {stderr:?}"
-        ))
-    } else {
-        None
-    }
-}
-
 /// As `refusal_problem`, for a finished `Output`.
 pub fn output_refusal_problem(out: &Output) -> Option<String> {
     refusal_problem(out.status.code(), &text(&out.stderr))
@@ -635,33 +485,6 @@ pub fn holder_violations(
     problems
 }
 
-/// Ids of the holders `gpupin status --json` lists.
-pub fn holder_ids(status: &Value) -> BTreeSet<String> {
-    status["holders"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| h["id"].as_str().unwrap().to_string())
-        .collect()
-}
-
-/// GPU UUIDs each holder has, by holder id.
-pub fn holdings(status: &Value) -> BTreeMap<String, Vec<String>> {
-    status["holders"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| {
-            let gpus = h["gpus"].as_array().unwrap();
-            let gpus = gpus
-                .iter()
-                .map(|g| g.as_str().unwrap().to_string())
-                .collect();
-            (h["id"].as_str().unwrap().to_string(), gpus)
-        })
-        .collect()
-}
-
 /// Paths under `dir` (itself included) whose name starts with '.': temp files a writer
 /// left behind. Symlinks are listed, never followed.
 pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
@@ -672,22 +495,6 @@ pub fn temp_files(dir: &Path) -> Vec<PathBuf> {
                 .is_some_and(|n| n.to_string_lossy().starts_with('.'))
         })
         .collect()
-}
-
-/// `dir` and everything under it, without following symlinks.
-pub fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = vec![dir.to_path_buf()];
-    let mut i = 0;
-    while i < out.len() {
-        let path = out[i].clone();
-        i += 1;
-        if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
-            && let Ok(entries) = fs::read_dir(&path)
-        {
-            out.extend(entries.flatten().map(|e| e.path()));
-        }
-    }
-    out
 }
 
 /// Whether nobody holds the ledger's flock: a non-blocking exclusive flock succeeds.
@@ -737,23 +544,6 @@ pub fn queue_tickets(state_dir: &Path) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Every path under `dir` with its mode, owner and (for files) bytes: compare two to
-/// know that nothing changed.
-pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (u32, u32, Vec<u8>)> {
-    walk(dir)
-        .into_iter()
-        .filter_map(|p| {
-            let meta = fs::symlink_metadata(&p).ok()?;
-            let bytes = if meta.is_file() {
-                fs::read(&p).unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            Some((p, (meta.mode(), meta.uid(), bytes)))
-        })
-        .collect()
 }
 
 /// Entries under `dir` whose modes break the rule: directories exactly 0755, files

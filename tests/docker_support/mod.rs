@@ -8,9 +8,15 @@
 //! `gpupin`, so that one entry is shared and its users take `compose_slot()`, which
 //! serializes them. gpupin-runtime reads its config on every call, so a test may
 //! rewrite its slot's config (e.g. `runtime = wrapper`) without reloading dockerd.
+//!
+//! The skip rule, the rootfs, PATH lookups, status queries and the GPU-node filter are
+//! gpupin-sandbox's, shared with the other suites.
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+use gpupin_sandbox::harness::{self, status};
+pub use gpupin_sandbox::harness::{gpu_nodes, say, text};
+use gpupin_sandbox::{build_busybox_rootfs, find_on_path, find_static_busybox, is_root};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -40,38 +46,31 @@ pub enum Need {
 /// `Some(harness)`, or `None` after printing why the test is skipped. Under CI=true a
 /// missing requirement fails the test instead: CI must not pass by skipping.
 pub fn harness(test: &str, need: Need) -> Option<&'static Harness> {
-    if let Some(reason) = missing(need) {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{test}: {reason} (CI=true: required)");
-        }
-        say(&format!("skipping {test}: {reason}"));
-        return None;
-    }
+    let found = match missing(need) {
+        Some(reason) => Err(reason),
+        None => Ok(()),
+    };
+    harness::required(test, found)?;
     static HARNESS: OnceLock<Harness> = OnceLock::new();
     Some(HARNESS.get_or_init(Harness::launch))
 }
 
 fn missing(need: Need) -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         return Some("needs root (dockerd, runc)".into());
     }
     let mut tools = vec!["dockerd", "docker", "runc", "busybox", "tar"];
     if need == Need::Compose {
         tools.push("docker-compose");
     }
-    let absent: Vec<_> = tools.into_iter().filter(|t| which(t).is_none()).collect();
-    (!absent.is_empty()).then(|| format!("not on PATH: {}", absent.join(", ")))
-}
-
-pub fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| {
-            p.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    let absent: Vec<_> = tools
+        .into_iter()
+        .filter(|t| find_on_path(t).is_none())
+        .collect();
+    if !absent.is_empty() {
+        return Some(format!("not on PATH: {}", absent.join(", ")));
+    }
+    find_static_busybox().err()
 }
 
 pub struct Harness {
@@ -111,7 +110,8 @@ impl Harness {
     }
 
     fn write_files(&self) {
-        make_rootfs(&self.rootfs);
+        let busybox = find_static_busybox().expect("checked by harness()");
+        build_busybox_rootfs(&busybox, &self.rootfs).expect("building the image's rootfs");
         std::fs::create_dir_all(&self.bin).unwrap();
         // dockerd accepts `--gpus` only when this executable is on its PATH (Docker's
         // daemon/nvidia_linux.go registers the NVIDIA device driver then). It becomes a
@@ -321,59 +321,22 @@ impl Slot {
 
     /// `gpupin status --json` for this slot's ledger.
     pub fn status(&self) -> Value {
-        let out = ok(Command::new(GPUPIN_BIN)
-            .arg("--config")
-            .arg(&self.config)
-            .args(["status", "--json"]));
-        serde_json::from_str(&out).expect("status --json is JSON")
+        status::query(Path::new(GPUPIN_BIN), &self.config)
     }
 
     /// Holder id -> its GPU UUIDs.
     pub fn holders(&self) -> BTreeMap<String, Vec<String>> {
-        let status = self.status();
-        status["holders"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| {
-                let gpus = h["gpus"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|g| g.as_str().unwrap().to_string());
-                (h["id"].as_str().unwrap().to_string(), gpus.collect())
-            })
-            .collect()
+        status::holdings(&self.status())
     }
 
     /// GPU UUID -> device minor, from the slot's inventory.
     pub fn minors(&self) -> BTreeMap<String, u64> {
-        let status = self.status();
-        status["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| {
-                (
-                    g["uuid"].as_str().unwrap().to_string(),
-                    g["minor"].as_u64().unwrap(),
-                )
-            })
-            .collect()
+        status::minors(&self.status())
     }
 
     /// UUID of the GPU with this index.
     pub fn uuid_of(&self, index: u64) -> String {
-        let status = self.status();
-        let gpu = status["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|g| g["index"] == index);
-        gpu.expect("index in inventory")["uuid"]
-            .as_str()
-            .unwrap()
-            .to_string()
+        status::uuid_of(&self.status(), index)
     }
 }
 
@@ -401,7 +364,7 @@ impl Container<'_> {
 
     /// `nvidia<N>` device nodes in the container's /dev.
     pub fn gpu_nodes(&self) -> Vec<String> {
-        gpu_nodes(&self.exec(&["ls", "/dev"]))
+        gpu_nodes(self.exec(&["ls", "/dev"]).split_whitespace())
     }
 
     /// NVIDIA_VISIBLE_DEVICES of the main process, split at commas.
@@ -443,18 +406,6 @@ impl Drop for ComposeProject<'_> {
     }
 }
 
-pub fn gpu_nodes(ls_dev: &str) -> Vec<String> {
-    let is_gpu = |n: &str| {
-        n.strip_prefix("nvidia")
-            .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
-    };
-    ls_dev
-        .split_whitespace()
-        .filter(|n| is_gpu(n))
-        .map(String::from)
-        .collect()
-}
-
 pub fn visible(env: &[String]) -> Vec<String> {
     let values: Vec<_> = env
         .iter()
@@ -471,13 +422,6 @@ pub fn visible(env: &[String]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A line on stderr that libtest does not capture: skips and fallbacks must be seen
-/// without `--nocapture` (eprintln! output of a passing test is swallowed).
-pub fn say(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
 /// Runs `cmd`, panics with its stderr unless it succeeds; returns stdout.
 pub fn ok(cmd: &mut Command) -> String {
     let out = cmd
@@ -491,10 +435,6 @@ pub fn ok(cmd: &mut Command) -> String {
         text(&out.stderr)
     );
     text(&out.stdout)
-}
-
-pub fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 pub fn write(path: &Path, content: &str) {
@@ -526,21 +466,6 @@ exec {next} "$@"
         dest = dest.display()
     );
     write_script(path, &body);
-}
-
-/// A root filesystem of one static busybox and its applet links.
-fn make_rootfs(rootfs: &Path) {
-    let bin = rootfs.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    for dir in ["dev", "proc", "sys", "tmp", "etc"] {
-        std::fs::create_dir_all(rootfs.join(dir)).unwrap();
-    }
-    let busybox = which("busybox").unwrap();
-    std::fs::copy(&busybox, bin.join("busybox")).unwrap();
-    let list = ok(Command::new(&busybox).arg("--list"));
-    for applet in list.lines().filter(|a| *a != "busybox") {
-        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
-    }
 }
 
 /// Stops our dockerd at process exit: containers first (their shims would outlive

@@ -4,9 +4,15 @@
 //! Each test gets its own podman storage (`--root`, `--runroot`, `--tmpdir`), hooks dir,
 //! gpupin config and state dir under one temp dir, so tests run in parallel without
 //! seeing each other's containers or GPUs; dropping the harness removes its containers.
+//!
+//! The skip rule, the rootfs, status queries and the GPU-node filter are
+//! gpupin-sandbox's, shared with the other suites.
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub use gpupin_sandbox::harness::gpu_nodes;
+use gpupin_sandbox::harness::{self, status};
+use gpupin_sandbox::{build_busybox_rootfs, find_static_busybox, is_root};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,7 +21,6 @@ const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 /// Podman here needs explicit ulimits (DESIGN.md, "Tests on this machine kind").
 const CONTAINERS_CONF: &str =
     "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n";
-const APPLETS: &[&str] = &["sh", "ls", "env", "sleep", "cat", "tr", "true"];
 
 pub struct Podman {
     dir: tempfile::TempDir,
@@ -39,13 +44,7 @@ pub struct Options {
 /// Under CI=true a missing prerequisite fails the test instead: CI must not go green by
 /// skipping.
 pub fn setup(test: &str, options: Options) -> Option<Podman> {
-    if let Err(reason) = prerequisites() {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{test}: {reason} (CI=true: the podman tests must run)");
-        }
-        eprintln!("skipping {test}: {reason}");
-        return None;
-    }
+    harness::required(test, prerequisites())?;
     let podman = Podman {
         dir: tempfile::Builder::new()
             .prefix("gpupin-podman-")
@@ -60,8 +59,7 @@ pub fn setup(test: &str, options: Options) -> Option<Podman> {
 }
 
 fn prerequisites() -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
+    if !is_root() {
         return Err("needs root (podman with runc and device nodes)".into());
     }
     for tool in ["podman", "runc"] {
@@ -70,15 +68,7 @@ fn prerequisites() -> Result<(), String> {
             return Err(format!("{tool} is not installed or does not run"));
         }
     }
-    busybox().map(|_| ())
-}
-
-fn busybox() -> Result<PathBuf, String> {
-    ["/usr/bin/busybox", "/bin/busybox"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .ok_or_else(|| "busybox (busybox-static) is not installed".into())
+    find_static_busybox().map(|_| ())
 }
 
 impl Podman {
@@ -118,19 +108,8 @@ impl Podman {
         }
         std::fs::write(self.config_path(), toml).unwrap();
         std::fs::write(self.path("containers.conf"), CONTAINERS_CONF).unwrap();
-        self.make_rootfs();
-    }
-
-    /// One static busybox and its applet links, plus the mount points podman expects.
-    fn make_rootfs(&self) {
-        let root = self.rootfs();
-        for dir in ["bin", "dev", "proc", "sys", "etc", "tmp"] {
-            std::fs::create_dir_all(root.join(dir)).unwrap();
-        }
-        std::fs::copy(busybox().unwrap(), root.join("bin/busybox")).unwrap();
-        for applet in APPLETS {
-            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
-        }
+        let busybox = find_static_busybox().unwrap();
+        build_busybox_rootfs(&busybox, &self.rootfs()).unwrap();
     }
 
     /// The hooks dir is filled by `gpupin install podman`, so that install is what the
@@ -229,38 +208,16 @@ impl Podman {
     }
 
     pub fn status(&self) -> Value {
-        let out = self.gpupin(&["status", "--json"]);
-        assert_success("gpupin status --json", &out);
-        serde_json::from_slice(&out.stdout).expect("status JSON")
+        status::query(Path::new(GPUPIN), &self.config_path())
     }
 
     pub fn holders(&self) -> Vec<Value> {
-        self.status()["holders"].as_array().unwrap().clone()
+        status::holders(&self.status())
     }
 
     /// The (uuid, minor) of each GPU `holder` holds, from `gpupin status --json`.
     pub fn gpus_of(&self, holder: &str) -> Vec<(String, u64)> {
-        let status = self.status();
-        let mut gpus: Vec<(String, u64)> = status["gpus"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|g| {
-                g["holders"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|h| h["id"] == holder)
-            })
-            .map(|g| {
-                (
-                    g["uuid"].as_str().unwrap().to_string(),
-                    g["minor"].as_u64().unwrap(),
-                )
-            })
-            .collect();
-        gpus.sort();
-        gpus
+        status::held_gpus(&self.status(), holder)
     }
 
     pub fn audit_log(&self) -> String {
@@ -311,20 +268,6 @@ pub fn assert_success(what: &str, out: &Output) {
         out.status,
         combined(out)
     );
-}
-
-/// `/dev/nvidia<minor>` entries, sorted.
-pub fn gpu_nodes(dev: &[String]) -> Vec<String> {
-    let mut nodes: Vec<String> = dev
-        .iter()
-        .filter(|n| {
-            n.strip_prefix("nvidia")
-                .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .cloned()
-        .collect();
-    nodes.sort();
-    nodes
 }
 
 /// The value of `key` in `env` (`KEY=VALUE` lines), the last one winning.

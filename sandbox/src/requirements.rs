@@ -14,14 +14,19 @@ pub struct Requirements {
 impl Requirements {
     /// Root, runc on PATH, a static busybox; `Err` says what is missing.
     pub fn check() -> Result<Requirements, String> {
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
+        if !is_root() {
             return Err("not running as root (runc and device nodes need it)".into());
         }
         let runc = find_on_path("runc").ok_or("runc not found on PATH (install runc)")?;
         let busybox = find_static_busybox()?;
         Ok(Requirements { runc, busybox })
     }
+}
+
+/// Whether this process runs as root (effective uid 0).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
 }
 
 /// The first executable file named `name` in `$PATH`, or in the sbin directories, which

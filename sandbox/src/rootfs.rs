@@ -5,9 +5,12 @@
 use super::SandboxError;
 use std::path::{Path, PathBuf};
 
-/// Applets linked in /bin; enough for `sleep`, listing and inspecting /dev, and `env`.
+/// Applets linked in /bin: what the demo, the tests (runc, podman, and Docker's image)
+/// and the benches call: `sleep`, listing and inspecting /dev, `env`, reading
+/// /proc/1/environ (`tr`, `sort`).
 pub const APPLETS: &[&str] = &[
-    "sh", "ls", "cat", "env", "sleep", "stat", "grep", "echo", "true", "id", "mkdir", "ps",
+    "sh", "ls", "cat", "env", "sleep", "stat", "grep", "echo", "true", "id", "mkdir", "ps", "tr",
+    "sort",
 ];
 
 /// Where Debian's busybox-static (and most distributions) install busybox.

@@ -2,13 +2,35 @@
 //! detached, non-interactive test container needs it, plus gpupin's hooks.
 
 use super::SandboxError;
-pub use crate::edits::HookCommand;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// runc kills a hook that runs longer; a stuck hook must fail a test, not hang it.
 const HOOK_TIMEOUT_S: u64 = 30;
+
+/// How the bundle's hooks call gpupin: `EXE [--config CONFIG] hook STAGE`, as gpupin
+/// writes its own hooks into specs it edits.
+#[derive(Debug, Clone)]
+pub struct HookCommand {
+    /// Absolute path of the `gpupin` binary.
+    pub exe: PathBuf,
+    /// Passed on the command line: runc runs hooks with an empty environment.
+    pub config: Option<PathBuf>,
+}
+
+impl HookCommand {
+    /// argv, argv[0] (`gpupin`) included.
+    pub fn args(&self, stage: &str) -> Vec<String> {
+        let mut args = vec!["gpupin".to_string()];
+        if let Some(config) = &self.config {
+            args.push("--config".into());
+            args.push(config.display().to_string());
+        }
+        args.extend(["hook".to_string(), stage.to_string()]);
+        args
+    }
+}
 
 /// One entry of `hooks.<stage>` in OCI form, with the arguments gpupin writes into specs
 /// itself (argv[0] is the program name).

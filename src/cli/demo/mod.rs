@@ -5,7 +5,10 @@
 //! container, and no device node is created.
 //!
 //! The demo never touches the system's configuration or ledger: it writes its own config
-//! with a state dir in a temp dir.
+//! with a state dir in a temp dir. Its containers come from gpupin-sandbox (the `demo`
+//! feature), which knows gpupin only as the binary in their hooks.
+
+mod no_container;
 
 use super::out;
 use anyhow::Context;
@@ -13,7 +16,7 @@ use gpupin::config::Config;
 use gpupin::inventory::{self, Inventory};
 use gpupin::ledger::{Ledger, Record};
 use gpupin::report;
-use gpupin::sandbox::{self, BundleSpec, Container, HookCommand, Requirements, Runc};
+use gpupin_sandbox::{self as sandbox, BundleSpec, Container, HookCommand, Requirements, Runc};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 
@@ -351,13 +354,13 @@ fn without_containers(setup: &Setup) -> anyhow::Result<bool> {
     let mut fakes = Vec::new();
     for scenario in SCENARIOS {
         let fake = fake_container(setup, scenario)?;
-        let outcome = sandbox::prestart_without_container(&setup.config, &fake.state);
+        let outcome = no_container::prestart_without_container(&setup.config, &fake.state);
         ok &= match outcome {
             Ok(Some(r)) => report_line(scenario, &gpu_list(&setup.inventory, &r), false),
             Ok(None) => report_line(scenario, "untouched", false),
             Err(e) => report_line(
                 scenario,
-                &format!("refused: gpupin: {}", gpupin::message::one_line(&e)),
+                &format!("refused: gpupin: {}", gpupin::message::one_line(e.as_ref())),
                 true,
             ),
         }?;
@@ -367,7 +370,7 @@ fn without_containers(setup: &Setup) -> anyhow::Result<bool> {
     outln!("\nStopping: each `sleep` is killed and its state goes to the hook's poststop...")?;
     for mut fake in fakes {
         fake.kill();
-        sandbox::poststop(&setup.config, &fake.state)?;
+        no_container::poststop(&setup.config, &fake.state)?;
     }
     print_status(setup)?;
     Ok(ok)

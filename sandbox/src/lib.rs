@@ -1,19 +1,24 @@
-//! Real containers for `gpupin demo` and the end-to-end tests: a busybox root filesystem,
-//! a runc bundle whose hooks call gpupin, and runc driven with a private `--root` so that
-//! concurrent users (parallel tests, a demo next to real containers) never see each
-//! other's containers.
+//! Real containers for `gpupin demo`, the tests and the benches: a busybox root
+//! filesystem, a runc bundle whose hooks call gpupin, and runc driven with a private
+//! `--root` so that concurrent users (parallel tests, a demo next to real containers)
+//! never see each other's containers. With the `harness` feature, `harness` holds what
+//! the test suites share (requirement checks, status queries, ledger snapshots, fake
+//! containers).
 //!
-//! Like the rest of the library this never prints; callers decide what to show.
+//! Not part of gpupin's library, and never shipped in it: the demo takes it behind the
+//! gpupin package's `demo` feature, tests and benches as a dev-dependency. It knows
+//! gpupin only as a binary to run. Outside `harness` it never prints; callers decide
+//! what to show.
 
 mod bundle;
-mod no_container;
+#[cfg(feature = "harness")]
+pub mod harness;
 mod requirements;
 mod rootfs;
 mod runc;
 
 pub use bundle::{BundleSpec, HookCommand, write_bundle};
-pub use no_container::{poststop, prestart_without_container};
-pub use requirements::{Requirements, find_on_path};
+pub use requirements::{Requirements, find_on_path, is_root};
 pub use rootfs::{APPLETS, build_busybox_rootfs, find_static_busybox, is_static_elf};
 pub use runc::{Container, ContainerState, Runc, hook_message};
 

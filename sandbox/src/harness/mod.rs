@@ -1,0 +1,85 @@
+//! What the test suites and benches share: the rule for a missing requirement (skip, or
+//! fail under CI=true), gpupin configurations in temp dirs with real containers beside
+//! them, `gpupin status --json` queries, ledger snapshots, the one-line refusal checks,
+//! GPU-node filters and stand-in containers. gpupin is always its binary, whose path the
+//! caller passes in (`env!("CARGO_BIN_EXE_gpupin")`).
+//!
+//! Test code: it panics on whatever a test would fail on, and says on stderr why a test
+//! is skipped.
+
+mod check;
+mod fake;
+pub mod ledger;
+mod nodes;
+mod setup;
+pub mod status;
+
+pub use check::{assert_one_gpupin_line, gpupin_line_problem, refusal_problem};
+pub use fake::{DEVICES_CGROUP, FakeContainer, Sleeper};
+pub use nodes::{
+    CONTROL_NODES, GPU_MAJOR, char_node, devices_list, gpu_nodes, is_gpu_node, nvidia_gpu_nodes,
+    nvidia_nodes, stat_node,
+};
+pub use setup::{Gpupin, Sandbox};
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+/// Whether this is a CI run (CI=true), where a test must run or fail, never skip: CI
+/// must not go green by skipping.
+pub fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// `Some` of what a test needs when it was found; otherwise skips the test (`None`,
+/// after saying why on stderr) or, under CI=true, fails it.
+pub fn required<T>(test: &str, found: Result<T, String>) -> Option<T> {
+    match found {
+        Ok(found) => Some(found),
+        Err(reason) if is_ci() => panic!("{test} needs what is missing here: {reason}"),
+        Err(reason) => {
+            say(&format!("skipping {test}: {reason}"));
+            None
+        }
+    }
+}
+
+/// Whether `test` can run as root: false (skipped, or failed under CI=true) otherwise.
+pub fn need_root(test: &str) -> bool {
+    let root = crate::is_root()
+        .then_some(())
+        .ok_or_else(|| "not running as root".to_string());
+    required(test, root).is_some()
+}
+
+/// A line on stderr that libtest does not capture: a skip must be seen without
+/// `--nocapture` (eprintln! output of a passing test is swallowed).
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Bytes of a child's output as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    text(&out.stderr)
+}
+
+pub fn stdout(out: &Output) -> String {
+    text(&out.stdout)
+}
+
+/// Runs `cmd` with `input` on stdin, capturing stdout and stderr.
+pub fn run_with_input(cmd: &mut Command, input: &str) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+    // A command may exit before reading stdin (a bad argument); a broken pipe is fine.
+    let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
+    child.wait_with_output().unwrap()
+}
