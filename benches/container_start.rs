@@ -1,14 +1,19 @@
-//! Whole container starts with real runc: what gpupin's hooks add to `runc run`.
+//! Whole container starts with real runc: what gpupin's hooks add to `runc run`, and
+//! what the hook process itself costs.
 //!
 //!     cargo bench --bench container_start                     # as root; 20 rounds
 //!     GPUPIN_BENCH_ROUNDS=50 cargo bench --bench container_start  # as root
 //!
-//! Each round runs, in turn, a busybox `true` container without hooks (the baseline),
-//! one with gpupin's prestart and poststop hooks but no request (what every container on
-//! a host with gpupin in its hooks pays), and one asking for a GPU by annotation (nodes,
-//! device cgroup, ledger record, release) on the simulated `sim:nvswitch8`. The variants
-//! alternate within each round so that drift on the machine hits all three alike. Figures
-//! are medians, and ratios against the baseline of the same run.
+//! Each round runs, in turn, a busybox `true` container with `/bin/true` as its prestart
+//! and poststop hooks (the baseline: what any hook costs runc, the exec floor), one
+//! without hooks, one with gpupin's hooks but no request (what every container on a host
+//! with gpupin in its hooks pays), and one asking for a GPU by annotation (nodes, device
+//! cgroup, ledger record, release) on the simulated `sim:nvswitch8`. The variants
+//! alternate within each round so that drift on the machine hits all alike.
+//!
+//! Then the hook alone: `gpupin hook prestart` for a container without a request against
+//! `/bin/true`, both fed the same OCI state on stdin, 10 runs of each per round,
+//! alternating. Figures are medians, and ratios against the baseline of the same run.
 
 use gpupin_sandbox::{BundleSpec, HookCommand, Requirements, build_busybox_rootfs, write_bundle};
 use std::path::{Path, PathBuf};
@@ -49,7 +54,66 @@ fn main() {
             v.times.push(run_once(&reqs.runc, &root, &v.bundle, &id));
         }
     }
-    report(&variants, rounds);
+    report(
+        &format!("{rounds} rounds of `runc run` (busybox `true`)"),
+        &variants,
+    );
+    let hooks = hook_alone(&variants[0].bundle, rounds * 10);
+    report(
+        &format!(
+            "{} runs each of the hook process for a container without a request",
+            rounds * 10
+        ),
+        &hooks,
+    );
+}
+
+/// `gpupin hook prestart` against `/bin/true`, each fed the OCI state of a container in
+/// `bundle` (which asks for nothing) on stdin, alternating.
+fn hook_alone(bundle: &Path, runs: usize) -> Vec<Variant> {
+    let state = serde_json::json!({
+        "ociVersion": "1.0.2", "id": "bench-hook", "status": "created", "pid": 1,
+        "bundle": bundle, "annotations": {},
+    })
+    .to_string();
+    let commands: [(&str, &str, &[&str]); 2] = [
+        ("/bin/true, same stdin", "/bin/true", &[]),
+        ("gpupin hook prestart", GPUPIN, &["hook", "prestart"]),
+    ];
+    let mut variants: Vec<Variant> = commands
+        .iter()
+        .map(|(name, _, _)| Variant {
+            name,
+            slug: String::new(),
+            bundle: bundle.to_path_buf(),
+            times: Vec::new(),
+        })
+        .collect();
+    for _ in 0..runs {
+        for (v, (_, program, args)) in variants.iter_mut().zip(&commands) {
+            v.times.push(feed(program, args, state.as_bytes()));
+        }
+    }
+    variants
+}
+
+/// Runs `program` with `stdin` on its standard input, as a runtime runs a hook.
+fn feed(program: &str, args: &[&str], stdin: &[u8]) -> Duration {
+    use std::io::Write;
+    let started = Instant::now();
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    // /bin/true never reads: a broken pipe is its answer, as runc tolerates it.
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    let status = child.wait().unwrap();
+    let took = started.elapsed();
+    assert!(status.success(), "{program} failed: {status}");
+    took
 }
 
 fn setup(dir: &Path, busybox: &Path) -> Vec<Variant> {
@@ -69,10 +133,17 @@ fn setup(dir: &Path, busybox: &Path) -> Vec<Variant> {
         exe: PathBuf::from(GPUPIN),
         config: Some(config),
     };
+    // The exec floor: a hook that does nothing (runc passes it the gpupin-style args,
+    // which /bin/true ignores).
+    let floor = HookCommand {
+        exe: PathBuf::from("/bin/true"),
+        config: None,
+    };
     let mut base = BundleSpec::sleeper(&rootfs);
     base.args = vec!["true".into()];
     let specs = [
-        ("runc", base.clone()),
+        ("runc, /bin/true hooks", base.clone().with_hook(&floor)),
+        ("runc, no hooks", base.clone()),
         ("gpupin, no request", base.clone().with_hook(&hook)),
         (
             "gpupin, count=1",
@@ -127,18 +198,19 @@ fn median(times: &[Duration]) -> Duration {
     sorted[sorted.len() / 2]
 }
 
-fn report(variants: &[Variant], rounds: usize) {
+/// A table of medians, with ratios against the first variant.
+fn report(what: &str, variants: &[Variant]) {
     let base = median(&variants[0].times);
-    println!("container_start: {rounds} rounds of `runc run` (busybox `true`), medians");
+    println!("container_start: {what}, medians; ratio against the first row");
     println!(
-        "{:<20} {:>10} {:>10} {:>8}",
+        "{:<24} {:>10} {:>10} {:>8}",
         "variant", "median ms", "min ms", "ratio"
     );
     for v in variants {
         let m = median(&v.times);
         let min = v.times.iter().min().copied().unwrap_or_default();
         println!(
-            "{:<20} {:>10.1} {:>10.1} {:>8.2}",
+            "{:<24} {:>10.2} {:>10.2} {:>8.2}",
             v.name,
             m.as_secs_f64() * 1e3,
             min.as_secs_f64() * 1e3,
