@@ -58,7 +58,9 @@ impl Record {
         }
         match (self.pid, self.start_time) {
             (Some(pid), Some(started)) => !procinfo::is_alive(pid, started),
-            (Some(pid), None) => procinfo::start_time(pid).is_none(),
+            // A pid without a start time was gone when it was recorded (gpupin reads the
+            // start time as it records the pid): whoever has the pid now is someone else.
+            (Some(_), None) => true,
             (None, _) => {
                 let created = UNIX_EPOCH + Duration::from_secs(self.created_at);
                 // Created "in the future" means the clock was stepped back since: the

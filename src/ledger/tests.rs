@@ -1084,3 +1084,18 @@ fn a_half_written_record_from_an_earlier_boot_blocks_nothing_and_gc_clears_it() 
             .starts_with("corrupt ledger record")
     );
 }
+
+#[test]
+fn a_pid_recorded_without_its_start_time_is_stale_even_if_the_pid_runs_now() {
+    let mut record = alloc_record_for_staleness();
+    record.pid = Some(std::process::id() as i32);
+    record.start_time = None;
+    assert!(record.is_stale(SystemTime::now(), UNBOUND_GRACE));
+    record.start_time = crate::procinfo::start_time(std::process::id() as i32);
+    assert!(!record.is_stale(SystemTime::now(), UNBOUND_GRACE));
+}
+
+fn alloc_record_for_staleness() -> Record {
+    let (_t, l) = ledger();
+    alloc(&l, "a").unwrap().record
+}
