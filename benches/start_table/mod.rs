@@ -1,0 +1,84 @@
+//! The table the container-start benches print: variants timed in turn within each
+//! round, so that drift on the machine hits all alike; medians, and ratios against the
+//! first variant of the same run.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Rounds when GPUPIN_BENCH_ROUNDS does not say.
+pub const DEFAULT_ROUNDS: usize = 20;
+
+/// GPUPIN_BENCH_ROUNDS, or `DEFAULT_ROUNDS`; at least 1.
+pub fn rounds() -> usize {
+    std::env::var("GPUPIN_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_ROUNDS)
+        .max(1)
+}
+
+pub struct Variant {
+    pub name: &'static str,
+    pub times: Vec<Duration>,
+}
+
+impl Variant {
+    pub fn new(name: &'static str) -> Variant {
+        Variant {
+            name,
+            times: Vec::new(),
+        }
+    }
+}
+
+/// Runs `cmd` to the end, output discarded unless it fails; how long it took.
+pub fn time(cmd: &mut Command) -> Duration {
+    let started = Instant::now();
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+/// `cmd` as one line a reader could paste (arguments here need no quoting).
+pub fn command_line(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn median(times: &[Duration]) -> Duration {
+    let mut sorted = times.to_vec();
+    sorted.sort();
+    sorted[sorted.len() / 2]
+}
+
+/// A table of medians, with ratios against the first variant.
+pub fn report(bench: &str, what: &str, variants: &[Variant]) {
+    let base = median(&variants[0].times);
+    println!("{bench}: {what}, medians; ratio against the first row");
+    println!(
+        "{:<32} {:>10} {:>10} {:>8}",
+        "variant", "median ms", "min ms", "ratio"
+    );
+    for v in variants {
+        let m = median(&v.times);
+        let min = v.times.iter().min().copied().unwrap_or_default();
+        println!(
+            "{:<32} {:>10.2} {:>10.2} {:>8.3}",
+            v.name,
+            m.as_secs_f64() * 1e3,
+            min.as_secs_f64() * 1e3,
+            m.as_secs_f64() / base.as_secs_f64()
+        );
+    }
+}
