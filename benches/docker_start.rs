@@ -1,7 +1,7 @@
 //! Whole container starts under Docker: what `--runtime gpupin` (the gpupin-runtime
 //! shim in front of runc) adds to `docker run`, with and without a request.
 //!
-//!     cargo bench --bench docker_start                        # as root; 20 rounds
+//!     cargo bench --bench docker_start                        # as root; 40 rounds
 //!     GPUPIN_BENCH_ROUNDS=50 cargo bench --bench docker_start  # as root
 //!
 //! A private dockerd (the end-to-end tests' harness: its own data root, socket and exec
@@ -24,6 +24,8 @@ use docker_support::{Harness, IMAGE, Need, gpu_nodes, ok};
 use start_table::{Variant, command_line, report, rounds, time};
 use std::process::Command;
 
+/// About a minute on a 2-core VM.
+const ROUNDS: usize = 40;
 const BENCH: &str = "docker_start";
 
 /// Name, runtime, `docker run` options, GPU nodes the container must see.
@@ -43,12 +45,11 @@ fn main() {
         println!("{BENCH}: not run: {reason}");
         return;
     }
-    let rounds = rounds();
+    let rounds = rounds(ROUNDS);
     println!("{BENCH}: GPUPIN_BENCH_ROUNDS={rounds} cargo bench --bench {BENCH}");
     let h = docker_support::harness(BENCH, Need::Docker).expect("checked above");
     // The runtime the daemon knows as `gpupin`; its ledger is ours alone.
     let (_guard, slot) = h.compose_slot();
-    println!("  DOCKER_HOST={}", h.host);
     for (name, runtime, options, _) in VARIANTS {
         println!(
             "  {name}: {}",

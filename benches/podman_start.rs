@@ -1,7 +1,7 @@
 //! Whole container starts under podman: what gpupin's hooks (installed in a hooks dir by
 //! `gpupin install podman`) add to `podman run`, with and without a request.
 //!
-//!     cargo bench --bench podman_start                        # as root; 20 rounds
+//!     cargo bench --bench podman_start                        # as root; 60 rounds
 //!     GPUPIN_BENCH_ROUNDS=50 cargo bench --bench podman_start  # as root
 //!
 //! podman as the end-to-end tests drive it (their harness: private storage on vfs, runc,
@@ -23,6 +23,8 @@ use start_table::{Variant, command_line, report, rounds, time};
 use std::path::Path;
 use std::process::Command;
 
+/// About a minute on a 2-core VM.
+const ROUNDS: usize = 60;
 const BENCH: &str = "podman_start";
 
 /// Name, gpupin's hooks or none, `podman run` options, GPU nodes the container must see.
@@ -42,7 +44,7 @@ fn main() {
         println!("{BENCH}: not run: {reason}");
         return;
     }
-    let rounds = rounds();
+    let rounds = rounds(ROUNDS);
     println!("{BENCH}: GPUPIN_BENCH_ROUNDS={rounds} cargo bench --bench {BENCH}");
     let podman = podman_support::setup(BENCH, Options::default()).expect("checked above");
     let no_hooks = podman.path("no-hooks.d");

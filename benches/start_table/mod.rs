@@ -5,15 +5,13 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Rounds when GPUPIN_BENCH_ROUNDS does not say.
-pub const DEFAULT_ROUNDS: usize = 20;
-
-/// GPUPIN_BENCH_ROUNDS, or `DEFAULT_ROUNDS`; at least 1.
-pub fn rounds() -> usize {
+/// GPUPIN_BENCH_ROUNDS, or `default` (each bench sizes its own to about a minute on a
+/// 2-core VM); at least 1.
+pub fn rounds(default: usize) -> usize {
     std::env::var("GPUPIN_BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_ROUNDS)
+        .unwrap_or(default)
         .max(1)
 }
 
@@ -47,13 +45,20 @@ pub fn time(cmd: &mut Command) -> Duration {
     took
 }
 
-/// `cmd` as one line a reader could paste (arguments here need no quoting).
+/// `cmd` as one line a reader could paste, its environment first (values here need no
+/// quoting).
 pub fn command_line(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program())
+    let env = cmd.get_envs().filter_map(|(key, value)| {
+        Some(format!(
+            "{}={}",
+            key.to_string_lossy(),
+            value?.to_string_lossy()
+        ))
+    });
+    let words = std::iter::once(cmd.get_program())
         .chain(cmd.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
+        .map(|a| a.to_string_lossy().into_owned());
+    env.chain(words).collect::<Vec<_>>().join(" ")
 }
 
 fn median(times: &[Duration]) -> Duration {
@@ -67,14 +72,14 @@ pub fn report(bench: &str, what: &str, variants: &[Variant]) {
     let base = median(&variants[0].times);
     println!("{bench}: {what}, medians; ratio against the first row");
     println!(
-        "{:<32} {:>10} {:>10} {:>8}",
+        "{:<38} {:>10} {:>10} {:>8}",
         "variant", "median ms", "min ms", "ratio"
     );
     for v in variants {
         let m = median(&v.times);
         let min = v.times.iter().min().copied().unwrap_or_default();
         println!(
-            "{:<32} {:>10.2} {:>10.2} {:>8.3}",
+            "{:<38} {:>10.2} {:>10.2} {:>8.3}",
             v.name,
             m.as_secs_f64() * 1e3,
             min.as_secs_f64() * 1e3,
