@@ -61,28 +61,33 @@ pub fn command_line(cmd: &Command) -> String {
     env.chain(words).collect::<Vec<_>>().join(" ")
 }
 
-fn median(times: &[Duration]) -> Duration {
+/// The value below which `q` (0 to 1) of `times` lie, nearest rank.
+fn quantile(times: &[Duration], q: f64) -> Duration {
     let mut sorted = times.to_vec();
     sorted.sort();
-    sorted[sorted.len() / 2]
+    let rank = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[rank]
 }
 
-/// A table of medians, with ratios against the first variant.
+/// A table of medians with quartiles (how far one run's figures scatter, to weigh the
+/// ratios by), and ratios of medians against the first variant.
 pub fn report(bench: &str, what: &str, variants: &[Variant]) {
-    let base = median(&variants[0].times);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let base = quantile(&variants[0].times, 0.5);
     println!("{bench}: {what}, medians; ratio against the first row");
     println!(
-        "{:<38} {:>10} {:>10} {:>8}",
-        "variant", "median ms", "min ms", "ratio"
+        "{:<38} {:>10} {:>8} {:>8} {:>8} {:>8}",
+        "variant", "median ms", "p25 ms", "p75 ms", "min ms", "ratio"
     );
     for v in variants {
-        let m = median(&v.times);
-        let min = v.times.iter().min().copied().unwrap_or_default();
+        let m = quantile(&v.times, 0.5);
         println!(
-            "{:<38} {:>10.2} {:>10.2} {:>8.3}",
+            "{:<38} {:>10.2} {:>8.2} {:>8.2} {:>8.2} {:>8.3}",
             v.name,
-            m.as_secs_f64() * 1e3,
-            min.as_secs_f64() * 1e3,
+            ms(m),
+            ms(quantile(&v.times, 0.25)),
+            ms(quantile(&v.times, 0.75)),
+            ms(quantile(&v.times, 0.0)),
             m.as_secs_f64() / base.as_secs_f64()
         );
     }
