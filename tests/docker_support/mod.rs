@@ -1,6 +1,6 @@
-//! A private dockerd for the end-to-end tests: started once per test binary, with its
-//! own data root, exec root, socket and daemon.json in a temp dir, and stopped when the
-//! binary exits.
+//! A private dockerd for the end-to-end tests and the docker_start bench: started once
+//! per test or bench binary, with its own data root, exec root, socket and daemon.json in
+//! a temp dir, and stopped when the binary exits (also after a panic: an atexit handler).
 //!
 //! Parallel tests share the dockerd but not a ledger: daemon.json registers a pool of
 //! runtimes `gpupin-s0`..`gpupin-s15`, each gpupin-runtime with its own config and state
@@ -55,7 +55,9 @@ pub fn harness(test: &str, need: Need) -> Option<&'static Harness> {
     Some(HARNESS.get_or_init(Harness::launch))
 }
 
-fn missing(need: Need) -> Option<String> {
+/// What the machine lacks for `need`, if anything. The bench asks this itself: it says
+/// why and exits 0 where a test would fail under CI=true.
+pub fn missing(need: Need) -> Option<String> {
     if !is_root() {
         return Some("needs root (dockerd, runc)".into());
     }
@@ -537,7 +539,11 @@ fn read_pid(file: &Path) -> Option<i32> {
     std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
-/// The pid in `file` is alive and is a test binary or dockerd (not a reused pid).
+/// The binaries that start a dockerd here: cargo names them `<target>-<hash>`.
+const OWNERS: [&str; 2] = ["docker_e2e", "docker_start"];
+
+/// The pid in `file` is alive and is a test or bench binary, or dockerd (not a reused
+/// pid).
 fn pid_alive(file: &Path) -> bool {
     let Some(pid) = read_pid(file) else {
         return false;
@@ -550,5 +556,5 @@ fn pid_alive(file: &Path) -> bool {
         .unwrap_or_default()
         .to_string_lossy()
         .into_owned();
-    name == "dockerd" || name.starts_with("docker_e2e")
+    name == "dockerd" || OWNERS.iter().any(|owner| name.starts_with(owner))
 }

@@ -58,7 +58,9 @@ pub fn setup(test: &str, options: Options) -> Option<Podman> {
     Some(podman)
 }
 
-fn prerequisites() -> Result<(), String> {
+/// What podman needs here, or why it cannot run. The bench asks this itself: it says why
+/// and exits 0 where a test would fail under CI=true.
+pub fn prerequisites() -> Result<(), String> {
     if !is_root() {
         return Err("needs root (podman with runc and device nodes)".into());
     }
@@ -131,6 +133,12 @@ impl Podman {
 
     /// `podman` with this test's storage, hooks and runtime.
     pub fn podman(&self) -> Command {
+        self.podman_with_hooks(&self.hooks_dir())
+    }
+
+    /// `podman` with this test's storage and runtime, and the hooks in `hooks_dir` only
+    /// (an empty dir: no hooks at all, the default dirs included).
+    pub fn podman_with_hooks(&self, hooks_dir: &Path) -> Command {
         let mut cmd = Command::new("podman");
         cmd.env("CONTAINERS_CONF", self.path("containers.conf"));
         for (flag, dir) in [
@@ -142,7 +150,7 @@ impl Podman {
         }
         cmd.args(["--storage-driver", "vfs", "--cgroup-manager", "cgroupfs"]);
         cmd.args(["--events-backend", "file", "--runtime", &self.runtime]);
-        cmd.arg("--hooks-dir").arg(self.hooks_dir());
+        cmd.arg("--hooks-dir").arg(hooks_dir);
         cmd
     }
 

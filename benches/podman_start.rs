@@ -1,0 +1,108 @@
+//! Whole container starts under podman: what gpupin's hooks (installed in a hooks dir by
+//! `gpupin install podman`) add to `podman run`, with and without a request.
+//!
+//!     cargo bench --bench podman_start                        # as root; 60 rounds
+//!     GPUPIN_BENCH_ROUNDS=50 cargo bench --bench podman_start  # as root
+//!
+//! podman as the end-to-end tests drive it (their harness: private storage on vfs, runc,
+//! the simulated `sim:nvswitch8`), removed when the bench ends. Each round runs, in turn,
+//! `podman run --rm --network none ... --rootfs ROOTFS true` in the foreground, so that
+//! the time covers create, hooks, start, exit and removal: with an empty hooks dir (the
+//! baseline), with gpupin's hooks dir and no request (what every container pays once the
+//! hooks are installed), and with gpupin's hooks and `--annotation gpupin.count=1`
+//! (precreate allocation, nodes, device cgroup, ledger record, release). Figures are
+//! medians, ratios against no hooks in the same run.
+
+#[path = "../tests/podman_support/mod.rs"]
+mod podman_support;
+#[path = "start_table/mod.rs"]
+mod start_table;
+
+use podman_support::{Options, Podman, combined, gpu_nodes};
+use start_table::{Variant, command_line, report, rounds, time};
+use std::path::Path;
+use std::process::Command;
+
+/// About a minute on a 2-core VM.
+const ROUNDS: usize = 60;
+const BENCH: &str = "podman_start";
+
+/// Name, gpupin's hooks or none, `podman run` options, GPU nodes the container must see.
+const VARIANTS: [(&str, bool, &[&str], usize); 3] = [
+    ("no hooks", false, &[], 0),
+    ("hooks.d, no request", true, &[], 0),
+    (
+        "hooks.d, --annotation gpupin.count=1",
+        true,
+        &["--annotation", "gpupin.count=1"],
+        1,
+    ),
+];
+
+fn main() {
+    if let Err(reason) = podman_support::prerequisites() {
+        println!("{BENCH}: not run: {reason}");
+        return;
+    }
+    let rounds = rounds(ROUNDS);
+    println!("{BENCH}: GPUPIN_BENCH_ROUNDS={rounds} cargo bench --bench {BENCH}");
+    let podman = podman_support::setup(BENCH, Options::default()).expect("checked above");
+    let no_hooks = podman.path("no-hooks.d");
+    std::fs::create_dir(&no_hooks).unwrap();
+    let hooks = |with: bool| {
+        if with {
+            podman.hooks_dir()
+        } else {
+            no_hooks.clone()
+        }
+    };
+    let mut n = 0;
+    let mut name = || {
+        n += 1;
+        podman.name(n)
+    };
+    for (label, with, options, _) in VARIANTS {
+        let cmd = run(&podman, &hooks(with), &name(), options, &["true"]);
+        println!("  {label}: {}", command_line(&cmd));
+    }
+    // Untimed: each variant does what it says (and the caches are warm).
+    for (label, with, options, gpus) in VARIANTS {
+        let out = run(&podman, &hooks(with), &name(), options, &["ls", "/dev"])
+            .output()
+            .unwrap();
+        podman_support::assert_success(label, &out);
+        let text = combined(&out);
+        let seen = gpu_nodes(text.split_whitespace());
+        assert_eq!(seen.len(), gpus, "{label}: GPU nodes inside: {seen:?}");
+    }
+    let mut variants: Vec<Variant> = VARIANTS
+        .iter()
+        .map(|(label, ..)| Variant::new(label))
+        .collect();
+    for _ in 0..rounds {
+        for (v, (_, with, options, _)) in variants.iter_mut().zip(VARIANTS) {
+            let mut cmd = run(&podman, &hooks(with), &name(), options, &["true"]);
+            v.times.push(time(&mut cmd));
+        }
+    }
+    let held = podman.holders();
+    assert!(held.is_empty(), "every --rm container released: {held:?}");
+    report(
+        BENCH,
+        &format!("{rounds} rounds of `podman run --rm` (busybox `true`)"),
+        &variants,
+    );
+}
+
+/// `podman run --rm --name NAME --network none OPTIONS --rootfs ROOTFS CMD`, with the
+/// hooks in `hooks_dir`, foreground.
+fn run(podman: &Podman, hooks_dir: &Path, name: &str, options: &[&str], cmd: &[&str]) -> Command {
+    let mut command = podman.podman_with_hooks(hooks_dir);
+    command
+        .args(["run", "--rm", "--name", name, "--network", "none"])
+        .args(options)
+        .arg("--rootfs")
+        .arg(podman.rootfs())
+        .args(cmd);
+    command
+}
