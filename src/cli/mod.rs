@@ -46,9 +46,9 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Show which GPUs a request would get now, without allocating
     Pick(pick::PickArgs),
-    /// Release GPUs held by containers and processes that are gone
+    /// Release GPUs held by containers and processes that are gone; clear what no holder owns
     Gc,
-    /// Release the GPUs of one holder (container id)
+    /// Release the GPUs of one holder (container id), or remove one entry of the ledger
     Release(release::ReleaseArgs),
     /// Start real containers on a simulated machine and show gpupin at work
     #[cfg(feature = "demo")]
