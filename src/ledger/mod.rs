@@ -382,22 +382,10 @@ impl Ledger {
         let scan = store::scan_holders(&self.dir)?;
         let mut cleared = Vec::new();
         for (path, _) in &scan.stray {
-            let kind = match std::fs::symlink_metadata(path) {
-                Ok(meta) => meta.file_type(),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(source) => {
-                    return Err(LedgerError::Io {
-                        action: "inspecting",
-                        path: path.clone(),
-                        source,
-                    });
-                }
-            };
-            store::remove_entry(path, kind)?;
-            let name = path.file_name().unwrap_or_default().as_bytes();
-            store::audit(&self.dir, &format!("clear {}", store::audit_name(name)));
-            tracing::info!(path = ?path, "cleared a stray ledger entry");
-            cleared.push(path.clone());
+            if self.clear(path, "")? {
+                tracing::info!(path = ?path, "cleared a stray ledger entry");
+                cleared.push(path.clone());
+            }
         }
         let before = scan.records.clone();
         let live = self.reap(scan.records, SystemTime::now())?;
@@ -406,22 +394,9 @@ impl Ledger {
             .filter(|r| !live.iter().any(|l| l.id == r.id))
             .collect();
         for path in &scan.leftovers {
-            store::remove_entry(
-                path,
-                std::fs::symlink_metadata(path)
-                    .map_err(|source| LedgerError::Io {
-                        action: "inspecting",
-                        path: path.clone(),
-                        source,
-                    })?
-                    .file_type(),
-            )?;
-            let name = path.file_name().unwrap_or_default().as_bytes();
-            store::audit(
-                &self.dir,
-                &format!("clear {} (from an earlier boot)", store::audit_name(name)),
-            );
-            cleared.push(path.clone());
+            if self.clear(path, " (from an earlier boot)")? {
+                cleared.push(path.clone());
+            }
         }
         cleared.extend(queue::drop_stale_tickets(&self.dir)?);
         cleared.extend(store::remove_dead_temps(&self.dir)?);
@@ -435,6 +410,29 @@ impl Ledger {
             cleared,
             left: scan.corrupt,
         })
+    }
+
+    /// Removes the entry at `path`, whatever it is, never following it, with an audit
+    /// line (`why` follows the name). `false`: it was gone already. Caller holds the lock.
+    fn clear(&self, path: &Path, why: &str) -> Result<bool, LedgerError> {
+        let kind = match std::fs::symlink_metadata(path) {
+            Ok(meta) => meta.file_type(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source) => {
+                return Err(LedgerError::Io {
+                    action: "inspecting",
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        store::remove_entry(path, kind)?;
+        let name = path.file_name().unwrap_or_default().as_bytes();
+        store::audit(
+            &self.dir,
+            &format!("clear {}{why}", store::audit_name(name)),
+        );
+        Ok(true)
     }
 
     /// Deletes stale records (caller holds the lock) and returns the live ones.
