@@ -711,9 +711,13 @@ struct User {
 
 impl User {
     fn new() -> User {
-        let name = format!("gpupin-adv-{}", std::process::id());
-        // A user left by a crashed run of this pid is reused, and removed all the same.
-        let _ = Command::new("useradd")
+        // One user per test: tests run in parallel, and one's drop deletes its user.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("gpupin-adv-{}-{n}", std::process::id());
+        // A user left by a crashed run of this pid is reused (useradd exits 9), and
+        // removed all the same; what useradd said goes into the failure otherwise.
+        let out = Command::new("useradd")
             .args([
                 "--system",
                 "--no-create-home",
@@ -721,7 +725,9 @@ impl User {
                 "/usr/sbin/nologin",
             ])
             .arg(&name)
-            .status();
+            .output()
+            .unwrap();
+        let said = format!("useradd {}: {}", out.status, text(&out.stderr).trim());
         let mut user = User {
             name,
             uid: 0,
@@ -732,7 +738,11 @@ impl User {
                 .args([flag, &user.name])
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "user {} does not exist", user.name);
+            assert!(
+                out.status.success(),
+                "user {} does not exist ({said})",
+                user.name
+            );
             text(&out.stdout).trim().parse().unwrap()
         };
         (user.uid, user.gid) = (id("-u"), id("-g"));
