@@ -49,6 +49,7 @@ fn machines(quick: bool) -> Vec<Machine> {
         let inventory = load(
             &InventorySource::Sim(name.into()),
             Path::new("/nonexistent"),
+            &gpupin::inventory::NvmlAccess::InProcess,
         )
         .expect("built-in machine");
         Machine {

@@ -1,7 +1,7 @@
 //! gpupin's configuration: `--config FILE`, else `$GPUPIN_CONFIG`, else
 //! /etc/gpupin/config.toml; a missing default file means defaults.
 
-use crate::inventory::InventorySource;
+use crate::inventory::{InventorySource, NvmlAccess};
 use crate::log::Level;
 use crate::policy::PolicyName;
 use crate::regular::{self, Links};
@@ -36,6 +36,9 @@ pub struct Config {
     pub log: Option<Level>,
     /// Where this configuration was read from; `None` for built-in defaults.
     pub path: Option<PathBuf>,
+    /// Where NVML runs: not a key of the file, but the binary's to say (the statically
+    /// linked ones ask the `gpupin` beside them).
+    pub nvml: NvmlAccess,
 }
 
 impl Default for Config {
@@ -50,6 +53,7 @@ impl Default for Config {
             max_shared: 4,
             log: None,
             path: None,
+            nvml: NvmlAccess::InProcess,
         }
     }
 }

@@ -22,11 +22,11 @@ pub fn load_machine(
     config: &Config,
     request: &GpuRequest,
 ) -> Result<(Inventory, Option<Vec<Live>>), GrantError> {
-    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
+    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
     let policy = request.policy.unwrap_or(config.policy);
     let wants_live = policy.needs_live() || request.memory.is_some();
     let live = if wants_live {
-        inventory::live::read(config.live_file.as_deref(), &inventory)?
+        inventory::live::read(config.live_file.as_deref(), &inventory, &config.nvml)?
     } else {
         None
     };

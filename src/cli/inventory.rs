@@ -16,9 +16,9 @@ pub struct InventoryArgs {
 
 pub fn run(config: &Config, args: &InventoryArgs) -> anyhow::Result<ExitCode> {
     let inv = if args.refresh {
-        inventory::refresh(&config.inventory, &config.state_dir)?
+        inventory::refresh(&config.inventory, &config.state_dir, &config.nvml)?
     } else {
-        inventory::load(&config.inventory, &config.state_dir)?
+        inventory::load(&config.inventory, &config.state_dir, &config.nvml)?
     };
     if args.json {
         outln!("{:#}", report::inventory_json(&inv))?;

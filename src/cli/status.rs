@@ -13,7 +13,7 @@ pub struct StatusArgs {
 }
 
 pub fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<ExitCode> {
-    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
+    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
     let records = Ledger::read_only_for_config(config)?.records()?;
     if args.json {
         outln!(

@@ -17,8 +17,9 @@
 //! `load` ignores a failure to write (the cache only saves time); `refresh` reports it.
 //! Writes are atomic: a temp file in the same dir, fsync, rename, fsync of the dir.
 
-use super::{Inventory, InventoryError, InventorySource, file, nvml, procfs, sim};
+use super::{Inventory, InventoryError, InventorySource, NvmlAccess, file, nvml, procfs, sim};
 use crate::atomic::{self, Durability};
+use crate::regular::{self, Links};
 use std::path::Path;
 
 const FILE_NAME: &str = "inventory.json";
@@ -36,15 +37,21 @@ struct Cached {
 pub fn load_or_probe(
     source: &InventorySource,
     state_dir: &Path,
+    nvml: &NvmlAccess,
 ) -> Result<Inventory, InventoryError> {
-    load_or_probe_with(source, state_dir, boot_id().as_deref(), || probe(source))
+    load_or_probe_with(source, state_dir, boot_id().as_deref(), || {
+        probe(source, nvml)
+    })
 }
 
 pub fn probe_and_store(
     source: &InventorySource,
     state_dir: &Path,
+    nvml: &NvmlAccess,
 ) -> Result<Inventory, InventoryError> {
-    probe_and_store_with(source, state_dir, boot_id().as_deref(), || probe(source))
+    probe_and_store_with(source, state_dir, boot_id().as_deref(), || {
+        probe(source, nvml)
+    })
 }
 
 fn boot_id() -> Option<String> {
@@ -52,10 +59,10 @@ fn boot_id() -> Option<String> {
     Some(id.trim().to_string()).filter(|id| !id.is_empty())
 }
 
-fn probe(source: &InventorySource) -> Result<Inventory, InventoryError> {
+fn probe(source: &InventorySource, access: &NvmlAccess) -> Result<Inventory, InventoryError> {
     match source {
-        InventorySource::Auto => probe_auto(nvml::probe, procfs::probe),
-        InventorySource::Nvml => nvml::probe(),
+        InventorySource::Auto => probe_auto(|| nvml::probe(access), procfs::probe),
+        InventorySource::Nvml => nvml::probe(access),
         InventorySource::Procfs => procfs::probe(),
         // Never routed here by `load`, but cheap to answer.
         InventorySource::Sim(name) => sim::machine(name),
@@ -69,6 +76,11 @@ fn probe_auto(
     procfs: impl FnOnce() -> Result<Inventory, InventoryError>,
 ) -> Result<Inventory, InventoryError> {
     nvml().or_else(|nvml_err| {
+        // A helper that cannot be started is a broken install, not a machine without
+        // NVML: falling back would hide it behind a poorer inventory.
+        if matches!(nvml_err, InventoryError::NvmlHelperStart { .. }) {
+            return Err(nvml_err);
+        }
         procfs().map_err(|procfs_err| InventoryError::NothingFound {
             nvml: crate::message::one_line(&nvml_err),
             procfs: crate::message::one_line(&procfs_err),
@@ -112,7 +124,8 @@ fn probe_and_store_with(
 /// The cached inventory when it was stored this boot for this source.
 fn read_cache(state_dir: &Path, boot_id: &str, source: &InventorySource) -> Option<Inventory> {
     let path = state_dir.join(FILE_NAME);
-    let text = std::fs::read_to_string(&path).ok()?;
+    // In the state dir: never through a link, never a FIFO.
+    let text = regular::read_to_string(&path, Links::Refuse).ok()?;
     let cached: Cached = serde_json::from_str(&text).ok()?;
     if cached.boot_id != boot_id || cached.source != source.to_string() {
         return None;

@@ -5,7 +5,7 @@
 //! Live file format: `{"gpus": [{"uuid": "GPU-…", "utilization": 35, "memory_free": "20GiB"}]}`,
 //! one entry per GPU, keyed by `uuid` or `index`; `memory_free` takes bytes or a size.
 
-use super::{Inventory, InventoryError};
+use super::{Inventory, InventoryError, NvmlAccess};
 use crate::regular::{self, Links};
 use serde::Deserialize;
 use serde_json::Value;
@@ -37,31 +37,43 @@ struct LiveEntry {
 
 /// Live figures per position in `inventory.gpus`: from `live_file` when configured, else
 /// NVML when the inventory came from it, else `None` (policies then fall back).
+/// `nvml` says where NVML runs.
 pub fn read(
     live_file: Option<&Path>,
     inventory: &Inventory,
+    nvml: &NvmlAccess,
 ) -> Result<Option<Vec<Live>>, InventoryError> {
     if let Some(path) = live_file {
         return from_file(path, inventory).map(Some);
     }
     if inventory.source == "nvml" {
-        return super::nvml::live(inventory).map(Some);
+        return super::nvml::live(inventory, nvml).map(Some);
     }
     Ok(None)
 }
 
 fn from_file(path: &Path, inventory: &Inventory) -> Result<Vec<Live>, InventoryError> {
-    let invalid = |reason: String| InventoryError::LiveInvalid {
-        path: path.to_path_buf(),
-        reason,
-    };
     // Named by the admin, so a link is followed; rewritten by whatever tracks the load, so
     // a FIFO there is refused rather than waited on.
     let text = regular::read(path, Links::Follow).map_err(|source| InventoryError::LiveRead {
         path: path.to_path_buf(),
         source,
     })?;
-    let file: LiveFile = serde_json::from_slice(&text).map_err(|e| invalid(e.to_string()))?;
+    from_text(&text, path, inventory)
+}
+
+/// The figures in `text` (the live file format) for each GPU of `inventory`; `origin`
+/// names where the text came from in errors.
+pub(super) fn from_text(
+    text: &[u8],
+    origin: &Path,
+    inventory: &Inventory,
+) -> Result<Vec<Live>, InventoryError> {
+    let invalid = |reason: String| InventoryError::LiveInvalid {
+        path: origin.to_path_buf(),
+        reason,
+    };
+    let file: LiveFile = serde_json::from_slice(text).map_err(|e| invalid(e.to_string()))?;
     inventory
         .gpus
         .iter()
@@ -110,7 +122,9 @@ mod tests {
             r#"{"gpus": [{"uuid": "GPU-test-1", "utilization": 80, "memory_free": "10GiB"},
                          {"index": 0, "utilization": 5, "memory_free": 1024}]}"#,
         );
-        let live = read(Some(f.path()), &machine(2)).unwrap().unwrap();
+        let live = read(Some(f.path()), &machine(2), &NvmlAccess::InProcess)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             live[0],
             Live {
@@ -130,22 +144,30 @@ mod tests {
     #[test]
     fn missing_gpu_and_bad_values_are_named() {
         let f = write(r#"{"gpus": [{"index": 0, "utilization": 5, "memory_free": 1}]}"#);
-        let err = read(Some(f.path()), &machine(2)).unwrap_err().to_string();
+        let err = read(Some(f.path()), &machine(2), &NvmlAccess::InProcess)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("no entry for GPU 1"), "{err}");
         let f = write(r#"{"gpus": [{"index": 0, "utilization": 500, "memory_free": 1}]}"#);
-        let err = read(Some(f.path()), &machine(1)).unwrap_err().to_string();
+        let err = read(Some(f.path()), &machine(1), &NvmlAccess::InProcess)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("utilization of GPU 0 is 500"), "{err}");
     }
 
     #[test]
     fn errors_name_the_live_file_not_the_inventory() {
         let f = write("{");
-        let err = read(Some(f.path()), &machine(1)).unwrap_err().to_string();
+        let err = read(Some(f.path()), &machine(1), &NvmlAccess::InProcess)
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("invalid live file "), "{err}");
         assert!(err.contains(&f.path().display().to_string()), "{err}");
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("live.json");
-        let err = read(Some(&missing), &machine(1)).unwrap_err().to_string();
+        let err = read(Some(&missing), &machine(1), &NvmlAccess::InProcess)
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("reading live file "), "{err}");
     }
 
@@ -153,7 +175,7 @@ mod tests {
     fn a_fifo_as_live_file_is_refused_without_blocking() {
         let (_dir, path) = crate::inventory::file::tests::fifo("live.json");
         let err = crate::inventory::file::tests::within_5s(move || {
-            read(Some(&path), &machine(1)).unwrap_err()
+            read(Some(&path), &machine(1), &NvmlAccess::InProcess).unwrap_err()
         });
         let line = crate::message::one_line(&err);
         assert!(line.starts_with("reading live file "), "{line}");
@@ -162,6 +184,9 @@ mod tests {
 
     #[test]
     fn no_source_means_no_figures() {
-        assert_eq!(read(None, &machine(2)).unwrap(), None);
+        assert_eq!(
+            read(None, &machine(2), &NvmlAccess::InProcess).unwrap(),
+            None
+        );
     }
 }

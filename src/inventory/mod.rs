@@ -9,14 +9,26 @@ mod file;
 mod link;
 pub mod live;
 mod nvml;
+pub mod nvml_helper;
 mod procfs;
 mod sim;
 
 pub use file::{from_json, to_json};
 pub use link::Link;
 pub use live::Live;
+pub use nvml::{live_all_here as nvml_live_here, probe_here as nvml_probe_here};
 
 use std::path::{Path, PathBuf};
+
+/// Where NVML is called: in this process (the `gpupin` CLI), or in the `gpupin` binary
+/// beside a statically linked one (`nvml_helper` says why).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum NvmlAccess {
+    #[default]
+    InProcess,
+    /// `gpupin nvml inventory|live` through this binary.
+    Helper(PathBuf),
+}
 
 /// One GPU as the inventory knows it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -197,6 +209,14 @@ pub enum InventoryError {
         #[source]
         source: nvml_wrapper::error::NvmlError,
     },
+    #[error("NVML through {exe}: {reason}")]
+    NvmlHelper { exe: PathBuf, reason: String },
+    #[error("starting {exe} for NVML")]
+    NvmlHelperStart {
+        exe: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("NVML reports no GPUs")]
     NoGpusInNvml,
     #[error("NVML query failed: {what}")]
@@ -229,20 +249,29 @@ pub enum InventoryError {
 
 /// Loads the inventory for `source`. `Auto`, `Nvml` and `Procfs` go through the cache in
 /// `state_dir`; `Sim` and `File` are cheap to build and are never cached.
-pub fn load(source: &InventorySource, state_dir: &Path) -> Result<Inventory, InventoryError> {
+/// `nvml` says where NVML runs when the cache misses.
+pub fn load(
+    source: &InventorySource,
+    state_dir: &Path,
+    nvml: &NvmlAccess,
+) -> Result<Inventory, InventoryError> {
     match source {
         InventorySource::Sim(name) => sim::machine(name),
         InventorySource::File(path) => file::load(path),
         InventorySource::Auto | InventorySource::Nvml | InventorySource::Procfs => {
-            cache::load_or_probe(source, state_dir)
+            cache::load_or_probe(source, state_dir, nvml)
         }
     }
 }
 
 /// Probes the hardware again and rewrites the cache (`gpupin inventory --refresh`).
-pub fn refresh(source: &InventorySource, state_dir: &Path) -> Result<Inventory, InventoryError> {
+pub fn refresh(
+    source: &InventorySource,
+    state_dir: &Path,
+    nvml: &NvmlAccess,
+) -> Result<Inventory, InventoryError> {
     match source {
-        InventorySource::Sim(_) | InventorySource::File(_) => load(source, state_dir),
-        _ => cache::probe_and_store(source, state_dir),
+        InventorySource::Sim(_) | InventorySource::File(_) => load(source, state_dir, nvml),
+        _ => cache::probe_and_store(source, state_dir, nvml),
     }
 }

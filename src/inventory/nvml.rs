@@ -16,7 +16,7 @@
 //! When any PCIe level cannot be read the matrix is left out rather than guessed.
 
 use super::procfs::{Roots, add_sysfs_locality, device_nodes, nvml_bus_id};
-use super::{Gpu, Inventory, InventoryError, Link};
+use super::{Gpu, Inventory, InventoryError, Link, NvmlAccess};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::error::NvmlError;
@@ -27,7 +27,16 @@ const LIBRARY: &str = "libnvidia-ml.so.1";
 /// NVML_NVLINK_MAX_LINKS in nvml.h; nvml-wrapper does not re-export it.
 const MAX_NVLINKS: u32 = 18;
 
-pub(super) fn probe() -> Result<Inventory, InventoryError> {
+/// The inventory from NVML, through `access`.
+pub(super) fn probe(access: &NvmlAccess) -> Result<Inventory, InventoryError> {
+    match access {
+        NvmlAccess::InProcess => probe_here(),
+        NvmlAccess::Helper(exe) => super::nvml_helper::inventory(exe),
+    }
+}
+
+/// The inventory from NVML loaded into this process.
+pub fn probe_here() -> Result<Inventory, InventoryError> {
     probe_with(OsStr::new(LIBRARY), &Roots::host())
 }
 
@@ -58,18 +67,48 @@ fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryErro
 }
 
 /// Utilization and free memory of each GPU of `inventory`, by UUID (indices may have
-/// moved since the inventory was cached).
-pub(super) fn live(inventory: &Inventory) -> Result<Vec<super::Live>, InventoryError> {
-    let nvml = Nvml::builder()
+/// moved since the inventory was cached), through `access`.
+pub(super) fn live(
+    inventory: &Inventory,
+    access: &NvmlAccess,
+) -> Result<Vec<super::Live>, InventoryError> {
+    let uuids: Vec<&str> = inventory.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    match access {
+        NvmlAccess::InProcess => live_here(&uuids),
+        NvmlAccess::Helper(exe) => super::nvml_helper::live(exe, inventory),
+    }
+}
+
+/// Every GPU NVML knows, by UUID, with its live figures: what `gpupin nvml live` prints.
+pub fn live_all_here() -> Result<Vec<(String, super::Live)>, InventoryError> {
+    let nvml = init()?;
+    let count = nvml.device_count().map_err(query_error("device count"))?;
+    (0..count)
+        .map(|index| {
+            let uuid = nvml
+                .device_by_index(index)
+                .and_then(|d| d.uuid())
+                .map_err(query_error("uuid"))?;
+            let live = live_here(&[uuid.as_str()])?.remove(0);
+            Ok((uuid, live))
+        })
+        .collect()
+}
+
+fn init() -> Result<Nvml, InventoryError> {
+    Nvml::builder()
         .lib_path(OsStr::new(LIBRARY))
         .init()
-        .map_err(|source| InventoryError::NvmlUnavailable { source })?;
-    inventory
-        .gpus
+        .map_err(|source| InventoryError::NvmlUnavailable { source })
+}
+
+fn live_here(uuids: &[&str]) -> Result<Vec<super::Live>, InventoryError> {
+    let nvml = init()?;
+    uuids
         .iter()
-        .map(|gpu| {
+        .map(|uuid| {
             let device = nvml
-                .device_by_uuid(gpu.uuid.as_str())
+                .device_by_uuid(*uuid)
                 .map_err(query_error("device by uuid"))?;
             let utilization = device
                 .utilization_rates()
@@ -229,7 +268,8 @@ mod tests {
         if !driver_present {
             let state = tempfile::tempdir().unwrap();
             let source = crate::inventory::InventorySource::Nvml;
-            assert_one_line_unavailable(crate::inventory::load(&source, state.path()));
+            let here = crate::inventory::NvmlAccess::InProcess;
+            assert_one_line_unavailable(crate::inventory::load(&source, state.path(), &here));
         }
     }
 

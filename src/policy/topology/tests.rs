@@ -5,6 +5,7 @@ fn sim(name: &str) -> Inventory {
     load(
         &InventorySource::Sim(name.into()),
         std::path::Path::new("/nonexistent"),
+        &crate::inventory::NvmlAccess::InProcess,
     )
     .unwrap()
 }

@@ -1,0 +1,149 @@
+//! NVML in a helper process. gpupin-hook and gpupin-runtime are linked statically in
+//! release builds, so that every container start pays little more than an exec; glibc's
+//! dlopen from a static program loads a second C library beside the one linked in, and
+//! NVIDIA's library (threads, its own allocations) is not to be trusted with that. So
+//! those binaries never load NVML themselves: they run `gpupin nvml inventory|live`, the
+//! dynamically linked CLI beside them, and read its JSON. It runs only when the inventory
+//! cache misses (once a boot) or a policy needs live figures.
+
+use super::{Inventory, InventoryError, Live, file, live};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// The CLI's hidden subcommand and its two questions.
+pub const SUBCOMMAND: &str = "nvml";
+pub const INVENTORY: &str = "inventory";
+pub const LIVE: &str = "live";
+
+/// The inventory as `exe nvml inventory` prints it (the inventory file format).
+pub(super) fn inventory(exe: &Path) -> Result<Inventory, InventoryError> {
+    let text = ask(exe, INVENTORY)?;
+    let mut inv = file::from_json(&text, exe)?;
+    inv.source = "nvml".to_string();
+    Ok(inv)
+}
+
+/// Live figures for the GPUs of `inventory`, from `exe nvml live` (the live file format,
+/// by UUID).
+pub(super) fn live(exe: &Path, inventory: &Inventory) -> Result<Vec<Live>, InventoryError> {
+    let text = ask(exe, LIVE)?;
+    live::from_text(text.as_bytes(), exe, inventory)
+}
+
+/// What `gpupin nvml live` prints for `gpus`: the live file format, by UUID.
+pub fn live_json(gpus: &[(String, Live)]) -> String {
+    let entries: Vec<serde_json::Value> = gpus
+        .iter()
+        .map(|(uuid, live)| {
+            serde_json::json!({
+                "uuid": uuid,
+                "utilization": live.utilization,
+                "memory_free": live.memory_free,
+            })
+        })
+        .collect();
+    serde_json::json!({ "gpus": entries }).to_string()
+}
+
+fn ask(exe: &Path, question: &str) -> Result<String, InventoryError> {
+    let output = Command::new(exe)
+        .args([SUBCOMMAND, question])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| InventoryError::NvmlHelperStart {
+            exe: exe.to_path_buf(),
+            source,
+        })?;
+    if !output.status.success() {
+        // Its one line, without the "gpupin: " every binary puts first.
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let line = stderr.lines().last().unwrap_or_default();
+        let reason = line.strip_prefix("gpupin: ").unwrap_or(line);
+        return Err(InventoryError::NvmlHelper {
+            exe: exe.to_path_buf(),
+            reason: if reason.is_empty() {
+                format!("exited with {} and no reason", output.status)
+            } else {
+                reason.to_string()
+            },
+        });
+    }
+    String::from_utf8(output.stdout).map_err(|_| InventoryError::NvmlHelper {
+        exe: exe.to_path_buf(),
+        reason: "its output is not UTF-8".to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A stand-in for `gpupin` that answers with `script`'s output.
+    fn helper(dir: &Path, script: &str) -> std::path::PathBuf {
+        let exe = dir.join("gpupin");
+        std::fs::write(&exe, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        exe
+    }
+
+    #[test]
+    fn inventory_and_live_figures_come_from_the_helper() {
+        let dir = tempfile::tempdir().unwrap();
+        let machine = super::super::sim::machine("pcie8").unwrap();
+        let inv_json = file::to_json(&machine);
+        let live: Vec<(String, Live)> = machine
+            .gpus
+            .iter()
+            .map(|g| {
+                let l = Live {
+                    utilization: g.index * 10,
+                    memory_free: 1 << 30,
+                };
+                (g.uuid.clone(), l)
+            })
+            .collect();
+        let inv_file = dir.path().join("inv.json");
+        let live_file = dir.path().join("live.json");
+        std::fs::write(&inv_file, inv_json).unwrap();
+        std::fs::write(&live_file, live_json(&live)).unwrap();
+        let exe = helper(
+            dir.path(),
+            &format!(
+                "[ \"$1 $2\" = \"nvml inventory\" ] && exec cat {}\n[ \"$1 $2\" = \"nvml live\" ] && exec cat {}\nexit 3",
+                inv_file.display(),
+                live_file.display()
+            ),
+        );
+        let got = inventory(&exe).unwrap();
+        assert_eq!(got.source, "nvml");
+        assert_eq!(got.gpus, machine.gpus);
+        let figures = super::live(&exe, &got).unwrap();
+        assert_eq!(figures[3].utilization, 30);
+        assert_eq!(figures[3].memory_free, 1 << 30);
+    }
+
+    #[test]
+    fn a_failing_helper_is_one_line_with_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = helper(
+            dir.path(),
+            "echo 'gpupin: NVML is not available (is the NVIDIA driver installed?)' >&2; exit 1",
+        );
+        let err = inventory(&exe).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "NVML through {}: NVML is not available (is the NVIDIA driver installed?)",
+                exe.display()
+            )
+        );
+    }
+
+    #[test]
+    fn a_missing_helper_names_the_path() {
+        let err = inventory(Path::new("/nonexistent/gpupin")).unwrap_err();
+        assert!(matches!(err, InventoryError::NvmlHelperStart { .. }));
+        assert!(err.to_string().contains("/nonexistent/gpupin"), "{err}");
+    }
+}
