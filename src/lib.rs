@@ -9,6 +9,7 @@
 
 pub mod admit;
 pub mod atomic;
+pub mod binaries;
 pub mod config;
 pub mod docker;
 pub mod edits;

@@ -311,11 +311,12 @@ fn install_is_idempotent_and_uninstall_removes_exactly_its_files() {
         .map(|n| std::fs::read(hooks.join(n)).unwrap())
         .collect();
     let precreate: serde_json::Value = serde_json::from_slice(&contents[0]).unwrap();
-    assert_eq!(precreate["hook"]["path"], env!("CARGO_BIN_EXE_gpupin"));
+    // The lean hook binary beside the gpupin that installed it.
+    assert_eq!(precreate["hook"]["path"], env!("CARGO_BIN_EXE_gpupin-hook"));
     let config = config.to_str().unwrap();
     assert_eq!(
         precreate["hook"]["args"],
-        serde_json::json!(["gpupin", "--config", config, "hook", "precreate"])
+        serde_json::json!(["gpupin-hook", "--config", config, "precreate"])
     );
 
     let again = gpupin(&["install", "podman", "--dir"]);

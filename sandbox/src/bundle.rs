@@ -9,25 +9,33 @@ use std::path::{Path, PathBuf};
 /// runc kills a hook that runs longer; a stuck hook must fail a test, not hang it.
 const HOOK_TIMEOUT_S: u64 = 30;
 
-/// How the bundle's hooks call gpupin: `EXE [--config CONFIG] hook STAGE`, as gpupin
+/// How the bundle's hooks call gpupin: `gpupin-hook [--config CONFIG] STAGE`, as gpupin
 /// writes its own hooks into specs it edits.
 #[derive(Debug, Clone)]
 pub struct HookCommand {
-    /// Absolute path of the `gpupin` binary.
+    /// Absolute path of the `gpupin-hook` binary.
     pub exe: PathBuf,
     /// Passed on the command line: runc runs hooks with an empty environment.
     pub config: Option<PathBuf>,
 }
 
 impl HookCommand {
-    /// argv, argv[0] (`gpupin`) included.
+    /// The `gpupin-hook` installed beside `gpupin` (cargo builds them side by side).
+    pub fn beside(gpupin: &Path, config: Option<PathBuf>) -> Self {
+        HookCommand {
+            exe: gpupin.with_file_name("gpupin-hook"),
+            config,
+        }
+    }
+
+    /// argv, argv[0] (`gpupin-hook`) included.
     pub fn args(&self, stage: &str) -> Vec<String> {
-        let mut args = vec!["gpupin".to_string()];
+        let mut args = vec!["gpupin-hook".to_string()];
         if let Some(config) = &self.config {
             args.push("--config".into());
             args.push(config.display().to_string());
         }
-        args.extend(["hook".to_string(), stage.to_string()]);
+        args.push(stage.to_string());
         args
     }
 }
@@ -201,17 +209,14 @@ mod tests {
 
     #[test]
     fn hooks_call_gpupin_with_its_config() {
-        let hook = HookCommand {
-            exe: "/usr/bin/gpupin".into(),
-            config: Some("/etc/g.toml".into()),
-        };
+        let hook = HookCommand::beside(Path::new("/usr/bin/gpupin"), Some("/etc/g.toml".into()));
         let c = BundleSpec::sleeper(Path::new("/r"))
             .with_hook(&hook)
             .to_config();
-        assert_eq!(c["hooks"]["prestart"][0]["path"], "/usr/bin/gpupin");
+        assert_eq!(c["hooks"]["prestart"][0]["path"], "/usr/bin/gpupin-hook");
         assert_eq!(
             c["hooks"]["poststop"][0]["args"],
-            json!(["gpupin", "--config", "/etc/g.toml", "hook", "poststop"])
+            json!(["gpupin-hook", "--config", "/etc/g.toml", "poststop"])
         );
     }
 

@@ -2,7 +2,9 @@
 //! and hands every command to the real runtime (runc). Thin: the work, the runtime's
 //! child included, is in `gpupin::runtime::run`; this only execs and exits.
 
+use gpupin::binaries;
 use gpupin::config::CONFIG_ENV;
+use gpupin::inventory::NvmlAccess;
 use gpupin::runtime::{self, Handover, argv, argv::Invocation};
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -29,7 +31,9 @@ fn main() -> ExitCode {
 fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
     let own_exe = std::env::current_exe()?;
     let flag = argv::config_path(inv.gpupin_config.as_deref(), std::env::var_os(CONFIG_ENV))?;
-    let config = runtime::load_config(flag.as_deref())?;
+    let mut config = runtime::load_config(flag.as_deref())?;
+    // Linked statically in release builds: NVML is asked of the `gpupin` beside it.
+    config.nvml = NvmlAccess::Helper(binaries::beside(&own_exe, binaries::CLI));
     logging::init_from_config(&config);
     match runtime::run(inv, &config, &own_exe)? {
         Handover::Exec { runtime } => Err(exec(&runtime, &inv.runtime_args)),

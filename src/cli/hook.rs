@@ -1,10 +1,9 @@
-//! `gpupin hook STAGE`: reads the OCI state (precreate: the spec) on stdin. Only the
-//! precreate stage writes to stdout, and only the spec: podman parses it.
+//! `gpupin hook STAGE`: the same hook as the `gpupin-hook` binary (`hook_stage.rs`), kept
+//! for hooks.d files and specs written by an older gpupin, and for trying a stage by hand.
 
-use super::out::note;
-use gpupin::config::Config;
-use gpupin::hook::{self, Outcome, Stage};
-use std::io::{Read, Write};
+use super::hook_stage::{self, StageArgs};
+use gpupin::binaries;
+use gpupin::inventory::NvmlAccess;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -19,51 +18,12 @@ pub struct HookArgs {
 }
 
 pub fn run(config_flag: Option<&Path>, args: &HookArgs) -> anyhow::Result<ExitCode> {
-    let stage: Stage = args.stage.parse()?;
-    let mut state = Vec::new();
-    std::io::stdin().read_to_end(&mut state)?;
-    if let Some(reason) = &args.refuse {
-        return Err(hook::HookError::Precreate(reason.clone()).into());
-    }
-    let exe = std::env::current_exe()?;
-    // The config, and so its `log` key, is loaded only for a container that asks for GPUs.
-    let load_config = || -> Result<Config, gpupin::config::ConfigError> {
-        let config = Config::discover(config_flag)?;
-        super::logging::init_from_config(&config);
-        Ok(config)
+    let args = StageArgs {
+        config: config_flag,
+        stage: &args.stage,
+        refuse: args.refuse.as_deref(),
     };
-    match hook::run(stage, &state, &exe, load_config)? {
-        Outcome::NoRequest | Outcome::Released(None) => {}
-        Outcome::Spec { bytes, claim } => {
-            if let Some(record) = claim {
-                note(format_args!(
-                    "gpupin: {} holds {}",
-                    record.id,
-                    record.gpus.join(",")
-                ));
-            }
-            let mut stdout = std::io::stdout().lock();
-            stdout.write_all(&bytes)?;
-            stdout.flush()?;
-        }
-        Outcome::Allocated(record) => {
-            note(format_args!(
-                "gpupin: {} holds {}",
-                record.id,
-                record.gpus.join(",")
-            ));
-        }
-        Outcome::Bound(record) => {
-            let pid = record.pid.unwrap_or_default();
-            note(format_args!("gpupin: {} bound to pid {pid}", record.id));
-        }
-        Outcome::Released(Some(record)) => {
-            note(format_args!(
-                "gpupin: {} released {}",
-                record.id,
-                record.gpus.join(",")
-            ));
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+    // Specs edited at precreate get the lean hook binary beside this one.
+    let hook_exe = binaries::beside(&std::env::current_exe()?, binaries::HOOK);
+    hook_stage::run(&args, &hook_exe, NvmlAccess::InProcess)
 }

@@ -21,10 +21,10 @@ pub struct PodmanArgs {
 }
 
 pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<ExitCode> {
-    let hook = HookCommand {
-        exe: std::env::current_exe().context("finding the gpupin binary")?,
-        config: super::install::absolute_config(config_flag)?,
-    };
+    let hook = HookCommand::beside(
+        &std::env::current_exe().context("finding the gpupin binary")?,
+        super::install::absolute_config(config_flag)?,
+    );
     let trigger = if args.always {
         Trigger::Always
     } else {

@@ -8,10 +8,12 @@ mod out;
 mod demo;
 mod gc;
 mod hook;
+mod hook_stage;
 mod install;
 mod install_podman;
 mod inventory;
 pub mod logging;
+mod nvml;
 mod pick;
 mod release;
 mod status;
@@ -57,6 +59,9 @@ pub enum Command {
     Install(install::InstallArgs),
     /// Take gpupin out of a container engine's configuration again
     Uninstall(install::UninstallArgs),
+    /// NVML's answers as JSON, for gpupin-hook and gpupin-runtime
+    #[command(hide = true)]
+    Nvml(nvml::NvmlArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -110,13 +115,16 @@ fn usage_error(err: clap::Error) -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Command::Hook(args) = &cli.command {
+    match &cli.command {
         // The hook loads config lazily: a container without a request must not pay for it.
-        return hook::run(cli.config.as_deref(), args);
+        Command::Hook(args) => return hook::run(cli.config.as_deref(), args),
+        // NVML needs no config: the helper answers whichever binary asks.
+        Command::Nvml(args) => return nvml::run(args),
+        _ => {}
     }
     let config = load_config(cli.config.as_deref())?;
     match cli.command {
-        Command::Hook(_) => unreachable!("handled above"),
+        Command::Hook(_) | Command::Nvml(_) => unreachable!("handled above"),
         Command::Inventory(args) => inventory::run(&config, &args),
         Command::Status(args) => status::run(&config, &args),
         Command::Pick(args) => pick::run(&config, &args),

@@ -1,10 +1,11 @@
 //! How a runtime calls gpupin back as an OCI hook.
 
-use std::path::PathBuf;
+use crate::binaries;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone)]
 pub struct HookCommand {
-    /// Absolute path of the `gpupin` binary.
+    /// Absolute path of the `gpupin-hook` binary.
     pub exe: PathBuf,
     /// The config gpupin was started with; hooks run with an empty environment, so it is
     /// passed on the command line.
@@ -12,14 +13,22 @@ pub struct HookCommand {
 }
 
 impl HookCommand {
-    /// `gpupin [--config FILE] hook STAGE`, argv[0] included.
+    /// The hook binary installed beside `exe` (any of gpupin's binaries).
+    pub fn beside(exe: &Path, config: Option<PathBuf>) -> Self {
+        HookCommand {
+            exe: binaries::beside(exe, binaries::HOOK),
+            config,
+        }
+    }
+
+    /// `gpupin-hook [--config FILE] STAGE`, argv[0] included.
     pub fn args(&self, stage: &str) -> Vec<String> {
-        let mut args = vec!["gpupin".to_string()];
+        let mut args = vec![binaries::HOOK.to_string()];
         if let Some(config) = &self.config {
             args.push("--config".into());
             args.push(config.display().to_string());
         }
-        args.extend(["hook".to_string(), stage.to_string()]);
+        args.push(stage.to_string());
         args
     }
 

@@ -127,7 +127,6 @@ mod tests {
     use crate::ledger::{HolderId, Mode};
     use crate::policy::testing::machine;
     use crate::request::{GpuRequest, Origin, Selection};
-    use std::path::PathBuf;
 
     fn record(gpus: &[&str]) -> Record {
         Record {
@@ -163,10 +162,7 @@ mod tests {
         let inv = machine(4);
         let rec = record(&["GPU-test-0", "GPU-test-1"]);
         let token = ClaimToken::new(HolderId::new("c1").unwrap()).unwrap();
-        let hook = HookCommand {
-            exe: PathBuf::from("/usr/bin/gpupin"),
-            config: None,
-        };
+        let hook = HookCommand::beside(Path::new("/usr/bin/gpupin"), None);
         let edits = ContainerEdits::for_record(&inv, &rec)
             .unwrap()
             .with_claim(&rec, &token, &hook);
@@ -182,7 +178,8 @@ mod tests {
         );
         let stages: Vec<&str> = edits.hooks.iter().map(|h| h.stage).collect();
         assert_eq!(stages, ["prestart", "poststop"]);
-        assert_eq!(edits.hooks[1].args, ["gpupin", "hook", "poststop"]);
+        assert_eq!(edits.hooks[1].path, "/usr/bin/gpupin-hook");
+        assert_eq!(edits.hooks[1].args, ["gpupin-hook", "poststop"]);
     }
 
     #[test]

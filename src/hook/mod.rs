@@ -152,7 +152,7 @@ impl Task {
 /// Runs one stage. `load_config` is only called when the container asks for GPUs, so the
 /// hook costs a container without a request a state parse and one small file read.
 ///
-/// `exe` is the gpupin binary, written into specs edited at precreate as their hook.
+/// `exe` is the `gpupin-hook` binary, written into specs edited at precreate as their hook.
 pub fn run(
     stage: Stage,
     state_json: &[u8],

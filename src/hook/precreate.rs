@@ -117,9 +117,12 @@ fn defer_error(mut spec_value: Value, err: &HookError, exe: &Path) -> Result<Out
     spec::set_annotation(&mut spec_value, ERROR_ANNOTATION, &reason).map_err(HookError::Spec)?;
     // hooks.d put gpupin's own prestart hook in already (podman adds them before
     // precreate): it would report the annotation instead of the reason.
+    // Files written by an older gpupin run `gpupin hook STAGE`: those go too.
+    let cli = crate::binaries::beside(exe, crate::binaries::CLI);
     let exe = exe.display().to_string();
     for stage in ["prestart", "createRuntime"] {
         spec::remove_hooks(&mut spec_value, stage, &exe);
+        spec::remove_hooks(&mut spec_value, stage, &cli.display().to_string());
     }
     let hook = HookCommand {
         exe: PathBuf::from(&exe),
@@ -161,7 +164,7 @@ mod tests {
 
     fn precreate(spec: &Value, state_dir: &Path) -> Value {
         let input = serde_json::to_vec(spec).unwrap();
-        let exe = Path::new("/usr/bin/gpupin");
+        let exe = Path::new("/usr/bin/gpupin-hook");
         match run(&input, exe, || Ok(config(state_dir))).unwrap() {
             Outcome::Spec { bytes, claim: None } => serde_json::from_slice(&bytes).unwrap(),
             other => panic!("expected a spec without claim, got {other:?}"),
@@ -183,8 +186,10 @@ mod tests {
         let mut spec = spec_with(json!({"gpupin.count": "9"}));
         // What hooks.d put in before precreate ran, and another program's hook.
         spec["hooks"] = json!({"prestart": [
-            {"path": "/usr/bin/gpupin", "args": ["gpupin", "hook", "prestart"]},
+            {"path": "/usr/bin/gpupin-hook", "args": ["gpupin-hook", "prestart"]},
             {"path": "/usr/bin/other"},
+            // Put there by an older gpupin's hooks.d file.
+            {"path": "/usr/bin/gpupin", "args": ["gpupin", "hook", "prestart"]},
         ]});
         let edited = precreate(&spec, state.path());
         let reason = edited["annotations"][ERROR_ANNOTATION].as_str().unwrap();
@@ -196,8 +201,8 @@ mod tests {
             edited["hooks"]["prestart"],
             json!([
                 {"path": "/usr/bin/other"},
-                {"path": "/usr/bin/gpupin",
-                 "args": ["gpupin", "hook", "prestart", "--refuse", reason]},
+                {"path": "/usr/bin/gpupin-hook",
+                 "args": ["gpupin-hook", "prestart", "--refuse", reason]},
             ])
         );
         assert!(edited.pointer("/linux/devices").is_none());

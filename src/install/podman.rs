@@ -6,6 +6,7 @@
 //! container, which is what an env request (`GPUPIN_COUNT` in the container's env) needs;
 //! a container without a request then costs one small spec scan per stage.
 
+use crate::binaries;
 use crate::edits::HookCommand;
 use crate::spec::{self, SpecError};
 use serde_json::{Value, json};
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 /// /usr/share/containers/oci/hooks.d, which belongs to packages).
 pub const HOOKS_DIR: &str = "/etc/containers/oci/hooks.d";
 /// The binary named in the example files under hooks/; `install` writes the real one.
-pub const PLACEHOLDER_EXE: &str = "/usr/local/bin/gpupin";
+pub const PLACEHOLDER_EXE: &str = "/usr/local/bin/gpupin-hook";
 /// The stages gpupin hooks, in the order podman runs them.
 pub const STAGES: [&str; 3] = ["precreate", "prestart", "poststop"];
 /// oci-hooks(5) matches annotation keys and values as regular expressions.
@@ -112,16 +113,20 @@ fn hook_json(hook: &HookCommand, stage: &str, trigger: Trigger) -> Value {
 }
 
 /// Whether `content` is a hook file gpupin wrote for `stage`: it runs
-/// `gpupin [--config FILE] hook STAGE` at that stage only. Whatever else an
+/// `gpupin-hook [--config FILE] STAGE` (or, written by an older gpupin,
+/// `gpupin [--config FILE] hook STAGE`) at that stage only. Whatever else an
 /// administrator put in the directory is never overwritten or removed.
 pub fn is_gpupin_hook(content: &Value, stage: &str) -> bool {
     let args: Option<Vec<&str>> = content["hook"]["args"]
         .as_array()
         .and_then(|a| a.iter().map(Value::as_str).collect());
     let Some(args) = args else { return false };
-    args.first() == Some(&"gpupin")
-        && args.ends_with(&["hook", stage])
-        && content["stages"] == json!([stage])
+    let runs_stage = match args.first() {
+        Some(&binaries::HOOK) => args.len() > 1 && args.ends_with(&[stage]),
+        Some(&binaries::CLI) => args.ends_with(&["hook", stage]),
+        _ => false,
+    };
+    runs_stage && content["stages"] == json!([stage])
 }
 
 /// Writes `files` into `dir` (created when missing), each atomically; a file already
@@ -224,7 +229,7 @@ mod tests {
 
     fn hook(config: Option<&str>) -> HookCommand {
         HookCommand {
-            exe: PathBuf::from("/opt/gpupin/bin/gpupin"),
+            exe: PathBuf::from("/opt/gpupin/bin/gpupin-hook"),
             config: config.map(PathBuf::from),
         }
     }
@@ -255,8 +260,8 @@ mod tests {
             json!({
                 "version": "1.0.0",
                 "hook": {
-                    "path": "/opt/gpupin/bin/gpupin",
-                    "args": ["gpupin", "--config", "/etc/gpupin/c.toml", "hook", "prestart"],
+                    "path": "/opt/gpupin/bin/gpupin-hook",
+                    "args": ["gpupin-hook", "--config", "/etc/gpupin/c.toml", "prestart"],
                 },
                 "when": {"annotations": {"^gpupin\\.": ".*"}},
                 "stages": ["prestart"],
@@ -310,6 +315,15 @@ mod tests {
         });
         assert!(!is_gpupin_hook(&nvidia, "prestart"));
         assert!(!is_gpupin_hook(&json!({}), "prestart"));
+        // An older gpupin's file, which a new install replaces rather than refuses.
+        let older = json!({
+            "version": "1.0.0",
+            "hook": {"path": "/usr/bin/gpupin", "args": ["gpupin", "hook", "poststop"]},
+            "when": {"always": true},
+            "stages": ["poststop"],
+        });
+        assert!(is_gpupin_hook(&older, "poststop"));
+        assert!(!is_gpupin_hook(&older, "prestart"));
     }
 
     fn changes(steps: &[Step]) -> Vec<Change> {

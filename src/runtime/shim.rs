@@ -22,16 +22,13 @@ pub enum Handover {
 }
 
 /// Runs `inv` under `config` (the binary loads it, from `argv::config_path`, and sets up
-/// logging from it first). `own_exe` is gpupin-runtime's path; `gpupin` is beside it.
+/// logging from it first). `own_exe` is gpupin-runtime's path; `gpupin-hook` is beside it.
 pub fn run(inv: &Invocation, config: &Config, own_exe: &Path) -> Result<Handover, ShimError> {
     let runtime = real_runtime(config, own_exe)?;
     match &inv.action {
         Action::Other => Ok(Handover::Exec { runtime }),
         Action::Create { bundle, id } => {
-            let hook = HookCommand {
-                exe: own_exe.with_file_name("gpupin"),
-                config: config.path.clone(),
-            };
+            let hook = HookCommand::beside(own_exe, config.path.clone());
             if create::prepare(config, bundle, id, &hook)?.is_none() {
                 return Ok(Handover::Exec { runtime });
             }

@@ -184,7 +184,7 @@ fn setup(work: &Path, machine: &str) -> anyhow::Result<Setup> {
     std::fs::write(&config_file, text)
         .with_context(|| format!("writing {}", config_file.display()))?;
     let config = Config::load(&config_file)?;
-    let inventory = inventory::load(&config.inventory, &config.state_dir)?;
+    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
     Ok(Setup {
         work: work.to_path_buf(),
         config,
@@ -258,10 +258,10 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
     let rootfs = setup.work.join("rootfs");
     sandbox::build_busybox_rootfs(&reqs.busybox, &rootfs)?;
     let runc = Runc::new(&reqs.runc, &setup.work.join("runc-root"));
-    let hook = HookCommand {
-        exe: std::env::current_exe().context("finding the gpupin binary")?,
-        config: Some(setup.config_file.clone()),
-    };
+    let hook = HookCommand::beside(
+        &std::env::current_exe().context("finding the gpupin binary")?,
+        Some(setup.config_file.clone()),
+    );
     outln!(
         "Starting {} containers with `runc run -d` (busybox, `sleep 1000`), gpupin as their\n\
          prestart and poststop hook; what each asks for, and what it sees in /dev:",
