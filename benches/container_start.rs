@@ -11,16 +11,27 @@
 //! cgroup, ledger record, release) on the simulated `sim:nvswitch8`. The variants
 //! alternate within each round so that drift on the machine hits all alike.
 //!
-//! Then the hook alone: `gpupin hook prestart` for a container without a request against
-//! `/bin/true`, both fed the same OCI state on stdin, 10 runs of each per round,
-//! alternating. Figures are medians, and ratios against the baseline of the same run.
+//! Then the hook alone: `gpupin-hook prestart` (and, for comparison, the CLI's `gpupin
+//! hook prestart`) for a container without a request against `/bin/true`, all fed the
+//! same OCI state on stdin, 10 runs of each per round, alternating. Figures are medians,
+//! and ratios against the baseline of the same run.
+//!
+//! The binaries are cargo's unless `GPUPIN_BIN_DIR` names others: the release build, with
+//! its statically linked hook, is measured with
+//!
+//!     scripts/build-release target/dist
+//!     GPUPIN_BIN_DIR=target/dist cargo bench --bench container_start
 
-use gpupin_sandbox::{BundleSpec, HookCommand, Requirements, build_busybox_rootfs, write_bundle};
+use gpupin_sandbox::harness::binary;
+use gpupin_sandbox::{
+    BundleSpec, HookCommand, Requirements, build_busybox_rootfs, is_static_elf, write_bundle,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
+const GPUPIN_HOOK: &str = env!("CARGO_BIN_EXE_gpupin-hook");
 
 struct Variant {
     name: &'static str,
@@ -42,6 +53,14 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
+    for path in [binary(GPUPIN), binary(GPUPIN_HOOK)] {
+        let linked = if is_static_elf(&path) {
+            "static"
+        } else {
+            "dynamic"
+        };
+        println!("container_start: {} ({linked})", path.display());
+    }
     let dir = tempfile::Builder::new()
         .prefix("gpupin-bench")
         .tempdir()
@@ -76,9 +95,12 @@ fn hook_alone(bundle: &Path, runs: usize) -> Vec<Variant> {
         "bundle": bundle, "annotations": {},
     })
     .to_string();
-    let commands: [(&str, &str, &[&str]); 2] = [
-        ("/bin/true, same stdin", "/bin/true", &[]),
-        ("gpupin hook prestart", GPUPIN, &["hook", "prestart"]),
+    let gpupin = binary(GPUPIN);
+    let hook = binary(GPUPIN_HOOK);
+    let commands: [(&str, &Path, &[&str]); 3] = [
+        ("/bin/true, same stdin", Path::new("/bin/true"), &[]),
+        ("gpupin-hook prestart", &hook, &["prestart"]),
+        ("gpupin hook prestart", &gpupin, &["hook", "prestart"]),
     ];
     let mut variants: Vec<Variant> = commands
         .iter()
@@ -98,7 +120,7 @@ fn hook_alone(bundle: &Path, runs: usize) -> Vec<Variant> {
 }
 
 /// Runs `program` with `stdin` on its standard input, as a runtime runs a hook.
-fn feed(program: &str, args: &[&str], stdin: &[u8]) -> Duration {
+fn feed(program: &Path, args: &[&str], stdin: &[u8]) -> Duration {
     use std::io::Write;
     let started = Instant::now();
     let mut child = Command::new(program)
@@ -112,7 +134,7 @@ fn feed(program: &str, args: &[&str], stdin: &[u8]) -> Duration {
     let _ = child.stdin.take().unwrap().write_all(stdin);
     let status = child.wait().unwrap();
     let took = started.elapsed();
-    assert!(status.success(), "{program} failed: {status}");
+    assert!(status.success(), "{} failed: {status}", program.display());
     took
 }
 
@@ -129,10 +151,7 @@ fn setup(dir: &Path, busybox: &Path) -> Vec<Variant> {
         ),
     )
     .unwrap();
-    let hook = HookCommand {
-        exe: PathBuf::from(GPUPIN),
-        config: Some(config),
-    };
+    let hook = HookCommand::beside(&binary(GPUPIN), Some(config));
     // The exec floor: a hook that does nothing (runc passes it the gpupin-style args,
     // which /bin/true ignores).
     let floor = HookCommand {

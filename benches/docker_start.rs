@@ -3,6 +3,10 @@
 //!
 //!     cargo bench --bench docker_start                        # as root; 40 rounds
 //!     GPUPIN_BENCH_ROUNDS=50 cargo bench --bench docker_start  # as root
+//!     scripts/build-release target/dist && GPUPIN_BIN_DIR=$PWD/target/dist cargo bench --bench docker_start
+//!
+//! The last runs the release build (statically linked hook and shim) instead of cargo's
+//! binaries.
 //!
 //! A private dockerd (the end-to-end tests' harness: its own data root, socket and exec
 //! root, busybox imported as an image, gpupin-runtime registered as `gpupin` on the
@@ -47,6 +51,15 @@ fn main() {
     }
     let rounds = rounds(ROUNDS);
     println!("{BENCH}: GPUPIN_BENCH_ROUNDS={rounds} cargo bench --bench {BENCH}");
+    let bins = std::env::var(gpupin_sandbox::harness::BIN_DIR_ENV).unwrap_or_default();
+    println!(
+        "{BENCH}: binaries from {}",
+        if bins.is_empty() {
+            "cargo's build"
+        } else {
+            &bins
+        }
+    );
     let h = docker_support::harness(BENCH, Need::Docker).expect("checked above");
     // The runtime the daemon knows as `gpupin`; its ledger is ours alone.
     let (_guard, slot) = h.compose_slot();

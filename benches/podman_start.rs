@@ -3,6 +3,10 @@
 //!
 //!     cargo bench --bench podman_start                        # as root; 60 rounds
 //!     GPUPIN_BENCH_ROUNDS=50 cargo bench --bench podman_start  # as root
+//!     scripts/build-release target/dist && GPUPIN_BIN_DIR=$PWD/target/dist cargo bench --bench podman_start
+//!
+//! The last runs the release build (statically linked hook and shim) instead of cargo's
+//! binaries.
 //!
 //! podman as the end-to-end tests drive it (their harness: private storage on vfs, runc,
 //! the simulated `sim:nvswitch8`), removed when the bench ends. Each round runs, in turn,
@@ -46,6 +50,15 @@ fn main() {
     }
     let rounds = rounds(ROUNDS);
     println!("{BENCH}: GPUPIN_BENCH_ROUNDS={rounds} cargo bench --bench {BENCH}");
+    let bins = std::env::var(gpupin_sandbox::harness::BIN_DIR_ENV).unwrap_or_default();
+    println!(
+        "{BENCH}: binaries from {}",
+        if bins.is_empty() {
+            "cargo's build"
+        } else {
+            &bins
+        }
+    );
     let podman = podman_support::setup(BENCH, Options::default()).expect("checked above");
     let no_hooks = podman.path("no-hooks.d");
     std::fs::create_dir(&no_hooks).unwrap();

@@ -8,8 +8,8 @@
 mod docker_support;
 
 use docker_support::{
-    ComposeProject, Harness, IMAGE, Need, RUNTIME_BIN, Slot, gpu_nodes, harness, ok, text, visible,
-    write, write_capture_script,
+    ComposeProject, Harness, IMAGE, Need, Slot, gpu_nodes, harness, ok, text, visible, write,
+    write_capture_script,
 };
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -178,7 +178,7 @@ impl RuncBundle {
     /// passes them. The container inherits stdio: files, so nothing waits on a pipe.
     fn shim(&self, args: &[&str]) {
         let log = std::fs::File::create(self.dir.join(format!("{}.log", args[0]))).unwrap();
-        let status = Command::new(RUNTIME_BIN)
+        let status = Command::new(docker_support::runtime_bin())
             .arg("--gpupin-config")
             .arg(&self.config)
             .arg("--root")
@@ -539,7 +539,7 @@ fn install_keeps_other_settings_and_is_idempotent() {
     let config = dir.path().join("gpupin.toml");
     write(&config, "inventory = \"sim:nvswitch8\"\n");
     let gpupin = |args: &[&str]| {
-        ok(Command::new(docker_support::GPUPIN_BIN)
+        ok(Command::new(docker_support::gpupin_bin())
             .arg("--config")
             .arg(&config)
             .args(args)
@@ -561,7 +561,7 @@ fn install_keeps_other_settings_and_is_idempotent() {
     let entry = &installed["runtimes"]["gpupin"];
     assert_eq!(
         entry["path"],
-        Path::new(RUNTIME_BIN)
+        Path::new(&docker_support::runtime_bin())
             .canonicalize()
             .unwrap()
             .to_str()

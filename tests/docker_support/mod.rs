@@ -27,8 +27,18 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 pub const IMAGE: &str = "busybox:gpupin-test";
-pub const RUNTIME_BIN: &str = env!("CARGO_BIN_EXE_gpupin-runtime");
-pub const GPUPIN_BIN: &str = env!("CARGO_BIN_EXE_gpupin");
+/// gpupin-runtime, as cargo built it or from `$GPUPIN_BIN_DIR`.
+pub fn runtime_bin() -> String {
+    gpupin_sandbox::harness::binary(env!("CARGO_BIN_EXE_gpupin-runtime"))
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// gpupin, as cargo built it or from `$GPUPIN_BIN_DIR`.
+pub fn gpupin_bin() -> PathBuf {
+    gpupin_sandbox::harness::binary(env!("CARGO_BIN_EXE_gpupin"))
+}
 const SLOTS: usize = 16;
 const DIR_PREFIX: &str = "gpupin-docker-e2e.";
 /// How long dockerd may take to answer after it starts (a readiness wait, no assertion).
@@ -127,17 +137,18 @@ impl Harness {
                 json!({"path": path, "runtimeArgs": ["--gpupin-config", slot.config]}),
             );
         };
+        let runtime = runtime_bin();
         for i in 0..SLOTS {
             add(
                 format!("gpupin-s{i}"),
                 &self.slot_named(&format!("s{i}")),
-                RUNTIME_BIN,
+                &runtime,
             );
         }
-        add("gpupin".into(), &self.slot_named("compose"), RUNTIME_BIN);
+        add("gpupin".into(), &self.slot_named("compose"), &runtime);
         let capture = self.slot_named("capture");
         let pre = self.bin.join("capture-pre");
-        write_capture_script(&pre, &capture.dir.join("specs"), "pre", RUNTIME_BIN);
+        write_capture_script(&pre, &capture.dir.join("specs"), "pre", &runtime);
         add("gpupin-capture".into(), &capture, pre.to_str().unwrap());
         let daemon_json = json!({ "runtimes": runtimes });
         write(&self.dir.join("daemon.json"), &daemon_json.to_string());
@@ -323,7 +334,7 @@ impl Slot {
 
     /// `gpupin status --json` for this slot's ledger.
     pub fn status(&self) -> Value {
-        status::query(Path::new(GPUPIN_BIN), &self.config)
+        status::query(&gpupin_bin(), &self.config)
     }
 
     /// Holder id -> its GPU UUIDs.

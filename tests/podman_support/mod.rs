@@ -17,7 +17,10 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
+/// gpupin, as cargo built it or from `$GPUPIN_BIN_DIR`.
+fn gpupin_bin() -> PathBuf {
+    gpupin_sandbox::harness::binary(env!("CARGO_BIN_EXE_gpupin"))
+}
 /// Podman here needs explicit ulimits (DESIGN.md, "Tests on this machine kind").
 const CONTAINERS_CONF: &str =
     "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n";
@@ -206,7 +209,7 @@ impl Podman {
     }
 
     pub fn gpupin(&self, args: &[&str]) -> Output {
-        Command::new(GPUPIN)
+        Command::new(gpupin_bin())
             .arg("--config")
             .arg(self.config_path())
             .args(args)
@@ -216,7 +219,7 @@ impl Podman {
     }
 
     pub fn status(&self) -> Value {
-        status::query(Path::new(GPUPIN), &self.config_path())
+        status::query(&gpupin_bin(), &self.config_path())
     }
 
     pub fn holders(&self) -> Vec<Value> {

@@ -2,7 +2,8 @@
 //! fail under CI=true), gpupin configurations in temp dirs with real containers beside
 //! them, `gpupin status --json` queries, ledger snapshots, the one-line refusal checks,
 //! GPU-node filters and stand-in containers. gpupin is always its binary, whose path the
-//! caller passes in (`env!("CARGO_BIN_EXE_gpupin")`).
+//! caller passes in (`env!("CARGO_BIN_EXE_gpupin")`), or the one of that name in
+//! `$GPUPIN_BIN_DIR`.
 //!
 //! Test code: it panics on whatever a test would fail on, and says on stderr why a test
 //! is skipped.
@@ -24,6 +25,24 @@ pub use setup::{Gpupin, Sandbox};
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
+
+/// Names the directory of gpupin's binaries to test instead of the ones cargo built:
+/// `GPUPIN_BIN_DIR=target/dist cargo test --test runc_hook` runs a suite against the
+/// release build of `scripts/build-release` (its statically linked hook and shim).
+pub const BIN_DIR_ENV: &str = "GPUPIN_BIN_DIR";
+
+/// The binary to run for `built` (a `CARGO_BIN_EXE_*` path): the one of the same name in
+/// `$GPUPIN_BIN_DIR` when that is set, else `built`.
+pub fn binary(built: &str) -> std::path::PathBuf {
+    let built = std::path::Path::new(built);
+    match std::env::var_os(BIN_DIR_ENV).filter(|d| !d.is_empty()) {
+        Some(dir) => {
+            let name = built.file_name().expect("a binary path has a file name");
+            std::path::Path::new(&dir).join(name)
+        }
+        None => built.to_path_buf(),
+    }
+}
 
 /// Whether this is a CI run (CI=true), where a test must run or fail, never skip: CI
 /// must not go green by skipping.

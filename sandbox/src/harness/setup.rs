@@ -20,7 +20,8 @@ pub struct Gpupin {
 }
 
 impl Gpupin {
-    /// `bin`: the gpupin binary; `machine`: its inventory (`sim:nvswitch8`).
+    /// `bin`: the gpupin binary (or its namesake in `$GPUPIN_BIN_DIR`); `machine`: its
+    /// inventory (`sim:nvswitch8`).
     pub fn new(bin: impl AsRef<Path>, machine: &str) -> Gpupin {
         Gpupin::with_extra(bin, machine, "")
     }
@@ -40,7 +41,7 @@ impl Gpupin {
         std::fs::write(&config, text).unwrap();
         Gpupin {
             dir,
-            bin: bin.as_ref().to_path_buf(),
+            bin: super::binary(bin.as_ref().to_str().expect("a UTF-8 binary path")),
             config,
             state_dir,
         }
@@ -109,10 +110,7 @@ impl Sandbox {
         let root = gpupin.dir.path().join("runc-root");
         let rootfs = gpupin.dir.path().join("rootfs");
         build_busybox_rootfs(&reqs.busybox, &rootfs).unwrap();
-        let hook = HookCommand {
-            exe: gpupin.bin.clone(),
-            config: Some(gpupin.config.clone()),
-        };
+        let hook = HookCommand::beside(&gpupin.bin, Some(gpupin.config.clone()));
         Some(Sandbox {
             runc: Runc::new(&reqs.runc, &root),
             rootfs,
