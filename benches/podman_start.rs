@@ -14,8 +14,11 @@
 //! the time covers create, hooks, start, exit and removal: with an empty hooks dir (the
 //! baseline), with gpupin's hooks dir and no request (what every container pays once the
 //! hooks are installed), and with gpupin's hooks and `--annotation gpupin.count=1`
-//! (precreate allocation, nodes, device cgroup, ledger record, release). Figures are
-//! medians, ratios against no hooks in the same run.
+//! (precreate allocation, nodes, device cgroup, ledger record, release). Beside them, the
+//! exec floor of that last one: the same three hooks.d stages matched by the same
+//! annotation, run by `/bin/cat` and `/bin/true`, which is what any hook-based tool pays
+//! podman before doing anything. Figures are medians, ratios against no hooks in the same
+//! run.
 
 #[path = "../tests/podman_support/mod.rs"]
 mod podman_support;
@@ -31,17 +34,54 @@ use std::process::Command;
 const ROUNDS: usize = 60;
 const BENCH: &str = "podman_start";
 
-/// Name, gpupin's hooks or none, `podman run` options, GPU nodes the container must see.
-const VARIANTS: [(&str, bool, &[&str], usize); 3] = [
-    ("no hooks", false, &[], 0),
-    ("hooks.d, no request", true, &[], 0),
+/// Which hooks.d directory a variant runs with.
+#[derive(Clone, Copy)]
+enum Hooks {
+    /// An empty directory.
+    None,
+    /// The exec floor: the same three stages, matched the same way, run by `/bin/cat`
+    /// (precreate: the spec back unchanged) and `/bin/true` (prestart, poststop).
+    Floor,
+    /// gpupin's, as `gpupin install podman` writes them.
+    Gpupin,
+}
+
+/// Name, hooks, `podman run` options, GPU nodes the container must see.
+const VARIANTS: [(&str, Hooks, &[&str], usize); 4] = [
+    ("no hooks", Hooks::None, &[], 0),
+    ("hooks.d, no request", Hooks::Gpupin, &[], 0),
+    (
+        "cat/true hooks, --annotation",
+        Hooks::Floor,
+        &["--annotation", "gpupin.count=1"],
+        0,
+    ),
     (
         "hooks.d, --annotation gpupin.count=1",
-        true,
+        Hooks::Gpupin,
         &["--annotation", "gpupin.count=1"],
         1,
     ),
 ];
+
+/// A hooks.d directory whose three files run `/bin/cat` at precreate and `/bin/true` at
+/// prestart and poststop, for containers with a `gpupin.` annotation.
+fn floor_hooks(dir: &Path) {
+    std::fs::create_dir(dir).unwrap();
+    for (stage, program) in [
+        ("precreate", "/bin/cat"),
+        ("prestart", "/bin/true"),
+        ("poststop", "/bin/true"),
+    ] {
+        let file = serde_json::json!({
+            "version": "1.0.0",
+            "hook": {"path": program, "args": [program]},
+            "when": {"annotations": {"^gpupin\\.": ".*"}},
+            "stages": [stage],
+        });
+        std::fs::write(dir.join(format!("floor-{stage}.json")), file.to_string()).unwrap();
+    }
+}
 
 fn main() {
     if let Err(reason) = podman_support::prerequisites() {
@@ -62,12 +102,12 @@ fn main() {
     let podman = podman_support::setup(BENCH, Options::default()).expect("checked above");
     let no_hooks = podman.path("no-hooks.d");
     std::fs::create_dir(&no_hooks).unwrap();
-    let hooks = |with: bool| {
-        if with {
-            podman.hooks_dir()
-        } else {
-            no_hooks.clone()
-        }
+    let floor = podman.path("floor-hooks.d");
+    floor_hooks(&floor);
+    let hooks = |which: Hooks| match which {
+        Hooks::None => no_hooks.clone(),
+        Hooks::Floor => floor.clone(),
+        Hooks::Gpupin => podman.hooks_dir(),
     };
     let mut n = 0;
     let mut name = || {
