@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 const HOOK_TIMEOUT_S: u64 = 30;
 
 /// How the bundle's hooks call gpupin: `gpupin-hook [--config CONFIG] STAGE`, as gpupin
-/// writes its own hooks into specs it edits.
+/// writes its own hooks into specs it edits, or, when `exe` is the CLI (file name
+/// `gpupin`), `gpupin [--config CONFIG] hook STAGE`.
 #[derive(Debug, Clone)]
 pub struct HookCommand {
     /// Absolute path of the `gpupin-hook` binary.
@@ -28,12 +29,16 @@ impl HookCommand {
         }
     }
 
-    /// argv, argv[0] (`gpupin-hook`) included.
+    /// argv, argv[0] (the file name of `exe`) included.
     pub fn args(&self, stage: &str) -> Vec<String> {
-        let mut args = vec!["gpupin-hook".to_string()];
+        let name = self.exe.file_name().unwrap_or_default().to_string_lossy();
+        let mut args = vec![name.to_string()];
         if let Some(config) = &self.config {
             args.push("--config".into());
             args.push(config.display().to_string());
+        }
+        if name == "gpupin" {
+            args.push("hook".into());
         }
         args.push(stage.to_string());
         args
@@ -218,6 +223,11 @@ mod tests {
             c["hooks"]["poststop"][0]["args"],
             json!(["gpupin-hook", "--config", "/etc/g.toml", "poststop"])
         );
+        let cli = HookCommand {
+            exe: "/usr/bin/gpupin".into(),
+            config: None,
+        };
+        assert_eq!(cli.args("prestart"), ["gpupin", "hook", "prestart"]);
     }
 
     #[test]

@@ -258,10 +258,17 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
     let rootfs = setup.work.join("rootfs");
     sandbox::build_busybox_rootfs(&reqs.busybox, &rootfs)?;
     let runc = Runc::new(&reqs.runc, &setup.work.join("runc-root"));
-    let hook = HookCommand::beside(
-        &std::env::current_exe().context("finding the gpupin binary")?,
-        Some(setup.config_file.clone()),
-    );
+    let exe = std::env::current_exe().context("finding the gpupin binary")?;
+    let mut hook = HookCommand::beside(&exe, Some(setup.config_file.clone()));
+    if !hook.exe.exists() {
+        // `cargo run -- demo` builds only this binary: the CLI runs the same hook.
+        outln!(
+            "(no {} beside {}: the containers' hooks run `gpupin hook STAGE`)",
+            hook.exe.display(),
+            exe.display()
+        )?;
+        hook.exe = exe;
+    }
     outln!(
         "Starting {} containers with `runc run -d` (busybox, `sleep 1000`), gpupin as their\n\
          prestart and poststop hook; what each asks for, and what it sees in /dev:",
