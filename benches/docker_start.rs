@@ -25,7 +25,7 @@ mod docker_support;
 mod start_table;
 
 use docker_support::{Harness, IMAGE, Need, gpu_nodes, ok};
-use start_table::{Variant, command_line, report, rounds, time};
+use start_table::{Variant, command_line, print_invocation, report, rounds, time};
 use std::process::Command;
 
 /// About a minute on a 2-core VM.
@@ -50,16 +50,7 @@ fn main() {
         return;
     }
     let rounds = rounds(ROUNDS);
-    println!("{BENCH}: GPUPIN_BENCH_ROUNDS={rounds} cargo bench --bench {BENCH}");
-    let bins = std::env::var(gpupin_sandbox::harness::BIN_DIR_ENV).unwrap_or_default();
-    println!(
-        "{BENCH}: binaries from {}",
-        if bins.is_empty() {
-            "cargo's build"
-        } else {
-            &bins
-        }
-    );
+    print_invocation(BENCH, rounds);
     let h = docker_support::harness(BENCH, Need::Docker).expect("checked above");
     // The runtime the daemon knows as `gpupin`; its ledger is ours alone.
     let (_guard, slot) = h.compose_slot();

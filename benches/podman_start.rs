@@ -26,7 +26,7 @@ mod podman_support;
 mod start_table;
 
 use podman_support::{Options, Podman, combined, gpu_nodes};
-use start_table::{Variant, command_line, report, rounds, time};
+use start_table::{Variant, command_line, print_invocation, report, rounds, time};
 use std::path::Path;
 use std::process::Command;
 
@@ -89,16 +89,7 @@ fn main() {
         return;
     }
     let rounds = rounds(ROUNDS);
-    println!("{BENCH}: GPUPIN_BENCH_ROUNDS={rounds} cargo bench --bench {BENCH}");
-    let bins = std::env::var(gpupin_sandbox::harness::BIN_DIR_ENV).unwrap_or_default();
-    println!(
-        "{BENCH}: binaries from {}",
-        if bins.is_empty() {
-            "cargo's build"
-        } else {
-            &bins
-        }
-    );
+    print_invocation(BENCH, rounds);
     let podman = podman_support::setup(BENCH, Options::default()).expect("checked above");
     let no_hooks = podman.path("no-hooks.d");
     std::fs::create_dir(&no_hooks).unwrap();

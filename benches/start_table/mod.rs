@@ -5,6 +5,19 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// Says how to run `bench` again, and whose binaries it runs: cargo's, or those of
+/// `$GPUPIN_BIN_DIR` (the release build).
+pub fn print_invocation(bench: &str, rounds: usize) {
+    println!("{bench}: GPUPIN_BENCH_ROUNDS={rounds} cargo bench --bench {bench}");
+    let bins = std::env::var(gpupin_sandbox::harness::BIN_DIR_ENV).unwrap_or_default();
+    let from = if bins.is_empty() {
+        "cargo's build"
+    } else {
+        &bins
+    };
+    println!("{bench}: binaries from {from}");
+}
+
 /// GPUPIN_BENCH_ROUNDS, or `default` (each bench sizes its own to about a minute on a
 /// 2-core VM); at least 1.
 pub fn rounds(default: usize) -> usize {
