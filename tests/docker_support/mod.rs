@@ -145,11 +145,17 @@ impl Harness {
                 &runtime,
             );
         }
-        add("gpupin".into(), &self.slot_named("compose"), &runtime);
         let capture = self.slot_named("capture");
         let pre = self.bin.join("capture-pre");
         write_capture_script(&pre, &capture.dir.join("specs"), "pre", &runtime);
         add("gpupin-capture".into(), &capture, pre.to_str().unwrap());
+        // `gpupin` as `gpupin install docker` registers it with the default config: no
+        // runtimeArgs, which dockerd (20.10) would run through a /bin/sh wrapper it writes
+        // for every runtime call. Its config comes from dockerd's environment
+        // (GPUPIN_CONFIG, inherited by containerd, the shim and the runtime).
+        let compose = self.slot_named("compose");
+        compose.reset_config(None);
+        runtimes.insert("gpupin".into(), json!({ "path": runtime }));
         let daemon_json = json!({ "runtimes": runtimes });
         write(&self.dir.join("daemon.json"), &daemon_json.to_string());
     }
@@ -182,6 +188,7 @@ impl Harness {
                 "--ip6tables=false",
             ])
             .env("PATH", path)
+            .env("GPUPIN_CONFIG", self.slot_named("compose").config)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
