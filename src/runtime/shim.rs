@@ -44,6 +44,12 @@ pub fn run(inv: &Invocation, config: &Config, own_exe: &Path) -> Result<Handover
             Ok(Handover::Ran(status))
         }
         Action::Delete { id } => {
+            // Nothing held (a container that asked for nothing): nothing to do after the
+            // runtime, so no child and no wait. A record cannot appear now: create and
+            // the hooks that write one are over when delete comes.
+            if holds(config, id) == Some(false) {
+                return Ok(Handover::Exec { runtime });
+            }
             let status = run_child(&runtime, &inv.runtime_args)?;
             // Poststop has usually released already; this covers a container whose hooks
             // never ran (killed before start, a runtime crash).
@@ -71,6 +77,14 @@ pub fn release(config: &Config, id: &str) -> Result<(), ShimError> {
         ledger.release(&holder)?;
     }
     Ok(())
+}
+
+/// Whether `id` has a record: one lstat. `None` when the ledger cannot even be opened
+/// read-only, which `release` then reports.
+fn holds(config: &Config, id: &str) -> Option<bool> {
+    let holder = HolderId::new(id).ok()?;
+    let ledger = Ledger::read_only_for_config(config).ok()?;
+    Some(ledger.holds(&holder))
 }
 
 /// `error`, after releasing `id`; a failed release joins it rather than replace it.
@@ -155,5 +169,31 @@ mod tests {
         let inv = create(&config, &bundle);
         assert!(matches!(run_with(&inv).unwrap(), Handover::Ran(s) if s.success()));
         assert_eq!(held(tmp.path()), 1);
+    }
+
+    fn delete(config: &Path, id: &str) -> Invocation {
+        let args = ["--gpupin-config", config.to_str().unwrap(), "delete", id];
+        argv::parse(
+            args.iter().map(OsString::from).collect(),
+            PathBuf::from("/"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn delete_hands_over_unless_something_is_held_and_then_releases_after() {
+        let (tmp, config, bundle) = setup("/bin/true");
+        // Nothing held: the runtime replaces the shim, as for any other command.
+        assert!(matches!(
+            run_with(&delete(&config, "c1")).unwrap(),
+            Handover::Exec { .. }
+        ));
+        run_with(&create(&config, &bundle)).unwrap();
+        assert_eq!(held(tmp.path()), 1);
+        assert!(matches!(
+            run_with(&delete(&config, "c1")).unwrap(),
+            Handover::Ran(s) if s.success()
+        ));
+        assert_eq!(held(tmp.path()), 0);
     }
 }
