@@ -589,3 +589,129 @@ fn install_keeps_other_settings_and_is_idempotent() {
         serde_json::from_str(&std::fs::read_to_string(&daemon_json).unwrap()).unwrap();
     assert_eq!(restored, serde_json::from_str::<Value>(original).unwrap());
 }
+
+/// NVIDIA's legacy path: gpupin-runtime hands the edited bundle to
+/// `nvidia-container-runtime` (here a stand-in that saves the spec it gets and runs
+/// runc), which reads NVIDIA_VISIBLE_DEVICES to inject the driver: it must find gpupin's
+/// UUIDs there, once, and only the chosen GPUs' nodes.
+#[test]
+fn nvidia_runtime_gets_gpupins_choice() {
+    let Some(h) = harness("nvidia_runtime_gets_gpupins_choice", Need::Docker) else {
+        return;
+    };
+    let slot = h.slot();
+    let seen = slot.dir.join("nvidia-saw");
+    let stand_in = slot.dir.join("nvidia-container-runtime");
+    let runc = gpupin_sandbox::find_on_path("runc").unwrap();
+    write_capture_script(&stand_in, &seen, "nvidia", runc.to_str().unwrap());
+    slot.reset_config(Some(&stand_in));
+    let c = h.start(
+        &slot.runtime,
+        &["-l", "gpupin.count=2", "-e", "NVIDIA_VISIBLE_DEVICES=all"],
+    );
+    let gpus = slot.holders()[&c.id].clone();
+    assert_eq!(gpus.len(), 2);
+    let text = std::fs::read_to_string(seen.join(format!("{}.nvidia.json", c.id))).unwrap();
+    let spec: Value = serde_json::from_str(&text).unwrap();
+    let env: Vec<&str> = spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES="))
+        .collect();
+    assert_eq!(env, [format!("NVIDIA_VISIBLE_DEVICES={}", gpus.join(","))]);
+    let minors = slot.minors();
+    let mut want: Vec<String> = gpus
+        .iter()
+        .map(|g| format!("/dev/nvidia{}", minors[g]))
+        .collect();
+    let mut got: Vec<String> = spec["linux"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["path"].as_str())
+        .filter(|p| {
+            p.strip_prefix("/dev/nvidia")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(str::to_string)
+        .collect();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+}
+
+/// `gpupin install docker` on a daemon.json where NVIDIA's toolkit registered its runtime
+/// (`nvidia-ctk runtime configure --set-as-default`): NVIDIA's entry and default stay, and
+/// gpupin's entry hands over to it; gpupin-runtime then really runs what
+/// `--gpupin-runtime` names.
+#[test]
+fn install_hands_over_to_nvidias_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon_json = dir.path().join("daemon.json");
+    let original = r#"{"default-runtime": "nvidia", "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}"#;
+    write(&daemon_json, original);
+    let config = dir.path().join("gpupin.toml");
+    write(&config, "inventory = \"sim:nvswitch8\"\n");
+    let out = Command::new(docker_support::gpupin_bin())
+        .arg("--config")
+        .arg(&config)
+        .args(["install", "docker", "--daemon-json"])
+        .arg(&daemon_json)
+        .arg("--pidfile")
+        .arg(dir.path().join("no.pid"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let note = text(&out.stderr);
+    assert!(
+        note.contains("daemon.json has NVIDIA's runtime \"nvidia\" (nvidia-container-runtime, the default): gpupin-runtime hands containers over to it"),
+        "{note}"
+    );
+    let installed: Value =
+        serde_json::from_str(&std::fs::read_to_string(&daemon_json).unwrap()).unwrap();
+    assert_eq!(installed["default-runtime"], "nvidia");
+    assert_eq!(
+        installed["runtimes"]["nvidia"],
+        serde_json::json!({"args": [], "path": "nvidia-container-runtime"})
+    );
+    let args = &installed["runtimes"]["gpupin"]["runtimeArgs"];
+    assert_eq!(
+        args,
+        &serde_json::json!([
+            "--gpupin-config",
+            config.to_str().unwrap(),
+            "--gpupin-runtime",
+            "nvidia-container-runtime"
+        ])
+    );
+
+    // What dockerd then runs: the runtime named there gets runc's arguments unchanged.
+    let log = dir.path().join("argv.log");
+    let stand_in = dir.path().join("nvidia-container-runtime");
+    write(
+        &stand_in,
+        &format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display()),
+    );
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let run = Command::new(docker_support::runtime_bin())
+        .args([
+            "--gpupin-config",
+            config.to_str().unwrap(),
+            "--gpupin-runtime",
+        ])
+        .arg(&stand_in)
+        .args(["--root", "/run/x", "state", "abc"])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "--root /run/x state abc\n"
+    );
+}

@@ -32,6 +32,9 @@ fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
     let own_exe = std::env::current_exe()?;
     let flag = argv::config_path(inv.gpupin_config.as_deref(), std::env::var_os(CONFIG_ENV))?;
     let mut config = runtime::load_config(flag.as_deref())?;
+    if let Some(real) = argv::runtime_override(inv.gpupin_runtime.as_deref())? {
+        config.runtime = real;
+    }
     // Linked statically in release builds: NVML is asked of the `gpupin` beside it.
     config.nvml = NvmlAccess::Helper(binaries::beside(&own_exe, binaries::CLI));
     logging::init_from_config(&config);

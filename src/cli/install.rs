@@ -2,8 +2,8 @@
 
 use super::out;
 use anyhow::Context;
-use gpupin::config::CONFIG_ENV;
-use gpupin::install::docker::{self, RuntimeEntry};
+use gpupin::config::{CONFIG_ENV, Config};
+use gpupin::install::docker::{self, NvidiaRuntime, RuntimeEntry};
 use gpupin::install::file;
 use gpupin::install::reload::{self, Reload};
 use serde_json::Value;
@@ -60,13 +60,22 @@ pub struct DaemonFileArgs {
     pub pidfile: PathBuf,
 }
 
-pub fn install(config: Option<&Path>, args: &InstallArgs) -> anyhow::Result<ExitCode> {
+/// `loaded` is the config gpupin runs with (`config` names it when given): its `runtime`
+/// says whether gpupin-runtime already hands over to a runtime of the admin's choice.
+pub fn install(
+    config: Option<&Path>,
+    loaded: &Config,
+    args: &InstallArgs,
+) -> anyhow::Result<ExitCode> {
     let args = match &args.engine {
         Engine::Docker(args) => args,
         Engine::Podman(podman) => return super::install_podman::install(config, podman),
     };
-    let entry = runtime_entry(config)?;
+    let mut entry = runtime_entry(config)?;
     let before = read_daemon_json(&args.file.daemon_json)?;
+    if let Some(nvidia) = docker::nvidia_runtime(&before.doc) {
+        entry.hand_over = hand_over_to(&nvidia, loaded)?;
+    }
     let after = docker::with_gpupin(&before.doc, &entry, args.default)
         .with_context(|| format!("editing {}", args.file.daemon_json.display()))?;
     if args.default
@@ -79,6 +88,34 @@ pub fn install(config: Option<&Path>, args: &InstallArgs) -> anyhow::Result<Exit
         ));
     }
     apply(&args.file, &before, &after)
+}
+
+/// Where NVIDIA's container runtime is already Docker's way to GPUs, gpupin-runtime hands
+/// containers over to it rather than to runc, so that they keep getting the driver's
+/// libraries from NVIDIA's toolkit; unless the config already names a runtime other than
+/// runc, which is the admin's choice and stays.
+fn hand_over_to(nvidia: &NvidiaRuntime, config: &Config) -> anyhow::Result<Option<PathBuf>> {
+    let configured = &config.runtime;
+    if *configured != Config::default().runtime {
+        out::note(format_args!(
+            "daemon.json has NVIDIA's runtime {:?} ({}); gpupin-runtime keeps handing over to {} (runtime in the config)",
+            nvidia.name,
+            nvidia.path.display(),
+            configured.display()
+        ));
+        return Ok(None);
+    }
+    out::note(format_args!(
+        "daemon.json has NVIDIA's runtime {:?} ({}{}): gpupin-runtime hands containers over to it (--gpupin-runtime), so they still get the driver's libraries",
+        nvidia.name,
+        nvidia.path.display(),
+        if nvidia.is_default {
+            ", the default"
+        } else {
+            ""
+        },
+    ));
+    Ok(Some(nvidia.path.clone()))
 }
 
 pub fn uninstall(args: &UninstallArgs) -> anyhow::Result<ExitCode> {
@@ -129,6 +166,7 @@ fn runtime_entry(config: Option<&Path>) -> anyhow::Result<RuntimeEntry> {
     Ok(RuntimeEntry {
         path,
         config: absolute_config(config)?,
+        hand_over: None,
     })
 }
 

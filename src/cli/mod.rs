@@ -132,7 +132,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Release(args) => release::run(&config, &args),
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(&config, cli.config.as_deref(), &args),
-        Command::Install(args) => install::install(cli.config.as_deref(), &args),
+        Command::Install(args) => install::install(cli.config.as_deref(), &config, &args),
         Command::Uninstall(args) => install::uninstall(&args),
     }
 }

@@ -5,6 +5,7 @@
 //! dockerd reads `runtimes.<name>.path` and `runtimeArgs`, and `default-runtime`
 //! (docs.docker.com, "Alternative container runtimes"); both are reloaded on SIGHUP.
 
+use crate::runtime::argv::{CONFIG_FLAG, RUNTIME_FLAG};
 use serde_json::{Map, Value, json};
 use std::path::PathBuf;
 
@@ -31,16 +32,62 @@ pub struct RuntimeEntry {
     /// gpupin config handed over as `--gpupin-config`; `None`: gpupin-runtime's own
     /// discovery ($GPUPIN_CONFIG, /etc/gpupin/config.toml).
     pub config: Option<PathBuf>,
+    /// The real runtime handed over as `--gpupin-runtime` (NVIDIA's, found in
+    /// daemon.json); `None`: the config's `runtime`.
+    pub hand_over: Option<PathBuf>,
 }
 
 impl RuntimeEntry {
     pub fn to_json(&self) -> Value {
         let mut entry = json!({ "path": self.path });
+        let mut args = Vec::new();
         if let Some(config) = &self.config {
-            entry["runtimeArgs"] = json!(["--gpupin-config", config]);
+            args.extend([json!(CONFIG_FLAG), json!(config)]);
+        }
+        if let Some(runtime) = &self.hand_over {
+            args.extend([json!(RUNTIME_FLAG), json!(runtime)]);
+        }
+        if !args.is_empty() {
+            entry["runtimeArgs"] = Value::Array(args);
         }
         entry
     }
+}
+
+/// NVIDIA's runtime as the toolkit registers it in daemon.json (`nvidia-ctk runtime
+/// configure`: `"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}`, and
+/// `"default-runtime": "nvidia"` with `--set-as-default`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvidiaRuntime {
+    /// Its name in `runtimes`.
+    pub name: String,
+    /// Its `path`: absolute, or a name dockerd finds on PATH.
+    pub path: PathBuf,
+    pub is_default: bool,
+}
+
+/// The runtime of `doc` that is NVIDIA's container runtime (its path's file name starts
+/// with `nvidia-container-runtime`, which covers the `.cdi` and `.legacy` variants), the
+/// default runtime first; never gpupin's own entry.
+pub fn nvidia_runtime(doc: &Value) -> Option<NvidiaRuntime> {
+    let runtimes = doc.get(RUNTIMES)?.as_object()?;
+    let default = default_runtime(doc);
+    let mut found: Vec<NvidiaRuntime> = runtimes
+        .iter()
+        .filter(|(name, _)| name.as_str() != RUNTIME_NAME)
+        .filter_map(|(name, entry)| {
+            let path = PathBuf::from(entry.get("path")?.as_str()?);
+            let file = path.file_name()?.to_str()?;
+            file.starts_with("nvidia-container-runtime")
+                .then(|| NvidiaRuntime {
+                    name: name.clone(),
+                    is_default: default == Some(name.as_str()),
+                    path: path.clone(),
+                })
+        })
+        .collect();
+    found.sort_by_key(|r| !r.is_default);
+    found.into_iter().next()
 }
 
 /// Parses daemon.json text; an empty file is an empty object, as dockerd treats it.
@@ -128,7 +175,7 @@ fn merge_entry(runtimes: &mut Map<String, Value>, entry: &RuntimeEntry) {
         *slot = new;
         return;
     };
-    if entry.config.is_none() {
+    if new.get("runtimeArgs").is_none() {
         existing.shift_remove("runtimeArgs");
     }
     for (key, value) in new.as_object().expect("to_json builds an object") {
@@ -144,7 +191,70 @@ mod tests {
         RuntimeEntry {
             path: "/usr/bin/gpupin-runtime".into(),
             config: config.map(PathBuf::from),
+            hand_over: None,
         }
+    }
+
+    /// What `nvidia-ctk runtime configure --runtime=docker [--set-as-default]` writes.
+    fn with_nvidia(default: bool) -> Value {
+        let mut doc = json!({"runtimes": {
+            "runc-debug": {"path": "/usr/local/bin/runc"},
+            "nvidia": {"args": [], "path": "nvidia-container-runtime"},
+        }});
+        if default {
+            doc["default-runtime"] = json!("nvidia");
+        }
+        doc
+    }
+
+    #[test]
+    fn finds_nvidias_runtime_default_first() {
+        assert_eq!(
+            nvidia_runtime(&with_nvidia(false)),
+            Some(NvidiaRuntime {
+                name: "nvidia".into(),
+                path: "nvidia-container-runtime".into(),
+                is_default: false,
+            })
+        );
+        let mut doc = with_nvidia(true);
+        doc["runtimes"]["nvidia-cdi"] = json!({"path": "/usr/bin/nvidia-container-runtime.cdi"});
+        let found = nvidia_runtime(&doc).unwrap();
+        assert_eq!((found.name.as_str(), found.is_default), ("nvidia", true));
+        doc["default-runtime"] = json!("nvidia-cdi");
+        assert_eq!(nvidia_runtime(&doc).unwrap().name, "nvidia-cdi");
+        assert_eq!(
+            nvidia_runtime(&json!({"runtimes": {"runc": {"path": "runc"}}})),
+            None
+        );
+        assert_eq!(nvidia_runtime(&json!({})), None);
+    }
+
+    #[test]
+    fn hand_over_becomes_runtime_args_after_the_config() {
+        let handing = RuntimeEntry {
+            hand_over: Some("nvidia-container-runtime".into()),
+            ..entry(Some("/etc/g.toml"))
+        };
+        let after = with_gpupin(&with_nvidia(true), &handing, false).unwrap();
+        assert_eq!(
+            after["runtimes"]["gpupin"]["runtimeArgs"],
+            json!([
+                "--gpupin-config",
+                "/etc/g.toml",
+                "--gpupin-runtime",
+                "nvidia-container-runtime"
+            ])
+        );
+        // NVIDIA's entry and its default stay.
+        assert_eq!(
+            after["runtimes"]["nvidia"],
+            with_nvidia(true)["runtimes"]["nvidia"]
+        );
+        assert_eq!(after["default-runtime"], "nvidia");
+        // Installed again without it: the arguments go.
+        let again = with_gpupin(&after, &entry(None), false).unwrap();
+        assert!(again["runtimes"]["gpupin"].get("runtimeArgs").is_none());
     }
 
     fn doc(text: &str) -> Value {

@@ -8,8 +8,12 @@ use std::path::{Path, PathBuf};
 /// runc global options that take a value (`runc --help`): the command word is the first
 /// argument that is neither one of these nor their value.
 const GLOBAL_WITH_VALUE: &[&str] = &["--root", "--log", "--log-format", "--criu", "--rootless"];
-/// Option that only gpupin-runtime understands, usable from daemon.json `runtimeArgs`.
+/// Options that only gpupin-runtime understands, usable from daemon.json `runtimeArgs`
+/// (dockerd puts those before containerd's arguments): the config to read, and the real
+/// runtime to hand over to, which wins over the config's `runtime` (`gpupin install
+/// docker` writes it when it finds NVIDIA's runtime in daemon.json).
 pub const CONFIG_FLAG: &str = "--gpupin-config";
+pub const RUNTIME_FLAG: &str = "--gpupin-runtime";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -28,6 +32,8 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Invocation {
     pub gpupin_config: Option<PathBuf>,
+    /// `--gpupin-runtime`: the real runtime, a path or a name on PATH.
+    pub gpupin_runtime: Option<PathBuf>,
     /// The arguments for the real runtime: the original ones minus gpupin's own.
     pub runtime_args: Vec<OsString>,
     /// runc's `--log FILE`, where containerd looks for the reason a create failed.
@@ -37,12 +43,12 @@ pub struct Invocation {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ArgvError {
-    #[error("{CONFIG_FLAG} needs a file argument")]
-    ConfigWithoutValue,
+    #[error("{0} needs a value")]
+    FlagWithoutValue(&'static str),
     #[error(
         "{named_by} {path:?} is a relative path: gpupin-runtime runs in the container's bundle directory, and so would the hooks it adds; give an absolute path"
     )]
-    RelativeConfig {
+    RelativePath {
         named_by: &'static str,
         path: PathBuf,
     },
@@ -62,14 +68,28 @@ pub fn config_path(
         (None, None) => return Ok(None),
     };
     if path.is_relative() {
-        return Err(ArgvError::RelativeConfig { named_by, path });
+        return Err(ArgvError::RelativePath { named_by, path });
     }
     Ok(Some(path))
 }
 
+/// The real runtime `--gpupin-runtime` names: a bare name (searched on PATH) or an
+/// absolute path; a relative path is refused, as for the config.
+pub fn runtime_override(flag: Option<&Path>) -> Result<Option<PathBuf>, ArgvError> {
+    match flag {
+        Some(path) if path.is_relative() && path.components().count() > 1 => {
+            Err(ArgvError::RelativePath {
+                named_by: RUNTIME_FLAG,
+                path: path.to_path_buf(),
+            })
+        }
+        other => Ok(other.map(Path::to_path_buf)),
+    }
+}
+
 /// Parses `args` (without argv[0]). `cwd` is the default bundle, as for runc.
 pub fn parse(args: Vec<OsString>, cwd: PathBuf) -> Result<Invocation, ArgvError> {
-    let (gpupin_config, runtime_args) = take_config_flag(args)?;
+    let (own, runtime_args) = take_own_flags(args)?;
     let strs: Vec<String> = runtime_args
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
@@ -82,33 +102,44 @@ pub fn parse(args: Vec<OsString>, cwd: PathBuf) -> Result<Invocation, ArgvError>
     // Only GPUPIN_LOG can have turned logging on this early: the config is read next.
     tracing::debug!(action = ?action, "runtime command");
     Ok(Invocation {
-        gpupin_config,
+        gpupin_config: own.config,
+        gpupin_runtime: own.runtime,
         runtime_args,
         log_file,
         action,
     })
 }
 
-/// Removes a leading `--gpupin-config FILE` (or `--gpupin-config=FILE`).
-fn take_config_flag(
-    mut args: Vec<OsString>,
-) -> Result<(Option<PathBuf>, Vec<OsString>), ArgvError> {
-    let Some(first) = args.first().map(|a| a.to_string_lossy().into_owned()) else {
-        return Ok((None, args));
-    };
-    if let Some(value) = first.strip_prefix(&format!("{CONFIG_FLAG}=")) {
-        args.remove(0);
-        return Ok((Some(PathBuf::from(value)), args));
+/// gpupin-runtime's own leading options.
+#[derive(Default)]
+struct OwnFlags {
+    config: Option<PathBuf>,
+    runtime: Option<PathBuf>,
+}
+
+/// Removes gpupin's options (`--gpupin-config FILE`, `--gpupin-runtime PATH`, or with
+/// `=`) from the front of `args`, where daemon.json's `runtimeArgs` put them.
+fn take_own_flags(args: Vec<OsString>) -> Result<(OwnFlags, Vec<OsString>), ArgvError> {
+    let mut own = OwnFlags::default();
+    let mut rest = args.into_iter().peekable();
+    while let Some(first) = rest.peek().map(|a| a.to_string_lossy().into_owned()) {
+        let (flag, inline) = match first.split_once('=') {
+            Some((flag, value)) => (flag.to_string(), Some(value.to_string())),
+            None => (first.clone(), None),
+        };
+        let (name, slot) = match flag.as_str() {
+            CONFIG_FLAG => (CONFIG_FLAG, &mut own.config),
+            RUNTIME_FLAG => (RUNTIME_FLAG, &mut own.runtime),
+            _ => break,
+        };
+        rest.next();
+        let value = match inline {
+            Some(value) => PathBuf::from(value),
+            None => PathBuf::from(rest.next().ok_or(ArgvError::FlagWithoutValue(name))?),
+        };
+        *slot = Some(value);
     }
-    if first == CONFIG_FLAG {
-        if args.len() < 2 {
-            return Err(ArgvError::ConfigWithoutValue);
-        }
-        let value = args.remove(1);
-        args.remove(0);
-        return Ok((Some(PathBuf::from(value)), args));
-    }
-    Ok((None, args))
+    Ok((own, rest.collect()))
 }
 
 fn command_position(args: &[String]) -> Option<usize> {
@@ -247,7 +278,38 @@ mod tests {
         let inv = parse_str(&["--gpupin-config=/g.toml", "state", "x"]);
         assert_eq!(inv.gpupin_config, Some(PathBuf::from("/g.toml")));
         let err = parse(vec![OsString::from("--gpupin-config")], "/".into()).unwrap_err();
-        assert_eq!(err, ArgvError::ConfigWithoutValue);
+        assert_eq!(err, ArgvError::FlagWithoutValue(CONFIG_FLAG));
+    }
+
+    #[test]
+    fn gpupin_runtime_is_taken_out_beside_the_config_in_either_order() {
+        let inv = parse_str(&[
+            "--gpupin-runtime",
+            "nvidia-container-runtime",
+            "--gpupin-config=/g.toml",
+            "--root",
+            "/r",
+            "delete",
+            "x",
+        ]);
+        assert_eq!(inv.gpupin_config, Some(PathBuf::from("/g.toml")));
+        assert_eq!(
+            inv.gpupin_runtime,
+            Some(PathBuf::from("nvidia-container-runtime"))
+        );
+        assert_eq!(inv.runtime_args, ["--root", "/r", "delete", "x"]);
+        assert_eq!(inv.action, Action::Delete { id: "x".into() });
+        let err = parse(vec![OsString::from("--gpupin-runtime")], "/".into()).unwrap_err();
+        assert_eq!(err.to_string(), "--gpupin-runtime needs a value");
+        // A bare name is looked up on PATH, an absolute path taken as it is; a relative
+        // path would name a file in the container's bundle.
+        let bare = Path::new("nvidia-container-runtime");
+        assert_eq!(runtime_override(Some(bare)), Ok(Some(bare.to_path_buf())));
+        let err = runtime_override(Some(Path::new("bin/runc"))).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("--gpupin-runtime \"bin/runc\" is a relative path")
+        );
     }
 
     #[test]
