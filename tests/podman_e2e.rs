@@ -398,3 +398,47 @@ fn numa_cpus_container_runs_on_its_sockets_cpus() {
         podman.remove(&name);
     }
 }
+
+/// The prestart path (CRI-O, or podman without the precreate file) beside NVIDIA's legacy
+/// hook, installed as the toolkit names it (`oci-nvidia-hook.json`, sorted after gpupin's
+/// files, so run after them): gpupin allocates at prestart and leaves
+/// NVIDIA_VISIBLE_DEVICES with its UUIDs in the bundle's config.json, which is what
+/// `nvidia-container-runtime-hook` reads (here a stand-in that logs it).
+#[test]
+fn nvidia_hook_after_gpupins_prestart_reads_its_uuids() {
+    let Some(podman) = setup(
+        "nvidia_hook_after_gpupins_prestart_reads_its_uuids",
+        Options::default(),
+    ) else {
+        return;
+    };
+    let hooks = podman.hooks_dir();
+    std::fs::remove_file(hooks.join("gpupin-precreate.json")).unwrap();
+    let log = podman.path("nvidia-hook.log");
+    let stand_in = podman.path("nvidia-container-runtime-hook");
+    let script = format!(
+        "#!/bin/sh\nstate=$(cat)\nbundle=$(printf '%s' \"$state\" | sed -n 's/.*\"bundle\":\"\\([^\"]*\\)\".*/\\1/p')\ngrep -o 'NVIDIA_VISIBLE_DEVICES=[^\"]*' \"$bundle/config.json\" >> {}\n",
+        log.display()
+    );
+    std::fs::write(&stand_in, script).unwrap();
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let nvidia = serde_json::json!({
+        "version": "1.0.0",
+        "hook": {"path": stand_in, "args": ["nvidia-container-runtime-hook", "prestart"]},
+        "when": {"always": true},
+        "stages": ["prestart"],
+    });
+    std::fs::write(hooks.join("oci-nvidia-hook.json"), nvidia.to_string()).unwrap();
+    let name = podman.name(0);
+    let id = podman.start(&name, &["--annotation", "gpupin.count=1"]);
+    let held = podman.gpus_of(&id);
+    assert_eq!(held.len(), 1, "status: {:#}", podman.status());
+    let seen = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(seen, format!("NVIDIA_VISIBLE_DEVICES={}\n", held[0].0));
+    podman.remove(&name);
+    assert!(podman.holders().is_empty());
+}

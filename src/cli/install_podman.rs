@@ -38,6 +38,11 @@ pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<
             outln!("{:#}", file.content)?;
         }
     }
+    for name in podman::nvidia_hooks_before_gpupin(&args.dir) {
+        super::out::note(format_args!(
+            "warning: {name} runs NVIDIA's hook at prestart before gpupin's, so without precreate (CRI-O) it cannot see gpupin's choice; rename it to sort after gpupin-prestart.json (the toolkit's name is oci-nvidia-hook.json)"
+        ));
+    }
     Ok(ExitCode::SUCCESS)
 }
 

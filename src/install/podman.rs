@@ -181,6 +181,49 @@ pub fn uninstall(dir: &Path, dry_run: bool) -> Result<Vec<Step>, InstallError> {
     Ok(steps)
 }
 
+/// Programs of NVIDIA's legacy prestart hook (`nvidia-container-runtime-hook`, and the
+/// older name `nvidia-container-toolkit`).
+const NVIDIA_HOOKS: [&str; 2] = ["nvidia-container-runtime-hook", "nvidia-container-toolkit"];
+
+/// hooks.d files in `dir` that run NVIDIA's legacy hook at prestart and sort before
+/// gpupin's prestart file. Runtimes run a stage's hooks in file-name order, so on the
+/// prestart path (CRI-O) such a hook runs before gpupin has chosen and finds no
+/// NVIDIA_VISIBLE_DEVICES of gpupin's (podman's precreate path is not affected: it edits
+/// the spec before any prestart hook). A dir that cannot be read has none to report.
+pub fn nvidia_hooks_before_gpupin(dir: &Path) -> Vec<String> {
+    let ours = file_name("prestart");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".json") && *name < ours)
+        .filter(|name| {
+            let Ok(text) = crate::regular::read(&dir.join(name), crate::regular::Links::Follow)
+            else {
+                return false;
+            };
+            serde_json::from_slice::<Value>(&text).is_ok_and(|v| runs_nvidia_prestart(&v))
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+fn runs_nvidia_prestart(content: &Value) -> bool {
+    let program = |v: &Value| {
+        v.as_str()
+            .and_then(|p| Path::new(p).file_name())
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| NVIDIA_HOOKS.contains(&n))
+    };
+    let at_prestart = content["stages"]
+        .as_array()
+        .is_some_and(|s| s.iter().any(|s| s == "prestart"));
+    at_prestart && (program(&content["hook"]["path"]) || program(&content["hook"]["args"][0]))
+}
+
 /// A file found under one of gpupin's names.
 enum Existing {
     Gpupin(Value),
@@ -324,6 +367,43 @@ mod tests {
         });
         assert!(is_gpupin_hook(&older, "poststop"));
         assert!(!is_gpupin_hook(&older, "prestart"));
+    }
+
+    #[test]
+    fn nvidia_hooks_that_run_before_gpupins_prestart_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let nvidia = |path: &str| {
+            json!({"version": "1.0.0", "hook": {"path": path, "args": ["nvidia-container-runtime-hook", "prestart"]},
+                   "when": {"always": true}, "stages": ["prestart"]})
+            .to_string()
+        };
+        std::fs::write(
+            dir.path().join("00-nvidia-hook.json"),
+            nvidia("/usr/bin/nvidia-container-runtime-hook"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("oci-nvidia-hook.json"),
+            nvidia("/usr/bin/nvidia-container-runtime-hook"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("01-other.json"),
+            r#"{"hook": {"path": "/bin/true"}, "stages": ["prestart"]}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("02-broken.json"), "{").unwrap();
+        install(
+            dir.path(),
+            &hook_files(&hook(None), Trigger::Annotation),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            nvidia_hooks_before_gpupin(dir.path()),
+            ["00-nvidia-hook.json"]
+        );
+        assert!(nvidia_hooks_before_gpupin(&dir.path().join("missing")).is_empty());
     }
 
     fn changes(steps: &[Step]) -> Vec<Change> {
