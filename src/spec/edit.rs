@@ -1,4 +1,5 @@
-//! Spec edits beyond env: device nodes with their cgroup rules, annotations, and hooks.
+//! Spec edits beyond env and mounts: device nodes with their cgroup rules, annotations,
+//! and hooks.
 //! Each edit is idempotent, so a retried `create` leaves one entry, not two.
 
 use super::{SpecError, type_name};
@@ -117,23 +118,45 @@ pub fn set_annotation(spec: &mut Value, key: &str, value: &str) -> Result<(), Sp
     Ok(())
 }
 
-/// Appends a hook to `hooks.<stage>` unless an identical one is there.
+/// Appends a hook to `hooks.<stage>` unless one with the same path and args is there.
 pub fn add_hook(
     spec: &mut Value,
     stage: &'static str,
     path: &str,
     args: &[String],
 ) -> Result<(), SpecError> {
+    add_hook_entry(spec, stage, json!({"path": path, "args": args}))
+}
+
+/// Appends `entry` (an OCI hook: `path`, and `args`, `env`, `timeout` where given) to
+/// `hooks.<stage>` unless a hook with the same path and args is there already: podman or
+/// Docker may have applied a CDI spec's hooks before gpupin, and `update-ldcache` must
+/// not run twice. An absent `args` counts as an empty one.
+pub fn add_hook_entry(
+    spec: &mut Value,
+    stage: &'static str,
+    entry: Value,
+) -> Result<(), SpecError> {
     let field = match stage {
         "prestart" => "hooks.prestart",
         "createRuntime" => "hooks.createRuntime",
+        "createContainer" => "hooks.createContainer",
+        "startContainer" => "hooks.startContainer",
+        "poststart" => "hooks.poststart",
         "poststop" => "hooks.poststop",
         _ => "hooks",
     };
     let hooks = array_at(spec, &["hooks", stage], field)?;
-    let hook = json!({"path": path, "args": args});
-    if !hooks.contains(&hook) {
-        hooks.push(hook);
+    let identity = |hook: &Value| {
+        let args = hook
+            .get("args")
+            .cloned()
+            .unwrap_or(Value::Array(Vec::new()));
+        (hook.get("path").cloned(), args)
+    };
+    let new = identity(&entry);
+    if !hooks.iter().any(|hook| identity(hook) == new) {
+        hooks.push(entry);
     }
     Ok(())
 }
@@ -218,6 +241,25 @@ mod tests {
         assert_eq!(
             spec["annotations"],
             json!({"gpupin.assigned": "GPU-1", "x": "y"})
+        );
+    }
+
+    #[test]
+    fn a_hook_with_the_same_path_and_args_is_not_added_again() {
+        let mut spec = json!({"hooks": {"createContainer": [
+            {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"]},
+        ]}});
+        let same = json!({"path": "/usr/bin/nvidia-cdi-hook",
+            "args": ["nvidia-cdi-hook", "update-ldcache"], "env": ["NVIDIA_CTK_DEBUG=false"]});
+        add_hook_entry(&mut spec, "createContainer", same).unwrap();
+        let other = json!({"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook"]});
+        add_hook_entry(&mut spec, "createContainer", other.clone()).unwrap();
+        add_hook_entry(&mut spec, "createContainer", other).unwrap();
+        let hooks = spec["hooks"]["createContainer"].as_array().unwrap();
+        assert_eq!(hooks.len(), 2, "{hooks:?}");
+        assert!(
+            hooks[0].get("env").is_none(),
+            "the hook already there stays as it was"
         );
     }
 
