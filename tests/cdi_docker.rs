@@ -4,6 +4,7 @@
 //! and busybox-static are needed; elsewhere the test says why it skips (under CI=true
 //! it fails instead).
 
+#[allow(unused_imports)] // re-exports this binary does not use
 mod docker_support;
 
 use docker_support::{Need, Slot, harness, text};
@@ -45,7 +46,7 @@ fn docker_run_with_gpupin_gets_its_gpus_driver_files_read_only_and_nothing_else(
     let held = &holders[&c.id];
     assert_eq!(held.len(), 1, "{holders:?}");
     assert_ne!(&holders[&first.id], held);
-    let chosen = gpus.iter().find(|g| &g.uuid == &held[0]).unwrap();
+    let chosen = gpus.iter().find(|g| g.uuid == held[0]).unwrap();
     let sh = |script: &str| c.exec(&["sh", "-c", script]);
     assert_driver_inside(&sh, &root, chosen, &gpus, &c.id);
 }

@@ -4,6 +4,7 @@
 //! Root, podman, runc and busybox-static are needed; elsewhere the test says why it
 //! skips (under CI=true it fails instead).
 
+#[allow(unused_imports)] // re-exports this binary does not use
 mod podman_support;
 
 use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu, assert_driver_inside};
