@@ -90,11 +90,14 @@ pub fn admit<T>(
         "request"
     );
     // The driver's files need the spec edited before create, which only a claim's
-    // consumers do; the prestart path is told so before anything is allocated.
+    // consumers do: `driver = "cdi"` refuses the prestart path before anything is held.
     if claim.is_none() {
-        driver::check_prestart(config.driver, holder.as_str())?;
+        driver::check_prestart(config.driver)?;
     }
     let (inventory, record) = grant::allocate(config, holder, request, meta)?;
+    if claim.is_none() {
+        driver::note_prestart(config.driver, holder.as_str());
+    }
     let given = ContainerEdits::for_record(&inventory, &record)
         .map_err(AdmitError::from)
         .map(|edits| match &claim {
@@ -246,6 +249,24 @@ mod tests {
         assert!(text.starts_with("no entry for GPU 1 ("), "{text}");
         let ledger = Ledger::for_config(&config).unwrap();
         assert_eq!(ledger.records().unwrap(), [record], "c2 holds nothing");
+    }
+
+    #[test]
+    fn driver_cdi_refuses_the_prestart_path_before_holding_anything() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            driver: crate::driver::Driver::Cdi,
+            ..config(&tmp.path().join("state"))
+        };
+        let holder = HolderId::new("c1").unwrap();
+        let request = GpuRequest::new(Selection::Count(1), Origin::Annotations);
+        let err = admit(&config, admission(&holder, &request), |_| Ok(())).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("driver = \"cdi\" needs the spec edited before create"),
+            "{err}"
+        );
+        assert!(!tmp.path().join("state").join("holders").exists());
     }
 
     #[test]

@@ -95,19 +95,23 @@ pub fn add_for_spec(
     Ok(())
 }
 
-/// What the prestart path (after create) can do about the driver: nothing, and say so
-/// under `auto`; under `cdi` refuse before anything is allocated.
-pub fn check_prestart(driver: Driver, container: &str) -> Result<(), DriverError> {
+/// The prestart path (after create) cannot give the driver's files: under `cdi` it is
+/// refused, before anything is allocated.
+pub fn check_prestart(driver: Driver) -> Result<(), DriverError> {
     match driver {
         Driver::Cdi => Err(DriverError::NeedsCreate),
-        Driver::Auto => {
-            tracing::warn!(
-                container,
-                "prestart path: the container gets no driver libraries from gpupin (NVIDIA_VISIBLE_DEVICES is left for NVIDIA's hook)"
-            );
-            Ok(())
-        }
-        Driver::None => Ok(()),
+        Driver::Auto | Driver::None => Ok(()),
+    }
+}
+
+/// Says, under `auto`, that a container admitted on the prestart path gets no driver
+/// files from gpupin: once per container, after its GPUs are allocated.
+pub fn note_prestart(driver: Driver, container: &str) {
+    if driver == Driver::Auto {
+        tracing::warn!(
+            container,
+            "prestart path: the container gets no driver libraries from gpupin (NVIDIA_VISIBLE_DEVICES is left for NVIDIA's hook)"
+        );
     }
 }
 
@@ -168,9 +172,9 @@ mod tests {
 
     #[test]
     fn prestart_refuses_cdi_and_lets_the_others_pass() {
-        assert!(check_prestart(Driver::Auto, "c1").is_ok());
-        assert!(check_prestart(Driver::None, "c1").is_ok());
-        let err = check_prestart(Driver::Cdi, "c1").unwrap_err().to_string();
+        assert!(check_prestart(Driver::Auto).is_ok());
+        assert!(check_prestart(Driver::None).is_ok());
+        let err = check_prestart(Driver::Cdi).unwrap_err().to_string();
         assert!(
             err.starts_with("driver = \"cdi\" needs the spec edited before create"),
             "{err}"
