@@ -116,6 +116,9 @@ pub fn note_prestart(driver: Driver, container: &str) {
 }
 
 fn join(dirs: &[PathBuf]) -> String {
+    if dirs.is_empty() {
+        return "no dir (cdi_spec_dirs is empty)".into();
+    }
     let names: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
     names.join(", ")
 }
@@ -163,6 +166,11 @@ mod tests {
                 "driver = \"cdi\", but no nvidia.com/gpu CDI spec is in {}, /nonexistent/cdi; generate one (nvidia-ctk cdi generate) or set cdi_spec_dirs",
                 dir.path().display()
             )
+        );
+        let err = run(Driver::Cdi, &[]).unwrap_err().to_string();
+        assert!(
+            err.contains("is in no dir (cdi_spec_dirs is empty);"),
+            "{err}"
         );
         std::fs::write(dir.path().join("broken.yaml"), "{").unwrap();
         let none = run(Driver::None, &dirs).unwrap();
