@@ -124,6 +124,25 @@ pub enum CdiError {
     },
     #[error("parsing CDI spec {path}: {reason}")]
     Parse { path: PathBuf, reason: String },
+    /// Its hooks run as root on every pinned container's start: only root (or the user
+    /// gpupin runs as) may be able to write it.
+    #[error("refusing CDI spec {what} {path}: {reason}")]
+    Untrusted {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+}
+
+/// Why a spec file or dir must not be trusted, if it must not: owned by another user than
+/// root or this one, or writable by group or others (the state dir's rule).
+fn distrust(meta: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Some(format!("owned by uid {}, not root", meta.uid()));
+    }
+    (meta.mode() & 0o022 != 0).then(|| "it is writable by group or others".to_string())
 }
 
 /// Every `nvidia.com/gpu` spec in `dirs` (`*.json`, `*.yaml`, `*.yml`; a missing dir has
@@ -153,6 +172,13 @@ fn spec_files(dir: &Path) -> Result<Vec<PathBuf>, CdiError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(list_err(e)),
     };
+    if let Some(reason) = distrust(&std::fs::metadata(dir).map_err(list_err)?) {
+        return Err(CdiError::Untrusted {
+            what: "dir",
+            path: dir.to_path_buf(),
+            reason,
+        });
+    }
     let mut files = Vec::new();
     for entry in entries {
         let path = entry.map_err(list_err)?.path();
@@ -166,12 +192,23 @@ fn spec_files(dir: &Path) -> Result<Vec<PathBuf>, CdiError> {
 }
 
 /// One file: `None` when it is not an `nvidia.com/gpu` spec. Admins link specs into the
-/// dirs, so a link is followed; a FIFO or a directory is refused, never waited on.
+/// dirs, so a link is followed; a FIFO or a directory is refused, never waited on, and so
+/// is a file another user could write (`distrust`).
 pub fn read(path: &Path) -> Result<Option<Spec>, CdiError> {
-    let bytes = regular::read(path, Links::Follow).map_err(|source| CdiError::Read {
+    let read_err = |source| CdiError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let file = regular::open(path, Links::Follow).map_err(read_err)?;
+    // The opened file's owner and mode, so the check and the read see the same file.
+    if let Some(reason) = distrust(&file.metadata().map_err(read_err)?) {
+        return Err(CdiError::Untrusted {
+            what: "file",
+            path: path.to_path_buf(),
+            reason,
+        });
+    }
+    let bytes = regular::read_file(file).map_err(read_err)?;
     let parse_err = |reason: String| CdiError::Parse {
         path: path.to_path_buf(),
         reason: reason.split_whitespace().collect::<Vec<_>>().join(" "),
@@ -330,6 +367,27 @@ futureField: 1
                 (2, "b.yml".into())
             ]
         );
+    }
+
+    #[test]
+    fn a_spec_or_dir_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "nvidia.yaml", YAML);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o646)).unwrap();
+        let err = crate::message::one_line(&load(&[dir.path().to_path_buf()]).unwrap_err());
+        assert_eq!(
+            err,
+            format!(
+                "refusing CDI spec file {}: it is writable by group or others",
+                path.display()
+            )
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(load(&[dir.path().to_path_buf()]).unwrap().len(), 1);
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let err = crate::message::one_line(&load(&[dir.path().to_path_buf()]).unwrap_err());
+        assert!(err.starts_with("refusing CDI spec dir "), "{err}");
     }
 
     #[test]
