@@ -14,7 +14,7 @@ pub const KIND: &str = "nvidia.com/gpu";
 /// The device name that stands for every GPU; gpupin never applies it.
 pub const ALL: &str = "all";
 
-/// One spec file. Fields gpupin does not use (annotations, additionalGids, intelRdt) are
+/// One spec file. Fields gpupin does not use (annotations, intelRdt, netDevices) are
 /// tolerated and ignored, as are fields a later CDI version adds.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -48,6 +48,10 @@ pub struct Edits {
     pub hooks: Vec<Hook>,
     #[serde(default, deserialize_with = "or_empty")]
     pub mounts: Vec<Mount>,
+    /// Groups the process joins (nvidia-ctk >= 1.17 adds the group of a node only that
+    /// group may open, such as /dev/dri/renderD*'s).
+    #[serde(default, deserialize_with = "or_empty")]
+    pub additional_gids: Vec<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -303,6 +307,7 @@ futureField: 1
             "../card1::/dev/dri/by-path/pci-0000:17:00.0-card"
         );
         assert_eq!(spec.container_edits.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
+        assert_eq!(spec.container_edits.additional_gids, [44]);
         assert_eq!(spec.container_edits.mounts[0].options.len(), 5);
     }
 

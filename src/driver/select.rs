@@ -17,6 +17,7 @@ pub struct CdiEdits {
     pub env: Vec<(String, String)>,
     pub hooks: Vec<edits::Hook>,
     pub mounts: Vec<edits::Mount>,
+    pub additional_gids: Vec<u32>,
     /// The spec files the edits came from.
     pub files: Vec<PathBuf>,
 }
@@ -227,6 +228,11 @@ fn add(out: &mut CdiEdits, from: &cdi::Edits, path: &Path) -> Result<(), SelectE
             options: mount.options.clone(),
         });
     }
+    for gid in &from.additional_gids {
+        if !out.additional_gids.contains(gid) {
+            out.additional_gids.push(*gid);
+        }
+    }
     Ok(())
 }
 
@@ -362,6 +368,11 @@ impl CdiEdits {
             edits.mounts.retain(|m| m.destination != mount.destination);
             edits.mounts.push(mount);
         }
+        for gid in self.additional_gids {
+            if !edits.additional_gids.contains(&gid) {
+                edits.additional_gids.push(gid);
+            }
+        }
     }
 }
 
@@ -389,7 +400,7 @@ mod tests {
             text +=
                 &format!("        - {{path: /dev/nvidia{minor}, major: 195, minor: {minor}}}\n");
         }
-        text += "containerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void, NVIDIA_CTK_LIBCUDA_DIR=/usr/lib]\n  deviceNodes:\n    - {path: /dev/nvidiactl, major: 195, minor: 255}\n    - {path: /dev/nvidia-uvm, major: 508}\n  hooks:\n    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, update-ldcache, --folder, /usr/lib]}\n  mounts:\n    - {hostPath: /drv/usr/lib/libcuda.so.1, containerPath: /usr/lib/libcuda.so.1, options: [ro, nosuid, nodev, rbind, rprivate]}\n";
+        text += "containerEdits:\n  additionalGids: [44]\n  env: [NVIDIA_VISIBLE_DEVICES=void, NVIDIA_CTK_LIBCUDA_DIR=/usr/lib]\n  deviceNodes:\n    - {path: /dev/nvidiactl, major: 195, minor: 255}\n    - {path: /dev/nvidia-uvm, major: 508}\n  hooks:\n    - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook, args: [nvidia-cdi-hook, update-ldcache, --folder, /usr/lib]}\n  mounts:\n    - {hostPath: /drv/usr/lib/libcuda.so.1, containerPath: /usr/lib/libcuda.so.1, options: [ro, nosuid, nodev, rbind, rprivate]}\n";
         text
     }
 
@@ -643,5 +654,6 @@ mod tests {
             3
         );
         assert_eq!(spec["mounts"][1]["destination"], "/usr/lib/libcuda.so.1");
+        assert_eq!(spec["process"]["user"]["additionalGids"], json!([44]));
     }
 }

@@ -1,6 +1,7 @@
 //! What a container must get for the GPUs it holds, as data: device nodes (and with them
-//! device-cgroup rules), env, annotations, hooks, a cpuset, and the driver's mounts. The admission pipeline
-//! builds it once from the ledger's record; one consumer per path applies it: `spec`
+//! device-cgroup rules), env, annotations, hooks, a cpuset, and the driver's mounts and
+//! groups. The admission pipeline builds it once from the ledger's record (and the
+//! driver's CDI spec); one consumer per path applies it: `spec`
 //! edits a runtime spec before create (the Docker shim, podman's precreate), `inject`
 //! gives a container that runc has already created its GPUs from outside (prestart).
 
@@ -84,6 +85,9 @@ pub struct ContainerEdits {
     pub cpuset: Option<Cpuset>,
     /// Bind mounts (the driver's files, from a CDI spec).
     pub mounts: Vec<Mount>,
+    /// Groups the container's process joins (a CDI spec's, for nodes such as
+    /// /dev/dri/renderD* that only their group may open).
+    pub additional_gids: Vec<u32>,
 }
 
 impl ContainerEdits {

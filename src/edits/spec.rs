@@ -20,6 +20,7 @@ pub fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), SpecError> 
     }
     let mounts: Vec<Value> = edits.mounts.iter().map(mount_entry).collect();
     spec::add_mounts(spec, &mounts)?;
+    spec::add_additional_gids(spec, &edits.additional_gids)?;
     if let Some(set) = &edits.cpuset {
         spec::set_cpuset_unless_set(spec, &set.cpus, set.mems.as_deref())?;
     }
@@ -77,6 +78,7 @@ mod tests {
                 mems: None,
             }),
             mounts: Vec::new(),
+            additional_gids: Vec::new(),
         }
     }
 
@@ -118,12 +120,14 @@ mod tests {
             kind: None,
             options: vec!["ro".into(), "rbind".into()],
         });
+        edits.additional_gids = vec![44, 110];
         let mut spec =
             json!({"mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}]});
         apply(&edits, &mut spec).unwrap();
         let once = spec.clone();
         apply(&edits, &mut spec).unwrap();
         assert_eq!(spec, once);
+        assert_eq!(spec["process"]["user"]["additionalGids"], json!([44, 110]));
         assert_eq!(
             spec["hooks"]["createContainer"],
             json!([{"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"],

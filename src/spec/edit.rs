@@ -108,6 +108,24 @@ pub fn set_cpuset_unless_set(
     Ok(true)
 }
 
+/// Adds `gids` to `process.user.additionalGids`, each once; gid 0 is never added (as in
+/// the CDI reference: a spec must not make a container's process root's group). No gids:
+/// the spec is left as it was.
+pub fn add_additional_gids(spec: &mut Value, gids: &[u32]) -> Result<(), SpecError> {
+    if gids.iter().all(|g| *g == 0) {
+        return Ok(());
+    }
+    let field = "process.user.additionalGids";
+    let list = array_at(spec, &["process", "user", "additionalGids"], field)?;
+    for gid in gids.iter().filter(|g| **g != 0) {
+        let gid = json!(gid);
+        if !list.contains(&gid) {
+            list.push(gid);
+        }
+    }
+    Ok(())
+}
+
 /// Sets one annotation, replacing an earlier value.
 pub fn set_annotation(spec: &mut Value, key: &str, value: &str) -> Result<(), SpecError> {
     let root = object(spec, "spec")?;
@@ -232,6 +250,21 @@ mod tests {
         let mut mine = json!({"linux": {"resources": {"cpu": {"cpus": "5"}}}});
         assert!(!set_cpuset_unless_set(&mut mine, "0-3", None).unwrap());
         assert_eq!(mine["linux"]["resources"]["cpu"]["cpus"], "5");
+    }
+
+    #[test]
+    fn additional_gids_are_added_once_and_never_root() {
+        let mut spec =
+            json!({"process": {"user": {"uid": 1000, "gid": 1000, "additionalGids": [10]}}});
+        add_additional_gids(&mut spec, &[44, 0, 10]).unwrap();
+        add_additional_gids(&mut spec, &[44]).unwrap();
+        assert_eq!(
+            spec["process"]["user"],
+            json!({"uid": 1000, "gid": 1000, "additionalGids": [10, 44]})
+        );
+        let mut plain = json!({"process": {}});
+        add_additional_gids(&mut plain, &[0]).unwrap();
+        assert_eq!(plain, json!({"process": {}}));
     }
 
     #[test]

@@ -8,7 +8,8 @@ mod mount;
 mod view;
 
 pub use edit::{
-    add_devices, add_hook, add_hook_entry, remove_hooks, set_annotation, set_cpuset_unless_set,
+    add_additional_gids, add_devices, add_hook, add_hook_entry, remove_hooks, set_annotation,
+    set_cpuset_unless_set,
 };
 pub use env::{process_env, set_env};
 pub use io::{parse, read, write_atomic};
