@@ -11,6 +11,7 @@
 //! ```
 
 use crate::config::Config;
+use crate::driver::{self, DriverError};
 use crate::edits::{ApplyError, ContainerEdits, EditsError, HookCommand};
 use crate::grant::{self, GrantError};
 use crate::ledger::{ClaimToken, HolderId, HolderMeta, Ledger, LedgerError, Record};
@@ -37,6 +38,8 @@ pub enum AdmitError {
     Grant(#[from] GrantError),
     #[error(transparent)]
     Edits(#[from] EditsError),
+    #[error(transparent)]
+    Driver(#[from] DriverError),
     #[error("giving container {id} its GPUs")]
     Apply {
         id: String,
@@ -86,12 +89,33 @@ pub fn admit<T>(
         source = meta.source.as_str(),
         "request"
     );
+    // The driver's files need the spec edited before create, which only a claim's
+    // consumers do: `driver = "cdi"` refuses the prestart path before anything is held.
+    if claim.is_none() {
+        driver::check_prestart(config.driver)?;
+    }
     let (inventory, record) = grant::allocate(config, holder, request, meta)?;
+    if claim.is_none() {
+        driver::note_prestart(config.driver, holder.as_str());
+    }
     let given = ContainerEdits::for_record(&inventory, &record)
         .map_err(AdmitError::from)
         .map(|edits| match &claim {
             Some(claim) => edits.with_claim(&record, claim.token, claim.hook),
             None => edits,
+        })
+        .and_then(|mut edits| {
+            if claim.is_some() {
+                driver::add_for_spec(
+                    config.driver,
+                    &config.cdi_spec_dirs,
+                    &inventory,
+                    &record.gpus,
+                    holder.as_str(),
+                    &mut edits,
+                )?;
+            }
+            Ok(edits)
         })
         .and_then(|edits| {
             apply(&edits).map_err(|source| AdmitError::Apply {
@@ -177,6 +201,72 @@ mod tests {
         );
         let ledger = Ledger::for_config(&config).unwrap();
         assert!(ledger.records().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_spec_edit_gets_the_cdi_entries_and_a_missing_one_holds_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cdi = tmp.path().join("cdi");
+        std::fs::create_dir(&cdi).unwrap();
+        // Entries for GPU 0 only; the pack policy picks GPU 0 first.
+        std::fs::write(
+            cdi.join("nvidia.yaml"),
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n  - name: \"0\"\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia0, major: 195}]\ncontainerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void]\n  mounts: [{hostPath: /r/libcuda.so.1, containerPath: /usr/lib/libcuda.so.1}]\n",
+        )
+        .unwrap();
+        let config = Config {
+            cdi_spec_dirs: vec![cdi],
+            policy: "pack".parse().unwrap(),
+            ..config(&tmp.path().join("state"))
+        };
+        let token = ClaimToken::new(HolderId::new("c1").unwrap()).unwrap();
+        let hook = HookCommand::beside(std::path::Path::new("/usr/bin/gpupin"), None);
+        let request_one = GpuRequest::new(Selection::Count(1), Origin::Annotations);
+        let claimed = |holder| Admission {
+            claim: Some(Claim {
+                token: &token,
+                hook: &hook,
+            }),
+            ..admission(holder, &request_one)
+        };
+        let c1 = HolderId::new("c1").unwrap();
+        let (record, edits) = admit(&config, claimed(&c1), |edits| Ok(edits.clone())).unwrap();
+        let env: Vec<(&str, &str)> = edits
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(env, [("NVIDIA_VISIBLE_DEVICES", "void")]);
+        assert_eq!(
+            edits.annotations[0],
+            ("gpupin.assigned".into(), record.gpus.join(","))
+        );
+        assert_eq!(edits.mounts[0].destination, "/usr/lib/libcuda.so.1");
+        // GPU 0 is held: the next container gets GPU 1, which the spec lacks.
+        let c2 = HolderId::new("c2").unwrap();
+        let err = admit(&config, claimed(&c2), |_| Ok(())).unwrap_err();
+        let text = crate::message::one_line(&err);
+        assert!(text.starts_with("no entry for GPU 1 ("), "{text}");
+        let ledger = Ledger::for_config(&config).unwrap();
+        assert_eq!(ledger.records().unwrap(), [record], "c2 holds nothing");
+    }
+
+    #[test]
+    fn driver_cdi_refuses_the_prestart_path_before_holding_anything() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            driver: crate::driver::Driver::Cdi,
+            ..config(&tmp.path().join("state"))
+        };
+        let holder = HolderId::new("c1").unwrap();
+        let request = GpuRequest::new(Selection::Count(1), Origin::Annotations);
+        let err = admit(&config, admission(&holder, &request), |_| Ok(())).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("driver = \"cdi\" needs the spec edited before create"),
+            "{err}"
+        );
+        assert!(!tmp.path().join("state").join("holders").exists());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! gpupin's configuration: `--config FILE`, else `$GPUPIN_CONFIG`, else
 //! /etc/gpupin/config.toml; a missing default file means defaults.
 
+use crate::driver::{DEFAULT_CDI_SPEC_DIRS, Driver};
 use crate::inventory::{InventorySource, NvmlAccess};
 use crate::log::Level;
 use crate::policy::PolicyName;
@@ -39,6 +40,10 @@ pub struct Config {
     /// Where NVML runs: not a key of the file, but the binary's to say (the statically
     /// linked ones ask the `gpupin` beside them).
     pub nvml: NvmlAccess,
+    /// How a container gets the driver's libraries (`driver::Driver`).
+    pub driver: Driver,
+    /// Where CDI specs are read from; a later dir wins for the same device name.
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 impl Default for Config {
@@ -54,6 +59,8 @@ impl Default for Config {
             log: None,
             path: None,
             nvml: NvmlAccess::InProcess,
+            driver: Driver::default(),
+            cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
         }
     }
 }
@@ -70,6 +77,8 @@ struct ConfigFile {
     live_file: Option<PathBuf>,
     max_shared: Option<u32>,
     log: Option<String>,
+    driver: Option<String>,
+    cdi_spec_dirs: Option<Vec<PathBuf>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +178,14 @@ impl Config {
                 .map_err(|_| invalid(format!("log {log:?}: {}", Level::EXPECTED)))?;
             config.log = Some(level);
         }
+        if let Some(driver) = file.driver {
+            config.driver = driver
+                .parse()
+                .map_err(|()| invalid(format!("driver {driver:?}: {}", Driver::EXPECTED)))?;
+        }
+        if let Some(dirs) = file.cdi_spec_dirs {
+            config.cdi_spec_dirs = dirs.into_iter().map(beside).collect();
+        }
         if let Some(policy) = file.policy {
             config.policy = policy
                 .parse()
@@ -249,6 +266,28 @@ mod tests {
             "{err}"
         );
         assert!(parse("log = 3").is_err());
+    }
+
+    #[test]
+    fn driver_and_cdi_spec_dirs() {
+        let c = parse("").unwrap();
+        assert_eq!(c.driver, Driver::Auto);
+        assert_eq!(
+            c.cdi_spec_dirs,
+            [PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")]
+        );
+        let c = parse("driver = \"cdi\"\ncdi_spec_dirs = [\"cdi\", \"/run/cdi\"]").unwrap();
+        assert_eq!(c.driver, Driver::Cdi);
+        assert_eq!(
+            c.cdi_spec_dirs,
+            [PathBuf::from("/etc/gpupin/cdi"), PathBuf::from("/run/cdi")]
+        );
+        assert_eq!(parse("driver = \"none\"").unwrap().driver, Driver::None);
+        let err = parse("driver = \"nvidia\"").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config /etc/gpupin/config.toml: driver \"nvidia\": expected one of auto, cdi, none"
+        );
     }
 
     #[test]

@@ -332,8 +332,9 @@ fn the_shim_says_whether_it_passes_a_create_through_or_edits_the_spec() {
 
 #[test]
 fn reaping_a_stale_holder_is_logged_at_info() {
-    // A claim no container bound within claim_grace is stale.
-    let m = Machine::new("claim_grace = \"1ms\"");
+    // A claim no container bound within claim_grace is stale. No driver: the notice
+    // that a container gets no driver files is a line of its own (tested below).
+    let m = Machine::new("claim_grace = \"1ms\"\ndriver = \"none\"");
     let all = spec(json!({"gpupin.count": "8"})).to_string();
     let first = m.hook(&[], "precreate", all.as_bytes());
     assert!(first.status.success(), "{}", stderr(&first));
@@ -432,5 +433,27 @@ fn the_choice_says_why_each_other_gpu_was_excluded() {
     assert!(
         line.contains("free=[]") && line.contains(r#""7:model"]"#),
         "{line}"
+    );
+}
+
+#[test]
+fn a_container_without_a_cdi_spec_is_told_once_it_gets_no_driver_files() {
+    let m = Machine::new("cdi_spec_dirs = [\"no-cdi-here\"]");
+    let one = spec(json!({"gpupin.count": "1"})).to_string();
+    let out = m.hook(&[("GPUPIN_LOG", "warn")], "precreate", one.as_bytes());
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    // Besides the log, the hook's own line saying what the claim holds.
+    let (logs, _) = split(&err);
+    assert_eq!(logs.len(), 1, "{err}");
+    let notice = event(
+        &logs,
+        "no nvidia.com/gpu CDI spec found: the container gets no driver libraries from gpupin",
+    );
+    assert!(
+        notice.contains(" WARN ")
+            && notice.contains("gets no driver libraries")
+            && notice.contains("no-cdi-here"),
+        "{notice}"
     );
 }

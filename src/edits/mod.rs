@@ -1,6 +1,7 @@
 //! What a container must get for the GPUs it holds, as data: device nodes (and with them
-//! device-cgroup rules), env, annotations, hooks and a cpuset. The admission pipeline
-//! builds it once from the ledger's record; one consumer per path applies it: `spec`
+//! device-cgroup rules), env, annotations, hooks, a cpuset, and the driver's mounts and
+//! groups. The admission pipeline builds it once from the ledger's record (and the
+//! driver's CDI spec); one consumer per path applies it: `spec`
 //! edits a runtime spec before create (the Docker shim, podman's precreate), `inject`
 //! gives a container that runc has already created its GPUs from outside (prestart).
 
@@ -44,10 +45,27 @@ pub enum ApplyError {
 /// One OCI hook entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hook {
-    /// `prestart`, `createRuntime` or `poststop`.
+    /// `prestart`, `createRuntime`, `createContainer`, `startContainer`, `poststart` or
+    /// `poststop`.
     pub stage: &'static str,
     pub path: String,
     pub args: Vec<String>,
+    /// `KEY=VALUE` entries; empty for gpupin's own hooks.
+    pub env: Vec<String>,
+    /// Seconds; `None` for no limit.
+    pub timeout: Option<u32>,
+}
+
+/// One bind mount from the host into the container (a CDI spec's driver files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Absolute path in the container.
+    pub destination: String,
+    /// The host path.
+    pub source: String,
+    /// The OCI mount type; `None` leaves it out (a bind mount says so in its options).
+    pub kind: Option<String>,
+    pub options: Vec<String>,
 }
 
 /// The CPUs (and memory nodes) a container is pinned to.
@@ -65,6 +83,11 @@ pub struct ContainerEdits {
     pub annotations: Vec<(String, String)>,
     pub hooks: Vec<Hook>,
     pub cpuset: Option<Cpuset>,
+    /// Bind mounts (the driver's files, from a CDI spec).
+    pub mounts: Vec<Mount>,
+    /// Groups the container's process joins (a CDI spec's, for nodes such as
+    /// /dev/dri/renderD* that only their group may open).
+    pub additional_gids: Vec<u32>,
 }
 
 impl ContainerEdits {
@@ -102,6 +125,8 @@ impl ContainerEdits {
                 stage,
                 path: path.clone(),
                 args: hook.args(stage),
+                env: Vec::new(),
+                timeout: None,
             })
             .collect();
         self

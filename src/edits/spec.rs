@@ -2,9 +2,9 @@
 //! podman's precreate). The runtime then creates the nodes and grants them in the device
 //! cgroup itself, on cgroup v1 or v2, and access survives `systemctl daemon-reload`.
 
-use super::ContainerEdits;
+use super::{ContainerEdits, Hook, Mount};
 use crate::spec::{self, SpecError};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// Writes every edit into `spec`. Idempotent: applied twice, the spec is the same.
 pub fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), SpecError> {
@@ -16,20 +16,46 @@ pub fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), SpecError> 
         spec::set_annotation(spec, key, value)?;
     }
     for hook in &edits.hooks {
-        spec::add_hook(spec, hook.stage, &hook.path, &hook.args)?;
+        spec::add_hook_entry(spec, hook.stage, hook_entry(hook))?;
     }
+    let mounts: Vec<Value> = edits.mounts.iter().map(mount_entry).collect();
+    spec::add_mounts(spec, &mounts)?;
+    spec::add_additional_gids(spec, &edits.additional_gids)?;
     if let Some(set) = &edits.cpuset {
         spec::set_cpuset_unless_set(spec, &set.cpus, set.mems.as_deref())?;
     }
     Ok(())
 }
 
+/// An OCI hook object: `env` and `timeout` only where given.
+fn hook_entry(hook: &Hook) -> Value {
+    let mut entry = json!({"path": hook.path, "args": hook.args});
+    if !hook.env.is_empty() {
+        entry["env"] = json!(hook.env);
+    }
+    if let Some(timeout) = hook.timeout {
+        entry["timeout"] = json!(timeout);
+    }
+    entry
+}
+
+/// An OCI mount object, keys in the order Docker writes them.
+fn mount_entry(mount: &Mount) -> Value {
+    let mut entry = serde_json::Map::new();
+    entry.insert("destination".into(), json!(mount.destination));
+    if let Some(kind) = &mount.kind {
+        entry.insert("type".into(), json!(kind));
+    }
+    entry.insert("source".into(), json!(mount.source));
+    entry.insert("options".into(), json!(mount.options));
+    Value::Object(entry)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::edits::{Cpuset, Hook};
+    use crate::edits::Cpuset;
     use crate::inventory::DeviceNode;
-    use serde_json::json;
 
     fn edits() -> ContainerEdits {
         ContainerEdits {
@@ -44,11 +70,15 @@ mod tests {
                 stage: "poststop",
                 path: "/usr/bin/gpupin".into(),
                 args: vec!["gpupin".into(), "hook".into(), "poststop".into()],
+                env: Vec::new(),
+                timeout: None,
             }],
             cpuset: Some(Cpuset {
                 cpus: "0-3".into(),
                 mems: None,
             }),
+            mounts: Vec::new(),
+            additional_gids: Vec::new(),
         }
     }
 
@@ -68,5 +98,45 @@ mod tests {
         assert_eq!(spec["annotations"]["gpupin.assigned"], "GPU-3");
         assert_eq!(spec["hooks"]["poststop"][0]["path"], "/usr/bin/gpupin");
         assert_eq!(spec["linux"]["resources"]["cpu"]["cpus"], "0-3");
+        assert!(
+            spec.get("mounts").is_none(),
+            "no mounts asked for, none written"
+        );
+    }
+
+    #[test]
+    fn driver_mounts_and_hooks_land_once_with_their_env() {
+        let mut edits = edits();
+        edits.hooks.push(Hook {
+            stage: "createContainer",
+            path: "/usr/bin/nvidia-cdi-hook".into(),
+            args: vec!["nvidia-cdi-hook".into(), "update-ldcache".into()],
+            env: vec!["NVIDIA_CTK_DEBUG=false".into()],
+            timeout: Some(5),
+        });
+        edits.mounts.push(Mount {
+            destination: "/usr/bin/nvidia-smi".into(),
+            source: "/driver/usr/bin/nvidia-smi".into(),
+            kind: None,
+            options: vec!["ro".into(), "rbind".into()],
+        });
+        edits.additional_gids = vec![44, 110];
+        let mut spec =
+            json!({"mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}]});
+        apply(&edits, &mut spec).unwrap();
+        let once = spec.clone();
+        apply(&edits, &mut spec).unwrap();
+        assert_eq!(spec, once);
+        assert_eq!(spec["process"]["user"]["additionalGids"], json!([44, 110]));
+        assert_eq!(
+            spec["hooks"]["createContainer"],
+            json!([{"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"],
+                    "env": ["NVIDIA_CTK_DEBUG=false"], "timeout": 5}])
+        );
+        assert_eq!(
+            spec["mounts"][1],
+            json!({"destination": "/usr/bin/nvidia-smi", "source": "/driver/usr/bin/nvidia-smi",
+                   "options": ["ro", "rbind"]})
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! Spec edits beyond env: device nodes with their cgroup rules, annotations, and hooks.
+//! Spec edits beyond env and mounts: device nodes with their cgroup rules, annotations,
+//! and hooks.
 //! Each edit is idempotent, so a retried `create` leaves one entry, not two.
 
 use super::{SpecError, type_name};
@@ -107,6 +108,24 @@ pub fn set_cpuset_unless_set(
     Ok(true)
 }
 
+/// Adds `gids` to `process.user.additionalGids`, each once; gid 0 is never added (as in
+/// the CDI reference: a spec must not make a container's process root's group). No gids:
+/// the spec is left as it was.
+pub fn add_additional_gids(spec: &mut Value, gids: &[u32]) -> Result<(), SpecError> {
+    if gids.iter().all(|g| *g == 0) {
+        return Ok(());
+    }
+    let field = "process.user.additionalGids";
+    let list = array_at(spec, &["process", "user", "additionalGids"], field)?;
+    for gid in gids.iter().filter(|g| **g != 0) {
+        let gid = json!(gid);
+        if !list.contains(&gid) {
+            list.push(gid);
+        }
+    }
+    Ok(())
+}
+
 /// Sets one annotation, replacing an earlier value.
 pub fn set_annotation(spec: &mut Value, key: &str, value: &str) -> Result<(), SpecError> {
     let root = object(spec, "spec")?;
@@ -117,23 +136,45 @@ pub fn set_annotation(spec: &mut Value, key: &str, value: &str) -> Result<(), Sp
     Ok(())
 }
 
-/// Appends a hook to `hooks.<stage>` unless an identical one is there.
+/// Appends a hook to `hooks.<stage>` unless one with the same path and args is there.
 pub fn add_hook(
     spec: &mut Value,
     stage: &'static str,
     path: &str,
     args: &[String],
 ) -> Result<(), SpecError> {
+    add_hook_entry(spec, stage, json!({"path": path, "args": args}))
+}
+
+/// Appends `entry` (an OCI hook: `path`, and `args`, `env`, `timeout` where given) to
+/// `hooks.<stage>` unless a hook with the same path and args is there already: podman or
+/// Docker may have applied a CDI spec's hooks before gpupin, and `update-ldcache` must
+/// not run twice. An absent `args` counts as an empty one.
+pub fn add_hook_entry(
+    spec: &mut Value,
+    stage: &'static str,
+    entry: Value,
+) -> Result<(), SpecError> {
     let field = match stage {
         "prestart" => "hooks.prestart",
         "createRuntime" => "hooks.createRuntime",
+        "createContainer" => "hooks.createContainer",
+        "startContainer" => "hooks.startContainer",
+        "poststart" => "hooks.poststart",
         "poststop" => "hooks.poststop",
         _ => "hooks",
     };
     let hooks = array_at(spec, &["hooks", stage], field)?;
-    let hook = json!({"path": path, "args": args});
-    if !hooks.contains(&hook) {
-        hooks.push(hook);
+    let identity = |hook: &Value| {
+        let args = hook
+            .get("args")
+            .cloned()
+            .unwrap_or(Value::Array(Vec::new()));
+        (hook.get("path").cloned(), args)
+    };
+    let new = identity(&entry);
+    if !hooks.iter().any(|hook| identity(hook) == new) {
+        hooks.push(entry);
     }
     Ok(())
 }
@@ -212,12 +253,46 @@ mod tests {
     }
 
     #[test]
+    fn additional_gids_are_added_once_and_never_root() {
+        let mut spec =
+            json!({"process": {"user": {"uid": 1000, "gid": 1000, "additionalGids": [10]}}});
+        add_additional_gids(&mut spec, &[44, 0, 10]).unwrap();
+        add_additional_gids(&mut spec, &[44]).unwrap();
+        assert_eq!(
+            spec["process"]["user"],
+            json!({"uid": 1000, "gid": 1000, "additionalGids": [10, 44]})
+        );
+        let mut plain = json!({"process": {}});
+        add_additional_gids(&mut plain, &[0]).unwrap();
+        assert_eq!(plain, json!({"process": {}}));
+    }
+
+    #[test]
     fn annotation_is_replaced() {
         let mut spec = json!({"annotations": {"gpupin.assigned": "old", "x": "y"}});
         set_annotation(&mut spec, "gpupin.assigned", "GPU-1").unwrap();
         assert_eq!(
             spec["annotations"],
             json!({"gpupin.assigned": "GPU-1", "x": "y"})
+        );
+    }
+
+    #[test]
+    fn a_hook_with_the_same_path_and_args_is_not_added_again() {
+        let mut spec = json!({"hooks": {"createContainer": [
+            {"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"]},
+        ]}});
+        let same = json!({"path": "/usr/bin/nvidia-cdi-hook",
+            "args": ["nvidia-cdi-hook", "update-ldcache"], "env": ["NVIDIA_CTK_DEBUG=false"]});
+        add_hook_entry(&mut spec, "createContainer", same).unwrap();
+        let other = json!({"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook"]});
+        add_hook_entry(&mut spec, "createContainer", other.clone()).unwrap();
+        add_hook_entry(&mut spec, "createContainer", other).unwrap();
+        let hooks = spec["hooks"]["createContainer"].as_array().unwrap();
+        assert_eq!(hooks.len(), 2, "{hooks:?}");
+        assert!(
+            hooks[0].get("env").is_none(),
+            "the hook already there stays as it was"
         );
     }
 

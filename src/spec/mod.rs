@@ -4,11 +4,16 @@
 mod edit;
 mod env;
 mod io;
+mod mount;
 mod view;
 
-pub use edit::{add_devices, add_hook, remove_hooks, set_annotation, set_cpuset_unless_set};
+pub use edit::{
+    add_additional_gids, add_devices, add_hook, add_hook_entry, remove_hooks, set_annotation,
+    set_cpuset_unless_set,
+};
 pub use env::{process_env, set_env};
 pub use io::{parse, read, write_atomic};
+pub use mount::add_mounts;
 pub use view::{annotations, rootfs_path};
 
 use std::path::PathBuf;

@@ -558,7 +558,7 @@ fn read_pid(file: &Path) -> Option<i32> {
 }
 
 /// The binaries that start a dockerd here: cargo names them `<target>-<hash>`.
-const OWNERS: [&str; 2] = ["docker_e2e", "docker_start"];
+const OWNERS: [&str; 3] = ["docker_e2e", "docker_start", "cdi_docker"];
 
 /// The pid in `file` is alive and is a test or bench binary, or dockerd (not a reused
 /// pid).

@@ -1,14 +1,15 @@
 //! What the test suites and benches share: the rule for a missing requirement (skip, or
 //! fail under CI=true), gpupin configurations in temp dirs with real containers beside
 //! them, `gpupin status --json` queries, ledger snapshots, the one-line refusal checks,
-//! GPU-node filters and stand-in containers. gpupin is always its binary, whose path the
-//! caller passes in (`env!("CARGO_BIN_EXE_gpupin")`), or the one of that name in
-//! `$GPUPIN_BIN_DIR`.
+//! GPU-node filters, stand-in containers, and a fake NVIDIA driver root with its CDI
+//! spec. gpupin is always its binary, whose path the caller passes in
+//! (`env!("CARGO_BIN_EXE_gpupin")`), or the one of that name in `$GPUPIN_BIN_DIR`.
 //!
 //! Test code: it panics on whatever a test would fail on, and says on stderr why a test
 //! is skipped.
 
 mod check;
+pub mod driver;
 mod fake;
 pub mod ledger;
 mod nodes;

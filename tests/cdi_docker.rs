@@ -1,0 +1,82 @@
+//! The driver through CDI under a real dockerd: gpupin-runtime (a `gpupin-sN` slot of
+//! the docker harness) applies the chosen GPU's entry of the CDI spec nvidia-ctk would
+//! write for a fake driver root (gpupin-sandbox harness::driver). Root, dockerd, runc
+//! and busybox-static are needed; elsewhere the test says why it skips (under CI=true
+//! it fails instead).
+
+#[allow(unused_imports)] // re-exports this binary does not use
+mod docker_support;
+
+use docker_support::{Need, Slot, harness, text};
+use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu, assert_driver_inside};
+use std::io::Write;
+
+/// A fake driver root and its CDI spec in the slot's dir, and the slot's config
+/// pointing at the spec with `driver = "cdi"`.
+fn with_driver(slot: &Slot) -> (DriverRoot, Vec<FakeGpu>) {
+    slot.reset_config(None);
+    let gpus = FakeGpu::from_status(&slot.status());
+    let _ = std::fs::remove_dir_all(slot.dir.join("driver"));
+    let root = DriverRoot::create(&slot.dir.join("driver"), &gpus).unwrap();
+    let cdi = slot.dir.join("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    root.write_cdi_spec(&cdi, &gpus).unwrap();
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&slot.config)
+        .unwrap();
+    writeln!(config, "driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]").unwrap();
+    (root, gpus)
+}
+
+#[test]
+fn docker_run_with_gpupin_gets_its_gpus_driver_files_read_only_and_nothing_else() {
+    let Some(h) = harness(
+        "docker_run_with_gpupin_gets_its_gpus_driver_files_read_only_and_nothing_else",
+        Need::Docker,
+    ) else {
+        return;
+    };
+    let slot = h.slot();
+    let (root, gpus) = with_driver(&slot);
+    // A GPU taken first, so the container's is not GPU 0: index names would be wrong.
+    let first = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
+    let c = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
+    let holders = slot.holders();
+    let held = &holders[&c.id];
+    assert_eq!(held.len(), 1, "{holders:?}");
+    assert_ne!(&holders[&first.id], held);
+    let chosen = gpus.iter().find(|g| g.uuid == held[0]).unwrap();
+    let sh = |script: &str| c.exec(&["sh", "-c", script]);
+    assert_driver_inside(&sh, &root, chosen, &gpus, &c.id);
+}
+
+#[test]
+fn docker_run_with_a_spec_without_the_chosen_gpu_is_refused_and_holds_nothing() {
+    let Some(h) = harness(
+        "docker_run_with_a_spec_without_the_chosen_gpu_is_refused_and_holds_nothing",
+        Need::Docker,
+    ) else {
+        return;
+    };
+    let slot = h.slot();
+    let (root, gpus) = with_driver(&slot);
+    let others: Vec<FakeGpu> = gpus
+        .iter()
+        .map(|g| FakeGpu {
+            index: g.index,
+            uuid: format!("GPU-other-{}", g.index),
+            minor: g.minor + 8,
+        })
+        .collect();
+    let spec = root.write_cdi_spec(&slot.dir.join("cdi"), &others).unwrap();
+    let out = h.run_detached(&slot.runtime, &["-l", "gpupin.count=1"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("no entry for GPU ")
+            && err.contains(&format!("in CDI spec {}", spec.display())),
+        "{err}"
+    );
+    assert!(slot.holders().is_empty(), "{:?}", slot.holders());
+}

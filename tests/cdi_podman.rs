@@ -1,0 +1,115 @@
+//! The driver through CDI under real podman: `gpupin install podman`'s hooks, a fake
+//! driver root with the CDI spec nvidia-ctk would write for it (gpupin-sandbox
+//! harness::driver), and gpupin's precreate hook applying the chosen GPU's entry.
+//! Root, podman, runc and busybox-static are needed; elsewhere the test says why it
+//! skips (under CI=true it fails instead).
+
+#[allow(unused_imports)] // re-exports this binary does not use
+mod podman_support;
+
+use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu, assert_driver_inside};
+use podman_support::{Options, Podman, assert_success, combined, setup};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// A fake driver root and its CDI spec beside the harness, and gpupin's config
+/// pointing at the spec with `driver = "cdi"`.
+fn with_driver(podman: &Podman) -> (DriverRoot, Vec<FakeGpu>) {
+    let gpus = FakeGpu::from_status(&podman.status());
+    let root = DriverRoot::create(&podman.path("driver"), &gpus).unwrap();
+    let cdi: PathBuf = podman.path("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    root.write_cdi_spec(&cdi, &gpus).unwrap();
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(podman.config_path())
+        .unwrap();
+    writeln!(config, "driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]").unwrap();
+    (root, gpus)
+}
+
+#[test]
+fn a_pinned_container_gets_its_gpus_driver_files_read_only_and_nothing_else() {
+    let Some(podman) = setup(
+        "a_pinned_container_gets_its_gpus_driver_files_read_only_and_nothing_else",
+        Options::default(),
+    ) else {
+        return;
+    };
+    let (root, gpus) = with_driver(&podman);
+    // A GPU taken first, so the container's is not GPU 0: index names would be wrong.
+    let first = podman.name(0);
+    let first_id = podman.start(&first, &["--annotation", "gpupin.count=1"]);
+    let name = podman.name(1);
+    let id = podman.start(&name, &["--annotation", "gpupin.count=1"]);
+    let held = podman.gpus_of(&id);
+    assert_eq!(held.len(), 1, "status: {:#}", podman.status());
+    let chosen = gpus.iter().find(|g| g.uuid == held[0].0).unwrap();
+    assert_ne!(podman.gpus_of(&first_id), held);
+    let sh = |script: &str| {
+        let out = podman
+            .podman()
+            .args(["exec", &name, "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert_success(&format!("podman exec {name}"), &out);
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_driver_inside(&sh, &root, chosen, &gpus, &id);
+    let annotations = podman
+        .podman()
+        .args([
+            "inspect",
+            "--format",
+            "{{index .Config.Annotations \"gpupin.assigned\"}}",
+            &name,
+        ])
+        .output()
+        .unwrap();
+    assert_success("podman inspect", &annotations);
+    assert_eq!(
+        String::from_utf8_lossy(&annotations.stdout).trim(),
+        chosen.uuid
+    );
+    podman.remove(&name);
+    podman.remove(&first);
+}
+
+#[test]
+fn a_spec_without_the_chosen_gpu_refuses_the_run_and_holds_nothing() {
+    let Some(podman) = setup(
+        "a_spec_without_the_chosen_gpu_refuses_the_run_and_holds_nothing",
+        Options::default(),
+    ) else {
+        return;
+    };
+    let (root, gpus) = with_driver(&podman);
+    // The spec of another machine: other UUIDs, other minors.
+    let others: Vec<FakeGpu> = gpus
+        .iter()
+        .map(|g| FakeGpu {
+            index: g.index,
+            uuid: format!("GPU-other-{}", g.index),
+            minor: g.minor + 8,
+        })
+        .collect();
+    let spec = root.write_cdi_spec(&podman.path("cdi"), &others).unwrap();
+    let out = podman.run(
+        &[],
+        &podman.name(0),
+        &["--rm", "--annotation", "gpupin.count=1"],
+        &["true"],
+    );
+    assert!(!out.status.success());
+    let output = combined(&out);
+    let line = output
+        .lines()
+        .find(|l| l.contains("gpupin: "))
+        .unwrap_or_else(|| panic!("no gpupin line: {output}"));
+    assert!(
+        line.contains("no entry for GPU ")
+            && line.contains(&format!("in CDI spec {}", spec.display())),
+        "{output}"
+    );
+    assert_eq!(podman.holders(), Vec::<serde_json::Value>::new());
+}
