@@ -1,6 +1,7 @@
 //! gpupin's configuration: `--config FILE`, else `$GPUPIN_CONFIG`, else
 //! /etc/gpupin/config.toml; a missing default file means defaults.
 
+use crate::driver::foreign::Unrequested;
 use crate::inventory::{InventorySource, NvmlAccess};
 use crate::log::Level;
 use crate::policy::PolicyName;
@@ -34,6 +35,10 @@ pub struct Config {
     /// How much to log to stderr when `GPUPIN_LOG` is unset: the way to turn logging
     /// on for hooks, which get whatever environment the runtime gives them.
     pub log: Option<Level>,
+    /// What a container that asks gpupin for nothing keeps of what it asked NVIDIA's
+    /// stack for (`NVIDIA_VISIBLE_DEVICES`, `cdi.k8s.io` annotations); `Unrequested`
+    /// says why the default strips it.
+    pub unrequested: Unrequested,
     /// Where this configuration was read from; `None` for built-in defaults.
     pub path: Option<PathBuf>,
     /// Where NVML runs: not a key of the file, but the binary's to say (the statically
@@ -52,6 +57,7 @@ impl Default for Config {
             live_file: None,
             max_shared: 4,
             log: None,
+            unrequested: Unrequested::default(),
             path: None,
             nvml: NvmlAccess::InProcess,
         }
@@ -70,6 +76,7 @@ struct ConfigFile {
     live_file: Option<PathBuf>,
     max_shared: Option<u32>,
     log: Option<String>,
+    unrequested: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +176,14 @@ impl Config {
                 .map_err(|_| invalid(format!("log {log:?}: {}", Level::EXPECTED)))?;
             config.log = Some(level);
         }
+        if let Some(unrequested) = file.unrequested {
+            config.unrequested = unrequested.parse().map_err(|()| {
+                invalid(format!(
+                    "unrequested {unrequested:?}: {}",
+                    Unrequested::EXPECTED
+                ))
+            })?;
+        }
         if let Some(policy) = file.policy {
             config.policy = policy
                 .parse()
@@ -249,6 +264,24 @@ mod tests {
             "{err}"
         );
         assert!(parse("log = 3").is_err());
+    }
+
+    #[test]
+    fn unrequested_defaults_to_strip_and_names_a_bad_value() {
+        assert_eq!(parse("").unwrap().unrequested, Unrequested::Strip);
+        assert_eq!(
+            parse("unrequested = \"request\"").unwrap().unrequested,
+            Unrequested::Request
+        );
+        assert_eq!(
+            parse("unrequested = \"pass\"").unwrap().unrequested,
+            Unrequested::Pass
+        );
+        let err = parse("unrequested = \"keep\"").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config /etc/gpupin/config.toml: unrequested \"keep\": expected request, strip or pass"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod atomic;
 pub mod binaries;
 pub mod config;
 pub mod docker;
+pub mod driver;
 pub mod edits;
 pub mod grant;
 pub mod hook;

@@ -7,9 +7,10 @@
 use super::{HookError, Outcome, contains};
 use crate::admit::{self, Admission, Claim};
 use crate::config::{Config, ConfigError};
+use crate::driver::foreign::{self, GpuNumbers, Unrequested};
 use crate::edits::{self, ApplyError, HookCommand};
 use crate::ledger::{ClaimToken, HolderMeta};
-use crate::request::{self, ERROR_ANNOTATION};
+use crate::request::{self, ERROR_ANNOTATION, GpuRequest};
 use crate::spec;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -25,10 +26,16 @@ pub(super) fn run(
         claim: None,
     };
     // Every container passes through here when the hook matches always: a spec that
-    // mentions neither prefix goes back as it came, unparsed.
-    if !contains(input, request::ANNOTATION_PREFIX.as_bytes())
-        && !contains(input, request::ENV_PREFIX.as_bytes())
-    {
+    // mentions neither prefix, nothing of NVIDIA's and no device numbers goes back as it
+    // came, unparsed.
+    let markers = [
+        request::ANNOTATION_PREFIX,
+        request::ENV_PREFIX,
+        "nvidia",
+        "NVIDIA",
+        "\"major\"",
+    ];
+    if !markers.iter().any(|m| contains(input, m.as_bytes())) {
         return Ok(unchanged());
     }
     let mut spec_value = spec::parse(input, Path::new("<stdin>")).map_err(HookError::Spec)?;
@@ -49,12 +56,14 @@ fn claim(
     let mut sources = SpecSources {
         annotations: spec::annotations(spec_value),
         spec: spec_value,
+        load: Some(load_config),
+        config: None,
     };
     edits::refuse_reserved(&sources.annotations)?;
     let Some(request) = request::find(&mut sources)? else {
-        return Ok(None);
+        return void(spec_value, sources.into_config());
     };
-    let config = load_config()?;
+    let config = sources.into_config()()?;
     let token = ClaimToken::new_claim()?;
     // No container id yet: the claim's holder id stands for it until prestart binds it.
     tracing::debug!(stage = "precreate", claim = %token.holder(), "hook");
@@ -84,19 +93,70 @@ fn claim(
     }))
 }
 
-/// Where precreate finds a request: the proposed spec's annotations and process env.
-struct SpecSources<'a> {
-    annotations: HashMap<String, String>,
-    spec: &'a Value,
+/// `unrequested = "strip"` for a container that asks gpupin for nothing: what it asked
+/// NVIDIA's stack for is voided. `None`: the spec goes on as it came. The config is read
+/// only for a spec that asks NVIDIA's stack for something.
+fn void(
+    spec_value: &Value,
+    config: impl FnOnce() -> Result<Config, HookError>,
+) -> Result<Option<Outcome>, HookError> {
+    let mut voided = spec_value.clone();
+    if !foreign::void(&mut voided) || config()?.unrequested != Unrequested::Strip {
+        return Ok(None);
+    }
+    tracing::info!(
+        stage = "precreate",
+        "no gpupin request: NVIDIA's request set to void"
+    );
+    Ok(Some(Outcome::Spec {
+        bytes: to_bytes(&voided).map_err(HookError::Spec)?,
+        claim: None,
+    }))
 }
 
-impl request::Sources for SpecSources<'_> {
+/// Where precreate finds a request: the proposed spec's annotations and process env, and
+/// last the GPUs NVIDIA's stack was asked for around gpupin. The config is loaded when a
+/// source first needs it (the foreign one: `unrequested`, the inventory).
+struct SpecSources<'a, L> {
+    annotations: HashMap<String, String>,
+    spec: &'a Value,
+    load: Option<L>,
+    config: Option<Config>,
+}
+
+impl<L: FnOnce() -> Result<Config, ConfigError>> SpecSources<'_, L> {
+    fn config(&mut self) -> Result<&Config, HookError> {
+        if let Some(load) = self.load.take() {
+            self.config = Some(load()?);
+        }
+        Ok(self.config.as_ref().expect("loaded above or before"))
+    }
+
+    /// The config, loaded now unless a source already did; callable once.
+    fn into_config(mut self) -> impl FnOnce() -> Result<Config, HookError> {
+        move || {
+            self.config()?;
+            Ok(self.config.take().expect("just loaded"))
+        }
+    }
+}
+
+impl<L: FnOnce() -> Result<Config, ConfigError>> request::Sources for SpecSources<'_, L> {
     type Error = HookError;
     fn annotations(&self) -> &HashMap<String, String> {
         &self.annotations
     }
     fn env(&mut self) -> Result<Vec<String>, HookError> {
         Ok(spec::process_env(self.spec))
+    }
+    fn foreign(&mut self) -> Result<Option<GpuRequest>, HookError> {
+        let spec = self.spec;
+        let config = self.config()?;
+        foreign::request(spec, config.unrequested, || {
+            let inventory =
+                crate::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+            Ok(GpuNumbers::of(&inventory))
+        })
     }
 }
 

@@ -1,0 +1,3 @@
+//! The driver side of a GPU container: what NVIDIA's stack put into a spec besides gpupin.
+
+pub mod foreign;
