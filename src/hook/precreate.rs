@@ -310,4 +310,130 @@ mod tests {
         );
         assert!(!state.path().join("holders").exists());
     }
+
+    /// Precreate's output and the record of what it allocated, if anything.
+    fn precreate_any(spec: &Value, state_dir: &Path) -> (Value, Option<crate::ledger::Record>) {
+        let input = serde_json::to_vec(spec).unwrap();
+        let exe = Path::new("/usr/bin/gpupin-hook");
+        match run(&input, exe, || Ok(config(state_dir))).unwrap() {
+            Outcome::Spec { bytes, claim } => (serde_json::from_slice(&bytes).unwrap(), claim),
+            other => panic!("expected a spec, got {other:?}"),
+        }
+    }
+
+    /// What podman's CDI gives `--device nvidia.com/gpu=...` for GPUs `minors`: their
+    /// nodes and allow rules beside nvidiactl's, and `NVIDIA_VISIBLE_DEVICES=void`.
+    fn with_cdi_gpus(mut spec: Value, minors: &[u32]) -> Value {
+        let mut nodes: Vec<Value> = minors
+            .iter()
+            .map(|m| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m}))
+            .collect();
+        nodes.push(json!({"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}));
+        let rules: Vec<Value> = nodes
+            .iter()
+            .map(|n| json!({"allow": true, "type": "c", "major": 195, "minor": n["minor"], "access": "rwm"}))
+            .collect();
+        spec["linux"] = json!({"devices": nodes, "resources": {"devices": rules}});
+        spec["process"]["env"] = json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"]);
+        spec
+    }
+
+    fn gpu_minors(spec: &Value) -> Vec<u64> {
+        let minors = |list: &Value| -> Vec<u64> {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["major"] == 195 && d["minor"].as_u64().unwrap() < 254)
+                .map(|d| d["minor"].as_u64().unwrap())
+                .collect()
+        };
+        let nodes = minors(&spec["linux"]["devices"]);
+        assert_eq!(nodes, minors(&spec["linux"]["resources"]["devices"]));
+        nodes
+    }
+
+    #[test]
+    fn cdi_gpus_without_a_request_become_a_count_that_gpupin_picks() {
+        let state = tempfile::tempdir().unwrap();
+        // Someone holds GPU 0, which the CDI request named.
+        let (_, first) = precreate_any(&spec_with(json!({"gpupin.devices": "0"})), state.path());
+        assert!(first.is_some());
+        let spec = with_cdi_gpus(spec_with(json!({})), &[0, 1]);
+        let (edited, claim) = precreate_any(&spec, state.path());
+        let record = claim.expect("a claim for the CDI GPUs");
+        assert_eq!(record.gpus.len(), 2);
+        assert_eq!(record.request.origin, crate::request::Origin::Nvidia);
+        let minors = gpu_minors(&edited);
+        assert_eq!(minors.len(), 2, "{edited:#}");
+        assert!(!minors.contains(&0), "GPU 0 is someone else's: {minors:?}");
+        let env = spec::process_env(&edited);
+        let visible: Vec<&String> = env
+            .iter()
+            .filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES="))
+            .collect();
+        assert_eq!(
+            visible,
+            [&format!("NVIDIA_VISIBLE_DEVICES={}", record.gpus.join(","))]
+        );
+    }
+
+    #[test]
+    fn a_gpupin_request_keeps_only_its_own_gpu_of_a_cdi_all() {
+        let state = tempfile::tempdir().unwrap();
+        let mut spec = with_cdi_gpus(
+            spec_with(json!({"gpupin.count": "1"})),
+            &[0, 1, 2, 3, 4, 5, 6, 7],
+        );
+        spec["annotations"]["cdi.k8s.io/gpus"] = json!("nvidia.com/gpu=all");
+        let (edited, claim) = precreate_any(&spec, state.path());
+        let record = claim.unwrap();
+        assert_eq!(record.gpus.len(), 1);
+        assert_eq!(gpu_minors(&edited).len(), 1, "{edited:#}");
+        assert!(edited["annotations"].get("cdi.k8s.io/gpus").is_none());
+        let nodes = edited["linux"]["devices"].as_array().unwrap();
+        assert!(nodes.iter().any(|n| n["path"] == "/dev/nvidiactl"));
+    }
+
+    #[test]
+    fn a_wildcard_rule_beside_a_request_is_refused_and_holds_nothing() {
+        let state = tempfile::tempdir().unwrap();
+        let mut spec = spec_with(json!({"gpupin.count": "1"}));
+        spec["linux"] = json!({"resources": {"devices": [{"allow": true, "access": "rwm"}]}});
+        let edited = precreate(&spec, state.path());
+        let reason = edited["annotations"][ERROR_ANNOTATION].as_str().unwrap();
+        assert!(
+            reason.contains("linux.resources.devices[0] (a *:* rwm) would give the container GPUs"),
+            "{reason}"
+        );
+        let ledger = crate::ledger::Ledger::open(state.path()).unwrap();
+        assert!(ledger.records().unwrap().is_empty());
+    }
+
+    #[test]
+    fn nvidia_visible_devices_all_without_a_request_is_voided_by_default() {
+        let state = tempfile::tempdir().unwrap();
+        let mut spec = spec_with(json!({}));
+        spec["process"]["env"] = json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]);
+        let (edited, claim) = precreate_any(&spec, state.path());
+        assert!(claim.is_none());
+        assert_eq!(
+            spec::process_env(&edited),
+            ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"]
+        );
+        assert!(!state.path().join("holders").exists());
+    }
+
+    #[test]
+    fn a_spec_without_anything_of_nvidias_goes_back_byte_for_byte() {
+        let state = tempfile::tempdir().unwrap();
+        let mut spec = spec_with(json!({}));
+        spec["linux"] =
+            json!({"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]});
+        let input = serde_json::to_vec(&spec).unwrap();
+        let exe = Path::new("/usr/bin/gpupin-hook");
+        match run(&input, exe, || Ok(config(state.path()))).unwrap() {
+            Outcome::Spec { bytes, claim: None } => assert_eq!(bytes, input),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -131,3 +131,165 @@ fn edit_spec(
     })?;
     Ok(Some(record))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::Ledger;
+    use serde_json::json;
+
+    struct Setup {
+        _tmp: tempfile::TempDir,
+        config: Config,
+        root: PathBuf,
+    }
+
+    fn setup(unrequested: Unrequested) -> Setup {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let config = Config {
+            state_dir: root.join("state"),
+            inventory: "sim:nvswitch8".parse().unwrap(),
+            unrequested,
+            ..Config::default()
+        };
+        Setup {
+            _tmp: tmp,
+            config,
+            root,
+        }
+    }
+
+    impl Setup {
+        /// Writes `spec` as container `id`'s bundle and runs create's edit on it.
+        fn prepare(&self, id: &str, spec: &Value) -> (Option<Record>, Value) {
+            let bundle = self.root.join("bundles").join(id);
+            std::fs::create_dir_all(&bundle).unwrap();
+            let path = bundle.join("config.json");
+            std::fs::write(&path, spec.to_string()).unwrap();
+            let hook = HookCommand::beside(Path::new("/usr/bin/gpupin-runtime"), None);
+            let record = prepare(&self.config, &bundle, id, &hook).unwrap();
+            (record, spec::read(&path).unwrap())
+        }
+
+        fn hold(&self, id: &str, devices: &str) {
+            let spec = json!({"annotations": {"gpupin.devices": devices}});
+            assert!(self.prepare(id, &spec).0.is_some());
+        }
+
+        /// A Docker container folder for `id` whose hostconfig.json asks `--gpus count`.
+        fn docker_container(&self, id: &str, count: i64) -> Value {
+            let dir = self.root.join("docker/containers").join(id);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("config.v2.json"), r#"{"Config": {"Labels": {}}}"#).unwrap();
+            let host = json!({"DeviceRequests": [
+                {"Driver": "", "Count": count, "Capabilities": [["gpu"]]}
+            ]});
+            std::fs::write(dir.join("hostconfig.json"), host.to_string()).unwrap();
+            json!([{"destination": "/etc/hostname", "source": dir.join("hostname")}])
+        }
+    }
+
+    /// Nodes and allow rules of GPUs `minors` as CDI puts them, and nvidiactl's.
+    fn cdi_gpus(minors: &[u32]) -> Value {
+        let mut nodes: Vec<Value> = minors
+            .iter()
+            .map(|m| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m}))
+            .collect();
+        nodes.push(json!({"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}));
+        let rules: Vec<Value> = nodes
+            .iter()
+            .map(|n| json!({"allow": true, "type": "c", "major": 195, "minor": n["minor"], "access": "rwm"}))
+            .collect();
+        json!({"devices": nodes, "resources": {"devices": rules}})
+    }
+
+    /// The GPU minors the edited spec gives the container, by node and by rule.
+    fn gpu_minors(spec: &Value) -> Vec<u64> {
+        let minors = |list: &Value| -> Vec<u64> {
+            let mut minors: Vec<u64> = list
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["major"] == 195 && d["minor"].as_u64().unwrap() < 254)
+                .map(|d| d["minor"].as_u64().unwrap())
+                .collect();
+            minors.sort();
+            minors
+        };
+        let nodes = minors(&spec["linux"]["devices"]);
+        assert_eq!(nodes, minors(&spec["linux"]["resources"]["devices"]));
+        nodes
+    }
+
+    fn minors_of(config: &Config, record: &Record) -> Vec<u64> {
+        let inventory =
+            crate::inventory::load(&config.inventory, &config.state_dir, &config.nvml).unwrap();
+        let mut minors: Vec<u64> = record
+            .gpus
+            .iter()
+            .map(|u| u64::from(inventory.gpus.iter().find(|g| &g.uuid == u).unwrap().minor))
+            .collect();
+        minors.sort();
+        minors
+    }
+
+    #[test]
+    fn docker_gpus_resolved_as_cdi_gets_gpupins_two_not_dockers_zero_and_one() {
+        let s = setup(Unrequested::Strip);
+        s.hold("a", "0");
+        s.hold("b", "1");
+        // moby PR #50228: --gpus 2 becomes CDI devices nvidia.com/gpu=0,1 in the spec.
+        let spec = json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+            "mounts": s.docker_container("c", 2),
+            "linux": cdi_gpus(&[0, 1]),
+        });
+        let (record, edited) = s.prepare("c", &spec);
+        let record = record.unwrap();
+        assert_eq!(record.request.origin, crate::request::Origin::DockerGpus);
+        assert_eq!(gpu_minors(&edited), minors_of(&s.config, &record));
+        assert!(
+            !minors_of(&s.config, &record).contains(&0)
+                && !minors_of(&s.config, &record).contains(&1)
+        );
+    }
+
+    #[test]
+    fn cdi_gpus_without_any_request_become_a_count() {
+        let s = setup(Unrequested::Pass);
+        s.hold("a", "0");
+        let spec = json!({"linux": cdi_gpus(&[0, 1, 2])});
+        let (record, edited) = s.prepare("c", &spec);
+        let record = record.unwrap();
+        assert_eq!(record.gpus.len(), 3);
+        assert_eq!(gpu_minors(&edited), minors_of(&s.config, &record));
+        let ledger = Ledger::open(&s.config.state_dir).unwrap();
+        assert_eq!(ledger.records().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn unrequested_env_is_voided_passed_or_requested_as_configured() {
+        let spec = json!({"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=0,1"]}});
+        let s = setup(Unrequested::Strip);
+        let (record, edited) = s.prepare("c", &spec);
+        assert!(record.is_none());
+        assert_eq!(
+            edited["process"]["env"],
+            json!(["NVIDIA_VISIBLE_DEVICES=void"])
+        );
+        assert!(!s.config.state_dir.join("holders").exists());
+        let s = setup(Unrequested::Pass);
+        let (record, edited) = s.prepare("c", &spec);
+        assert!(record.is_none());
+        assert_eq!(edited, spec);
+        let s = setup(Unrequested::Request);
+        let (record, edited) = s.prepare("c", &spec);
+        let record = record.unwrap();
+        assert_eq!(record.gpus.len(), 2);
+        assert_eq!(
+            edited["process"]["env"],
+            json!([format!("NVIDIA_VISIBLE_DEVICES={}", record.gpus.join(","))])
+        );
+    }
+}
