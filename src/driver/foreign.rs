@@ -81,6 +81,19 @@ pub enum ForeignError {
         "linux.resources.devices[{index}] ({rule}) would give the container GPUs gpupin did not choose; gpupin cannot pin a container with such a rule (--privileged, --device-cgroup-rule): remove it"
     )]
     WildcardRule { index: usize, rule: String },
+    /// The prestart path: runc has made the node already, and a hook cannot unmake it.
+    #[error(
+        "the container already has GPU node {path:?} ({major}:{minor}), which gpupin did not choose, and the prestart hook cannot take it out again; drop the --device or CDI device, or let gpupin edit the spec before create (gpupin-runtime, podman's precreate hook)"
+    )]
+    Created {
+        path: String,
+        major: u32,
+        minor: u32,
+    },
+    #[error(
+        "linux.resources.devices[{index}] ({rule}) gave the container a GPU gpupin did not choose, and the prestart hook cannot take it back; drop the rule, or let gpupin edit the spec before create (gpupin-runtime, podman's precreate hook)"
+    )]
+    CreatedRule { index: usize, rule: String },
 }
 
 /// Which device numbers are the machine's GPUs: the GPU major and each GPU's minor (never
@@ -204,6 +217,48 @@ pub fn strip(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), ForeignErr
                     (Some(major), Some(minor)) if is_withheld(major, minor)
                 ))
         });
+    }
+    drop_cdi_annotations(spec);
+    drop_volume_requests(spec);
+    Ok(())
+}
+
+/// `strip` for a container the runtime has created already (the prestart path): its
+/// nodes and cgroup are made, so a withheld GPU among them (or a rule that admits one) is
+/// refused rather than taken out. NVIDIA's annotations and volume-mount requests still go
+/// from the bundle's spec, which NVIDIA's hook reads after gpupin's.
+pub fn strip_created(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), ForeignError> {
+    refuse_wildcards(spec, withheld)?;
+    let withheld_node = |major: Option<i64>, minor: Option<i64>| {
+        withheld
+            .iter()
+            .find(|n| major == Some(i64::from(n.major)) && minor == Some(i64::from(n.minor)))
+    };
+    let nodes = devices(spec).iter().filter(|d| is_char_node(d));
+    for device in nodes {
+        if let Some(node) = withheld_node(number(device.get("major")), number(device.get("minor")))
+        {
+            let path = device.get("path").and_then(Value::as_str).unwrap_or("");
+            return Err(ForeignError::Created {
+                path: path.to_string(),
+                major: node.major,
+                minor: node.minor,
+            });
+        }
+    }
+    let rules = spec
+        .pointer("/linux/resources/devices")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    for (index, rule) in rules.iter().enumerate() {
+        let (major, minor) = (number(rule.get("major")), number(rule.get("minor")));
+        let is_char = rule.get("type").and_then(Value::as_str) == Some("c");
+        if allows(rule) && is_char && withheld_node(major, minor).is_some() {
+            return Err(ForeignError::CreatedRule {
+                index,
+                rule: describe("c", major, minor, rule),
+            });
+        }
     }
     drop_cdi_annotations(spec);
     drop_volume_requests(spec);
@@ -804,6 +859,35 @@ mod tests {
             err.starts_with("linux.resources.devices[0] (a *:* rwm)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_created_container_with_a_withheld_gpu_is_refused_one_without_is_cleaned() {
+        let mut spec = cdi_spec(&[1]);
+        spec["linux"]["devices"][0]["path"] = json!("/dev/gpu\nx");
+        let before = spec.clone();
+        let err = strip_created(&mut spec, &[gpu(0), gpu(1)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(r#"the container already has GPU node "/dev/gpu\nx" (195:1)"#),
+            "{err}"
+        );
+        assert_eq!(spec, before);
+        // An allow rule alone lets the container mknod the node itself.
+        let mut rule_only = before.clone();
+        rule_only["linux"]["devices"] = json!([]);
+        let err = strip_created(&mut rule_only, &[gpu(1)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("linux.resources.devices[3] (c 195:1 rwm) gave"),
+            "{err}"
+        );
+        spec["annotations"]["cdi.k8s.io/a"] = json!("nvidia.com/gpu=1");
+        strip_created(&mut spec, &[gpu(0), gpu(2)]).unwrap();
+        assert_eq!(spec["annotations"], json!({"org.example": "x"}));
+        assert_eq!(spec["linux"], before["linux"]);
     }
 
     #[test]
