@@ -8,6 +8,7 @@ mod precreate;
 mod prestart;
 
 use crate::config::{Config, ConfigError};
+use crate::driver::foreign::{self, Unrequested};
 use crate::edits::EditsError;
 use crate::inventory::InventoryError;
 use crate::ledger::{BadHolderId, ClaimError, ClaimToken, HolderId, Ledger, LedgerError, Record};
@@ -137,6 +138,13 @@ enum Task {
         token: ClaimToken,
     },
     Release,
+    /// No request, but the bundle's spec asks NVIDIA's stack for GPUs (its env, a
+    /// `cdi.k8s.io` annotation): `spec` is it voided (driver::foreign::void), written to
+    /// the bundle for NVIDIA's hook, which runs after gpupin's, under
+    /// `unrequested = "strip"`.
+    Void {
+        spec: Value,
+    },
 }
 
 impl Task {
@@ -145,6 +153,7 @@ impl Task {
             Task::Allocate { .. } => "allocate",
             Task::Bind { .. } => "bind",
             Task::Release => "release",
+            Task::Void { .. } => "void",
         }
     }
 }
@@ -226,6 +235,17 @@ fn run_stage(
             };
             prestart::prestart(&container, &request, spec, &config)
         }
+        Task::Void { spec } => {
+            if config.unrequested == Unrequested::Strip {
+                let path = bundle.join("config.json");
+                spec::write_atomic(&path, &spec).map_err(|source| HookError::Bundle {
+                    id: id.to_string(),
+                    source,
+                })?;
+                tracing::info!(container = %id, "no gpupin request: NVIDIA's request set to void");
+            }
+            Ok(Outcome::NoRequest)
+        }
     }
 }
 
@@ -264,7 +284,7 @@ fn read_container(
     // The cheap test first: a spec that never mentions GPUPIN_ has no env request.
     let may_have_env = contains(&spec_bytes, request::ENV_PREFIX.as_bytes());
     if !has_annotation && !may_have_env {
-        return Ok(None);
+        return void_task(id, state, stage, &spec_bytes, &config_path);
     }
     let task = if stage == Stage::Poststop {
         // Poststop releases whatever the id holds: a request that no longer parses must
@@ -281,7 +301,7 @@ fn read_container(
             spec: None,
         };
         let Some(request) = request::find(&mut sources)? else {
-            return Ok(None);
+            return void_task(id, state, stage, &spec_bytes, &config_path);
         };
         let spec = sources.into_spec()?;
         Task::Allocate { request, spec }
@@ -291,6 +311,39 @@ fn read_container(
         pid: *state.pid(),
         bundle: state.bundle().to_path_buf(),
         task,
+    }))
+}
+
+/// A container without a request whose bundle asks NVIDIA's stack for GPUs: the voided
+/// spec to write before NVIDIA's hook reads it. `None` for poststop, and for a spec that
+/// never names NVIDIA_VISIBLE_DEVICES or a `cdi.k8s.io` annotation (left unparsed).
+fn void_task(
+    id: HolderId,
+    state: &State,
+    stage: Stage,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<Option<Container>, HookError> {
+    let markers: [&[u8]; 3] = [
+        b"NVIDIA_VISIBLE_DEVICES",
+        b"cdi.k8s.io/",
+        b"nvidia-container-devices",
+    ];
+    if stage == Stage::Poststop || !markers.iter().any(|m| contains(bytes, m)) {
+        return Ok(None);
+    }
+    let mut spec = spec::parse(bytes, path).map_err(|source| HookError::Bundle {
+        id: id.to_string(),
+        source,
+    })?;
+    if !foreign::void(&mut spec) {
+        return Ok(None);
+    }
+    Ok(Some(Container {
+        id,
+        pid: *state.pid(),
+        bundle: state.bundle().to_path_buf(),
+        task: Task::Void { spec },
     }))
 }
 
@@ -404,6 +457,49 @@ mod tests {
                 Outcome::NoRequest
             ));
         }
+    }
+
+    #[test]
+    fn nvidia_visible_devices_without_a_request_is_voided_in_the_bundle_for_nvidias_hook() {
+        let env = [
+            "PATH=/bin",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_VISIBLE_DEVICES=0",
+        ];
+        for (unrequested, expected) in [
+            (
+                Unrequested::Strip,
+                vec!["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"],
+            ),
+            (Unrequested::Pass, env.to_vec()),
+        ] {
+            let b = bundle(&env);
+            let s = state("cuda", b.path(), &[]);
+            let config = || {
+                Ok(Config {
+                    unrequested,
+                    ..Config::default()
+                })
+            };
+            let outcome = run(Stage::Prestart, &s, Path::new("/usr/bin/gpupin"), config);
+            assert!(matches!(outcome.unwrap(), Outcome::NoRequest));
+            let spec = spec::read(&b.path().join("config.json")).unwrap();
+            assert_eq!(spec::process_env(&spec), expected, "{unrequested:?}");
+        }
+        // Already void, or at poststop: the config is not even read.
+        let b = bundle(&["NVIDIA_VISIBLE_DEVICES=void"]);
+        let s = state("cuda", b.path(), &[]);
+        let exe = Path::new("/usr/bin/gpupin");
+        assert!(matches!(
+            run(Stage::Prestart, &s, exe, never_loaded).unwrap(),
+            Outcome::NoRequest
+        ));
+        let b = bundle(&["NVIDIA_VISIBLE_DEVICES=all"]);
+        let s = state("cuda", b.path(), &[]);
+        assert!(matches!(
+            run(Stage::Poststop, &s, exe, never_loaded).unwrap(),
+            Outcome::NoRequest
+        ));
     }
 
     #[test]
