@@ -265,6 +265,30 @@ pub fn strip_created(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), Fo
     Ok(())
 }
 
+/// Removes every prestart hook that runs NVIDIA's legacy hook (`nvidia-container-runtime-hook`,
+/// by program name or first argument), as NVIDIA's runtime does in its cdi mode
+/// (`nvidia-hook-remover`): for a spec whose GPUs are given through CDI, where the hook
+/// would inject them a second time. Returns whether one was there.
+pub fn drop_runtime_hooks(spec: &mut Value) -> bool {
+    let Some(hooks) = spec
+        .pointer_mut("/hooks/prestart")
+        .and_then(Value::as_array_mut)
+    else {
+        return false;
+    };
+    let before = hooks.len();
+    hooks.retain(|hook| !is_runtime_hook(hook));
+    hooks.len() != before
+}
+
+fn is_runtime_hook(hook: &Value) -> bool {
+    let named = |s: Option<&str>| {
+        s.and_then(|s| s.rsplit('/').next()) == Some("nvidia-container-runtime-hook")
+    };
+    let first_arg = hook.pointer("/args/0").and_then(Value::as_str);
+    named(hook.get("path").and_then(Value::as_str)) || named(first_arg)
+}
+
 /// Refuses a rule that admits a withheld GPU without naming it: `strip` can remove exact
 /// rules, but not a wildcard without taking other devices away too.
 fn refuse_wildcards(spec: &Value, withheld: &[DeviceNode]) -> Result<(), ForeignError> {
@@ -888,6 +912,27 @@ mod tests {
         strip_created(&mut spec, &[gpu(0), gpu(2)]).unwrap();
         assert_eq!(spec["annotations"], json!({"org.example": "x"}));
         assert_eq!(spec["linux"], before["linux"]);
+    }
+
+    #[test]
+    fn nvidias_legacy_hook_is_dropped_and_other_hooks_stay() {
+        let gpupin = json!({"path": "/usr/bin/gpupin-hook", "args": ["gpupin-hook", "prestart"]});
+        let mut spec = json!({"hooks": {
+            "prestart": [
+                {"path": "/usr/bin/nvidia-container-runtime-hook",
+                 "args": ["nvidia-container-runtime-hook", "prestart"]},
+                gpupin,
+                {"path": "/usr/local/bin/wrapper", "args": ["nvidia-container-runtime-hook", "prestart"]},
+            ],
+            "poststop": [gpupin],
+        }});
+        assert!(drop_runtime_hooks(&mut spec));
+        assert_eq!(
+            spec,
+            json!({"hooks": {"prestart": [gpupin], "poststop": [gpupin]}})
+        );
+        assert!(!drop_runtime_hooks(&mut spec));
+        assert!(!drop_runtime_hooks(&mut json!({})));
     }
 
     #[test]
