@@ -61,9 +61,9 @@ fn claim(
     };
     edits::refuse_reserved(&sources.annotations)?;
     let Some(request) = request::find(&mut sources)? else {
-        return void(spec_value, sources.into_config());
+        return void(spec_value, || sources.into_config());
     };
-    let config = sources.into_config()()?;
+    let config = sources.into_config()?;
     let token = ClaimToken::new_claim()?;
     // No container id yet: the claim's holder id stands for it until prestart binds it.
     tracing::debug!(stage = "precreate", claim = %token.holder(), "hook");
@@ -132,12 +132,10 @@ impl<L: FnOnce() -> Result<Config, ConfigError>> SpecSources<'_, L> {
         Ok(self.config.as_ref().expect("loaded above or before"))
     }
 
-    /// The config, loaded now unless a source already did; callable once.
-    fn into_config(mut self) -> impl FnOnce() -> Result<Config, HookError> {
-        move || {
-            self.config()?;
-            Ok(self.config.take().expect("just loaded"))
-        }
+    /// The config, loaded now unless a source already did.
+    fn into_config(mut self) -> Result<Config, HookError> {
+        self.config()?;
+        Ok(self.config.take().expect("just loaded"))
     }
 }
 
