@@ -144,6 +144,10 @@ pub fn request<E>(
         let count = gpu_minors(spec, &machine()?).len();
         if count > 0 {
             let count = u32::try_from(count).expect("fewer GPUs than u32::MAX");
+            tracing::info!(
+                count,
+                "GPU nodes came with the spec (CDI, --device): a request for as many GPUs, which gpupin picks"
+            );
             return Ok(Some(GpuRequest::new(
                 Selection::Count(count),
                 Origin::Nvidia,
@@ -253,7 +257,8 @@ pub fn strip_created(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), Fo
     for (index, rule) in rules.iter().enumerate() {
         let (major, minor) = (number(rule.get("major")), number(rule.get("minor")));
         let is_char = rule.get("type").and_then(Value::as_str) == Some("c");
-        if allows(rule) && is_char && withheld_node(major, minor).is_some() {
+        let opens = allows(rule) && grants_access(rule);
+        if opens && is_char && withheld_node(major, minor).is_some() {
             return Err(ForeignError::CreatedRule {
                 index,
                 rule: describe("c", major, minor, rule),
