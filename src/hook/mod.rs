@@ -242,7 +242,7 @@ fn run_stage(
                     id: id.to_string(),
                     source,
                 })?;
-                tracing::info!(container = %id, "no gpupin request: NVIDIA's request set to void");
+                tracing::info!(container = %id, "no request: NVIDIA's request set to void");
             }
             Ok(Outcome::NoRequest)
         }

@@ -106,7 +106,7 @@ fn void(
     }
     tracing::info!(
         stage = "precreate",
-        "no gpupin request: NVIDIA's request set to void"
+        "no request: NVIDIA's request set to void"
     );
     Ok(Some(Outcome::Spec {
         bytes: to_bytes(&voided).map_err(HookError::Spec)?,

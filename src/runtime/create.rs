@@ -76,8 +76,8 @@ pub fn prepare(
         Ok(Some(record)) => {
             tracing::debug!(container = %record.id, gpus = ?record.gpus, "spec edited; running the real runtime")
         }
-        // Debug-formatted: the id is not validated yet when it is refused.
-        Ok(None) => tracing::debug!(container = ?id, "no request: passing through"),
+        // Said by edit_spec, which knows whether it voided NVIDIA's request.
+        Ok(None) => {}
         Err(err) => tracing::warn!(
             container = ?id,
             error = %crate::message::one_line(err),
@@ -105,8 +105,10 @@ fn edit_spec(
     let Some(request) = request::find(&mut sources)? else {
         // What it asked NVIDIA's stack for goes too, unless the config says to leave it.
         if config.unrequested == Unrequested::Strip && foreign::void(&mut spec_value) {
-            tracing::info!(container = %holder, "no gpupin request: NVIDIA's request set to void");
+            tracing::info!(container = %holder, "no request: NVIDIA's request set to void");
             spec::write_atomic(&config_path, &spec_value)?;
+        } else {
+            tracing::debug!(container = %holder, "no request: passing through unchanged");
         }
         return Ok(None);
     };
