@@ -169,14 +169,16 @@ pub fn request<E>(
 
 /// `Unrequested::Strip` for a container that asks gpupin for nothing: NVIDIA's
 /// annotations and volume-mount requests go, and `NVIDIA_VISIBLE_DEVICES` becomes one
-/// `void` when any occurrence asked for a GPU. Returns whether the spec changed; a spec
+/// `void` when any occurrence asked for a GPU (or, absent, when NVIDIA's runtime would
+/// give a legacy CUDA image every GPU). Returns whether the spec changed; a spec
 /// that asks NVIDIA's stack for nothing is left byte for byte.
 pub fn void(spec: &mut Value) -> bool {
     let mut changed = drop_cdi_annotations(spec);
     changed |= drop_volume_requests(spec);
-    let asks = env_values(spec)
-        .iter()
-        .any(|v| wanted(&names(v)) != Wanted::Count(0));
+    let asks = legacy_all(spec)
+        || env_values(spec)
+            .iter()
+            .any(|v| wanted(&names(v)) != Wanted::Count(0));
     if asks {
         set_single_env(spec, "void");
         changed = true;
@@ -413,7 +415,11 @@ fn nvidia_request(spec: &Value) -> Option<Vec<String>> {
     if !mounted.is_empty() {
         return Some(mounted);
     }
-    env_values(spec).last().map(|value| names(value))
+    match env_values(spec).last() {
+        Some(value) => Some(names(value)),
+        None if legacy_all(spec) => Some(vec!["all".to_string()]),
+        None => None,
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -427,17 +433,37 @@ enum Wanted {
 /// and `none` ask for none. An index and a UUID of the same GPU count twice: the count
 /// only says how many GPUs gpupin picks, never which.
 fn wanted(names: &[String]) -> Wanted {
+    // NVIDIA's runtime reads `void` anywhere in the list as no GPU at all.
+    if names.iter().any(|n| n == "void") {
+        return Wanted::Count(0);
+    }
     let mut distinct = BTreeSet::new();
     for name in names {
         match name.as_str() {
             "all" => return Wanted::All,
-            "" | "void" | "none" => {}
+            "" | "none" => {}
             other => {
                 distinct.insert(other);
             }
         }
     }
     Wanted::Count(u32::try_from(distinct.len()).unwrap_or(u32::MAX))
+}
+
+/// A "legacy" CUDA image to NVIDIA's runtime (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA`
+/// not) without `NVIDIA_VISIBLE_DEVICES`: its runtime gives such an image every GPU
+/// (nvidia-container-toolkit internal/config/image/cuda_image.go, DevicesFromEnvvars).
+fn legacy_all(spec: &Value) -> bool {
+    let env = crate::spec::process_env(spec);
+    let last = |key: &str| {
+        let prefix = format!("{key}=");
+        env.iter()
+            .rev()
+            .find_map(|e| e.strip_prefix(&prefix).map(str::to_string))
+    };
+    last(VISIBLE_DEVICES).is_none()
+        && last("CUDA_VERSION").is_some_and(|v| !v.is_empty())
+        && last("NVIDIA_REQUIRE_CUDA").is_none_or(|v| v.is_empty())
 }
 
 fn names(value: &str) -> Vec<String> {
@@ -671,13 +697,14 @@ mod tests {
                 .collect();
             json!({"process": {"env": env}})
         };
-        let cases: [(&[&str], Option<Selection>); 7] = [
+        let cases: [(&[&str], Option<Selection>); 8] = [
             (&["all"], Some(Selection::All)),
             (&["0,1"], Some(Selection::Count(2))),
             (&["GPU-a, GPU-b,GPU-a"], Some(Selection::Count(2))),
             (&["void"], None),
             (&["none"], None),
             (&[""], None),
+            (&["0,void"], None),
             // Docker appends its own after the image's: NVIDIA's runtime reads the last.
             (&["all", "0,1,2"], Some(Selection::Count(3))),
         ];
@@ -749,6 +776,36 @@ mod tests {
         let once = spec.clone();
         assert!(!void(&mut spec), "a second void changes nothing");
         assert_eq!(spec, once);
+    }
+
+    #[test]
+    fn a_legacy_cuda_image_without_visible_devices_asks_for_every_gpu() {
+        let mut spec = json!({"process": {"env": ["PATH=/bin", "CUDA_VERSION=8.0.61"]}});
+        let r = request(&spec, Unrequested::Request, no_machine)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.selection, Selection::All);
+        assert!(void(&mut spec));
+        assert_eq!(
+            spec["process"]["env"],
+            json!([
+                "PATH=/bin",
+                "CUDA_VERSION=8.0.61",
+                "NVIDIA_VISIBLE_DEVICES=void"
+            ])
+        );
+        // Not legacy: it states its requirement (the images of today), or no CUDA_VERSION.
+        for env in [
+            json!(["CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.4"]),
+            json!(["CUDA_VERSION="]),
+        ] {
+            let mut spec = json!({"process": {"env": env}});
+            assert_eq!(
+                request(&spec, Unrequested::Request, no_machine).unwrap(),
+                None
+            );
+            assert!(!void(&mut spec));
+        }
     }
 
     #[test]

@@ -316,7 +316,7 @@ fn read_container(
 
 /// A container without a request whose bundle asks NVIDIA's stack for GPUs: the voided
 /// spec to write before NVIDIA's hook reads it. `None` for poststop, and for a spec that
-/// never names NVIDIA_VISIBLE_DEVICES or a `cdi.k8s.io` annotation (left unparsed).
+/// names none of NVIDIA's requests (left unparsed).
 fn void_task(
     id: HolderId,
     state: &State,
@@ -324,10 +324,12 @@ fn void_task(
     bytes: &[u8],
     path: &Path,
 ) -> Result<Option<Container>, HookError> {
-    let markers: [&[u8]; 3] = [
+    let markers: [&[u8]; 4] = [
         b"NVIDIA_VISIBLE_DEVICES",
         b"cdi.k8s.io/",
         b"nvidia-container-devices",
+        // A legacy CUDA image gets every GPU from NVIDIA's runtime without the env var.
+        b"CUDA_VERSION",
     ];
     if stage == Stage::Poststop || !markers.iter().any(|m| contains(bytes, m)) {
         return Ok(None);

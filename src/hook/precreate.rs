@@ -33,6 +33,7 @@ pub(super) fn run(
         request::ENV_PREFIX,
         "nvidia",
         "NVIDIA",
+        "CUDA_VERSION",
         "\"major\"",
     ];
     if !markers.iter().any(|m| contains(input, m.as_bytes())) {
