@@ -429,19 +429,20 @@ enum Wanted {
     Count(u32),
 }
 
-/// How many GPUs a list of NVIDIA device names asks for. `all` anywhere is all; `void`
-/// and `none` ask for none. An index and a UUID of the same GPU count twice: the count
-/// only says how many GPUs gpupin picks, never which.
+/// How many GPUs a list of NVIDIA device names asks for: none when `void` or `none` is
+/// among them, else all when `all` is. An index and a UUID of the same GPU count twice:
+/// the count only says how many GPUs gpupin picks, never which.
 fn wanted(names: &[String]) -> Wanted {
-    // NVIDIA's runtime reads `void` anywhere in the list as no GPU at all.
-    if names.iter().any(|n| n == "void") {
+    // NVIDIA's runtime ranks the special names void > none > all, wherever they stand
+    // (internal/config/image/devices.go, NewVisibleDevices); void and none give no GPU.
+    if names.iter().any(|n| n == "void" || n == "none") {
         return Wanted::Count(0);
     }
     let mut distinct = BTreeSet::new();
     for name in names {
         match name.as_str() {
             "all" => return Wanted::All,
-            "" | "none" => {}
+            "" => {}
             other => {
                 distinct.insert(other);
             }
@@ -697,7 +698,7 @@ mod tests {
                 .collect();
             json!({"process": {"env": env}})
         };
-        let cases: [(&[&str], Option<Selection>); 8] = [
+        let cases: [(&[&str], Option<Selection>); 9] = [
             (&["all"], Some(Selection::All)),
             (&["0,1"], Some(Selection::Count(2))),
             (&["GPU-a, GPU-b,GPU-a"], Some(Selection::Count(2))),
@@ -705,6 +706,7 @@ mod tests {
             (&["none"], None),
             (&[""], None),
             (&["0,void"], None),
+            (&["all,none"], None),
             // Docker appends its own after the image's: NVIDIA's runtime reads the last.
             (&["all", "0,1,2"], Some(Selection::Count(3))),
         ];
