@@ -7,9 +7,10 @@
 
 mod podman_support;
 
-use podman_support::{Options, Podman, env_value, gpu_nodes, setup};
-use std::path::PathBuf;
-use std::process::Command;
+use podman_support::{Options, Podman, assert_success, combined, env_value, gpu_nodes, setup};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 /// Host character nodes `/.../nvidia<minor>` with the simulated machine's numbers (major
 /// 195, minor = index), for `podman --device`, which stats its source.
@@ -45,6 +46,175 @@ fn device_args(podman: &Podman, minors: &[u32]) -> Vec<String> {
             ]
         })
         .collect()
+}
+
+/// Where podman 4 reads CDI specs (it has no setting for another dir); the runs that
+/// need one get a private tmpfs there, in a mount namespace of their own.
+const CDI_DIR: &str = "/run/cdi";
+
+/// A CDI spec for `nvidia.com/gpu` as `nvidia-ctk cdi generate` names its devices (by
+/// index, and `all`), each GPU's node taken from a fake host node, and
+/// `NVIDIA_VISIBLE_DEVICES=void` in the common edits.
+fn cdi_spec(podman: &Podman) -> PathBuf {
+    let minors: Vec<u32> = (0..8).collect();
+    let hosts = fake_gpu_nodes(podman, &minors);
+    let node = |minor: u32, host: &Path| {
+        json!({"path": format!("/dev/nvidia{minor}"), "hostPath": host,
+               "type": "c", "major": 195, "minor": minor})
+    };
+    let mut devices: Vec<serde_json::Value> = minors
+        .iter()
+        .zip(&hosts)
+        .map(|(m, host)| json!({"name": m.to_string(), "containerEdits": {"deviceNodes": [node(*m, host)]}}))
+        .collect();
+    let all: Vec<_> = minors
+        .iter()
+        .zip(&hosts)
+        .map(|(m, h)| node(*m, h))
+        .collect();
+    devices.push(json!({"name": "all", "containerEdits": {"deviceNodes": all}}));
+    let spec = json!({
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": devices,
+        "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+    });
+    let path = podman.path("nvidia.json");
+    std::fs::write(&path, spec.to_string()).unwrap();
+    path
+}
+
+/// `podman run --rm OPTIONS ROOTFS sh -c SCRIPT` with the CDI spec at `spec` in podman's
+/// spec dir, seen by this run only (a private mount namespace with a tmpfs on CDI_DIR).
+fn run_with_cdi(
+    podman: &Podman,
+    spec: &Path,
+    name: &str,
+    options: &[&str],
+    script: &str,
+) -> Output {
+    // The mount point must exist on the host, and stays (an empty dir is what CDI reads
+    // as no specs): removing it would detach the tmpfs of a run still going.
+    let _ = std::fs::create_dir(CDI_DIR);
+    let mut inner = podman.podman();
+    inner
+        .args(["run", "--rm", "--name", name, "--network", "none"])
+        .args(options)
+        .arg("--rootfs")
+        .arg(podman.rootfs())
+        .args(["sh", "-c", script]);
+    let mut outer = Command::new("unshare");
+    outer
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o mode=755 gpupin-test-cdi {CDI_DIR} && cp \"$0\" {CDI_DIR}/nvidia.json && exec \"$@\""
+        ))
+        .arg(spec)
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(value) => outer.env(key, value),
+            None => outer.env_remove(key),
+        };
+    }
+    outer.output().expect("running podman under unshare")
+}
+
+/// Others hold the GPUs of `minors`, one container each.
+fn hold(podman: &Podman, minors: &[u32]) -> Vec<String> {
+    minors
+        .iter()
+        .map(|minor| {
+            let name = podman.name(*minor as usize);
+            podman.start(&name, &["--annotation", &format!("gpupin.devices={minor}")]);
+            name
+        })
+        .collect()
+}
+
+/// What the container shows: its /dev and its env. The last command is not `tr`: busybox
+/// sh would exec it as pid 1, and pid 1's env is the one to read.
+const SHOW: &str = "ls /dev; echo ---; tr '\\0' '\\n' < /proc/1/environ; echo rc=$?";
+
+#[test]
+fn cdi_all_beside_a_count_of_one_gives_the_container_one_gpu_gpupins() {
+    let Some(podman) = setup(
+        "cdi_all_beside_a_count_of_one_gives_the_container_one_gpu_gpupins",
+        Options::default(),
+    ) else {
+        return;
+    };
+    let spec = cdi_spec(&podman);
+    // GPUs 0-6 are held: gpupin's one free GPU is 7.
+    let others = hold(&podman, &[0, 1, 2, 3, 4, 5, 6]);
+    let out = run_with_cdi(
+        &podman,
+        &spec,
+        &podman.name(100),
+        &[
+            "--device",
+            "nvidia.com/gpu=all",
+            "--annotation",
+            "gpupin.count=1",
+        ],
+        SHOW,
+    );
+    assert_success("podman run --device nvidia.com/gpu=all", &out);
+    let text = combined(&out);
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+    assert_eq!(gpu_nodes(text.lines()), ["nvidia7"], "{text}");
+    let visible = env_value(&lines, "NVIDIA_VISIBLE_DEVICES").unwrap_or_default();
+    assert!(
+        visible.starts_with("GPU-") && !visible.contains(','),
+        "{text}"
+    );
+    let log = podman.audit_log();
+    assert!(log.contains(visible), "gpupin recorded {visible}: {log}");
+    for other in others {
+        podman.remove(&other);
+    }
+}
+
+#[test]
+fn cdi_devices_without_a_request_become_a_count_gpupin_picks() {
+    let Some(podman) = setup(
+        "cdi_devices_without_a_request_become_a_count_gpupin_picks",
+        Options {
+            always: true,
+            ..Options::default()
+        },
+    ) else {
+        return;
+    };
+    let spec = cdi_spec(&podman);
+    let others = hold(&podman, &[0, 1]);
+    let out = run_with_cdi(
+        &podman,
+        &spec,
+        &podman.name(100),
+        &[
+            "--device",
+            "nvidia.com/gpu=0",
+            "--device",
+            "nvidia.com/gpu=1",
+        ],
+        SHOW,
+    );
+    assert_success("podman run --device nvidia.com/gpu=0,1", &out);
+    let text = combined(&out);
+    let nodes = gpu_nodes(text.lines());
+    assert_eq!(nodes.len(), 2, "{text}");
+    assert!(
+        !nodes.contains(&"nvidia0".into()) && !nodes.contains(&"nvidia1".into()),
+        "GPUs 0 and 1 are held by others: {text}"
+    );
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let visible = env_value(&lines, "NVIDIA_VISIBLE_DEVICES").unwrap_or_default();
+    assert_eq!(visible.split(',').count(), 2, "{text}");
+    for other in others {
+        podman.remove(&other);
+    }
 }
 
 /// The GPU nodes a running container sees and the GPU nodes the ledger gives its id.
