@@ -1,6 +1,7 @@
 //! GPUs that reach a plain runc container around gpupin (issue 10, part 3): gpupin's
 //! prestart hook runs after runc has made the container's nodes and cgroup, so it refuses
-//! a container that brought another GPU's node (nothing held), and voids
+//! a container that brought another GPU's node beside a request (nothing held), records
+//! the GPUs of one without a request (or refuses it when they are held), and voids
 //! `NVIDIA_VISIBLE_DEVICES` in the bundle of a container without a request, for NVIDIA's
 //! hook that reads it later. Real runc on a busybox rootfs, a simulated 8-GPU machine.
 //! Needs root and runc.
@@ -21,6 +22,51 @@ fn start(
     std::fs::create_dir_all(&bundle).unwrap();
     std::fs::write(bundle.join("config.json"), config.to_string()).unwrap();
     sb.runc.run_detached(id, &bundle)
+}
+
+/// `config` with the nodes and allow rules of GPUs `minors`, as CDI or `--device` put them.
+fn with_gpu_nodes(mut config: Value, minors: &[u32]) -> Value {
+    let nodes: Vec<Value> = minors
+        .iter()
+        .map(|m| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": GPU_MAJOR, "minor": m}))
+        .collect();
+    let rules = nodes.iter().map(
+        |n| json!({"allow": true, "type": "c", "major": GPU_MAJOR, "minor": n["minor"], "access": "rwm"}),
+    );
+    config["linux"]["devices"] = json!(nodes);
+    config["linux"]["resources"]["devices"]
+        .as_array_mut()
+        .unwrap()
+        .extend(rules);
+    config
+}
+
+#[test]
+fn gpu_nodes_without_a_request_are_recorded_or_refused_when_held() {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "gpu_nodes_without_a_request_are_recorded_or_refused_when_held",
+    ) else {
+        return;
+    };
+    let id = sb.id("devices");
+    let c = start(&sb, &id, &with_gpu_nodes(sb.spec().to_config(), &[2, 5])).unwrap();
+    assert_eq!(
+        sb.gpupin.held_minors(&id),
+        [2, 5],
+        "{:#}",
+        sb.gpupin.status()
+    );
+    let second = sb.id("same-gpu");
+    let err = match start(&sb, &second, &with_gpu_nodes(sb.spec().to_config(), &[5])) {
+        Ok(c) => panic!("container {} started on a GPU another holds", c.id()),
+        Err(err) => err.to_string(),
+    };
+    let message = hook_message(&err).unwrap_or_else(|| panic!("no gpupin message: {err}"));
+    assert!(message.contains("cannot allocate GPU 5"), "{message}");
+    assert!(sb.gpupin.holder(&second).is_none());
+    c.stop().unwrap();
+    assert!(sb.gpupin.holder(&id).is_none(), "released at poststop");
 }
 
 #[test]

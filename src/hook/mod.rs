@@ -8,7 +8,7 @@ mod precreate;
 mod prestart;
 
 use crate::config::{Config, ConfigError};
-use crate::driver::foreign::{self, Unrequested};
+use crate::driver::foreign;
 use crate::edits::EditsError;
 use crate::inventory::InventoryError;
 use crate::ledger::{BadHolderId, ClaimError, ClaimToken, HolderId, Ledger, LedgerError, Record};
@@ -138,11 +138,9 @@ enum Task {
         token: ClaimToken,
     },
     Release,
-    /// No request, but the bundle's spec asks NVIDIA's stack for GPUs (its env, a
-    /// `cdi.k8s.io` annotation): `spec` is it voided (driver::foreign::void), written to
-    /// the bundle for NVIDIA's hook, which runs after gpupin's, under
-    /// `unrequested = "strip"`.
-    Void {
+    /// No request, but the bundle's spec has device nodes or asks NVIDIA's stack for GPUs
+    /// (its env, a `cdi.k8s.io` annotation): prestart::unrequested.
+    Unrequested {
         spec: Value,
     },
 }
@@ -153,7 +151,7 @@ impl Task {
             Task::Allocate { .. } => "allocate",
             Task::Bind { .. } => "bind",
             Task::Release => "release",
-            Task::Void { .. } => "void",
+            Task::Unrequested { .. } => "unrequested",
         }
     }
 }
@@ -235,16 +233,13 @@ fn run_stage(
             };
             prestart::prestart(&container, &request, spec, &config)
         }
-        Task::Void { spec } => {
-            if config.unrequested == Unrequested::Strip {
-                let path = bundle.join("config.json");
-                spec::write_atomic(&path, &spec).map_err(|source| HookError::Bundle {
-                    id: id.to_string(),
-                    source,
-                })?;
-                tracing::info!(container = %id, "no request: NVIDIA's request set to void");
-            }
-            Ok(Outcome::NoRequest)
+        Task::Unrequested { spec } => {
+            let container = prestart::Container {
+                id: &id,
+                pid,
+                bundle: &bundle,
+            };
+            prestart::unrequested(&container, spec, &config)
         }
     }
 }
@@ -284,7 +279,7 @@ fn read_container(
     // The cheap test first: a spec that never mentions GPUPIN_ has no env request.
     let may_have_env = contains(&spec_bytes, request::ENV_PREFIX.as_bytes());
     if !has_annotation && !may_have_env {
-        return void_task(id, state, stage, &spec_bytes, &config_path);
+        return unrequested_task(id, state, stage, &spec_bytes, &config_path);
     }
     let task = if stage == Stage::Poststop {
         // Poststop releases whatever the id holds: a request that no longer parses must
@@ -301,7 +296,7 @@ fn read_container(
             spec: None,
         };
         let Some(request) = request::find(&mut sources)? else {
-            return void_task(id, state, stage, &spec_bytes, &config_path);
+            return unrequested_task(id, state, stage, &spec_bytes, &config_path);
         };
         let spec = sources.into_spec()?;
         Task::Allocate { request, spec }
@@ -314,38 +309,45 @@ fn read_container(
     }))
 }
 
-/// A container without a request whose bundle asks NVIDIA's stack for GPUs: the voided
-/// spec to write before NVIDIA's hook reads it. `None` for poststop, and for a spec that
-/// names none of NVIDIA's requests (left unparsed).
-fn void_task(
+/// A container without a request whose bundle has device nodes (GPUs that runc made
+/// for it?) or asks NVIDIA's stack for GPUs; at poststop, one with device nodes is
+/// released. `None` for a spec with neither (left unparsed when it names none of them).
+fn unrequested_task(
     id: HolderId,
     state: &State,
     stage: Stage,
     bytes: &[u8],
     path: &Path,
 ) -> Result<Option<Container>, HookError> {
-    let markers: [&[u8]; 4] = [
+    let markers: [&[u8]; 5] = [
         b"NVIDIA_VISIBLE_DEVICES",
         b"cdi.k8s.io/",
         b"nvidia-container-devices",
         // A legacy CUDA image gets every GPU from NVIDIA's runtime without the env var.
         b"CUDA_VERSION",
+        b"\"major\"",
     ];
-    if stage == Stage::Poststop || !markers.iter().any(|m| contains(bytes, m)) {
+    if !markers.iter().any(|m| contains(bytes, m)) {
         return Ok(None);
     }
-    let mut spec = spec::parse(bytes, path).map_err(|source| HookError::Bundle {
+    let spec = spec::parse(bytes, path).map_err(|source| HookError::Bundle {
         id: id.to_string(),
         source,
     })?;
-    if !foreign::void(&mut spec) {
-        return Ok(None);
-    }
+    let task = match stage {
+        // GPU nodes made it a holder at prestart: release whatever it holds.
+        Stage::Poststop if foreign::has_char_devices(&spec) => Task::Release,
+        Stage::Poststop => return Ok(None),
+        _ if foreign::has_char_devices(&spec) || foreign::void(&mut spec.clone()) => {
+            Task::Unrequested { spec }
+        }
+        _ => return Ok(None),
+    };
     Ok(Some(Container {
         id,
         pid: *state.pid(),
         bundle: state.bundle().to_path_buf(),
-        task: Task::Void { spec },
+        task,
     }))
 }
 
@@ -413,6 +415,7 @@ pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::foreign::Unrequested;
 
     /// A bundle dir with a config.json whose env is `env`.
     fn bundle(env: &[&str]) -> tempfile::TempDir {
