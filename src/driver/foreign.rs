@@ -9,7 +9,10 @@
 //! - a container without a gpupin request: what NVIDIA's stack was asked for becomes
 //!   gpupin's request (`request`), or is voided (`void`) or left (`Unrequested`);
 //! - a container with GPUs from gpupin: every trace of the other GPUs is taken out of its
-//!   spec after gpupin's own edits (`strip`), so that nothing sits beside gpupin's choice.
+//!   spec after gpupin's own edits (`strip`), so that nothing sits beside gpupin's choice;
+//!   at prestart, where runc has made the nodes already, one is refused (`strip_created`).
+//!
+//! `drop_runtime_hooks` is for the CDI path, where NVIDIA's legacy hook must not run.
 //!
 //! Control nodes (nvidiactl 195:255, nvidia-modeset 195:254, nvidia-uvm) stay: every CUDA
 //! process needs them and they give no GPU. Non-NVIDIA devices are never touched.
