@@ -7,15 +7,16 @@
 
 mod docker_support;
 
-use docker_support::{Harness, Need, Slot, harness};
+use docker_support::{Need, Slot, harness};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 
 /// Host character nodes with the simulated machine's numbers (major 195, minor = index),
-/// for `docker --device`, which stats its source.
-fn device_args(h: &Harness, minors: &[u32]) -> Vec<String> {
-    let dir = h.dir.join("host-dev");
+/// for `docker --device`, which stats its source; in the slot's dir, since the tests
+/// share the harness's and run at once.
+fn device_args(slot: &Slot, minors: &[u32]) -> Vec<String> {
+    let dir = slot.dir.join("host-dev");
     std::fs::create_dir_all(&dir).unwrap();
     minors
         .iter()
@@ -59,7 +60,7 @@ fn devices_beside_a_label_request_give_way_to_gpupins_choice() {
     let slot = h.slot();
     slot.reset_config(None);
     let first = h.start(&slot.runtime, &["-l", "gpupin.devices=0,1"]);
-    let mut args = device_args(h, &[0, 1, 2, 3]);
+    let mut args = device_args(&slot, &[0, 1, 2, 3]);
     args.extend(["-l".into(), "gpupin.count=1".into()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let c = h.start(&slot.runtime, &args);
@@ -89,7 +90,7 @@ fn devices_without_a_request_become_one_for_as_many_gpus() {
     let slot = h.slot();
     slot.reset_config(None);
     let first = h.start(&slot.runtime, &["-l", "gpupin.devices=0"]);
-    let args = device_args(h, &[0, 1]);
+    let args = device_args(&slot, &[0, 1]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let c = h.start(&slot.runtime, &args);
     let held = held_nodes(&slot, &c.id);
