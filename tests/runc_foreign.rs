@@ -132,3 +132,21 @@ fn nvidia_visible_devices_all_without_a_request_is_voided_in_the_bundle() {
     assert!(sb.gpupin.holder(&id).is_none());
     c.stop().unwrap();
 }
+
+#[test]
+fn a_privileged_container_without_a_request_runs_and_holds_nothing() {
+    let Some(sb) = Sandbox::new(
+        GPUPIN,
+        "a_privileged_container_without_a_request_runs_and_holds_nothing",
+    ) else {
+        return;
+    };
+    let id = sb.id("privileged");
+    // Docker's --privileged: every host node, and one rule that allows every device.
+    let mut config = with_gpu_nodes(sb.spec().to_config(), &[0, 1, 2, 3, 4, 5, 6, 7]);
+    config["linux"]["resources"]["devices"] = json!([{"allow": true, "access": "rwm"}]);
+    let c = start(&sb, &id, &config).unwrap();
+    assert!(sb.gpupin.holder(&id).is_none(), "{:#}", sb.gpupin.status());
+    assert_eq!(sb.gpupin.status()["free"], 8);
+    c.stop().unwrap();
+}

@@ -133,8 +133,32 @@ pub fn gpu_minors(spec: &Value, gpus: &GpuNumbers) -> BTreeSet<u32> {
         .collect()
 }
 
+/// Whether a rule of `spec` lets the container open every GPU whatever its nodes: Docker's
+/// `--privileged` (`a *:* rwm`, and every host node in `linux.devices`), or a wildcard
+/// on the GPU major. Such a container sees every GPU; gpupin can neither record nor limit
+/// that, so its GPU nodes make no request (and a request beside it is refused, `strip`).
+pub fn admits_every_gpu(spec: &Value, gpus: &GpuNumbers) -> bool {
+    let every: Vec<DeviceNode> = gpus
+        .minors
+        .iter()
+        .map(|minor| DeviceNode {
+            path: format!("/dev/nvidia{minor}"),
+            major: gpus.major,
+            minor: *minor,
+        })
+        .collect();
+    let admits = refuse_wildcards(spec, &every).is_err();
+    if admits {
+        tracing::warn!(
+            "a device rule admits every GPU (--privileged?): gpupin neither records nor limits this container's GPUs"
+        );
+    }
+    admits
+}
+
 /// The request of a container that asks gpupin for nothing. GPU nodes in the spec ask for
-/// as many GPUs, whatever `unrequested` says; failing those, NVIDIA's request in the
+/// as many GPUs, whatever `unrequested` says, unless a rule admits every GPU anyway
+/// (`admits_every_gpu`); failing those, NVIDIA's request in the
 /// order its runtime reads it (annotations, volume mounts, the env's last
 /// `NVIDIA_VISIBLE_DEVICES`) becomes a request under `Unrequested::Request`. `machine` is
 /// called only when the spec has a character device node to look at.
@@ -144,7 +168,11 @@ pub fn request<E>(
     machine: impl FnOnce() -> Result<GpuNumbers, E>,
 ) -> Result<Option<GpuRequest>, E> {
     if has_char_devices(spec) {
-        let count = gpu_minors(spec, &machine()?).len();
+        let gpus = machine()?;
+        let count = match admits_every_gpu(spec, &gpus) {
+            true => 0,
+            false => gpu_minors(spec, &gpus).len(),
+        };
         if count > 0 {
             let count = u32::try_from(count).expect("fewer GPUs than u32::MAX");
             tracing::info!(
@@ -673,6 +701,22 @@ mod tests {
         devices.push(json!({"path": "/dev/nvidia2", "type": "b", "major": 195, "minor": 2}));
         devices.push(node("/dev/other", 196, 1));
         assert!(gpu_minors(&spec, &machine()).is_empty());
+    }
+
+    #[test]
+    fn a_privileged_containers_nodes_make_no_request() {
+        // Docker's --privileged: every host node, and a rule that allows them all.
+        let mut spec = cdi_spec(&[0, 1, 2, 3]);
+        spec["linux"]["resources"]["devices"] = json!([{"allow": true, "access": "rwm"}]);
+        assert!(admits_every_gpu(&spec, &machine()));
+        assert_eq!(request_of(&spec, Unrequested::Strip), None);
+        let mut wildcard = cdi_spec(&[0]);
+        wildcard["linux"]["resources"]["devices"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"allow": true, "type": "c", "major": 195, "access": "rw"}));
+        assert_eq!(request_of(&wildcard, Unrequested::Strip), None);
+        assert!(!admits_every_gpu(&cdi_spec(&[0]), &machine()));
     }
 
     #[test]

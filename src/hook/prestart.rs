@@ -61,7 +61,8 @@ pub(super) fn prestart(
 
 /// A container that asks gpupin for nothing. GPU nodes runc has already made for it
 /// cannot be taken back, and gpupin cannot pick others: they are recorded as its GPUs,
-/// or the container is refused when another holder has one. Without any, what it asks
+/// or the container is refused when another holder has one (not for a privileged one,
+/// which sees every GPU anyway: `foreign::admits_every_gpu`). Without any, what it asks
 /// NVIDIA's stack for is voided in its bundle (`unrequested = "strip"`) before NVIDIA's
 /// hook, which runs after gpupin's, reads it.
 pub(super) fn unrequested(
@@ -71,7 +72,11 @@ pub(super) fn unrequested(
 ) -> Result<Outcome, HookError> {
     if foreign::has_char_devices(&spec_value) {
         let inventory = crate::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
-        let minors = foreign::gpu_minors(&spec_value, &GpuNumbers::of(&inventory));
+        let gpus = GpuNumbers::of(&inventory);
+        let minors = match foreign::admits_every_gpu(&spec_value, &gpus) {
+            true => Default::default(),
+            false => foreign::gpu_minors(&spec_value, &gpus),
+        };
         let uuids: Vec<String> = inventory
             .gpus
             .iter()
