@@ -1,6 +1,7 @@
 //! gpupin's configuration: `--config FILE`, else `$GPUPIN_CONFIG`, else
 //! /etc/gpupin/config.toml; a missing default file means defaults.
 
+use crate::driver::foreign::Unrequested;
 use crate::driver::{DEFAULT_CDI_SPEC_DIRS, Driver};
 use crate::inventory::{InventorySource, NvmlAccess};
 use crate::log::Level;
@@ -35,6 +36,10 @@ pub struct Config {
     /// How much to log to stderr when `GPUPIN_LOG` is unset: the way to turn logging
     /// on for hooks, which get whatever environment the runtime gives them.
     pub log: Option<Level>,
+    /// What a container that asks gpupin for nothing keeps of what it asked NVIDIA's
+    /// stack for (`NVIDIA_VISIBLE_DEVICES`, `cdi.k8s.io` annotations); `Unrequested`
+    /// says why the default strips it.
+    pub unrequested: Unrequested,
     /// Where this configuration was read from; `None` for built-in defaults.
     pub path: Option<PathBuf>,
     /// Where NVML runs: not a key of the file, but the binary's to say (the statically
@@ -57,6 +62,7 @@ impl Default for Config {
             live_file: None,
             max_shared: 4,
             log: None,
+            unrequested: Unrequested::default(),
             path: None,
             nvml: NvmlAccess::InProcess,
             driver: Driver::default(),
@@ -79,6 +85,7 @@ struct ConfigFile {
     log: Option<String>,
     driver: Option<String>,
     cdi_spec_dirs: Option<Vec<PathBuf>>,
+    unrequested: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +193,14 @@ impl Config {
         if let Some(dirs) = file.cdi_spec_dirs {
             config.cdi_spec_dirs = dirs.into_iter().map(beside).collect();
         }
+        if let Some(unrequested) = file.unrequested {
+            config.unrequested = unrequested.parse().map_err(|()| {
+                invalid(format!(
+                    "unrequested {unrequested:?}: {}",
+                    Unrequested::EXPECTED
+                ))
+            })?;
+        }
         if let Some(policy) = file.policy {
             config.policy = policy
                 .parse()
@@ -287,6 +302,24 @@ mod tests {
         assert_eq!(
             err,
             "invalid config /etc/gpupin/config.toml: driver \"nvidia\": expected one of auto, cdi, none"
+        );
+    }
+
+    #[test]
+    fn unrequested_defaults_to_strip_and_names_a_bad_value() {
+        assert_eq!(parse("").unwrap().unrequested, Unrequested::Strip);
+        assert_eq!(
+            parse("unrequested = \"request\"").unwrap().unrequested,
+            Unrequested::Request
+        );
+        assert_eq!(
+            parse("unrequested = \"pass\"").unwrap().unrequested,
+            Unrequested::Pass
+        );
+        let err = parse("unrequested = \"keep\"").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config /etc/gpupin/config.toml: unrequested \"keep\": expected request, strip or pass"
         );
     }
 

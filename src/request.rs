@@ -75,6 +75,10 @@ pub enum Origin {
     DockerGpus,
     Env,
     Cli,
+    /// NVIDIA's own request found in the spec: GPU device nodes put there around gpupin
+    /// (CDI, `--device`), or under `unrequested = "request"` a `cdi.k8s.io` annotation, a
+    /// volume-mount request or `NVIDIA_VISIBLE_DEVICES` (driver::foreign).
+    Nvidia,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -248,10 +252,16 @@ pub trait Sources {
     fn docker_gpus(&mut self) -> Result<Option<GpuRequest>, Self::Error> {
         Ok(None)
     }
+    /// What NVIDIA's stack was asked for around gpupin (driver::foreign::request); only
+    /// the entry points that edit the spec before create read it.
+    fn foreign(&mut self) -> Result<Option<GpuRequest>, Self::Error> {
+        Ok(None)
+    }
 }
 
 /// A container's request: annotations, else Docker labels, else the process env, else
-/// Docker's `--gpus`. `Ok(None)`: it asks for nothing.
+/// Docker's `--gpus`, else GPUs NVIDIA's stack was asked for around gpupin. `Ok(None)`:
+/// it asks for nothing.
 pub fn find<S: Sources>(sources: &mut S) -> Result<Option<GpuRequest>, S::Error> {
     if let Some(request) = from_annotations(sources.annotations())? {
         return Ok(Some(request));
@@ -262,7 +272,10 @@ pub fn find<S: Sources>(sources: &mut S) -> Result<Option<GpuRequest>, S::Error>
     if let Some(request) = from_env(&sources.env()?)? {
         return Ok(Some(request));
     }
-    sources.docker_gpus()
+    if let Some(request) = sources.docker_gpus()? {
+        return Ok(Some(request));
+    }
+    sources.foreign()
 }
 
 fn key_name(annotation: &'static str, origin: Origin) -> &'static str {
@@ -670,6 +683,7 @@ mod tests {
         labels: Option<GpuRequest>,
         env: Vec<String>,
         gpus: Option<GpuRequest>,
+        foreign: Option<GpuRequest>,
         reads: Vec<&'static str>,
     }
 
@@ -690,6 +704,10 @@ mod tests {
             self.reads.push("gpus");
             Ok(self.gpus.clone())
         }
+        fn foreign(&mut self) -> Result<Option<GpuRequest>, RequestError> {
+            self.reads.push("foreign");
+            Ok(self.foreign.clone())
+        }
     }
 
     #[test]
@@ -699,6 +717,7 @@ mod tests {
             labels: Some(GpuRequest::new(Selection::Count(2), Origin::Labels)),
             env: vec!["GPUPIN_COUNT=3".into()],
             gpus: Some(GpuRequest::new(Selection::Count(4), Origin::DockerGpus)),
+            foreign: Some(GpuRequest::new(Selection::Count(5), Origin::Nvidia)),
             reads: Vec::new(),
         };
         let mut sources = every();
@@ -730,6 +749,15 @@ mod tests {
             Origin::DockerGpus
         );
         assert_eq!(sources.reads, ["labels", "env", "gpus"]);
+        let mut sources = Fixed {
+            annotations: HashMap::new(),
+            labels: None,
+            env: vec!["PATH=/bin".into()],
+            gpus: None,
+            ..every()
+        };
+        assert_eq!(find(&mut sources).unwrap().unwrap().origin, Origin::Nvidia);
+        assert_eq!(sources.reads, ["labels", "env", "gpus", "foreign"]);
         let mut nothing = Fixed::default();
         assert_eq!(find(&mut nothing).unwrap(), None);
     }

@@ -4,6 +4,7 @@
 //! run after gpupin (NVIDIA's reads NVIDIA_VISIBLE_DEVICES from there).
 
 use super::{ApplyError, ContainerEdits};
+use crate::driver::foreign;
 use crate::inject;
 use crate::spec;
 use serde_json::Value;
@@ -22,11 +23,14 @@ pub struct Target<'a> {
 
 /// Applies what can still be applied to a created container. Annotations and hooks are
 /// for a spec the runtime has not read yet, and have none here; a cpuset needs the spec
-/// edited before create, and the prestart entry point refuses such a request first.
+/// edited before create, and the prestart entry point refuses such a request first. A
+/// GPU node of another GPU in the spec is refused (driver::foreign::strip_created).
 pub fn apply(edits: &ContainerEdits, target: Target<'_>) -> Result<(), ApplyError> {
     if edits.cpuset.is_some() {
         return Err(ApplyError::NeedsCreate("a cpuset"));
     }
+    // Before anything is made: a GPU the container got around gpupin cannot be unmade.
+    foreign::strip_created(target.spec, &edits.withheld)?;
     inject::create_nodes_in_container(target.pid, target.rootfs, &edits.nodes)?;
     inject::allow_in_device_cgroup(target.pid, &edits.nodes)?;
     for (key, value) in &edits.env {
@@ -34,4 +38,40 @@ pub fn apply(edits: &ContainerEdits, target: Target<'_>) -> Result<(), ApplyErro
     }
     spec::write_atomic(target.spec_path, target.spec)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::DeviceNode;
+    use serde_json::json;
+
+    #[test]
+    fn a_gpu_the_container_got_around_gpupin_is_refused_before_anything_is_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let spec_path = tmp.path().join("config.json");
+        let mut spec = json!({"linux": {"devices": [
+            {"path": "/dev/nvidia5", "type": "c", "major": 195, "minor": 5}
+        ]}});
+        let node = |minor: u32| DeviceNode {
+            path: format!("/dev/nvidia{minor}"),
+            major: 195,
+            minor,
+        };
+        let edits = ContainerEdits {
+            nodes: vec![node(2)],
+            withheld: vec![node(5)],
+            ..ContainerEdits::default()
+        };
+        let target = Target {
+            // No such process: the refusal comes before gpupin looks at it.
+            pid: i32::MAX,
+            rootfs: tmp.path(),
+            spec: &mut spec,
+            spec_path: &spec_path,
+        };
+        let err = apply(&edits, target).unwrap_err();
+        assert!(matches!(err, ApplyError::Foreign(_)), "{err}");
+        assert!(!spec_path.exists());
+    }
 }

@@ -40,6 +40,8 @@ pub enum ApplyError {
     Inject(#[from] crate::inject::InjectError),
     #[error("{0} can only be given by editing the spec before create")]
     NeedsCreate(&'static str),
+    #[error(transparent)]
+    Foreign(#[from] crate::driver::foreign::ForeignError),
 }
 
 /// One OCI hook entry.
@@ -88,6 +90,9 @@ pub struct ContainerEdits {
     /// Groups the container's process joins (a CDI spec's, for nodes such as
     /// /dev/dri/renderD* that only their group may open).
     pub additional_gids: Vec<u32>,
+    /// The nodes of the machine's other GPUs: the spec writer takes them, and NVIDIA's
+    /// requests for them, out of a spec that came with them (driver::foreign::strip).
+    pub withheld: Vec<DeviceNode>,
 }
 
 impl ContainerEdits {
@@ -102,8 +107,15 @@ impl ContainerEdits {
             )?),
             None => None,
         };
+        let withheld = inventory
+            .gpus
+            .iter()
+            .filter(|g| !record.gpus.contains(&g.uuid))
+            .map(|g| inventory.gpu_node(g))
+            .collect();
         Ok(ContainerEdits {
             nodes: inventory.nodes_for(&record.gpus),
+            withheld,
             env: vec![(VISIBLE_DEVICES.to_string(), record.gpus.join(","))],
             cpuset,
             ..ContainerEdits::default()
@@ -180,6 +192,8 @@ mod tests {
         );
         assert!(edits.annotations.is_empty() && edits.hooks.is_empty());
         assert_eq!(edits.cpuset, None);
+        let withheld: Vec<&str> = edits.withheld.iter().map(|n| n.path.as_str()).collect();
+        assert_eq!(withheld, ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia3"]);
     }
 
     #[test]

@@ -2,12 +2,15 @@
 //! podman's precreate). The runtime then creates the nodes and grants them in the device
 //! cgroup itself, on cgroup v1 or v2, and access survives `systemctl daemon-reload`.
 
-use super::{ContainerEdits, Hook, Mount};
-use crate::spec::{self, SpecError};
+use super::{ApplyError, ContainerEdits, Hook, Mount};
+use crate::driver::foreign;
+use crate::spec;
 use serde_json::{Value, json};
 
-/// Writes every edit into `spec`. Idempotent: applied twice, the spec is the same.
-pub fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), SpecError> {
+/// Writes every edit into `spec`, then takes the GPUs the container was not given out of
+/// it (a CDI device or `--device` that came with it). Idempotent: applied twice, the spec
+/// is the same. On an error the spec may be half edited: callers write it only on `Ok`.
+pub fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), ApplyError> {
     spec::add_devices(spec, &edits.nodes)?;
     for (key, value) in &edits.env {
         spec::set_env(spec, key, value)?;
@@ -24,6 +27,7 @@ pub fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), SpecError> 
     if let Some(set) = &edits.cpuset {
         spec::set_cpuset_unless_set(spec, &set.cpus, set.mems.as_deref())?;
     }
+    foreign::strip(spec, &edits.withheld)?;
     Ok(())
 }
 
@@ -79,6 +83,11 @@ mod tests {
             }),
             mounts: Vec::new(),
             additional_gids: Vec::new(),
+            withheld: vec![DeviceNode {
+                path: "/dev/nvidia2".into(),
+                major: 195,
+                minor: 2,
+            }],
         }
     }
 
@@ -138,5 +147,42 @@ mod tests {
             json!({"destination": "/usr/bin/nvidia-smi", "source": "/driver/usr/bin/nvidia-smi",
                    "options": ["ro", "rbind"]})
         );
+    }
+
+    #[test]
+    fn gpus_that_came_with_the_spec_give_way_to_the_chosen_one() {
+        // Docker's --gpus 2 resolved as CDI (GPUs 2 and 3), the image's env and Docker's.
+        let gpu = |minor: u32| json!({"path": format!("/dev/nvidia{minor}"), "type": "c", "major": 195, "minor": minor});
+        let rule = |minor: u32| json!({"allow": true, "type": "c", "major": 195, "minor": minor, "access": "rwm"});
+        let mut spec = json!({
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=void"]},
+            "linux": {"devices": [gpu(2), gpu(3)], "resources": {"devices": [rule(2), rule(3)]}},
+        });
+        let mut edits = edits();
+        edits.withheld = vec![2, 0, 1, 4]
+            .into_iter()
+            .map(|minor| DeviceNode {
+                path: format!("/dev/nvidia{minor}"),
+                major: 195,
+                minor,
+            })
+            .collect();
+        apply(&edits, &mut spec).unwrap();
+        let devices = spec["linux"]["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0]["path"], "/dev/nvidia3");
+        assert_eq!(spec["linux"]["resources"]["devices"], json!([rule(3)]));
+        assert_eq!(
+            spec["process"]["env"],
+            json!(["NVIDIA_VISIBLE_DEVICES=GPU-3"])
+        );
+    }
+
+    #[test]
+    fn a_wildcard_rule_is_refused_by_the_spec_writer() {
+        let mut spec =
+            json!({"linux": {"resources": {"devices": [{"allow": true, "access": "rwm"}]}}});
+        let err = apply(&edits(), &mut spec).unwrap_err();
+        assert!(matches!(err, ApplyError::Foreign(_)), "{err}");
     }
 }

@@ -8,6 +8,7 @@ mod precreate;
 mod prestart;
 
 use crate::config::{Config, ConfigError};
+use crate::driver::foreign;
 use crate::edits::EditsError;
 use crate::inventory::InventoryError;
 use crate::ledger::{BadHolderId, ClaimError, ClaimToken, HolderId, Ledger, LedgerError, Record};
@@ -137,6 +138,11 @@ enum Task {
         token: ClaimToken,
     },
     Release,
+    /// No request, but the bundle's spec has device nodes or asks NVIDIA's stack for GPUs
+    /// (its env, a `cdi.k8s.io` annotation): prestart::unrequested.
+    Unrequested {
+        spec: Value,
+    },
 }
 
 impl Task {
@@ -145,6 +151,7 @@ impl Task {
             Task::Allocate { .. } => "allocate",
             Task::Bind { .. } => "bind",
             Task::Release => "release",
+            Task::Unrequested { .. } => "unrequested",
         }
     }
 }
@@ -226,6 +233,14 @@ fn run_stage(
             };
             prestart::prestart(&container, &request, spec, &config)
         }
+        Task::Unrequested { spec } => {
+            let container = prestart::Container {
+                id: &id,
+                pid,
+                bundle: &bundle,
+            };
+            prestart::unrequested(&container, spec, &config)
+        }
     }
 }
 
@@ -264,7 +279,7 @@ fn read_container(
     // The cheap test first: a spec that never mentions GPUPIN_ has no env request.
     let may_have_env = contains(&spec_bytes, request::ENV_PREFIX.as_bytes());
     if !has_annotation && !may_have_env {
-        return Ok(None);
+        return unrequested_task(id, state, stage, &spec_bytes, &config_path);
     }
     let task = if stage == Stage::Poststop {
         // Poststop releases whatever the id holds: a request that no longer parses must
@@ -281,10 +296,52 @@ fn read_container(
             spec: None,
         };
         let Some(request) = request::find(&mut sources)? else {
-            return Ok(None);
+            return unrequested_task(id, state, stage, &spec_bytes, &config_path);
         };
         let spec = sources.into_spec()?;
         Task::Allocate { request, spec }
+    };
+    Ok(Some(Container {
+        id,
+        pid: *state.pid(),
+        bundle: state.bundle().to_path_buf(),
+        task,
+    }))
+}
+
+/// A container without a request whose bundle has device nodes (GPUs that runc made
+/// for it?) or asks NVIDIA's stack for GPUs; at poststop, one with device nodes is
+/// released. `None` for a spec with neither (left unparsed when it names none of them).
+fn unrequested_task(
+    id: HolderId,
+    state: &State,
+    stage: Stage,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<Option<Container>, HookError> {
+    let markers: [&[u8]; 5] = [
+        b"NVIDIA_VISIBLE_DEVICES",
+        b"cdi.k8s.io/",
+        b"nvidia-container-devices",
+        // A legacy CUDA image gets every GPU from NVIDIA's runtime without the env var.
+        b"CUDA_VERSION",
+        b"\"major\"",
+    ];
+    if !markers.iter().any(|m| contains(bytes, m)) {
+        return Ok(None);
+    }
+    let spec = spec::parse(bytes, path).map_err(|source| HookError::Bundle {
+        id: id.to_string(),
+        source,
+    })?;
+    let task = match stage {
+        // GPU nodes made it a holder at prestart: release whatever it holds.
+        Stage::Poststop if foreign::has_char_devices(&spec) => Task::Release,
+        Stage::Poststop => return Ok(None),
+        _ if foreign::has_char_devices(&spec) || foreign::void(&mut spec.clone()) => {
+            Task::Unrequested { spec }
+        }
+        _ => return Ok(None),
     };
     Ok(Some(Container {
         id,
@@ -358,6 +415,7 @@ pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::foreign::Unrequested;
 
     /// A bundle dir with a config.json whose env is `env`.
     fn bundle(env: &[&str]) -> tempfile::TempDir {
@@ -404,6 +462,49 @@ mod tests {
                 Outcome::NoRequest
             ));
         }
+    }
+
+    #[test]
+    fn nvidia_visible_devices_without_a_request_is_voided_in_the_bundle_for_nvidias_hook() {
+        let env = [
+            "PATH=/bin",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "NVIDIA_VISIBLE_DEVICES=0",
+        ];
+        for (unrequested, expected) in [
+            (
+                Unrequested::Strip,
+                vec!["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"],
+            ),
+            (Unrequested::Pass, env.to_vec()),
+        ] {
+            let b = bundle(&env);
+            let s = state("cuda", b.path(), &[]);
+            let config = || {
+                Ok(Config {
+                    unrequested,
+                    ..Config::default()
+                })
+            };
+            let outcome = run(Stage::Prestart, &s, Path::new("/usr/bin/gpupin"), config);
+            assert!(matches!(outcome.unwrap(), Outcome::NoRequest));
+            let spec = spec::read(&b.path().join("config.json")).unwrap();
+            assert_eq!(spec::process_env(&spec), expected, "{unrequested:?}");
+        }
+        // Already void, or at poststop: the config is not even read.
+        let b = bundle(&["NVIDIA_VISIBLE_DEVICES=void"]);
+        let s = state("cuda", b.path(), &[]);
+        let exe = Path::new("/usr/bin/gpupin");
+        assert!(matches!(
+            run(Stage::Prestart, &s, exe, never_loaded).unwrap(),
+            Outcome::NoRequest
+        ));
+        let b = bundle(&["NVIDIA_VISIBLE_DEVICES=all"]);
+        let s = state("cuda", b.path(), &[]);
+        assert!(matches!(
+            run(Stage::Poststop, &s, exe, never_loaded).unwrap(),
+            Outcome::NoRequest
+        ));
     }
 
     #[test]

@@ -7,9 +7,10 @@
 use super::{HookError, Outcome, contains};
 use crate::admit::{self, Admission, Claim};
 use crate::config::{Config, ConfigError};
+use crate::driver::foreign::{self, GpuNumbers, Unrequested};
 use crate::edits::{self, ApplyError, HookCommand};
 use crate::ledger::{ClaimToken, HolderMeta};
-use crate::request::{self, ERROR_ANNOTATION};
+use crate::request::{self, ERROR_ANNOTATION, GpuRequest};
 use crate::spec;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -25,10 +26,17 @@ pub(super) fn run(
         claim: None,
     };
     // Every container passes through here when the hook matches always: a spec that
-    // mentions neither prefix goes back as it came, unparsed.
-    if !contains(input, request::ANNOTATION_PREFIX.as_bytes())
-        && !contains(input, request::ENV_PREFIX.as_bytes())
-    {
+    // mentions neither prefix, nothing of NVIDIA's and no device numbers goes back as it
+    // came, unparsed.
+    let markers = [
+        request::ANNOTATION_PREFIX,
+        request::ENV_PREFIX,
+        "nvidia",
+        "NVIDIA",
+        "CUDA_VERSION",
+        "\"major\"",
+    ];
+    if !markers.iter().any(|m| contains(input, m.as_bytes())) {
         return Ok(unchanged());
     }
     let mut spec_value = spec::parse(input, Path::new("<stdin>")).map_err(HookError::Spec)?;
@@ -49,12 +57,14 @@ fn claim(
     let mut sources = SpecSources {
         annotations: spec::annotations(spec_value),
         spec: spec_value,
+        load: Some(load_config),
+        config: None,
     };
     edits::refuse_reserved(&sources.annotations)?;
     let Some(request) = request::find(&mut sources)? else {
-        return Ok(None);
+        return void(spec_value, || sources.into_config());
     };
-    let config = load_config()?;
+    let config = sources.into_config()?;
     let token = ClaimToken::new_claim()?;
     // No container id yet: the claim's holder id stands for it until prestart binds it.
     tracing::debug!(stage = "precreate", claim = %token.holder(), "hook");
@@ -84,19 +94,68 @@ fn claim(
     }))
 }
 
-/// Where precreate finds a request: the proposed spec's annotations and process env.
-struct SpecSources<'a> {
-    annotations: HashMap<String, String>,
-    spec: &'a Value,
+/// `unrequested = "strip"` for a container that asks gpupin for nothing: what it asked
+/// NVIDIA's stack for is voided. `None`: the spec goes on as it came. The config is read
+/// only for a spec that asks NVIDIA's stack for something.
+fn void(
+    spec_value: &Value,
+    config: impl FnOnce() -> Result<Config, HookError>,
+) -> Result<Option<Outcome>, HookError> {
+    let mut voided = spec_value.clone();
+    if !foreign::void(&mut voided) || config()?.unrequested != Unrequested::Strip {
+        return Ok(None);
+    }
+    tracing::info!(
+        stage = "precreate",
+        "no request: NVIDIA's request set to void"
+    );
+    Ok(Some(Outcome::Spec {
+        bytes: to_bytes(&voided).map_err(HookError::Spec)?,
+        claim: None,
+    }))
 }
 
-impl request::Sources for SpecSources<'_> {
+/// Where precreate finds a request: the proposed spec's annotations and process env, and
+/// last the GPUs NVIDIA's stack was asked for around gpupin. The config is loaded when a
+/// source first needs it (the foreign one: `unrequested`, the inventory).
+struct SpecSources<'a, L> {
+    annotations: HashMap<String, String>,
+    spec: &'a Value,
+    load: Option<L>,
+    config: Option<Config>,
+}
+
+impl<L: FnOnce() -> Result<Config, ConfigError>> SpecSources<'_, L> {
+    fn config(&mut self) -> Result<&Config, HookError> {
+        if let Some(load) = self.load.take() {
+            self.config = Some(load()?);
+        }
+        Ok(self.config.as_ref().expect("loaded above or before"))
+    }
+
+    /// The config, loaded now unless a source already did.
+    fn into_config(mut self) -> Result<Config, HookError> {
+        self.config()?;
+        Ok(self.config.take().expect("just loaded"))
+    }
+}
+
+impl<L: FnOnce() -> Result<Config, ConfigError>> request::Sources for SpecSources<'_, L> {
     type Error = HookError;
     fn annotations(&self) -> &HashMap<String, String> {
         &self.annotations
     }
     fn env(&mut self) -> Result<Vec<String>, HookError> {
         Ok(spec::process_env(self.spec))
+    }
+    fn foreign(&mut self) -> Result<Option<GpuRequest>, HookError> {
+        let spec = self.spec;
+        let config = self.config()?;
+        foreign::request(spec, config.unrequested, || {
+            let inventory =
+                crate::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+            Ok(GpuNumbers::of(&inventory))
+        })
     }
 }
 
@@ -249,5 +308,131 @@ mod tests {
             "{reason}"
         );
         assert!(!state.path().join("holders").exists());
+    }
+
+    /// Precreate's output and the record of what it allocated, if anything.
+    fn precreate_any(spec: &Value, state_dir: &Path) -> (Value, Option<crate::ledger::Record>) {
+        let input = serde_json::to_vec(spec).unwrap();
+        let exe = Path::new("/usr/bin/gpupin-hook");
+        match run(&input, exe, || Ok(config(state_dir))).unwrap() {
+            Outcome::Spec { bytes, claim } => (serde_json::from_slice(&bytes).unwrap(), claim),
+            other => panic!("expected a spec, got {other:?}"),
+        }
+    }
+
+    /// What podman's CDI gives `--device nvidia.com/gpu=...` for GPUs `minors`: their
+    /// nodes and allow rules beside nvidiactl's, and `NVIDIA_VISIBLE_DEVICES=void`.
+    fn with_cdi_gpus(mut spec: Value, minors: &[u32]) -> Value {
+        let mut nodes: Vec<Value> = minors
+            .iter()
+            .map(|m| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m}))
+            .collect();
+        nodes.push(json!({"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}));
+        let rules: Vec<Value> = nodes
+            .iter()
+            .map(|n| json!({"allow": true, "type": "c", "major": 195, "minor": n["minor"], "access": "rwm"}))
+            .collect();
+        spec["linux"] = json!({"devices": nodes, "resources": {"devices": rules}});
+        spec["process"]["env"] = json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"]);
+        spec
+    }
+
+    fn gpu_minors(spec: &Value) -> Vec<u64> {
+        let minors = |list: &Value| -> Vec<u64> {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["major"] == 195 && d["minor"].as_u64().unwrap() < 254)
+                .map(|d| d["minor"].as_u64().unwrap())
+                .collect()
+        };
+        let nodes = minors(&spec["linux"]["devices"]);
+        assert_eq!(nodes, minors(&spec["linux"]["resources"]["devices"]));
+        nodes
+    }
+
+    #[test]
+    fn cdi_gpus_without_a_request_become_a_count_that_gpupin_picks() {
+        let state = tempfile::tempdir().unwrap();
+        // Someone holds GPU 0, which the CDI request named.
+        let (_, first) = precreate_any(&spec_with(json!({"gpupin.devices": "0"})), state.path());
+        assert!(first.is_some());
+        let spec = with_cdi_gpus(spec_with(json!({})), &[0, 1]);
+        let (edited, claim) = precreate_any(&spec, state.path());
+        let record = claim.expect("a claim for the CDI GPUs");
+        assert_eq!(record.gpus.len(), 2);
+        assert_eq!(record.request.origin, crate::request::Origin::Nvidia);
+        let minors = gpu_minors(&edited);
+        assert_eq!(minors.len(), 2, "{edited:#}");
+        assert!(!minors.contains(&0), "GPU 0 is someone else's: {minors:?}");
+        let env = spec::process_env(&edited);
+        let visible: Vec<&String> = env
+            .iter()
+            .filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES="))
+            .collect();
+        assert_eq!(
+            visible,
+            [&format!("NVIDIA_VISIBLE_DEVICES={}", record.gpus.join(","))]
+        );
+    }
+
+    #[test]
+    fn a_gpupin_request_keeps_only_its_own_gpu_of_a_cdi_all() {
+        let state = tempfile::tempdir().unwrap();
+        let mut spec = with_cdi_gpus(
+            spec_with(json!({"gpupin.count": "1"})),
+            &[0, 1, 2, 3, 4, 5, 6, 7],
+        );
+        spec["annotations"]["cdi.k8s.io/gpus"] = json!("nvidia.com/gpu=all");
+        let (edited, claim) = precreate_any(&spec, state.path());
+        let record = claim.unwrap();
+        assert_eq!(record.gpus.len(), 1);
+        assert_eq!(gpu_minors(&edited).len(), 1, "{edited:#}");
+        assert!(edited["annotations"].get("cdi.k8s.io/gpus").is_none());
+        let nodes = edited["linux"]["devices"].as_array().unwrap();
+        assert!(nodes.iter().any(|n| n["path"] == "/dev/nvidiactl"));
+    }
+
+    #[test]
+    fn a_wildcard_rule_beside_a_request_is_refused_and_holds_nothing() {
+        let state = tempfile::tempdir().unwrap();
+        let mut spec = spec_with(json!({"gpupin.count": "1"}));
+        spec["linux"] = json!({"resources": {"devices": [{"allow": true, "access": "rwm"}]}});
+        let edited = precreate(&spec, state.path());
+        let reason = edited["annotations"][ERROR_ANNOTATION].as_str().unwrap();
+        assert!(
+            reason.contains("linux.resources.devices[0] (a *:* rwm) would give the container GPUs"),
+            "{reason}"
+        );
+        let ledger = crate::ledger::Ledger::open(state.path()).unwrap();
+        assert!(ledger.records().unwrap().is_empty());
+    }
+
+    #[test]
+    fn nvidia_visible_devices_all_without_a_request_is_voided_by_default() {
+        let state = tempfile::tempdir().unwrap();
+        let mut spec = spec_with(json!({}));
+        spec["process"]["env"] = json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]);
+        let (edited, claim) = precreate_any(&spec, state.path());
+        assert!(claim.is_none());
+        assert_eq!(
+            spec::process_env(&edited),
+            ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"]
+        );
+        assert!(!state.path().join("holders").exists());
+    }
+
+    #[test]
+    fn a_spec_without_anything_of_nvidias_goes_back_byte_for_byte() {
+        let state = tempfile::tempdir().unwrap();
+        let mut spec = spec_with(json!({}));
+        spec["linux"] =
+            json!({"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]});
+        let input = serde_json::to_vec(&spec).unwrap();
+        let exe = Path::new("/usr/bin/gpupin-hook");
+        match run(&input, exe, || Ok(config(state.path()))).unwrap() {
+            Outcome::Spec { bytes, claim: None } => assert_eq!(bytes, input),
+            other => panic!("{other:?}"),
+        }
     }
 }

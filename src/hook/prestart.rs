@@ -5,9 +5,10 @@
 use super::{HookError, Outcome};
 use crate::admit::{self, Admission};
 use crate::config::Config;
+use crate::driver::foreign::{self, GpuNumbers, Unrequested};
 use crate::edits::inject::{self, Target};
 use crate::ledger::{HolderId, HolderMeta};
-use crate::request::GpuRequest;
+use crate::request::{GpuRequest, Origin, Selection};
 use crate::spec;
 use serde_json::Value;
 use std::path::Path;
@@ -56,4 +57,45 @@ pub(super) fn prestart(
         inject::apply(edits, target)
     })?;
     Ok(Outcome::Allocated(record))
+}
+
+/// A container that asks gpupin for nothing. GPU nodes runc has already made for it
+/// cannot be taken back, and gpupin cannot pick others: they are recorded as its GPUs,
+/// or the container is refused when another holder has one (not for a privileged one,
+/// which sees every GPU anyway: `foreign::admits_every_gpu`). Without any, what it asks
+/// NVIDIA's stack for is voided in its bundle (`unrequested = "strip"`) before NVIDIA's
+/// hook, which runs after gpupin's, reads it.
+pub(super) fn unrequested(
+    c: &Container,
+    mut spec_value: Value,
+    config: &Config,
+) -> Result<Outcome, HookError> {
+    if foreign::has_char_devices(&spec_value) {
+        let inventory = crate::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+        let gpus = GpuNumbers::of(&inventory);
+        let minors = match foreign::admits_every_gpu(&spec_value, &gpus) {
+            true => Default::default(),
+            false => foreign::gpu_minors(&spec_value, &gpus),
+        };
+        let uuids: Vec<String> = inventory
+            .gpus
+            .iter()
+            .filter(|g| minors.contains(&g.minor))
+            .map(|g| g.uuid.clone())
+            .collect();
+        if !uuids.is_empty() {
+            tracing::info!(container = %c.id, gpus = ?uuids, "GPU nodes came with the spec: recording them as its GPUs");
+            let request = GpuRequest::new(Selection::Devices(uuids), Origin::Nvidia);
+            return prestart(c, &request, spec_value, config);
+        }
+    }
+    if config.unrequested == Unrequested::Strip && foreign::void(&mut spec_value) {
+        let path = c.bundle.join("config.json");
+        spec::write_atomic(&path, &spec_value).map_err(|source| HookError::Bundle {
+            id: c.id.to_string(),
+            source,
+        })?;
+        tracing::info!(container = %c.id, "no request: NVIDIA's request set to void");
+    }
+    Ok(Outcome::NoRequest)
 }

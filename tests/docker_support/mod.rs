@@ -15,6 +15,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 use gpupin_sandbox::harness::{self, status};
+#[allow(unused_imports)] // like dead_code above: not every test binary says something
 pub use gpupin_sandbox::harness::{gpu_nodes, say, text};
 use gpupin_sandbox::{build_busybox_rootfs, find_on_path, find_static_busybox, is_root};
 use serde_json::{Value, json};
