@@ -373,6 +373,7 @@ impl CdiEdits {
                 edits.additional_gids.push(gid);
             }
         }
+        edits.driver_from_cdi = true;
     }
 }
 

@@ -93,6 +93,10 @@ pub struct ContainerEdits {
     /// The nodes of the machine's other GPUs: the spec writer takes them, and NVIDIA's
     /// requests for them, out of a spec that came with them (driver::foreign::strip).
     pub withheld: Vec<DeviceNode>,
+    /// The driver comes from a CDI spec: NVIDIA's legacy prestart hook (added by Docker's
+    /// `--gpus` or a hooks.d file) would inject the GPUs a second time, so the spec
+    /// writer takes it out, as NVIDIA's runtime does in its cdi mode.
+    pub driver_from_cdi: bool,
 }
 
 impl ContainerEdits {

@@ -28,6 +28,9 @@ pub fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), ApplyError>
         spec::set_cpuset_unless_set(spec, &set.cpus, set.mems.as_deref())?;
     }
     foreign::strip(spec, &edits.withheld)?;
+    if edits.driver_from_cdi {
+        foreign::drop_runtime_hooks(spec);
+    }
     Ok(())
 }
 
@@ -88,7 +91,23 @@ mod tests {
                 major: 195,
                 minor: 2,
             }],
+            driver_from_cdi: false,
         }
+    }
+
+    #[test]
+    fn a_cdi_driver_takes_nvidias_legacy_hook_out_and_leaves_others() {
+        let legacy = json!({"path": "/usr/bin/nvidia-container-runtime-hook", "args": ["nvidia-container-runtime-hook", "prestart"]});
+        let other = json!({"path": "/usr/bin/other"});
+        let mut spec = json!({"hooks": {"prestart": [legacy, other]}});
+        apply(&edits(), &mut spec).unwrap();
+        assert_eq!(spec["hooks"]["prestart"][0], legacy, "kept without CDI");
+        let cdi = ContainerEdits {
+            driver_from_cdi: true,
+            ..edits()
+        };
+        apply(&cdi, &mut spec).unwrap();
+        assert_eq!(spec["hooks"]["prestart"], json!([other]));
     }
 
     #[test]
