@@ -27,7 +27,6 @@ fn assert_demo_story(out: &Output) {
         "untouched",
         "refused: gpupin: ",
         "6 of 8 GPUs held",
-        "2 of 8 GPUs free, 4 holders",
         "8 of 8 GPUs free, 0 holders",
         "Every GPU is free again.",
     ] {
@@ -42,7 +41,9 @@ fn assert_demo_story(out: &Output) {
 fn demo_without_containers_runs_the_requests_through_the_hook_protocol() {
     let out = demo(&["--no-containers"]);
     assert_demo_story(&out);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("creates no device node"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("creates no device node"), "{stdout}");
+    assert!(stdout.contains("2 of 8 GPUs free, 4 holders"), "{stdout}");
 }
 
 #[test]
@@ -56,4 +57,17 @@ fn demo_with_real_containers_shows_their_nodes() {
     assert!(stdout.contains("runc run -d"), "{stdout}");
     assert!(stdout.contains("nvidiactl"), "{stdout}");
     assert!(stdout.contains("sees no nvidia node"), "{stdout}");
+    // The CUDA-style container: the one GPU left after the refusal, the driver's files
+    // from the fake root's CDI spec, read-only, and its nvidia-smi running inside.
+    for needle in [
+        "cuda    annotations gpupin.count=1, spec edited before create -> GPUs 5; sees nvidia-modeset nvidia-uvm nvidia-uvm-tools nvidia5 nvidiactl",
+        "driver files mounted read-only: libcuda.so.570.133.20 libnvidia-ml.so.570.133.20 nvidia-smi gsp_ga10x.bin",
+        "`nvidia-smi` inside prints: fake nvidia-smi from the test driver root",
+        "1 of 8 GPUs free, 5 holders",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "{needle:?} missing from:\n{stdout}"
+        );
+    }
 }

@@ -11,6 +11,7 @@
 //! what to show.
 
 mod bundle;
+pub mod driver;
 #[cfg(feature = "harness")]
 pub mod harness;
 mod requirements;

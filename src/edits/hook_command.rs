@@ -21,12 +21,19 @@ impl HookCommand {
         }
     }
 
-    /// `gpupin-hook [--config FILE] STAGE`, argv[0] included.
+    /// `gpupin-hook [--config FILE] STAGE`, argv[0] included; for an `exe` that is the
+    /// CLI (`gpupin`, where no gpupin-hook was built beside it), `gpupin [--config FILE]
+    /// hook STAGE`.
     pub fn args(&self, stage: &str) -> Vec<String> {
-        let mut args = vec![binaries::HOOK.to_string()];
+        let cli = self.exe.file_name().is_some_and(|n| n == binaries::CLI);
+        let argv0 = if cli { binaries::CLI } else { binaries::HOOK };
+        let mut args = vec![argv0.to_string()];
         if let Some(config) = &self.config {
             args.push("--config".into());
             args.push(config.display().to_string());
+        }
+        if cli {
+            args.push("hook".into());
         }
         args.push(stage.to_string());
         args
@@ -37,5 +44,29 @@ impl HookCommand {
         let mut args = self.args("prestart");
         args.extend(["--refuse".to_string(), reason.to_string()]);
         args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hook_binary_or_the_cli_as_the_exe_says() {
+        let hook = HookCommand::beside(Path::new("/usr/bin/gpupin"), Some("/etc/g.toml".into()));
+        assert_eq!(hook.exe, Path::new("/usr/bin/gpupin-hook"));
+        assert_eq!(
+            hook.args("poststop"),
+            ["gpupin-hook", "--config", "/etc/g.toml", "poststop"]
+        );
+        let cli = HookCommand {
+            exe: "/usr/bin/gpupin".into(),
+            config: None,
+        };
+        assert_eq!(cli.args("prestart"), ["gpupin", "hook", "prestart"]);
+        assert_eq!(
+            cli.refusal_args("no GPU"),
+            ["gpupin", "hook", "prestart", "--refuse", "no GPU"]
+        );
     }
 }

@@ -4,14 +4,7 @@ use crate::Container;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-/// The simulated machines' numbers (the contract of `sim:nvswitch8` and `sim:pcie8`):
-/// GPU nodes 195:<minor>, minors 0..7, and three control nodes.
-pub const GPU_MAJOR: u32 = 195;
-pub const CONTROL_NODES: &[(&str, u32, u32)] = &[
-    ("nvidiactl", 195, 255),
-    ("nvidia-uvm", 510, 0),
-    ("nvidia-uvm-tools", 510, 1),
-];
+pub use crate::driver::{CONTROL_NODES, GPU_MAJOR};
 
 /// Whether a /dev entry is a GPU node, `nvidia<minor>` (not a control node).
 pub fn is_gpu_node(name: &str) -> bool {

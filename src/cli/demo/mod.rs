@@ -8,6 +8,7 @@
 //! with a state dir in a temp dir. Its containers come from gpupin-sandbox (the `demo`
 //! feature), which knows gpupin only as the binary in their hooks.
 
+mod driver;
 mod no_container;
 
 use super::out;
@@ -178,8 +179,9 @@ fn setup(work: &Path, machine: &str) -> anyhow::Result<Setup> {
     let state_dir = work.join("state");
     let config_file = work.join("gpupin.toml");
     let text = format!(
-        "state_dir = {:?}\ninventory = {machine:?}\npolicy = \"pack\"\n",
-        state_dir.to_string_lossy()
+        "state_dir = {:?}\ninventory = {machine:?}\npolicy = \"pack\"\ncdi_spec_dirs = [{:?}]\n",
+        state_dir.to_string_lossy(),
+        work.join(driver::CDI_DIR).to_string_lossy()
     );
     std::fs::write(&config_file, text)
         .with_context(|| format!("writing {}", config_file.display()))?;
@@ -281,6 +283,20 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
         ok &= expected;
         running.extend(container);
     }
+    let driver_root = driver::build(setup)?;
+    outln!(
+        "\nAnd a CUDA-style container: its spec edited before create, as gpupin-runtime and\n\
+         podman's precreate hook do, against a fake driver root and the CDI spec nvidia-ctk\n\
+         would write for it ({}); gpupin applies the entry of the GPU it chose:",
+        driver_root.root.display()
+    )?;
+    let lib_hook = gpupin::edits::HookCommand {
+        exe: hook.exe.clone(),
+        config: hook.config.clone(),
+    };
+    let (expected, container) = driver::start(setup, &runc, &lib_hook, &rootfs)?;
+    ok &= expected;
+    running.extend(container);
     print_status(setup)?;
     outln!("\nStopping the containers (runc kill, then runc delete, which runs poststop)...")?;
     for container in running {
