@@ -299,6 +299,17 @@ fn compose_device_reservation_is_pinned() {
     assert_eq!(holder["id"], ids[0].as_str());
     assert_eq!(holder["gpus"].as_array().unwrap().len(), 2);
     assert_eq!(holder["request"]["origin"], "docker_gpus");
+    // deploy.resources.reservations.devices is --gpus: NVIDIA's hook reads gpupin's choice.
+    let uuids: Vec<&str> = holder["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        h.nvidia_hook_saw(&ids[0]),
+        [format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))]
+    );
     ok(p.cmd().args(["down", "--timeout", "1"]));
     assert!(slot.holders().is_empty());
 }
@@ -431,6 +442,13 @@ fn gpus_flag_gets_free_gpus_not_zero_and_one() {
     assert!(
         gpus.iter().all(|g| !taken.contains(g)),
         "{gpus:?} overlaps GPUs 0 and 1"
+    );
+    // Docker adds NVIDIA's prestart hook for --gpus and appends NVIDIA_VISIBLE_DEVICES=0,1
+    // to the env; the hook must find gpupin's choice, and only that.
+    assert_eq!(
+        h.nvidia_hook_saw(&c.id),
+        [format!("NVIDIA_VISIBLE_DEVICES={}", gpus.join(","))],
+        "what NVIDIA's hook read"
     );
 }
 

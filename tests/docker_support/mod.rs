@@ -128,8 +128,21 @@ impl Harness {
         std::fs::create_dir_all(&self.bin).unwrap();
         // dockerd accepts `--gpus` only when this executable is on its PATH (Docker's
         // daemon/nvidia_linux.go registers the NVIDIA device driver then). It becomes a
-        // prestart hook of such containers; the stand-in does nothing.
-        write_script(&self.bin.join("nvidia-container-runtime-hook"), "exit 0\n");
+        // prestart hook of such containers. The stand-in logs, per container, every
+        // NVIDIA_VISIBLE_DEVICES it finds in the bundle's config.json, which is what
+        // NVIDIA's hook reads (`nvidia_hook_saw`).
+        let log = self.dir.join("nvidia-hook.log");
+        write_script(
+            &self.bin.join("nvidia-container-runtime-hook"),
+            &format!(
+                "PATH=/usr/sbin:/usr/bin:/sbin:/bin\nstate=$(cat)\n\
+                 id=$(printf '%s' \"$state\" | sed -n 's/.*\"id\":\"\\([^\"]*\\)\".*/\\1/p')\n\
+                 bundle=$(printf '%s' \"$state\" | sed -n 's/.*\"bundle\":\"\\([^\"]*\\)\".*/\\1/p')\n\
+                 seen=$(grep -o 'NVIDIA_VISIBLE_DEVICES=[^\"]*' \"$bundle/config.json\" | tr '\\n' ' ')\n\
+                 echo \"$id $seen\" >> {}\nexit 0\n",
+                log.display()
+            ),
+        );
         let mut runtimes = serde_json::Map::new();
         let mut add = |name: String, slot: &Slot, path: &str| {
             slot.reset_config(None);
@@ -256,6 +269,21 @@ impl Harness {
             .arg("-f")
             .arg(file);
         cmd
+    }
+
+    /// Every NVIDIA_VISIBLE_DEVICES entry NVIDIA's prestart hook (the stand-in Docker
+    /// adds for `--gpus`) found in container `id`'s config.json, in order.
+    pub fn nvidia_hook_saw(&self, id: &str) -> Vec<String> {
+        let log = std::fs::read_to_string(self.dir.join("nvidia-hook.log")).unwrap_or_default();
+        log.lines()
+            .filter_map(|line| line.split_once(' '))
+            .filter(|(logged, _)| *logged == id)
+            .flat_map(|(_, seen)| {
+                seen.split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// A runtime entry with a ledger of its own, used by this test only.
