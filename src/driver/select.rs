@@ -20,6 +20,11 @@ pub struct CdiEdits {
     pub additional_gids: Vec<u32>,
     /// The spec files the edits came from.
     pub files: Vec<PathBuf>,
+    /// The nodes other than `/dev/nvidia<N>` (the DRM nodes `/dev/dri/card<N>`,
+    /// `renderD<N>`) of the GPUs not chosen, by their entries in the same specs: the
+    /// spec writer takes them out of a spec that came with them (`--device
+    /// nvidia.com/gpu=all`), as it does those GPUs' own nodes.
+    pub withheld: Vec<DeviceNode>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +99,41 @@ pub fn edits_for(
     for (file, device) in &chosen {
         add(&mut out, &device.container_edits, &file.path)?;
     }
+    out.withheld = others_nodes(found, inventory, uuids, &out.nodes);
     Ok(out)
+}
+
+/// The non-GPU nodes (DRM) of the entries of the inventory's GPUs not in `uuids`, minus
+/// any node the chosen entries have. A GPU without a usable entry adds none: its own
+/// `/dev/nvidia<N>` is withheld from the inventory anyway.
+fn others_nodes(
+    found: &[Found],
+    inventory: &Inventory,
+    uuids: &[String],
+    chosen: &[DeviceNode],
+) -> Vec<DeviceNode> {
+    let mut withheld: Vec<DeviceNode> = Vec::new();
+    for gpu in inventory.gpus.iter().filter(|g| !uuids.contains(&g.uuid)) {
+        let Ok((file, device)) = entry_for(found, gpu) else {
+            continue;
+        };
+        for node in &device.container_edits.device_nodes {
+            let gpu_node = node
+                .path
+                .strip_prefix("/dev/nvidia")
+                .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()));
+            let Ok(node) = device_node(node, &file.path) else {
+                continue;
+            };
+            let shared = chosen
+                .iter()
+                .any(|c| c.major == node.major && c.minor == node.minor);
+            if !gpu_node && !shared && !withheld.contains(&node) {
+                withheld.push(node);
+            }
+        }
+    }
+    withheld
 }
 
 /// The entry of one GPU: named by its UUID, else the one holding `/dev/nvidia<minor>`
@@ -373,6 +412,11 @@ impl CdiEdits {
                 edits.additional_gids.push(gid);
             }
         }
+        for node in self.withheld {
+            if !edits.withheld.contains(&node) {
+                edits.withheld.push(node);
+            }
+        }
         edits.driver_from_cdi = true;
     }
 }
@@ -450,6 +494,57 @@ mod tests {
         assert_eq!(e.mounts[0].destination, "/usr/lib/libcuda.so.1");
         assert_eq!(e.mounts[0].source, "/drv/usr/lib/libcuda.so.1");
         assert_eq!(e.files, [PathBuf::from("/etc/cdi/nvidia.yaml")]);
+    }
+
+    #[test]
+    fn the_other_gpus_drm_nodes_are_withheld_and_taken_out_of_a_spec_that_has_them() {
+        // Each entry with its DRM card node, as nvidia-ctk writes them (226:<minor+1>).
+        let mut text = spec_text(&four());
+        for minor in 0..4 {
+            let gpu_node = format!(
+                "        - {{path: /dev/nvidia{minor}, major: 195, minor: {minor}}}\n      hooks:"
+            );
+            let with_card = format!(
+                "        - {{path: /dev/nvidia{minor}, major: 195, minor: {minor}}}\n        - {{path: /dev/dri/card{c}, major: 226, minor: {c}}}\n      hooks:",
+                c = minor + 1
+            );
+            text = text.replace(&gpu_node, &with_card);
+        }
+        let specs = [found("/etc/cdi/nvidia.yaml", 0, &text)];
+        let e = edits_for(&specs, &machine(4), &uuids(&["GPU-test-2"])).unwrap();
+        assert!(node_paths(&e).contains(&"/dev/dri/card3"), "{e:?}");
+        let withheld: Vec<&str> = e.withheld.iter().map(|n| n.path.as_str()).collect();
+        assert_eq!(
+            withheld,
+            ["/dev/dri/card1", "/dev/dri/card2", "/dev/dri/card4"]
+        );
+        // A spec that came with every GPU (`--device nvidia.com/gpu=all`): the other
+        // GPUs' card nodes and their rules go, the chosen one's stays.
+        let node = |minor: u32| json!({"path": format!("/dev/dri/card{minor}"), "type": "c", "major": 226, "minor": minor});
+        let rule = |minor: u32| json!({"allow": true, "type": "c", "major": 226, "minor": minor, "access": "rwm"});
+        let mut spec = json!({"linux": {
+            "devices": (1..5).map(node).collect::<Vec<_>>(),
+            "resources": {"devices": (1..5).map(rule).collect::<Vec<_>>()},
+        }});
+        let mut edits = ContainerEdits::default();
+        e.merge_into(&mut edits);
+        crate::edits::spec::apply(&edits, &mut spec).unwrap();
+        let paths: Vec<&str> = spec["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|d| d["path"].as_str())
+            .filter(|p| p.starts_with("/dev/dri/"))
+            .collect();
+        assert_eq!(paths, ["/dev/dri/card3"]);
+        let minors: Vec<i64> = spec["linux"]["resources"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["major"] == 226)
+            .filter_map(|r| r["minor"].as_i64())
+            .collect();
+        assert_eq!(minors, [3]);
     }
 
     #[test]
