@@ -585,6 +585,46 @@ fn drop_volume_requests(spec: &mut Value) -> bool {
     list.len() != before
 }
 
+/// Specs as CDI leaves them, for the tests of the paths that read them (shim, precreate).
+#[cfg(test)]
+pub(crate) mod testing {
+    use serde_json::{Value, json};
+
+    /// `linux` with the nodes and allow rules CDI gives GPUs `minors` (`--device
+    /// nvidia.com/gpu=...`), and nvidiactl's.
+    pub fn cdi_linux(minors: &[u32]) -> Value {
+        let mut nodes: Vec<Value> = minors
+            .iter()
+            .map(|m| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m}))
+            .collect();
+        nodes.push(json!({"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}));
+        let rules: Vec<Value> = nodes
+            .iter()
+            .map(|n| json!({"allow": true, "type": "c", "major": 195, "minor": n["minor"], "access": "rwm"}))
+            .collect();
+        json!({"devices": nodes, "resources": {"devices": rules}})
+    }
+
+    /// The GPU minors an edited spec gives the container, sorted; its nodes and its
+    /// allow rules must agree.
+    pub fn gpu_minors(spec: &Value) -> Vec<u64> {
+        let minors = |list: &Value| -> Vec<u64> {
+            let mut minors: Vec<u64> = list
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["major"] == 195 && d["minor"].as_u64().unwrap() < 254)
+                .map(|d| d["minor"].as_u64().unwrap())
+                .collect();
+            minors.sort();
+            minors
+        };
+        let nodes = minors(&spec["linux"]["devices"]);
+        assert_eq!(nodes, minors(&spec["linux"]["resources"]["devices"]));
+        nodes
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

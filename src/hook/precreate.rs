@@ -210,6 +210,7 @@ fn to_bytes(spec_value: &Value) -> Result<Vec<u8>, spec::SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::foreign::testing::{cdi_linux, gpu_minors};
     use crate::hook::{self, Stage};
     use serde_json::json;
 
@@ -323,32 +324,9 @@ mod tests {
     /// What podman's CDI gives `--device nvidia.com/gpu=...` for GPUs `minors`: their
     /// nodes and allow rules beside nvidiactl's, and `NVIDIA_VISIBLE_DEVICES=void`.
     fn with_cdi_gpus(mut spec: Value, minors: &[u32]) -> Value {
-        let mut nodes: Vec<Value> = minors
-            .iter()
-            .map(|m| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m}))
-            .collect();
-        nodes.push(json!({"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}));
-        let rules: Vec<Value> = nodes
-            .iter()
-            .map(|n| json!({"allow": true, "type": "c", "major": 195, "minor": n["minor"], "access": "rwm"}))
-            .collect();
-        spec["linux"] = json!({"devices": nodes, "resources": {"devices": rules}});
+        spec["linux"] = cdi_linux(minors);
         spec["process"]["env"] = json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"]);
         spec
-    }
-
-    fn gpu_minors(spec: &Value) -> Vec<u64> {
-        let minors = |list: &Value| -> Vec<u64> {
-            list.as_array()
-                .unwrap()
-                .iter()
-                .filter(|d| d["major"] == 195 && d["minor"].as_u64().unwrap() < 254)
-                .map(|d| d["minor"].as_u64().unwrap())
-                .collect()
-        };
-        let nodes = minors(&spec["linux"]["devices"]);
-        assert_eq!(nodes, minors(&spec["linux"]["resources"]["devices"]));
-        nodes
     }
 
     #[test]

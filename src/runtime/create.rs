@@ -137,6 +137,7 @@ fn edit_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::foreign::testing::{cdi_linux, gpu_minors};
     use crate::ledger::Ledger;
     use serde_json::json;
 
@@ -192,38 +193,6 @@ mod tests {
         }
     }
 
-    /// Nodes and allow rules of GPUs `minors` as CDI puts them, and nvidiactl's.
-    fn cdi_gpus(minors: &[u32]) -> Value {
-        let mut nodes: Vec<Value> = minors
-            .iter()
-            .map(|m| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m}))
-            .collect();
-        nodes.push(json!({"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}));
-        let rules: Vec<Value> = nodes
-            .iter()
-            .map(|n| json!({"allow": true, "type": "c", "major": 195, "minor": n["minor"], "access": "rwm"}))
-            .collect();
-        json!({"devices": nodes, "resources": {"devices": rules}})
-    }
-
-    /// The GPU minors the edited spec gives the container, by node and by rule.
-    fn gpu_minors(spec: &Value) -> Vec<u64> {
-        let minors = |list: &Value| -> Vec<u64> {
-            let mut minors: Vec<u64> = list
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|d| d["major"] == 195 && d["minor"].as_u64().unwrap() < 254)
-                .map(|d| d["minor"].as_u64().unwrap())
-                .collect();
-            minors.sort();
-            minors
-        };
-        let nodes = minors(&spec["linux"]["devices"]);
-        assert_eq!(nodes, minors(&spec["linux"]["resources"]["devices"]));
-        nodes
-    }
-
     fn minors_of(config: &Config, record: &Record) -> Vec<u64> {
         let inventory =
             crate::inventory::load(&config.inventory, &config.state_dir, &config.nvml).unwrap();
@@ -245,7 +214,7 @@ mod tests {
         let spec = json!({
             "process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
             "mounts": s.docker_container("c", 2),
-            "linux": cdi_gpus(&[0, 1]),
+            "linux": cdi_linux(&[0, 1]),
         });
         let (record, edited) = s.prepare("c", &spec);
         let record = record.unwrap();
@@ -261,7 +230,7 @@ mod tests {
     fn cdi_gpus_without_any_request_become_a_count() {
         let s = setup(Unrequested::Pass);
         s.hold("a", "0");
-        let spec = json!({"linux": cdi_gpus(&[0, 1, 2])});
+        let spec = json!({"linux": cdi_linux(&[0, 1, 2])});
         let (record, edited) = s.prepare("c", &spec);
         let record = record.unwrap();
         assert_eq!(record.gpus.len(), 3);
