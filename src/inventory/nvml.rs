@@ -74,7 +74,7 @@ pub(super) fn live(
 ) -> Result<Vec<super::Live>, InventoryError> {
     let uuids: Vec<&str> = inventory.gpus.iter().map(|g| g.uuid.as_str()).collect();
     match access {
-        NvmlAccess::InProcess => live_here(&uuids),
+        NvmlAccess::InProcess => live_of(&init()?, &uuids),
         NvmlAccess::Helper(exe) => super::nvml_helper::live(exe, inventory),
     }
 }
@@ -83,16 +83,16 @@ pub(super) fn live(
 pub fn live_all_here() -> Result<Vec<(String, super::Live)>, InventoryError> {
     let nvml = init()?;
     let count = nvml.device_count().map_err(query_error("device count"))?;
-    (0..count)
+    let uuids = (0..count)
         .map(|index| {
-            let uuid = nvml
-                .device_by_index(index)
+            nvml.device_by_index(index)
                 .and_then(|d| d.uuid())
-                .map_err(query_error("uuid"))?;
-            let live = live_here(&[uuid.as_str()])?.remove(0);
-            Ok((uuid, live))
+                .map_err(query_error("uuid"))
         })
-        .collect()
+        .collect::<Result<Vec<String>, _>>()?;
+    let names: Vec<&str> = uuids.iter().map(String::as_str).collect();
+    let live = live_of(&nvml, &names)?;
+    Ok(uuids.into_iter().zip(live).collect())
 }
 
 fn init() -> Result<Nvml, InventoryError> {
@@ -102,8 +102,8 @@ fn init() -> Result<Nvml, InventoryError> {
         .map_err(|source| InventoryError::NvmlUnavailable { source })
 }
 
-fn live_here(uuids: &[&str]) -> Result<Vec<super::Live>, InventoryError> {
-    let nvml = init()?;
+/// The live figures of `uuids`, from one initialised NVML.
+fn live_of(nvml: &Nvml, uuids: &[&str]) -> Result<Vec<super::Live>, InventoryError> {
     uuids
         .iter()
         .map(|uuid| {
