@@ -650,8 +650,8 @@ fn nvidia_runtime_gets_gpupins_choice() {
         .iter()
         .filter_map(|d| d["path"].as_str())
         .filter(|p| {
-            p.strip_prefix("/dev/nvidia")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            p.strip_prefix("/dev/")
+                .is_some_and(gpupin_sandbox::harness::is_gpu_node)
         })
         .map(str::to_string)
         .collect();

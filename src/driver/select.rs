@@ -118,10 +118,7 @@ fn others_nodes(
             continue;
         };
         for node in &device.container_edits.device_nodes {
-            let gpu_node = node
-                .path
-                .strip_prefix("/dev/nvidia")
-                .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()));
+            let gpu_node = is_gpu_node(&node.path);
             let Ok(node) = device_node(node, &file.path) else {
                 continue;
             };
@@ -208,10 +205,13 @@ fn gpu_nodes(device: &Device) -> impl Iterator<Item = &str> {
         .device_nodes
         .iter()
         .map(|n| n.path.as_str())
-        .filter(|p| {
-            p.strip_prefix("/dev/nvidia")
-                .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
-        })
+        .filter(|p| is_gpu_node(p))
+}
+
+/// `/dev/nvidia<N>`: a GPU's own node, not a control or DRM node.
+fn is_gpu_node(path: &str) -> bool {
+    path.strip_prefix("/dev/nvidia")
+        .is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn is_uuid_name(name: &str) -> bool {
