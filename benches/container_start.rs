@@ -146,8 +146,9 @@ fn setup(dir: &Path, busybox: &Path) -> Vec<Variant> {
     std::fs::write(
         &config,
         format!(
-            "state_dir = {:?}\ninventory = \"sim:nvswitch8\"\n",
-            state.display().to_string()
+            "state_dir = {:?}\naudit_log = {:?}\ninventory = \"sim:nvswitch8\"\n",
+            state.display().to_string(),
+            state.join("audit.log").display().to_string()
         ),
     )
     .unwrap();

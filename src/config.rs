@@ -1,9 +1,11 @@
 //! gpupin's configuration: `--config FILE`, else `$GPUPIN_CONFIG`, else
 //! /etc/gpupin/config.toml; a missing default file means defaults.
 
+use crate::audit::AuditLog;
 use crate::driver::foreign::Unrequested;
 use crate::driver::{DEFAULT_CDI_SPEC_DIRS, Driver};
 use crate::inventory::{InventorySource, NvmlAccess};
+use crate::limits::Limits;
 use crate::log::Level;
 use crate::policy::PolicyName;
 use crate::regular::{self, Links};
@@ -49,6 +51,35 @@ pub struct Config {
     pub driver: Driver,
     /// Where CDI specs are read from; a later dir wins for the same device name.
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// The audit trail: where, how large before it rotates, how many rotated files.
+    pub audit: AuditLog,
+    /// How many GPUs people may hold, and which (`limits`).
+    pub limits: Limits,
+    /// `gpupin serve`'s socket; `None`: `<state_dir>/gpupin.sock`.
+    pub socket: Option<PathBuf>,
+    /// The group whose members may use the socket; `None`: every local user.
+    pub socket_group: Option<String>,
+    /// How `gpupin exec` names GPUs in CUDA_VISIBLE_DEVICES.
+    pub cuda_visible_devices: CudaIds,
+}
+
+/// How `gpupin exec` writes CUDA_VISIBLE_DEVICES.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaIds {
+    /// Indices in PCI bus order, with CUDA_DEVICE_ORDER=PCI_BUS_ID (nvidia-smi's numbers).
+    #[default]
+    Index,
+    /// `GPU-<uuid>`: the same on every machine and every boot.
+    Uuid,
+}
+
+impl Config {
+    /// Where `gpupin serve` listens and `gpupin exec` finds it.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("gpupin.sock"))
+    }
 }
 
 impl Default for Config {
@@ -67,6 +98,11 @@ impl Default for Config {
             nvml: NvmlAccess::InProcess,
             driver: Driver::default(),
             cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
+            audit: AuditLog::at(crate::audit::DEFAULT_AUDIT_LOG),
+            limits: Limits::default(),
+            socket: None,
+            socket_group: None,
+            cuda_visible_devices: CudaIds::default(),
         }
     }
 }
@@ -86,6 +122,13 @@ struct ConfigFile {
     driver: Option<String>,
     cdi_spec_dirs: Option<Vec<PathBuf>>,
     unrequested: Option<String>,
+    audit_log: Option<PathBuf>,
+    audit_max_size: Option<String>,
+    audit_keep: Option<u32>,
+    limits: Option<Limits>,
+    socket: Option<PathBuf>,
+    socket_group: Option<String>,
+    cuda_visible_devices: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -200,6 +243,42 @@ impl Config {
                     Unrequested::EXPECTED
                 ))
             })?;
+        }
+        if let Some(log) = file.audit_log {
+            config.audit.path = beside(log);
+        }
+        if let Some(size) = file.audit_max_size {
+            config.audit.max_bytes = match crate::units::parse_size(&size) {
+                Ok(n) if n >= 4096 => n,
+                _ => {
+                    return Err(invalid(format!(
+                        "audit_max_size {size:?}: expected a size of at least 4KiB, such as \"64MiB\""
+                    )));
+                }
+            };
+        }
+        if let Some(keep) = file.audit_keep {
+            config.audit.keep = keep;
+        }
+        if let Some(limits) = file.limits {
+            config.limits = limits;
+        }
+        if let Some(socket) = file.socket {
+            config.socket = Some(beside(socket));
+        }
+        if let Some(group) = file.socket_group {
+            config.socket_group = Some(group);
+        }
+        if let Some(ids) = file.cuda_visible_devices {
+            config.cuda_visible_devices = match ids.as_str() {
+                "index" => CudaIds::Index,
+                "uuid" => CudaIds::Uuid,
+                _ => {
+                    return Err(invalid(format!(
+                        "cuda_visible_devices {ids:?}: expected \"index\" or \"uuid\""
+                    )));
+                }
+            };
         }
         if let Some(policy) = file.policy {
             config.policy = policy

@@ -44,7 +44,7 @@ pub fn load_machine(
 
 /// The allocation settings of `config` over a loaded machine.
 pub fn machine<'a>(
-    config: &Config,
+    config: &'a Config,
     inventory: &'a Inventory,
     live: Option<&'a [Live]>,
 ) -> Machine<'a> {
@@ -53,6 +53,7 @@ pub fn machine<'a>(
         live,
         default_policy: config.policy,
         max_shared: config.max_shared,
+        limits: Some(&config.limits),
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod admit;
 pub mod atomic;
+pub mod audit;
 pub mod binaries;
 pub mod config;
 pub mod docker;
@@ -20,6 +21,7 @@ pub mod inject;
 pub mod install;
 pub mod inventory;
 pub mod ledger;
+pub mod limits;
 pub mod log;
 pub mod message;
 pub mod policy;

@@ -218,6 +218,11 @@ mod tests {
             start_time: crate::procinfo::start_time(std::process::id() as i32),
             bundle: None,
             claim_digest: None,
+            indices: Vec::new(),
+            kind: Default::default(),
+            owner: None,
+            container: None,
+            until_release: false,
             // After this boot, so that the holder counts as running.
             created_at: 4_102_444_800,
         }

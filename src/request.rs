@@ -18,6 +18,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("gpupin.reserve", "GPUPIN_RESERVE"),
     ("gpupin.wait", "GPUPIN_WAIT"),
     ("gpupin.cpus", "GPUPIN_CPUS"),
+    ("gpupin.within", "GPUPIN_WITHIN"),
 ];
 pub const ANNOTATION_PREFIX: &str = "gpupin.";
 /// Annotation gpupin itself writes into an edited spec: the UUIDs it assigned.
@@ -102,6 +103,11 @@ pub struct GpuRequest {
     pub wait: Option<Duration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<CpuBinding>,
+    /// The holder whose GPUs this request takes from, instead of the free pool: a
+    /// container inside a Slurm job's hold, a job inside a reservation. Alone it asks for
+    /// all of that holder's GPUs that no other holder inside it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<String>,
     pub origin: Origin,
 }
 
@@ -117,6 +123,7 @@ impl GpuRequest {
             reserve: None,
             wait: None,
             cpus: None,
+            within: None,
             origin,
         }
     }
@@ -166,6 +173,7 @@ const MODEL_EXPECTED: &str =
 const SHARE_EXPECTED: &str = "expected exclusive or shared";
 const WAIT_EXPECTED: &str = "expected a duration of at most 24h, such as 90s or 5m";
 const CPUS_EXPECTED: &str = "expected numa";
+const WITHIN_EXPECTED: &str = "expected the id of a holder: 1-128 letters, digits, '_', '.', '-', starting with a letter or digit";
 
 /// Reads a request from OCI annotations. `Ok(None)`: no `gpupin.` key at all. Keys are
 /// read in byte order, so that of several bad keys the same one is always reported.
@@ -297,6 +305,7 @@ struct Parts {
     reserve: Option<u64>,
     wait: Option<Duration>,
     cpus: Option<CpuBinding>,
+    within: Option<String>,
 }
 
 fn parse<'a>(
@@ -357,6 +366,10 @@ fn parse_one(p: &mut Parts, annotation: &str, key: &str, value: &str) -> Result<
             "numa" => p.cpus = Some(CpuBinding::Numa),
             _ => return Err(invalid(key, value, CPUS_EXPECTED)),
         },
+        "gpupin.within" => match crate::ledger::HolderId::new(v) {
+            Ok(id) => p.within = Some(id.to_string()),
+            Err(_) => return Err(invalid(key, value, WITHIN_EXPECTED)),
+        },
         other => unreachable!("key {other} is in KEYS but not parsed"),
     }
     Ok(())
@@ -374,6 +387,8 @@ fn assemble(p: Parts, origin: Origin, some_key: &'static str) -> Result<GpuReque
         }
         (Some(c), None) => c,
         (None, Some(d)) => d,
+        // All of the enclosing holder's GPUs (ledger::allocate narrows `All` to them).
+        (None, None) if p.within.is_some() => Selection::All,
         (None, None) => {
             return Err(RequestError::OptionWithoutSelection {
                 key: key_name(some_key, origin),
@@ -398,6 +413,7 @@ fn assemble(p: Parts, origin: Origin, some_key: &'static str) -> Result<GpuReque
         reserve: p.reserve,
         wait: p.wait,
         cpus: p.cpus,
+        within: p.within,
         origin,
     })
 }

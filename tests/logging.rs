@@ -27,7 +27,7 @@ impl Machine {
         std::fs::write(&runtime, "#!/bin/sh\necho fake-runc ran\n").unwrap();
         std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o755)).unwrap();
         let config = format!(
-            "state_dir = \"state\"\ninventory = \"sim:nvswitch8\"\nruntime = \"{}\"\n{extra}\n",
+            "state_dir = \"state\"\naudit_log = \"state/audit.log\"\ninventory = \"sim:nvswitch8\"\nruntime = \"{}\"\n{extra}\n",
             runtime.display()
         );
         std::fs::write(dir.path().join("config.toml"), config).unwrap();

@@ -69,7 +69,9 @@ fn rm_f_of_a_detached_container_releases() {
     podman.remove(&name);
     assert_eq!(podman.holders(), Vec::<serde_json::Value>::new());
     assert!(
-        podman.audit_log().contains(&format!("release {id}")),
+        podman
+            .audit_events()
+            .contains(&("release".to_string(), id.clone())),
         "{}",
         podman.audit_log()
     );
@@ -95,12 +97,20 @@ fn run_rm_releases_when_the_container_exits() {
     assert!(output.contains("NVIDIA_VISIBLE_DEVICES=GPU-"), "{output}");
     assert_eq!(podman.holders(), Vec::<serde_json::Value>::new());
     let log = podman.audit_log();
-    for event in ["allocate claim-", "bind claim-", "release "] {
-        assert!(
-            log.contains(event),
-            "{event:?} missing from audit.log:\n{log}"
-        );
-    }
+    let events = podman.audit_events();
+    let seen = |event: &str, holder: &str| {
+        events
+            .iter()
+            .any(|(e, h)| e == event && h.starts_with(holder))
+    };
+    // Allocated under a claim before create, bound to the container, released at its end.
+    assert!(seen("allocate", "claim-"), "no allocate of a claim:\n{log}");
+    assert!(
+        log.contains("\"reason\":\"claim claim-"),
+        "no bind of the claim:\n{log}"
+    );
+    assert!(seen("bind", ""), "no bind:\n{log}");
+    assert!(seen("release", ""), "no release:\n{log}");
 }
 
 #[test]
@@ -249,7 +259,9 @@ fn claim_of_a_container_that_never_started_is_reaped_after_the_grace() {
     assert_success("gpupin gc", &out);
     assert_eq!(podman.holders(), Vec::<serde_json::Value>::new());
     assert!(
-        podman.audit_log().contains(&format!("reap {claim}")),
+        podman
+            .audit_events()
+            .contains(&("reap".to_string(), claim.to_string())),
         "{}",
         podman.audit_log()
     );

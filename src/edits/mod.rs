@@ -180,6 +180,11 @@ mod tests {
             start_time: None,
             bundle: None,
             claim_digest: None,
+            indices: Vec::new(),
+            kind: Default::default(),
+            owner: None,
+            container: None,
+            until_release: false,
             created_at: 0,
         }
     }

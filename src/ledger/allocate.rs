@@ -1,6 +1,7 @@
 //! Turning a request into a concrete set of GPUs, given what is held. Pure: the ledger
 //! calls it under its lock and writes the outcome.
 
+use super::limit::Scope;
 use super::{HolderId, LedgerError, Record, holders_of};
 use crate::inventory::Live;
 use crate::inventory::{Gpu, Inventory};
@@ -17,6 +18,8 @@ pub struct Machine<'a> {
     pub default_policy: PolicyName,
     /// Shared holders one GPU takes at most.
     pub max_shared: u32,
+    /// How many GPUs people may hold, and which; `None`: no limits.
+    pub limits: Option<&'a crate::limits::Limits>,
 }
 
 impl<'a> Machine<'a> {
@@ -27,6 +30,7 @@ impl<'a> Machine<'a> {
             live: None,
             default_policy,
             max_shared: 4,
+            limits: None,
         }
     }
 }
@@ -62,6 +66,8 @@ enum Unfit {
     Memory,
     /// Held by someone this request may not share with.
     Held,
+    /// Outside what the request may take from (`gpupin.within`, a group's GPUs).
+    OutOfScope,
     /// Shared already by as many holders as `max_shared` allows.
     SharedFull,
     /// The reservation does not fit beside the shared holders' (or memory is unknown).
@@ -74,6 +80,7 @@ impl Unfit {
             Unfit::Model => "model",
             Unfit::Memory => "memory",
             Unfit::Held => "held",
+            Unfit::OutOfScope => "out-of-scope",
             Unfit::SharedFull => "shared-full",
             Unfit::NoRoom => "no-room-to-reserve",
         }
@@ -86,18 +93,33 @@ pub(super) fn plan(
     machine: &Machine,
     live: &[Record],
     cursor: usize,
+    scope: &Scope,
 ) -> Result<Plan, LedgerError> {
     let inventory = machine.inventory;
     let total = inventory.gpus.len();
     if total == 0 {
         return Err(LedgerError::NoGpus);
     }
+    // The enclosing holders of a nested request hold its GPUs for it.
+    let others: Vec<Record> = live
+        .iter()
+        .filter(|r| !scope.enclosing.contains(&r.id))
+        .cloned()
+        .collect();
+    let live = &others[..];
     let fit: Vec<Result<(), Unfit>> = (0..total)
-        .map(|p| fits(p, request, machine, live))
+        .map(|p| {
+            if scope.allows(p) {
+                fits(p, request, machine, live)
+            } else {
+                Err(Unfit::OutOfScope)
+            }
+        })
         .collect();
     let free: Vec<bool> = fit.iter().map(Result::is_ok).collect();
     log_fit(holder, request, machine, &fit);
-    let not_enough = |wanted: usize| not_enough_error(holder, request, machine, live, &fit, wanted);
+    let not_enough =
+        |wanted: usize| not_enough_error(holder, request, machine, live, &fit, wanted, scope);
     let positions = match &request.selection {
         Selection::Devices(keys) => {
             let positions = resolve_devices(keys, inventory)?;
@@ -108,11 +130,21 @@ pub(super) fn plan(
             }
             positions
         }
-        Selection::All => {
-            if free.iter().any(|f| !f) {
-                return Err(not_enough(total));
+        // Inside another holder: what is left of its GPUs, at least one.
+        Selection::All if request.within.is_some() => {
+            let left: Vec<usize> = (0..total).filter(|&p| free[p]).collect();
+            if left.is_empty() {
+                return Err(not_enough(1));
             }
-            (0..total).collect()
+            left
+        }
+        // Every GPU the request may take (a group's, where limits name them), all free.
+        Selection::All => {
+            let in_scope: Vec<usize> = (0..total).filter(|&p| scope.allows(p)).collect();
+            if in_scope.iter().any(|&p| !free[p]) || in_scope.is_empty() {
+                return Err(not_enough(in_scope.len()));
+            }
+            in_scope
         }
         Selection::Count(count) => {
             let count = *count as usize;
@@ -254,6 +286,7 @@ fn not_enough_error(
     live: &[Record],
     fit: &[Result<(), Unfit>],
     wanted: usize,
+    scope: &Scope,
 ) -> LedgerError {
     let gpus = &machine.inventory.gpus;
     let held = gpus
@@ -266,13 +299,19 @@ fn not_enough_error(
         wanted,
         held,
         total: gpus.len(),
-        detail: fit_detail(request, machine, fitting, held),
+        detail: fit_detail(request, machine, fitting, held, scope),
     }
 }
 
 /// What besides plain holding narrowed the choice, for the message; empty when nothing did.
-fn fit_detail(request: &GpuRequest, machine: &Machine, fitting: usize, held: usize) -> String {
-    let mut conditions = Vec::new();
+fn fit_detail(
+    request: &GpuRequest,
+    machine: &Machine,
+    fitting: usize,
+    held: usize,
+    scope: &Scope,
+) -> String {
+    let mut conditions = scope.what.clone();
     if let Some(model) = &request.model {
         conditions.push(format!("gpupin.model={model}"));
     }
@@ -318,6 +357,7 @@ fn device_unfit(
             "it has less memory than gpupin.memory={}",
             format_size(request.memory.unwrap_or_default())
         ),
+        Unfit::OutOfScope => "it is not among the GPUs this request may take".to_string(),
         // The message names the holders in every case; the log tells the three apart.
         Unfit::Held | Unfit::SharedFull | Unfit::NoRoom => {
             let holders: Vec<&str> = holders_of(&gpu.uuid, live).map(|r| r.id.as_str()).collect();

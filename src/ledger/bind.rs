@@ -5,6 +5,7 @@
 
 use super::claim::ClaimToken;
 use super::{HolderId, Ledger, LedgerError, Record, store};
+use crate::audit::{Event, EventKind};
 
 /// Why a bind was refused. Every message names the claim's holder id, never its secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,10 +90,11 @@ impl Ledger {
         if token.holder() != container {
             store::remove_record(&self.dir, &token.holder().file_name())?;
         }
-        store::audit(
-            &self.dir,
-            &format!("bind {} -> {container} pid={pid}", token.holder()),
-        );
+        let mut event = Event::for_record(EventKind::Bind, &record);
+        if token.holder() != container {
+            event = event.because(format!("claim {}", token.holder()));
+        }
+        self.audit.append(&event);
         tracing::debug!(
             claim = %token.holder(),
             container = %container,

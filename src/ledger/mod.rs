@@ -6,6 +6,8 @@ mod bind;
 mod claim;
 mod entry;
 mod holder;
+mod job;
+mod limit;
 mod queue;
 mod record;
 mod store;
@@ -14,8 +16,11 @@ pub use allocate::{Allocation, Machine, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
 pub use entry::release_arg;
 pub use holder::{BadHolderId, HolderId};
-pub use record::{HolderMeta, Mode, Record, UNBOUND_GRACE, holders_of};
+pub use record::{
+    ContainerInfo, HolderKind, HolderMeta, Mode, Owner, Record, UNBOUND_GRACE, holders_of, unix_now,
+};
 
+use crate::audit::{AuditLog, Event, EventKind};
 use crate::config::Config;
 use crate::regular::Links;
 use crate::request::{GpuRequest, Share};
@@ -81,6 +86,8 @@ pub enum LedgerError {
         s = if *waiting == 1 { " is" } else { "s are" }
     )]
     QueueAhead { id: String, waiting: usize },
+    #[error("stopped waiting for GPUs for {id}: its process {pid} is gone")]
+    WaiterGone { id: String, pid: i32 },
     #[error("gave up waiting for GPUs for {id} after {waited}: {last}")]
     WaitExpired {
         id: String,
@@ -101,6 +108,53 @@ pub enum LedgerError {
     },
     #[error("the machine has no GPUs to allocate")]
     NoGpus,
+    #[error("cannot allocate for {id}: gpupin.within={within} names no holder in the ledger")]
+    NoSuchWithin { id: String, within: String },
+    #[error("cannot allocate for {}: gpupin.within={} is {}'s, not {}'s", .0.id, .0.within, .0.owner, .0.user)]
+    WithinNotYours(Box<NotYourHolder>),
+    #[error(transparent)]
+    LimitReached(Box<LimitReached>),
+    #[error("cannot bind {id} to process {pid}: {reason}")]
+    NotAdopted {
+        id: String,
+        pid: i32,
+        reason: &'static str,
+    },
+    #[error("holder {id} is not held by uid {uid}: only its owner or root may release it")]
+    NotYours { id: String, uid: u32 },
+    #[error("holder {id} exists already ({kind} of {owner}): choose another name")]
+    HolderExists {
+        id: String,
+        kind: &'static str,
+        owner: String,
+    },
+}
+
+/// A nested request inside a holder of someone else's.
+#[derive(Debug)]
+pub struct NotYourHolder {
+    pub id: String,
+    pub within: String,
+    pub owner: String,
+    pub user: String,
+}
+
+/// A request that would take its user, or their group, past a limit.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{who} {held} GPU{s} and {user} asks for {wanted} more; {whose} limit is {limit} ({key})",
+    s = if *held == 1 { "" } else { "s" },
+    who = match group { Some(g) => format!("group {g} holds"), None => format!("{user} holds") },
+    whose = if group.is_some() { "the group's" } else { "their" },
+)]
+pub struct LimitReached {
+    pub user: String,
+    pub group: Option<String>,
+    pub held: usize,
+    pub wanted: usize,
+    pub limit: u32,
+    /// The config key that sets the limit.
+    pub key: String,
 }
 
 fn same_set(a: &[String], b: &[String]) -> bool {
@@ -122,6 +176,7 @@ fn not_assigned(holder: &HolderId, assigned: &[String], held: Option<&Record>) -
 pub struct Ledger {
     dir: PathBuf,
     unbound_grace: Duration,
+    audit: AuditLog,
 }
 
 impl Ledger {
@@ -131,6 +186,7 @@ impl Ledger {
         Ok(Ledger {
             dir: dir.to_path_buf(),
             unbound_grace: UNBOUND_GRACE,
+            audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
         })
     }
 
@@ -142,17 +198,33 @@ impl Ledger {
         Ok(Ledger {
             dir: dir.to_path_buf(),
             unbound_grace: UNBOUND_GRACE,
+            audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
         })
     }
 
-    /// The ledger a configuration names, with its claim grace.
+    /// The ledger a configuration names, with its claim grace and audit log.
     pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::open(&config.state_dir)?.with_unbound_grace(config.claim_grace))
+        Ok(Ledger::open(&config.state_dir)?
+            .with_unbound_grace(config.claim_grace)
+            .with_audit(config.audit.clone()))
     }
 
     /// As `for_config`, read only (`open_read_only`).
     pub fn read_only_for_config(config: &Config) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::open_read_only(&config.state_dir)?.with_unbound_grace(config.claim_grace))
+        Ok(Ledger::open_read_only(&config.state_dir)?
+            .with_unbound_grace(config.claim_grace)
+            .with_audit(config.audit.clone()))
+    }
+
+    /// Where this ledger's audit lines go (by default `audit.log` in its directory).
+    pub fn with_audit(mut self, audit: AuditLog) -> Ledger {
+        self.audit = audit;
+        self
+    }
+
+    /// Appends an audit line. For refusals, which happen outside the ledger's writes.
+    pub fn audit(&self, event: &Event) {
+        self.audit.append(event);
     }
 
     /// How long a holder may stay without a pid before it counts as stale.
@@ -189,8 +261,10 @@ impl Ledger {
     ) -> Result<Allocation, LedgerError> {
         let _lock = store::lock(&self.dir)?;
         let records = store::read_records(&self.dir)?;
-        if let Some(existing) = records.iter().find(|r| r.id == holder.as_str()) {
-            return self.rebind(existing.clone(), meta);
+        if let Some(existing) = records.iter().find(|r| r.id == holder.as_str())
+            && let Some(allocation) = self.again(existing, &meta)?
+        {
+            return Ok(allocation);
         }
         let live = self.reap(records, SystemTime::now())?;
         let waiting = queue::live_tickets(&self.dir)?.len();
@@ -214,10 +288,22 @@ impl Ledger {
         live: &[Record],
     ) -> Result<Allocation, LedgerError> {
         let cursor = store::read_cursor(&self.dir);
-        let plan = allocate::plan(holder, request, machine, live, cursor)?;
+        let scope = limit::scope(holder, request, machine, &meta, live)?;
+        let plan = allocate::plan(holder, request, machine, live, cursor, &scope)?;
+        limit::check(&meta, machine, live, &plan.uuids)?;
         let record = Record {
             id: holder.to_string(),
+            indices: plan
+                .uuids
+                .iter()
+                .filter_map(|u| machine.inventory.gpus.iter().find(|g| &g.uuid == u))
+                .map(|g| g.index)
+                .collect(),
             gpus: plan.uuids.clone(),
+            kind: meta.kind,
+            owner: meta.owner,
+            container: meta.container,
+            until_release: meta.until_release,
             mode: match request.share {
                 Share::Exclusive => Mode::Exclusive,
                 Share::Shared => Mode::Shared,
@@ -234,10 +320,11 @@ impl Ledger {
         // The record is the allocation; the cursor only a hint for the next one. Failing
         // here (a full disk) would fail an allocation that is already written.
         let _ = store::write_cursor(&self.dir, plan.next_cursor);
-        store::audit(
-            &self.dir,
-            &format!("allocate {} {}", record.id, record.gpus.join(",")),
-        );
+        let event = match record.kind {
+            HolderKind::Hold => EventKind::Hold,
+            HolderKind::Container | HolderKind::Exec => EventKind::Allocate,
+        };
+        self.audit.append(&Event::for_record(event, &record));
         tracing::debug!(
             holder = %holder,
             gpus = ?record.gpus,
@@ -262,7 +349,41 @@ impl Ledger {
             .collect();
         let holder = HolderId::new("gpupin-pick").expect("a valid id");
         let cursor = store::read_cursor(&self.dir);
-        Ok(allocate::plan(&holder, request, machine, &live, cursor)?.uuids)
+        let scope = limit::scope(&holder, request, machine, &HolderMeta::default(), &live)?;
+        Ok(allocate::plan(&holder, request, machine, &live, cursor, &scope)?.uuids)
+    }
+
+    /// A holder id asked again. A container's retried create, or a hold made again for the
+    /// same user (a retried Slurm prolog), gets the same GPUs; an exec'd job never shares
+    /// its name with another holder, and no one takes over someone else's.
+    /// `None`: the name is free to allocate anew (its old holder is stale, and reaped with
+    /// the others).
+    fn again(
+        &self,
+        existing: &Record,
+        meta: &HolderMeta,
+    ) -> Result<Option<Allocation>, LedgerError> {
+        let same_owner =
+            existing.owner.as_ref().map(|o| o.uid) == meta.owner.as_ref().map(|o| o.uid);
+        let retry = match meta.kind {
+            HolderKind::Container => existing.kind == HolderKind::Container,
+            HolderKind::Hold => existing.kind == HolderKind::Hold && same_owner,
+            HolderKind::Exec => false,
+        };
+        if retry {
+            return self.rebind(existing.clone(), meta.clone()).map(Some);
+        }
+        if self.is_stale(existing) {
+            return Ok(None);
+        }
+        Err(LedgerError::HolderExists {
+            id: existing.id.clone(),
+            kind: existing.kind.as_str(),
+            owner: existing
+                .owner
+                .as_ref()
+                .map_or_else(|| "no user".to_string(), |o| o.user.clone()),
+        })
     }
 
     /// A holder asked again: same GPUs; a pid learnt since is recorded. A retried create
@@ -304,6 +425,11 @@ impl Ledger {
     /// Releases `holder`'s GPUs. Returns the record it had, `None` when it held nothing.
     pub fn release(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
+        self.remove_record_locked(holder)
+    }
+
+    /// `release` for a caller that holds the lock.
+    fn remove_record_locked(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
         match self.remove_entry(holder.file_name().as_bytes())? {
             Some(Released::Holder(record)) => {
                 tracing::debug!(holder = %holder, gpus = ?record.gpus, "released");
@@ -366,10 +492,14 @@ impl Ledger {
                 Released::Entry(path)
             }
         };
-        store::audit(
-            &self.dir,
-            &format!("release {}", store::audit_name(&audited)),
-        );
+        let event = match &released {
+            Released::Holder(record) => {
+                Event::for_record(EventKind::Release, record).held_since(record)
+            }
+            _ => Event::new(EventKind::Release, &store::audit_name(&audited))
+                .because("no readable record: the entry was removed"),
+        };
+        self.audit.append(&event);
         Ok(Some(released))
     }
 
@@ -428,9 +558,9 @@ impl Ledger {
         };
         store::remove_entry(path, kind)?;
         let name = path.file_name().unwrap_or_default().as_bytes();
-        store::audit(
-            &self.dir,
-            &format!("clear {}{why}", store::audit_name(name)),
+        self.audit.append(
+            &Event::new(EventKind::Clear, &store::audit_name(name))
+                .because(format!("nobody's record{why}")),
         );
         Ok(true)
     }
@@ -442,10 +572,8 @@ impl Ledger {
             if record.is_stale(now, self.unbound_grace) {
                 let id = HolderId::new(&record.id)?;
                 store::remove_record(&self.dir, &id.file_name())?;
-                store::audit(
-                    &self.dir,
-                    &format!("reap {} pid={:?}", record.id, record.pid),
-                );
+                self.audit
+                    .append(&Event::for_record(EventKind::Reap, &record).held_since(&record));
                 tracing::info!(
                     holder = %id,
                     pid = ?record.pid,
@@ -489,3 +617,6 @@ fn strip_json(name: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod tests_jobs;

@@ -79,8 +79,9 @@ fn scan_tickets(dir: &Path) -> Result<(Vec<Ticket>, Vec<PathBuf>), LedgerError> 
     Ok((tickets, removed))
 }
 
-/// Queues `holder` behind every live ticket. Caller holds the lock.
-pub(super) fn enqueue(dir: &Path, holder: &HolderId) -> Result<Ticket, LedgerError> {
+/// Queues `holder` behind every live ticket, for as long as process `waiter` lives.
+/// Caller holds the lock.
+pub(super) fn enqueue(dir: &Path, holder: &HolderId, waiter: i32) -> Result<Ticket, LedgerError> {
     let qdir = store::ensure_subdir(dir, QUEUE_DIR)?;
     // queue-seq may be lost or unreadable: the tickets themselves say how far it got,
     // and a new ticket must sort after all of them.
@@ -90,7 +91,7 @@ pub(super) fn enqueue(dir: &Path, holder: &HolderId) -> Result<Ticket, LedgerErr
         .max(last_ticket)
         + 1;
     store::write_atomic(dir, SEQ_FILE, format!("{seq}\n").as_bytes())?;
-    let pid = std::process::id() as i32;
+    let pid = waiter;
     let ticket = Ticket {
         seq,
         id: holder.to_string(),
@@ -110,10 +111,12 @@ fn dequeue(dir: &Path, ticket: &Ticket) {
 
 /// Errors that can go away when other holders leave.
 fn retryable(err: &LedgerError) -> bool {
-    matches!(
-        err,
-        LedgerError::NotEnoughFree { .. } | LedgerError::DeviceUnavailable { .. }
-    )
+    match err {
+        LedgerError::NotEnoughFree { .. } | LedgerError::DeviceUnavailable { .. } => true,
+        // The requester's other holders may end; a request over the limit by itself never fits.
+        LedgerError::LimitReached(r) => r.wanted <= r.limit as usize,
+        _ => false,
+    }
 }
 
 impl Ledger {
@@ -131,10 +134,15 @@ impl Ledger {
         let ticket = {
             let _lock = store::lock(&self.dir)?;
             let records = store::read_records(&self.dir)?;
-            if let Some(existing) = records.iter().find(|r| r.id == holder.as_str()) {
-                return self.rebind(existing.clone(), meta);
+            if let Some(existing) = records.iter().find(|r| r.id == holder.as_str())
+                && let Some(allocation) = self.again(existing, &meta)?
+            {
+                return Ok(allocation);
             }
-            enqueue(&self.dir, holder)?
+            // The process the holder's record will name waits, where one is known (a
+            // job `gpupin serve` waits for): its ticket goes when it does.
+            let waiter = meta.pid.unwrap_or(std::process::id() as i32);
+            enqueue(&self.dir, holder, waiter)?
         };
         tracing::debug!(
             holder = %holder,
@@ -160,6 +168,17 @@ impl Ledger {
                     dequeue(&self.dir, &ticket);
                     return Err(err);
                 }
+            }
+            if !ticket
+                .start_time
+                .is_some_and(|s| procinfo::is_alive(ticket.pid, s))
+            {
+                let _lock = store::lock(&self.dir)?;
+                dequeue(&self.dir, &ticket);
+                return Err(LedgerError::WaiterGone {
+                    id: holder.to_string(),
+                    pid: ticket.pid,
+                });
             }
             if Instant::now() >= deadline {
                 let _lock = store::lock(&self.dir)?;

@@ -17,11 +17,69 @@ pub enum Mode {
     Shared,
 }
 
+/// What kind of holder a record is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HolderKind {
+    #[default]
+    Container,
+    /// A process `gpupin exec` started.
+    Exec,
+    /// GPUs set aside by `gpupin hold`, with or without a process.
+    Hold,
+}
+
+impl HolderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HolderKind::Container => "container",
+            HolderKind::Exec => "exec",
+            HolderKind::Hold => "hold",
+        }
+    }
+}
+
+/// The person a holder belongs to: whoever ran `gpupin exec`, or the user a hold was made
+/// for. Containers have none: engines do not say who asked for them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub user: String,
+    /// The user's groups when the record was made, for the group limits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+}
+
+/// What the engine tells about a container; each part only where it is known.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ContainerInfo {
+    /// docker, podman, containerd, runc.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     pub id: String,
     /// GPU UUIDs: indices change across reboots, UUIDs do not.
     pub gpus: Vec<String>,
+    /// The index of each of `gpus` when they were allocated (records do not outlive a
+    /// boot, so these stay true): the audit log names GPUs as people do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indices: Vec<u32>,
+    #[serde(default)]
+    pub kind: HolderKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerInfo>,
+    /// A hold without a process: it lasts until `gpupin release` (or a reboot).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub until_release: bool,
     pub mode: Mode,
     pub request: GpuRequest,
     /// Who allocated: `hook:prestart`, `cli`, ...
@@ -46,6 +104,14 @@ pub struct HolderMeta {
     pub bundle: Option<PathBuf>,
     /// See `Record::claim_digest`.
     pub claim_digest: Option<String>,
+    pub kind: HolderKind,
+    pub owner: Option<Owner>,
+    pub container: Option<ContainerInfo>,
+    /// See `Record::until_release`.
+    pub until_release: bool,
+    /// Whether the limits (`[limits]`) apply: a request on behalf of a user who is not
+    /// root. Root's own requests, and holds root makes for someone, are not limited.
+    pub limited: bool,
 }
 
 impl Record {
@@ -57,6 +123,7 @@ impl Record {
             return true;
         }
         match (self.pid, self.start_time) {
+            (None, _) if self.until_release => false,
             (Some(pid), Some(started)) => !procinfo::is_alive(pid, started),
             // A pid without a start time was gone when it was recorded (gpupin reads the
             // start time as it records the pid): whoever has the pid now is someone else.

@@ -10,7 +10,6 @@ use crate::procinfo;
 use crate::regular::{self, Links};
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use std::fs::{self, File};
-use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -18,6 +17,7 @@ use std::path::{Path, PathBuf};
 pub const LOCK_FILE: &str = "lock";
 pub const HOLDERS_DIR: &str = "holders";
 pub const CURSOR_FILE: &str = "cursor";
+/// Where a ledger opened without a config (tests, tools) writes its audit lines.
 pub const AUDIT_FILE: &str = "audit.log";
 
 /// Directories: everyone may read the ledger (`gpupin status`), only its owner write it.
@@ -26,9 +26,6 @@ const DIR_MODE: u32 = 0o755;
 pub const FILE_MODE: u32 = 0o644;
 /// Only the ledger's writer may take the lock: a reader holding it would stall every start.
 const LOCK_MODE: u32 = 0o600;
-/// The audit log is the machine's history of who used which GPU when; the records show
-/// today's holders to everyone, the history is for the administrator (and group adm).
-const AUDIT_MODE: u32 = 0o640;
 
 /// Creates `dir` (0755 whatever the umask) when missing, then refuses it when it is a
 /// symlink, not a directory, writable by group or others, or owned by another non-root
@@ -367,16 +364,6 @@ pub fn read_cursor(dir: &Path) -> usize {
 /// rotation, so it is renamed into place without fsync.
 pub fn write_cursor(dir: &Path, cursor: usize) -> Result<(), LedgerError> {
     write_atomic(dir, CURSOR_FILE, format!("{cursor}\n").as_bytes())
-}
-
-/// Appends one line to the audit log. Best effort by design: an audit line must never be
-/// the reason a container does not start, so failures are ignored. Never through a link,
-/// never into a FIFO.
-pub fn audit(dir: &Path, line: &str) {
-    if let Ok(mut f) = regular::open_append(&dir.join(AUDIT_FILE), AUDIT_MODE) {
-        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
-        let _ = writeln!(f, "{stamp} {line}");
-    }
 }
 
 /// `name` for an audit line: as it is when it is plain, else escaped, so that no name

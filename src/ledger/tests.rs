@@ -726,7 +726,7 @@ fn every_file_and_directory_gets_its_mode_whatever_the_umask() {
     rustix::process::umask(rustix::fs::Mode::empty());
     let (_t, l) = ledger();
     alloc(&l, "a").unwrap();
-    let ticket = queue::enqueue(l.dir(), &id("w")).unwrap();
+    let ticket = queue::enqueue(l.dir(), &id("w"), std::process::id() as i32).unwrap();
     let d = l.dir();
     for (path, mode) in [
         (d.to_path_buf(), 0o755),
@@ -739,7 +739,7 @@ fn every_file_and_directory_gets_its_mode_whatever_the_umask() {
             d.join("queue").join(format!("{:020}-w.json", ticket.seq)),
             0o644,
         ),
-        (d.join("audit.log"), 0o640),
+        (d.join("audit.log"), 0o644),
         (d.join("lock"), 0o600),
     ] {
         assert_eq!(mode_of(&path), mode, "{}", path.display());
@@ -754,7 +754,11 @@ fn a_failed_cursor_write_fails_nothing_and_holds_nothing_half() {
     let got = alloc(&l, "a").unwrap();
     assert_eq!(snapshot(&l), [got.record]);
     let audit = std::fs::read_to_string(l.dir().join("audit.log")).unwrap();
-    assert!(audit.contains("allocate a GPU-test-0"), "{audit}");
+    let line: serde_json::Value = serde_json::from_str(audit.lines().next().unwrap()).unwrap();
+    assert_eq!(line["event"], "allocate", "{audit}");
+    assert_eq!(line["holder"], "a", "{audit}");
+    assert_eq!(line["gpus"][0]["uuid"], "GPU-test-0", "{audit}");
+    assert_eq!(line["gpus"][0]["index"], 0, "{audit}");
 }
 
 #[test]

@@ -258,8 +258,9 @@ impl Env {
     /// Rewrites the config with other extra lines.
     pub fn write_config(&self, text: &str) {
         let full = format!(
-            "state_dir = {:?}\npolicy = \"pack\"\nruntime = {:?}\n{text}\n",
+            "state_dir = {:?}\naudit_log = {:?}\npolicy = \"pack\"\nruntime = {:?}\n{text}\n",
             self.state.to_str().unwrap(),
+            self.state.join("audit.log").to_str().unwrap(),
             self.fake_runtime.to_str().unwrap()
         );
         std::fs::write(&self.config, full).unwrap();

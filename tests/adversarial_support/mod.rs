@@ -163,8 +163,9 @@ impl Rig {
         fs::write(&live_file, json!({ "gpus": gpus }).to_string()).unwrap();
         let config = dir.path().join("gpupin.toml");
         let text = format!(
-            "state_dir = {:?}\ninventory = {MACHINE:?}\npolicy = \"pack\"\nmax_shared = {max_shared}\nlive_file = {:?}\n",
+            "state_dir = {:?}\naudit_log = {:?}\ninventory = {MACHINE:?}\npolicy = \"pack\"\nmax_shared = {max_shared}\nlive_file = {:?}\n",
             state_dir.to_str().unwrap(),
+            state_dir.join("audit.log").to_str().unwrap(),
             live_file.to_str().unwrap(),
         );
         fs::write(&config, text).unwrap();
@@ -516,9 +517,11 @@ pub fn lock_is_free(state_dir: &Path) -> bool {
 pub fn audit_events(state_dir: &Path) -> Vec<(String, String)> {
     let text = fs::read_to_string(state_dir.join("audit.log")).unwrap_or_default();
     text.lines()
-        .filter_map(|l| {
-            let mut words = l.split(' ').skip(1);
-            Some((words.next()?.to_string(), words.next()?.to_string()))
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("audit line {l:?} is no JSON: {e}"));
+            let field = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+            (field("event"), field("holder"))
         })
         .collect()
 }

@@ -359,8 +359,9 @@ impl Slot {
     pub fn reset_config(&self, runtime: Option<&Path>) {
         std::fs::create_dir_all(&self.dir).unwrap();
         let mut text = format!(
-            "state_dir = {:?}\ninventory = \"sim:nvswitch8\"\n",
-            self.state.display().to_string()
+            "state_dir = {:?}\naudit_log = {:?}\ninventory = \"sim:nvswitch8\"\n",
+            self.state.display().to_string(),
+            self.state.join("audit.log").display().to_string()
         );
         if let Some(r) = runtime {
             text.push_str(&format!("runtime = {:?}\n", r.display().to_string()));

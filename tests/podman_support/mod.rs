@@ -104,8 +104,9 @@ impl Podman {
 
     fn write_files(&self, options: &Options) {
         let mut toml = format!(
-            "state_dir = {:?}\ninventory = {:?}\n",
+            "state_dir = {:?}\naudit_log = {:?}\ninventory = {:?}\n",
             self.state_dir(),
+            self.state_dir().join("audit.log"),
             options.machine.unwrap_or("sim:nvswitch8")
         );
         if let Some(grace) = options.claim_grace {
@@ -233,6 +234,19 @@ impl Podman {
 
     pub fn audit_log(&self) -> String {
         std::fs::read_to_string(self.state_dir().join("audit.log")).unwrap_or_default()
+    }
+
+    /// The audit log's lines as (event, holder).
+    pub fn audit_events(&self) -> Vec<(String, String)> {
+        self.audit_log()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("audit line {l:?} is no JSON: {e}"));
+                let field = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+                (field("event"), field("holder"))
+            })
+            .collect()
     }
 
     /// A runtime that refuses `create` and passes everything else to runc: a container

@@ -35,8 +35,9 @@ impl Gpupin {
         let state_dir = dir.path().join("state");
         let config = dir.path().join("gpupin.toml");
         let text = format!(
-            "state_dir = {:?}\ninventory = {machine:?}\npolicy = \"pack\"\n{extra}\n",
-            state_dir.to_str().unwrap()
+            "state_dir = {:?}\naudit_log = {:?}\ninventory = {machine:?}\npolicy = \"pack\"\n{extra}\n",
+            state_dir.to_str().unwrap(),
+            state_dir.join("audit.log").to_str().unwrap()
         );
         std::fs::write(&config, text).unwrap();
         Gpupin {

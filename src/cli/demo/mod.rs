@@ -179,8 +179,9 @@ fn setup(work: &Path, machine: &str) -> anyhow::Result<Setup> {
     let state_dir = work.join("state");
     let config_file = work.join("gpupin.toml");
     let text = format!(
-        "state_dir = {:?}\ninventory = {machine:?}\npolicy = \"pack\"\ncdi_spec_dirs = [{:?}]\n",
+        "state_dir = {:?}\naudit_log = {:?}\ninventory = {machine:?}\npolicy = \"pack\"\ncdi_spec_dirs = [{:?}]\n",
         state_dir.to_string_lossy(),
+        state_dir.join("audit.log").to_string_lossy(),
         work.join(driver::CDI_DIR).to_string_lossy()
     );
     std::fs::write(&config_file, text)

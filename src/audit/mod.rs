@@ -1,0 +1,140 @@
+//! The audit trail: one JSON object a line for every allocation, binding, release, reap,
+//! refusal and hold, in a file that survives a reboot (`audit_log`, default
+//! /var/log/gpupin/audit.log), capped in size and rotated (`write`). It is the machine's
+//! history of who used which GPU when; the ledger only knows who holds one now.
+
+mod write;
+
+pub use write::{AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
+
+use crate::ledger::{HolderKind, Record};
+use crate::request::GpuRequest;
+use serde::{Deserialize, Serialize};
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// GPUs given to a container or an exec'd job.
+    Allocate,
+    /// GPUs set aside by `gpupin hold`.
+    Hold,
+    /// A holder's GPUs bound to its process (a claim made before create, an exec'd job).
+    Bind,
+    /// GPUs given back: the container stopped, the job ended, `gpupin release`.
+    Release,
+    /// A holder whose process was gone, removed by the next allocation or `gpupin gc`.
+    Reap,
+    /// A request that got nothing, and why.
+    Refuse,
+    /// An entry of the ledger that could be nobody's record, removed.
+    Clear,
+}
+
+/// One GPU as people name it (the index) and as the ledger keys it (the UUID).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    pub uuid: String,
+}
+
+/// One line of the audit log. Every field but `time`, `event` and `holder` is left out
+/// where it is not known.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// RFC 3339, UTC, to the second.
+    pub time: String,
+    pub event: EventKind,
+    pub holder: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<HolderKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// docker, podman, containerd, runc: whoever started the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// The container's name, where the engine tells it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<GpuRequest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// The holder whose GPUs this one's were taken from (`gpupin.within`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<String>,
+    /// Why a request was refused (`refuse`), or why an entry was cleared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// At `release` and `reap`: how long the GPUs were held, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_s: Option<u64>,
+}
+
+impl Event {
+    /// An event about `holder` now, with nothing else known yet.
+    pub fn new(event: EventKind, holder: &str) -> Event {
+        Event {
+            time: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            event,
+            holder: holder.to_string(),
+            kind: None,
+            user: None,
+            uid: None,
+            engine: None,
+            name: None,
+            image: None,
+            gpus: Vec::new(),
+            request: None,
+            pid: None,
+            within: None,
+            reason: None,
+            held_s: None,
+        }
+    }
+
+    /// An event about the holder of `record`: who it is, its GPUs, its request.
+    pub fn for_record(event: EventKind, record: &Record) -> Event {
+        let container = record.container.as_ref();
+        let owner = record.owner.as_ref();
+        Event {
+            kind: Some(record.kind),
+            user: owner.map(|o| o.user.clone()),
+            uid: owner.map(|o| o.uid),
+            engine: container.and_then(|c| c.engine.clone()),
+            name: container.and_then(|c| c.name.clone()),
+            image: container.and_then(|c| c.image.clone()),
+            gpus: record
+                .gpus
+                .iter()
+                .enumerate()
+                .map(|(i, uuid)| GpuRef {
+                    index: record.indices.get(i).copied(),
+                    uuid: uuid.clone(),
+                })
+                .collect(),
+            request: Some(record.request.clone()),
+            pid: record.pid,
+            within: record.request.within.clone(),
+            ..Event::new(event, &record.id)
+        }
+    }
+
+    /// With how long `record` was held until now (release, reap).
+    pub fn held_since(mut self, record: &Record) -> Event {
+        self.held_s = Some(crate::ledger::unix_now().saturating_sub(record.created_at));
+        self
+    }
+
+    pub fn because(mut self, reason: impl Into<String>) -> Event {
+        self.reason = Some(reason.into());
+        self
+    }
+}

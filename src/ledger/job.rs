@@ -1,0 +1,55 @@
+//! Holders that are people's jobs rather than containers: an exec'd job's record moves
+//! from the process that asked (`gpupin exec`) to the job it started, and through
+//! `gpupin serve` a user may only touch holders that are theirs.
+
+use super::{HolderId, Ledger, LedgerError, Record, store};
+use crate::audit::{Event, EventKind};
+
+impl Ledger {
+    /// Moves `holder`'s record from process `from` (which asked for the GPUs) to `to` (the
+    /// job it started, which the GPUs are for): the record then lives as long as the job.
+    /// Refused unless the record names `from` now, so nobody else's record moves.
+    pub fn adopt(&self, holder: &HolderId, from: i32, to: i32) -> Result<Record, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let records = store::read_records(&self.dir)?;
+        let refuse = |reason: &'static str| LedgerError::NotAdopted {
+            id: holder.to_string(),
+            pid: to,
+            reason,
+        };
+        let mut record = records
+            .into_iter()
+            .find(|r| r.id == holder.as_str())
+            .ok_or_else(|| refuse("it holds nothing"))?;
+        if record.pid != Some(from) {
+            return Err(refuse("its record names another process"));
+        }
+        let start_time =
+            crate::procinfo::start_time(to).ok_or_else(|| refuse("the job is gone"))?;
+        record.pid = Some(to);
+        record.start_time = Some(start_time);
+        store::write_record(&self.dir, &holder.file_name(), &record)?;
+        self.audit
+            .append(&Event::for_record(EventKind::Bind, &record));
+        tracing::debug!(holder = %holder, from, to, "bound to the job");
+        Ok(record)
+    }
+
+    /// Releases `holder` for a requester with uid `uid`: only their own holders, unless
+    /// `uid` is root's. `Ok(None)`: nothing held under that id.
+    pub fn release_for(&self, holder: &HolderId, uid: u32) -> Result<Option<Record>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        if uid != 0 {
+            let records = store::read_records(&self.dir)?;
+            if let Some(record) = records.iter().find(|r| r.id == holder.as_str())
+                && record.owner.as_ref().is_none_or(|o| o.uid != uid)
+            {
+                return Err(LedgerError::NotYours {
+                    id: holder.to_string(),
+                    uid,
+                });
+            }
+        }
+        self.remove_record_locked(holder)
+    }
+}
