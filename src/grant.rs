@@ -2,6 +2,7 @@
 //! shim, the demo): load the machine, read live figures only when the request needs them,
 //! then allocate, waiting in the queue when the request asks to.
 
+use crate::audit::{Event, EventKind};
 use crate::config::Config;
 use crate::inventory::Live;
 use crate::inventory::{self, Inventory, InventoryError};
@@ -68,12 +69,37 @@ pub fn allocate(
     let (inventory, live) = load_machine(config, request)?;
     let machine = machine(config, &inventory, live.as_deref());
     let ledger = Ledger::for_config(config)?;
+    let refused = refusal(holder, request, &meta);
     let allocation = match request.wait {
         Some(wait) => {
             tracing::debug!(holder = %holder, wait = %humantime::format_duration(wait), "may wait in the queue");
-            ledger.allocate_waiting(holder, request, &machine, meta, wait)?
+            ledger.allocate_waiting(holder, request, &machine, meta, wait)
         }
-        None => ledger.allocate(holder, request, &machine, meta)?,
+        None => ledger.allocate(holder, request, &machine, meta),
     };
-    Ok((inventory, allocation.record))
+    match allocation {
+        Ok(allocation) => Ok((inventory, allocation.record)),
+        Err(err) => {
+            ledger.audit(&refused.because(crate::message::one_line(&err)));
+            Err(err.into())
+        }
+    }
+}
+
+/// The audit line of a refused request, but for its reason.
+fn refusal(holder: &HolderId, request: &GpuRequest, meta: &HolderMeta) -> Event {
+    let owner = meta.owner.as_ref();
+    let container = meta.container.as_ref();
+    Event {
+        kind: Some(meta.kind),
+        user: owner.map(|o| o.user.clone()),
+        uid: owner.map(|o| o.uid),
+        engine: container.and_then(|c| c.engine.clone()),
+        name: container.and_then(|c| c.name.clone()),
+        image: container.and_then(|c| c.image.clone()),
+        request: Some(request.clone()),
+        pid: meta.pid,
+        within: request.within.clone(),
+        ..Event::new(EventKind::Refuse, holder.as_str())
+    }
 }

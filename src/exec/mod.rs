@@ -1,0 +1,51 @@
+//! Bare-metal jobs in the same ledger as containers (`gpupin exec`): the GPUs a job gets,
+//! the environment that tells CUDA about them, a child that runs only once its GPUs are
+//! recorded under its own pid (`gate`), and a parent that passes signals on and returns
+//! the job's status (`wait`). `gpupin serve` uses the same pieces for users who are not
+//! root.
+
+mod env;
+mod gate;
+mod wait;
+
+pub use env::{HOLDER_ENV, job_env};
+pub use gate::{GATE_FD_ARG, Gated, pass_gate, spawn_gated};
+pub use wait::{block_signals, exit_code, forward_signals_and_wait, unblock_all_signals};
+
+use crate::config::Config;
+use crate::grant::{self, GrantError};
+use crate::inventory::Inventory;
+use crate::ledger::{HolderId, HolderKind, HolderMeta, Owner, Record};
+use crate::request::GpuRequest;
+
+/// Allocates `request` for a job of `owner`'s, recorded under `pid` (the process that
+/// asks, until the job it starts takes the record over with `Ledger::adopt`). Limits apply
+/// unless the owner is root.
+pub fn allocate(
+    config: &Config,
+    holder: &HolderId,
+    request: &GpuRequest,
+    owner: Owner,
+    pid: i32,
+    source: &str,
+) -> Result<(Inventory, Record), GrantError> {
+    let meta = HolderMeta {
+        source: source.to_string(),
+        pid: Some(pid),
+        kind: HolderKind::Exec,
+        limited: owner.uid != 0,
+        owner: Some(owner),
+        ..HolderMeta::default()
+    };
+    grant::allocate(config, holder, request, meta)
+}
+
+/// The device numbers a job holding `record` must not open: every other GPU's node.
+pub fn denied_minors(inventory: &Inventory, record: &Record) -> Vec<u32> {
+    inventory
+        .gpus
+        .iter()
+        .filter(|g| !record.gpus.contains(&g.uuid))
+        .map(|g| g.minor)
+        .collect()
+}
