@@ -11,6 +11,7 @@ pub mod admit;
 pub mod atomic;
 pub mod binaries;
 pub mod config;
+pub mod confine;
 pub mod docker;
 pub mod driver;
 pub mod edits;
