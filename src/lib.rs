@@ -12,6 +12,7 @@ pub mod atomic;
 pub mod audit;
 pub mod binaries;
 pub mod config;
+pub mod confine;
 pub mod docker;
 pub mod driver;
 pub mod edits;

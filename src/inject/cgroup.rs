@@ -76,7 +76,7 @@ fn read(path: &Path) -> Result<String, InjectError> {
 
 /// The path of the v1 `devices` controller in a /proc/<pid>/cgroup text
 /// (`hierarchy-id:controller-list:path`, cgroups(7)); None on a v2-only system.
-fn devices_cgroup_path(text: &str) -> Option<String> {
+pub(crate) fn devices_cgroup_path(text: &str) -> Option<String> {
     text.lines().find_map(|line| {
         let mut fields = line.splitn(3, ':');
         let (_id, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
@@ -90,7 +90,7 @@ fn devices_cgroup_path(text: &str) -> Option<String> {
 /// (root, mount point) of every cgroup v1 mount carrying the devices controller, from a
 /// mountinfo text (proc_pid_mountinfo(5): fields before ` - `, then fstype, source,
 /// super options).
-fn devices_mounts(text: &str) -> impl Iterator<Item = (String, String)> + '_ {
+pub(crate) fn devices_mounts(text: &str) -> impl Iterator<Item = (String, String)> + '_ {
     text.lines().filter_map(|line| {
         let (mount, fs) = line.split_once(" - ")?;
         let mut fs = fs.split(' ');
@@ -106,7 +106,7 @@ fn devices_mounts(text: &str) -> impl Iterator<Item = (String, String)> + '_ {
 
 /// The host directory of `cgroup` when the mount of hierarchy subtree `root` at
 /// `mount_point` contains it (a container's own mounts show only its subtree).
-fn under_mount(cgroup: &str, root: &str, mount_point: &str) -> Option<PathBuf> {
+pub(crate) fn under_mount(cgroup: &str, root: &str, mount_point: &str) -> Option<PathBuf> {
     let rest = if root == "/" {
         cgroup
     } else {
@@ -126,7 +126,7 @@ fn under_mount(cgroup: &str, root: &str, mount_point: &str) -> Option<PathBuf> {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
-fn unescape(field: &str) -> String {
+pub(crate) fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

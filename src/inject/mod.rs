@@ -3,7 +3,8 @@
 //! device cgroup. Used by `gpupin hook prestart|createRuntime` under plain runc, where the
 //! spec can no longer be edited.
 
-mod cgroup;
+// pub(crate): confine/ finds its cgroups with the same mountinfo readers.
+pub(crate) mod cgroup;
 mod mntns;
 mod nodes;
 mod paths;
