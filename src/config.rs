@@ -2,6 +2,7 @@
 //! /etc/gpupin/config.toml; a missing default file means defaults.
 
 use crate::audit::AuditLog;
+use crate::confine::Confine;
 use crate::driver::foreign::Unrequested;
 use crate::driver::{DEFAULT_CDI_SPEC_DIRS, Driver};
 use crate::inventory::{InventorySource, NvmlAccess};
@@ -61,6 +62,8 @@ pub struct Config {
     pub socket_group: Option<String>,
     /// How `gpupin exec` names GPUs in CUDA_VISIBLE_DEVICES.
     pub cuda_visible_devices: CudaIds,
+    /// How an exec'd job is kept to its GPUs (`confine`).
+    pub confine: Confine,
 }
 
 /// How `gpupin exec` writes CUDA_VISIBLE_DEVICES.
@@ -103,6 +106,7 @@ impl Default for Config {
             socket: None,
             socket_group: None,
             cuda_visible_devices: CudaIds::default(),
+            confine: Confine::Auto,
         }
     }
 }
@@ -129,6 +133,7 @@ struct ConfigFile {
     socket: Option<PathBuf>,
     socket_group: Option<String>,
     cuda_visible_devices: Option<String>,
+    confine: Option<toml::Value>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -277,6 +282,17 @@ impl Config {
                     return Err(invalid(format!(
                         "cuda_visible_devices {ids:?}: expected \"index\" or \"uuid\""
                     )));
+                }
+            };
+        }
+        if let Some(confine) = file.confine {
+            config.confine = match &confine {
+                toml::Value::Boolean(on) => Confine::from(*on),
+                toml::Value::String(s) => s
+                    .parse()
+                    .map_err(|_| invalid(format!("confine {s:?}: {}", Confine::EXPECTED)))?,
+                other => {
+                    return Err(invalid(format!("confine {other}: {}", Confine::EXPECTED)));
                 }
             };
         }
@@ -484,5 +500,52 @@ mod tests {
     fn missing_explicit_file_is_an_error() {
         let err = Config::load(Path::new("/nonexistent/gpupin.toml")).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/gpupin.toml"));
+    }
+
+    #[test]
+    fn reads_the_keys_of_jobs_users_and_the_audit_trail() {
+        let c = parse(
+            "audit_log = \"audit/audit.log\"\naudit_max_size = \"1MiB\"\naudit_keep = 2\n\
+             confine = \"v2\"\nsocket_group = \"gpu\"\ncuda_visible_devices = \"uuid\"\n\
+             [limits]\nmax_gpus_per_user = 2\n[limits.groups.vision]\ngpus = [0, 1]\n",
+        )
+        .unwrap();
+        assert_eq!(c.audit.path, PathBuf::from("/etc/gpupin/audit/audit.log"));
+        assert_eq!((c.audit.max_bytes, c.audit.keep), (1 << 20, 2));
+        assert_eq!(c.confine, Confine::V2);
+        assert_eq!(c.socket_group.as_deref(), Some("gpu"));
+        assert_eq!(c.socket_path(), PathBuf::from("/run/gpupin/gpupin.sock"));
+        assert_eq!(c.cuda_visible_devices, CudaIds::Uuid);
+        assert_eq!(c.limits.max_gpus_per_user, Some(2));
+        assert_eq!(parse("confine = false").unwrap().confine, Confine::Off);
+        assert_eq!(Config::default().confine, Confine::Auto);
+        assert_eq!(
+            Config::default().audit.path,
+            PathBuf::from("/var/log/gpupin/audit.log")
+        );
+    }
+
+    #[test]
+    fn bad_values_of_the_new_keys_are_one_line_each() {
+        for (text, wanted) in [
+            (
+                "confine = \"maybe\"",
+                "confine \"maybe\": expected true, false",
+            ),
+            ("confine = 3", "confine 3: expected true"),
+            (
+                "audit_max_size = \"1\"",
+                "audit_max_size \"1\": expected a size",
+            ),
+            (
+                "cuda_visible_devices = \"bus\"",
+                "cuda_visible_devices \"bus\": expected",
+            ),
+            ("[limits]\nmax_gpus = 1", "unknown field `max_gpus`"),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(wanted), "{text}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
     }
 }

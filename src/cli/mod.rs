@@ -6,7 +6,10 @@ mod out;
 
 #[cfg(feature = "demo")]
 mod demo;
+mod exec;
+mod exec_gate;
 mod gc;
+mod hold;
 mod hook;
 mod hook_stage;
 mod install;
@@ -16,6 +19,8 @@ pub mod logging;
 mod nvml;
 mod pick;
 mod release;
+mod request_args;
+mod serve;
 mod status;
 
 use anyhow::Context;
@@ -48,6 +53,12 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Show which GPUs a request would get now, without allocating
     Pick(pick::PickArgs),
+    /// Run a command on GPUs of the ledger, confined to them, released when it ends
+    Exec(exec::ExecArgs),
+    /// Set GPUs aside with no container: for a Slurm job, for maintenance
+    Hold(hold::HoldArgs),
+    /// The daemon through which users who are not root run exec, hold and release
+    Serve(serve::ServeArgs),
     /// Release GPUs held by containers and processes that are gone; clear what no holder owns
     Gc,
     /// Release the GPUs of one holder (container id), or remove one entry of the ledger
@@ -62,6 +73,9 @@ pub enum Command {
     /// NVML's answers as JSON, for gpupin-hook and gpupin-runtime
     #[command(hide = true)]
     Nvml(nvml::NvmlArgs),
+    /// The start of a job gpupin exec runs: waits until its GPUs are its own
+    #[command(hide = true)]
+    ExecGate(exec_gate::ExecGateArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -120,11 +134,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Hook(args) => return hook::run(cli.config.as_deref(), args),
         // NVML needs no config: the helper answers whichever binary asks.
         Command::Nvml(args) => return nvml::run(args),
+        // The job's environment and config are its own from here.
+        Command::ExecGate(args) => return exec_gate::run(args),
         _ => {}
     }
     let config = load_config(cli.config.as_deref())?;
     match cli.command {
-        Command::Hook(_) | Command::Nvml(_) => unreachable!("handled above"),
+        Command::Hook(_) | Command::Nvml(_) | Command::ExecGate(_) => {
+            unreachable!("handled above")
+        }
+        Command::Exec(args) => exec::run(&config, &args),
+        Command::Hold(args) => hold::run(&config, &args),
+        Command::Serve(args) => serve::run(&config, &args),
         Command::Inventory(args) => inventory::run(&config, &args),
         Command::Status(args) => status::run(&config, &args),
         Command::Pick(args) => pick::run(&config, &args),

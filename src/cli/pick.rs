@@ -1,6 +1,7 @@
 //! `gpupin pick`: what a request would get now, without allocating. For scripts, and for
 //! seeing what a policy does.
 
+use super::request_args::RequestArgs;
 use gpupin::config::Config;
 use gpupin::grant;
 use gpupin::ledger::Ledger;
@@ -10,51 +11,15 @@ use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct PickArgs {
-    /// How many GPUs: a positive integer or "all"
-    #[arg(long)]
-    pub count: Option<String>,
-    /// GPUs by index, UUID or PCI bus id, comma-separated (instead of --count)
-    #[arg(long)]
-    pub devices: Option<String>,
-    /// Selection policy (default: the configured one)
-    #[arg(long)]
-    pub policy: Option<String>,
-    /// Only GPUs with at least this much (free) memory, e.g. 40GiB
-    #[arg(long)]
-    pub memory: Option<String>,
-    /// Only GPUs whose name contains this, ignoring case, e.g. H100
-    #[arg(long)]
-    pub model: Option<String>,
-    /// exclusive (default) or shared
-    #[arg(long)]
-    pub share: Option<String>,
-    /// Memory a shared holder reserves per GPU, e.g. 20GiB
-    #[arg(long)]
-    pub reserve: Option<String>,
+    #[command(flatten)]
+    pub request: RequestArgs,
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
 }
 
-impl PickArgs {
-    fn pairs(&self) -> Vec<(&'static str, &str)> {
-        [
-            ("gpupin.count", &self.count),
-            ("gpupin.devices", &self.devices),
-            ("gpupin.policy", &self.policy),
-            ("gpupin.memory", &self.memory),
-            ("gpupin.model", &self.model),
-            ("gpupin.share", &self.share),
-            ("gpupin.reserve", &self.reserve),
-        ]
-        .into_iter()
-        .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
-        .collect()
-    }
-}
-
 pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
-    let request = request::from_pairs(&args.pairs(), Origin::Cli)?
+    let request = request::from_pairs(&args.request.pairs(), Origin::Cli)?
         .ok_or_else(|| anyhow::anyhow!("give --count or --devices"))?;
     let (inventory, live) = grant::load_machine(config, &request)?;
     let machine = grant::machine(config, &inventory, live.as_deref());

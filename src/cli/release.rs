@@ -1,8 +1,10 @@
 //! `gpupin release NAME`: release one holder's GPUs, whether or not it still runs, or
-//! remove an entry of the ledger's holders/ that is no readable record.
+//! remove an entry of the ledger's holders/ that is no readable record. A user who is not
+//! root releases their own holders through `gpupin serve`.
 
 use gpupin::config::Config;
 use gpupin::ledger::{Ledger, Released};
+use gpupin::serve::{Client, Request};
 use std::ffi::OsString;
 use std::process::ExitCode;
 
@@ -14,6 +16,18 @@ pub struct ReleaseArgs {
 }
 
 pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
+    if !rustix::process::geteuid().is_root() {
+        // Only root writes the ledger; a user releases their own holders through the daemon.
+        let id = args.id.to_string_lossy().into_owned();
+        let reply = Client::connect(&config.socket_path())?.ask(&Request::Release { id })?;
+        let gpus: Vec<&str> = reply.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        outln!(
+            "released {}: {}",
+            reply.holder.unwrap_or_default(),
+            gpus.join(",")
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
     match Ledger::for_config(config)?.release_entry(&args.id)? {
         Released::Holder(r) => outln!("released {}: {}", r.id, r.gpus.join(","))?,
         Released::Entry(path) => outln!("removed {path:?}")?,

@@ -52,4 +52,15 @@ impl Ledger {
         }
         self.remove_record_locked(holder)
     }
+
+    /// Releases `holder` if its record still names process `pid` (a job that ended):
+    /// never a record the id was given to since.
+    pub fn release_job(&self, holder: &HolderId, pid: i32) -> Result<Option<Record>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let records = store::read_records(&self.dir)?;
+        match records.iter().find(|r| r.id == holder.as_str()) {
+            Some(r) if r.pid == Some(pid) => self.remove_record_locked(holder),
+            _ => Ok(None),
+        }
+    }
 }

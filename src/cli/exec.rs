@@ -1,0 +1,140 @@
+//! `gpupin exec [request options] -- CMD [ARGS...]`: a bare-metal job on GPUs of the same
+//! ledger as containers. Root allocates and confines the job itself; anyone else asks
+//! `gpupin serve`. Either way the job's pid holds the GPUs, signals sent to gpupin reach
+//! the job, and gpupin ends with the job's status.
+
+use super::request_args::RequestArgs;
+use anyhow::Context;
+use gpupin::config::Config;
+use gpupin::exec::{self, Gated};
+use gpupin::ledger::HolderId;
+use gpupin::request::{self, Origin};
+use gpupin::serve::{Client, Request};
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+/// The env variable that stands in for --within (a Slurm TaskProlog can set it).
+const WITHIN_ENV: &str = "GPUPIN_WITHIN";
+
+#[derive(clap::Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub request: RequestArgs,
+    /// Wait up to this long for the GPUs, in the queue with every container, e.g. 10m
+    #[arg(long)]
+    pub wait: Option<String>,
+    /// Take the GPUs from this holder's (a hold, a Slurm job) [default: $GPUPIN_WITHIN]
+    #[arg(long, value_name = "ID")]
+    pub within: Option<String>,
+    /// The holder id the job is recorded under [default: exec-<pid>]
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The command and its arguments
+    #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+impl ExecArgs {
+    fn pairs(&self) -> Vec<(String, String)> {
+        let within = self
+            .within
+            .clone()
+            .or_else(|| std::env::var(WITHIN_ENV).ok().filter(|v| !v.is_empty()));
+        let mut pairs: Vec<(String, String)> = self
+            .request
+            .pairs()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        for (key, value) in [
+            ("gpupin.wait", self.wait.clone()),
+            ("gpupin.within", within),
+        ] {
+            if let Some(v) = value {
+                pairs.push((key.to_string(), v));
+            }
+        }
+        pairs
+    }
+}
+
+pub fn run(config: &Config, args: &ExecArgs) -> anyhow::Result<ExitCode> {
+    let pairs = args.pairs();
+    let me = std::process::id() as i32;
+    let gpupin = std::env::current_exe().context("finding the gpupin binary")?;
+    if rustix::process::geteuid().is_root() {
+        as_root(config, args, &pairs, me, &gpupin)
+    } else {
+        through_daemon(config, args, pairs, &gpupin)
+    }
+}
+
+fn as_root(
+    config: &Config,
+    args: &ExecArgs,
+    pairs: &[(String, String)],
+    me: i32,
+    gpupin: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
+    let pairs: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let request = request::from_pairs(&pairs, Origin::Cli)?
+        .ok_or_else(|| anyhow::anyhow!("give --count, --devices or --within"))?;
+    let holder = HolderId::new(&args.name.clone().unwrap_or_else(|| format!("exec-{me}")))?;
+    if config.confine != gpupin::confine::Confine::Off {
+        // Before anything is held: a refusal leaves the ledger as it was.
+        gpupin::confine::require_caps()?;
+    }
+    let owner = gpupin::users::owner_of(0)?;
+    let grant = exec::grant(config, holder, &request, owner, me, "exec")?;
+    exec::block_signals()?;
+    let mut gated = match exec::spawn_gated(gpupin, &args.command, &grant.env, true) {
+        Ok(g) => g,
+        Err(e) => {
+            exec::abandon(config, &grant);
+            return Err(anyhow::Error::new(e).context("starting the job"));
+        }
+    };
+    let job = gated.pid();
+    let cgroup = match exec::start(config, &grant, me, job) {
+        Ok(c) => c,
+        Err(e) => {
+            gated.abandon();
+            return Err(e.into());
+        }
+    };
+    let status = open_and_wait(&mut gated);
+    exec::finish(config, &grant.holder, job, cgroup.as_ref());
+    Ok(ExitCode::from(exec::exit_code(status?)))
+}
+
+fn through_daemon(
+    config: &Config,
+    args: &ExecArgs,
+    pairs: Vec<(String, String)>,
+    gpupin: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
+    let mut client = Client::connect(&config.socket_path())?;
+    let granted = client.ask(&Request::Exec {
+        request: pairs,
+        name: args.name.clone(),
+    })?;
+    exec::block_signals()?;
+    // An unprivileged job has no capabilities to drop.
+    let mut gated = exec::spawn_gated(gpupin, &args.command, &granted.env, false)
+        .context("starting the job")?;
+    if let Err(e) = client.ask(&Request::Bind { pid: gated.pid() }) {
+        gated.abandon();
+        return Err(e.into());
+    }
+    // The daemon releases the GPUs when the job's process ends.
+    let status = open_and_wait(&mut gated)?;
+    Ok(ExitCode::from(exec::exit_code(status)))
+}
+
+fn open_and_wait(gated: &mut Gated) -> anyhow::Result<std::process::ExitStatus> {
+    gated.open().context("starting the job")?;
+    exec::forward_signals_and_wait(&mut gated.child).context("waiting for the job")
+}

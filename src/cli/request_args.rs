@@ -1,0 +1,44 @@
+//! The request options `gpupin pick` and `gpupin exec` share, as annotation-named pairs
+//! for `request::from_pairs` (which does all the validation).
+
+#[derive(clap::Args)]
+pub struct RequestArgs {
+    /// How many GPUs: a positive integer or "all"
+    #[arg(long)]
+    pub count: Option<String>,
+    /// GPUs by index, UUID or PCI bus id, comma-separated (instead of --count)
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// Selection policy (default: the configured one)
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Only GPUs with at least this much (free) memory, e.g. 40GiB
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Only GPUs whose name contains this, ignoring case, e.g. H100
+    #[arg(long)]
+    pub model: Option<String>,
+    /// exclusive (default) or shared
+    #[arg(long)]
+    pub share: Option<String>,
+    /// Memory a shared holder reserves per GPU, e.g. 20GiB
+    #[arg(long)]
+    pub reserve: Option<String>,
+}
+
+impl RequestArgs {
+    pub fn pairs(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("gpupin.count", &self.count),
+            ("gpupin.devices", &self.devices),
+            ("gpupin.policy", &self.policy),
+            ("gpupin.memory", &self.memory),
+            ("gpupin.model", &self.model),
+            ("gpupin.share", &self.share),
+            ("gpupin.reserve", &self.reserve),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+        .collect()
+    }
+}
