@@ -6,17 +6,20 @@ mod out;
 
 #[cfg(feature = "demo")]
 mod demo;
+mod flag;
 mod gc;
 mod hook;
 mod hook_stage;
 mod install;
 mod install_podman;
 mod inventory;
+mod log;
 pub mod logging;
 mod nvml;
 mod pick;
 mod release;
 mod status;
+mod usage;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -50,6 +53,10 @@ pub enum Command {
     Pick(pick::PickArgs),
     /// Release GPUs held by containers and processes that are gone; clear what no holder owns
     Gc,
+    /// Show the audit trail: who was given, held and gave back which GPUs, and what was refused
+    Log(log::LogArgs),
+    /// Show GPU-hours by user, holder or GPU over a period
+    Usage(usage::UsageArgs),
     /// Release the GPUs of one holder (container id), or remove one entry of the ledger
     Release(release::ReleaseArgs),
     /// Start real containers on a simulated machine and show gpupin at work
@@ -130,6 +137,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pick(args) => pick::run(&config, &args),
         Command::Gc => gc::run(&config),
         Command::Release(args) => release::run(&config, &args),
+        Command::Log(args) => log::run(&config, &args),
+        Command::Usage(args) => usage::run(&config, &args),
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(&config, cli.config.as_deref(), &args),
         Command::Install(args) => install::install(cli.config.as_deref(), &config, &args),
