@@ -20,7 +20,7 @@ pub fn one_line(err: &dyn Error) -> String {
 
 /// C0, DEL and C1 (`char::is_control`), and the Unicode line and paragraph separators,
 /// which some terminals and log viewers also break lines at.
-fn escape_controls(text: &str) -> String {
+pub fn escape_controls(text: &str) -> String {
     let breaks_line = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
     if !text.contains(breaks_line) {
         return text.to_string();

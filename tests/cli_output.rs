@@ -24,6 +24,9 @@ fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
         &["pick", "--count", "2", "--json"],
         &["gc"],
         &["release", "nobody"],
+        &["log"],
+        &["usage"],
+        &["usage", "--json"],
         &[
             "install",
             "docker",

@@ -2,9 +2,19 @@
 //! refusal and hold, in a file that survives a reboot (`audit_log`, default
 //! /var/log/gpupin/audit.log), capped in size and rotated (`write`). It is the machine's
 //! history of who used which GPU when; the ledger only knows who holds one now.
+//! `read` takes the events back (`gpupin log`), `usage` sums GPU-hours from them and the
+//! ledger's live records (`gpupin usage`), `show` renders both for people and scripts.
 
+mod filter;
+mod read;
+mod show;
+mod usage;
 mod write;
 
+pub use filter::{BadValue, Filter, GpuSelector, When, parse_time, parse_user};
+pub use read::{Entry, Events, ReadError};
+pub use show::{log_table, usage_json, usage_table};
+pub use usage::{By, Usage, UsageRow, usage};
 pub use write::{AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
 
 use crate::ledger::{HolderKind, Record};
@@ -29,6 +39,21 @@ pub enum EventKind {
     Refuse,
     /// An entry of the ledger that could be nobody's record, removed.
     Clear,
+}
+
+impl EventKind {
+    /// The name the log writes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Allocate => "allocate",
+            EventKind::Hold => "hold",
+            EventKind::Bind => "bind",
+            EventKind::Release => "release",
+            EventKind::Reap => "reap",
+            EventKind::Refuse => "refuse",
+            EventKind::Clear => "clear",
+        }
+    }
 }
 
 /// One GPU as people name it (the index) and as the ledger keys it (the UUID).
@@ -137,4 +162,20 @@ impl Event {
         self.reason = Some(reason.into());
         self
     }
+
+    /// When it happened; `None` for a time the log cannot have written.
+    pub fn at(&self) -> Option<std::time::SystemTime> {
+        filter::parse_time(&self.time)
+    }
+
+    /// Whose it is, as `gpupin log` and `gpupin usage --by user` name them: the user, else
+    /// (a container) the engine that started it, else `-`.
+    pub fn who(&self) -> &str {
+        who(self.user.as_deref(), self.engine.as_deref())
+    }
+}
+
+/// See `Event::who`; for a ledger record, `usage` asks the same of its owner and container.
+fn who<'a>(user: Option<&'a str>, engine: Option<&'a str>) -> &'a str {
+    user.or(engine).unwrap_or("-")
 }

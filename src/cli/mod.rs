@@ -8,6 +8,7 @@ mod out;
 mod demo;
 mod exec;
 mod exec_gate;
+mod flag;
 mod gc;
 mod hold;
 mod hook;
@@ -15,6 +16,7 @@ mod hook_stage;
 mod install;
 mod install_podman;
 mod inventory;
+mod log;
 pub mod logging;
 mod nvml;
 mod pick;
@@ -22,6 +24,7 @@ mod release;
 mod request_args;
 mod serve;
 mod status;
+mod usage;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -61,6 +64,10 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Release GPUs held by containers and processes that are gone; clear what no holder owns
     Gc,
+    /// Show the audit trail: who was given, held and gave back which GPUs, and what was refused
+    Log(log::LogArgs),
+    /// Show GPU-hours by user, holder or GPU over a period
+    Usage(usage::UsageArgs),
     /// Release the GPUs of one holder (container id), or remove one entry of the ledger
     Release(release::ReleaseArgs),
     /// Start real containers on a simulated machine and show gpupin at work
@@ -151,6 +158,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pick(args) => pick::run(&config, &args),
         Command::Gc => gc::run(&config),
         Command::Release(args) => release::run(&config, &args),
+        Command::Log(args) => log::run(&config, &args),
+        Command::Usage(args) => usage::run(&config, &args),
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(&config, cli.config.as_deref(), &args),
         Command::Install(args) => install::install(cli.config.as_deref(), &config, &args),

@@ -1,0 +1,48 @@
+//! Option values that the library parses (`--since 2h`), with a bad one reported in
+//! gpupin's words, `invalid --since "yesterday": expected ...`, through clap, so that it
+//! ends like every usage error: one line and exit status 2.
+
+use clap::builder::TypedValueParser;
+use clap::error::ErrorKind;
+use std::ffi::OsStr;
+use std::fmt::Display;
+
+/// A clap value parser around `parse`, whose error says the value and what was expected.
+pub struct Parsed<T, E>(pub fn(&str) -> Result<T, E>);
+
+// Derived, Clone would ask for T: Clone and E: Clone; a fn pointer is Copy whatever they are.
+impl<T, E> Clone for Parsed<T, E> {
+    fn clone(&self) -> Self {
+        Parsed(self.0)
+    }
+}
+
+impl<T, E> TypedValueParser for Parsed<T, E>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Display + 'static,
+{
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<T, clap::Error> {
+        let flag = arg
+            .and_then(|a| a.get_long())
+            .map_or_else(|| "value".to_string(), |long| format!("--{long}"));
+        let Some(text) = value.to_str() else {
+            return Err(usage(
+                cmd,
+                format!("invalid {flag} {value:?}: expected UTF-8 text"),
+            ));
+        };
+        (self.0)(text).map_err(|err| usage(cmd, format!("invalid {flag} {err}")))
+    }
+}
+
+fn usage(cmd: &clap::Command, message: String) -> clap::Error {
+    clap::Error::raw(ErrorKind::ValueValidation, format!("{message}\n")).with_cmd(cmd)
+}

@@ -1,0 +1,60 @@
+//! `gpupin log`: the audit trail, filtered, as a table or as the JSON lines it holds.
+
+use super::flag::Parsed;
+use gpupin::audit::{self, Entry, Filter, GpuSelector, When};
+use gpupin::config::Config;
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+#[derive(clap::Args)]
+pub struct LogArgs {
+    /// Only events since then: a duration back from now (2h, 7d) or an RFC 3339 time
+    #[arg(long, value_name = "WHEN", value_parser = Parsed(When::parse))]
+    pub since: Option<When>,
+    /// Only events of this user, by name or uid (containers without one: their engine, e.g. docker)
+    #[arg(long, value_name = "USER", value_parser = Parsed(audit::parse_user))]
+    pub user: Option<String>,
+    /// Only events about this GPU, by index or UUID
+    #[arg(long, value_name = "GPU", value_parser = Parsed(GpuSelector::parse))]
+    pub gpu: Option<GpuSelector>,
+    /// Print the matching JSON lines as the log holds them instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
+    let filter = Filter {
+        since: args.since.map(|w| w.resolve(SystemTime::now())),
+        user: args.user.clone(),
+        gpu: args.gpu.clone(),
+    };
+    let mut events = config.audit.events();
+    let mut table: Vec<Entry> = Vec::new();
+    for entry in events.by_ref() {
+        let entry = entry?;
+        if !filter.matches(entry.at, &entry.event) {
+            continue;
+        }
+        // JSON goes out as it is read: the whole log may be hundreds of MiB.
+        if args.json {
+            outln!("{}", entry.line)?;
+        } else {
+            table.push(entry);
+        }
+    }
+    if !args.json {
+        out!("{}", audit::log_table(&table))?;
+    }
+    note_unreadable(events.unreadable());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line on stderr, after the output, where lines of the log were no event.
+pub fn note_unreadable(count: usize) {
+    if count > 0 {
+        let s = if count == 1 { "" } else { "s" };
+        super::out::note(format_args!(
+            "gpupin: {count} unreadable line{s} skipped in the audit log"
+        ));
+    }
+}

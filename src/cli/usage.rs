@@ -1,0 +1,49 @@
+//! `gpupin usage`: GPU-hours by user, holder or GPU, from the audit trail and the
+//! holders the ledger has now.
+
+use super::flag::Parsed;
+use gpupin::audit::{self, By, EventKind, When};
+use gpupin::config::Config;
+use gpupin::ledger::Ledger;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+const DEFAULT_SINCE: When = When::Ago(Duration::from_secs(7 * 24 * 3600));
+
+#[derive(clap::Args)]
+pub struct UsageArgs {
+    /// From when: a duration back from now (2h, 7d) or an RFC 3339 time [default: 7d]
+    #[arg(long, value_name = "WHEN", value_parser = Parsed(When::parse))]
+    pub since: Option<When>,
+    /// Rows by user, holder or gpu [default: user]
+    #[arg(long, value_name = "KEY", value_parser = Parsed(By::parse))]
+    pub by: Option<By>,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
+    let now = SystemTime::now();
+    let since = args.since.unwrap_or(DEFAULT_SINCE).resolve(now);
+    // The ledger before the log: a holder released in between is then in both, which
+    // `usage` counts once, rather than in neither.
+    let records = Ledger::read_only_for_config(config)?.records()?;
+    let mut events = config.audit.events();
+    let mut ended = Vec::new();
+    for entry in events.by_ref() {
+        let entry = entry?;
+        // Only the ends of holdings since `since` can overlap the period.
+        if entry.at >= since && matches!(entry.event.event, EventKind::Release | EventKind::Reap) {
+            ended.push(entry.event);
+        }
+    }
+    let usage = audit::usage(&ended, &records, since, now, args.by.unwrap_or_default());
+    if args.json {
+        outln!("{:#}", audit::usage_json(&usage))?;
+    } else {
+        out!("{}", audit::usage_table(&usage))?;
+    }
+    super::log::note_unreadable(events.unreadable());
+    Ok(ExitCode::SUCCESS)
+}

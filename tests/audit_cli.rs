@@ -1,0 +1,347 @@
+//! `gpupin log` and `gpupin usage` over a known audit trail: a rotated file and the live
+//! one, events a few hours old. Needs neither root nor runc.
+
+use gpupin_sandbox::harness::{binary, stderr, stdout};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
+const HOUR: u64 = 3600;
+
+/// A config whose ledger and audit log are in a temp dir, and "now" to the second.
+struct Trail {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    log: PathBuf,
+    now: u64,
+}
+
+impl Trail {
+    fn new() -> Trail {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log/audit.log");
+        std::fs::create_dir(log.parent().unwrap()).unwrap();
+        let config = dir.path().join("gpupin.toml");
+        let text = format!(
+            "state_dir = {:?}\naudit_log = {:?}\ninventory = \"sim:nvswitch8\"\n",
+            dir.path().join("state"),
+            log
+        );
+        std::fs::write(&config, text).unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        Trail {
+            dir,
+            config,
+            log,
+            now,
+        }
+    }
+
+    /// RFC 3339 for `ago` seconds before now.
+    fn time(&self, ago: u64) -> String {
+        let at = UNIX_EPOCH + Duration::from_secs(self.now - ago);
+        humantime::format_rfc3339_seconds(at).to_string()
+    }
+
+    fn gpupin(&self, args: &[&str]) -> Output {
+        Command::new(binary(GPUPIN))
+            .env_remove("GPUPIN_CONFIG")
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// stdout of a command that must succeed.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.gpupin(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    }
+}
+
+fn gpus(indices: &[u32]) -> Value {
+    indices
+        .iter()
+        .map(|i| json!({"index": i, "uuid": format!("GPU-5a1e0001-0000-4000-8000-{i:012x}")}))
+        .collect()
+}
+
+/// The known history, lines of the rotated file and of the live one: a container on GPUs
+/// 0-1 for 2h; alice's hold of 2-3 for 3h with a job nested in it; bob's job on 4, reaped
+/// after 1h30m; a refusal; and one line that is no event.
+fn history(t: &Trail) -> (Vec<String>, Vec<String>) {
+    let alice = json!({"kind": "hold", "user": "alice", "uid": 1000});
+    let bob = json!({"kind": "exec", "user": "bob", "uid": 1001});
+    let train =
+        json!({"kind": "container", "engine": "docker", "name": "train", "image": "pytorch:24.05"});
+    let ev = |ago: u64, event: &str, holder: &str, who: &Value, on: &[u32], extra: Value| {
+        let mut v = json!({"time": t.time(ago), "event": event, "holder": holder});
+        let fields = v.as_object_mut().unwrap();
+        fields.extend(who.as_object().unwrap().clone());
+        if !on.is_empty() {
+            fields.insert("gpus".into(), gpus(on));
+        }
+        fields.extend(extra.as_object().unwrap().clone());
+        v.to_string()
+    };
+    let held = |seconds: u64| json!({"held_s": seconds});
+    let rotated = vec![
+        ev(5 * HOUR, "allocate", "c-train", &train, &[0, 1], json!({})),
+        ev(5 * HOUR, "hold", "res", &alice, &[2, 3], json!({})),
+    ];
+    let why = json!({"reason": "alice may hold 2 GPUs at a time"});
+    let nested = json!({"within": "res", "held_s": HOUR / 2});
+    let live = vec![
+        ev(
+            3 * HOUR,
+            "release",
+            "c-train",
+            &train,
+            &[0, 1],
+            held(2 * HOUR),
+        ),
+        ev(3 * HOUR, "allocate", "j1", &bob, &[4], json!({})),
+        "{\"time\": torn".to_string(),
+        ev(5 * HOUR / 2, "refuse", "j2", &alice, &[], why),
+        ev(5 * HOUR / 2, "release", "inner", &alice, &[3], nested),
+        ev(2 * HOUR, "release", "res", &alice, &[2, 3], held(3 * HOUR)),
+        ev(HOUR, "reap", "j1", &bob, &[4], held(3 * HOUR / 2)),
+    ];
+    (rotated, live)
+}
+
+/// Writes the history; returns its lines in the order they were written.
+fn write_history(t: &Trail) -> Vec<String> {
+    let (rotated, live) = history(t);
+    let text = |lines: &[String]| lines.join("\n") + "\n";
+    std::fs::write(t.log.with_file_name("audit.log.1"), text(&rotated)).unwrap();
+    std::fs::write(&t.log, text(&live)).unwrap();
+    [rotated, live].concat()
+}
+
+/// The table's rows as (EVENT, HOLDER, USER, GPUS) and the whole DETAIL.
+fn rows(table: &str) -> Vec<(String, String)> {
+    let mut lines = table.lines();
+    let header = lines.next().unwrap();
+    assert!(header.starts_with("TIME"), "{table}");
+    let detail = header.find("DETAIL").unwrap();
+    lines
+        .map(|l| {
+            let cols: Vec<&str> = l[..detail.min(l.len())].split_whitespace().collect();
+            (
+                cols[1..].join(" "),
+                l.get(detail..).unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+#[test]
+fn log_of_one_user_by_name_or_uid() {
+    let t = Trail::new();
+    write_history(&t);
+    let table = t.ok(&["log", "--user", "alice"]);
+    assert_eq!(
+        rows(&table),
+        pairs(&[
+            ("hold res alice 2,3", ""),
+            ("refuse j2 alice -", "alice may hold 2 GPUs at a time"),
+            ("release inner alice 3", "held for 30m00s; within res"),
+            ("release res alice 2,3", "held for 3h00m"),
+        ])
+    );
+    assert!(
+        table.lines().nth(1).unwrap().starts_with(&t.time(5 * HOUR)),
+        "{table}"
+    );
+    let by_uid = t.ok(&["log", "--user", "1001"]);
+    assert_eq!(
+        rows(&by_uid),
+        pairs(&[
+            ("allocate j1 bob 4", ""),
+            ("reap j1 bob 4", "held for 1h30m")
+        ])
+    );
+    // Containers have no user: they go by their engine, as `usage --by user` lists them.
+    let docker = t.ok(&["log", "--user", "docker"]);
+    assert_eq!(
+        rows(&docker),
+        pairs(&[
+            ("allocate c-train docker 0,1", "train (pytorch:24.05)"),
+            (
+                "release c-train docker 0,1",
+                "held for 2h00m; train (pytorch:24.05)"
+            ),
+        ])
+    );
+}
+
+#[test]
+fn log_of_one_gpu_by_index_or_uuid() {
+    let t = Trail::new();
+    write_history(&t);
+    let expected = pairs(&[
+        ("hold res alice 2,3", ""),
+        ("release inner alice 3", "held for 30m00s; within res"),
+        ("release res alice 2,3", "held for 3h00m"),
+    ]);
+    assert_eq!(rows(&t.ok(&["log", "--gpu", "3"])), expected);
+    let uuid = "GPU-5a1e0001-0000-4000-8000-000000000003";
+    assert_eq!(rows(&t.ok(&["log", "--gpu", uuid])), expected);
+}
+
+#[test]
+fn log_json_is_the_lines_as_written_oldest_file_first() {
+    let t = Trail::new();
+    let written = write_history(&t);
+    let out = t.gpupin(&["log", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events: Vec<String> = written
+        .into_iter()
+        .filter(|l| !l.contains("torn"))
+        .collect();
+    assert_eq!(stdout(&out), events.join("\n") + "\n");
+    assert_eq!(
+        stderr(&out),
+        "gpupin: 1 unreadable line skipped in the audit log\n"
+    );
+    // 2h40m: ten minutes to spare either side of the events 2h30m and 3h ago.
+    let since = t.ok(&["log", "--json", "--since", "2h40m"]);
+    let holders: Vec<String> = since
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["holder"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(holders, ["j2", "inner", "res", "j1"]);
+}
+
+#[test]
+fn usage_by_user_and_by_gpu_in_exact_gpu_hours() {
+    let t = Trail::new();
+    write_history(&t);
+    let by_user: Value = serde_json::from_str(&t.ok(&["usage", "--by", "user", "--json"])).unwrap();
+    // The nested job is alice's hold's time already: not counted twice.
+    assert_eq!(
+        by_user["rows"],
+        json!([
+            {"key": "alice", "gpu_hours": 6.0, "holders": 1},
+            {"key": "docker", "gpu_hours": 4.0, "holders": 1},
+            {"key": "bob", "gpu_hours": 1.5, "holders": 1},
+        ])
+    );
+    assert_eq!(by_user["total"], json!({"gpu_hours": 11.5, "holders": 3}));
+    assert_eq!(by_user["by"], "user");
+    let by_gpu: Value = serde_json::from_str(&t.ok(&["usage", "--by", "gpu", "--json"])).unwrap();
+    assert_eq!(
+        by_gpu["rows"],
+        json!([
+            {"key": "2", "gpu_hours": 3.0, "holders": 1},
+            {"key": "3", "gpu_hours": 3.0, "holders": 1},
+            {"key": "0", "gpu_hours": 2.0, "holders": 1},
+            {"key": "1", "gpu_hours": 2.0, "holders": 1},
+            {"key": "4", "gpu_hours": 1.5, "holders": 1},
+        ])
+    );
+    // Since 3h30m ago: the container's 2h end 3h ago (30m on 2 GPUs count), alice's
+    // 1h30m of 3h, bob's all.
+    let since = t.time(7 * HOUR / 2);
+    let clipped: Value =
+        serde_json::from_str(&t.ok(&["usage", "--since", &since, "--json"])).unwrap();
+    assert_eq!(clipped["since"], since);
+    assert_eq!(
+        clipped["rows"],
+        json!([
+            {"key": "alice", "gpu_hours": 3.0, "holders": 1},
+            {"key": "bob", "gpu_hours": 1.5, "holders": 1},
+            {"key": "docker", "gpu_hours": 1.0, "holders": 1},
+        ])
+    );
+}
+
+#[test]
+fn usage_table_has_two_decimals_and_a_total() {
+    let t = Trail::new();
+    write_history(&t);
+    let table = t.ok(&["usage", "--by", "holder"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[..5],
+        [
+            "HOLDER   GPU-HOURS  HOLDERS",
+            "res           6.00        1",
+            "c-train       4.00        1",
+            "j1            1.50        1",
+            "total        11.50        3",
+        ]
+    );
+    assert!(lines[5].starts_with("from "), "{table}");
+}
+
+#[test]
+fn a_missing_log_is_no_events_and_a_symlinked_one_is_refused() {
+    let t = Trail::new();
+    let empty = t.gpupin(&["log"]);
+    assert!(empty.status.success(), "{}", stderr(&empty));
+    assert_eq!(stdout(&empty), "TIME  EVENT  HOLDER  USER  GPUS  DETAIL\n");
+    assert_eq!(stderr(&empty), "");
+    let target = t.dir.path().join("elsewhere.log");
+    std::fs::write(&target, "").unwrap();
+    std::os::unix::fs::symlink(&target, &t.log).unwrap();
+    for args in [&["log"][..], &["usage"]] {
+        let out = t.gpupin(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("refusing audit log {}", t.log.display())),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_value_is_one_line_naming_it_and_exit_2() {
+    let t = Trail::new();
+    for (args, message) in [
+        (
+            &["log", "--since", "yesterday"][..],
+            r#"invalid --since "yesterday": expected a duration such as 2h or 7d, or an RFC 3339 time"#,
+        ),
+        (
+            &["usage", "--since", "2024-05-01"],
+            r#"invalid --since "2024-05-01": expected a duration"#,
+        ),
+        (
+            &["log", "--gpu", "first"],
+            r#"invalid --gpu "first": expected a GPU index"#,
+        ),
+        (
+            &["usage", "--by", "team"],
+            r#"invalid --by "team": expected user, holder or gpu"#,
+        ),
+    ] {
+        let out = t.gpupin(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with(&format!("gpupin: {message}")), "{err}");
+    }
+}
