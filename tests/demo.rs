@@ -63,7 +63,10 @@ fn demo_with_real_containers_shows_their_nodes() {
         "cuda    annotations gpupin.count=1, spec edited before create -> GPUs 5; sees nvidia-modeset nvidia-uvm nvidia-uvm-tools nvidia5 nvidiactl",
         "driver files mounted read-only: libcuda.so.570.133.20 libnvidia-ml.so.570.133.20 nvidia-smi gsp_ga10x.bin",
         "`nvidia-smi` inside prints: fake nvidia-smi from the test driver root",
-        "1 of 8 GPUs free, 5 holders",
+        // A script through gpupin exec on the last free GPU, ended by a TERM to gpupin.
+        "it sees CUDA_VISIBLE_DEVICES=6 CUDA_DEVICE_ORDER=PCI_BUS_ID GPUPIN_HOLDER=script",
+        "0 of 8 GPUs free, 6 holders",
+        "gpupin exited with 143 (128 + TERM)",
     ] {
         assert!(
             stdout.contains(needle),

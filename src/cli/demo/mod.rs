@@ -270,7 +270,7 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
             hook.exe.display(),
             exe.display()
         )?;
-        hook.exe = exe;
+        hook.exe = exe.clone();
     }
     outln!(
         "Starting {} containers with `runc run -d` (busybox, `sleep 1000`), gpupin as their\n\
@@ -298,13 +298,62 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
     let (expected, container) = driver::start(setup, &runc, &lib_hook, &rootfs)?;
     ok &= expected;
     running.extend(container);
+    let script = start_script(setup, &exe)?;
+    ok &= script.is_some();
     print_status(setup)?;
     outln!("\nStopping the containers (runc kill, then runc delete, which runs poststop)...")?;
     for container in running {
         container.stop()?;
     }
+    if let Some(script) = script {
+        ok &= stop_script(script)?;
+    }
     print_status(setup)?;
     Ok(ok)
+}
+
+/// A script outside any container on the last free GPU, through `gpupin exec`: it prints
+/// what it was given and sleeps until the demo ends it.
+fn start_script(setup: &Setup, exe: &Path) -> anyhow::Result<Option<Child>> {
+    let command = "echo \"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER=$CUDA_DEVICE_ORDER \
+                   GPUPIN_HOLDER=$GPUPIN_HOLDER\"; exec sleep 1000";
+    outln!(
+        "\nAnd a script outside any container, in the same ledger:\n  \
+         gpupin exec --count 1 --name script -- sh -c '...; exec sleep 1000'"
+    )?;
+    let mut child = Command::new(exe)
+        .arg("--config")
+        .arg(&setup.config_file)
+        .args([
+            "exec", "--count", "1", "--name", "script", "--", "sh", "-c", command,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("starting gpupin exec")?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+    if line.is_empty() {
+        let status = child.wait()?;
+        outln!("  the script did not start ({status}): see gpupin's message above")?;
+        return Ok(None);
+    }
+    outln!("  it sees {}", line.trim_end())?;
+    Ok(Some(child))
+}
+
+/// Sends TERM to `gpupin exec`, which passes it on to the script; gpupin ends with the
+/// script's status and gives its GPU back.
+fn stop_script(mut script: Child) -> anyhow::Result<bool> {
+    let pid = rustix::process::Pid::from_child(&script);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM)?;
+    let status = script.wait()?;
+    let code = status.code();
+    outln!(
+        "Sent TERM to gpupin exec: the script got it and ended, gpupin exited with {} (128 + TERM)",
+        code.map_or("a signal".to_string(), |c| c.to_string())
+    )?;
+    Ok(code == Some(143))
 }
 
 fn start_one(
