@@ -107,6 +107,7 @@ fn serve_one(config: &Config, stream: UnixStream) -> std::io::Result<()> {
                 user,
                 within,
             };
+            let id = asked.id.clone();
             let reply = match hold_for(config, peer, asked) {
                 Ok((record, pinned)) => {
                     let reply = granted(&record);
@@ -116,14 +117,22 @@ fn serve_one(config: &Config, stream: UnixStream) -> std::io::Result<()> {
                     }
                     reply
                 }
-                Err(e) => Reply::refused(e),
+                Err(Refusal::Denied(e)) => {
+                    audit_refusal(config, peer, &id, &e);
+                    Reply::refused(e)
+                }
+                Err(Refusal::Failed(e)) => Reply::refused(e),
             };
             protocol::send(&mut output, &reply)
         }
         Request::Release { id } => {
             let reply = match release_for(config, peer, &id) {
                 Ok(record) => granted(&record),
-                Err(e) => Reply::refused(e),
+                Err(Refusal::Denied(e)) => {
+                    audit_refusal(config, peer, &id, &e);
+                    Reply::refused(e)
+                }
+                Err(Refusal::Failed(e)) => Reply::refused(e),
             };
             protocol::send(&mut output, &reply)
         }
@@ -186,9 +195,24 @@ fn exec_job(
             Ok(())
         }
         Err(e) => {
+            audit_refusal(config, peer, grant.holder.as_str(), &e);
             exec::abandon(config, &grant);
             protocol::send(output, &Reply::refused(e))
         }
+    }
+}
+
+/// An audit line for a request the daemon itself refused (who may do what); refusals of
+/// the allocation are written by `grant::allocate`.
+fn audit_refusal(config: &Config, peer: Peer, holder: &str, reason: &str) {
+    if let Ok(ledger) = Ledger::for_config(config) {
+        let user = users::owner_of(peer.uid).ok().map(|o| o.user);
+        ledger.audit(&crate::audit::Event {
+            uid: Some(peer.uid),
+            user,
+            pid: Some(peer.pid),
+            ..crate::audit::Event::new(crate::audit::EventKind::Refuse, holder).because(reason)
+        });
     }
 }
 
@@ -253,33 +277,43 @@ fn hold_for(
     config: &Config,
     peer: Peer,
     asked: HoldAsked,
-) -> Result<(Record, Option<Pinned>), String> {
-    let me = users::owner_of(peer.uid).map_err(|e| one_line(&e))?;
+) -> Result<(Record, Option<Pinned>), Refusal> {
+    let me = users::owner_of(peer.uid).map_err(|e| Refusal::Failed(one_line(&e)))?;
     let root = peer.uid == 0;
     let owner = match &asked.user {
-        Some(name) if root => users::owner_named(name).map_err(|e| one_line(&e))?,
+        Some(name) if root => {
+            users::owner_named(name).map_err(|e| Refusal::Failed(one_line(&e)))?
+        }
         Some(name) if name != &me.user && name != &peer.uid.to_string() => {
-            return Err(format!("only root may hold GPUs for another user ({name})"));
+            return Err(Refusal::Denied(format!(
+                "only root may hold GPUs for another user ({name})"
+            )));
         }
         _ => me,
     };
     if asked.until_release && !root {
-        return Err(
+        return Err(Refusal::Denied(
             "only root may hold GPUs until released: give --pid with a process of yours".into(),
-        );
+        ));
     }
     let pinned = match asked.pid {
         Some(pid) => {
-            let pinned = Pinned::open(pid).map_err(|e| format!("pid {pid}: {}", one_line(&e)))?;
+            let pinned = Pinned::open(pid)
+                .map_err(|e| Refusal::Failed(format!("pid {pid}: {}", one_line(&e))))?;
             match pinned.parent_and_owner() {
                 Some((_, uid)) if root || uid == peer.uid => Some(pinned),
-                _ => return Err(format!("pid {pid} is not a process of uid {}", peer.uid)),
+                _ => {
+                    return Err(Refusal::Denied(format!(
+                        "pid {pid} is not a process of uid {}",
+                        peer.uid
+                    )));
+                }
             }
         }
         None => None,
     };
     let hold = Hold {
-        id: HolderId::new(&asked.id).map_err(|e| one_line(&e))?,
+        id: HolderId::new(&asked.id).map_err(|e| Refusal::Failed(one_line(&e)))?,
         devices: asked.devices,
         by_minor: asked.by_minor,
         pid: asked.pid,
@@ -288,15 +322,25 @@ fn hold_for(
         owner,
         within: asked.within,
     };
-    let record = hold::hold(config, &hold, "serve").map_err(|e| one_line(&e))?;
+    // A refused allocation is audited by grant::allocate.
+    let record = hold::hold(config, &hold, "serve").map_err(|e| Refusal::Failed(one_line(&e)))?;
     Ok((record, pinned))
 }
 
-fn release_for(config: &Config, peer: Peer, id: &str) -> Result<Record, String> {
-    let holder = HolderId::new(id).map_err(|e| one_line(&e))?;
-    let ledger = Ledger::for_config(config).map_err(|e| one_line(&e))?;
-    ledger
-        .release_for(&holder, peer.uid)
-        .map_err(|e| one_line(&e))?
-        .ok_or_else(|| format!("{id} holds nothing"))
+/// Why the daemon said no: the caller may not do this (audited here), or it could not be
+/// done (a bad value, a refused allocation, which grant audits).
+enum Refusal {
+    Denied(String),
+    Failed(String),
+}
+
+fn release_for(config: &Config, peer: Peer, id: &str) -> Result<Record, Refusal> {
+    let holder = HolderId::new(id).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    let ledger = Ledger::for_config(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    match ledger.release_for(&holder, peer.uid) {
+        Ok(Some(record)) => Ok(record),
+        Ok(None) => Err(Refusal::Failed(format!("{id} holds nothing"))),
+        Err(e @ crate::ledger::LedgerError::NotYours { .. }) => Err(Refusal::Denied(one_line(&e))),
+        Err(e) => Err(Refusal::Failed(one_line(&e))),
+    }
 }
