@@ -34,6 +34,7 @@ pub fn allocate(
     let meta = HolderMeta {
         source: source.to_string(),
         pid: Some(pid),
+        waiter: Some(pid),
         kind: HolderKind::Exec,
         limited: owner.uid != 0,
         owner: Some(owner),

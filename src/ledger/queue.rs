@@ -139,9 +139,9 @@ impl Ledger {
             {
                 return Ok(allocation);
             }
-            // The process the holder's record will name waits, where one is known (a
-            // job `gpupin serve` waits for): its ticket goes when it does.
-            let waiter = meta.pid.unwrap_or(std::process::id() as i32);
+            // The ticket lives as long as its waiter: this process, or the caller that
+            // `gpupin serve` waits for.
+            let waiter = meta.waiter.unwrap_or(std::process::id() as i32);
             enqueue(&self.dir, holder, waiter)?
         };
         tracing::debug!(

@@ -109,6 +109,9 @@ pub struct HolderMeta {
     pub container: Option<ContainerInfo>,
     /// See `Record::until_release`.
     pub until_release: bool,
+    /// The process whose end gives up a wait in the queue (`gpupin serve` waits for its
+    /// caller); `None`: the process that waits.
+    pub waiter: Option<i32>,
     /// Whether the limits (`[limits]`) apply: a request on behalf of a user who is not
     /// root. Root's own requests, and holds root makes for someone, are not limited.
     pub limited: bool,
