@@ -4,6 +4,7 @@
 //! mounts /etc/hostname, /etc/hosts and /etc/resolv.conf from it. The Docker API is never
 //! called: during `create` the daemon holds the container's lock, and a call would deadlock.
 
+use crate::ledger::ContainerInfo;
 use crate::regular::{self, Links};
 use crate::request::{self, GpuRequest, Origin, RequestError, Selection};
 use serde::Deserialize;
@@ -51,8 +52,12 @@ pub fn container_dir(spec: &Value, id: &str) -> Option<PathBuf> {
     })
 }
 
+/// What gpupin reads of config.v2.json: the labels, the name and the image.
 #[derive(Deserialize)]
 struct ConfigV2 {
+    /// `/name`, as dockerd stores it.
+    #[serde(rename = "Name", default)]
+    name: Option<String>,
     #[serde(rename = "Config", default)]
     config: Option<ContainerConfig>,
 }
@@ -61,6 +66,40 @@ struct ConfigV2 {
 struct ContainerConfig {
     #[serde(rename = "Labels", default)]
     labels: Option<HashMap<String, String>>,
+    /// The image as the user named it (`busybox`, `my/app:2`, or an id).
+    #[serde(rename = "Image", default)]
+    image: Option<String>,
+}
+
+/// A Docker container's config.v2.json, read once for its labels and for what
+/// `gpupin status` tells about it.
+pub struct DockerContainer {
+    config: ConfigV2,
+}
+
+impl DockerContainer {
+    pub fn read(dir: &Path) -> Result<DockerContainer, DockerError> {
+        Ok(DockerContainer {
+            config: read_json(&dir.join(CONFIG_FILE))?,
+        })
+    }
+
+    /// The container's labels.
+    pub fn labels(&self) -> HashMap<String, String> {
+        let config = self.config.config.as_ref();
+        config.and_then(|c| c.labels.clone()).unwrap_or_default()
+    }
+
+    /// A request from `gpupin.*` labels.
+    pub fn label_request(&self) -> Result<Option<GpuRequest>, DockerError> {
+        Ok(request::from_labels(&self.labels())?)
+    }
+
+    /// Engine, name and image, as `gpupin status` shows them.
+    pub fn info(&self) -> ContainerInfo {
+        let image = self.config.config.as_ref().and_then(|c| c.image.as_deref());
+        crate::engine::docker(self.config.name.as_deref(), image)
+    }
 }
 
 #[derive(Deserialize)]
@@ -106,17 +145,6 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, DockerError
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// The container's labels.
-pub fn labels(dir: &Path) -> Result<HashMap<String, String>, DockerError> {
-    let config: ConfigV2 = read_json(&dir.join(CONFIG_FILE))?;
-    Ok(config.config.and_then(|c| c.labels).unwrap_or_default())
-}
-
-/// A request from `gpupin.*` labels.
-pub fn label_request(dir: &Path) -> Result<Option<GpuRequest>, DockerError> {
-    Ok(request::from_labels(&labels(dir)?)?)
 }
 
 /// Docker's own GPU request, as a gpupin request: a count stays a count (so gpupin, not
@@ -172,6 +200,10 @@ mod tests {
         (root, dir)
     }
 
+    fn label_request(dir: &Path) -> Result<Option<GpuRequest>, DockerError> {
+        DockerContainer::read(dir)?.label_request()
+    }
+
     fn spec_mounting(dir: &Path) -> Value {
         json!({"mounts": [
             {"destination": "/proc", "source": "proc"},
@@ -203,6 +235,22 @@ mod tests {
                 .to_string()
                 .contains("gpupin.count=\"-1\"")
         );
+    }
+
+    #[test]
+    fn config_v2_gives_the_name_and_image() {
+        let (_root, dir) = container("c", json!({"gpupin.count": "1"}), json!({}));
+        let mut config: Value =
+            serde_json::from_slice(&std::fs::read(dir.join(CONFIG_FILE)).unwrap()).unwrap();
+        config["Name"] = json!("/trainer");
+        config["Config"]["Image"] = json!("my/trainer:2");
+        std::fs::write(dir.join(CONFIG_FILE), config.to_string()).unwrap();
+        let docker = DockerContainer::read(&dir).unwrap();
+        let info = docker.info();
+        assert_eq!(info.engine.as_deref(), Some("docker"));
+        assert_eq!(info.name.as_deref(), Some("trainer"));
+        assert_eq!(info.image.as_deref(), Some("my/trainer:2"));
+        assert_eq!(docker.labels()["gpupin.count"], "1");
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod confine;
 pub mod docker;
 pub mod driver;
 pub mod edits;
+pub mod engine;
 pub mod exec;
 pub mod grant;
 pub mod hold;

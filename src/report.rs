@@ -1,42 +1,23 @@
 //! `gpupin inventory` and `gpupin status`, rendered to strings (tables for people, JSON
 //! for scripts). The binary prints them.
 
+mod holder;
+mod table;
+
 use crate::inventory::Inventory;
-use crate::ledger::{Mode, Record, holders_of};
+use crate::ledger::{Record, holders_of};
 use serde_json::{Value, json};
 use std::fmt::Write;
 use std::time::{Duration, SystemTime};
+use table::{Cell, table};
 
 /// Bytes as the GiB figure nvidia-smi users expect.
 fn gib(bytes: u64) -> String {
     format!("{:.0}GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
-/// ` (shared)` or ` (shared, 20GiB)` after a shared holder's id; nothing for exclusive ones.
-fn sharing(record: &Record) -> String {
-    match (record.mode, record.request.reserve) {
-        (Mode::Exclusive, _) => String::new(),
-        (Mode::Shared, None) => " (shared)".into(),
-        (Mode::Shared, Some(r)) => format!(" (shared, {})", crate::units::format_size(r)),
-    }
-}
-
-fn since(record: &Record) -> String {
-    humantime::format_rfc3339_seconds(record.created()).to_string()
-}
-
-fn holder_json(r: &Record, now: SystemTime, grace: Duration) -> Value {
-    json!({
-        "id": r.id,
-        "gpus": r.gpus,
-        "mode": r.mode,
-        "pid": r.pid,
-        "since": since(r),
-        "source": r.source,
-        "state": if r.is_stale(now, grace) { "gone" } else { "running" },
-        "request": r.request,
-    })
-}
+/// The widest a status line gets: a terminal's 80 columns.
+pub const STATUS_WIDTH: usize = 80;
 
 /// `gpupin status --json`. `grace`: how long a holder may go without a pid.
 pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -> Value {
@@ -46,7 +27,7 @@ pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -
         .iter()
         .map(|g| {
             let holders: Vec<Value> = holders_of(&g.uuid, records)
-                .map(|r| holder_json(r, now, grace))
+                .map(|r| holder::json(r, now, grace))
                 .collect();
             json!({
                 "index": g.index,
@@ -67,51 +48,34 @@ pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -
         "total": inventory.gpus.len(),
         "free": inventory.gpus.len() - held,
         "gpus": gpus,
-        "holders": records.iter().map(|r| holder_json(r, now, grace)).collect::<Vec<_>>(),
+        "holders": records.iter().map(|r| holder::json(r, now, grace)).collect::<Vec<_>>(),
     })
 }
 
-/// `gpupin status`: one row per GPU, then a summary line.
+/// `gpupin status`: one row per GPU and holder, then a summary line. Rows fit
+/// `STATUS_WIDTH`: long names and images are cut with `…` (the JSON has them whole, and
+/// the GPUs' UUIDs, which `gpupin inventory` lists too).
 pub fn status_table(inventory: &Inventory, records: &[Record], grace: Duration) -> String {
     let now = SystemTime::now();
-    let mut rows = vec![[
-        "GPU".to_string(),
-        "UUID".into(),
-        "HOLDER".into(),
-        "PID".into(),
-        "SINCE".into(),
-    ]];
+    let header = ["GPU", "HOLDER", "KIND", "IMAGE", "PID", "AGE"];
+    let mut rows: Vec<Vec<Cell>> = vec![header.map(Cell::from).to_vec()];
     let mut held = 0;
     for g in &inventory.gpus {
+        let index = Cell::from(g.index.to_string());
         let holders: Vec<&Record> = holders_of(&g.uuid, records).collect();
         if holders.is_empty() {
-            rows.push([
-                g.index.to_string(),
-                g.uuid.clone(),
-                "-".into(),
-                "".into(),
-                "".into(),
-            ]);
+            rows.push(vec![index, Cell::from("-")]);
             continue;
         }
         held += 1;
         for r in holders {
-            let gone = if r.is_stale(now, grace) {
-                " (gone)"
-            } else {
-                ""
-            };
-            let pid = r.pid.map(|p| p.to_string()).unwrap_or_default();
-            rows.push([
-                g.index.to_string(),
-                g.uuid.clone(),
-                format!("{}{}{gone}", r.id, sharing(r)),
-                pid,
-                since(r),
-            ]);
+            let mut row = vec![index.clone()];
+            row.extend(holder::cells(r, now, grace));
+            rows.push(row);
         }
     }
-    let mut out = table(&rows);
+    // HOLDER and IMAGE give way; GPU, KIND, PID and AGE are short already.
+    let mut out = table::fitted(&rows, STATUS_WIDTH, &[(1, 16), (3, 10)]);
     let total = inventory.gpus.len();
     let _ = writeln!(
         out,
@@ -176,38 +140,14 @@ pub fn inventory_table(inventory: &Inventory) -> String {
     out
 }
 
-/// Left-aligned columns separated by two spaces, trailing spaces trimmed.
-fn table<R: AsRef<[String]>>(rows: &[R]) -> String {
-    let cols = rows.iter().map(|r| r.as_ref().len()).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.as_ref().get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (c, cell) in row.as_ref().iter().enumerate() {
-            let _ = write!(line, "{cell:<w$}  ", w = widths[c]);
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::UNBOUND_GRACE;
+    use crate::ledger::{ContainerInfo, HolderKind, Mode, Owner, UNBOUND_GRACE};
     use crate::policy::testing::machine;
     use crate::request::{GpuRequest, Origin, Selection};
 
-    fn record(id: &str, gpus: &[&str]) -> Record {
+    pub(super) fn record(id: &str, gpus: &[&str]) -> Record {
         Record {
             id: id.into(),
             gpus: gpus.iter().map(|s| s.to_string()).collect(),
@@ -228,6 +168,56 @@ mod tests {
         }
     }
 
+    fn container(id: &str, gpu: &str, engine: &str, name: &str, image: &str) -> Record {
+        let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        Record {
+            container: Some(ContainerInfo {
+                engine: some(engine),
+                name: some(name),
+                image: some(image),
+            }),
+            ..record(id, &[gpu])
+        }
+    }
+
+    fn job(id: &str, gpu: &str, kind: HolderKind, user: &str) -> Record {
+        Record {
+            kind,
+            owner: Some(Owner {
+                uid: 1000,
+                user: user.into(),
+                groups: vec!["ml".into()],
+            }),
+            ..record(id, &[gpu])
+        }
+    }
+
+    fn hold_without_process(id: &str, gpu: &str, user: &str) -> Record {
+        Record {
+            pid: None,
+            start_time: None,
+            until_release: true,
+            ..job(id, gpu, HolderKind::Hold, user)
+        }
+    }
+
+    /// The table's line for GPU `index` (the first, with several holders).
+    fn line(table: &str, index: u32) -> &str {
+        let prefix = format!("{index}  ");
+        table
+            .lines()
+            .skip(1)
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no line for GPU {index}:\n{table}"))
+    }
+
+    fn words(line: &str) -> Vec<&str> {
+        line.split("  ")
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .collect()
+    }
+
     #[test]
     fn status_json_lists_holders_per_gpu() {
         let inv = machine(3);
@@ -238,6 +228,32 @@ mod tests {
         assert_eq!(v["gpus"][1]["holders"][0]["state"], "running");
         assert_eq!(v["gpus"][0]["holders"].as_array().unwrap().len(), 0);
         assert_eq!(v["holders"][0]["since"], "2100-01-01T00:00:00Z");
+        assert_eq!(v["holders"][0]["kind"], "container");
+        assert_eq!(v["holders"][0]["owner"], Value::Null);
+        assert_eq!(v["holders"][0]["container"], Value::Null);
+        assert_eq!(v["holders"][0]["until_release"], false);
+    }
+
+    #[test]
+    fn status_json_says_who_holds_a_gpu() {
+        let inv = machine(3);
+        let records = [
+            container("abc", "GPU-test-0", "docker", "trainer", ""),
+            hold_without_process("big-run", "GPU-test-1", "alice"),
+        ];
+        let v = status_json(&inv, &records, UNBOUND_GRACE);
+        let docker = &v["gpus"][0]["holders"][0];
+        assert_eq!(
+            docker["container"],
+            json!({"engine": "docker", "name": "trainer", "image": null})
+        );
+        let hold = &v["holders"][1];
+        assert_eq!(hold["kind"], "hold");
+        // The groups stay in the ledger: scripts get who, not what they may do.
+        assert_eq!(hold["owner"], json!({"uid": 1000, "user": "alice"}));
+        assert_eq!(hold["until_release"], true);
+        assert_eq!(hold["pid"], Value::Null);
+        assert_eq!(hold["state"], "running");
     }
 
     #[test]
@@ -245,13 +261,70 @@ mod tests {
         let inv = machine(2);
         let t = status_table(&inv, &[record("c1", &["GPU-test-0"])], UNBOUND_GRACE);
         let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].starts_with("GPU  UUID"), "{t}");
-        assert!(
-            lines[1].contains("GPU-test-0") && lines[1].contains("c1"),
-            "{t}"
+        assert_eq!(
+            words(lines[0]),
+            ["GPU", "HOLDER", "KIND", "IMAGE", "PID", "AGE"]
         );
-        assert!(lines[2].ends_with('-'), "{t}");
+        let pid = std::process::id().to_string();
+        assert_eq!(words(lines[1]), ["0", "c1", "container", &pid, "0s"], "{t}");
+        assert_eq!(lines[2], "1    -", "{t}");
         assert_eq!(lines[3], "1 of 2 GPUs free, 1 holder (test)");
+    }
+
+    #[test]
+    fn status_table_names_containers_jobs_and_holds() {
+        let inv = machine(5);
+        let pid = std::process::id().to_string();
+        let records = [
+            container("3f2a9c", "GPU-test-0", "docker", "trainer", "my/trainer:2"),
+            container("77e1b0", "GPU-test-1", "podman", "", ""),
+            record("runc-1", &["GPU-test-2"]),
+            job("exec-42", "GPU-test-3", HolderKind::Exec, "bob"),
+            hold_without_process("big-run", "GPU-test-4", "alice"),
+        ];
+        let t = status_table(&inv, &records, UNBOUND_GRACE);
+        let row = |i| words(line(&t, i));
+        assert_eq!(
+            row(0),
+            ["0", "trainer", "docker", "my/trainer:2", &pid, "0s"]
+        );
+        // Podman tells no name: the id, as for plain runc.
+        assert_eq!(row(1), ["1", "77e1b0", "podman", &pid, "0s"]);
+        assert_eq!(row(2), ["2", "runc-1", "container", &pid, "0s"]);
+        assert_eq!(row(3), ["3", "exec-42 (bob)", "exec", &pid, "0s"]);
+        assert_eq!(
+            row(4),
+            ["4", "big-run (alice)", "hold", holder::UNTIL_RELEASED, "0s"]
+        );
+    }
+
+    #[test]
+    fn status_table_fits_80_columns_whatever_the_names() {
+        let inv = machine(3);
+        let id = "f".repeat(64);
+        let image = format!("registry.example.com/{}trainer:v2", "team/".repeat(40));
+        let mut shared = container(&id, "GPU-test-0", "docker", "", &image);
+        shared.mode = Mode::Shared;
+        shared.request.reserve = Some(20 << 30);
+        let records = [
+            shared,
+            container("c2", "GPU-test-1", "containerd", &"n".repeat(200), ""),
+            hold_without_process(&"h".repeat(100), "GPU-test-2", "alice"),
+        ];
+        let t = status_table(&inv, &records, UNBOUND_GRACE);
+        for l in t.lines() {
+            assert!(
+                l.chars().count() <= STATUS_WIDTH,
+                "{} columns: {l}\n{t}",
+                l.chars().count()
+            );
+        }
+        let first = line(&t, 0);
+        assert!(first.contains("  fff… (shared, 20GiB)  docker"), "{t}");
+        assert!(first.contains("/team/trainer:v2  "), "{t}");
+        assert!(line(&t, 1).contains("nnnn…"), "{t}");
+        assert!(line(&t, 2).contains("hhh… (alice)"), "{t}");
+        assert!(line(&t, 2).contains(holder::UNTIL_RELEASED), "{t}");
     }
 
     #[test]
@@ -267,5 +340,14 @@ mod tests {
         assert!(t.contains("a (shared, 20GiB)"), "{t}");
         assert!(t.contains("b (shared)"), "{t}");
         assert!(t.ends_with("0 of 1 GPUs free, 2 holders (test)\n"), "{t}");
+    }
+
+    #[test]
+    fn status_table_marks_holders_that_are_gone() {
+        let inv = machine(1);
+        let mut gone = record("c1", &["GPU-test-0"]);
+        gone.pid = Some(i32::MAX);
+        let t = status_table(&inv, &[gone], UNBOUND_GRACE);
+        assert!(line(&t, 0).contains("c1 (gone)"), "{t}");
     }
 }

@@ -157,9 +157,25 @@ fn ctr_run_through_gpupin_runtime_sees_exactly_its_gpu_and_releases_it() {
         .find_map(|l| l.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
         .unwrap_or_else(|| panic!("no NVIDIA_VISIBLE_DEVICES in the env: {stdout}"));
     assert_eq!(visible.split(',').count(), 2, "{env}");
-    // The audit log names the container and its GPUs; `--rm` released them.
+    // The audit log names the container, its engine (containerd's runc shim gives its
+    // own runc root) and its GPUs; `--rm` released them.
     let audit = std::fs::read_to_string(c.gpupin.state_dir.join("audit.log")).unwrap();
-    assert!(audit.contains(&id) && audit.contains(visible), "{audit}");
+    let allocation: serde_json::Value = audit
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["event"] == "allocate" && l["holder"] == id.as_str())
+        .unwrap_or_else(|| panic!("no allocate line for {id}: {audit}"));
+    assert_eq!(allocation["engine"], "containerd", "{allocation}");
+    let mut logged: Vec<&str> = allocation["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap())
+        .collect();
+    let mut seen: Vec<&str> = visible.split(',').collect();
+    logged.sort();
+    seen.sort();
+    assert_eq!(logged, seen, "{allocation}");
     let status = c.status();
     assert_eq!(status["holders"], serde_json::json!([]), "{status:#}");
 }

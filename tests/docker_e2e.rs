@@ -65,6 +65,51 @@ fn label_count_pins_two_gpus() {
 }
 
 #[test]
+fn status_and_audit_name_the_docker_container_and_its_image() {
+    let Some(h) = harness(
+        "status_and_audit_name_the_docker_container_and_its_image",
+        Need::Docker,
+    ) else {
+        return;
+    };
+    let slot = h.slot();
+    let name = format!("gpupin-named-{}", std::process::id());
+    let c = h.start(&slot.runtime, &["--name", &name, "-l", "gpupin.count=1"]);
+    let status = slot.status();
+    let holder = status["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["id"] == c.id.as_str())
+        .unwrap_or_else(|| panic!("no holder {}: {status:#}", c.id));
+    assert_eq!(holder["kind"], "container", "{status:#}");
+    assert_eq!(
+        holder["container"],
+        serde_json::json!({"engine": "docker", "name": name, "image": IMAGE}),
+        "{status:#}"
+    );
+    let audit = std::fs::read_to_string(slot.state.join("audit.log")).unwrap();
+    let allocation: Value = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["event"] == "allocate" && l["holder"] == c.id.as_str())
+        .unwrap_or_else(|| panic!("no allocate line for {}: {audit}", c.id));
+    assert_eq!(allocation["engine"], "docker", "{allocation}");
+    assert_eq!(allocation["name"], name.as_str(), "{allocation}");
+    assert_eq!(allocation["image"], IMAGE, "{allocation}");
+    let table = ok(Command::new(docker_support::gpupin_bin())
+        .arg("--config")
+        .arg(&slot.config)
+        .arg("status")
+        .env_remove("GPUPIN_CONFIG"));
+    let row = table
+        .lines()
+        .find(|l| l.contains(&name))
+        .unwrap_or_else(|| panic!("no row names {name}: {table}"));
+    assert!(row.contains(" docker ") && row.contains(IMAGE), "{table}");
+}
+
+#[test]
 fn env_count_pins_two_gpus() {
     let Some(h) = harness("env_count_pins_two_gpus", Need::Docker) else {
         return;

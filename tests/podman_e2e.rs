@@ -59,6 +59,47 @@ fn annotated_container_sees_exactly_its_two_gpus() {
 }
 
 #[test]
+fn status_and_audit_name_podman_as_the_engine_and_no_more_than_it_tells() {
+    let Some(podman) = setup(
+        "status_and_audit_name_podman_as_the_engine_and_no_more_than_it_tells",
+        Options::default(),
+    ) else {
+        return;
+    };
+    let image = "localhost/gpupin-test:named";
+    podman.import_image(image);
+    let name = podman.name(0);
+    let id = podman.start_image(&name, image, &["--annotation", "gpupin.count=1"]);
+    let status = podman.status();
+    let holder = &podman.holders()[0];
+    assert_eq!(holder["id"], id.as_str(), "{status:#}");
+    assert_eq!(holder["kind"], "container", "{status:#}");
+    // Podman (4.3 here) puts its mark into the spec, but neither the container's name
+    // nor its image: gpupin shows what the engine told, and its id.
+    assert_eq!(
+        holder["container"],
+        serde_json::json!({"engine": "podman", "name": null, "image": null}),
+        "{status:#}"
+    );
+    let allocation = podman
+        .audit_lines()
+        .into_iter()
+        .find(|l| l["event"] == "allocate")
+        .unwrap_or_else(|| panic!("no allocate line: {}", podman.audit_log()));
+    assert_eq!(allocation["engine"], "podman", "{allocation}");
+    let table = podman.gpupin(&["status"]);
+    assert_success("gpupin status", &table);
+    let table = String::from_utf8(table.stdout).unwrap();
+    let row = table
+        .lines()
+        .find(|l| l.contains(" podman "))
+        .unwrap_or_else(|| panic!("no podman row: {table}"));
+    assert!(row.contains(&id[..12]), "{table}");
+    assert!(table.lines().all(|l| l.chars().count() <= 80), "{table}");
+    podman.remove(&name);
+}
+
+#[test]
 fn rm_f_of_a_detached_container_releases() {
     let Some(podman) = setup("rm_f_of_a_detached_container_releases", Options::default()) else {
         return;

@@ -10,8 +10,11 @@ mod prestart;
 use crate::config::{Config, ConfigError};
 use crate::driver::foreign;
 use crate::edits::EditsError;
+use crate::engine;
 use crate::inventory::InventoryError;
-use crate::ledger::{BadHolderId, ClaimError, ClaimToken, HolderId, Ledger, LedgerError, Record};
+use crate::ledger::{
+    BadHolderId, ClaimError, ClaimToken, ContainerInfo, HolderId, Ledger, LedgerError, Record,
+};
 use crate::regular::{self, Links};
 use crate::request::{self, GpuRequest, RequestError};
 use crate::spec::{self, SpecError};
@@ -230,6 +233,7 @@ fn run_stage(
                 id: &id,
                 pid,
                 bundle: &bundle,
+                info: info_of(&state),
             };
             prestart::prestart(&container, &request, spec, &config)
         }
@@ -238,10 +242,20 @@ fn run_stage(
                 id: &id,
                 pid,
                 bundle: &bundle,
+                info: info_of(&state),
             };
             prestart::unrequested(&container, spec, &config)
         }
     }
+}
+
+/// What the state's annotations tell about the container's engine (podman's mark, CRI's
+/// names); plain runc tells nothing.
+fn info_of(state: &State) -> Option<ContainerInfo> {
+    state
+        .annotations()
+        .as_ref()
+        .and_then(engine::from_annotations)
 }
 
 /// Reads the request: annotations first, then the spec's env. `None`: no request at all.
@@ -611,5 +625,15 @@ mod tests {
             assert!(e.starts_with(expected), "{e}");
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn the_states_annotations_name_the_engine_at_prestart() {
+        let b = bundle(&[]);
+        let podman = state("p", b.path(), &[("io.container.manager", "libpod")]);
+        let podman: State = serde_json::from_slice(&podman).unwrap();
+        assert_eq!(info_of(&podman), Some(engine::engine_only("podman")));
+        let runc: State = serde_json::from_slice(&state("r", b.path(), &[])).unwrap();
+        assert_eq!(info_of(&runc), None);
     }
 }

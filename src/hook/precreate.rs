@@ -9,6 +9,7 @@ use crate::admit::{self, Admission, Claim};
 use crate::config::{Config, ConfigError};
 use crate::driver::foreign::{self, GpuNumbers, Unrequested};
 use crate::edits::{self, ApplyError, HookCommand};
+use crate::engine;
 use crate::ledger::{ClaimToken, HolderMeta};
 use crate::request::{self, ERROR_ANNOTATION, GpuRequest};
 use crate::spec;
@@ -64,6 +65,8 @@ fn claim(
     let Some(request) = request::find(&mut sources)? else {
         return void(spec_value, || sources.into_config());
     };
+    // Podman marks its specs; the container's name and image are not in them.
+    let container = engine::from_annotations(&sources.annotations);
     let config = sources.into_config()?;
     let token = ClaimToken::new_claim()?;
     // No container id yet: the claim's holder id stands for it until prestart binds it.
@@ -77,6 +80,7 @@ fn claim(
         request: &request,
         meta: HolderMeta {
             source: "precreate".into(),
+            container,
             ..HolderMeta::default()
         },
         claim: Some(Claim {
@@ -412,5 +416,17 @@ mod tests {
             Outcome::Spec { bytes, claim: None } => assert_eq!(bytes, input),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_podman_claim_names_the_engine_and_nothing_podman_did_not_say() {
+        let state = tempfile::tempdir().unwrap();
+        // Podman 4.3's annotations for `podman run --name web IMAGE`: no name, no image.
+        let spec = spec_with(json!({"gpupin.count": "1",
+            "io.container.manager": "libpod",
+            "io.podman.annotations.autoremove": "FALSE"}));
+        let (_, claim) = precreate_any(&spec, state.path());
+        let info = claim.unwrap().container.unwrap();
+        assert_eq!(info, crate::engine::engine_only("podman"));
     }
 }

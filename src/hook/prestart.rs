@@ -7,7 +7,7 @@ use crate::admit::{self, Admission};
 use crate::config::Config;
 use crate::driver::foreign::{self, GpuNumbers, Unrequested};
 use crate::edits::inject::{self, Target};
-use crate::ledger::{HolderId, HolderMeta};
+use crate::ledger::{ContainerInfo, HolderId, HolderMeta};
 use crate::request::{GpuRequest, Origin, Selection};
 use crate::spec;
 use serde_json::Value;
@@ -18,6 +18,8 @@ pub(super) struct Container<'a> {
     pub id: &'a HolderId,
     pub pid: Option<i32>,
     pub bundle: &'a Path,
+    /// What its engine told about it (`engine::from_annotations`).
+    pub info: Option<ContainerInfo>,
 }
 
 pub(super) fn prestart(
@@ -43,6 +45,7 @@ pub(super) fn prestart(
             source: "hook".into(),
             pid: Some(pid),
             bundle: Some(c.bundle.to_path_buf()),
+            container: c.info.clone(),
             ..HolderMeta::default()
         },
         claim: None,

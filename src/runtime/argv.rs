@@ -38,6 +38,8 @@ pub struct Invocation {
     pub runtime_args: Vec<OsString>,
     /// runc's `--log FILE`, where containerd looks for the reason a create failed.
     pub log_file: Option<PathBuf>,
+    /// runc's `--root DIR`: containerd's runc shim gives its own (`engine`).
+    pub runc_root: Option<PathBuf>,
     pub action: Action,
 }
 
@@ -95,6 +97,7 @@ pub fn parse(args: Vec<OsString>, cwd: PathBuf) -> Result<Invocation, ArgvError>
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     let log_file = option_value(&strs, &["--log"]).map(PathBuf::from);
+    let runc_root = option_value(&strs, &["--root"]).map(PathBuf::from);
     let action = match command_position(&strs) {
         Some(at) => action_for(&strs[at], &strs[at + 1..], cwd),
         None => Action::Other,
@@ -106,6 +109,7 @@ pub fn parse(args: Vec<OsString>, cwd: PathBuf) -> Result<Invocation, ArgvError>
         gpupin_runtime: own.runtime,
         runtime_args,
         log_file,
+        runc_root,
         action,
     })
 }
@@ -230,6 +234,10 @@ mod tests {
             }
         );
         assert_eq!(inv.log_file, Some(PathBuf::from("/run/c/log.json")));
+        assert_eq!(
+            inv.runc_root,
+            Some(PathBuf::from("/run/docker/runtime-runc/moby"))
+        );
         assert_eq!(inv.runtime_args.len(), 13);
     }
 

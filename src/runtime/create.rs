@@ -3,10 +3,11 @@
 use super::ShimError;
 use crate::admit::{self, Admission, Claim};
 use crate::config::Config;
-use crate::docker;
+use crate::docker::{self, DockerContainer};
 use crate::driver::foreign::{self, GpuNumbers, Unrequested};
 use crate::edits::{self, HookCommand};
-use crate::ledger::{ClaimToken, HolderId, HolderMeta, Record};
+use crate::engine;
+use crate::ledger::{ClaimToken, ContainerInfo, HolderId, HolderMeta, Record};
 use crate::request::{self, GpuRequest};
 use crate::spec;
 use serde_json::Value;
@@ -20,7 +21,40 @@ struct ShimSources<'a> {
     annotations: HashMap<String, String>,
     spec: &'a Value,
     docker_dir: Option<PathBuf>,
+    /// config.v2.json, once read (for the labels, or for `container_info`).
+    docker: Option<DockerContainer>,
     config: &'a Config,
+}
+
+impl ShimSources<'_> {
+    /// The Docker container's config.v2.json, read at most once per create.
+    fn docker(&mut self) -> Result<Option<&DockerContainer>, ShimError> {
+        if let (None, Some(dir)) = (&self.docker, &self.docker_dir) {
+            self.docker = Some(DockerContainer::read(dir)?);
+        }
+        Ok(self.docker.as_ref())
+    }
+
+    /// What the engine tells about the container: Docker's folder, else the spec's
+    /// annotations, else the runtime root containerd gives runc. config.v2.json that
+    /// cannot be read leaves only the engine: it labels the holder, it decides nothing.
+    fn container_info(&mut self, runc_root: Option<&Path>) -> Option<ContainerInfo> {
+        if self.docker_dir.is_some() {
+            return Some(match self.docker() {
+                Ok(docker) => docker.map(DockerContainer::info).unwrap_or_default(),
+                Err(err) => {
+                    tracing::warn!(error = %crate::message::one_line(&err), "no container name");
+                    engine::engine_only(engine::DOCKER)
+                }
+            });
+        }
+        let containerd = runc_root.is_some_and(engine::is_containerd_root);
+        match engine::from_annotations(&self.annotations) {
+            Some(info) => Some(info),
+            None if containerd => Some(engine::engine_only(engine::CONTAINERD)),
+            None => None,
+        }
+    }
 }
 
 impl request::Sources for ShimSources<'_> {
@@ -29,8 +63,8 @@ impl request::Sources for ShimSources<'_> {
         &self.annotations
     }
     fn labels(&mut self) -> Result<Option<GpuRequest>, ShimError> {
-        match &self.docker_dir {
-            Some(dir) => Ok(docker::label_request(dir)?),
+        match self.docker()? {
+            Some(docker) => Ok(docker.label_request()?),
             None => Ok(None),
         }
     }
@@ -58,20 +92,23 @@ fn sources<'a>(spec_value: &'a Value, id: &str, config: &'a Config) -> ShimSourc
         annotations: spec::annotations(spec_value),
         spec: spec_value,
         docker_dir: docker::container_dir(spec_value, id),
+        docker: None,
         config,
     }
 }
 
 /// Allocates for a container that asks for GPUs and rewrites its spec. `None`: the
 /// container asked gpupin for nothing; its bundle was left as it came, or with what it
-/// asked NVIDIA's stack for voided (`unrequested = "strip"`).
+/// asked NVIDIA's stack for voided (`unrequested = "strip"`). `runc_root`: runc's
+/// `--root`, which tells containerd's containers apart.
 pub fn prepare(
     config: &Config,
     bundle: &Path,
     id: &str,
     hook: &HookCommand,
+    runc_root: Option<&Path>,
 ) -> Result<Option<Record>, ShimError> {
-    let prepared = edit_spec(config, bundle, id, hook);
+    let prepared = edit_spec(config, bundle, id, hook, runc_root);
     match &prepared {
         Ok(Some(record)) => {
             tracing::debug!(container = %record.id, gpus = ?record.gpus, "spec edited; running the real runtime")
@@ -92,6 +129,7 @@ fn edit_spec(
     bundle: &Path,
     id: &str,
     hook: &HookCommand,
+    runc_root: Option<&Path>,
 ) -> Result<Option<Record>, ShimError> {
     let config_path = bundle.join("config.json");
     let mut spec_value = spec::read(&config_path)?;
@@ -120,6 +158,7 @@ fn edit_spec(
         meta: HolderMeta {
             source: "runtime".into(),
             bundle: Some(bundle.to_path_buf()),
+            container: sources.container_info(runc_root),
             ..HolderMeta::default()
         },
         claim: Some(Claim {
@@ -171,7 +210,7 @@ mod tests {
             let path = bundle.join("config.json");
             std::fs::write(&path, spec.to_string()).unwrap();
             let hook = HookCommand::beside(Path::new("/usr/bin/gpupin-runtime"), None);
-            let record = prepare(&self.config, &bundle, id, &hook).unwrap();
+            let record = prepare(&self.config, &bundle, id, &hook, None).unwrap();
             (record, spec::read(&path).unwrap())
         }
 
@@ -182,9 +221,14 @@ mod tests {
 
         /// A Docker container folder for `id` whose hostconfig.json asks `--gpus count`.
         fn docker_container(&self, id: &str, count: i64) -> Value {
+            self.docker_named(id, count, r#"{"Config": {"Labels": {}}}"#)
+        }
+
+        /// A Docker container folder for `id` with this config.v2.json, asking `--gpus`.
+        fn docker_named(&self, id: &str, count: i64, config_v2: &str) -> Value {
             let dir = self.root.join("docker/containers").join(id);
             std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(dir.join("config.v2.json"), r#"{"Config": {"Labels": {}}}"#).unwrap();
+            std::fs::write(dir.join("config.v2.json"), config_v2).unwrap();
             let host = json!({"DeviceRequests": [
                 {"Driver": "", "Count": count, "Capabilities": [["gpu"]]}
             ]});
@@ -262,5 +306,60 @@ mod tests {
             edited["process"]["env"],
             json!([format!("NVIDIA_VISIBLE_DEVICES={}", record.gpus.join(","))])
         );
+    }
+
+    #[test]
+    fn a_docker_container_is_recorded_with_its_name_and_image() {
+        let s = setup(Unrequested::Strip);
+        let config_v2 = r#"{"Name": "/trainer\nx", "Config": {"Image": "my/trainer:2",
+            "Labels": {"gpupin.count": "1"}}}"#;
+        let spec = json!({"mounts": s.docker_named("c", 1, config_v2)});
+        let record = s.prepare("c", &spec).0.unwrap();
+        assert_eq!(record.request.origin, crate::request::Origin::Labels);
+        let info = record.container.unwrap();
+        assert_eq!(info.engine.as_deref(), Some("docker"));
+        assert_eq!(info.name.as_deref(), Some("trainer\u{fffd}x"));
+        assert_eq!(info.image.as_deref(), Some("my/trainer:2"));
+        // An annotation request: config.v2.json is read for the name alone.
+        let spec = json!({"annotations": {"gpupin.count": "1"},
+            "mounts": s.docker_named("d", 1, r#"{"Name": "/web"}"#)});
+        let info = s.prepare("d", &spec).0.unwrap().container.unwrap();
+        assert_eq!(info.name.as_deref(), Some("web"));
+        assert_eq!(info.image, None);
+    }
+
+    #[test]
+    fn a_broken_config_v2_beside_an_annotation_request_leaves_only_the_engine() {
+        let s = setup(Unrequested::Strip);
+        let spec = json!({"annotations": {"gpupin.count": "1"},
+            "mounts": s.docker_named("c", 1, "{")});
+        let info = s.prepare("c", &spec).0.unwrap().container.unwrap();
+        assert_eq!(info, crate::engine::engine_only("docker"));
+    }
+
+    #[test]
+    fn containerds_runc_root_or_its_annotations_name_the_engine() {
+        let s = setup(Unrequested::Strip);
+        let bundle = s.root.join("bundles/ctr");
+        std::fs::create_dir_all(&bundle).unwrap();
+        let spec = json!({"annotations": {"gpupin.count": "1"}});
+        std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+        let hook = HookCommand::beside(Path::new("/usr/bin/gpupin-runtime"), None);
+        let root = Path::new("/run/containerd/runc/default");
+        let record = prepare(&s.config, &bundle, "ctr", &hook, Some(root)).unwrap();
+        let info = record.unwrap().container.unwrap();
+        assert_eq!(info, crate::engine::engine_only("containerd"));
+        let spec = json!({"annotations": {"gpupin.count": "1",
+            "io.kubernetes.cri.container-name": "worker",
+            "io.kubernetes.cri.sandbox-name": "job",
+            "io.kubernetes.cri.sandbox-namespace": "ml",
+            "io.kubernetes.cri.image-name": "trainer:1"}});
+        let info = s.prepare("cri", &spec).0.unwrap().container.unwrap();
+        assert_eq!(info.engine.as_deref(), Some("containerd"));
+        assert_eq!(info.name.as_deref(), Some("ml/job/worker"));
+        assert_eq!(info.image.as_deref(), Some("trainer:1"));
+        // Under another runtime root, and without annotations of any engine: unknown.
+        let spec = json!({"annotations": {"gpupin.count": "1"}});
+        assert_eq!(s.prepare("plain", &spec).0.unwrap().container, None);
     }
 }

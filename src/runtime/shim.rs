@@ -29,7 +29,7 @@ pub fn run(inv: &Invocation, config: &Config, own_exe: &Path) -> Result<Handover
         Action::Other => Ok(Handover::Exec { runtime }),
         Action::Create { bundle, id } => {
             let hook = HookCommand::beside(own_exe, config.path.clone());
-            if create::prepare(config, bundle, id, &hook)?.is_none() {
+            if create::prepare(config, bundle, id, &hook, inv.runc_root.as_deref())?.is_none() {
                 return Ok(Handover::Exec { runtime });
             }
             // The container never comes to be when the runtime fails: no poststop will

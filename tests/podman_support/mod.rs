@@ -183,6 +183,42 @@ impl Podman {
         id
     }
 
+    /// The rootfs as image `reference` in this test's storage (`podman import`: no
+    /// registry is needed).
+    pub fn import_image(&self, reference: &str) {
+        let tar = self.path("rootfs.tar");
+        let out = Command::new("tar")
+            .arg("-C")
+            .arg(self.rootfs())
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .output()
+            .expect("running tar");
+        assert_success("tar of the rootfs", &out);
+        let out = self
+            .podman()
+            .args(["import", "--quiet"])
+            .arg(&tar)
+            .arg(reference)
+            .output()
+            .expect("running podman import");
+        assert_success("podman import", &out);
+    }
+
+    /// Like `start`, from `image` rather than the rootfs.
+    pub fn start_image(&self, name: &str, image: &str, args: &[&str]) -> String {
+        let out = self
+            .podman()
+            .args(["run", "-d", "--name", name, "--network", "none"])
+            .args(args)
+            .args([image, "sleep", "1000"])
+            .output()
+            .expect("running podman");
+        assert_success(&format!("podman run -d {name} {image}"), &out);
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
     /// Removes a container at once (`sleep` as pid 1 ignores SIGTERM).
     pub fn remove(&self, name: &str) {
         let out = self
@@ -234,6 +270,17 @@ impl Podman {
 
     pub fn audit_log(&self) -> String {
         std::fs::read_to_string(self.state_dir().join("audit.log")).unwrap_or_default()
+    }
+
+    /// The audit log's lines as JSON.
+    pub fn audit_lines(&self) -> Vec<Value> {
+        self.audit_log()
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("audit line {l:?} is no JSON: {e}"))
+            })
+            .collect()
     }
 
     /// The audit log's lines as (event, holder).

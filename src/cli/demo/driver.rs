@@ -55,7 +55,7 @@ pub fn start(
     let bundle = setup.work.join("bundles").join("cuda");
     let spec = BundleSpec::sleeper(rootfs).annotation("gpupin.count", "1");
     sandbox::write_bundle(&bundle, &spec)?;
-    let Some(record) = create::prepare(&setup.config, &bundle, &id, hook)? else {
+    let Some(record) = create::prepare(&setup.config, &bundle, &id, hook, None)? else {
         outln!("  cuda    asked for a GPU, but gpupin saw no request")?;
         return Ok((false, None));
     };

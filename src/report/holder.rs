@@ -1,0 +1,130 @@
+//! One holder as `gpupin status` shows it: who it is (a container's name and image where
+//! its engine told them, a person's job or hold with their user name), its process and
+//! its age; and the same as JSON.
+
+use super::table::Cell;
+use crate::ledger::{HolderKind, Mode, Record};
+use serde_json::{Value, json};
+use std::time::{Duration, SystemTime};
+
+/// What the table shows where a pid would be, for a hold without a process.
+pub const UNTIL_RELEASED: &str = "until released";
+
+/// A holder's row after the GPU index: HOLDER, KIND, IMAGE, PID, AGE.
+pub fn cells(r: &Record, now: SystemTime, grace: Duration) -> [Cell; 5] {
+    let container = r.container.as_ref();
+    let (label, kind) = match r.kind {
+        HolderKind::Container => (
+            container
+                .and_then(|c| c.name.clone())
+                .unwrap_or(r.id.clone()),
+            container
+                .and_then(|c| c.engine.clone())
+                .unwrap_or("container".into()),
+        ),
+        HolderKind::Exec | HolderKind::Hold => (r.id.clone(), r.kind.as_str().into()),
+    };
+    let image = container.and_then(|c| c.image.clone()).unwrap_or_default();
+    let pid = match (r.pid, r.until_release) {
+        (Some(pid), _) => pid.to_string(),
+        (None, true) => UNTIL_RELEASED.into(),
+        (None, false) => String::new(),
+    };
+    [
+        Cell {
+            text: label,
+            tail: tags(r, now, grace),
+            keep_end: false,
+        },
+        Cell::from(kind),
+        Cell {
+            text: image,
+            tail: String::new(),
+            keep_end: true,
+        },
+        Cell::from(pid),
+        Cell::from(age(now, r)),
+    ]
+}
+
+/// ` (alice, shared, 20GiB, gone)`: the person a job or hold is for, how it shares its
+/// GPUs, whether it is gone; nothing for a running exclusive container.
+fn tags(r: &Record, now: SystemTime, grace: Duration) -> String {
+    let mut tags: Vec<String> = Vec::new();
+    if let Some(owner) = &r.owner {
+        tags.push(owner.user.clone());
+    }
+    if r.mode == Mode::Shared {
+        tags.push("shared".into());
+        tags.extend(r.request.reserve.map(crate::units::format_size));
+    }
+    if r.is_stale(now, grace) {
+        tags.push("gone".into());
+    }
+    match tags.is_empty() {
+        true => String::new(),
+        false => format!(" ({})", tags.join(", ")),
+    }
+}
+
+/// How long the holder has held its GPUs: `42s`, `12m`, `3h05m`, `2d04h`. A record from
+/// the future (a clock stepped back) is `0s` old.
+fn age(now: SystemTime, r: &Record) -> String {
+    let s = now
+        .duration_since(r.created())
+        .unwrap_or_default()
+        .as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+pub fn since(record: &Record) -> String {
+    humantime::format_rfc3339_seconds(record.created()).to_string()
+}
+
+/// A holder in `gpupin status --json`. `owner` and `container` are null where unknown,
+/// and so are the container's engine, name and image each.
+pub fn json(r: &Record, now: SystemTime, grace: Duration) -> Value {
+    json!({
+        "id": r.id,
+        "kind": r.kind,
+        "owner": r.owner.as_ref().map(|o| json!({"uid": o.uid, "user": o.user})),
+        "container": r.container.as_ref().map(|c| json!({
+            "engine": c.engine, "name": c.name, "image": c.image,
+        })),
+        "gpus": r.gpus,
+        "mode": r.mode,
+        "pid": r.pid,
+        "until_release": r.until_release,
+        "since": since(r),
+        "source": r.source,
+        "state": if r.is_stale(now, grace) { "gone" } else { "running" },
+        "request": r.request,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_like_uptime() {
+        let created = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let r = crate::report::tests::record("c", &[]);
+        let r = Record {
+            created_at: 1_000_000,
+            ..r
+        };
+        let at = |s: u64| age(created + Duration::from_secs(s), &r);
+        assert_eq!(at(0), "0s");
+        assert_eq!(at(59), "59s");
+        assert_eq!(at(12 * 60 + 59), "12m");
+        assert_eq!(at(3 * 3600 + 5 * 60), "3h05m");
+        assert_eq!(at(2 * 86400 + 4 * 3600 + 59), "2d04h");
+        assert_eq!(age(created - Duration::from_secs(5), &r), "0s");
+    }
+}
