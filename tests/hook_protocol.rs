@@ -1,5 +1,6 @@
 //! `gpupin hook` fed OCI state JSON directly, as runc would, for the requests that must be
-//! refused before anything is allocated. Needs neither root nor runc: none of these get as
+//! refused before anything is allocated. Needs neither root nor runc (but for the test of a
+//! hook without capabilities, which needs root): none of these get as
 //! far as touching a container.
 
 use gpupin::admit::{self, Admission};
@@ -155,4 +156,46 @@ fn poststop_of_a_container_that_holds_nothing_succeeds() {
     let out = g.run(&["hook", "poststop"], &input);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(g.ledger_snapshot().is_empty());
+}
+
+/// A runtime that drops capabilities from its hooks: prestart says which one it misses
+/// before anything is allocated. Needs root (to have the capabilities to drop) and setpriv.
+#[test]
+fn a_hook_without_the_capabilities_to_inject_is_refused_before_allocating() {
+    let test = "a_hook_without_the_capabilities_to_inject_is_refused_before_allocating";
+    if !gpupin_sandbox::harness::need_root(test) {
+        return;
+    }
+    let Some(setpriv) = gpupin_sandbox::harness::required(
+        test,
+        which("setpriv").ok_or_else(|| "setpriv (util-linux) is not installed".to_string()),
+    ) else {
+        return;
+    };
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
+    let sleeper = Sleeper::start();
+    let b = bundle(g.dir.path(), &[]);
+    let input = state("c1", sleeper.pid(), &b, json!({"gpupin.count": "1"}));
+    let mut cmd = std::process::Command::new(setpriv);
+    cmd.args(["--bounding-set=-mknod", "--"])
+        .arg(&g.bin)
+        .arg("--config")
+        .arg(&g.config)
+        .args(["hook", "prestart"]);
+    let out = gpupin_sandbox::harness::run_with_input(&mut cmd, &input);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "gpupin: cannot give container c1 its GPUs at prestart: this hook runs without CAP_MKNOD (it enters the container's mount namespace and makes device nodes); run the runtime's hooks as root with full capabilities"
+    );
+    assert!(g.ledger_snapshot().is_empty(), "nothing may be held");
+}
+
+fn which(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.is_file())
 }

@@ -98,6 +98,10 @@ pub enum HookError {
         "OCI state of container {0} has no pid; a prestart hook needs the container's init process"
     )]
     NoPid(String),
+    #[error(
+        "cannot give container {id} its GPUs at prestart: this hook runs without {cap} (it enters the container's mount namespace and makes device nodes); run the runtime's hooks as root with full capabilities"
+    )]
+    MissingCapability { id: String, cap: &'static str },
 }
 
 /// What the hook did, for the binary to report.

@@ -38,6 +38,12 @@ pub(super) fn prestart(
     if request.cpus.is_some() {
         return Err(HookError::CpusNeedSpecEdit(c.id.to_string()));
     }
+    if let Some(cap) = crate::inject::missing_capability() {
+        return Err(HookError::MissingCapability {
+            id: c.id.to_string(),
+            cap,
+        });
+    }
     let admission = Admission {
         holder: c.id,
         request,

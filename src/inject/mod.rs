@@ -161,6 +161,21 @@ pub fn allow_in_device_cgroup(pid: i32, nodes: &[DeviceNode]) -> Result<(), Inje
     cgroup::allow(Path::new("/proc"), pid, nodes)
 }
 
+/// The capability this process lacks for injecting at prestart, if any: entering the
+/// container's mount namespace needs CAP_SYS_ADMIN, making its device nodes CAP_MKNOD.
+/// Asked before anything is allocated, so that a hook run without them (a runtime that
+/// drops capabilities from its hooks) fails with one clear line, not halfway.
+pub fn missing_capability() -> Option<&'static str> {
+    use caps::{CapSet, Capability};
+    [
+        (Capability::CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
+        (Capability::CAP_MKNOD, "CAP_MKNOD"),
+    ]
+    .into_iter()
+    .find(|(cap, _)| !caps::has_cap(None, CapSet::Effective, *cap).unwrap_or(false))
+    .map(|(_, name)| name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
