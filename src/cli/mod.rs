@@ -6,6 +6,7 @@ mod out;
 
 #[cfg(feature = "demo")]
 mod demo;
+mod completions;
 mod exec;
 mod exec_gate;
 mod flag;
@@ -83,6 +84,11 @@ pub enum Command {
     /// The start of a job gpupin exec runs: waits until its GPUs are its own
     #[command(hide = true)]
     ExecGate(exec_gate::ExecGateArgs),
+    /// Print shell completions: gpupin completions bash > /etc/bash_completion.d/gpupin
+    Completions(completions::CompletionsArgs),
+    /// Write the man pages (roff) into a directory, for packagers
+    #[command(hide = true)]
+    Manpage(completions::ManpageArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -143,13 +149,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Nvml(args) => return nvml::run(args),
         // The job's environment and config are its own from here.
         Command::ExecGate(args) => return exec_gate::run(args),
+        // Neither needs a config: they describe the commands.
+        Command::Completions(args) => return completions::completions(args),
+        Command::Manpage(args) => return completions::manpages(args),
         _ => {}
     }
     let config = load_config(cli.config.as_deref())?;
     match cli.command {
-        Command::Hook(_) | Command::Nvml(_) | Command::ExecGate(_) => {
-            unreachable!("handled above")
-        }
+        Command::Hook(_)
+        | Command::Nvml(_)
+        | Command::ExecGate(_)
+        | Command::Completions(_)
+        | Command::Manpage(_) => unreachable!("handled above"),
         Command::Exec(args) => exec::run(&config, &args),
         Command::Hold(args) => hold::run(&config, &args),
         Command::Serve(args) => serve::run(&config, &args),
