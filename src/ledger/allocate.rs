@@ -125,7 +125,9 @@ pub(super) fn plan(
             let positions = resolve_devices(keys, inventory)?;
             for &p in &positions {
                 if let Err(unfit) = &fit[p] {
-                    return Err(device_unfit(holder, request, inventory, live, p, unfit));
+                    return Err(device_unfit(
+                        holder, request, machine, live, p, unfit, scope,
+                    ));
                 }
             }
             positions
@@ -341,12 +343,13 @@ fn fit_detail(
 fn device_unfit(
     holder: &HolderId,
     request: &GpuRequest,
-    inventory: &Inventory,
+    machine: &Machine,
     live: &[Record],
     position: usize,
     unfit: &Unfit,
+    scope: &Scope,
 ) -> LedgerError {
-    let gpu = &inventory.gpus[position];
+    let gpu = &machine.inventory.gpus[position];
     let reason = match unfit {
         Unfit::Model => format!(
             "its name {:?} does not match gpupin.model={}",
@@ -357,7 +360,12 @@ fn device_unfit(
             "it has less memory than gpupin.memory={}",
             format_size(request.memory.unwrap_or_default())
         ),
-        Unfit::OutOfScope => "it is not among the GPUs this request may take".to_string(),
+        // Say what narrowed the choice: a user cannot tell a hold's GPUs from their
+        // groups' otherwise.
+        Unfit::OutOfScope => format!(
+            "it is not among the GPUs this request may take ({})",
+            scope.what.join(", ")
+        ),
         // The message names the holders in every case; the log tells the three apart.
         Unfit::Held | Unfit::SharedFull | Unfit::NoRoom => {
             let holders: Vec<&str> = holders_of(&gpu.uuid, live).map(|r| r.id.as_str()).collect();

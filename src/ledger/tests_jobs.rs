@@ -281,6 +281,18 @@ fn a_groups_gpus_are_the_only_ones_its_members_get() {
         one_line(&err),
         "cannot allocate 1 GPU for s2: 2 of 8 GPUs held, 6 free; 0 can take the GPUs sue's groups may use"
     );
+    let err = l
+        .allocate(
+            &id("s3"),
+            &devices(&["0"]),
+            &m,
+            job("sue", 1006, &["students"]),
+        )
+        .unwrap_err();
+    assert_eq!(
+        one_line(&err),
+        "cannot allocate GPU 0 (GPU-test-0) for s3: it is not among the GPUs this request may take (the GPUs sue's groups may use)"
+    );
 }
 
 #[test]

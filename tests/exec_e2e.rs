@@ -1,0 +1,845 @@
+//! `gpupin exec`, `hold` and `serve` end to end, as root with real processes: throwaway
+//! users who run jobs through a real `gpupin serve`, real device cgroups (v1 and a
+//! cgroup2 BPF program) around fake GPU nodes, runc containers in the same queue and
+//! nesting, limits, the socket systemd would hand over, and the audit trail.
+
+mod exec_support;
+
+use exec_support::{
+    Daemon, GPUPIN, Group, Job, Sleeper, User, alive, audit, events_of, gpupin, holder_ids,
+    job_script, ok, open_up, queued, record, refusal, refused, requirements, run, scratch, until,
+    until_clean,
+};
+use gpupin_sandbox::harness::{self, Sandbox, status};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+#[test]
+fn a_users_job_sees_its_gpus_and_the_ledger_names_the_user_and_the_job() {
+    let test = "a_users_job_sees_its_gpus";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let alice = User::create("env");
+    let _daemon = Daemon::start(&g);
+    let mut job = Job::start(&g, Some(&alice), "env", &["--count", "2"]);
+    let report = job.ready();
+    let holder = job.holder();
+
+    assert_eq!(report.var("GPUPIN_HOLDER"), holder);
+    assert_eq!(report.var("CUDA_DEVICE_ORDER"), "PCI_BUS_ID");
+    let indices = report.cuda_indices();
+    assert_eq!(indices.len(), 2, "{:?}", report.env);
+    assert!(indices.is_sorted(), "indices in bus order: {indices:?}");
+    let own_cgroup = format!("/gpupin-{holder}");
+    assert!(
+        report.cgroups.iter().any(|l| l.ends_with(&own_cgroup)),
+        "the job sits in a cgroup of its own: {:?}",
+        report.cgroups
+    );
+
+    let st = g.status();
+    let h = status::holder(&st, &holder).expect("the job's holder is in the ledger");
+    assert_eq!(
+        h["pid"], report.pid,
+        "the job's own pid holds the GPUs: {h}"
+    );
+    assert_eq!(h["state"], "running");
+    let uuids: Vec<String> = indices
+        .iter()
+        .map(|&i| status::uuid_of(&st, i.into()))
+        .collect();
+    assert_eq!(report.var("NVIDIA_VISIBLE_DEVICES"), uuids.join(","));
+    let mut held = status::holdings(&st)[&holder].clone();
+    held.sort();
+    let mut seen = uuids.clone();
+    seen.sort();
+    assert_eq!(held, seen, "CUDA_VISIBLE_DEVICES names the GPUs held");
+
+    let owner = &record(&g, &holder)["owner"];
+    assert_eq!(owner["user"], alice.name.as_str());
+    assert_eq!(owner["uid"], alice.uid);
+    // `status --json` names owners once the holders work is merged; where it does, it
+    // must name the same one.
+    if let Some(shown) = h.get("owner") {
+        assert_eq!(shown["user"], alice.name.as_str(), "{h}");
+        assert_eq!(shown["uid"], alice.uid, "{h}");
+    }
+
+    let (exit, stderr) = job.finish();
+    assert!(exit.success(), "{exit}: {stderr}");
+    until_clean(&g);
+}
+
+#[test]
+fn gpupin_exec_ends_with_the_jobs_status_and_passes_signals_on() {
+    let test = "gpupin_exec_ends_with_the_jobs_status";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let bob = User::create("sig");
+    let _daemon = Daemon::start(&g);
+    for (who, user) in [("user", Some(&bob)), ("root", None)] {
+        let out = run(
+            &g,
+            user,
+            &["exec", "--count", "1", "--", "sh", "-c", "exit 7"],
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(7),
+            "{who}: {}",
+            harness::stderr(&out)
+        );
+
+        let out = run(
+            &g,
+            user,
+            &["exec", "--count", "1", "--", "sh", "-c", "kill -KILL $$"],
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(137),
+            "{who}: a job killed by KILL: {}",
+            harness::stderr(&out)
+        );
+
+        // The trap is set before the job says it runs; TERM goes to gpupin, not the job.
+        let name = format!("trap-{who}");
+        let script = format!(
+            "trap 'exit 42' TERM; {}",
+            job_script(&scratch(&g), &name, 1)
+        );
+        let mut job = Job::start_with(&g, user, &name, &["--count", "1"], &[], &script);
+        let report = job.ready();
+        assert_ne!(report.pid, job.gpupin_pid());
+        job.signal(libc::SIGTERM);
+        let (exit, stderr) = job.wait();
+        assert_eq!(exit.code(), Some(42), "{who}: {stderr}");
+    }
+    until_clean(&g);
+}
+
+#[test]
+fn a_job_outlives_its_killed_gpupin_and_keeps_its_gpus_until_it_ends() {
+    let test = "a_job_outlives_its_killed_gpupin";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let carol = User::create("orph");
+    let _daemon = Daemon::start(&g);
+
+    // Two jobs of root's and one of a user's (through the daemon), all running at once.
+    let mut by_alloc = Job::start(&g, None, "root-alloc", &["--count", "2"]);
+    let mut by_gc = Job::start(&g, None, "root-gc", &["--count", "1"]);
+    let mut users = Job::start(&g, Some(&carol), "user", &["--count", "1"]);
+    let mut orphans = Vec::new();
+    let mut reports = Vec::new();
+    for job in [&mut by_alloc, &mut by_gc, &mut users] {
+        let report = job.ready();
+        let holder = job.holder();
+        job.signal(libc::SIGKILL);
+        let (exit, _) = job.wait();
+        assert_eq!(exit.signal(), Some(libc::SIGKILL));
+        assert!(alive(report.pid), "{}: the job goes on", job.name);
+        let h = g.holder(&holder).expect("the job still holds its GPUs");
+        assert_eq!(h["pid"], report.pid, "under the job's pid: {h}");
+        assert_eq!(h["state"], "running", "{h}");
+        orphans.push((holder, report.pid));
+        reports.push(report);
+    }
+    let [(alloc_id, alloc_pid), (gc_id, gc_pid), (user_id, user_pid)] = &orphans[..] else {
+        unreachable!()
+    };
+
+    // The user's job: the daemon watches its pid and releases the moment it ends.
+    users.go();
+    until("the user's job ends", || (!alive(*user_pid)).then_some(()));
+    until("the daemon releases the user's job", || {
+        g.holder(user_id).is_none().then_some(())
+    });
+    let events: Vec<Value> = events_of(&g, user_id);
+    assert_eq!(events.last().unwrap()["event"], "release", "{events:?}");
+
+    // Root's jobs had no daemon watching: the ledger sees them gone, and the next
+    // allocation or `gpupin gc` reaps them.
+    for (job, pid) in [(&by_alloc, alloc_pid), (&by_gc, gc_pid)] {
+        job.go();
+        until("root's job ends", || (!alive(*pid)).then_some(()));
+    }
+    for id in [alloc_id, gc_id] {
+        assert_eq!(g.holder(id).expect("kept until reaped")["state"], "gone");
+    }
+    let all_but_one = ["exec", "--count", "7", "--", "true"];
+    let out = run(&g, None, &all_but_one);
+    assert!(
+        out.status.success(),
+        "the gone job's GPUs are free again: {}",
+        harness::stderr(&out)
+    );
+    assert!(g.holder(alloc_id).is_none(), "reaped by the allocation");
+    ok(&g, None, &["gc"]);
+    assert!(g.holder(gc_id).is_none(), "reaped by gpupin gc");
+    for id in [alloc_id, gc_id] {
+        let events = events_of(&g, id);
+        assert_eq!(events.last().unwrap()["event"], "reap", "{events:?}");
+    }
+    // A root job's cgroups are its gpupin exec's to remove, and that was killed;
+    // reaping leaves them (empty now), so the test removes them itself.
+    for (report, id) in reports.iter().zip([alloc_id, gc_id]) {
+        for dir in exec_support::own_cgroup_dirs(report, id) {
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+    until_clean(&g);
+}
+
+/// `cat` of each of the 8 fake GPU nodes under `dev`, then the process's cgroups, as
+/// lines `NODE <minor> <cat's message>` and `CGROUP <line>`.
+fn probe_script(dev: &Path) -> String {
+    let d = dev.display();
+    format!(
+        "echo \"HOLDER $GPUPIN_HOLDER\"; \
+         for i in 0 1 2 3 4 5 6 7; do echo \"NODE $i $(cat {d}/nvidia$i 2>&1)\"; done; \
+         sed 's/^/CGROUP /' /proc/self/cgroup"
+    )
+}
+
+/// What opening each node gave, by minor: "ENXIO" (no driver behind the node: the
+/// cgroup let it through), "EPERM" (the cgroup denied it), or cat's own words.
+fn node_results(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("NODE "))
+        .map(|l| {
+            if l.ends_with("No such device or address") {
+                "ENXIO".to_string()
+            } else if l.ends_with("Operation not permitted") {
+                "EPERM".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Expected `node_results` for a job that holds `own`: its node reaches the (missing)
+/// driver, every other one is denied.
+fn only_own(own: usize) -> Vec<String> {
+    (0..8)
+        .map(|m| if m == own { "ENXIO" } else { "EPERM" }.to_string())
+        .collect()
+}
+
+fn confinement(test: &str, mode: &str) {
+    if !requirements(test) {
+        return;
+    }
+    let (controllers, what) = match mode {
+        "v1" => ("devices", "a cgroup v1 devices hierarchy"),
+        _ => ("", "a cgroup2 hierarchy"),
+    };
+    let mounted = exec_support::hierarchy_mount(controllers)
+        .ok_or_else(|| format!("this machine has no {what} mounted"));
+    if harness::required(test, mounted).is_none() {
+        return;
+    }
+    let g = gpupin(&format!("confine = {mode:?}"));
+    let dev = scratch(&g).join("dev");
+    std::fs::create_dir(&dev).unwrap();
+    for minor in 0..8 {
+        let node = dev.join(format!("nvidia{minor}"));
+        let out = Command::new("mknod")
+            .arg("-m")
+            .arg("666")
+            .arg(&node)
+            .args(["c", &harness::GPU_MAJOR.to_string(), &minor.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mknod: {}", harness::stderr(&out));
+    }
+    let dave = User::create(&format!("cf{mode}"));
+    let _daemon = Daemon::start(&g);
+    let probe = probe_script(&dev);
+
+    // Without gpupin every node opens as far as the (missing) driver: the denials below
+    // are the cgroup's, not the file system's.
+    let mut control = Command::new("sh");
+    control.args(["-c", &probe]).env("LC_ALL", "C");
+    let out = dave.owns(&mut control).output().unwrap();
+    assert_eq!(
+        node_results(&harness::stdout(&out)),
+        vec!["ENXIO"; 8],
+        "{}",
+        harness::stdout(&out)
+    );
+
+    for (who, user, own) in [("user", Some(&dave), 3), ("root", None, 4)] {
+        let own_arg = own.to_string();
+        let mut cmd = exec_support::cmd(
+            &g,
+            user,
+            &["exec", "--devices", &own_arg, "--", "sh", "-c", &probe],
+        );
+        let out = cmd.env("LC_ALL", "C").output().unwrap();
+        let stdout = harness::stdout(&out);
+        assert!(out.status.success(), "{who}: {}", harness::stderr(&out));
+        assert_eq!(node_results(&stdout), only_own(own), "{who}: {stdout}");
+        let holder = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("HOLDER "))
+            .unwrap();
+        let own_cgroup = format!("/gpupin-{holder}");
+        let confined = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("CGROUP "))
+            .any(|l| {
+                let hierarchy = match mode {
+                    "v1" => l.contains(":devices:"),
+                    _ => l.starts_with("0::"),
+                };
+                hierarchy && l.ends_with(&own_cgroup)
+            });
+        assert!(confined, "{who}: the job sits in {own_cgroup}: {stdout}");
+    }
+    until_clean(&g);
+}
+
+#[test]
+fn a_job_opens_only_its_own_gpu_under_cgroup_v1() {
+    confinement("a_job_opens_only_its_own_gpu_under_cgroup_v1", "v1");
+}
+
+#[test]
+fn a_job_opens_only_its_own_gpu_under_a_cgroup2_bpf_program() {
+    confinement(
+        "a_job_opens_only_its_own_gpu_under_a_cgroup2_bpf_program",
+        "v2",
+    );
+}
+
+#[test]
+fn a_user_at_their_limit_is_refused_with_one_line_and_nothing_more_is_held() {
+    let test = "a_user_at_their_limit_is_refused";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("[limits]\nmax_gpus_per_user = 1");
+    let erin = User::create("lim");
+    let _daemon = Daemon::start(&g);
+    let mut first = Job::start(&g, Some(&erin), "first", &["--count", "1"]);
+    first.ready();
+    let before = g.ledger_snapshot();
+
+    let line = refused(
+        &g,
+        Some(&erin),
+        &["exec", "--count", "1", "--", "sh", "-c", "echo ran"],
+    );
+    let n = &erin.name;
+    assert_eq!(
+        line,
+        format!(
+            "gpupin: {n} holds 1 GPU and {n} asks for 1 more; their limit is 1 (limits.max_gpus_per_user)"
+        )
+    );
+    assert_eq!(g.ledger_snapshot(), before, "nothing more is held");
+    let last = audit(&g).pop().unwrap();
+    assert_eq!(last["event"], "refuse", "{last}");
+    assert_eq!(last["user"], n.as_str(), "{last}");
+
+    // Limits are for users: root is not held to them.
+    let out = run(&g, None, &["exec", "--count", "2", "--", "true"]);
+    assert!(out.status.success(), "{}", harness::stderr(&out));
+
+    let (exit, stderr) = first.finish();
+    assert!(exit.success(), "{stderr}");
+    until_clean(&g);
+}
+
+#[test]
+fn a_groups_members_only_get_the_groups_gpus() {
+    let test = "a_groups_members_only_get_the_groups_gpus";
+    if !requirements(test) {
+        return;
+    }
+    let frank = User::create("grp");
+    let group = Group::create("grpg", &[&frank]);
+    let g = gpupin(&format!("[limits.groups.{:?}]\ngpus = [6, 7]", group.name));
+    let _daemon = Daemon::start(&g);
+    // Pack would give GPU 0 first; the group's list leaves only 6 and 7.
+    let mut a = Job::start(&g, Some(&frank), "a", &["--count", "1"]);
+    let mut b = Job::start(&g, Some(&frank), "b", &["--count", "1"]);
+    let mut got = [a.ready().cuda_indices(), b.ready().cuda_indices()].concat();
+    got.sort();
+    assert_eq!(got, [6, 7]);
+
+    for devices in [&["--count", "1"][..], &["--devices", "0"][..]] {
+        let mut args = vec!["exec"];
+        args.extend_from_slice(devices);
+        args.extend_from_slice(&["--", "true"]);
+        let line = refused(&g, Some(&frank), &args);
+        let why = format!("the GPUs {}'s groups may use", frank.name);
+        assert!(line.contains(&why), "{devices:?}: {line}");
+    }
+    assert_eq!(holder_ids(&g.status()).len(), 2);
+    for job in [&mut a, &mut b] {
+        let (exit, stderr) = job.finish();
+        assert!(exit.success(), "{stderr}");
+    }
+    until_clean(&g);
+}
+
+/// A sandbox for runc containers whose gpupin config users can reach too.
+fn sandbox(test: &str) -> Option<Sandbox> {
+    if !requirements(test) {
+        return None;
+    }
+    let sb = Sandbox::new(GPUPIN, test)?;
+    open_up(&sb.gpupin);
+    Some(sb)
+}
+
+#[test]
+fn waiting_containers_and_jobs_get_gpus_in_arrival_order() {
+    let test = "waiting_containers_and_jobs_in_arrival_order";
+    let Some(sb) = sandbox(test) else {
+        return;
+    };
+    let g = &sb.gpupin;
+    let gina = User::create("fifo");
+    let _daemon = Daemon::start(g);
+    // Every GPU held, in three holds so that they can be given back one at a time.
+    for (id, devices) in [("rest", "0,1,2,3,4,5"), ("g6", "6"), ("g7", "7")] {
+        ok(
+            g,
+            None,
+            &["hold", id, "--devices", devices, "--until-release"],
+        );
+    }
+
+    let id = sb.id("waiter");
+    let spec = sb
+        .spec()
+        .annotation("gpupin.count", "1")
+        .annotation("gpupin.wait", "60s");
+    std::thread::scope(|s| {
+        let container = s.spawn(|| sb.start(&id, &spec));
+        until("the container waits", || (queued(g) == 1).then_some(()));
+        let wait = ["--count", "1", "--wait", "60s"];
+        let mut job = Job::start(g, Some(&gina), "queued", &wait);
+        until("the job waits behind it", || (queued(g) == 2).then_some(()));
+        assert!(!container.is_finished() && !job.has_started());
+
+        ok(g, None, &["release", "g6"]);
+        let c = container
+            .join()
+            .unwrap()
+            .expect("the container, first in line, starts");
+        assert_eq!(g.held_minors(c.id()), [6]);
+        assert_eq!(queued(g), 1, "the job still waits");
+        assert!(!job.has_started() && !job.has_ended());
+
+        ok(g, None, &["release", "g7"]);
+        let report = job.ready();
+        assert_eq!(report.cuda_indices(), [7]);
+        let allocated: Vec<String> = audit(g)
+            .into_iter()
+            .filter(|e| e["event"] == "allocate")
+            .map(|e| e["holder"].as_str().unwrap().to_string())
+            .filter(|h| h == c.id() || *h == job.holder())
+            .collect();
+        assert_eq!(allocated, [c.id().to_string(), job.holder()]);
+        let (exit, stderr) = job.finish();
+        assert!(exit.success(), "{stderr}");
+        drop(c);
+    });
+    ok(g, None, &["release", "rest"]);
+    until_clean(g);
+}
+
+#[test]
+fn a_hold_shares_its_gpus_with_a_container_and_its_users_job_only() {
+    let test = "a_hold_shares_its_gpus";
+    let Some(sb) = sandbox(test) else {
+        return;
+    };
+    let g = &sb.gpupin;
+    let hank = User::create("nest");
+    let ivy = User::create("nesto");
+    let _daemon = Daemon::start(g);
+    let user = hank.name.as_str();
+    let hold = [
+        "hold",
+        "slurm-42",
+        "--devices",
+        "5,6",
+        "--until-release",
+        "--user",
+        user,
+    ];
+    ok(g, None, &hold);
+
+    let id = sb.id("inner");
+    let spec = sb
+        .spec()
+        .annotation("gpupin.within", "slurm-42")
+        .annotation("gpupin.count", "1");
+    let container = sb.start(&id, &spec).expect("a container within the hold");
+    let in_container = g.held_minors(container.id());
+    assert!(
+        in_container == [5] || in_container == [6],
+        "{in_container:?}"
+    );
+
+    // GPUPIN_WITHIN, as a Slurm TaskProlog sets it, stands in for --within.
+    let within = [("GPUPIN_WITHIN", "slurm-42")];
+    let script = job_script(&scratch(g), "inner", 0);
+    let mut job = Job::start_with(g, Some(&hank), "inner", &["--count", "1"], &within, &script);
+    let report = job.ready();
+    let other = if in_container == [5] { 6 } else { 5 };
+    assert_eq!(report.cuda_indices(), [other]);
+    assert_eq!(record(g, &job.holder())["request"]["within"], "slurm-42");
+
+    let mut third = exec_support::cmd(g, Some(&hank), &["exec", "--count", "1", "--", "true"]);
+    let out = third.envs(within).output().unwrap();
+    let line = refusal(&out, "a third request within the full hold");
+    assert!(line.contains("within slurm-42"), "{line}");
+
+    let line = refused(
+        g,
+        Some(&ivy),
+        &["exec", "--count", "1", "--within", "slurm-42", "--", "true"],
+    );
+    assert!(
+        line.ends_with(&format!("is {}'s, not {}'s", hank.name, ivy.name)),
+        "{line}"
+    );
+    let (exit, stderr) = job.finish();
+    assert!(exit.success(), "{stderr}");
+    drop(container);
+    ok(g, None, &["release", "slurm-42"]);
+    until_clean(g);
+}
+
+/// Env of `raw_client`: the socket, the pid to bind, and where to write the answers.
+const RAW_SOCKET: &str = "GPUPIN_E2E_RAW_SOCKET";
+const RAW_VICTIM: &str = "GPUPIN_E2E_RAW_VICTIM";
+const RAW_OUT: &str = "GPUPIN_E2E_RAW_OUT";
+
+/// Not a test of its own: `a_user_cannot_touch_another_users_job` runs this test binary
+/// as another user to speak the daemon's protocol by hand (the kernel tells the daemon
+/// who connects, so the connection must come from a process of that user). It asks for
+/// a GPU, then tries to bind it to another user's job, and writes both answers.
+#[test]
+#[ignore = "run by a_user_cannot_touch_another_users_job as another user"]
+fn raw_client() {
+    let (Ok(socket), Ok(victim), Ok(out)) = (
+        std::env::var(RAW_SOCKET),
+        std::env::var(RAW_VICTIM),
+        std::env::var(RAW_OUT),
+    ) else {
+        return;
+    };
+    let mut stream = UnixStream::connect(socket).unwrap();
+    let mut input = BufReader::new(stream.try_clone().unwrap());
+    let mut answers = String::new();
+    let exec = r#"{"op":"exec","request":[["gpupin.count","1"]]}"#;
+    let bind = format!(r#"{{"op":"bind","pid":{victim}}}"#);
+    for request in [exec, &bind] {
+        writeln!(stream, "{request}").unwrap();
+        input.read_line(&mut answers).unwrap();
+    }
+    std::fs::write(out, answers).unwrap();
+}
+
+/// Sends `bytes` on a new connection to the daemon and reads its one-line answer.
+fn send_raw(socket: &Path, bytes: Vec<u8>) -> Value {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    let writer = stream.try_clone().unwrap();
+    // The daemon stops reading an oversized line and answers: write beside it.
+    let sending = std::thread::spawn(move || {
+        let mut writer = writer;
+        let _ = writer.write_all(&bytes);
+    });
+    let mut line = String::new();
+    BufReader::new(&mut stream).read_line(&mut line).unwrap();
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    sending.join().unwrap();
+    assert!(line.ends_with('\n'), "one whole line: {line:?}");
+    serde_json::from_str(&line).unwrap()
+}
+
+#[test]
+fn a_user_cannot_touch_another_users_job() {
+    let test = "a_user_cannot_touch_another_users_job";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let alice = User::create("isoa");
+    let bob = User::create("isob");
+    let mut daemon = Daemon::start(&g);
+    let mut job = Job::start(&g, Some(&alice), "alices", &["--count", "1"]);
+    let alices = job.ready();
+    let holder = job.holder();
+    let record_file = format!("{holder}.json");
+    let before = g.ledger_snapshot()[&record_file].clone();
+    let unchanged = |what: &str| {
+        assert_eq!(
+            g.ledger_snapshot().get(&record_file),
+            Some(&before),
+            "{what}: alice's record is unchanged"
+        );
+        assert_eq!(
+            holder_ids(&g.status()),
+            std::slice::from_ref(&holder),
+            "{what}"
+        );
+    };
+
+    let line = refused(&g, Some(&bob), &["release", &holder]);
+    assert_eq!(
+        line,
+        format!(
+            "gpupin: holder {holder} is not held by uid {}: only its owner or root may release it",
+            bob.uid
+        )
+    );
+    unchanged("release");
+
+    let bobs = Sleeper::start(&bob);
+    let bobs_pid = bobs.pid().to_string();
+    let alices_pid = alices.pid.to_string();
+    let attempts: [(&[&str], &str); 3] = [
+        (
+            &[
+                "hold",
+                "h1",
+                "--devices",
+                "3",
+                "--user",
+                &alice.name,
+                "--pid",
+                &bobs_pid,
+            ],
+            "only root may hold GPUs for another user",
+        ),
+        (
+            &["hold", "h2", "--devices", "3", "--until-release"],
+            "only root may hold GPUs until released",
+        ),
+        (
+            &["hold", "h3", "--devices", "3", "--pid", &alices_pid],
+            &format!("pid {alices_pid} is not a process of uid {}", bob.uid),
+        ),
+    ];
+    for (args, expected) in attempts {
+        let line = refused(&g, Some(&bob), args);
+        assert!(line.contains(expected), "{args:?}: {line}");
+        unchanged(&format!("{args:?}"));
+    }
+
+    // By hand: GPUs for a job of bob's, then alice's job named as that job.
+    let answers = scratch(&g).join("raw-answers");
+    let mut raw = Command::new(std::env::current_exe().unwrap());
+    raw.args([
+        "--ignored",
+        "--exact",
+        "raw_client",
+        "--test-threads=1",
+        "-q",
+    ])
+    .env(RAW_SOCKET, g.state_dir.join("gpupin.sock"))
+    .env(RAW_VICTIM, &alices_pid)
+    .env(RAW_OUT, &answers)
+    .stdin(Stdio::null());
+    let out = raw.uid(bob.uid).gid(bob.gid).output().unwrap();
+    assert!(out.status.success(), "{}", harness::stdout(&out));
+    let text = std::fs::read_to_string(&answers).unwrap();
+    let replies: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(replies.len(), 2, "{text}");
+    assert!(replies[0]["error"].is_null(), "exec is granted: {text}");
+    let error = replies[1]["error"].as_str().expect("bind is refused");
+    assert!(
+        error.contains(&format!("pid {alices_pid} is not a process the caller")),
+        "{error}"
+    );
+    unchanged("a hand-made bind");
+
+    // Garbage and an oversized line: one line of error each, and the daemon goes on.
+    let socket = g.state_dir.join("gpupin.sock");
+    let mut oversized = vec![b'x'; 65 << 10];
+    oversized.push(b'\n');
+    for bytes in [b"this is no request\n".to_vec(), oversized] {
+        let reply = send_raw(&socket, bytes);
+        let error = reply["error"].as_str().expect("an error");
+        assert!(
+            error.starts_with("unreadable request") && !error.contains('\n'),
+            "{error}"
+        );
+    }
+    assert!(daemon.running(), "{}", daemon.log());
+    let out = ok(
+        &g,
+        Some(&bob),
+        &["hold", "h4", "--devices", "3", "--pid", &bobs_pid],
+    );
+    assert!(out.contains("h4 holds GPU 3"), "{out}");
+    ok(&g, Some(&bob), &["release", "h4"]);
+    unchanged("bob's own hold and release");
+
+    let (exit, stderr) = job.finish();
+    assert!(exit.success(), "{stderr}");
+    until_clean(&g);
+}
+
+#[test]
+fn a_users_job_runs_through_a_socket_systemd_hands_over() {
+    let test = "a_users_job_runs_through_a_socket_systemd_hands_over";
+    if !requirements(test) {
+        return;
+    }
+    let tool = "systemd-socket-activate";
+    let found = match exec_support::on_path(tool) {
+        true => Ok(()),
+        false => Err(format!("{tool} not found (Debian package systemd)")),
+    };
+    if harness::required(test, found).is_none() {
+        return;
+    }
+    let g = gpupin("");
+    // Not in the state dir: systemd makes the socket before gpupin makes that.
+    let socket = g.dir.path().join("activated.sock");
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&g.config)
+        .unwrap();
+    writeln!(config, "socket = {:?}", socket.to_str().unwrap()).unwrap();
+    let judy = User::create("sock");
+    let mut activate = Command::new(tool);
+    activate
+        .arg("-l")
+        .arg(&socket)
+        .arg(&g.bin)
+        .arg("--config")
+        .arg(&g.config)
+        .arg("serve")
+        .env_remove("GPUPIN_CONFIG")
+        .stdin(Stdio::null());
+    let daemon = Daemon::spawn(&mut activate, g.dir.path().join("activate.log"));
+    until("systemd-socket-activate listens", || {
+        socket.exists().then_some(())
+    });
+    // What gpupin.socket's SocketMode=0666 does.
+    let open = std::fs::Permissions::from_mode(0o666);
+    std::fs::set_permissions(&socket, open).unwrap();
+
+    for round in ["first", "second"] {
+        let mut job = Job::start(&g, Some(&judy), round, &["--count", "1"]);
+        let report = job.ready();
+        let h = g.holder(&job.holder()).expect("held");
+        assert_eq!(h["pid"], report.pid);
+        assert_eq!(h["source"], "serve");
+        let (exit, stderr) = job.finish();
+        assert!(exit.success(), "{round}: {stderr}\n{}", daemon.log());
+        until_clean(&g);
+    }
+    assert!(
+        !g.state_dir.join("gpupin.sock").exists(),
+        "gpupin serve made no socket of its own"
+    );
+    drop(daemon);
+}
+
+#[test]
+fn the_audit_log_and_usage_account_for_holds_and_jobs() {
+    let test = "the_audit_log_and_usage_account";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let kim = User::create("aud");
+    let _daemon = Daemon::start(&g);
+
+    let sleeper = Sleeper::start(&kim);
+    let pid = sleeper.pid().to_string();
+    let out = ok(
+        &g,
+        Some(&kim),
+        &["hold", "pair", "--devices", "2,3", "--pid", &pid],
+    );
+    assert!(out.contains("pair holds GPUs 2,3"), "{out}");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    ok(&g, Some(&kim), &["release", "pair"]);
+
+    let job = [
+        "exec",
+        "--devices",
+        "4",
+        "--name",
+        "one-second",
+        "--",
+        "sleep",
+        "1",
+    ];
+    ok(&g, Some(&kim), &job);
+    until_clean(&g);
+    drop(sleeper);
+
+    let indices = |e: &Value| -> Vec<u64> {
+        e["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|gpu| gpu["index"].as_u64().unwrap())
+            .collect()
+    };
+    let pair = events_of(&g, "pair");
+    let kinds: Vec<&str> = pair.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["hold", "release"], "{pair:?}");
+    for e in &pair {
+        assert_eq!(e["user"], kim.name.as_str(), "{e}");
+        assert_eq!(e["uid"], kim.uid, "{e}");
+        assert_eq!(indices(e), [2, 3], "{e}");
+    }
+    assert!(pair[1]["held_s"].as_u64().unwrap() >= 2, "{}", pair[1]);
+
+    let one = events_of(&g, "one-second");
+    let kinds: Vec<&str> = one.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["allocate", "bind", "release"], "{one:?}");
+    for e in &one {
+        assert_eq!(e["user"], kim.name.as_str(), "{e}");
+        assert_eq!(indices(e), [4], "{e}");
+    }
+    assert!(one[2]["held_s"].as_u64().unwrap() >= 1, "{}", one[2]);
+
+    // `gpupin log --user` gives back the same lines; `gpupin usage` sums them.
+    let logged = ok(&g, None, &["log", "--user", &kim.name, "--json"]);
+    assert_eq!(logged.lines().count(), pair.len() + one.len(), "{logged}");
+    let usage = ok(&g, None, &["usage", "--by", "holder", "--json"]);
+    let usage: Value = serde_json::from_str(&usage).unwrap();
+    let hours = |key: &str| {
+        let rows = usage["rows"].as_array().unwrap();
+        let row = rows.iter().find(|r| r["key"] == key);
+        row.unwrap_or_else(|| panic!("no row {key}: {usage}"))["gpu_hours"]
+            .as_f64()
+            .unwrap()
+    };
+    let held_s = |e: &Value| e["held_s"].as_f64().unwrap();
+    let expected_pair = 2.0 * held_s(&pair[1]) / 3600.0;
+    assert!((hours("pair") - expected_pair).abs() < 1e-9, "{usage}");
+    let expected_one = held_s(&one[2]) / 3600.0;
+    assert!((hours("one-second") - expected_one).abs() < 1e-9, "{usage}");
+}
