@@ -535,19 +535,18 @@ const RAW_SOCKET: &str = "GPUPIN_E2E_RAW_SOCKET";
 const RAW_VICTIM: &str = "GPUPIN_E2E_RAW_VICTIM";
 const RAW_OUT: &str = "GPUPIN_E2E_RAW_OUT";
 
-/// Not a test of its own: `a_user_cannot_touch_another_users_job` runs this test binary
-/// as another user to speak the daemon's protocol by hand (the kernel tells the daemon
-/// who connects, so the connection must come from a process of that user). It asks for
-/// a GPU, then tries to bind it to another user's job, and writes both answers.
-#[test]
-#[ignore = "run by a_user_cannot_touch_another_users_job as another user"]
-fn raw_client() {
+/// The hand-made client of `a_user_cannot_touch_another_users_job`, which runs that very
+/// test again as another user with these variables set (the kernel tells the daemon who
+/// connects, so the connection must come from a process of that user). It asks for a
+/// GPU, then tries to bind it to another user's job, writes both answers and returns
+/// true; without the variables it returns false and the test runs as itself.
+fn raw_client() -> bool {
     let (Ok(socket), Ok(victim), Ok(out)) = (
         std::env::var(RAW_SOCKET),
         std::env::var(RAW_VICTIM),
         std::env::var(RAW_OUT),
     ) else {
-        return;
+        return false;
     };
     let mut stream = UnixStream::connect(socket).unwrap();
     let mut input = BufReader::new(stream.try_clone().unwrap());
@@ -559,6 +558,7 @@ fn raw_client() {
         input.read_line(&mut answers).unwrap();
     }
     std::fs::write(out, answers).unwrap();
+    true
 }
 
 /// Sends `bytes` on a new connection to the daemon and reads its one-line answer.
@@ -581,6 +581,9 @@ fn send_raw(socket: &Path, bytes: Vec<u8>) -> Value {
 #[test]
 fn a_user_cannot_touch_another_users_job() {
     let test = "a_user_cannot_touch_another_users_job";
+    if raw_client() {
+        return;
+    }
     if !requirements(test) {
         return;
     }
@@ -651,19 +654,18 @@ fn a_user_cannot_touch_another_users_job() {
     // By hand: GPUs for a job of bob's, then alice's job named as that job.
     let answers = scratch(&g).join("raw-answers");
     let mut raw = Command::new(std::env::current_exe().unwrap());
-    raw.args([
-        "--ignored",
-        "--exact",
-        "raw_client",
-        "--test-threads=1",
-        "-q",
-    ])
-    .env(RAW_SOCKET, g.state_dir.join("gpupin.sock"))
-    .env(RAW_VICTIM, &alices_pid)
-    .env(RAW_OUT, &answers)
-    .stdin(Stdio::null());
+    raw.args(["--exact", test, "--test-threads=1", "-q"])
+        .env(RAW_SOCKET, g.state_dir.join("gpupin.sock"))
+        .env(RAW_VICTIM, &alices_pid)
+        .env(RAW_OUT, &answers)
+        .stdin(Stdio::null());
     let out = raw.uid(bob.uid).gid(bob.gid).output().unwrap();
     assert!(out.status.success(), "{}", harness::stdout(&out));
+    assert!(
+        harness::stdout(&out).contains("1 passed"),
+        "the client ran no test: {}",
+        harness::stdout(&out)
+    );
     let text = std::fs::read_to_string(&answers).unwrap();
     let replies: Vec<Value> = text
         .lines()

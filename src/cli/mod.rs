@@ -4,9 +4,9 @@
 #[macro_use]
 mod out;
 
+mod completions;
 #[cfg(feature = "demo")]
 mod demo;
-mod completions;
 mod exec;
 mod exec_gate;
 mod flag;
