@@ -64,6 +64,9 @@ pub struct Config {
     pub cuda_visible_devices: CudaIds,
     /// How an exec'd job is kept to its GPUs (`confine`).
     pub confine: Confine,
+    /// A Prometheus text file rewritten on every ledger change (node_exporter's textfile
+    /// collector); `None`: none.
+    pub metrics_file: Option<PathBuf>,
 }
 
 /// How `gpupin exec` writes CUDA_VISIBLE_DEVICES.
@@ -107,6 +110,7 @@ impl Default for Config {
             socket_group: None,
             cuda_visible_devices: CudaIds::default(),
             confine: Confine::Auto,
+            metrics_file: None,
         }
     }
 }
@@ -134,6 +138,7 @@ struct ConfigFile {
     socket_group: Option<String>,
     cuda_visible_devices: Option<String>,
     confine: Option<toml::Value>,
+    metrics_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -284,6 +289,9 @@ impl Config {
                     )));
                 }
             };
+        }
+        if let Some(metrics) = file.metrics_file {
+            config.metrics_file = Some(beside(metrics));
         }
         if let Some(confine) = file.confine {
             config.confine = match &confine {

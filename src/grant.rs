@@ -80,7 +80,9 @@ pub fn allocate(
     match allocation {
         Ok(allocation) => Ok((inventory, allocation.record)),
         Err(err) => {
-            ledger.audit(&refused.because(crate::message::one_line(&err)));
+            let mut refused = refused.because(crate::message::one_line(&err));
+            refused.code = Some(err.code().to_string());
+            ledger.audit(&refused);
             Err(err.into())
         }
     }

@@ -28,6 +28,7 @@ pub mod ledger;
 pub mod limits;
 pub mod log;
 pub mod message;
+pub mod metrics;
 pub mod policy;
 pub mod procinfo;
 pub mod regular;

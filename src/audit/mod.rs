@@ -98,6 +98,10 @@ pub struct Event {
     /// Why a request was refused (`refuse`), or why an entry was cleared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The kind of refusal, a short fixed name (`not_enough_free`, `limit`, `not_yours`,
+    /// ...), for counting (`gpupin metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     /// At `release` and `reap`: how long the GPUs were held, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_s: Option<u64>,
@@ -121,6 +125,7 @@ impl Event {
             pid: None,
             within: None,
             reason: None,
+            code: None,
             held_s: None,
         }
     }

@@ -19,6 +19,7 @@ mod install_podman;
 mod inventory;
 mod log;
 pub mod logging;
+mod metrics;
 mod nvml;
 mod pick;
 mod release;
@@ -84,6 +85,8 @@ pub enum Command {
     /// The start of a job gpupin exec runs: waits until its GPUs are its own
     #[command(hide = true)]
     ExecGate(exec_gate::ExecGateArgs),
+    /// Print Prometheus metrics: GPUs held and free, holders, the queue, allocations and refusals
+    Metrics(metrics::MetricsArgs),
     /// Print shell completions: gpupin completions bash > /etc/bash_completion.d/gpupin
     Completions(completions::CompletionsArgs),
     /// Write the man pages (roff) into a directory, for packagers
@@ -162,6 +165,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::Completions(_)
         | Command::Manpage(_) => unreachable!("handled above"),
         Command::Exec(args) => exec::run(&config, &args),
+        Command::Metrics(args) => metrics::run(&config, &args),
         Command::Hold(args) => hold::run(&config, &args),
         Command::Serve(args) => serve::run(&config, &args),
         Command::Inventory(args) => inventory::run(&config, &args),

@@ -95,6 +95,7 @@ impl Ledger {
             event = event.because(format!("claim {}", token.holder()));
         }
         self.audit.append(&event);
+        self.changed();
         tracing::debug!(
             claim = %token.holder(),
             container = %container,

@@ -31,6 +31,7 @@ impl Ledger {
         store::write_record(&self.dir, &holder.file_name(), &record)?;
         self.audit
             .append(&Event::for_record(EventKind::Bind, &record));
+        self.changed();
         tracing::debug!(holder = %holder, from, to, "bound to the job");
         Ok(record)
     }

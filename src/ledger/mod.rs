@@ -16,6 +16,7 @@ pub use allocate::{Allocation, Machine, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
 pub use entry::release_arg;
 pub use holder::{BadHolderId, HolderId};
+pub use queue::Waiting;
 pub use record::{
     ContainerInfo, HolderKind, HolderMeta, Mode, Owner, Record, UNBOUND_GRACE, holders_of, unix_now,
 };
@@ -157,6 +158,34 @@ pub struct LimitReached {
     pub key: String,
 }
 
+impl LedgerError {
+    /// A short, fixed name for why an allocation was refused: the `code` of audit lines
+    /// and the `reason` label of `gpupin_refusals_total`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LedgerError::NotEnoughFree { .. } => "not_enough_free",
+            LedgerError::DeviceUnavailable { .. } => "device_unavailable",
+            LedgerError::CountTooLarge { .. } => "count_too_large",
+            LedgerError::UnknownGpu { .. } => "unknown_gpu",
+            LedgerError::QueueAhead { .. } => "queue_ahead",
+            LedgerError::WaitExpired { .. } => "wait_expired",
+            LedgerError::WaiterGone { .. } => "waiter_gone",
+            LedgerError::LimitReached(_) => "limit",
+            LedgerError::NoSuchWithin { .. } | LedgerError::WithinNotYours(_) => "within",
+            LedgerError::HolderExists { .. } => "holder_exists",
+            LedgerError::NoGpus => "no_gpus",
+            LedgerError::ClaimRefused { .. } | LedgerError::NotAssigned { .. } => "claim",
+            LedgerError::NotAdopted { .. } | LedgerError::NotYours { .. } => "not_yours",
+            LedgerError::Io { .. }
+            | LedgerError::UnsafeStateDir { .. }
+            | LedgerError::CorruptRecord { .. }
+            | LedgerError::StrayEntry { .. }
+            | LedgerError::BadEntryName { .. }
+            | LedgerError::BadId(_) => "state",
+        }
+    }
+}
+
 fn same_set(a: &[String], b: &[String]) -> bool {
     let (mut a, mut b) = (a.to_vec(), b.to_vec());
     a.sort();
@@ -177,6 +206,8 @@ pub struct Ledger {
     dir: PathBuf,
     unbound_grace: Duration,
     audit: AuditLog,
+    /// `metrics_file`: rewritten after every change.
+    metrics: Option<Box<crate::metrics::FileSink>>,
 }
 
 impl Ledger {
@@ -187,6 +218,7 @@ impl Ledger {
             dir: dir.to_path_buf(),
             unbound_grace: UNBOUND_GRACE,
             audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
+            metrics: None,
         })
     }
 
@@ -199,14 +231,30 @@ impl Ledger {
             dir: dir.to_path_buf(),
             unbound_grace: UNBOUND_GRACE,
             audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
+            metrics: None,
         })
     }
 
     /// The ledger a configuration names, with its claim grace and audit log.
     pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::open(&config.state_dir)?
+        let mut ledger = Ledger::open(&config.state_dir)?
             .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit.clone()))
+            .with_audit(config.audit.clone());
+        if let Some(file) = &config.metrics_file {
+            ledger.metrics = Some(Box::new(crate::metrics::FileSink {
+                file: file.clone(),
+                config: config.clone(),
+            }));
+        }
+        Ok(ledger)
+    }
+
+    /// After a change, under the lock: the metrics file (if any) says what the ledger
+    /// says now. Under the lock, so that an older view never overwrites a newer one.
+    fn changed(&self) {
+        if let Some(sink) = &self.metrics {
+            sink.refresh(self);
+        }
     }
 
     /// As `for_config`, read only (`open_read_only`).
@@ -222,9 +270,15 @@ impl Ledger {
         self
     }
 
-    /// Appends an audit line. For refusals, which happen outside the ledger's writes.
+    /// Appends an audit line. For refusals, which happen outside the ledger's writes;
+    /// the metrics file (if any) counts them at once, under the lock like every change.
     pub fn audit(&self, event: &Event) {
         self.audit.append(event);
+        if self.metrics.is_some()
+            && let Ok(_lock) = store::lock(&self.dir)
+        {
+            self.changed();
+        }
     }
 
     /// How long a holder may stay without a pid before it counts as stale.
@@ -325,6 +379,7 @@ impl Ledger {
             HolderKind::Container | HolderKind::Exec => EventKind::Allocate,
         };
         self.audit.append(&Event::for_record(event, &record));
+        self.changed();
         tracing::debug!(
             holder = %holder,
             gpus = ?record.gpus,
@@ -500,6 +555,7 @@ impl Ledger {
                 .because("no readable record: the entry was removed"),
         };
         self.audit.append(&event);
+        self.changed();
         Ok(Some(released))
     }
 
@@ -562,6 +618,7 @@ impl Ledger {
             &Event::new(EventKind::Clear, &store::audit_name(name))
                 .because(format!("nobody's record{why}")),
         );
+        self.changed();
         Ok(true)
     }
 
@@ -574,6 +631,7 @@ impl Ledger {
                 store::remove_record(&self.dir, &id.file_name())?;
                 self.audit
                     .append(&Event::for_record(EventKind::Reap, &record).held_since(&record));
+                self.changed();
                 tracing::info!(
                     holder = %id,
                     pid = ?record.pid,

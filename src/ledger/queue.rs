@@ -24,6 +24,17 @@ pub(super) struct Ticket {
     pub id: String,
     pub pid: i32,
     pub start_time: Option<u64>,
+    /// Seconds since the Unix epoch when it started waiting (metrics: the oldest wait).
+    #[serde(default)]
+    pub queued_at: u64,
+}
+
+/// A request waiting in the queue, for `gpupin metrics` and `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub holder: String,
+    /// Seconds since the Unix epoch.
+    pub queued_at: u64,
 }
 
 impl Ticket {
@@ -97,6 +108,7 @@ pub(super) fn enqueue(dir: &Path, holder: &HolderId, waiter: i32) -> Result<Tick
         id: holder.to_string(),
         pid,
         start_time: procinfo::start_time(pid),
+        queued_at: super::record::unix_now(),
     };
     let text = serde_json::to_vec(&ticket).expect("tickets serialize");
     store::write_atomic(&qdir, &ticket.file_name(), &text)?;
@@ -120,6 +132,33 @@ fn retryable(err: &LedgerError) -> bool {
 }
 
 impl Ledger {
+    /// The requests waiting now, oldest first. Read without the lock: tickets are renamed
+    /// into place, and one that goes meanwhile is simply not counted.
+    pub fn waiting(&self) -> Result<Vec<Waiting>, LedgerError> {
+        let Some(qdir) = store::existing_subdir(&self.dir, QUEUE_DIR)? else {
+            return Ok(Vec::new());
+        };
+        let mut tickets: Vec<Ticket> = store::list(&qdir)?
+            .into_iter()
+            .filter(|(path, _)| {
+                !path
+                    .file_name()
+                    .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."))
+            })
+            .filter_map(|(path, _)| regular::read(&path, Links::Refuse).ok())
+            .filter_map(|t| serde_json::from_slice::<Ticket>(&t).ok())
+            .filter(|t| t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)))
+            .collect();
+        tickets.sort_by_key(|t| t.seq);
+        Ok(tickets
+            .into_iter()
+            .map(|t| Waiting {
+                holder: t.id,
+                queued_at: t.queued_at,
+            })
+            .collect())
+    }
+
     /// As `allocate`, but waits up to `wait` for the request to fit, behind every request
     /// that started waiting earlier.
     pub fn allocate_waiting(

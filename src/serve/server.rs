@@ -211,6 +211,7 @@ fn audit_refusal(config: &Config, peer: Peer, holder: &str, reason: &str) {
             uid: Some(peer.uid),
             user,
             pid: Some(peer.pid),
+            code: Some("not_yours".into()),
             ..crate::audit::Event::new(crate::audit::EventKind::Refuse, holder).because(reason)
         });
     }

@@ -1,0 +1,24 @@
+//! `gpupin metrics`: Prometheus exposition text, for a scrape through a wrapper or a
+//! look by hand; `metrics_file` in the config keeps a file of it up to date instead.
+
+use gpupin::config::Config;
+use gpupin::inventory;
+use gpupin::ledger::Ledger;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct MetricsArgs {}
+
+pub fn run(config: &Config, _args: &MetricsArgs) -> anyhow::Result<ExitCode> {
+    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+    // Live figures where there are any (NVML, a live file); none is no error here.
+    let live = inventory::live::read(config.live_file.as_deref(), &inventory, &config.nvml)
+        .ok()
+        .flatten();
+    let ledger = Ledger::read_only_for_config(config)?;
+    // The counters are read from the whole audit log: the saved cursor is the ledger's,
+    // written under its lock.
+    let text = gpupin::metrics::snapshot_text(config, &ledger, &inventory, live.as_deref(), None)?;
+    out!("{text}")?;
+    Ok(ExitCode::SUCCESS)
+}
