@@ -29,6 +29,7 @@ pub mod limits;
 pub mod log;
 pub mod message;
 pub mod metrics;
+pub mod pod;
 pub mod policy;
 pub mod procinfo;
 pub mod regular;

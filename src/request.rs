@@ -207,7 +207,9 @@ fn from_keys(
     let mut pairs: Vec<(&str, &str)> = map
         .iter()
         .filter(|(k, _)| {
-            k.starts_with(ANNOTATION_PREFIX) && !WRITTEN_BY_GPUPIN.contains(&k.as_str())
+            k.starts_with(ANNOTATION_PREFIX)
+                && !WRITTEN_BY_GPUPIN.contains(&k.as_str())
+                && k.as_str() != crate::pod::CONTAINERS_ANNOTATION
         })
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
@@ -271,7 +273,13 @@ pub trait Sources {
 /// Docker's `--gpus`, else GPUs NVIDIA's stack was asked for around gpupin. `Ok(None)`:
 /// it asks for nothing.
 pub fn find<S: Sources>(sources: &mut S) -> Result<Option<GpuRequest>, S::Error> {
-    if let Some(request) = from_annotations(sources.annotations())? {
+    // A pod's sandbox gets the pod's annotations too, and asks for nothing (`pod`).
+    if crate::pod::is_sandbox(sources.annotations()) {
+        return Ok(None);
+    }
+    if let Some(request) = from_annotations(sources.annotations())?
+        && crate::pod::annotation_request_applies(sources.annotations())?
+    {
         return Ok(Some(request));
     }
     if let Some(request) = sources.labels()? {
@@ -416,6 +424,11 @@ fn assemble(p: Parts, origin: Origin, some_key: &'static str) -> Result<GpuReque
         within: p.within,
         origin,
     })
+}
+
+/// A value refused for `key`, with what was expected (for request keys read elsewhere).
+pub fn invalid_value(key: &str, value: &str, expected: &'static str) -> RequestError {
+    invalid(key, value, expected)
 }
 
 fn invalid(key: &str, value: &str, expected: &'static str) -> RequestError {
