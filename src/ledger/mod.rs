@@ -11,6 +11,7 @@ mod limit;
 mod queue;
 mod record;
 mod store;
+mod survey;
 
 pub use allocate::{Allocation, Machine, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
@@ -20,6 +21,7 @@ pub use queue::Waiting;
 pub use record::{
     ContainerInfo, HolderKind, HolderMeta, Mode, Owner, Record, UNBOUND_GRACE, holders_of, unix_now,
 };
+pub use survey::Survey;
 
 use crate::audit::{AuditLog, Event, EventKind};
 use crate::config::Config;
