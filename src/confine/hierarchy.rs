@@ -114,7 +114,7 @@ fn cgroup2_path(text: &str) -> Option<String> {
 }
 
 /// (root, mount point) of every cgroup2 mount in a mountinfo text (proc_pid_mountinfo(5)).
-fn cgroup2_mounts(text: &str) -> impl Iterator<Item = (String, String)> + '_ {
+pub(crate) fn cgroup2_mounts(text: &str) -> impl Iterator<Item = (String, String)> + '_ {
     text.lines().filter_map(|line| {
         let (mount, fs) = line.split_once(" - ")?;
         if fs.split(' ').next()? != "cgroup2" {

@@ -14,7 +14,7 @@ mod bpf;
 mod capabilities;
 mod dir;
 mod errors;
-mod hierarchy;
+pub(crate) mod hierarchy;
 mod v1;
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ pub use file::{from_json, to_json};
 pub use link::Link;
 pub use live::Live;
 pub use nvml::{live_all_here as nvml_live_here, probe_here as nvml_probe_here};
+pub(crate) use procfs::char_majors;
 
 use std::path::{Path, PathBuf};
 
@@ -262,6 +263,16 @@ pub fn load(
             cache::load_or_probe(source, state_dir, nvml)
         }
     }
+}
+
+/// The procfs backend's answer with /proc, /sys and /dev at other roots (`gpupin doctor`
+/// on fixtures or a mounted system), probed afresh and never cached.
+pub fn probe_procfs_at(proc: &Path, sys: &Path, dev: &Path) -> Result<Inventory, InventoryError> {
+    procfs::probe_at(&procfs::Roots {
+        proc: proc.to_path_buf(),
+        sys: sys.to_path_buf(),
+        dev: dev.to_path_buf(),
+    })
 }
 
 /// Probes the hardware again and rewrites the cache (`gpupin inventory --refresh`).

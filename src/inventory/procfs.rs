@@ -45,7 +45,7 @@ pub(super) fn probe() -> Result<Inventory, InventoryError> {
     probe_at(&Roots::host())
 }
 
-fn probe_at(roots: &Roots) -> Result<Inventory, InventoryError> {
+pub(super) fn probe_at(roots: &Roots) -> Result<Inventory, InventoryError> {
     let gpus_dir = roots.proc.join("driver/nvidia/gpus");
     let mut found = Vec::new();
     for dir in list_dir(&gpus_dir)? {
@@ -227,7 +227,7 @@ pub(super) fn device_nodes(roots: &Roots) -> Result<(u32, Vec<DeviceNode>), Inve
 }
 
 /// Name to major of the `Character devices:` section.
-fn char_majors(text: &str) -> HashMap<&str, u32> {
+pub(crate) fn char_majors(text: &str) -> HashMap<&str, u32> {
     text.lines()
         .skip_while(|line| line.trim() != "Character devices:")
         .skip(1)
