@@ -14,6 +14,7 @@ pub mod binaries;
 pub mod config;
 pub mod confine;
 pub mod docker;
+pub mod doctor;
 pub mod driver;
 pub mod edits;
 pub mod engine;
