@@ -7,6 +7,7 @@ mod out;
 mod completions;
 #[cfg(feature = "demo")]
 mod demo;
+mod doctor;
 mod exec;
 mod exec_gate;
 mod flag;
@@ -79,6 +80,8 @@ pub enum Command {
     Install(install::InstallArgs),
     /// Take gpupin out of a container engine's configuration again
     Uninstall(install::UninstallArgs),
+    /// Check this host: driver, inventory, device nodes, cgroups, state dir, engines; how to fix what is wrong
+    Doctor(doctor::DoctorArgs),
     /// NVML's answers as JSON, for gpupin-hook and gpupin-runtime
     #[command(hide = true)]
     Nvml(nvml::NvmlArgs),
@@ -155,6 +158,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         // Neither needs a config: they describe the commands.
         Command::Completions(args) => return completions::completions(args),
         Command::Manpage(args) => return completions::manpages(args),
+        // A config that does not load is one of doctor's findings, not the end of it.
+        Command::Doctor(args) => return doctor::run(cli.config.as_deref(), args),
         _ => {}
     }
     let config = load_config(cli.config.as_deref())?;
@@ -163,7 +168,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::Nvml(_)
         | Command::ExecGate(_)
         | Command::Completions(_)
-        | Command::Manpage(_) => unreachable!("handled above"),
+        | Command::Manpage(_)
+        | Command::Doctor(_) => unreachable!("handled above"),
         Command::Exec(args) => exec::run(&config, &args),
         Command::Metrics(args) => metrics::run(&config, &args),
         Command::Hold(args) => hold::run(&config, &args),
