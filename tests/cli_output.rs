@@ -41,6 +41,21 @@ fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
             "--daemon-json",
             &daemon_json,
         ],
+        &[
+            "doctor",
+            "--daemon-json",
+            &daemon_json,
+            "--hooks-dir",
+            &hooks,
+        ],
+        &[
+            "doctor",
+            "--json",
+            "--daemon-json",
+            &daemon_json,
+            "--hooks-dir",
+            &hooks,
+        ],
         &["install", "podman", "--dry-run", "--dir", &hooks],
         &["uninstall", "podman", "--dry-run", "--dir", &hooks],
     ];
