@@ -90,18 +90,16 @@ pub fn allocate(
 
 /// The audit line of a refused request, but for its reason.
 fn refusal(holder: &HolderId, request: &GpuRequest, meta: &HolderMeta) -> Event {
-    let owner = meta.owner.as_ref();
-    let container = meta.container.as_ref();
     Event {
-        kind: Some(meta.kind),
-        user: owner.map(|o| o.user.clone()),
-        uid: owner.map(|o| o.uid),
-        engine: container.and_then(|c| c.engine.clone()),
-        name: container.and_then(|c| c.name.clone()),
-        image: container.and_then(|c| c.image.clone()),
         request: Some(request.clone()),
         pid: meta.pid,
         within: request.within.clone(),
-        ..Event::new(EventKind::Refuse, holder.as_str())
+        ..Event::for_holder(
+            EventKind::Refuse,
+            holder.as_str(),
+            meta.kind,
+            meta.owner.as_ref(),
+            meta.container.as_ref(),
+        )
     }
 }

@@ -17,7 +17,7 @@ pub use show::{log_table, usage_json, usage_table};
 pub use usage::{By, Usage, UsageRow, usage};
 pub use write::{AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
 
-use crate::ledger::{HolderKind, Record};
+use crate::ledger::{ContainerInfo, HolderKind, Owner, Record};
 use crate::request::GpuRequest;
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +62,21 @@ pub struct GpuRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<u32>,
     pub uuid: String,
+}
+
+impl GpuRef {
+    /// The GPUs of `record`, with the indices it was allocated under.
+    pub fn of_record(record: &Record) -> Vec<GpuRef> {
+        record
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, uuid)| GpuRef {
+                index: record.indices.get(i).copied(),
+                uuid: uuid.clone(),
+            })
+            .collect()
+    }
 }
 
 /// One line of the audit log. Every field but `time`, `event` and `holder` is left out
@@ -130,30 +145,39 @@ impl Event {
         }
     }
 
-    /// An event about the holder of `record`: who it is, its GPUs, its request.
-    pub fn for_record(event: EventKind, record: &Record) -> Event {
-        let container = record.container.as_ref();
-        let owner = record.owner.as_ref();
+    /// An event about a holder that may have no record (a refused request): who it is.
+    pub fn for_holder(
+        event: EventKind,
+        holder: &str,
+        kind: HolderKind,
+        owner: Option<&Owner>,
+        container: Option<&ContainerInfo>,
+    ) -> Event {
         Event {
-            kind: Some(record.kind),
+            kind: Some(kind),
             user: owner.map(|o| o.user.clone()),
             uid: owner.map(|o| o.uid),
             engine: container.and_then(|c| c.engine.clone()),
             name: container.and_then(|c| c.name.clone()),
             image: container.and_then(|c| c.image.clone()),
-            gpus: record
-                .gpus
-                .iter()
-                .enumerate()
-                .map(|(i, uuid)| GpuRef {
-                    index: record.indices.get(i).copied(),
-                    uuid: uuid.clone(),
-                })
-                .collect(),
+            ..Event::new(event, holder)
+        }
+    }
+
+    /// An event about the holder of `record`: who it is, its GPUs, its request.
+    pub fn for_record(event: EventKind, record: &Record) -> Event {
+        Event {
+            gpus: GpuRef::of_record(record),
             request: Some(record.request.clone()),
             pid: record.pid,
             within: record.request.within.clone(),
-            ..Event::new(event, &record.id)
+            ..Event::for_holder(
+                event,
+                &record.id,
+                record.kind,
+                record.owner.as_ref(),
+                record.container.as_ref(),
+            )
         }
     }
 

@@ -108,33 +108,18 @@ fn serve_one(config: &Config, stream: UnixStream) -> std::io::Result<()> {
                 within,
             };
             let id = asked.id.clone();
-            let reply = match hold_for(config, peer, asked) {
-                Ok((record, pinned)) => {
-                    let reply = granted(&record);
-                    if let (Some(pinned), Ok(holder)) = (pinned, HolderId::new(&record.id)) {
-                        let config = config.clone();
-                        std::thread::spawn(move || release_at_exit(&config, holder, pinned, None));
-                    }
-                    reply
+            let outcome = hold_for(config, peer, asked).map(|(record, pinned)| {
+                if let (Some(pinned), Ok(holder)) = (pinned, HolderId::new(&record.id)) {
+                    let config = config.clone();
+                    std::thread::spawn(move || release_at_exit(&config, holder, pinned, None));
                 }
-                Err(Refusal::Denied(e)) => {
-                    audit_refusal(config, peer, &id, &e);
-                    Reply::refused(e)
-                }
-                Err(Refusal::Failed(e)) => Reply::refused(e),
-            };
-            protocol::send(&mut output, &reply)
+                record
+            });
+            protocol::send(&mut output, &reply_for(config, peer, &id, outcome))
         }
         Request::Release { id } => {
-            let reply = match release_for(config, peer, &id) {
-                Ok(record) => granted(&record),
-                Err(Refusal::Denied(e)) => {
-                    audit_refusal(config, peer, &id, &e);
-                    Reply::refused(e)
-                }
-                Err(Refusal::Failed(e)) => Reply::refused(e),
-            };
-            protocol::send(&mut output, &reply)
+            let outcome = release_for(config, peer, &id);
+            protocol::send(&mut output, &reply_for(config, peer, &id, outcome))
         }
         Request::Bind { .. } => {
             protocol::send(&mut output, &Reply::refused("bind without an exec first"))
@@ -145,16 +130,21 @@ fn serve_one(config: &Config, stream: UnixStream) -> std::io::Result<()> {
 fn granted(record: &Record) -> Reply {
     Reply {
         holder: Some(record.id.clone()),
-        gpus: record
-            .gpus
-            .iter()
-            .enumerate()
-            .map(|(i, uuid)| GpuRef {
-                index: record.indices.get(i).copied(),
-                uuid: uuid.clone(),
-            })
-            .collect(),
+        gpus: GpuRef::of_record(record),
         ..Reply::default()
+    }
+}
+
+/// The reply to a hold or release: what it did, or why not (a refusal of who may do what
+/// is audited here).
+fn reply_for(config: &Config, peer: Peer, id: &str, outcome: Result<Record, Refusal>) -> Reply {
+    match outcome {
+        Ok(record) => granted(&record),
+        Err(Refusal::Denied(e)) => {
+            audit_refusal(config, peer, id, &e);
+            Reply::refused(e)
+        }
+        Err(Refusal::Failed(e)) => Reply::refused(e),
     }
 }
 
