@@ -5,94 +5,31 @@
 //! read-only. Root, containerd, ctr, runc and busybox-static are needed; elsewhere each
 //! test says why it skips (under CI=true it fails instead).
 
+mod containerd_support;
+
+use containerd_support::{Containerd, assert_ran, text};
 use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu, assert_driver_inside};
-use gpupin_sandbox::harness::{self, Gpupin, gpu_nodes, status};
-use gpupin_sandbox::{build_busybox_rootfs, find_on_path, find_static_busybox, is_root};
+use gpupin_sandbox::harness::{self, gpu_nodes};
+use gpupin_sandbox::{build_busybox_rootfs, find_static_busybox};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
 
-const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
-/// How long containerd may take to answer after it starts (a readiness wait).
-const START_WAIT: Duration = Duration::from_secs(60);
-
-/// A private containerd, stopped (and its dir removed) when dropped.
-struct Containerd {
-    child: Child,
-    socket: PathBuf,
+/// containerd for `ctr run --rootfs`, and the busybox rootfs its containers run on.
+struct Ctr {
+    containerd: Containerd,
     rootfs: PathBuf,
-    gpupin: Gpupin,
 }
 
-fn requirements() -> Result<(), String> {
-    if !is_root() {
-        return Err("needs root (containerd, runc, device nodes)".into());
-    }
-    for tool in ["containerd", "ctr", "runc", "containerd-shim-runc-v2"] {
-        find_on_path(tool).ok_or(format!("{tool} is not installed"))?;
-    }
-    find_static_busybox().map(|_| ())
-}
-
-impl Containerd {
-    /// containerd with gpupin's config in its environment (GPUPIN_CONFIG), which the
-    /// shim and so gpupin-runtime inherit; `extra` config lines for gpupin.
-    fn start(test: &str, extra: &str) -> Option<Containerd> {
-        harness::required(test, requirements())?;
-        let gpupin = Gpupin::with_extra(GPUPIN, "sim:nvswitch8", extra);
-        let dir = gpupin.dir.path();
-        let socket = dir.join("containerd.sock");
-        let config = dir.join("containerd.toml");
+impl Ctr {
+    fn start(test: &str) -> Option<Ctr> {
         // Only what ctr needs: no CRI plugin, whose start-up needs CNI and takes seconds.
-        std::fs::write(
-            &config,
-            "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n",
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
-            .arg("--config")
-            .arg(&config)
-            .arg("--root")
-            .arg(dir.join("root"))
-            .arg("--state")
-            .arg(dir.join("state-containerd"))
-            .arg("--address")
-            .arg(&socket)
-            .env("GPUPIN_CONFIG", &gpupin.config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("starting containerd");
-        let rootfs = dir.join("rootfs");
-        build_busybox_rootfs(&find_static_busybox().unwrap(), &rootfs).unwrap();
-        let c = Containerd {
-            child,
-            socket,
-            rootfs,
-            gpupin,
+        let config = |_: &Path| {
+            "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n".to_string()
         };
-        let started = Instant::now();
-        while !c.ctr(&["version"]).status.success() {
-            assert!(
-                started.elapsed() < START_WAIT,
-                "containerd did not answer: {}",
-                std::fs::read_to_string(c.gpupin.dir.path().join("containerd.log")).unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Some(c)
-    }
-
-    fn ctr(&self, args: &[&str]) -> Output {
-        Command::new("ctr")
-            .arg("--address")
-            .arg(&self.socket)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+        let containerd = Containerd::start(test, &[], "", config)?;
+        let rootfs = containerd.dir().join("rootfs");
+        build_busybox_rootfs(&find_static_busybox().unwrap(), &rootfs).unwrap();
+        Some(Ctr { containerd, rootfs })
     }
 
     /// `ctr run --rm --runc-binary gpupin-runtime --rootfs ROOTFS OPTIONS ID sh -c SCRIPT`.
@@ -104,41 +41,18 @@ impl Containerd {
         args.extend(options);
         let rootfs = self.rootfs.to_str().unwrap();
         args.extend(["--rootfs", rootfs, id, "/bin/sh", "-c", script]);
-        self.ctr(&args)
+        self.containerd.ctr(&args)
     }
 
     fn status(&self) -> serde_json::Value {
-        status::query(&self.gpupin.bin, &self.gpupin.config)
+        self.containerd.status()
     }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn assert_ran(what: &str, out: &Output) {
-    assert!(
-        out.status.success(),
-        "{what}: {}\nstdout: {}\nstderr: {}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
 }
 
 #[test]
 fn ctr_run_through_gpupin_runtime_sees_exactly_its_gpu_and_releases_it() {
-    let Some(c) = Containerd::start(
-        "ctr_run_through_gpupin_runtime_sees_exactly_its_gpu_and_releases_it",
-        "",
-    ) else {
+    let Some(c) = Ctr::start("ctr_run_through_gpupin_runtime_sees_exactly_its_gpu_and_releases_it")
+    else {
         return;
     };
     let id = format!("gpupin-ctr-{}", std::process::id());
@@ -159,7 +73,7 @@ fn ctr_run_through_gpupin_runtime_sees_exactly_its_gpu_and_releases_it() {
     assert_eq!(visible.split(',').count(), 2, "{env}");
     // The audit log names the container, its engine (containerd's runc shim gives its
     // own runc root) and its GPUs; `--rm` released them.
-    let audit = std::fs::read_to_string(c.gpupin.state_dir.join("audit.log")).unwrap();
+    let audit = std::fs::read_to_string(c.containerd.gpupin.state_dir.join("audit.log")).unwrap();
     let allocation: serde_json::Value = audit
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
@@ -182,18 +96,17 @@ fn ctr_run_through_gpupin_runtime_sees_exactly_its_gpu_and_releases_it() {
 
 #[test]
 fn ctr_run_gets_the_driver_files_of_its_gpu_through_cdi() {
-    let Some(c) = Containerd::start("ctr_run_gets_the_driver_files_of_its_gpu_through_cdi", "")
-    else {
+    let Some(c) = Ctr::start("ctr_run_gets_the_driver_files_of_its_gpu_through_cdi") else {
         return;
     };
     let gpus = FakeGpu::from_status(&c.status());
-    let dir = c.gpupin.dir.path();
+    let dir = c.containerd.gpupin.dir.path();
     let root = DriverRoot::create(&dir.join("driver"), &gpus).unwrap();
     let cdi = dir.join("cdi");
     std::fs::create_dir_all(&cdi).unwrap();
     root.write_cdi_spec(&cdi, &gpus).unwrap();
     append_config(
-        &c.gpupin.config,
+        &c.containerd.gpupin.config,
         &format!("driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]"),
     );
     // A first run shows which GPU a container gets (the policy packs: the same one again

@@ -1,0 +1,261 @@
+//! A Kubernetes node as far as gpupin can tell: a private containerd with its CRI plugin
+//! on and the runtime handler `gpupin` of k8s/containerd/gpupin-v2.toml, a busybox image
+//! imported as the sandbox (pause) image and the containers' image, and a CRI client
+//! that drives pods the way the kubelet does (host-network pods, so no CNI is needed).
+
+pub mod api;
+mod client;
+mod image;
+
+pub use client::Cri;
+
+use crate::containerd_support::{Containerd, START_WAIT, assert_ran, text};
+use api::*;
+use gpupin_sandbox::harness;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The image of every pod here; imported, never pulled (no registry is reachable).
+pub const IMAGE: &str = "gpupin.test/busybox:1";
+/// The runtime handler a RuntimeClass names (`handler: gpupin`).
+pub const HANDLER: &str = "gpupin";
+/// The shipped containerd 1.6/1.7 config of the handler.
+const HANDLER_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/containerd/gpupin-v2.toml");
+/// Where the shipped config expects gpupin-runtime; the test's own binary replaces it.
+const INSTALLED_RUNTIME: &str = "/usr/bin/gpupin-runtime";
+
+pub struct Node {
+    pub cri: Cri,
+    pub containerd: Containerd,
+}
+
+impl Node {
+    /// `None` where a requirement is missing (the test skips; under CI=true it fails).
+    pub fn start(test: &str) -> Option<Node> {
+        let containerd = Containerd::start(test, &["tar"], "", containerd_config)?;
+        let archive = image::busybox_archive(containerd.dir(), IMAGE);
+        let archive = archive.to_str().unwrap();
+        assert_ran(
+            "ctr images import",
+            &containerd.ctr(&["-n", "k8s.io", "images", "import", archive]),
+        );
+        let cri = Cri::new(&containerd.socket);
+        let node = Node { cri, containerd };
+        node.wait_for_cri();
+        Some(node)
+    }
+
+    /// The CRI plugin answers after containerd itself: a readiness wait.
+    fn wait_for_cri(&self) {
+        let started = Instant::now();
+        while let Err(e) = self.cri.version() {
+            let log = self.containerd.log();
+            assert!(
+                !log.contains("failed to load plugin io.containerd.grpc.v1.cri"),
+                "containerd refused its CRI config: {log}"
+            );
+            assert!(
+                started.elapsed() < START_WAIT,
+                "the CRI did not answer: {e}\n{}",
+                self.containerd.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs pod `name` (namespace `default`) with these annotations through the handler.
+    pub fn run_pod(&self, name: &str, annotations: &[(&str, &str)]) -> Pod<'_> {
+        let config = sandbox_config(name, annotations);
+        let id = self
+            .cri
+            .run_pod_sandbox(&config, HANDLER)
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.containerd.log()));
+        Pod {
+            node: self,
+            id,
+            config,
+            removed: false,
+        }
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        self.containerd.status()
+    }
+}
+
+/// The plain config the kubelet sends for a host-network pod without a shared process
+/// namespace.
+fn sandbox_config(name: &str, annotations: &[(&str, &str)]) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}-{}", std::process::id()),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        // A host-network pod shares the host's UTS namespace: no hostname of its own.
+        hostname: String::new(),
+        labels: HashMap::new(),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        linux: Some(LinuxPodSandboxConfig {
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(namespaces()),
+            }),
+        }),
+    }
+}
+
+/// Host network (no CNI needed); each container its own pid namespace, so its command
+/// is its pid 1.
+fn namespaces() -> NamespaceOption {
+    NamespaceOption {
+        network: NamespaceMode::Node as i32,
+        pid: NamespaceMode::Container as i32,
+        ipc: NamespaceMode::Pod as i32,
+    }
+}
+
+/// A running pod; stopped and removed when dropped, so that a failed test leaves no
+/// container (and no shim) behind.
+pub struct Pod<'a> {
+    node: &'a Node,
+    /// The sandbox's id: the pause container's id in containerd.
+    pub id: String,
+    config: PodSandboxConfig,
+    removed: bool,
+}
+
+impl Pod<'_> {
+    /// Creates container `name` running `command` (none: the image's `sleep`) with `env`
+    /// besides the image's; `Err` is the CRI's answer.
+    pub fn create_container(
+        &self,
+        name: &str,
+        env: &[(&str, &str)],
+        command: &[&str],
+    ) -> Result<String, tonic::Status> {
+        let config = ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(ImageSpec {
+                image: IMAGE.into(),
+            }),
+            linux: Some(LinuxContainerConfig {
+                security_context: Some(LinuxContainerSecurityContext {
+                    namespace_options: Some(namespaces()),
+                }),
+            }),
+            command: command.iter().map(|c| c.to_string()).collect(),
+            envs: env
+                .iter()
+                .map(|(key, value)| KeyValue {
+                    key: key.to_string(),
+                    value: value.to_string(),
+                })
+                .collect(),
+            ..ContainerConfig::default()
+        };
+        self.node
+            .cri
+            .create_container(&self.id, config, &self.config)
+    }
+
+    /// Creates and starts container `name`, which must succeed; its id.
+    pub fn start_container(&self, name: &str, env: &[(&str, &str)], command: &[&str]) -> String {
+        let log = || self.node.containerd.log();
+        let id = self
+            .create_container(name, env, command)
+            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\n{}", log()));
+        self.node
+            .cri
+            .start_container(&id)
+            .unwrap_or_else(|e| panic!("StartContainer {name}: {e}\n{}", log()));
+        id
+    }
+
+    /// What `cmd` prints in `container` (`kubectl exec`), which must exit 0.
+    pub fn exec(&self, container: &str, cmd: &[&str]) -> String {
+        let out = self
+            .node
+            .cri
+            .exec_sync(container, cmd)
+            .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e}"));
+        assert_eq!(
+            out.exit_code,
+            0,
+            "{cmd:?}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    /// StopPodSandbox: every container of the pod and the sandbox are stopped.
+    pub fn stop(&self) {
+        self.node
+            .cri
+            .stop_pod_sandbox(&self.id)
+            .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\n{}", self.node.containerd.log()));
+    }
+
+    /// RemovePodSandbox: the pod and its containers are gone.
+    pub fn remove(mut self) {
+        self.removed = true;
+        self.node
+            .cri
+            .remove_pod_sandbox(&self.id)
+            .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}\n{}", self.node.containerd.log()));
+    }
+}
+
+impl Drop for Pod<'_> {
+    fn drop(&mut self) {
+        if !self.removed {
+            let _ = self.node.cri.stop_pod_sandbox(&self.id);
+            let _ = self.node.cri.remove_pod_sandbox(&self.id);
+        }
+    }
+}
+
+/// containerd's config: the CRI plugin with this temp dir's CNI dirs (empty: host-network
+/// pods need none), the imported image as sandbox image, and the shipped handler config
+/// naming the gpupin-runtime under test.
+fn containerd_config(dir: &Path) -> String {
+    let runtime = harness::binary(env!("CARGO_BIN_EXE_gpupin-runtime"));
+    let shipped = std::fs::read_to_string(HANDLER_CONFIG).unwrap();
+    assert!(
+        shipped.contains(INSTALLED_RUNTIME),
+        "{HANDLER_CONFIG} names no {INSTALLED_RUNTIME}"
+    );
+    let handler = shipped.replace(INSTALLED_RUNTIME, runtime.to_str().unwrap());
+    let (cni_bin, cni_conf) = (dir.join("cni-bin"), dir.join("cni-conf"));
+    for d in [&cni_bin, &cni_conf] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    format!(
+        "version = 2\n\
+         [plugins.\"io.containerd.grpc.v1.cri\"]\n\
+         \x20 sandbox_image = \"{IMAGE}\"\n\
+         \x20 # The host may have AppArmor without apparmor_parser.\n\
+         \x20 disable_apparmor = true\n\
+         \x20 # The sandbox's oom_score_adj is -998; lowering it needs CAP_SYS_RESOURCE, which\n\
+         \x20 # a test machine (a container, a VM's jail) may lack: keep it at ours.\n\
+         \x20 restrict_oom_score_adj = true\n\
+         # containerd's default runtime, which a config naming any runtime must define.\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n\
+         \x20 runtime_type = \"io.containerd.runc.v2\"\n\
+         [plugins.\"io.containerd.grpc.v1.cri\".cni]\n\
+         \x20 bin_dir = {cni_bin:?}\n\
+         \x20 conf_dir = {cni_conf:?}\n\
+         [plugins.\"io.containerd.internal.v1.opt\"]\n\
+         \x20 path = {opt:?}\n\
+         {handler}",
+        opt = dir.join("opt"),
+    )
+}
