@@ -171,8 +171,9 @@ pub fn scan_holders(dir: &Path) -> Result<Scan, LedgerError> {
     };
     for (path, kind) in list(&holders)? {
         match entry::classify(path.file_name().unwrap_or_default(), kind) {
-            Entry::Record => match read_record(&path) {
-                Ok(record) => scan.records.push(record),
+            Entry::Record => match read_listed(&path) {
+                Ok(Some(record)) => scan.records.push(record),
+                Ok(None) => {}
                 Err(LedgerError::CorruptRecord { .. }) if written_before_boot(&path) => {
                     scan.leftovers.push(path)
                 }
@@ -186,6 +187,19 @@ pub fn scan_holders(dir: &Path) -> Result<Scan, LedgerError> {
     }
     scan.records.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(scan)
+}
+
+/// A record a listing named; `None` when it is gone by now. Read without the lock
+/// (`gpupin status`), a record can be released between the listing and the read: gone,
+/// not broken. Under the lock nothing is removed meanwhile.
+fn read_listed(path: &Path) -> Result<Option<Record>, LedgerError> {
+    match read_record(path) {
+        Ok(record) => Ok(Some(record)),
+        Err(LedgerError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
 }
 
 fn written_before_boot(path: &Path) -> bool {
@@ -373,5 +387,22 @@ pub fn audit_name(name: &[u8]) -> String {
         String::from_utf8_lossy(name).into_owned()
     } else {
         format!("{:?}", std::ffi::OsStr::from_bytes(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_released_after_the_listing_is_gone_not_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gone = tmp.path().join("c1.json");
+        assert!(matches!(read_listed(&gone), Ok(None)));
+        std::fs::write(&gone, "{").unwrap();
+        assert!(matches!(
+            read_listed(&gone),
+            Err(LedgerError::CorruptRecord { .. })
+        ));
     }
 }
