@@ -38,6 +38,7 @@ pub mod report;
 pub mod request;
 pub mod runtime;
 pub mod serve;
+pub mod slurm;
 pub mod spec;
 pub mod units;
 pub mod users;

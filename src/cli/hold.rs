@@ -1,10 +1,12 @@
 //! `gpupin hold ID --devices LIST`: GPUs set aside without a container, for a Slurm prolog
 //! or an administrator, for as long as a process lives or until `gpupin release ID`.
 
+use anyhow::Context;
 use gpupin::config::Config;
 use gpupin::hold::{self, Hold};
 use gpupin::ledger::HolderId;
 use gpupin::serve::{Client, Request};
+use gpupin::slurm;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -14,9 +16,14 @@ pub struct HoldArgs {
     /// GPUs by index, UUID or PCI bus id, comma-separated
     #[arg(long, required = true)]
     pub devices: String,
-    /// --devices are device minors (/dev/nvidia<N>), as Slurm's gres.conf File= order gives
+    /// --devices are device minors (/dev/nvidia<N>)
     #[arg(long)]
     pub by_minor: bool,
+    /// --devices are Slurm's GPU numbers ($SLURM_JOB_GPUS): positions in gres.conf's File=
+    /// list for this node (gres.conf beside $SLURM_CONF; node $SLURMD_NODENAME, else the
+    /// short host name)
+    #[arg(long, conflicts_with = "by_minor")]
+    pub by_slurm_index: bool,
     /// Whose hold it is (root only) [default: you]
     #[arg(long)]
     pub user: Option<String>,
@@ -32,6 +39,10 @@ pub struct HoldArgs {
 }
 
 pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
+    let (devices, by_minor) = match args.by_slurm_index {
+        true => (slurm_minors(&args.devices)?, true),
+        false => (args.devices.clone(), args.by_minor),
+    };
     let euid = rustix::process::geteuid().as_raw();
     let (id, gpus) = if euid == 0 {
         let owner = match &args.user {
@@ -40,8 +51,8 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
         };
         let spec = Hold {
             id: HolderId::new(&args.id)?,
-            devices: args.devices.clone(),
-            by_minor: args.by_minor,
+            devices: devices.clone(),
+            by_minor,
             pid: args.pid,
             until_release: args.until_release,
             owner,
@@ -54,8 +65,8 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
     } else {
         let reply = Client::connect(&config.socket_path())?.ask(&Request::Hold {
             id: args.id.clone(),
-            devices: args.devices.clone(),
-            by_minor: args.by_minor,
+            devices,
+            by_minor,
             pid: args.pid,
             until_release: args.until_release,
             user: args.user.clone(),
@@ -78,4 +89,24 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
         gpus.join(",")
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Slurm's GPU numbers as device minors, read where slurmd reads them: gres.conf beside
+/// the slurm.conf a prolog's `SLURM_CONF` names, for the node `SLURMD_NODENAME` names.
+fn slurm_minors(numbers: &str) -> anyhow::Result<String> {
+    let slurm_conf = std::env::var_os("SLURM_CONF").filter(|v| !v.is_empty());
+    let gres_conf = slurm::gres_conf_path(slurm_conf.as_deref().map(std::path::Path::new));
+    let node = match std::env::var("SLURMD_NODENAME")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        Some(node) => node,
+        None => slurm::short_hostname().context("reading this host's name")?,
+    };
+    let minors = slurm::minors(&gres_conf, &node, numbers)?;
+    Ok(minors
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(","))
 }
