@@ -25,6 +25,9 @@ pub struct Admission<'a> {
     /// For a spec edited before create: the claim its record is made with, and how the
     /// runtime calls gpupin back to bind and release it.
     pub claim: Option<Claim<'a>>,
+    /// The Slurm job the container's env names (`request::slurm_job`): its request takes
+    /// from that job's hold where the config trusts containers with it (`in_slurm_job`).
+    pub slurm_job: Option<HolderId>,
 }
 
 pub struct Claim<'a> {
@@ -77,7 +80,9 @@ pub fn admit<T>(
         request,
         mut meta,
         claim,
+        slurm_job,
     } = admission;
+    let request = &in_slurm_job(config, request, slurm_job.as_ref());
     if let Some(claim) = &claim {
         meta.claim_digest = Some(claim.token.digest());
     }
@@ -129,6 +134,22 @@ pub fn admit<T>(
     }
 }
 
+/// The Slurm rule (`GpuRequest::enter_slurm_job`) for a container, where
+/// `slurm_containers` says a container's word for its job may be taken: no engine tells
+/// who started a container, so its env could name any job. Whether the hold exists is
+/// one lstat; an unreadable state dir fails the allocation right after with its own error.
+fn in_slurm_job(config: &Config, request: &GpuRequest, job: Option<&HolderId>) -> GpuRequest {
+    let mut request = request.clone();
+    if config.slurm_containers
+        && request.enter_slurm_job(job, |hold| {
+            Ledger::open_read_only(&config.state_dir).is_ok_and(|l| l.holds(hold))
+        })
+    {
+        tracing::info!(within = ?request.within, "inside a Slurm job: taking from its hold");
+    }
+    request
+}
+
 /// Releases `holder` after `error`; an error of the release itself joins the first.
 fn undo(config: &Config, holder: &HolderId, error: AdmitError) -> AdmitError {
     tracing::debug!(holder = %holder, error = %crate::message::one_line(&error), "undoing the allocation");
@@ -163,7 +184,80 @@ mod tests {
             request,
             meta: HolderMeta::default(),
             claim: None,
+            slurm_job: None,
         }
+    }
+
+    /// Slurm job 42's prolog has held GPUs 5 and 6; `c1`'s env says it runs in job 42.
+    fn in_job_42(config: &Config) -> (HolderId, GpuRequest) {
+        let root = crate::ledger::Owner {
+            uid: 0,
+            user: "root".into(),
+            groups: vec![],
+        };
+        let hold = crate::hold::Hold {
+            id: HolderId::new("slurm-42").unwrap(),
+            devices: "5,6".into(),
+            by_minor: false,
+            pid: None,
+            until_release: true,
+            owner: root,
+            limited: false,
+            within: None,
+        };
+        crate::hold::hold(config, &hold, "test").unwrap();
+        (
+            HolderId::new("c1").unwrap(),
+            GpuRequest::new(Selection::Count(2), Origin::Env),
+        )
+    }
+
+    #[test]
+    fn a_container_in_a_slurm_job_takes_the_jobs_gpus_where_the_config_trusts_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            slurm_containers: true,
+            ..config(&tmp.path().join("state"))
+        };
+        let (holder, request) = in_job_42(&config);
+        let admission = Admission {
+            slurm_job: crate::request::slurm_job(&["SLURM_JOB_ID=42"]),
+            ..admission(&holder, &request)
+        };
+        let (record, ()) = admit(&config, admission, |_| Ok(())).unwrap();
+        assert_eq!(record.indices, [5, 6]);
+        assert_eq!(record.request.within.as_deref(), Some("slurm-42"));
+    }
+
+    #[test]
+    fn a_containers_slurm_job_is_ignored_unless_the_config_trusts_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(&tmp.path().join("state"));
+        let (holder, request) = in_job_42(&config);
+        let admission = Admission {
+            slurm_job: crate::request::slurm_job(&["SLURM_JOB_ID=42"]),
+            ..admission(&holder, &request)
+        };
+        let (record, ()) = admit(&config, admission, |_| Ok(())).unwrap();
+        assert!(!record.indices.contains(&5) && !record.indices.contains(&6));
+        assert_eq!(record.request.within, None);
+    }
+
+    #[test]
+    fn a_slurm_job_without_a_hold_leaves_the_request_as_it_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            slurm_containers: true,
+            ..config(&tmp.path().join("state"))
+        };
+        let holder = HolderId::new("c1").unwrap();
+        let request = GpuRequest::new(Selection::Count(1), Origin::Env);
+        let admission = Admission {
+            slurm_job: crate::request::slurm_job(&["SLURM_JOB_ID=43"]),
+            ..admission(&holder, &request)
+        };
+        let (record, ()) = admit(&config, admission, |_| Ok(())).unwrap();
+        assert_eq!(record.request.within, None);
     }
 
     #[test]

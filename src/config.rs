@@ -67,6 +67,11 @@ pub struct Config {
     /// A Prometheus text file rewritten on every ledger change (node_exporter's textfile
     /// collector); `None`: none.
     pub metrics_file: Option<PathBuf>,
+    /// Whether a container whose env says `SLURM_JOB_ID=N` takes its GPUs from Slurm job
+    /// N's hold (`request::GpuRequest::enter_slurm_job`). Off by default: an engine does
+    /// not say who started a container, so its env could name any job; `gpupin exec`
+    /// always follows the rule, since the daemon knows who asks.
+    pub slurm_containers: bool,
 }
 
 /// How `gpupin exec` writes CUDA_VISIBLE_DEVICES.
@@ -111,6 +116,7 @@ impl Default for Config {
             cuda_visible_devices: CudaIds::default(),
             confine: Confine::Auto,
             metrics_file: None,
+            slurm_containers: false,
         }
     }
 }
@@ -139,6 +145,7 @@ struct ConfigFile {
     cuda_visible_devices: Option<String>,
     confine: Option<toml::Value>,
     metrics_file: Option<PathBuf>,
+    slurm_containers: Option<bool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -304,6 +311,9 @@ impl Config {
                 }
             };
         }
+        if let Some(slurm) = file.slurm_containers {
+            config.slurm_containers = slurm;
+        }
         if let Some(policy) = file.policy {
             config.policy = policy
                 .parse()
@@ -340,6 +350,17 @@ mod tests {
         assert_eq!(c.inventory, InventorySource::Sim("pcie8".into()));
         assert_eq!(c.policy, PolicyName::Spread);
         assert_eq!(c.runtime, PathBuf::from("/usr/sbin/runc"));
+    }
+
+    #[test]
+    fn slurm_containers_is_off_unless_turned_on() {
+        assert!(!parse("").unwrap().slurm_containers);
+        assert!(parse("slurm_containers = true").unwrap().slurm_containers);
+        let err = parse("slurm_containers = \"yes\"").unwrap_err().to_string();
+        assert!(
+            err.contains("slurm_containers") || err.contains("boolean"),
+            "{err}"
+        );
     }
 
     #[test]

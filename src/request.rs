@@ -3,6 +3,7 @@
 //! of user input happens here, so that nothing past this point sees a count of 0 or a
 //! policy it does not know.
 
+use crate::ledger::HolderId;
 use crate::policy::PolicyName;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -235,6 +236,51 @@ pub fn from_env<S: AsRef<str>>(env: &[S]) -> Result<Option<GpuRequest>, RequestE
     parse(vars.into_iter(), Origin::Env)
 }
 
+/// The Slurm job an env says its process runs in: the hold `slurm-N` for
+/// `SLURM_JOB_ID=N` (the last occurrence wins, as for the process itself). `None` without
+/// the variable, or for a value that is no job id.
+pub fn slurm_job<S: AsRef<str>>(env: &[S]) -> Option<HolderId> {
+    let prefix = format!("{}=", crate::slurm::JOB_ID_ENV);
+    env.iter()
+        .rev()
+        .find_map(|entry| entry.as_ref().strip_prefix(&prefix))
+        .and_then(crate::slurm::job_holder)
+}
+
+/// The Slurm rule: a request from inside Slurm job N (its env has `SLURM_JOB_ID=N`,
+/// `slurm_job`) that names no holder to take from (`own`) takes from the job's hold
+/// `slurm-N`, which the prolog made, when `held` says that hold exists. Without it (a node
+/// whose prolog does not run gpupin, a job without GPUs) the request stays as it was. It
+/// only ever narrows a request to that one holder's GPUs, and the ledger checks it as it
+/// checks any `within` (who may take from whose holder included). Returns the holder the
+/// request takes from, if any.
+pub fn slurm_within(
+    own: Option<&str>,
+    job: Option<&HolderId>,
+    held: impl FnOnce(&HolderId) -> bool,
+) -> Option<String> {
+    match (own, job) {
+        (Some(own), _) => Some(own.to_string()),
+        (None, Some(job)) if held(job) => Some(job.to_string()),
+        _ => None,
+    }
+}
+
+impl GpuRequest {
+    /// `slurm_within` for this request. Returns whether it now takes from the job's hold.
+    pub fn enter_slurm_job(
+        &mut self,
+        job: Option<&HolderId>,
+        held: impl FnOnce(&HolderId) -> bool,
+    ) -> bool {
+        if self.within.is_some() {
+            return false;
+        }
+        self.within = slurm_within(None, job, held);
+        self.within.is_some()
+    }
+}
+
 /// Builds a request from annotation-named parts given on a command line (`gpupin pick`)
 /// or taken from another source (Docker's `--gpus` device ids).
 pub fn from_pairs(
@@ -374,7 +420,7 @@ fn parse_one(p: &mut Parts, annotation: &str, key: &str, value: &str) -> Result<
             "numa" => p.cpus = Some(CpuBinding::Numa),
             _ => return Err(invalid(key, value, CPUS_EXPECTED)),
         },
-        "gpupin.within" => match crate::ledger::HolderId::new(v) {
+        "gpupin.within" => match HolderId::new(v) {
             Ok(id) => p.within = Some(id.to_string()),
             Err(_) => return Err(invalid(key, value, WITHIN_EXPECTED)),
         },
@@ -703,6 +749,44 @@ mod tests {
         assert_eq!(r.origin, Origin::Env);
         let err = from_env(&["GPUPIN_COUNT=-1"]).unwrap_err().to_string();
         assert!(err.contains("GPUPIN_COUNT=\"-1\""), "{err}");
+    }
+
+    #[test]
+    fn slurm_job_is_the_hold_of_the_last_slurm_job_id() {
+        assert_eq!(
+            slurm_job(&["SLURM_JOB_ID=7", "PATH=/bin", "SLURM_JOB_ID=42"]),
+            Some(HolderId::new("slurm-42").unwrap())
+        );
+        assert_eq!(slurm_job(&["SLURM_JOBID=42", "PATH=/bin"]), None);
+        assert_eq!(slurm_job(&["SLURM_JOB_ID=../x"]), None);
+        assert_eq!(slurm_job(&["SLURM_JOB_ID="]), None);
+    }
+
+    #[test]
+    fn a_request_inside_a_slurm_job_takes_from_its_hold_when_the_hold_exists() {
+        let job = HolderId::new("slurm-42").unwrap();
+        let mut r = GpuRequest::new(Selection::Count(1), Origin::Env);
+        assert!(r.enter_slurm_job(Some(&job), |h| h.as_str() == "slurm-42"));
+        assert_eq!(r.within.as_deref(), Some("slurm-42"));
+
+        // No hold (no gpupin prolog on this node): the free pool, as before.
+        let mut r = GpuRequest::new(Selection::Count(1), Origin::Env);
+        assert!(!r.enter_slurm_job(Some(&job), |_| false));
+        assert_eq!(r.within, None);
+
+        // Not in a job: nothing is looked up.
+        let mut r = GpuRequest::new(Selection::Count(1), Origin::Env);
+        assert!(!r.enter_slurm_job(None, |_| panic!("no job, no lookup")));
+    }
+
+    #[test]
+    fn an_explicit_within_wins_over_the_slurm_job() {
+        let mut r = from_env(&["GPUPIN_COUNT=1", "GPUPIN_WITHIN=res-7"])
+            .unwrap()
+            .unwrap();
+        let job = HolderId::new("slurm-42").unwrap();
+        assert!(!r.enter_slurm_job(Some(&job), |_| true));
+        assert_eq!(r.within.as_deref(), Some("res-7"));
     }
 
     /// Sources with fixed contents that count how often each later one is read.

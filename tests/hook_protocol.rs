@@ -49,6 +49,7 @@ fn hold_one_gpu(g: &Gpupin) -> Sleeper {
             ..HolderMeta::default()
         },
         claim: None,
+        slurm_job: None,
     };
     let config = Config::load(&g.config).unwrap();
     let (record, ()) = admit::admit(&config, admission, |_| Ok(())).unwrap();

@@ -7,7 +7,7 @@ use super::request_args::RequestArgs;
 use anyhow::Context;
 use gpupin::config::Config;
 use gpupin::exec::{self, Gated};
-use gpupin::ledger::HolderId;
+use gpupin::ledger::{HolderId, Ledger};
 use gpupin::request::{self, Origin};
 use gpupin::serve::{Client, Request};
 use std::ffi::OsString;
@@ -23,7 +23,8 @@ pub struct ExecArgs {
     /// Wait up to this long for the GPUs, in the queue with every container, e.g. 10m
     #[arg(long)]
     pub wait: Option<String>,
-    /// Take the GPUs from this holder's (a hold, a Slurm job) [default: $GPUPIN_WITHIN]
+    /// Take the GPUs from this holder's (a hold, a Slurm job) [default: $GPUPIN_WITHIN,
+    /// else inside a Slurm job its hold slurm-$SLURM_JOB_ID where there is one]
     #[arg(long, value_name = "ID")]
     pub within: Option<String>,
     /// The holder id the job is recorded under [default: exec-<pid>]
@@ -35,11 +36,19 @@ pub struct ExecArgs {
 }
 
 impl ExecArgs {
-    fn pairs(&self) -> Vec<(String, String)> {
-        let within = self
+    fn pairs(&self, config: &Config) -> Vec<(String, String)> {
+        let own = self
             .within
             .clone()
             .or_else(|| std::env::var(WITHIN_ENV).ok().filter(|v| !v.is_empty()));
+        // Inside a Slurm job, its hold: for a user, the daemon then checks that the hold
+        // is theirs, as for any --within.
+        let job = std::env::var(gpupin::slurm::JOB_ID_ENV)
+            .ok()
+            .and_then(|id| gpupin::slurm::job_holder(&id));
+        let within = request::slurm_within(own.as_deref(), job.as_ref(), |hold| {
+            Ledger::open_read_only(&config.state_dir).is_ok_and(|l| l.holds(hold))
+        });
         let mut pairs: Vec<(String, String)> = self
             .request
             .pairs()
@@ -59,7 +68,7 @@ impl ExecArgs {
 }
 
 pub fn run(config: &Config, args: &ExecArgs) -> anyhow::Result<ExitCode> {
-    let pairs = args.pairs();
+    let pairs = args.pairs(config);
     let me = std::process::id() as i32;
     let gpupin = std::env::current_exe().context("finding the gpupin binary")?;
     if rustix::process::geteuid().is_root() {

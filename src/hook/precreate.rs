@@ -87,6 +87,7 @@ fn claim(
             token: &token,
             hook: &hook,
         }),
+        slurm_job: request::slurm_job(&spec::process_env(spec_value)),
     };
     let (record, bytes) = admit::admit(&config, admission, |edits| {
         edits::spec::apply(edits, spec_value)?;

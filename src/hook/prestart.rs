@@ -55,6 +55,7 @@ pub(super) fn prestart(
             ..HolderMeta::default()
         },
         claim: None,
+        slurm_job: crate::request::slurm_job(&spec::process_env(&spec_value)),
     };
     let (record, ()) = admit::admit(config, admission, |edits| {
         let target = Target {

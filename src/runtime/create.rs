@@ -165,6 +165,7 @@ fn edit_spec(
             token: &token,
             hook,
         }),
+        slurm_job: request::slurm_job(&spec::process_env(&spec_value)),
     };
     let (record, ()) = admit::admit(config, admission, |edits| {
         edits::spec::apply(edits, &mut spec_value)?;

@@ -51,6 +51,8 @@ pub fn prestart_without_container(
             ..HolderMeta::default()
         },
         claim: None,
+        // The demo shows gpupin's own requests; Slurm jobs have their own test.
+        slurm_job: None,
     };
     // No consumer: there is no container to give the GPUs to.
     let (record, ()) = admit::admit(config, admission, |_| Ok(()))?;
