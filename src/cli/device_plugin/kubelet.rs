@@ -75,23 +75,25 @@ async fn serve(plugin: &Arc<Plugin>, endpoints: &Endpoints, poll: Duration) -> a
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("setting the mode of {}", socket.display()))?;
     let inode = std::fs::symlink_metadata(socket)?.ino();
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let service = DevicePluginServer::from_arc(plugin.clone());
-    let server = tokio::spawn(Server::builder().serve_with_incoming_shutdown(
-        service,
-        UnixListenerStream::new(listener),
-        async {
-            let _ = done_rx.await;
-        },
-    ));
+    let incoming = UnixListenerStream::new(listener);
+    let server = tokio::spawn(async move {
+        if let Err(err) = Server::builder()
+            .serve_with_incoming(service, incoming)
+            .await
+        {
+            tracing::error!(error = %err, "serving the device plugin API");
+        }
+    });
     tracing::info!(socket = ?socket, resource = %endpoints.resource_name, "serving the device plugin API");
     register(endpoints, poll).await;
     // The kubelet removes every plugin socket when it starts: then register again.
     while std::fs::symlink_metadata(socket).is_ok_and(|m| m.ino() == inode) {
         tokio::time::sleep(poll).await;
     }
-    let _ = done_tx.send(());
-    server.await?.context("serving the device plugin API")?;
+    // Not a graceful stop: it would wait for the old kubelet's connections (a
+    // ListAndWatch stream lasts as long as its caller), which a restart leaves behind.
+    server.abort();
     Ok(())
 }
 
@@ -105,7 +107,7 @@ async fn register(endpoints: &Endpoints, poll: Duration) {
                 return;
             }
             Err(err) if !said => {
-                tracing::warn!(kubelet = ?endpoints.kubelet_socket, error = %format!("{err:#}"), "cannot register yet; trying again");
+                tracing::warn!(kubelet = ?endpoints.kubelet_socket, error = %line(&err), "cannot register yet; trying again");
                 said = true;
             }
             Err(_) => {}
@@ -192,7 +194,7 @@ async fn poll(
                     changed
                 });
             }
-            Err(err) => tracing::warn!(error = %format!("{err:#}"), "reading the ledger"),
+            Err(err) => tracing::warn!(error = %line(&err), "reading the ledger"),
         }
     }
 }
@@ -200,9 +202,12 @@ async fn poll(
 /// At start and every `timing.reconcile`: releases the plugin's holders that no pod
 /// holds. A failed `List` releases nothing.
 async fn reconcile_loop(config: Arc<Config>, endpoints: Endpoints, timing: Timing) {
+    // Said once until the kubelet answers again, not at every round.
+    let mut failing = false;
     loop {
         match assigned(&endpoints).await {
             Ok(assigned) => {
+                failing = false;
                 let config = config.clone();
                 let released = tokio::task::spawn_blocking(move || {
                     let ledger = Ledger::for_config(&config)?;
@@ -213,11 +218,15 @@ async fn reconcile_loop(config: Arc<Config>, endpoints: Endpoints, timing: Timin
                     tracing::warn!(error = %gpupin::message::one_line(&err), "reconcile");
                 }
             }
-            Err(err) => tracing::warn!(
-                socket = ?endpoints.pod_resources_socket,
-                error = %format!("{err:#}"),
-                "cannot list the pods' devices: nothing released"
-            ),
+            Err(_) if failing => {}
+            Err(err) => {
+                failing = true;
+                tracing::warn!(
+                    socket = ?endpoints.pod_resources_socket,
+                    error = %line(&err),
+                    "cannot list the pods' devices: nothing released"
+                )
+            }
         }
         tokio::time::sleep(timing.reconcile).await;
     }
@@ -239,6 +248,21 @@ async fn assigned(endpoints: &Endpoints) -> anyhow::Result<BTreeSet<String>> {
         .filter(|d| d.resource_name == endpoints.resource_name)
         .flat_map(|d| d.device_ids.iter().cloned())
         .collect())
+}
+
+/// An error chain on one line, each part once: tonic's transport errors repeat their
+/// source's message in their own.
+fn line(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for part in err.chain().map(ToString::to_string) {
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+    }
+    gpupin::message::escape_controls(&text)
 }
 
 /// SIGTERM (the DaemonSet's pod stopping) or SIGINT.
