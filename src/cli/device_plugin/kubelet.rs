@@ -67,13 +67,7 @@ pub async fn run(
 /// One life of the plugin's socket: serve it, register it, and return once it is gone.
 async fn serve(plugin: &Arc<Plugin>, endpoints: &Endpoints, poll: Duration) -> anyhow::Result<()> {
     let socket = &endpoints.plugin_socket;
-    remove_socket(socket)?;
-    let listener =
-        UnixListener::bind(socket).with_context(|| format!("listening on {}", socket.display()))?;
-    // Only the kubelet (root) talks to the plugin: whoever can allocate through it
-    // could take any GPU.
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("setting the mode of {}", socket.display()))?;
+    let listener = bind_private(socket)?;
     let inode = std::fs::symlink_metadata(socket)?.ino();
     let service = DevicePluginServer::from_arc(plugin.clone());
     let incoming = UnixListenerStream::new(listener);
@@ -95,6 +89,23 @@ async fn serve(plugin: &Arc<Plugin>, endpoints: &Endpoints, poll: Duration) -> a
     // ListAndWatch stream lasts as long as its caller), which a restart leaves behind.
     server.abort();
     Ok(())
+}
+
+/// A listener at `socket` that only root can connect to: whoever can call `Allocate`
+/// could take any GPU. Bound under a temporary name, made 0600, then renamed into place,
+/// so that no one connects in between.
+fn bind_private(socket: &Path) -> anyhow::Result<UnixListener> {
+    let name = socket.file_name().unwrap_or_default().to_string_lossy();
+    let temp = socket.with_file_name(format!(".{name}.{}", std::process::id()));
+    remove_socket(&temp)?;
+    let listener =
+        UnixListener::bind(&temp).with_context(|| format!("listening on {}", temp.display()))?;
+    std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("setting the mode of {}", temp.display()))?;
+    remove_socket(socket)?;
+    std::fs::rename(&temp, socket)
+        .with_context(|| format!("moving {} to {}", temp.display(), socket.display()))?;
+    Ok(listener)
 }
 
 /// Registers with the kubelet, trying again every `poll` until it answers.

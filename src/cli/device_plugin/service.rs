@@ -146,8 +146,13 @@ impl DevicePlugin for Plugin {
         tokio::spawn(async move {
             loop {
                 let list = device_list(&devices.borrow_and_update());
-                if tx.send(Ok(list)).await.is_err() || devices.changed().await.is_err() {
+                if tx.send(Ok(list)).await.is_err() {
                     break;
+                }
+                // A kubelet that hung up ends the task now, not at the next change.
+                tokio::select! {
+                    changed = devices.changed() => if changed.is_err() { break },
+                    () = tx.closed() => break,
                 }
             }
         });
