@@ -25,6 +25,7 @@ pub mod hook;
 pub mod inject;
 pub mod install;
 pub mod inventory;
+pub mod kube;
 pub mod ledger;
 pub mod limits;
 pub mod log;

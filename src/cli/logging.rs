@@ -37,10 +37,19 @@ fn install(level: Level) {
     if level == Level::Off {
         return;
     }
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    // gpupin's own events at the level asked for; the libraries' (the HTTP/2 and gRPC
+    // stack of `gpupin device-plugin` logs every frame at debug) at info at most.
+    let ours = level.filter();
+    let targets = Targets::new()
+        .with_default(ours.min(LevelFilter::INFO))
+        .with_targets(["gpupin", "gpupin_hook", "gpupin_runtime"].map(|t| (t, ours)));
     let subscriber = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(level.filter())
-        .finish();
+        .with_max_level(ours)
+        .finish()
+        .with(targets);
     // A second set-up (a config loaded twice) keeps the first.
     let _ = tracing::subscriber::set_global_default(subscriber);
 }

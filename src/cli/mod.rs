@@ -7,6 +7,8 @@ mod out;
 mod completions;
 #[cfg(feature = "demo")]
 mod demo;
+#[cfg(feature = "device-plugin")]
+mod device_plugin;
 mod doctor;
 mod exec;
 mod exec_gate;
@@ -76,6 +78,9 @@ pub enum Command {
     /// Start real containers on a simulated machine and show gpupin at work
     #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
+    /// Serve the kubelet's device plugin API: advertise the GPUs, allocate what the kubelet assigns
+    #[cfg(feature = "device-plugin")]
+    DevicePlugin(device_plugin::DevicePluginArgs),
     /// Register gpupin with a container engine
     Install(install::InstallArgs),
     /// Take gpupin out of a container engine's configuration again
@@ -183,6 +188,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Usage(args) => usage::run(&config, &args),
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::run(&config, cli.config.as_deref(), &args),
+        #[cfg(feature = "device-plugin")]
+        Command::DevicePlugin(args) => device_plugin::run(&config, &args),
         Command::Install(args) => install::install(cli.config.as_deref(), &config, &args),
         Command::Uninstall(args) => install::uninstall(&args),
     }

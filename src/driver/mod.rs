@@ -97,6 +97,21 @@ pub fn add_for_spec(
     Ok(())
 }
 
+/// The CDI device names of the GPUs `uuids` (`nvidia.com/gpu=<entry>`), for a runtime
+/// that applies CDI itself (the kubelet's device plugin API); an error where no
+/// `nvidia.com/gpu` spec is found or a GPU has no entry.
+pub fn cdi_names(
+    dirs: &[PathBuf],
+    inventory: &Inventory,
+    uuids: &[String],
+) -> Result<Vec<String>, DriverError> {
+    let found = cdi::load(dirs)?;
+    if found.is_empty() {
+        return Err(DriverError::NoSpec { dirs: join(dirs) });
+    }
+    Ok(select::qualified_names(&found, inventory, uuids)?)
+}
+
 /// The prestart path (after create) cannot give the driver's files: under `cdi` it is
 /// refused, before anything is allocated.
 pub fn check_prestart(driver: Driver) -> Result<(), DriverError> {

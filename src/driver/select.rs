@@ -103,6 +103,28 @@ pub fn edits_for(
     Ok(out)
 }
 
+/// The fully qualified CDI names (`nvidia.com/gpu=GPU-...`) of the entries of the GPUs
+/// `uuids`, found as `edits_for` finds them, in the order of `uuids`: what a kubelet
+/// device plugin hands the runtime instead of the edits themselves.
+pub fn qualified_names(
+    found: &[Found],
+    inventory: &Inventory,
+    uuids: &[String],
+) -> Result<Vec<String>, SelectError> {
+    let mut names: Vec<String> = Vec::new();
+    for gpu in uuids
+        .iter()
+        .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
+    {
+        let (file, device) = entry_for(found, gpu)?;
+        let name = format!("{}={}", file.spec.kind, device.name);
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
 /// The non-GPU nodes (DRM) of the entries of the inventory's GPUs not in `uuids`, minus
 /// any node the chosen entries have. A GPU without a usable entry adds none: its own
 /// `/dev/nvidia<N>` is withheld from the inventory anyway.

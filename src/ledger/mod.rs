@@ -410,6 +410,12 @@ impl Ledger {
         Ok(allocate::plan(&holder, request, machine, &live, cursor, &scope)?.uuids)
     }
 
+    /// The rotation cursor `spread` starts from: the position after the last GPU handed
+    /// out. For callers that choose without allocating, as `preview` does.
+    pub fn cursor(&self) -> usize {
+        store::read_cursor(&self.dir)
+    }
+
     /// A holder id asked again. A container's retried create, or a hold made again for the
     /// same user (a retried Slurm prolog), gets the same GPUs; an exec'd job never shares
     /// its name with another holder, and no one takes over someone else's.

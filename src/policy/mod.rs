@@ -4,11 +4,14 @@
 //! `topology` (the default) is described in [`topology`]; [`reference`] is the brute-force
 //! search that tests and benchmarks hold it to.
 
+mod include;
 mod load;
 mod pack;
 pub mod reference;
 mod spread;
 pub mod topology;
+
+pub use include::choose_including;
 
 use crate::inventory::{Inventory, Live};
 

@@ -1,0 +1,235 @@
+//! A choice that must contain some GPUs already: the kubelet's `must_include` devices
+//! (an init container's GPUs a container reuses). The policy picks the rest.
+//!
+//! Policies that rank GPUs one by one (`pack`, `spread`, `least-loaded`, `most-free`) pick
+//! the rest among the other free GPUs as they would anyway. `topology` ranks whole sets,
+//! so the fixed GPUs take part in the score: among the sets that contain them, the one
+//! with the highest set score, then the smallest cut to the free GPUs left, then the
+//! lowest positions, as [`super::topology`] defines. Every such set is tried while there
+//! are at most [`EXHAUSTIVE_UP_TO`] of them; past that (large machines, large requests)
+//! GPUs are added one at a time, each the best by that same order.
+
+use super::reference::cut;
+use super::topology::{pair_score, set_score};
+use super::{PolicyInput, PolicyName};
+use std::cmp::Reverse;
+
+/// Up to this many candidate sets, the topology completion tries them all.
+pub const EXHAUSTIVE_UP_TO: u64 = 20_000;
+
+/// `input.count` positions that contain `fixed`, the others chosen by `policy` among
+/// `input.free` (which need not contain `fixed`); `None` when too few are free or `fixed`
+/// alone is more than `input.count`. The result is sorted.
+pub fn choose_including(
+    policy: PolicyName,
+    input: &PolicyInput,
+    fixed: &[usize],
+) -> Option<Vec<usize>> {
+    let mut fixed: Vec<usize> = fixed.to_vec();
+    fixed.sort_unstable();
+    fixed.dedup();
+    let rest = input.count.checked_sub(fixed.len())?;
+    let free: Vec<bool> = (0..input.free.len())
+        .map(|p| input.free[p] && !fixed.contains(&p))
+        .collect();
+    let others = PolicyInput {
+        free: &free,
+        count: rest,
+        ..*input
+    };
+    let added = match policy {
+        _ if fixed.is_empty() => policy.policy().choose(&others)?,
+        PolicyName::Topology if input.inventory.links.is_some() => {
+            complete_topology(&others, &fixed)?
+        }
+        _ => policy.policy().choose(&others)?,
+    };
+    let mut chosen = fixed;
+    chosen.extend(added);
+    chosen.sort_unstable();
+    Some(chosen)
+}
+
+/// Set score, then the cut reversed: larger is better.
+type Rank = (u64, Reverse<u64>);
+
+/// Ranking of `fixed` plus `added`: set score, then the cut to the free GPUs left
+/// (smaller first), then lower positions (the caller keeps the first of equals).
+fn rank(input: &PolicyInput, fixed: &[usize], added: &[usize]) -> Rank {
+    let all: Vec<usize> = fixed.iter().chain(added).copied().collect();
+    (set_score(input.inventory, &all), Reverse(cut(input, &all)))
+}
+
+/// The topology choice of `input.count` more GPUs beside `fixed`.
+fn complete_topology(input: &PolicyInput, fixed: &[usize]) -> Option<Vec<usize>> {
+    let free: Vec<usize> = input.free_positions().collect();
+    if free.len() < input.count {
+        return None;
+    }
+    if combinations(free.len() as u64, input.count as u64) <= EXHAUSTIVE_UP_TO {
+        Some(exhaustive(input, fixed, &free))
+    } else {
+        Some(greedy(input, fixed, &free))
+    }
+}
+
+fn exhaustive(input: &PolicyInput, fixed: &[usize], free: &[usize]) -> Vec<usize> {
+    let k = input.count;
+    let mut set: Vec<usize> = (0..k).collect();
+    let mut best: Option<(Rank, Vec<usize>)> = None;
+    loop {
+        let added: Vec<usize> = set.iter().map(|&i| free[i]).collect();
+        let key = rank(input, fixed, &added);
+        // Sets come in lexicographic order: keeping the first of equals keeps the lowest.
+        if best.as_ref().is_none_or(|(b, _)| key > *b) {
+            best = Some((key, added));
+        }
+        // The next combination of k indices below free.len(), in lexicographic order.
+        let Some(i) = (0..k).rev().find(|&i| set[i] < free.len() - k + i) else {
+            return best.map(|(_, added)| added).unwrap_or_default();
+        };
+        set[i] += 1;
+        for j in i + 1..k {
+            set[j] = set[j - 1] + 1;
+        }
+    }
+}
+
+/// One GPU at a time: the most score with what is taken, then the least with the free
+/// GPUs left, then the lowest position.
+fn greedy(input: &PolicyInput, fixed: &[usize], free: &[usize]) -> Vec<usize> {
+    let links = input
+        .inventory
+        .links
+        .as_ref()
+        .expect("topology completion has links");
+    let mut taken: Vec<usize> = fixed.to_vec();
+    let mut added = Vec::with_capacity(input.count);
+    let mut left: Vec<usize> = free.to_vec();
+    for _ in 0..input.count {
+        let score = |p: usize, among: &[usize]| -> u64 {
+            among
+                .iter()
+                .filter(|&&q| q != p)
+                .map(|&q| pair_score(links[p][q]))
+                .sum()
+        };
+        let best = left
+            .iter()
+            .copied()
+            .max_by_key(|&p| (score(p, &taken), Reverse(score(p, &left)), Reverse(p)))
+            .expect("enough free GPUs were checked");
+        left.retain(|&p| p != best);
+        taken.push(best);
+        added.push(best);
+    }
+    added
+}
+
+/// C(n, k), saturating.
+fn combinations(n: u64, k: u64) -> u64 {
+    let k = k.min(n - k.min(n));
+    (0..k).fold(1u64, |acc, i| acc.saturating_mul(n - i) / (i + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{Inventory, InventorySource, NvmlAccess, load};
+
+    fn sim(name: &str) -> Inventory {
+        let source = InventorySource::Sim(name.into());
+        load(
+            &source,
+            std::path::Path::new("/nonexistent"),
+            &NvmlAccess::InProcess,
+        )
+        .unwrap()
+    }
+
+    fn input<'a>(inv: &'a Inventory, free: &'a [bool], count: usize) -> PolicyInput<'a> {
+        PolicyInput {
+            inventory: inv,
+            free,
+            count,
+            cursor: 0,
+            live: None,
+        }
+    }
+
+    #[test]
+    fn without_fixed_gpus_it_is_the_policy_itself() {
+        let inv = sim("cubemesh8");
+        let free = [true, false, true, true, true, true, false, true];
+        for policy in PolicyName::ALL {
+            for count in 1..=5 {
+                let i = input(&inv, &free, count);
+                assert_eq!(
+                    choose_including(policy, &i, &[]),
+                    policy.policy().choose(&i),
+                    "{policy} count {count}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn topology_completes_a_fixed_gpu_into_its_fully_linked_quad() {
+        let inv = sim("cubemesh8");
+        let free = [true; 8];
+        for fixed in [0, 2] {
+            let chosen = choose_including(PolicyName::Topology, &input(&inv, &free, 4), &[fixed]);
+            assert_eq!(chosen, Some(vec![0, 1, 2, 3]), "fixed {fixed}");
+        }
+        let chosen = choose_including(PolicyName::Topology, &input(&inv, &free, 4), &[6]);
+        assert_eq!(chosen, Some(vec![4, 5, 6, 7]));
+    }
+
+    #[test]
+    fn greedy_adds_the_best_linked_gpu_each_time() {
+        let inv = sim("cubemesh8");
+        let free = [false, true, true, true, true, true, true, true];
+        let free_positions: Vec<usize> = (1..8).collect();
+        // 0-3 is NV2; then 2 has NV1 to 0 and NV2 to 3, more than any other has.
+        assert_eq!(
+            greedy(&input(&inv, &free, 2), &[0], &free_positions),
+            [3, 2]
+        );
+    }
+
+    #[test]
+    fn other_policies_take_the_rest_as_they_would() {
+        let inv = crate::policy::testing::machine(8);
+        let free = [true; 8];
+        assert_eq!(
+            choose_including(PolicyName::Pack, &input(&inv, &free, 3), &[6]),
+            Some(vec![0, 1, 6])
+        );
+    }
+
+    #[test]
+    fn too_many_fixed_or_too_few_free_is_none() {
+        let inv = sim("nvswitch8");
+        let free = [true, true, false, false, false, false, false, false];
+        assert_eq!(
+            choose_including(PolicyName::Topology, &input(&inv, &free, 1), &[0, 1]),
+            None
+        );
+        assert_eq!(
+            choose_including(PolicyName::Topology, &input(&inv, &free, 4), &[5]),
+            None
+        );
+        assert_eq!(
+            choose_including(PolicyName::Topology, &input(&inv, &free, 3), &[5]),
+            Some(vec![0, 1, 5])
+        );
+    }
+
+    #[test]
+    fn combinations_count_sets() {
+        assert_eq!(combinations(8, 2), 28);
+        assert_eq!(combinations(8, 0), 1);
+        assert_eq!(combinations(5, 5), 1);
+        assert!(combinations(64, 8) > EXHAUSTIVE_UP_TO);
+    }
+}

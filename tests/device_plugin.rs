@@ -1,0 +1,421 @@
+//! `gpupin device-plugin` against a fake kubelet written here: it serves `Registration`
+//! on kubelet.sock and `PodResourcesLister` on a socket of its own, then calls the
+//! plugin as the kubelet does (GetDevicePluginOptions, ListAndWatch,
+//! GetPreferredAllocation, Allocate). The holder outside Kubernetes is a real runc
+//! container with gpupin's hooks (the sandbox harness), on the simulated cubemesh8
+//! machine, where the topology policy's answers differ from the lowest free GPUs. Needs
+//! root and runc, like the other runc suites.
+
+use gpupin_kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient;
+use gpupin_kubelet_api::deviceplugin::registration_server::{Registration, RegistrationServer};
+use gpupin_kubelet_api::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
+    ListAndWatchResponse, PreferredAllocationRequest, RegisterRequest,
+};
+use gpupin_kubelet_api::podresources::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
+use gpupin_kubelet_api::podresources::{
+    ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
+    PodResources,
+};
+use gpupin_sandbox::harness::{self, Sandbox};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::UnixListener;
+use tokio::sync::mpsc;
+use tonic::codegen::tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Request, Response, Status, Streaming};
+
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
+const RESOURCE: &str = "gpupin.io/gpu";
+
+/// Not a timed assertion: a bound so that a plugin that never answers fails the test
+/// instead of hanging it.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// The kubelet's Registration service: passes each request on to the test.
+struct FakeRegistration(mpsc::UnboundedSender<RegisterRequest>);
+
+#[tonic::async_trait]
+impl Registration for FakeRegistration {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        let _ = self.0.send(request.into_inner());
+        Ok(Response::new(Empty {}))
+    }
+}
+
+/// The kubelet's PodResources service: lists what the test says pods hold.
+#[derive(Clone, Default)]
+struct FakePods(Arc<Mutex<Vec<PodResources>>>);
+
+impl FakePods {
+    /// One pod whose one container holds `uuids` (none: no pod at all).
+    fn set(&self, uuids: &[String]) {
+        let pods = match uuids.is_empty() {
+            true => vec![],
+            false => vec![PodResources {
+                name: "trainer".into(),
+                namespace: "default".into(),
+                containers: vec![ContainerResources {
+                    name: "main".into(),
+                    devices: vec![ContainerDevices {
+                        resource_name: RESOURCE.into(),
+                        device_ids: uuids.to_vec(),
+                    }],
+                }],
+            }],
+        };
+        *self.0.lock().unwrap() = pods;
+    }
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for FakePods {
+    async fn list(
+        &self,
+        _: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        let pod_resources = self.0.lock().unwrap().clone();
+        Ok(Response::new(ListPodResourcesResponse { pod_resources }))
+    }
+}
+
+/// The plugin process, stopped (SIGTERM) when dropped.
+struct PluginProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl PluginProcess {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then its exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+async fn connect(path: &Path) -> Channel {
+    Endpoint::from_shared(format!("unix://{}", path.display()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", path.display()))
+}
+
+/// A listener on `path`, as a stream of connections for tonic.
+fn listen(path: &Path) -> UnixListenerStream {
+    UnixListenerStream::new(UnixListener::bind(path).unwrap())
+}
+
+/// `gpupin --config CONFIG ARGS`, which must succeed; its stdout.
+fn gpupin(config: &Path, args: &[&str]) -> String {
+    let out = Command::new(harness::binary(GPUPIN))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "gpupin {args:?}: {}",
+        harness::stderr(&out)
+    );
+    harness::stdout(&out)
+}
+
+/// The UUIDs `gpupin pick --count N` shows.
+fn pick(config: &Path, count: usize) -> Vec<String> {
+    let json: Value = serde_json::from_str(&gpupin(
+        config,
+        &["pick", "--count", &count.to_string(), "--json"],
+    ))
+    .unwrap();
+    json["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn status(config: &Path) -> Value {
+    harness::status::query(&harness::binary(GPUPIN), config)
+}
+
+/// The next device list from the stream, with `wanted` true of it; lists in between are
+/// skipped (the plugin sends one per change it sees).
+async fn next_list(
+    stream: &mut Streaming<ListAndWatchResponse>,
+    plugin: &PluginProcess,
+    wanted: impl Fn(&ListAndWatchResponse) -> bool,
+) -> ListAndWatchResponse {
+    let wait = async {
+        loop {
+            let list = stream
+                .message()
+                .await
+                .unwrap()
+                .expect("the stream stays open");
+            if wanted(&list) {
+                return list;
+            }
+        }
+    };
+    tokio::time::timeout(PATIENCE, wait)
+        .await
+        .unwrap_or_else(|_| panic!("no such device list came; plugin log:\n{}", plugin.log()))
+}
+
+fn unhealthy(list: &ListAndWatchResponse) -> Vec<String> {
+    list.devices
+        .iter()
+        .filter(|d| d.health != "Healthy")
+        .map(|d| d.id.clone())
+        .collect()
+}
+
+fn healthy(list: &ListAndWatchResponse) -> Vec<String> {
+    list.devices
+        .iter()
+        .filter(|d| d.health == "Healthy")
+        .map(|d| d.id.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fake_kubelet_sees_gpupins_holders_and_allocates_through_the_ledger() {
+    let test = "a_fake_kubelet_sees_gpupins_holders_and_allocates_through_the_ledger";
+    let Some(sb) = Sandbox::with_machine(GPUPIN, test, "sim:cubemesh8") else {
+        return;
+    };
+    // The sandbox's config is for its containers' hooks (policy pack); the plugin and
+    // `gpupin pick` share its ledger under the default policy, topology.
+    let dir = sb.gpupin.dir.path();
+    let config = dir.join("topology.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = {:?}\naudit_log = {:?}\ninventory = \"sim:cubemesh8\"\npolicy = \"topology\"\n",
+            sb.gpupin.state_dir,
+            sb.gpupin.state_dir.join("audit.log")
+        ),
+    )
+    .unwrap();
+    let uuids: Vec<String> = status(&config)["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["uuid"].as_str().unwrap().to_string())
+        .collect();
+
+    // The fake kubelet.
+    let plugin_dir = dir.join("device-plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    let (registered_tx, mut registered) = mpsc::unbounded_channel();
+    let registration = RegistrationServer::new(FakeRegistration(registered_tx));
+    let kubelet_sock = listen(&plugin_dir.join("kubelet.sock"));
+    tokio::spawn(Server::builder().serve_with_incoming(registration, kubelet_sock));
+    let pods = FakePods::default();
+    let pod_resources = dir.join("pod-resources.sock");
+    let lister = PodResourcesListerServer::new(pods.clone());
+    tokio::spawn(Server::builder().serve_with_incoming(lister, listen(&pod_resources)));
+
+    let log = dir.join("device-plugin.log");
+    let mut plugin = PluginProcess {
+        child: Command::new(harness::binary(GPUPIN))
+            .arg("--config")
+            .arg(&config)
+            .arg("device-plugin")
+            .arg("--plugin-dir")
+            .arg(&plugin_dir)
+            .arg("--pod-resources-socket")
+            .arg(&pod_resources)
+            .args([
+                "--poll-interval",
+                "200ms",
+                "--reconcile-interval",
+                "500ms",
+                "--reconcile-grace",
+                "0s",
+            ])
+            .env("GPUPIN_LOG", "debug")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        log,
+    };
+
+    // Registration, as the kubelet receives it.
+    let request = tokio::time::timeout(PATIENCE, registered.recv())
+        .await
+        .unwrap_or_else(|_| panic!("the plugin never registered; its log:\n{}", plugin.log()))
+        .unwrap();
+    assert_eq!(request.version, "v1beta1");
+    assert_eq!(request.resource_name, RESOURCE);
+    assert_eq!(request.endpoint, "gpupin.sock");
+    assert!(request.options.unwrap().get_preferred_allocation_available);
+    let socket = plugin_dir.join(&request.endpoint);
+    let mut client = DevicePluginClient::new(connect(&socket).await);
+    let options = client
+        .get_device_plugin_options(Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(options.get_preferred_allocation_available && !options.pre_start_required);
+
+    // Every GPU, by UUID, Healthy, with its NUMA node.
+    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let first = next_list(&mut stream, &plugin, |_| true).await;
+    let ids: Vec<String> = first.devices.iter().map(|d| d.id.clone()).collect();
+    assert_eq!(ids, uuids);
+    assert_eq!(healthy(&first), uuids);
+    let numa: Vec<i64> = first
+        .devices
+        .iter()
+        .map(|d| d.topology.as_ref().unwrap().nodes[0].id)
+        .collect();
+    assert_eq!(numa, [0, 0, 0, 0, 1, 1, 1, 1]);
+
+    // A container outside Kubernetes takes GPU 2 (and 3): they are no longer allocatable.
+    let outside = sb.id("outside");
+    let container = sb
+        .start(&outside, &sb.spec().annotation("gpupin.devices", "2,3"))
+        .unwrap();
+    let taken = vec![uuids[2].clone(), uuids[3].clone()];
+    let list = next_list(&mut stream, &plugin, |l| !unhealthy(l).is_empty()).await;
+    assert_eq!(unhealthy(&list), taken, "{:#}", status(&config));
+
+    // The preferred set is what `gpupin pick` shows, over the devices the kubelet offers.
+    let available = healthy(&list);
+    for size in 1..=4 {
+        let answer = client
+            .get_preferred_allocation(PreferredAllocationRequest {
+                container_requests: vec![ContainerPreferredAllocationRequest {
+                    available_device_ids: available.clone(),
+                    must_include_device_ids: vec![],
+                    allocation_size: size as i32,
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            answer.container_responses[0].device_ids,
+            pick(&config, size),
+            "size {size}"
+        );
+    }
+    // cubemesh8 without GPUs 2 and 3: 0 and 1 share one NVLink, 0 and 4 two; topology
+    // does not take the lowest free GPUs.
+    let preferred = pick(&config, 2);
+    assert_ne!(preferred, [uuids[0].clone(), uuids[1].clone()]);
+
+    // Allocate: a record `gpupin status` shows, device nodes, env and the holder.
+    pods.set(&preferred);
+    let allocated = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: preferred.clone(),
+            }],
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Allocate failed: {}; log:\n{}", s.message(), plugin.log()))
+        .into_inner();
+    let response = &allocated.container_responses[0];
+    let holder = response.annotations["gpupin.within"].clone();
+    assert!(holder.starts_with("k8s-"), "{holder}");
+    assert_eq!(response.envs["GPUPIN_WITHIN"], holder);
+    assert_eq!(response.envs["NVIDIA_VISIBLE_DEVICES"], preferred.join(","));
+    let minors: Vec<String> = preferred
+        .iter()
+        .map(|u| uuids.iter().position(|x| x == u).unwrap())
+        .map(|i| format!("/dev/nvidia{i}"))
+        .collect();
+    let paths: Vec<&str> = response
+        .devices
+        .iter()
+        .map(|d| d.host_path.as_str())
+        .collect();
+    assert_eq!(
+        paths[..2],
+        minors.iter().map(String::as_str).collect::<Vec<_>>()[..]
+    );
+    assert!(paths.contains(&"/dev/nvidiactl"), "{paths:?}");
+    let record =
+        harness::status::holder(&status(&config), &holder).expect("the holder is in gpupin status");
+    assert_eq!(record["gpus"], serde_json::json!(preferred));
+    assert_eq!(record["source"], "device-plugin");
+    assert_eq!(record["kind"], "hold");
+    assert_eq!(record["until_release"], true);
+    let table = gpupin(&config, &["status"]);
+    assert!(table.contains(&holder), "{table}");
+
+    // The plugin's own holder keeps its GPUs Healthy: the kubelet counts them itself
+    // (a new stream starts with the list as it is now).
+    let mut fresh = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let list = next_list(&mut fresh, &plugin, |_| true).await;
+    assert_eq!(unhealthy(&list), taken);
+    drop(fresh);
+
+    // A GPU the container holds cannot be allocated, and the error says who has it.
+    let refused = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![uuids[2].clone()],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        refused.message().contains(&format!("held by {outside}")),
+        "{}",
+        refused.message()
+    );
+
+    // The container ends: its GPUs come back.
+    container.stop().unwrap();
+    next_list(&mut stream, &plugin, |l| unhealthy(l).is_empty()).await;
+
+    // The pod goes: the reconcile releases its holder.
+    pods.set(&[]);
+    let released = async {
+        while harness::status::holder(&status(&config), &holder).is_some() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, released)
+        .await
+        .unwrap_or_else(|_| panic!("{holder} was never released; log:\n{}", plugin.log()));
+
+    // The kubelet restarts (it removes the plugins' sockets): the plugin registers again.
+    std::fs::remove_file(&socket).unwrap();
+    let again = tokio::time::timeout(PATIENCE, registered.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no second registration; log:\n{}", plugin.log()))
+        .unwrap();
+    assert_eq!(again.endpoint, "gpupin.sock");
+
+    let exit = plugin.stop();
+    assert!(exit.success(), "{exit}; log:\n{}", plugin.log());
+    assert!(!socket.exists(), "the socket is left after SIGTERM");
+}
