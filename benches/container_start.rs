@@ -7,8 +7,10 @@
 //! Each round runs, in turn, a busybox `true` container with `/bin/true` as its prestart
 //! and poststop hooks (the baseline: what any hook costs runc, the exec floor), one
 //! without hooks, one with gpupin's hooks but no request (what every container on a host
-//! with gpupin in its hooks pays), and one asking for a GPU by annotation (nodes, device
-//! cgroup, ledger record, release) on the simulated `sim:nvswitch8`. The variants
+//! with gpupin in its hooks pays), one asking for a GPU by annotation (nodes, device
+//! cgroup, ledger record, release) on the simulated `sim:nvswitch8`, and the same with a
+//! live file that lists processes on two GPUs (what `foreign = "avoid"` reads and looks
+//! up in /proc on every exclusive request). The variants
 //! alternate within each round so that drift on the machine hits all alike.
 //!
 //! Then the hook alone: `gpupin-hook prestart` (and, for comparison, the CLI's `gpupin
@@ -153,6 +155,7 @@ fn setup(dir: &Path, busybox: &Path) -> Vec<Variant> {
     )
     .unwrap();
     let hook = HookCommand::beside(&binary(GPUPIN), Some(config));
+    let live_hook = HookCommand::beside(&binary(GPUPIN), Some(live_config(dir, &state)));
     // The exec floor: a hook that does nothing (runc passes it the gpupin-style args,
     // which /bin/true ignores).
     let floor = HookCommand {
@@ -167,7 +170,13 @@ fn setup(dir: &Path, busybox: &Path) -> Vec<Variant> {
         ("gpupin, no request", base.clone().with_hook(&hook)),
         (
             "gpupin, count=1",
-            base.with_hook(&hook).annotation("gpupin.count", "1"),
+            base.clone()
+                .with_hook(&hook)
+                .annotation("gpupin.count", "1"),
+        ),
+        (
+            "gpupin, count=1, live",
+            base.with_hook(&live_hook).annotation("gpupin.count", "1"),
         ),
     ];
     specs
@@ -191,6 +200,43 @@ fn setup(dir: &Path, busybox: &Path) -> Vec<Variant> {
             }
         })
         .collect()
+}
+
+/// A config like the first, with a live file whose GPUs 6 and 7 run processes of no
+/// holder (this bench and its parent): every exclusive request reads the file and looks
+/// those processes up in /proc (`foreign = "avoid"`, the default).
+fn live_config(dir: &Path, state: &Path) -> PathBuf {
+    let me = std::process::id() as i32;
+    let parent = std::os::unix::process::parent_id() as i32;
+    let gpus: Vec<serde_json::Value> = (0..8)
+        .map(|i| {
+            let processes = match i {
+                6 => vec![parent],
+                7 => vec![me],
+                _ => vec![],
+            };
+            let processes: Vec<_> = processes
+                .into_iter()
+                .map(|pid| serde_json::json!({"pid": pid, "used_memory": "1GiB"}))
+                .collect();
+            serde_json::json!({"index": i, "utilization": 0, "memory_free": "40GiB",
+                               "processes": processes})
+        })
+        .collect();
+    let live = dir.join("live.json");
+    std::fs::write(&live, serde_json::json!({ "gpus": gpus }).to_string()).unwrap();
+    let config = dir.join("gpupin-live.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = {:?}\naudit_log = {:?}\ninventory = \"sim:nvswitch8\"\nlive_file = {:?}\n",
+            state.display().to_string(),
+            state.join("audit.log").display().to_string(),
+            live.display().to_string(),
+        ),
+    )
+    .unwrap();
+    config
 }
 
 /// `runc run` in the foreground: create, hooks, start, wait for `true`, delete (poststop).

@@ -209,6 +209,7 @@ fn live(n: usize) -> Vec<Live> {
         .map(|_| Live {
             utilization: (rng.next() % 101) as u32,
             memory_free: rng.next() % (80 << 30),
+            ..Live::default()
         })
         .collect()
 }

@@ -72,7 +72,26 @@ pub struct Config {
     /// not say who started a container, so its env could name any job; `gpupin exec`
     /// always follows the rule, since the daemon knows who asks.
     pub slurm_containers: bool,
+    /// Whether an exclusive request may get a GPU that runs a process no holder owns.
+    pub foreign: Foreign,
+    /// How long an NVML snapshot of the live figures serves further allocations.
+    pub live_cache: Duration,
 }
+
+/// What allocation makes of a process on a GPU that no holder owns (one started
+/// without gpupin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Foreign {
+    /// An exclusive request never gets such a GPU; the refusal names the process.
+    #[default]
+    Avoid,
+    /// Processes are not looked at: only the ledger says which GPUs are free.
+    Ignore,
+}
+
+/// How long a live snapshot serves, by default: a burst of starts pays once, and a
+/// process started since is missed for no longer than this.
+pub const DEFAULT_LIVE_CACHE: Duration = Duration::from_secs(2);
 
 /// How `gpupin exec` writes CUDA_VISIBLE_DEVICES.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -117,6 +136,8 @@ impl Default for Config {
             confine: Confine::Auto,
             metrics_file: None,
             slurm_containers: false,
+            foreign: Foreign::default(),
+            live_cache: DEFAULT_LIVE_CACHE,
         }
     }
 }
@@ -146,6 +167,8 @@ struct ConfigFile {
     confine: Option<toml::Value>,
     metrics_file: Option<PathBuf>,
     slurm_containers: Option<bool>,
+    foreign: Option<String>,
+    live_cache: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -314,6 +337,24 @@ impl Config {
         if let Some(slurm) = file.slurm_containers {
             config.slurm_containers = slurm;
         }
+        if let Some(foreign) = file.foreign {
+            config.foreign = match foreign.as_str() {
+                "avoid" => Foreign::Avoid,
+                "ignore" => Foreign::Ignore,
+                _ => {
+                    return Err(invalid(format!(
+                        "foreign {foreign:?}: expected \"avoid\" or \"ignore\""
+                    )));
+                }
+            };
+        }
+        if let Some(age) = file.live_cache {
+            config.live_cache = humantime::parse_duration(&age).map_err(|_| {
+                invalid(format!(
+                    "live_cache {age:?}: expected a duration such as \"2s\" (\"0s\": no cache)"
+                ))
+            })?;
+        }
         if let Some(policy) = file.policy {
             config.policy = policy
                 .parse()
@@ -388,6 +429,31 @@ mod tests {
                 .contains("max_shared 0")
         );
         assert!(parse("max_shared = -1").is_err());
+    }
+
+    #[test]
+    fn foreign_defaults_to_avoid_and_live_cache_to_two_seconds() {
+        let c = parse("").unwrap();
+        assert_eq!(
+            (c.foreign, c.live_cache),
+            (Foreign::Avoid, Duration::from_secs(2))
+        );
+        let c = parse("foreign = \"ignore\"\nlive_cache = \"0s\"").unwrap();
+        assert_eq!((c.foreign, c.live_cache), (Foreign::Ignore, Duration::ZERO));
+        assert_eq!(
+            parse("foreign = \"avoid\"").unwrap().foreign,
+            Foreign::Avoid
+        );
+        let err = parse("foreign = \"kill\"").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config /etc/gpupin/config.toml: foreign \"kill\": expected \"avoid\" or \"ignore\""
+        );
+        let err = parse("live_cache = \"soon\"").unwrap_err().to_string();
+        assert!(
+            err.contains("live_cache \"soon\": expected a duration"),
+            "{err}"
+        );
     }
 
     #[test]

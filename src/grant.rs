@@ -1,13 +1,15 @@
 //! The one allocation path every integration takes (prestart hook, precreate, the Docker
-//! shim, the demo): load the machine, read live figures only when the request needs them,
-//! then allocate, waiting in the queue when the request asks to.
+//! shim, the demo): load the machine, read live figures and the processes on the GPUs
+//! only when the request needs them, then allocate, waiting in the queue when the
+//! request asks to.
 
 use crate::audit::{Event, EventKind};
-use crate::config::Config;
-use crate::inventory::Live;
-use crate::inventory::{self, Inventory, InventoryError};
+use crate::config::{Config, Foreign};
+use crate::inventory::live::Cache;
+use crate::inventory::{self, Inventory, InventoryError, Live};
 use crate::ledger::{HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
-use crate::request::GpuRequest;
+use crate::request::{GpuRequest, Share};
+use crate::whose::{self, Seen};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GrantError {
@@ -17,44 +19,75 @@ pub enum GrantError {
     Ledger(#[from] LedgerError),
 }
 
-/// The inventory, and live figures when `request` needs them (its policy reads them, or
-/// it filters on memory).
-pub fn load_machine(
-    config: &Config,
-    request: &GpuRequest,
-) -> Result<(Inventory, Option<Vec<Live>>), GrantError> {
+/// A machine as an allocation sees it.
+pub struct Loaded {
+    pub inventory: Inventory,
+    /// Live figures, where the request needs them and a source has them.
+    pub live: Option<Vec<Live>>,
+    /// The processes on each GPU, where they are to be avoided (`foreign = "avoid"`, an
+    /// exclusive request) and the source lists them.
+    pub processes: Option<Vec<Vec<Seen>>>,
+}
+
+/// The inventory, and live figures when `request` needs them: its policy reads them, it
+/// filters on memory, or, as an exclusive request under `foreign = "avoid"`, it must see
+/// the processes on each GPU. Figures that only the last wants and that cannot be read
+/// leave processes unseen, with a warning, rather than stop every container start
+/// because NVML or the live file has a bad moment.
+pub fn load_machine(config: &Config, request: &GpuRequest) -> Result<Loaded, GrantError> {
     let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
     let policy = request.policy.unwrap_or(config.policy);
-    let wants_live = policy.needs_live() || request.memory.is_some();
-    let live = if wants_live {
-        inventory::live::read(config.live_file.as_deref(), &inventory, &config.nvml)?
-    } else {
-        None
+    let for_policy = policy.needs_live() || request.memory.is_some();
+    let for_foreign = config.foreign == Foreign::Avoid && request.share == Share::Exclusive;
+    let read = || {
+        let cache = Cache {
+            state_dir: &config.state_dir,
+            max_age: config.live_cache,
+        };
+        let file = config.live_file.as_deref();
+        inventory::live::read(file, &inventory, &config.nvml, Some(cache))
     };
+    let live = match (for_policy, for_foreign) {
+        (true, _) => read()?,
+        (false, true) => read().unwrap_or_else(|err| {
+            tracing::warn!(
+                error = %crate::message::one_line(&err),
+                "live figures unreadable: processes on the GPUs not looked at"
+            );
+            None
+        }),
+        (false, false) => None,
+    };
+    let processes = live
+        .as_deref()
+        .filter(|_| for_foreign)
+        .map(|live| whose::observe(live, &whose::passwd_name));
     tracing::debug!(
         inventory = %config.inventory,
         backend = ?inventory.source,
         gpus = inventory.gpus.len(),
         policy = %policy,
-        live_wanted = wants_live,
+        live_wanted = for_policy || for_foreign,
         live_read = live.is_some(),
+        processes = processes.as_ref().map(|p| p.iter().map(Vec::len).sum::<usize>()),
         "machine"
     );
-    Ok((inventory, live))
+    Ok(Loaded {
+        inventory,
+        live,
+        processes,
+    })
 }
 
 /// The allocation settings of `config` over a loaded machine.
-pub fn machine<'a>(
-    config: &'a Config,
-    inventory: &'a Inventory,
-    live: Option<&'a [Live]>,
-) -> Machine<'a> {
+pub fn machine<'a>(config: &'a Config, loaded: &'a Loaded) -> Machine<'a> {
     Machine {
-        inventory,
-        live,
+        inventory: &loaded.inventory,
+        live: loaded.live.as_deref(),
         default_policy: config.policy,
         max_shared: config.max_shared,
         limits: Some(&config.limits),
+        processes: loaded.processes.as_deref(),
     }
 }
 
@@ -66,8 +99,8 @@ pub fn allocate(
     request: &GpuRequest,
     meta: HolderMeta,
 ) -> Result<(Inventory, Record), GrantError> {
-    let (inventory, live) = load_machine(config, request)?;
-    let machine = machine(config, &inventory, live.as_deref());
+    let loaded = load_machine(config, request)?;
+    let machine = machine(config, &loaded);
     let ledger = Ledger::for_config(config)?;
     let refused = refusal(holder, request, &meta);
     let allocation = match request.wait {
@@ -78,7 +111,7 @@ pub fn allocate(
         None => ledger.allocate(holder, request, &machine, meta),
     };
     match allocation {
-        Ok(allocation) => Ok((inventory, allocation.record)),
+        Ok(allocation) => Ok((loaded.inventory, allocation.record)),
         Err(err) => {
             let mut refused = refused.because(crate::message::one_line(&err));
             refused.code = Some(err.code().to_string());

@@ -43,3 +43,4 @@ pub mod slurm;
 pub mod spec;
 pub mod units;
 pub mod users;
+pub mod whose;

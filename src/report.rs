@@ -1,15 +1,17 @@
 //! `gpupin inventory` and `gpupin status`, rendered to strings (tables for people, JSON
-//! for scripts). The binary prints them.
+//! for scripts; colour for a terminal, when the binary asks). The binary prints them.
 
 mod holder;
+mod live;
 mod table;
 
-use crate::inventory::Inventory;
+use crate::inventory::{Inventory, Live};
 use crate::ledger::{Record, holders_of};
+use crate::whose::Seen;
 use serde_json::{Value, json};
 use std::fmt::Write;
 use std::time::{Duration, SystemTime};
-use table::{Cell, table};
+use table::{Cell, Style, table};
 
 /// Bytes as the GiB figure nvidia-smi users expect.
 fn gib(bytes: u64) -> String {
@@ -19,73 +21,239 @@ fn gib(bytes: u64) -> String {
 /// The widest a status line gets: a terminal's 80 columns.
 pub const STATUS_WIDTH: usize = 80;
 
-/// `gpupin status --json`. `grace`: how long a holder may go without a pid.
-pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -> Value {
-    let now = SystemTime::now();
-    let gpus: Vec<Value> = inventory
-        .gpus
-        .iter()
-        .map(|g| {
-            let holders: Vec<Value> = holders_of(&g.uuid, records)
-                .map(|r| holder::json(r, now, grace))
-                .collect();
-            json!({
-                "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "minor": g.minor,
-                "holders": holders,
-            })
-        })
-        .collect();
-    let held = inventory
-        .gpus
-        .iter()
-        .filter(|g| holders_of(&g.uuid, records).next().is_some())
-        .count();
-    json!({
-        "inventory": inventory.source,
-        "total": inventory.gpus.len(),
-        "free": inventory.gpus.len() - held,
-        "gpus": gpus,
-        "holders": records.iter().map(|r| holder::json(r, now, grace)).collect::<Vec<_>>(),
-    })
+/// What `gpupin status` shows: the machine, its ledger, and, where a source has them,
+/// what the GPUs do now.
+pub struct Status<'a> {
+    pub inventory: &'a Inventory,
+    pub records: &'a [Record],
+    /// How long a holder may go without a pid.
+    pub grace: Duration,
+    /// Live figures per GPU position.
+    pub live: Option<&'a [Live]>,
+    /// The processes on each GPU, by position.
+    pub processes: Option<&'a [Vec<Seen>]>,
+    /// Why there are no live figures though a source has them, in one line.
+    pub live_error: Option<&'a str>,
 }
 
-/// `gpupin status`: one row per GPU and holder, then a summary line. Rows fit
-/// `STATUS_WIDTH`: long names and images are cut with `…` (the JSON has them whole, and
-/// the GPUs' UUIDs, which `gpupin inventory` lists too).
+/// `gpupin status --json` without live figures. `grace`: how long a holder may go
+/// without a pid.
+pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -> Value {
+    Status::new(inventory, records, grace).json()
+}
+
+/// `gpupin status` without live figures, uncoloured.
 pub fn status_table(inventory: &Inventory, records: &[Record], grace: Duration) -> String {
-    let now = SystemTime::now();
-    let header = ["GPU", "HOLDER", "KIND", "IMAGE", "PID", "AGE"];
-    let mut rows: Vec<Vec<Cell>> = vec![header.map(Cell::from).to_vec()];
-    let mut held = 0;
-    for g in &inventory.gpus {
-        let index = Cell::from(g.index.to_string());
-        let holders: Vec<&Record> = holders_of(&g.uuid, records).collect();
-        if holders.is_empty() {
-            rows.push(vec![index, Cell::from("-")]);
-            continue;
-        }
-        held += 1;
-        for r in holders {
-            let mut row = vec![index.clone()];
-            row.extend(holder::cells(r, now, grace));
-            rows.push(row);
+    Status::new(inventory, records, grace).table(false)
+}
+
+impl<'a> Status<'a> {
+    /// The ledger's view alone: no live figures.
+    pub fn new(inventory: &'a Inventory, records: &'a [Record], grace: Duration) -> Status<'a> {
+        Status {
+            inventory,
+            records,
+            grace,
+            live: None,
+            processes: None,
+            live_error: None,
         }
     }
-    // HOLDER and IMAGE give way; GPU, KIND, PID and AGE are short already.
-    let mut out = table::fitted(&rows, STATUS_WIDTH, &[(1, 16), (3, 10)]);
-    let total = inventory.gpus.len();
-    let _ = writeln!(
-        out,
-        "{} of {total} GPUs free, {} holder{} ({})",
-        total - held,
-        records.len(),
-        if records.len() == 1 { "" } else { "s" },
-        inventory.source
-    );
-    out
+
+    /// The holders that still run: only they can own a process (a gone holder's pid may
+    /// be someone else's now).
+    fn running(&self, now: SystemTime) -> Vec<Record> {
+        self.records
+            .iter()
+            .filter(|r| !r.is_stale(now, self.grace))
+            .cloned()
+            .collect()
+    }
+
+    /// Live figures and processes of the GPU at `position`, where known.
+    fn live_of(&self, position: usize) -> (Option<&'a Live>, Option<&'a [Seen]>) {
+        (
+            self.live.and_then(|l| l.get(position)),
+            self.processes
+                .and_then(|p| p.get(position))
+                .map(Vec::as_slice),
+        )
+    }
+
+    /// `gpupin status --json`: per GPU its holders, and its live figures and processes
+    /// (null where no source has them); every holder; `live_error` where figures failed.
+    pub fn json(&self) -> Value {
+        let now = SystemTime::now();
+        let running = self.running(now);
+        let gpus: Vec<Value> = self
+            .inventory
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(position, g)| {
+                let holders: Vec<Value> = holders_of(&g.uuid, self.records)
+                    .map(|r| holder::json(r, now, self.grace))
+                    .collect();
+                let (figures, processes) = self.live_of(position);
+                let processes = processes.map(|list| {
+                    list.iter()
+                        .map(|seen| live::process_json(seen, &live::whose(seen, &running)))
+                        .collect::<Vec<_>>()
+                });
+                json!({
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "minor": g.minor,
+                    "holders": holders,
+                    "live": figures.map(|l| live::figures_json(g, l)),
+                    "processes": processes,
+                })
+            })
+            .collect();
+        let total = self.inventory.gpus.len();
+        json!({
+            "inventory": self.inventory.source,
+            "total": total,
+            "free": total - self.held(),
+            "gpus": gpus,
+            "holders": self.records.iter().map(|r| holder::json(r, now, self.grace)).collect::<Vec<_>>(),
+            "foreign": self.foreign(&running),
+            "live_error": self.live_error,
+        })
+    }
+
+    fn held(&self) -> usize {
+        let gpus = &self.inventory.gpus;
+        gpus.iter()
+            .filter(|g| holders_of(&g.uuid, self.records).next().is_some())
+            .count()
+    }
+
+    /// How many processes on the GPUs no holder owns.
+    fn foreign(&self, running: &[Record]) -> usize {
+        self.processes
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|seen| matches!(live::whose(seen, running), live::Whose::Foreign))
+            .count()
+    }
+
+    /// `gpupin status`: one row per GPU and holder, a summary line, then, where live
+    /// figures are known, one row of figures per GPU and one per process on a GPU. Rows
+    /// fit `STATUS_WIDTH`: long names, images and commands are cut with `…` (the JSON
+    /// has them whole, and the GPUs' UUIDs, which `gpupin inventory` lists too).
+    /// `colour`: headers bold, gone holders red, processes of no holder yellow.
+    pub fn table(&self, colour: bool) -> String {
+        let now = SystemTime::now();
+        let running = self.running(now);
+        let mut out = self.holders_table(now, colour);
+        let total = self.inventory.gpus.len();
+        let holders = self.records.len();
+        let foreign = self.foreign(&running);
+        let _ = write!(
+            out,
+            "{} of {total} GPUs free, {holders} holder{}",
+            total - self.held(),
+            if holders == 1 { "" } else { "s" },
+        );
+        if foreign > 0 {
+            let _ = write!(
+                out,
+                ", {foreign} process{} {}",
+                if foreign == 1 { "" } else { "es" },
+                live::FOREIGN
+            );
+        }
+        let _ = writeln!(out, " ({})", self.inventory.source);
+        if let Some(error) = self.live_error {
+            let _ = writeln!(out, "no live figures: {error}");
+        }
+        if self.live.is_some() {
+            out.push('\n');
+            out.push_str(&self.figures_table(colour));
+        }
+        if self
+            .processes
+            .is_some_and(|p| p.iter().any(|l| !l.is_empty()))
+        {
+            out.push('\n');
+            out.push_str(&self.processes_table(&running, colour));
+        }
+        out
+    }
+
+    fn holders_table(&self, now: SystemTime, colour: bool) -> String {
+        let header = ["GPU", "HOLDER", "KIND", "IMAGE", "PID", "AGE"];
+        let mut rows: Vec<Vec<Cell>> = vec![header.map(Cell::from).to_vec()];
+        let mut styles = vec![Style::Header];
+        for g in &self.inventory.gpus {
+            let index = Cell::from(g.index.to_string());
+            let holders: Vec<&Record> = holders_of(&g.uuid, self.records).collect();
+            if holders.is_empty() {
+                rows.push(vec![index, Cell::from("-")]);
+                styles.push(Style::Plain);
+                continue;
+            }
+            for r in holders {
+                let mut row = vec![index.clone()];
+                row.extend(holder::cells(r, now, self.grace));
+                rows.push(row);
+                styles.push(match r.is_stale(now, self.grace) {
+                    true => Style::Bad,
+                    false => Style::Plain,
+                });
+            }
+        }
+        // HOLDER and IMAGE give way; GPU, KIND, PID and AGE are short already.
+        let text = table::fitted(&rows, STATUS_WIDTH, &[(1, 16), (3, 10)]);
+        paint_if(colour, text, &styles)
+    }
+
+    fn figures_table(&self, colour: bool) -> String {
+        let mut rows: Vec<Vec<Cell>> = vec![live::FIGURES_HEADER.map(Cell::from).to_vec()];
+        for (position, g) in self.inventory.gpus.iter().enumerate() {
+            let mut row = vec![Cell::from(g.index.to_string())];
+            if let (Some(figures), _) = self.live_of(position) {
+                row.extend(live::figures(g, figures));
+            }
+            rows.push(row);
+        }
+        paint_if(
+            colour,
+            table::fitted(&rows, STATUS_WIDTH, &[]),
+            &[Style::Header],
+        )
+    }
+
+    fn processes_table(&self, running: &[Record], colour: bool) -> String {
+        let mut rows: Vec<Vec<Cell>> = vec![live::PROCESSES_HEADER.map(Cell::from).to_vec()];
+        let mut styles = vec![Style::Header];
+        for (position, g) in self.inventory.gpus.iter().enumerate() {
+            let (_, processes) = self.live_of(position);
+            for seen in processes.unwrap_or_default() {
+                let whose = live::whose(seen, running);
+                let mut row = vec![Cell::from(g.index.to_string())];
+                row.extend(live::process(seen, &whose, holder::label));
+                rows.push(row);
+                styles.push(match whose {
+                    live::Whose::Foreign => Style::Warn,
+                    _ => Style::Plain,
+                });
+            }
+        }
+        // USER, HOLDER and COMMAND give way, the command first: it is the longest.
+        let text = table::fitted(&rows, STATUS_WIDTH, &[(2, 8), (4, 12), (5, 12)]);
+        paint_if(colour, text, &styles)
+    }
+}
+
+fn paint_if(colour: bool, text: String, styles: &[Style]) -> String {
+    match colour {
+        true => table::paint(&text, styles),
+        false => text,
+    }
 }
 
 /// `gpupin inventory --json`.
@@ -340,6 +508,170 @@ mod tests {
         assert!(t.contains("a (shared, 20GiB)"), "{t}");
         assert!(t.contains("b (shared)"), "{t}");
         assert!(t.ends_with("0 of 1 GPUs free, 2 holders (test)\n"), "{t}");
+    }
+
+    fn seen(pid: i32, ancestors: &[i32], user: &str, command: &str) -> Seen {
+        Seen {
+            pid,
+            used_memory: Some(3 << 29),
+            process: Some(crate::whose::Process {
+                pid,
+                start_time: 1,
+                uid: Some(1000),
+                user: Some(user.into()),
+                command: command.into(),
+                ancestors: ancestors.to_vec(),
+                cgroup: String::new(),
+            }),
+        }
+    }
+
+    /// Two GPUs: `c1` (this process) holds GPU 0 and runs a child there; GPU 1 runs
+    /// bob's process, which no holder owns, and one /proc does not show.
+    fn live_machine() -> (Inventory, Vec<Record>, Vec<Live>, Vec<Vec<Seen>>) {
+        let me = std::process::id() as i32;
+        let live = vec![
+            Live {
+                utilization: 35,
+                memory_free: 20 << 30,
+                temperature: Some(41),
+                power: Some(120),
+                processes: None,
+            },
+            Live {
+                utilization: 99,
+                memory_free: 70 << 30,
+                ..Live::default()
+            },
+        ];
+        let hidden = Seen {
+            pid: 7,
+            used_memory: None,
+            process: None,
+        };
+        let long = format!("python {}", "x".repeat(200));
+        let processes = vec![
+            vec![seen(4300, &[me, 1], "root", "python serve.py")],
+            vec![seen(4242, &[1], "bob", &long), hidden],
+        ];
+        let records = vec![container("c1", "GPU-test-0", "docker", "trainer", "")];
+        (machine(2), records, live, processes)
+    }
+
+    #[test]
+    fn status_table_shows_figures_and_whose_each_process_is() {
+        let (inv, records, live, processes) = live_machine();
+        let status = Status {
+            live: Some(&live),
+            processes: Some(&processes),
+            ..Status::new(&inv, &records, UNBOUND_GRACE)
+        };
+        let t = status.table(false);
+        assert!(
+            t.contains("1 of 2 GPUs free, 1 holder, 1 process not gpupin's (test)\n"),
+            "{t}"
+        );
+        let figures: Vec<Vec<&str>> = t
+            .lines()
+            .skip_while(|l| !l.starts_with("GPU  UTIL"))
+            .skip(1)
+            .take(2)
+            .map(words)
+            .collect();
+        assert_eq!(
+            figures[0],
+            ["0", "35%", "60.0/80.0GiB", "41C", "120W"],
+            "{t}"
+        );
+        assert_eq!(figures[1], ["1", "99%", "10.0/80.0GiB", "-", "-"], "{t}");
+        let rows: Vec<&str> = t
+            .lines()
+            .skip_while(|l| !l.starts_with("GPU  PID"))
+            .skip(1)
+            .collect();
+        assert_eq!(
+            words(rows[0]),
+            ["0", "4300", "root", "1.5GiB", "trainer", "python serve.py"]
+        );
+        assert!(
+            rows[1].starts_with("1    4242  bob   1.5GiB  not gpupin's  python xxx"),
+            "{t}"
+        );
+        assert!(rows[1].ends_with('…'), "{t}");
+        assert_eq!(words(rows[2]), ["1", "7", "?", "-", "?"]);
+        for l in t.lines() {
+            assert!(l.chars().count() <= STATUS_WIDTH, "{l}\n{t}");
+        }
+        assert!(!t.contains('\x1b'));
+    }
+
+    #[test]
+    fn status_colours_headers_and_foreign_processes_only_when_asked() {
+        let (inv, records, live, processes) = live_machine();
+        let status = Status {
+            live: Some(&live),
+            processes: Some(&processes),
+            ..Status::new(&inv, &records, UNBOUND_GRACE)
+        };
+        let t = status.table(true);
+        let yellow: Vec<&str> = t.lines().filter(|l| l.starts_with("\x1b[33m")).collect();
+        assert_eq!(yellow.len(), 1, "{t}");
+        assert!(yellow[0].contains("4242"), "{t}");
+        assert_eq!(
+            t.lines().filter(|l| l.starts_with("\x1b[1mGPU")).count(),
+            3,
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn status_json_carries_figures_and_processes() {
+        let (inv, records, live, processes) = live_machine();
+        let status = Status {
+            live: Some(&live),
+            processes: Some(&processes),
+            ..Status::new(&inv, &records, UNBOUND_GRACE)
+        };
+        let v = status.json();
+        assert_eq!(v["foreign"], 1);
+        assert_eq!(v["live_error"], Value::Null);
+        let g0 = &v["gpus"][0];
+        assert_eq!(
+            g0["live"],
+            json!({"utilization": 35, "memory_free": 20u64 << 30, "memory_used": 60u64 << 30,
+                   "memory_total": 80u64 << 30, "temperature": 41, "power": 120})
+        );
+        assert_eq!(g0["processes"][0]["holder"], "c1");
+        assert_eq!(g0["processes"][0]["foreign"], false);
+        let bob = &v["gpus"][1]["processes"][0];
+        assert_eq!(bob["holder"], Value::Null);
+        assert_eq!(bob["foreign"], true);
+        assert_eq!(
+            (bob["user"].as_str(), bob["uid"].as_u64()),
+            (Some("bob"), Some(1000))
+        );
+        let hidden = &v["gpus"][1]["processes"][1];
+        assert_eq!(
+            (hidden["foreign"].clone(), hidden["command"].clone()),
+            (Value::Null, Value::Null)
+        );
+        let without = status_json(&inv, &records, UNBOUND_GRACE);
+        assert_eq!(without["gpus"][0]["live"], Value::Null);
+        assert_eq!(without["gpus"][0]["processes"], Value::Null);
+    }
+
+    #[test]
+    fn a_live_error_is_one_line_under_the_summary() {
+        let inv = machine(1);
+        let status = Status {
+            live_error: Some("reading live file /x/live.json: No such file"),
+            ..Status::new(&inv, &[], UNBOUND_GRACE)
+        };
+        let t = status.table(false);
+        assert!(
+            t.ends_with("(test)\nno live figures: reading live file /x/live.json: No such file\n"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -21,9 +21,10 @@ pub struct PickArgs {
 pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
     let request = request::from_pairs(&args.request.pairs(), Origin::Cli)?
         .ok_or_else(|| anyhow::anyhow!("give --count or --devices"))?;
-    let (inventory, live) = grant::load_machine(config, &request)?;
-    let machine = grant::machine(config, &inventory, live.as_deref());
+    let loaded = grant::load_machine(config, &request)?;
+    let machine = grant::machine(config, &loaded);
     let uuids = Ledger::read_only_for_config(config)?.preview(&request, &machine)?;
+    let inventory = &loaded.inventory;
     let gpus: Vec<_> = uuids
         .iter()
         .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))

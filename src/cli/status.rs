@@ -1,30 +1,146 @@
-//! `gpupin status`: which GPUs are held, by whom, since when.
+//! `gpupin status`: which GPUs are held, by whom, since when; what each GPU does now and
+//! whose its processes are; `--watch` redraws it like `watch`.
 
 use gpupin::config::Config;
+use gpupin::inventory::{self, Inventory, Live};
 use gpupin::ledger::Ledger;
-use gpupin::{inventory, report};
+use gpupin::message::one_line;
+use gpupin::report::Status;
+use gpupin::whose::{self, Seen};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+/// `watch`'s floor: a shorter period only burns CPU on NVML queries.
+const MIN_PERIOD: f64 = 0.1;
+/// A day: longer is a typo (and too long for a `Duration` from an f64 to matter).
+const MAX_PERIOD: f64 = 86_400.0;
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
-    /// Print JSON instead of a table
+    /// Print JSON instead of a table (with --watch: one JSON document a line)
     #[arg(long)]
     pub json: bool,
+    /// Redraw every SECS seconds until interrupted, as `watch` does
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", value_parser = period)]
+    pub watch: Option<Duration>,
+}
+
+fn period(text: &str) -> Result<Duration, String> {
+    match text.parse::<f64>() {
+        Ok(secs) if (MIN_PERIOD..=MAX_PERIOD).contains(&secs) => Ok(Duration::from_secs_f64(secs)),
+        _ => Err(format!(
+            "expected seconds between {MIN_PERIOD} and {MAX_PERIOD}, such as 2 or 0.5"
+        )),
+    }
 }
 
 pub fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<ExitCode> {
-    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
-    let records = Ledger::read_only_for_config(config)?.records()?;
-    if args.json {
-        outln!(
-            "{:#}",
-            report::status_json(&inventory, &records, config.claim_grace)
-        )?;
-    } else {
-        out!(
-            "{}",
-            report::status_table(&inventory, &records, config.claim_grace)
-        )?;
+    let Some(every) = args.watch else {
+        let screen = Screen::read(config)?;
+        let status = screen.status();
+        match args.json {
+            true => outln!("{:#}", status.json())?,
+            false => out!("{}", status.table(colour()))?,
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        // A bad moment (a record half-written by hand, NVML busy) is shown, not fatal:
+        // the next refresh may be fine.
+        let body = match Screen::read(config) {
+            Ok(screen) if args.json => screen.status().json().to_string(),
+            Ok(screen) => screen.status().table(colour()),
+            Err(err) if args.json => serde_json::json!({"error": one_line(&*err)}).to_string(),
+            Err(err) => format!("gpupin: {}\n", one_line(&*err)),
+        };
+        if args.json {
+            outln!("{body}")?;
+        } else if terminal {
+            // Home and clear, then the screen in one write: no flicker, no scrolling.
+            let title = format!("Every {}: gpupin status", humantime::format_duration(every));
+            let when = humantime::format_rfc3339_seconds(SystemTime::now());
+            out!("\x1b[H\x1b[2J{title}  {when}\n\n{body}")?;
+        } else {
+            // Screens one after another, a blank line apart, for a log or a pipe.
+            outln!("{body}")?;
+        }
+        std::thread::sleep(every);
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// Colour for a terminal that wants it (https://no-color.org, and not a dumb one).
+fn colour() -> bool {
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
+    std::io::stdout().is_terminal() && !no_color && !dumb
+}
+
+/// One look at the machine: the ledger, and what the GPUs do now where a source says.
+struct Screen {
+    grace: Duration,
+    inventory: Inventory,
+    records: Vec<gpupin::ledger::Record>,
+    live: Option<Vec<Live>>,
+    processes: Option<Vec<Vec<Seen>>>,
+    live_error: Option<String>,
+}
+
+impl Screen {
+    fn read(config: &Config) -> anyhow::Result<Screen> {
+        let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+        let records = Ledger::read_only_for_config(config)?.records()?;
+        // Fresh figures, not the allocations' snapshot cache: a person watching wants
+        // now, and may not write the state dir.
+        let file = config.live_file.as_deref();
+        let (live, live_error) = match inventory::live::read(file, &inventory, &config.nvml, None) {
+            Ok(live) => (live, None),
+            Err(err) => (None, Some(one_line(&err))),
+        };
+        let names = user_names();
+        let processes = live.as_deref().map(|l| whose::observe(l, &names));
+        Ok(Screen {
+            grace: config.claim_grace,
+            inventory,
+            records,
+            live,
+            processes,
+            live_error,
+        })
+    }
+
+    fn status(&self) -> Status<'_> {
+        Status {
+            live: self.live.as_deref(),
+            processes: self.processes.as_deref(),
+            live_error: self.live_error.as_deref(),
+            ..Status::new(&self.inventory, &self.records, self.grace)
+        }
+    }
+}
+
+/// A uid's name through NSS (LDAP and sssd users too), else /etc/passwd; each uid
+/// looked up once a screen.
+fn user_names() -> impl Fn(u32) -> Option<String> {
+    let seen: RefCell<HashMap<u32, Option<String>>> = RefCell::default();
+    move |uid| {
+        seen.borrow_mut()
+            .entry(uid)
+            .or_insert_with(|| {
+                let nss = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid));
+                nss.ok()
+                    .flatten()
+                    .map(|u| one_line_name(&u.name))
+                    .or_else(|| whose::passwd_name(uid))
+            })
+            .clone()
+    }
+}
+
+/// A user name as text that cannot steer a terminal.
+fn one_line_name(name: &str) -> String {
+    gpupin::message::escape_controls(name)
 }

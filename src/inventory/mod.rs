@@ -8,6 +8,7 @@ pub(crate) mod cpulist;
 mod file;
 mod link;
 pub mod live;
+mod live_cache;
 mod nvml;
 pub mod nvml_helper;
 mod procfs;
@@ -15,7 +16,7 @@ mod sim;
 
 pub use file::{from_json, to_json};
 pub use link::Link;
-pub use live::Live;
+pub use live::{GpuProcess, Live};
 pub use nvml::{live_all_here as nvml_live_here, probe_here as nvml_probe_here};
 pub(crate) use procfs::char_majors;
 

@@ -18,8 +18,10 @@
 use super::procfs::{Roots, add_sysfs_locality, device_nodes, nvml_bus_id};
 use super::{Gpu, Inventory, InventoryError, Link, NvmlAccess};
 use nvml_wrapper::Nvml;
-use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TopologyLevel};
+use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use std::ffi::OsStr;
 
 /// The library name NVIDIA installs with the driver (the unversioned name needs the dev package).
@@ -66,7 +68,7 @@ fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryErro
     })
 }
 
-/// Utilization and free memory of each GPU of `inventory`, by UUID (indices may have
+/// The live figures of each GPU of `inventory`, by UUID (indices may have
 /// moved since the inventory was cached), through `access`.
 pub(super) fn live(
     inventory: &Inventory,
@@ -102,7 +104,10 @@ fn init() -> Result<Nvml, InventoryError> {
         .map_err(|source| InventoryError::NvmlUnavailable { source })
 }
 
-/// The live figures of `uuids`, from one initialised NVML.
+/// The live figures of `uuids`, from one initialised NVML. Utilization and memory are
+/// required (the policies read them); temperature, power and the process lists are
+/// left out where a GPU or driver does not answer (`NotSupported` on some boards, an
+/// NVML without the v3 process queries).
 fn live_of(nvml: &Nvml, uuids: &[&str]) -> Result<Vec<super::Live>, InventoryError> {
     uuids
         .iter()
@@ -121,9 +126,45 @@ fn live_of(nvml: &Nvml, uuids: &[&str]) -> Result<Vec<super::Live>, InventoryErr
             Ok(super::Live {
                 utilization,
                 memory_free,
+                temperature: device.temperature(TemperatureSensor::Gpu).ok(),
+                // NVML says milliwatts.
+                power: device.power_usage().ok().map(|mw| (mw + 500) / 1000),
+                processes: processes(
+                    device.running_compute_processes(),
+                    device.running_graphics_processes(),
+                ),
             })
         })
         .collect()
+}
+
+/// Compute and graphics processes as one list, a process in both once (with the larger
+/// figure); `None` when neither list could be read.
+fn processes(
+    compute: Result<Vec<ProcessInfo>, NvmlError>,
+    graphics: Result<Vec<ProcessInfo>, NvmlError>,
+) -> Option<Vec<super::GpuProcess>> {
+    if compute.is_err() && graphics.is_err() {
+        return None;
+    }
+    let mut list: Vec<super::GpuProcess> = Vec::new();
+    for info in compute.into_iter().chain(graphics).flatten() {
+        let Ok(pid) = i32::try_from(info.pid) else {
+            continue;
+        };
+        let used = match info.used_gpu_memory {
+            UsedGpuMemory::Used(bytes) => Some(bytes),
+            UsedGpuMemory::Unavailable => None,
+        };
+        match list.iter_mut().find(|p| p.pid == pid) {
+            Some(seen) => seen.used_memory = seen.used_memory.max(used),
+            None => list.push(super::GpuProcess {
+                pid,
+                used_memory: used,
+            }),
+        }
+    }
+    Some(list)
 }
 
 fn query_error(what: &str) -> impl Fn(NvmlError) -> InventoryError + '_ {
@@ -271,6 +312,32 @@ mod tests {
             let here = crate::inventory::NvmlAccess::InProcess;
             assert_one_line_unavailable(crate::inventory::load(&source, state.path(), &here));
         }
+    }
+
+    fn info(pid: u32, used: Option<u64>) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            used_gpu_memory: used.map_or(UsedGpuMemory::Unavailable, UsedGpuMemory::Used),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    #[test]
+    fn compute_and_graphics_processes_merge_by_pid() {
+        let got = processes(
+            Ok(vec![info(10, Some(5)), info(11, None)]),
+            Ok(vec![info(10, Some(7)), info(12, Some(1))]),
+        )
+        .unwrap();
+        let pairs: Vec<(i32, Option<u64>)> = got.iter().map(|p| (p.pid, p.used_memory)).collect();
+        assert_eq!(pairs, [(10, Some(7)), (11, None), (12, Some(1))]);
+        let one_fails = processes(Err(NvmlError::NotSupported), Ok(vec![info(3, None)]));
+        assert_eq!(one_fails.unwrap().len(), 1);
+        assert_eq!(
+            processes(Err(NvmlError::NotSupported), Err(NvmlError::NotSupported)),
+            None
+        );
     }
 
     #[test]

@@ -30,19 +30,10 @@ pub(super) fn live(exe: &Path, inventory: &Inventory) -> Result<Vec<Live>, Inven
     live::from_text(text.as_bytes(), exe, inventory)
 }
 
-/// What `gpupin nvml live` prints for `gpus`: the live file format, by UUID.
+/// What `gpupin nvml live` prints for `gpus`: the live file format, by UUID, with every
+/// figure NVML gave (temperature, power, processes).
 pub fn live_json(gpus: &[(String, Live)]) -> String {
-    let entries: Vec<serde_json::Value> = gpus
-        .iter()
-        .map(|(uuid, live)| {
-            serde_json::json!({
-                "uuid": uuid,
-                "utilization": live.utilization,
-                "memory_free": live.memory_free,
-            })
-        })
-        .collect();
-    serde_json::json!({ "gpus": entries }).to_string()
+    live::to_json(gpus)
 }
 
 fn ask(exe: &Path, question: &str) -> Result<String, InventoryError> {
@@ -99,6 +90,12 @@ mod tests {
                 let l = Live {
                     utilization: g.index * 10,
                     memory_free: 1 << 30,
+                    temperature: Some(30 + g.index),
+                    power: None,
+                    processes: Some(vec![super::super::GpuProcess {
+                        pid: 1000 + g.index as i32,
+                        used_memory: Some(1 << 20),
+                    }]),
                 };
                 (g.uuid.clone(), l)
             })
@@ -121,6 +118,8 @@ mod tests {
         let figures = super::live(&exe, &got).unwrap();
         assert_eq!(figures[3].utilization, 30);
         assert_eq!(figures[3].memory_free, 1 << 30);
+        assert_eq!(figures[3].temperature, Some(33));
+        assert_eq!(figures[3].processes.as_ref().unwrap()[0].pid, 1003);
     }
 
     #[test]

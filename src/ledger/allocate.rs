@@ -2,12 +2,13 @@
 //! calls it under its lock and writes the outcome.
 
 use super::limit::Scope;
-use super::{HolderId, LedgerError, Record, holders_of};
+use super::{HolderId, LedgerError, Record, holder_of, holders_of};
 use crate::inventory::Live;
 use crate::inventory::{Gpu, Inventory};
 use crate::policy::{PolicyInput, PolicyName};
 use crate::request::{GpuRequest, Selection, Share};
 use crate::units::format_size;
+use crate::whose::Seen;
 
 /// The machine an allocation is decided against, besides the ledger itself.
 #[derive(Clone, Copy)]
@@ -20,6 +21,9 @@ pub struct Machine<'a> {
     pub max_shared: u32,
     /// How many GPUs people may hold, and which; `None`: no limits.
     pub limits: Option<&'a crate::limits::Limits>,
+    /// The processes on each GPU, by position, where they are to be avoided (`foreign =
+    /// "avoid"`, and a source that lists them); `None`: processes are not looked at.
+    pub processes: Option<&'a [Vec<Seen>]>,
 }
 
 impl<'a> Machine<'a> {
@@ -31,6 +35,7 @@ impl<'a> Machine<'a> {
             default_policy,
             max_shared: 4,
             limits: None,
+            processes: None,
         }
     }
 }
@@ -72,6 +77,8 @@ enum Unfit {
     SharedFull,
     /// The reservation does not fit beside the shared holders' (or memory is unknown).
     NoRoom,
+    /// Not held, but this process, which no holder of it owns, runs on it.
+    Foreign(i32),
 }
 
 impl Unfit {
@@ -83,6 +90,7 @@ impl Unfit {
             Unfit::OutOfScope => "out-of-scope",
             Unfit::SharedFull => "shared-full",
             Unfit::NoRoom => "no-room-to-reserve",
+            Unfit::Foreign(_) => "foreign-process",
         }
     }
 }
@@ -106,11 +114,11 @@ pub(super) fn plan(
         .filter(|r| !scope.enclosing.contains(&r.id))
         .cloned()
         .collect();
-    let live = &others[..];
     let fit: Vec<Result<(), Unfit>> = (0..total)
         .map(|p| {
             if scope.allows(p) {
-                fits(p, request, machine, live)
+                let in_the_way = in_the_way(machine, p, live, &scope.enclosing);
+                fits(p, request, machine, &others, in_the_way)
             } else {
                 Err(Unfit::OutOfScope)
             }
@@ -224,12 +232,31 @@ fn indices(inventory: &Inventory, positions: &[usize]) -> Vec<u32> {
     positions.iter().map(|&p| inventory.gpus[p].index).collect()
 }
 
-/// Whether the GPU at `position` can take `request` now.
+/// The first process on the GPU at `position` that stands in the way of an exclusive
+/// request: one that has not ended and that is not the enclosing holders' (a nested
+/// request's GPUs run its enclosing job). Whose else it is does not matter: a GPU no one
+/// holds has no holder whose process it could be.
+fn in_the_way<'m>(
+    machine: &Machine<'m>,
+    position: usize,
+    records: &[Record],
+    enclosing: &[String],
+) -> Option<&'m Seen> {
+    machine.processes?.get(position)?.iter().find(|seen| {
+        seen.process
+            .as_ref()
+            .is_some_and(|p| !holder_of(p, records).is_some_and(|r| enclosing.contains(&r.id)))
+    })
+}
+
+/// Whether the GPU at `position` can take `request` now; `in_the_way`: a process on it
+/// that an exclusive request must not share it with.
 fn fits(
     position: usize,
     request: &GpuRequest,
     machine: &Machine,
     live: &[Record],
+    in_the_way: Option<&Seen>,
 ) -> Result<(), Unfit> {
     let gpu = &machine.inventory.gpus[position];
     if let Some(model) = &request.model
@@ -252,7 +279,7 @@ fn fits(
     let holders: Vec<&Record> = holders_of(&gpu.uuid, live).collect();
     match request.share {
         Share::Exclusive if !holders.is_empty() => Err(Unfit::Held),
-        Share::Exclusive => Ok(()),
+        Share::Exclusive => in_the_way.map_or(Ok(()), |seen| Err(Unfit::Foreign(seen.pid))),
         Share::Shared => shared_fit(gpu, request, machine, &holders),
     }
 }
@@ -281,11 +308,12 @@ fn shared_fit(
     Ok(())
 }
 
+/// `all`: every live record, the enclosing holders' included.
 fn not_enough_error(
     holder: &HolderId,
     request: &GpuRequest,
     machine: &Machine,
-    live: &[Record],
+    all: &[Record],
     fit: &[Result<(), Unfit>],
     wanted: usize,
     scope: &Scope,
@@ -293,26 +321,76 @@ fn not_enough_error(
     let gpus = &machine.inventory.gpus;
     let held = gpus
         .iter()
-        .filter(|g| holders_of(&g.uuid, live).next().is_some())
+        .filter(|g| holders_of(&g.uuid, all).any(|r| !scope.enclosing.contains(&r.id)))
         .count();
     let fitting = fit.iter().filter(|f| f.is_ok()).count();
+    let mut detail = fit_detail(request, machine, fitting, scope);
+    detail.push_str(&foreign_detail(machine, all, fit));
     LedgerError::NotEnoughFree {
         id: holder.to_string(),
         wanted,
         held,
         total: gpus.len(),
-        detail: fit_detail(request, machine, fitting, held, scope),
+        detail,
+    }
+}
+
+/// How many GPUs a refusal names the process of; the others are counted.
+const FOREIGN_NAMED: usize = 2;
+/// The most of a command a refusal quotes.
+const FOREIGN_COMMAND: usize = 40;
+
+/// `; GPU 3 runs pid 4242 (bob: python train.py), not started through gpupin` for the
+/// first GPUs a process kept from the request; empty when none did.
+fn foreign_detail(machine: &Machine, all: &[Record], fit: &[Result<(), Unfit>]) -> String {
+    let kept: Vec<(usize, i32)> = fit
+        .iter()
+        .enumerate()
+        .filter_map(|(p, f)| match f {
+            Err(Unfit::Foreign(pid)) => Some((p, *pid)),
+            _ => None,
+        })
+        .collect();
+    let mut parts: Vec<String> = kept
+        .iter()
+        .take(FOREIGN_NAMED)
+        .map(|&(p, pid)| {
+            let index = machine.inventory.gpus[p].index;
+            format!("GPU {index} runs {}", foreign_text(machine, all, p, pid))
+        })
+        .collect();
+    if kept.len() > FOREIGN_NAMED {
+        parts.push(format!(
+            "{} more GPUs run processes of no holder of theirs",
+            kept.len() - FOREIGN_NAMED
+        ));
+    }
+    parts.iter().map(|p| format!("; {p}")).collect()
+}
+
+/// `pid 4242 (bob: python train.py), not started through gpupin`, or for a holder's
+/// process on a GPU it does not hold, `pid 4242 (…) of holder c2, which does not hold it`.
+fn foreign_text(machine: &Machine, all: &[Record], position: usize, pid: i32) -> String {
+    let process = machine
+        .processes
+        .and_then(|p| p.get(position))
+        .and_then(|list| list.iter().find(|s| s.pid == pid))
+        .and_then(|s| s.process.as_ref());
+    let Some(process) = process else {
+        return format!("pid {pid}, not started through gpupin");
+    };
+    let who = process.describe(FOREIGN_COMMAND);
+    match holder_of(process, all) {
+        Some(r) => format!(
+            "pid {pid} ({who}) of holder {}, which does not hold it",
+            r.id
+        ),
+        None => format!("pid {pid} ({who}), not started through gpupin"),
     }
 }
 
 /// What besides plain holding narrowed the choice, for the message; empty when nothing did.
-fn fit_detail(
-    request: &GpuRequest,
-    machine: &Machine,
-    fitting: usize,
-    held: usize,
-    scope: &Scope,
-) -> String {
+fn fit_detail(request: &GpuRequest, machine: &Machine, fitting: usize, scope: &Scope) -> String {
     let mut conditions = scope.what.clone();
     if let Some(model) = &request.model {
         conditions.push(format!("gpupin.model={model}"));
@@ -333,18 +411,20 @@ fn fit_detail(
         s.push(')');
         conditions.push(s);
     }
-    let free = machine.inventory.gpus.len() - held;
-    if conditions.is_empty() && fitting == free {
+    // Without conditions only holders and processes narrowed the choice: the message
+    // counts the first, `foreign_detail` names the second.
+    if conditions.is_empty() {
         return String::new();
     }
     format!("; {fitting} can take {}", conditions.join(", "))
 }
 
+/// `all`: every live record, the enclosing holders' included.
 fn device_unfit(
     holder: &HolderId,
     request: &GpuRequest,
     machine: &Machine,
-    live: &[Record],
+    all: &[Record],
     position: usize,
     unfit: &Unfit,
     scope: &Scope,
@@ -368,9 +448,10 @@ fn device_unfit(
         ),
         // The message names the holders in every case; the log tells the three apart.
         Unfit::Held | Unfit::SharedFull | Unfit::NoRoom => {
-            let holders: Vec<&str> = holders_of(&gpu.uuid, live).map(|r| r.id.as_str()).collect();
+            let holders: Vec<&str> = holders_of(&gpu.uuid, all).map(|r| r.id.as_str()).collect();
             format!("it is held by {}", holders.join(", "))
         }
+        Unfit::Foreign(pid) => format!("it runs {}", foreign_text(machine, all, position, *pid)),
     };
     LedgerError::DeviceUnavailable {
         id: holder.to_string(),

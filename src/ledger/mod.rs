@@ -19,7 +19,8 @@ pub use entry::release_arg;
 pub use holder::{BadHolderId, HolderId};
 pub use queue::Waiting;
 pub use record::{
-    ContainerInfo, HolderKind, HolderMeta, Mode, Owner, Record, UNBOUND_GRACE, holders_of, unix_now,
+    ContainerInfo, HolderKind, HolderMeta, Mode, Owner, Record, UNBOUND_GRACE, holder_of,
+    holders_of, unix_now,
 };
 pub use survey::Survey;
 
@@ -343,6 +344,13 @@ impl Ledger {
         meta: HolderMeta,
         live: &[Record],
     ) -> Result<Allocation, LedgerError> {
+        // Processes seen on the GPUs before the lock, or before a wait in the queue, that
+        // have ended since are in no one's way.
+        let running = machine.processes.map(crate::whose::still_running);
+        let machine = &Machine {
+            processes: running.as_deref(),
+            ..*machine
+        };
         let cursor = store::read_cursor(&self.dir);
         let scope = limit::scope(holder, request, machine, &meta, live)?;
         let plan = allocate::plan(holder, request, machine, live, cursor, &scope)?;
@@ -686,3 +694,6 @@ mod tests;
 
 #[cfg(test)]
 mod tests_jobs;
+
+#[cfg(test)]
+mod tests_foreign;

@@ -163,6 +163,20 @@ pub fn holders_of<'r>(uuid: &str, records: &'r [Record]) -> impl Iterator<Item =
         .filter(move |r| r.gpus.iter().any(|g| g == uuid))
 }
 
+/// The holder among `records` that `process` belongs to (`whose::belongs_to`): by its
+/// process tree first, then, for containers, by cgroup.
+pub fn holder_of<'r>(process: &crate::whose::Process, records: &'r [Record]) -> Option<&'r Record> {
+    let container_id = |r: &'r Record| (r.kind == HolderKind::Container).then_some(r.id.as_str());
+    records
+        .iter()
+        .find(|r| crate::whose::belongs_to(process, r.pid, None))
+        .or_else(|| {
+            records
+                .iter()
+                .find(|r| crate::whose::belongs_to(process, None, container_id(r)))
+        })
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -491,10 +491,12 @@ fn memory_filter_uses_free_memory_when_live_figures_are_on() {
         crate::inventory::Live {
             utilization: 0,
             memory_free: 10 << 30,
+            ..Default::default()
         },
         crate::inventory::Live {
             utilization: 0,
             memory_free: 70 << 30,
+            ..Default::default()
         },
     ];
     let m = Machine {

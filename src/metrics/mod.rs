@@ -81,11 +81,14 @@ impl FileSink {
             .map_err(|e| crate::message::one_line(&e))
             .and_then(|inventory| {
                 let live = match &config.live_file {
-                    Some(_) => {
-                        inventory::live::read(config.live_file.as_deref(), &inventory, &config.nvml)
-                            .ok()
-                            .flatten()
-                    }
+                    Some(_) => inventory::live::read(
+                        config.live_file.as_deref(),
+                        &inventory,
+                        &config.nvml,
+                        None,
+                    )
+                    .ok()
+                    .flatten(),
                     None => None,
                 };
                 let cursor = config.state_dir.join(CURSOR_FILE);

@@ -56,6 +56,7 @@ mod tests {
             .map(|&(utilization, gib)| Live {
                 utilization,
                 memory_free: gib * GIB,
+                ..Live::default()
             })
             .collect()
     }

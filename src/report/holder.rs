@@ -10,19 +10,23 @@ use std::time::{Duration, SystemTime};
 /// What the table shows where a pid would be, for a hold without a process.
 pub const UNTIL_RELEASED: &str = "until released";
 
+/// How people know a holder: a container's name where its engine told it, else its id.
+pub fn label(r: &Record) -> String {
+    let name = r.container.as_ref().and_then(|c| c.name.clone());
+    match r.kind {
+        HolderKind::Container => name.unwrap_or(r.id.clone()),
+        HolderKind::Exec | HolderKind::Hold => r.id.clone(),
+    }
+}
+
 /// A holder's row after the GPU index: HOLDER, KIND, IMAGE, PID, AGE.
 pub fn cells(r: &Record, now: SystemTime, grace: Duration) -> [Cell; 5] {
     let container = r.container.as_ref();
-    let (label, kind) = match r.kind {
-        HolderKind::Container => (
-            container
-                .and_then(|c| c.name.clone())
-                .unwrap_or(r.id.clone()),
-            container
-                .and_then(|c| c.engine.clone())
-                .unwrap_or("container".into()),
-        ),
-        HolderKind::Exec | HolderKind::Hold => (r.id.clone(), r.kind.as_str().into()),
+    let kind = match r.kind {
+        HolderKind::Container => container
+            .and_then(|c| c.engine.clone())
+            .unwrap_or("container".into()),
+        HolderKind::Exec | HolderKind::Hold => r.kind.as_str().into(),
     };
     let image = container.and_then(|c| c.image.clone()).unwrap_or_default();
     let pid = match (r.pid, r.until_release) {
@@ -32,7 +36,7 @@ pub fn cells(r: &Record, now: SystemTime, grace: Duration) -> [Cell; 5] {
     };
     [
         Cell {
-            text: label,
+            text: label(r),
             tail: tags(r, now, grace),
             keep_end: false,
         },

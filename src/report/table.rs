@@ -117,6 +117,47 @@ pub fn fitted(rows: &[Vec<Cell>], max_width: usize, shrink: &[(usize, usize)]) -
     out
 }
 
+/// How a row stands out on a terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    Plain,
+    Header,
+    /// Wants a look: a process started without gpupin.
+    Warn,
+    /// Wrong: a holder that is gone.
+    Bad,
+}
+
+impl Style {
+    /// The ANSI SGR parameter.
+    fn sgr(self) -> Option<&'static str> {
+        match self {
+            Style::Plain => None,
+            Style::Header => Some("1"),
+            Style::Warn => Some("33"),
+            Style::Bad => Some("31"),
+        }
+    }
+}
+
+/// The lines of `text`, line `i` in `styles[i]` (plain beyond), as ANSI escapes: added
+/// after the table is laid out, so that they take no column's width.
+pub fn paint(text: &str, styles: &[Style]) -> String {
+    let mut out = String::with_capacity(text.len() + 8 * styles.len());
+    for (i, line) in text.lines().enumerate() {
+        match styles.get(i).and_then(|s| s.sgr()) {
+            Some(sgr) if !line.is_empty() => {
+                let _ = writeln!(out, "\x1b[{sgr}m{line}\x1b[0m");
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +200,17 @@ mod tests {
         // Nothing may shrink further: the lines stay as short as the minimums allow.
         let out = fitted(&rows, 5, &[(1, 5), (2, 5)]);
         assert_eq!(out.lines().next().unwrap(), "0  aaaa…  bbbb…");
+    }
+
+    #[test]
+    fn painting_wraps_whole_lines_and_leaves_plain_ones() {
+        let text = "GPU  PID\n0    42\n1    43\n";
+        let painted = paint(text, &[Style::Header, Style::Plain, Style::Warn]);
+        assert_eq!(
+            painted,
+            "\x1b[1mGPU  PID\x1b[0m\n0    42\n\x1b[33m1    43\x1b[0m\n"
+        );
+        assert_eq!(paint(text, &[]), text);
     }
 
     #[test]
