@@ -13,7 +13,13 @@ const LEDGER_CHECK: &str = "ledger";
 /// The lock: only the ledger's writer may take it (`ledger::store`).
 const LOCK_MODE: u32 = 0o600;
 /// Files gpupin keeps directly in the state dir beside the lock.
-const FILES: [&str; 3] = ["cursor", "queue-seq", "inventory.json"];
+const FILES: [&str; 5] = [
+    "cursor",
+    "queue-seq",
+    "inventory.json",
+    "live-cache.json",
+    "metrics-cursor.json",
+];
 
 pub(super) fn check(setup: &Setup) -> Vec<Finding> {
     let dir = &setup.config.state_dir;

@@ -169,7 +169,12 @@ impl DevicePlugin for Plugin {
             let ledger = Ledger::read_only_for_config(&config).map_err(|e| status(e.into()))?;
             let live = kube::live_records(&ledger).map_err(|e| status(e.into()))?;
             let figures = match config.policy.needs_live() {
-                true => gpupin::inventory::live::read(config.live_file.as_deref(), &inventory, &config.nvml)
+                true => gpupin::inventory::live::read(
+                    config.live_file.as_deref(),
+                    &inventory,
+                    &config.nvml,
+                    None,
+                )
                     .map_err(|e| status(e.into()))?,
                 false => None,
             };
