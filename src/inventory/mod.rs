@@ -12,7 +12,7 @@ mod live_cache;
 mod nvml;
 pub mod nvml_helper;
 mod procfs;
-mod sim;
+pub(crate) mod sim;
 
 pub use file::{from_json, to_json};
 pub use link::Link;

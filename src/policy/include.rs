@@ -3,14 +3,15 @@
 //!
 //! Policies that rank GPUs one by one (`pack`, `spread`, `least-loaded`, `most-free`) pick
 //! the rest among the other free GPUs as they would anyway. `topology` ranks whole sets,
-//! so the fixed GPUs take part in the score: among the sets that contain them, the one
-//! with the highest set score, then the smallest cut to the free GPUs left, then the
-//! lowest positions, as [`super::topology`] defines. Every such set is tried while there
-//! are at most [`EXHAUSTIVE_UP_TO`] of them; past that (large machines, large requests)
-//! GPUs are added one at a time, each the best by that same order.
+//! so the fixed GPUs take part in the ranking: among the sets that contain them, the
+//! first by the terms [`super::topology`] defines (worst PCIe path, ring bottleneck,
+//! slowest pair, total bandwidth, least bandwidth to the free GPUs left), then the
+//! lowest positions. Every such set is tried while there are at most
+//! [`EXHAUSTIVE_UP_TO`] of them; past that (large machines, large requests) GPUs are
+//! added one at a time: the one whose worst path to those taken is best, then with the
+//! most bandwidth to them, then the least to the free GPUs left, then the lowest.
 
-use super::reference::cut;
-use super::topology::{pair_score, set_score};
+use super::topology::{Path, Rank, Ranker};
 use super::{PolicyInput, PolicyName};
 use std::cmp::Reverse;
 
@@ -50,36 +51,38 @@ pub fn choose_including(
     Some(chosen)
 }
 
-/// Set score, then the cut reversed: larger is better.
-type Rank = (u64, Reverse<u64>);
-
-/// Ranking of `fixed` plus `added`: set score, then the cut to the free GPUs left
-/// (smaller first), then lower positions (the caller keeps the first of equals).
-fn rank(input: &PolicyInput, fixed: &[usize], added: &[usize]) -> Rank {
-    let all: Vec<usize> = fixed.iter().chain(added).copied().collect();
-    (set_score(input.inventory, &all), Reverse(cut(input, &all)))
-}
-
 /// The topology choice of `input.count` more GPUs beside `fixed`.
 fn complete_topology(input: &PolicyInput, fixed: &[usize]) -> Option<Vec<usize>> {
     let free: Vec<usize> = input.free_positions().collect();
     if free.len() < input.count {
         return None;
     }
+    // The fixed GPUs belong to every set: ranked with the free ones, never left behind.
+    let pool: Vec<bool> = (0..input.free.len())
+        .map(|p| input.free[p] || fixed.contains(&p))
+        .collect();
+    let ranker = Ranker::new(input.inventory, &pool)?;
     if combinations(free.len() as u64, input.count as u64) <= EXHAUSTIVE_UP_TO {
-        Some(exhaustive(input, fixed, &free))
+        Some(exhaustive(&ranker, input.count, fixed, &free))
     } else {
-        Some(greedy(input, fixed, &free))
+        Some(greedy(&ranker, input.count, fixed, &free))
     }
 }
 
-fn exhaustive(input: &PolicyInput, fixed: &[usize], free: &[usize]) -> Vec<usize> {
-    let k = input.count;
+/// The ranking of `fixed` plus `added` (the caller keeps the first of equals, so the
+/// lowest positions).
+fn rank(ranker: &Ranker, fixed: &[usize], added: &[usize]) -> Rank {
+    let mut all: Vec<usize> = fixed.iter().chain(added).copied().collect();
+    all.sort_unstable();
+    ranker.terms(&all).rank()
+}
+
+fn exhaustive(ranker: &Ranker, k: usize, fixed: &[usize], free: &[usize]) -> Vec<usize> {
     let mut set: Vec<usize> = (0..k).collect();
     let mut best: Option<(Rank, Vec<usize>)> = None;
     loop {
         let added: Vec<usize> = set.iter().map(|&i| free[i]).collect();
-        let key = rank(input, fixed, &added);
+        let key = rank(ranker, fixed, &added);
         // Sets come in lexicographic order: keeping the first of equals keeps the lowest.
         if best.as_ref().is_none_or(|(b, _)| key > *b) {
             best = Some((key, added));
@@ -95,29 +98,29 @@ fn exhaustive(input: &PolicyInput, fixed: &[usize], free: &[usize]) -> Vec<usize
     }
 }
 
-/// One GPU at a time: the most score with what is taken, then the least with the free
-/// GPUs left, then the lowest position.
-fn greedy(input: &PolicyInput, fixed: &[usize], free: &[usize]) -> Vec<usize> {
-    let links = input
-        .inventory
-        .links
-        .as_ref()
-        .expect("topology completion has links");
+/// One GPU at a time: the best worst path to what is taken, then the most bandwidth
+/// with it, then the least with the free GPUs left, then the lowest position.
+fn greedy(ranker: &Ranker, k: usize, fixed: &[usize], free: &[usize]) -> Vec<usize> {
     let mut taken: Vec<usize> = fixed.to_vec();
-    let mut added = Vec::with_capacity(input.count);
+    let mut added = Vec::with_capacity(k);
     let mut left: Vec<usize> = free.to_vec();
-    for _ in 0..input.count {
-        let score = |p: usize, among: &[usize]| -> u64 {
+    for _ in 0..k {
+        let with = |p: usize, among: &[usize]| {
             among
                 .iter()
                 .filter(|&&q| q != p)
-                .map(|&q| pair_score(links[p][q]))
-                .sum()
+                .map(|&q| ranker.pair(p, q))
+                .fold((Path::NvLink, 0), |(path, bw), (b, q)| {
+                    (path.min(q), bw + b)
+                })
         };
         let best = left
             .iter()
             .copied()
-            .max_by_key(|&p| (score(p, &taken), Reverse(score(p, &left)), Reverse(p)))
+            .max_by_key(|&p| {
+                let (path, bw) = with(p, &taken);
+                (path, bw, Reverse(with(p, &left).1), Reverse(p))
+            })
             .expect("enough free GPUs were checked");
         left.retain(|&p| p != best);
         taken.push(best);
@@ -188,13 +191,10 @@ mod tests {
     #[test]
     fn greedy_adds_the_best_linked_gpu_each_time() {
         let inv = sim("cubemesh8");
-        let free = [false, true, true, true, true, true, true, true];
         let free_positions: Vec<usize> = (1..8).collect();
+        let ranker = Ranker::new(&inv, &[true; 8]).unwrap();
         // 0-3 is NV2; then 2 has NV1 to 0 and NV2 to 3, more than any other has.
-        assert_eq!(
-            greedy(&input(&inv, &free, 2), &[0], &free_positions),
-            [3, 2]
-        );
+        assert_eq!(greedy(&ranker, 2, &[0], &free_positions), [3, 2]);
     }
 
     #[test]

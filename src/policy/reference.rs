@@ -1,15 +1,16 @@
 //! The reference implementation of the `topology` ranking: every set of `count` free GPUs,
-//! scored from the definition in [`super::topology`] with nothing precomputed or pruned.
+//! ranked from the definition in [`super::topology`] with nothing precomputed or pruned.
 //! Tests and benchmarks hold the real search to it; it is public only so that
 //! `benches/policy.rs`, which links the crate like any user, can time it. Its cost grows
 //! as C(free, count): fine up to 16 GPUs, hopeless at 64.
 
 use super::PolicyInput;
-use super::topology::{pair_score, set_score};
+use super::topology::bandwidth::{self, Path};
+use super::topology::ring;
 use std::cmp::Reverse;
 
-/// Set score, then the cut reversed: larger is better.
-type Rank = (u64, Reverse<u64>);
+/// The terms in ranking order: larger is better.
+type Rank = (Path, u64, u64, u64, Reverse<u64>);
 
 /// The best set of positions (ascending), or `None` when too few are free. Without link
 /// data every set ties, so this is the lowest free positions, like `pack`.
@@ -22,10 +23,7 @@ pub fn best(input: &PolicyInput) -> Option<Vec<usize>> {
     let mut best: Option<(Rank, Vec<usize>)> = None;
     loop {
         let chosen: Vec<usize> = set.iter().map(|&i| free[i]).collect();
-        let key = (
-            set_score(input.inventory, &chosen),
-            Reverse(cut(input, &chosen)),
-        );
+        let key = rank(input, &chosen);
         // Sets come in lexicographic order: keeping the first of equals keeps the lowest.
         if best.as_ref().is_none_or(|(b, _)| key > *b) {
             best = Some((key, chosen));
@@ -36,14 +34,31 @@ pub fn best(input: &PolicyInput) -> Option<Vec<usize>> {
     }
 }
 
-/// Score between the chosen GPUs and the free GPUs left behind.
-pub fn cut(input: &PolicyInput, chosen: &[usize]) -> u64 {
+/// The ranking terms of `chosen`, straight from their definitions.
+fn rank(input: &PolicyInput, chosen: &[usize]) -> Rank {
     let Some(links) = &input.inventory.links else {
-        return 0;
+        return (Path::NvLink, 0, 0, 0, Reverse(0));
     };
-    let left = input.free_positions().filter(|p| !chosen.contains(p));
-    left.map(|l| chosen.iter().map(|&c| pair_score(links[c][l])).sum::<u64>())
-        .sum()
+    let pair = |a: usize, b: usize| -> (u64, Path) {
+        let family = |p: usize| bandwidth::family(&input.inventory.gpus[p].name);
+        bandwidth::pair(links[a][b], family(a), family(b))
+    };
+    let pairs: Vec<(u64, Path)> = chosen
+        .iter()
+        .enumerate()
+        .flat_map(|(x, &a)| chosen[x + 1..].iter().map(move |&b| (a, b)))
+        .map(|(a, b)| pair(a, b))
+        .collect();
+    let worst_path = pairs.iter().map(|p| p.1).min().unwrap_or(Path::NvLink);
+    let slowest = pairs.iter().map(|p| p.0).min().unwrap_or(0);
+    let total = pairs.iter().map(|p| p.0).sum();
+    let ring = ring::bottleneck(chosen, |a, b| pair(a, b).0);
+    let left = input
+        .free_positions()
+        .filter(|p| !chosen.contains(p))
+        .map(|l| chosen.iter().map(|&c| pair(c, l).0).sum::<u64>())
+        .sum();
+    (worst_path, ring, slowest, total, Reverse(left))
 }
 
 /// Advances `set` (ascending indices below `n`) to the next combination in

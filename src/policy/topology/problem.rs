@@ -1,8 +1,9 @@
-//! The search's view of one request: pair scores among the free GPUs only, each GPU's
-//! connectivity to the other free ones, and the groups of interchangeable GPUs.
+//! The search's view of one request: bandwidth and PCIe path of every pair of free GPUs,
+//! each GPU's bandwidth to the other free ones, and the groups of interchangeable GPUs.
 
-use super::{Key, pair_score};
-use crate::inventory::Link;
+use super::bandwidth::{self, Path};
+use super::{Key, Terms, ring};
+use crate::inventory::Inventory;
 use std::cmp::Reverse;
 
 /// Free GPUs renumbered `0..n` in ascending position order; every index below is one of these.
@@ -10,41 +11,57 @@ pub(super) struct Problem {
     /// Inventory position of each free GPU, ascending.
     pub positions: Vec<usize>,
     n: usize,
-    /// `n * n` pair scores, 0 on the diagonal.
-    score: Vec<u64>,
-    /// Sum of a GPU's pair scores with every other free GPU.
+    /// `n * n` pair bandwidths (MB/s per direction), 0 on the diagonal.
+    bw: Vec<u64>,
+    /// `n * n` PCIe paths, `NvLink` on the diagonal (it constrains nothing).
+    path: Vec<Path>,
+    /// Sum of a GPU's bandwidth to every other free GPU.
     pub degree: Vec<u64>,
 }
 
 impl Problem {
-    pub fn new(links: &[Vec<Link>], free: &[bool]) -> Self {
+    /// `None` without link data.
+    pub fn new(inventory: &Inventory, free: &[bool]) -> Option<Self> {
+        let links = inventory.links.as_ref()?;
         let positions: Vec<usize> = (0..free.len()).filter(|&p| free[p]).collect();
+        let families: Vec<_> = positions
+            .iter()
+            .map(|&p| bandwidth::family(&inventory.gpus[p].name))
+            .collect();
         let n = positions.len();
-        let mut score = vec![0; n * n];
+        let mut bw = vec![0; n * n];
+        let mut path = vec![Path::NvLink; n * n];
         for (a, &pa) in positions.iter().enumerate() {
             for (b, &pb) in positions.iter().enumerate() {
                 if a != b {
-                    score[a * n + b] = pair_score(links[pa][pb]);
+                    let (w, p) = bandwidth::pair(links[pa][pb], families[a], families[b]);
+                    bw[a * n + b] = w;
+                    path[a * n + b] = p;
                 }
             }
         }
         let degree = (0..n)
-            .map(|a| score[a * n..(a + 1) * n].iter().sum())
+            .map(|a| bw[a * n..(a + 1) * n].iter().sum())
             .collect();
-        Problem {
+        Some(Problem {
             positions,
             n,
-            score,
+            bw,
+            path,
             degree,
-        }
+        })
     }
 
     pub fn len(&self) -> usize {
         self.n
     }
 
-    pub fn score(&self, a: usize, b: usize) -> u64 {
-        self.score[a * self.n + b]
+    pub fn bw(&self, a: usize, b: usize) -> u64 {
+        self.bw[a * self.n + b]
+    }
+
+    pub fn path(&self, a: usize, b: usize) -> Path {
+        self.path[a * self.n + b]
     }
 
     /// The weight that makes "lowest positions" an additive, maximised term: for sets of
@@ -55,40 +72,51 @@ impl Problem {
         if i < 128 { 1u128 << (127 - i) } else { 0 }
     }
 
-    /// The full ranking key of a set of free indices.
-    pub fn key(&self, set: &[usize]) -> Key {
-        let mut links = 0;
+    /// The ranking terms of a set of free indices.
+    pub fn terms(&self, set: &[usize]) -> Terms {
+        let mut t = Terms::EMPTY;
+        let mut slowest = u64::MAX;
         for (x, &a) in set.iter().enumerate() {
             for &b in &set[x + 1..] {
-                links += self.score(a, b);
+                t.worst_path = t.worst_path.min(self.path(a, b));
+                slowest = slowest.min(self.bw(a, b));
+                t.total += self.bw(a, b);
             }
         }
-        Key {
-            links,
-            spare: Reverse(set.iter().map(|&a| self.degree[a]).sum()),
-            low: set.iter().map(|&a| Problem::low_bit(a)).sum(),
+        if set.len() >= 2 {
+            t.slowest = slowest;
         }
+        t.ring = ring::bottleneck(set, |a, b| self.bw(a, b));
+        t.left = set.iter().map(|&a| self.degree[a]).sum::<u64>() - 2 * t.total;
+        t
     }
 
-    /// `a` and `b` are twins when they score the same against every other free GPU:
-    /// swapping them changes no score, so the search only decides how many of a group
-    /// to take (and takes the lowest). Twinship is an equivalence relation (if a~b and
-    /// b~c then s(a,b) = s(c,b) from a~c's definition), so comparing with one
+    /// The full ranking key of a set of free indices.
+    pub fn key(&self, set: &[usize]) -> Key {
+        Key::new(
+            &self.terms(set),
+            set.iter().map(|&a| Problem::low_bit(a)).sum(),
+        )
+    }
+
+    /// `a` and `b` are twins when they have the same bandwidth and path to every other
+    /// free GPU: swapping them changes no term, so the search only decides how many of a
+    /// group to take (and takes the lowest). Twinship is an equivalence relation (if
+    /// a~b and b~c then s(a,b) = s(c,b) from a~c's definition), so comparing with one
     /// representative per group suffices.
     fn twins(&self, a: usize, b: usize) -> bool {
         // Twins have equal degrees: a cheap test that rejects most pairs.
         if self.degree[a] != self.degree[b] {
             return false;
         }
-        let (ra, rb) = (self.row(a), self.row(b));
-        (0..self.n).all(|x| x == a || x == b || ra[x] == rb[x])
+        (0..self.n).all(|x| {
+            x == a
+                || x == b
+                || (self.bw(a, x) == self.bw(b, x) && self.path(a, x) == self.path(b, x))
+        })
     }
 
-    fn row(&self, a: usize) -> &[u64] {
-        &self.score[a * self.n..(a + 1) * self.n]
-    }
-
-    /// Groups of twins, each ascending, ordered by their first member.
+    /// Groups of twins, each ascending, best-connected first.
     pub fn classes(&self) -> Classes {
         let mut members: Vec<Vec<usize>> = Vec::new();
         for a in 0..self.n {
@@ -102,15 +130,14 @@ impl Problem {
         members.sort_by_key(|m| Reverse(self.degree[m[0]]));
         let c = members.len();
         let mut between = vec![0; c * c];
+        let mut path = vec![Path::NvLink; c * c];
         for x in 0..c {
             for y in 0..c {
                 // Within a group of one there is no pair; any member pair stands for all.
-                let (a, b) = (
-                    members[x][0],
-                    *members[y].get(usize::from(x == y)).unwrap_or(&0),
-                );
                 if x != y || members[x].len() > 1 {
-                    between[x * c + y] = self.score(a, b);
+                    let (a, b) = (members[x][0], members[y][usize::from(x == y)]);
+                    between[x * c + y] = self.bw(a, b);
+                    path[x * c + y] = self.path(a, b);
                 }
             }
         }
@@ -118,16 +145,18 @@ impl Problem {
         Classes {
             members,
             between,
+            path,
             degree,
         }
     }
 }
 
-/// Twin groups and their scores: `between[x * len + y]` is the score of any member of `x`
-/// with any (other) member of `y`.
+/// Twin groups and their pairs: `between[x * len + y]` is the bandwidth of any member of
+/// `x` with any (other) member of `y`, `path` likewise.
 pub(super) struct Classes {
     pub members: Vec<Vec<usize>>,
     pub between: Vec<u64>,
+    pub path: Vec<Path>,
     pub degree: Vec<u64>,
 }
 
@@ -138,5 +167,9 @@ impl Classes {
 
     pub fn between(&self, x: usize, y: usize) -> u64 {
         self.between[x * self.len() + y]
+    }
+
+    pub fn path(&self, x: usize, y: usize) -> Path {
+        self.path[x * self.len() + y]
     }
 }
