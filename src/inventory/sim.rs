@@ -18,6 +18,19 @@
 //!   the `NV2` pairs, and the only fully linked quads are the two halves.
 //! - `nvswitch16`: sixteen `Tesla V100-SXM3-32GB` (32768 MiB) on NVSwitches, like a DGX-2:
 //!   every pair is `NVS`; GPUs 0-7 on NUMA node 0, 8-15 on 1.
+//! - `dgxa100`: eight `NVIDIA A100-SXM4-80GB` (81920 MiB) as a DGX A100 shows them:
+//!   every pair `NV12` (the twelve links of each GPU, through the NVSwitches).
+//! - `hgxh200`: eight `NVIDIA H200` (143771 MiB) on an HGX board (H100, H200 and B200
+//!   boards look the same): every pair `NV18`.
+//! - `gh200pair`: two `NVIDIA GH200 480GB` (97871 MiB) superchips in one node, each with
+//!   its own Grace CPU (NUMA node 0 and 1), joined by all eighteen links of each
+//!   Hopper (`NV18`).
+//! - `pcie8pxb`: eight `NVIDIA RTX 6000 Ada Generation` (49140 MiB), no NVLink, in a
+//!   two-socket server whose sockets each have one PCIe switch feeding two switches of
+//!   two GPUs: `PIX` under a switch, `PXB` between the two switches of a socket, `SYS`
+//!   across sockets.
+//! - `nvbridge4`: four `NVIDIA RTX A6000` (49140 MiB) with NVLink bridges in pairs, 0-1
+//!   and 2-3 (`NV4`), one pair per socket: `SYS` between the pairs.
 //!
 //! All use GPU major 195, minors equal to indexes, and the default control nodes of the
 //! file format (nvidiactl 195:255, nvidia-uvm 510:0, nvidia-uvm-tools 510:1). These are
@@ -33,7 +46,17 @@ use super::{Gpu, Inventory, InventoryError, Link, cpulist};
 
 /// The names of the simulated machines; `machine` accepts exactly these.
 pub fn names() -> &'static [&'static str] {
-    &["nvswitch8", "pcie8", "cubemesh8", "nvswitch16"]
+    &[
+        "nvswitch8",
+        "pcie8",
+        "cubemesh8",
+        "nvswitch16",
+        "dgxa100",
+        "hgxh200",
+        "gh200pair",
+        "pcie8pxb",
+        "nvbridge4",
+    ]
 }
 
 pub fn machine(name: &str) -> Result<Inventory, InventoryError> {
@@ -98,7 +121,65 @@ const MACHINES: &[Spec] = &[
         ],
         link: |_, _| Link::NvSwitch,
     },
+    Spec {
+        name: "dgxa100",
+        id: 5,
+        gpu_name: "NVIDIA A100-SXM4-80GB",
+        memory_mib: 81920,
+        // A DGX A100's, but for two that other machines here use.
+        buses: &[0x0f, 0x15, 0x47, 0x4e, 0x87, 0x90, 0xb6, 0xbd],
+        link: |_, _| Link::NvLink(12),
+    },
+    Spec {
+        name: "hgxh200",
+        id: 6,
+        gpu_name: "NVIDIA H200",
+        memory_mib: 143771,
+        buses: &[0x19, 0x3c, 0x4c, 0x5b, 0x9b, 0xbb, 0xcb, 0xdc],
+        link: |_, _| Link::NvLink(18),
+    },
+    Spec {
+        name: "gh200pair",
+        id: 7,
+        gpu_name: "NVIDIA GH200 480GB",
+        memory_mib: 97871,
+        buses: &[0x01, 0x81],
+        link: |_, _| Link::NvLink(18),
+    },
+    Spec {
+        name: "pcie8pxb",
+        id: 8,
+        gpu_name: "NVIDIA RTX 6000 Ada Generation",
+        memory_mib: 49140,
+        buses: &[0x16, 0x17, 0x1e, 0x1f, 0x96, 0x97, 0x9e, 0x9f],
+        link: pxb_link,
+    },
+    Spec {
+        name: "nvbridge4",
+        id: 9,
+        gpu_name: "NVIDIA RTX A6000",
+        memory_mib: 49140,
+        buses: &[0x21, 0x22, 0xc1, 0xc2],
+        link: |a, b| {
+            if a / 2 == b / 2 {
+                Link::NvLink(4)
+            } else {
+                Link::CrossSocket
+            }
+        },
+    },
 ];
+
+/// Two GPUs per PCIe switch, two switches under one upstream switch per socket.
+fn pxb_link(a: usize, b: usize) -> Link {
+    if a / 2 == b / 2 {
+        Link::PcieSwitch
+    } else if a / 4 == b / 4 {
+        Link::PcieMultiSwitch
+    } else {
+        Link::CrossSocket
+    }
+}
 
 /// Two GPUs per PCIe switch, two switches per socket.
 fn pcie_link(a: usize, b: usize) -> Link {
@@ -208,7 +289,7 @@ mod tests {
         for name in names() {
             let inv = machine(name).unwrap();
             assert_eq!(inv.source, format!("sim:{name}"));
-            assert!([8, 16].contains(&inv.gpus.len()));
+            assert!([2, 4, 8, 16].contains(&inv.gpus.len()));
         }
         assert_eq!(MACHINES.len(), names().len());
         assert!(matches!(
@@ -318,6 +399,31 @@ mod tests {
         assert_eq!(inv.link(0, 2), Some(Link::SameNuma));
         assert_eq!(inv.link(3, 4), Some(Link::CrossSocket));
         assert_eq!(inv.link(6, 7), Some(Link::PcieSwitch));
+    }
+
+    #[test]
+    fn the_machines_users_have() {
+        let all_pairs = |name: &str, want: Link| {
+            let inv = machine(name).unwrap();
+            let n = inv.gpus.len();
+            for a in 0..n {
+                for b in (0..n).filter(|&b| b != a) {
+                    assert_eq!(inv.link(a, b), Some(want), "{name} {a} {b}");
+                }
+            }
+        };
+        all_pairs("dgxa100", Link::NvLink(12));
+        all_pairs("hgxh200", Link::NvLink(18));
+        all_pairs("gh200pair", Link::NvLink(18));
+        let gh = machine("gh200pair").unwrap();
+        assert_eq!(gh.gpus[1].numa_node, Some(1));
+        let pxb = machine("pcie8pxb").unwrap();
+        assert_eq!(pxb.link(0, 1), Some(Link::PcieSwitch));
+        assert_eq!(pxb.link(1, 2), Some(Link::PcieMultiSwitch));
+        assert_eq!(pxb.link(3, 4), Some(Link::CrossSocket));
+        let bridges = machine("nvbridge4").unwrap();
+        assert_eq!(bridges.link(2, 3), Some(Link::NvLink(4)));
+        assert_eq!(bridges.link(1, 2), Some(Link::CrossSocket));
     }
 
     #[test]

@@ -236,6 +236,41 @@ fn explain_without_another_set_has_no_runner_up() {
     assert_eq!(e.runner_up, None);
 }
 
+#[test]
+fn bridged_pairs_stay_pairs() {
+    let inv = sim("nvbridge4");
+    assert_eq!(choose(&inv, &[true; 4], 2), Some(vec![0, 1]));
+    // One GPU of the first bridge held: the other bridge, not a SYS pair.
+    assert_eq!(choose(&inv, &free_except(4, &[0]), 2), Some(vec![2, 3]));
+    // And one GPU alone takes the lone GPU 1, leaving the bridge whole.
+    assert_eq!(choose(&inv, &free_except(4, &[0]), 1), Some(vec![1]));
+}
+
+#[test]
+fn pxb_box_fills_a_socket_before_crossing() {
+    let inv = sim("pcie8pxb");
+    assert_eq!(choose(&inv, &[true; 8], 4), Some(vec![0, 1, 2, 3]));
+    // GPU 0 held: a pair under one switch (2, 3), not 1 with a PXB partner.
+    assert_eq!(choose(&inv, &free_except(8, &[0]), 2), Some(vec![2, 3]));
+    // Three with 0 and 4 held: one socket's three (PXB at worst), never across.
+    let got = choose(&inv, &free_except(8, &[0, 4]), 3).unwrap();
+    assert_eq!(got, vec![1, 2, 3]);
+}
+
+#[test]
+fn nvswitch_generations_all_pick_the_lowest() {
+    for name in ["dgxa100", "hgxh200", "nvswitch8"] {
+        let inv = sim(name);
+        assert_eq!(
+            choose(&inv, &free_except(8, &[1]), 3),
+            Some(vec![0, 2, 3]),
+            "{name}"
+        );
+    }
+    let pair = sim("gh200pair");
+    assert_eq!(choose(&pair, &[true; 2], 1), Some(vec![0]));
+}
+
 /// Every held set and every count on the real machines with up to 8 GPUs, against the
 /// brute force.
 #[test]
