@@ -165,6 +165,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Manpage(args) => return completions::manpages(args),
         // A config that does not load is one of doctor's findings, not the end of it.
         Command::Doctor(args) => return doctor::run(cli.config.as_deref(), args),
+        // Modelling a machine from nvidia-smi's text needs no config either.
+        Command::Inventory(inventory::InventoryArgs {
+            action: Some(action),
+            ..
+        }) => return inventory::run_action(action),
         _ => {}
     }
     let config = load_config(cli.config.as_deref())?;

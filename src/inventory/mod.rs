@@ -6,6 +6,7 @@
 mod cache;
 pub(crate) mod cpulist;
 mod file;
+pub mod import;
 mod link;
 pub mod live;
 mod live_cache;
