@@ -22,6 +22,7 @@ fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
         &["inventory", "--json"],
         &["pick", "--count", "2"],
         &["pick", "--count", "2", "--json"],
+        &["pick", "--count", "2", "--explain"],
         &["gc"],
         &["release", "nobody"],
         &["log"],

@@ -12,6 +12,7 @@ mod device_plugin;
 mod doctor;
 mod exec;
 mod exec_gate;
+mod explain;
 mod flag;
 mod gc;
 mod hold;

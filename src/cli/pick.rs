@@ -1,6 +1,7 @@
 //! `gpupin pick`: what a request would get now, without allocating. For scripts, and for
 //! seeing what a policy does.
 
+use super::explain;
 use super::request_args::RequestArgs;
 use gpupin::config::Config;
 use gpupin::grant;
@@ -16,6 +17,9 @@ pub struct PickArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+    /// Show why: the ranking terms of the chosen GPUs and of the runner-up (topology)
+    #[arg(long)]
+    pub explain: bool,
 }
 
 pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
@@ -23,19 +27,27 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         .ok_or_else(|| anyhow::anyhow!("give --count or --devices"))?;
     let loaded = grant::load_machine(config, &request)?;
     let machine = grant::machine(config, &loaded);
-    let uuids = Ledger::read_only_for_config(config)?.preview(&request, &machine)?;
+    let preview = Ledger::read_only_for_config(config)?.preview_from(&request, &machine)?;
     let inventory = &loaded.inventory;
-    let gpus: Vec<_> = uuids
+    let gpus: Vec<_> = preview
+        .uuids
         .iter()
         .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
         .collect();
     let policy = request.policy.unwrap_or(config.policy);
+    let why = args
+        .explain
+        .then(|| explain::why(&request, policy, inventory, &preview.free));
     if args.json {
         let list: Vec<_> = gpus
             .iter()
             .map(|g| json!({"index": g.index, "uuid": g.uuid, "name": g.name}))
             .collect();
-        outln!("{:#}", json!({"policy": policy.as_str(), "gpus": list}))?;
+        let mut out = json!({"policy": policy.as_str(), "gpus": list});
+        if let Some(why) = &why {
+            out["explain"] = explain::json(why, inventory);
+        }
+        outln!("{out:#}")?;
     } else {
         let indices: Vec<String> = gpus.iter().map(|g| g.index.to_string()).collect();
         outln!(
@@ -45,6 +57,9 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         )?;
         for g in gpus {
             outln!("  {}  {}  {}", g.index, g.uuid, g.name)?;
+        }
+        if let Some(why) = &why {
+            out!("{}", explain::table(why, inventory))?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -60,6 +60,8 @@ impl Allocation {
 pub(super) struct Plan {
     pub uuids: Vec<String>,
     pub next_cursor: usize,
+    /// Per position, whether the GPU could take the request: what the policy chose from.
+    pub free: Vec<bool>,
 }
 
 /// Why a GPU cannot take this request.
@@ -189,6 +191,7 @@ pub(super) fn plan(
             .map(|p| inventory.gpus[p].uuid.clone())
             .collect(),
         next_cursor,
+        free,
     })
 }
 

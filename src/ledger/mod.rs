@@ -204,6 +204,15 @@ fn not_assigned(holder: &HolderId, assigned: &[String], held: Option<&Record>) -
     }
 }
 
+/// What a request would get now: UUIDs in the record's order, and per inventory position
+/// whether the GPU could take the request (held ones, filtered ones and ones out of
+/// scope could not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preview {
+    pub uuids: Vec<String>,
+    pub free: Vec<bool>,
+}
+
 /// A handle on the lock directory. Cheap: opening checks the directory, nothing more.
 pub struct Ledger {
     dir: PathBuf,
@@ -406,6 +415,15 @@ impl Ledger {
         request: &GpuRequest,
         machine: &Machine,
     ) -> Result<Vec<String>, LedgerError> {
+        self.preview_from(request, machine).map(|p| p.uuids)
+    }
+
+    /// [`Ledger::preview`], with the GPUs the policy chose from (`gpupin pick --explain`).
+    pub fn preview_from(
+        &self,
+        request: &GpuRequest,
+        machine: &Machine,
+    ) -> Result<Preview, LedgerError> {
         let records = store::read_records(&self.dir)?;
         let now = SystemTime::now();
         let live: Vec<Record> = records
@@ -415,7 +433,11 @@ impl Ledger {
         let holder = HolderId::new("gpupin-pick").expect("a valid id");
         let cursor = store::read_cursor(&self.dir);
         let scope = limit::scope(&holder, request, machine, &HolderMeta::default(), &live)?;
-        Ok(allocate::plan(&holder, request, machine, &live, cursor, &scope)?.uuids)
+        let plan = allocate::plan(&holder, request, machine, &live, cursor, &scope)?;
+        Ok(Preview {
+            uuids: plan.uuids,
+            free: plan.free,
+        })
     }
 
     /// The rotation cursor `spread` starts from: the position after the last GPU handed
