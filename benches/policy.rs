@@ -58,21 +58,27 @@ fn machines(quick: bool) -> Vec<Machine> {
             inventory,
         }
     };
-    let synthetic = |name: &'static str, n: usize, link: fn(usize, usize) -> Link| Machine {
-        name,
-        inventory: synthetic(n, link),
-        counts: counts(n),
-    };
+    let synthetic =
+        |name: &'static str, gpu: &str, n: usize, link: fn(usize, usize) -> Link| Machine {
+            name,
+            inventory: synthetic(n, gpu, link),
+            counts: counts(n),
+        };
     vec![
         sim("nvswitch8"),
         sim("pcie8"),
         sim("cubemesh8"),
         sim("nvswitch16"),
-        synthetic("pcietree16", 16, pcie_tree),
-        synthetic("random16", 16, random),
-        synthetic("islands64", 64, islands),
-        synthetic("pcietree64", 64, pcie_tree),
-        synthetic("cubemesh64", 64, cube_meshes),
+        sim("dgxa100"),
+        sim("hgxh200"),
+        sim("gh200pair"),
+        sim("pcie8pxb"),
+        sim("nvbridge4"),
+        synthetic("pcietree16", "NVIDIA L40S", 16, pcie_tree),
+        synthetic("random16", "Bench GPU", 16, random),
+        synthetic("islands64", "NVIDIA H100 80GB HBM3", 64, islands),
+        synthetic("pcietree64", "NVIDIA L40S", 64, pcie_tree),
+        synthetic("cubemesh64", "Tesla V100-SXM2-32GB", 64, cube_meshes),
     ]
 }
 
@@ -145,12 +151,14 @@ fn cube_meshes(a: usize, b: usize) -> Link {
     }
 }
 
-fn synthetic(n: usize, link: fn(usize, usize) -> Link) -> Inventory {
+/// `n` GPUs named `gpu` (the bandwidth table reads the generation from the name: a
+/// cube-mesh is V100 hardware, NVSwitch islands H100; "Bench GPU" gets the defaults).
+fn synthetic(n: usize, gpu: &str, link: fn(usize, usize) -> Link) -> Inventory {
     let gpus = (0..n)
         .map(|i| Gpu {
             index: i as u32,
             uuid: format!("GPU-bench-{i}"),
-            name: "Bench GPU".into(),
+            name: gpu.into(),
             memory_bytes: 80 << 30,
             pci_bus_id: format!("00000000:{i:02x}:00.0"),
             minor: i as u32,
