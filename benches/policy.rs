@@ -1,13 +1,13 @@
-//! Every policy on 8-, 16- and 64-GPU machines, with a seeded random quarter of the GPUs
-//! held, beside the brute-force reference search where that is feasible (8 and 16 GPUs;
-//! at 64, C(64, 32) ~ 1.8e18 sets rule it out).
+//! Every policy on 2- to 64-GPU machines, with a seeded random quarter of the GPUs held,
+//! beside the brute-force reference search where that is feasible (up to 16 GPUs; at 64,
+//! C(64, 32) ~ 1.8e18 sets rule it out).
 //!
-//!     cargo bench --bench policy                          # every count on 8/16, 1..32 on 64
+//!     cargo bench --bench policy                          # every count up to 16, 1..32 on 64
 //!     GPUPIN_BENCH_QUICK=1 cargo bench --bench policy     # counts 1, 2, 4, 8 only, shorter runs
 //!
 //! After the runs it prints a Markdown table of medians (docs/policy-benchmarks.md), read
 //! back from criterion's estimates. Before timing, every topology answer is checked to be
-//! exact (search finished within its node budget) and, on 8 and 16, equal to the brute force.
+//! exact (search finished within its node budget) and, up to 16, equal to the brute force.
 
 use criterion::{BenchmarkId, Criterion};
 use gpupin::inventory::Live;
