@@ -188,19 +188,7 @@ impl<'a> Search<'a> {
             }
         }
         let (component, size) = components(c, &levels);
-        let k = goal.k;
-        let mut budget = CLIQUE_BUDGET;
-        let path_cap = BY_INDEX
-            .into_iter()
-            .find(|&w| clique::exists(c, k, |x, y| c.path(x, y) >= w, &mut budget) != Some(false))
-            .unwrap_or(Path::Sys);
-        let slowest_cap = levels
-            .iter()
-            .copied()
-            .find(|&m| {
-                clique::exists(c, k, |x, y| c.between(x, y) >= m, &mut budget) != Some(false)
-            })
-            .unwrap_or(0);
+        let (path_cap, slowest_cap) = caps(c, goal.k, &levels);
         let mut by_degree: Vec<usize> = (0..g).collect();
         by_degree.sort_by_key(|&x| c.degree[x]);
         Search {
@@ -493,6 +481,27 @@ impl<'a> Search<'a> {
         set.sort_unstable();
         set
     }
+}
+
+/// The best worst path and the fastest slowest pair any `k` free GPUs can have: the best
+/// levels at which `k` of them pairwise reach it. One GPU has no pairs to cap.
+fn caps(c: &Classes, k: usize, levels: &[u64]) -> (Path, u64) {
+    if k < 2 {
+        return (Path::NvLink, u64::MAX);
+    }
+    let mut budget = CLIQUE_BUDGET;
+    let mut reachable =
+        |ok: &dyn Fn(usize, usize) -> bool| clique::exists(c, k, ok, &mut budget) != Some(false);
+    let path = BY_INDEX
+        .into_iter()
+        .find(|&w| reachable(&|x, y| c.path(x, y) >= w))
+        .unwrap_or(Path::Sys);
+    let slowest = levels
+        .iter()
+        .copied()
+        .find(|&m| reachable(&|x, y| c.between(x, y) >= m))
+        .unwrap_or(0);
+    (path, slowest)
 }
 
 /// Components of the free GPUs at each level, by group (see `Search::component`). The
