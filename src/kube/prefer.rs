@@ -64,18 +64,8 @@ pub fn preferred(machine: &Machine, ask: &Ask) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::{InventorySource, NvmlAccess, load};
     use crate::kube::testing::record;
-
-    fn sim(name: &str) -> Inventory {
-        let source = InventorySource::Sim(name.into());
-        load(
-            &source,
-            std::path::Path::new("/nonexistent"),
-            &NvmlAccess::InProcess,
-        )
-        .unwrap()
-    }
+    use crate::policy::testing::sim;
 
     fn uuids(inv: &Inventory, indices: &[usize]) -> Vec<String> {
         indices.iter().map(|&i| inv.gpus[i].uuid.clone()).collect()

@@ -20,13 +20,13 @@ fn me() -> HolderMeta {
     }
 }
 
-fn ledger() -> (tempfile::TempDir, Ledger) {
+pub(super) fn ledger() -> (tempfile::TempDir, Ledger) {
     let tmp = tempfile::tempdir().unwrap();
     let ledger = Ledger::open(&tmp.path().join("state")).unwrap();
     (tmp, ledger)
 }
 
-fn id(s: &str) -> HolderId {
+pub(super) fn id(s: &str) -> HolderId {
     HolderId::new(s).unwrap()
 }
 

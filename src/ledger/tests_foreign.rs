@@ -1,6 +1,7 @@
 //! Processes on GPUs that no holder owns (`foreign = "avoid"`): which GPUs they keep from
 //! an exclusive request, and how a refusal names them.
 
+use super::tests::{id, ledger};
 use super::*;
 use crate::message::one_line;
 use crate::policy::PolicyName;
@@ -8,16 +9,6 @@ use crate::policy::testing::machine;
 use crate::request::{Origin, Selection};
 use crate::whose::{Process, Seen};
 use std::process::{Child, Command, Stdio};
-
-fn ledger() -> (tempfile::TempDir, Ledger) {
-    let tmp = tempfile::tempdir().unwrap();
-    let ledger = Ledger::open(&tmp.path().join("state")).unwrap();
-    (tmp, ledger)
-}
-
-fn id(s: &str) -> HolderId {
-    HolderId::new(s).unwrap()
-}
 
 fn count(n: u32) -> GpuRequest {
     GpuRequest::new(Selection::Count(n), Origin::Annotations)

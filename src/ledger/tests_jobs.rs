@@ -1,21 +1,12 @@
 //! Holders that are people's: nesting (`within`), limits, holds, exec'd jobs.
 
+use super::tests::{id, ledger};
 use super::*;
 use crate::limits::{GpuKey, GroupLimit, Limits, UserLimit};
 use crate::message::one_line;
 use crate::policy::PolicyName;
 use crate::policy::testing::machine;
 use crate::request::{Origin, Selection};
-
-fn ledger() -> (tempfile::TempDir, Ledger) {
-    let tmp = tempfile::tempdir().unwrap();
-    let ledger = Ledger::open(&tmp.path().join("state")).unwrap();
-    (tmp, ledger)
-}
-
-fn id(s: &str) -> HolderId {
-    HolderId::new(s).unwrap()
-}
 
 fn count(n: u32) -> GpuRequest {
     GpuRequest::new(Selection::Count(n), Origin::Cli)

@@ -138,27 +138,7 @@ fn combinations(n: u64, k: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::{Inventory, InventorySource, NvmlAccess, load};
-
-    fn sim(name: &str) -> Inventory {
-        let source = InventorySource::Sim(name.into());
-        load(
-            &source,
-            std::path::Path::new("/nonexistent"),
-            &NvmlAccess::InProcess,
-        )
-        .unwrap()
-    }
-
-    fn input<'a>(inv: &'a Inventory, free: &'a [bool], count: usize) -> PolicyInput<'a> {
-        PolicyInput {
-            inventory: inv,
-            free,
-            count,
-            cursor: 0,
-            live: None,
-        }
-    }
+    use crate::policy::testing::{input, sim};
 
     #[test]
     fn without_fixed_gpus_it_is_the_policy_itself() {

@@ -163,7 +163,33 @@ mod tests {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    use crate::inventory::{Gpu, Inventory};
+    use crate::inventory::{Gpu, Inventory, InventorySource, NvmlAccess};
+
+    /// A built-in simulated machine (`sim:NAME`), links and all.
+    pub fn sim(name: &str) -> Inventory {
+        crate::inventory::load(
+            &InventorySource::Sim(name.into()),
+            std::path::Path::new("/nonexistent"),
+            &NvmlAccess::InProcess,
+        )
+        .unwrap()
+    }
+
+    /// What a policy is asked: `count` of the GPUs marked in `free`, no cursor, no live
+    /// figures.
+    pub fn input<'a>(
+        inventory: &'a Inventory,
+        free: &'a [bool],
+        count: usize,
+    ) -> super::PolicyInput<'a> {
+        super::PolicyInput {
+            inventory,
+            free,
+            count,
+            cursor: 0,
+            live: None,
+        }
+    }
 
     /// A linkless machine of `n` GPUs, enough for policies that ignore topology.
     pub fn machine(n: u32) -> Inventory {

@@ -1,24 +1,6 @@
 use super::*;
-use crate::inventory::{Inventory, InventorySource, Link, load};
-
-fn sim(name: &str) -> Inventory {
-    load(
-        &InventorySource::Sim(name.into()),
-        std::path::Path::new("/nonexistent"),
-        &crate::inventory::NvmlAccess::InProcess,
-    )
-    .unwrap()
-}
-
-fn input<'a>(inv: &'a Inventory, free: &'a [bool], count: usize) -> PolicyInput<'a> {
-    PolicyInput {
-        inventory: inv,
-        free,
-        count,
-        cursor: 0,
-        live: None,
-    }
-}
+use crate::inventory::{Inventory, Link};
+use crate::policy::testing::{input, sim};
 
 fn choose(inv: &Inventory, free: &[bool], count: usize) -> Option<Vec<usize>> {
     Topology.choose(&input(inv, free, count))
