@@ -25,6 +25,9 @@ const HANDLER_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/container
 /// Where the shipped config expects gpupin-runtime; the test's own binary replaces it.
 const INSTALLED_RUNTIME: &str = "/usr/bin/gpupin-runtime";
 
+/// How often StopPodSandbox is asked before a test gives up (see `Pod::stop`).
+const STOP_TRIES: u32 = 10;
+
 pub struct Node {
     pub cri: Cri,
     pub containerd: Containerd,
@@ -196,12 +199,24 @@ impl Pod<'_> {
         text(&out.stdout)
     }
 
-    /// StopPodSandbox: every container of the pod and the sandbox are stopped.
+    /// StopPodSandbox: every container of the pod and the sandbox are stopped. Tried
+    /// again, as the kubelet does: containerd 1.6 can answer `ttrpc: closed` for a
+    /// container whose shim is going away after it exited, and the next call finds it
+    /// stopped.
     pub fn stop(&self) {
-        self.node
-            .cri
-            .stop_pod_sandbox(&self.id)
-            .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\n{}", self.node.containerd.log()));
+        let mut last = None;
+        for _ in 0..STOP_TRIES {
+            match self.node.cri.stop_pod_sandbox(&self.id) {
+                Ok(()) => return,
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        panic!(
+            "StopPodSandbox, {STOP_TRIES} tries: {}\n{}",
+            last.map(|e| e.to_string()).unwrap_or_default(),
+            self.node.containerd.log()
+        );
     }
 
     /// RemovePodSandbox: the pod and its containers are gone.
