@@ -7,8 +7,8 @@ use super::request_args::RequestArgs;
 use anyhow::Context;
 use gpupin::config::Config;
 use gpupin::exec::{self, Gated};
-use gpupin::ledger::{HolderId, Ledger};
-use gpupin::request::{self, Origin};
+use gpupin::ledger::Ledger;
+use gpupin::request;
 use gpupin::serve::{Client, Request};
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -85,13 +85,7 @@ fn as_root(
     me: i32,
     gpupin: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
-    let pairs: Vec<(&str, &str)> = pairs
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let request = request::from_pairs(&pairs, Origin::Cli)?
-        .ok_or_else(|| anyhow::anyhow!("give --count, --devices or --within"))?;
-    let holder = HolderId::new(&args.name.clone().unwrap_or_else(|| format!("exec-{me}")))?;
+    let (request, holder) = exec::job_request(pairs, args.name.as_deref(), me)?;
     if config.confine != gpupin::confine::Confine::Off {
         // Before anything is held: a refusal leaves the ledger as it was.
         gpupin::confine::require_caps()?;

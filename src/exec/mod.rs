@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::grant::{self, GrantError};
 use crate::inventory::Inventory;
 use crate::ledger::{HolderId, HolderKind, HolderMeta, Owner, Record};
-use crate::request::GpuRequest;
+use crate::request::{self, GpuRequest, Origin, RequestError};
 
 /// Allocates `request` for a job of `owner`'s, recorded under `pid` (the process that
 /// asks, until the job it starts takes the record over with `Ledger::adopt`). Limits apply
@@ -51,4 +51,34 @@ pub fn denied_minors(inventory: &Inventory, record: &Record) -> Vec<u32> {
         .filter(|g| !record.gpus.contains(&g.uuid))
         .map(|g| g.minor)
         .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobRequestError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("give --count, --devices or --within")]
+    Nothing,
+    #[error(transparent)]
+    Id(#[from] crate::ledger::BadHolderId),
+}
+
+/// A job's request, from `gpupin exec`'s options as annotation-named pairs, and its holder
+/// id: `name`, else `exec-<asker>`. The one reading of a job's request, for root's
+/// `gpupin exec` and `gpupin serve` alike.
+pub fn job_request(
+    pairs: &[(String, String)],
+    name: Option<&str>,
+    asker: i32,
+) -> Result<(GpuRequest, HolderId), JobRequestError> {
+    let pairs: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let request = request::from_pairs(&pairs, Origin::Cli)?.ok_or(JobRequestError::Nothing)?;
+    let holder = match name {
+        Some(name) => HolderId::new(name)?,
+        None => HolderId::new(&format!("exec-{asker}"))?,
+    };
+    Ok((request, holder))
 }

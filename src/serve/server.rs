@@ -15,7 +15,6 @@ use crate::exec::{self, JobGrant};
 use crate::hold::{self, Hold};
 use crate::ledger::{HolderId, Ledger, Record};
 use crate::message::one_line;
-use crate::request::{self, Origin};
 use crate::users;
 use std::io::BufReader;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -214,15 +213,8 @@ fn grant_job(
     name: Option<String>,
 ) -> Result<JobGrant, String> {
     let owner = users::owner_of(peer.uid).map_err(|e| one_line(&e))?;
-    let pairs: Vec<(&str, &str)> = pairs
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let request = request::from_pairs(&pairs, Origin::Cli)
-        .map_err(|e| one_line(&e))?
-        .ok_or("give --count, --devices or --within")?;
-    let holder = HolderId::new(&name.unwrap_or_else(|| format!("exec-{}", peer.pid)))
-        .map_err(|e| one_line(&e))?;
+    let (request, holder) =
+        exec::job_request(pairs, name.as_deref(), peer.pid).map_err(|e| one_line(&e))?;
     exec::grant(config, holder, &request, owner, peer.pid, "serve").map_err(|e| one_line(&e))
 }
 
