@@ -213,7 +213,32 @@ mod tests {
     }
 
     #[test]
-    fn a_container_in_a_slurm_job_takes_the_jobs_gpus_where_the_config_trusts_it() {
+    fn a_container_in_a_slurm_job_takes_the_jobs_gpus_with_the_jobs_key() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            slurm_containers: true,
+            ..config(&tmp.path().join("state"))
+        };
+        let (holder, mut request) = in_job_42(&config);
+        let ledger = Ledger::for_config(&config).unwrap();
+        let (_, key) = ledger
+            .key(&HolderId::new("slurm-42").unwrap())
+            .unwrap()
+            .unwrap();
+        request.within_key = Some(key);
+        let admission = Admission {
+            slurm_job: crate::request::slurm_job(&["SLURM_JOB_ID=42"]),
+            ..admission(&holder, &request)
+        };
+        let (record, ()) = admit(&config, admission, |_| Ok(())).unwrap();
+        assert_eq!(record.indices, [5, 6]);
+        assert_eq!(record.request.within.as_deref(), Some("slurm-42"));
+    }
+
+    /// An image's `ENV SLURM_JOB_ID=42` (or its author's `-e`) is text anyone can write:
+    /// without job 42's key it takes nothing, from the job or from the free pool.
+    #[test]
+    fn a_containers_slurm_job_id_alone_takes_nothing() {
         let tmp = tempfile::tempdir().unwrap();
         let config = Config {
             slurm_containers: true,
@@ -224,9 +249,20 @@ mod tests {
             slurm_job: crate::request::slurm_job(&["SLURM_JOB_ID=42"]),
             ..admission(&holder, &request)
         };
-        let (record, ()) = admit(&config, admission, |_| Ok(())).unwrap();
-        assert_eq!(record.indices, [5, 6]);
-        assert_eq!(record.request.within.as_deref(), Some("slurm-42"));
+        let err = admit(&config, admission, |_| Ok(())).unwrap_err();
+        let text = crate::message::one_line(&err);
+        assert!(
+            text.starts_with("cannot allocate for c1: taking GPUs from slurm-42 needs its key"),
+            "{text}"
+        );
+        let ledger = Ledger::for_config(&config).unwrap();
+        let ids: Vec<String> = ledger
+            .records()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, ["slurm-42"]);
     }
 
     #[test]

@@ -313,28 +313,8 @@ mod tests {
     use super::*;
     use crate::ledger::{ContainerInfo, HolderKind, Mode, Owner, UNBOUND_GRACE};
     use crate::policy::testing::machine;
-    use crate::request::{GpuRequest, Origin, Selection};
 
-    pub(super) fn record(id: &str, gpus: &[&str]) -> Record {
-        Record {
-            id: id.into(),
-            gpus: gpus.iter().map(|s| s.to_string()).collect(),
-            mode: Mode::Exclusive,
-            request: GpuRequest::new(Selection::Count(gpus.len() as u32), Origin::Annotations),
-            source: "hook".into(),
-            pid: Some(std::process::id() as i32),
-            start_time: crate::procinfo::start_time(std::process::id() as i32),
-            bundle: None,
-            claim_digest: None,
-            indices: Vec::new(),
-            kind: Default::default(),
-            owner: None,
-            container: None,
-            until_release: false,
-            // After this boot, so that the holder counts as running.
-            created_at: 4_102_444_800,
-        }
-    }
+    pub(super) use crate::ledger::testing::record;
 
     fn container(id: &str, gpu: &str, engine: &str, name: &str, image: &str) -> Record {
         let some = |s: &str| (!s.is_empty()).then(|| s.to_string());

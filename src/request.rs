@@ -3,7 +3,7 @@
 //! of user input happens here, so that nothing past this point sees a count of 0 or a
 //! policy it does not know.
 
-use crate::ledger::HolderId;
+use crate::ledger::{HolderId, WithinKey};
 use crate::policy::PolicyName;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -109,6 +109,10 @@ pub struct GpuRequest {
     /// all of that holder's GPUs that no other holder inside it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub within: Option<String>,
+    /// The key to `within` (`gpupin.within=HOLDER:KEY`), for requests that must show one
+    /// (`ledger::WithinKey`). Never stored: records and audit lines are readable by all.
+    #[serde(skip)]
+    pub within_key: Option<WithinKey>,
     pub origin: Origin,
 }
 
@@ -125,6 +129,7 @@ impl GpuRequest {
             wait: None,
             cpus: None,
             within: None,
+            within_key: None,
             origin,
         }
     }
@@ -174,7 +179,7 @@ const MODEL_EXPECTED: &str =
 const SHARE_EXPECTED: &str = "expected exclusive or shared";
 const WAIT_EXPECTED: &str = "expected a duration of at most 24h, such as 90s or 5m";
 const CPUS_EXPECTED: &str = "expected numa";
-const WITHIN_EXPECTED: &str = "expected the id of a holder: 1-128 letters, digits, '_', '.', '-', starting with a letter or digit";
+const WITHIN_EXPECTED: &str = "expected HOLDER or HOLDER:KEY, a holder's id (1-128 letters, digits, '_', '.', '-', starting with a letter or digit) and the 32 hex digits `gpupin key HOLDER` prints";
 
 /// Reads a request from OCI annotations. `Ok(None)`: no `gpupin.` key at all. Keys are
 /// read in byte order, so that of several bad keys the same one is always reported.
@@ -360,6 +365,7 @@ struct Parts {
     wait: Option<Duration>,
     cpus: Option<CpuBinding>,
     within: Option<String>,
+    within_key: Option<WithinKey>,
 }
 
 fn parse<'a>(
@@ -420,10 +426,25 @@ fn parse_one(p: &mut Parts, annotation: &str, key: &str, value: &str) -> Result<
             "numa" => p.cpus = Some(CpuBinding::Numa),
             _ => return Err(invalid(key, value, CPUS_EXPECTED)),
         },
-        "gpupin.within" => match HolderId::new(v) {
-            Ok(id) => p.within = Some(id.to_string()),
-            Err(_) => return Err(invalid(key, value, WITHIN_EXPECTED)),
-        },
+        "gpupin.within" => {
+            let (name, key_text) = match v.split_once(':') {
+                Some((name, key)) => (name, Some(key)),
+                None => (v, None),
+            };
+            let key_given = key_text.map(WithinKey::parse);
+            match (HolderId::new(name), key_given) {
+                (Ok(id), None) => p.within = Some(id.to_string()),
+                (Ok(id), Some(Some(k))) => {
+                    p.within = Some(id.to_string());
+                    p.within_key = Some(k);
+                }
+                // A value with a key is not echoed whole: messages are logged.
+                (_, Some(_)) => {
+                    return Err(invalid(key, &format!("{name}:(key)"), WITHIN_EXPECTED));
+                }
+                (Err(_), None) => return Err(invalid(key, value, WITHIN_EXPECTED)),
+            }
+        }
         other => unreachable!("key {other} is in KEYS but not parsed"),
     }
     Ok(())
@@ -468,6 +489,7 @@ fn assemble(p: Parts, origin: Origin, some_key: &'static str) -> Result<GpuReque
         wait: p.wait,
         cpus: p.cpus,
         within: p.within,
+        within_key: p.within_key,
         origin,
     })
 }
@@ -777,6 +799,47 @@ mod tests {
         // Not in a job: nothing is looked up.
         let mut r = GpuRequest::new(Selection::Count(1), Origin::Env);
         assert!(!r.enter_slurm_job(None, |_| panic!("no job, no lookup")));
+    }
+
+    #[test]
+    fn within_takes_a_holder_and_its_key_and_never_echoes_a_key() {
+        let key = "0123456789abcdef0123456789abcdef";
+        let r = from_env(&[format!("GPUPIN_WITHIN=res-7:{key}")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.within.as_deref(), Some("res-7"));
+        assert_eq!(
+            r.within_key.as_ref().map(|k| k.to_string()).as_deref(),
+            Some(key)
+        );
+        assert_eq!(r.selection, Selection::All);
+        // The key is no part of what records and audit lines keep, nor of a log line.
+        let stored = serde_json::to_string(&r).unwrap();
+        assert!(
+            !stored.contains(key) && !format!("{r:?}").contains(key),
+            "{stored}"
+        );
+        let plain = from_env(&["GPUPIN_WITHIN=res-7"]).unwrap().unwrap();
+        assert_eq!(
+            (plain.within.as_deref(), plain.within_key),
+            (Some("res-7"), None)
+        );
+        for bad in [
+            format!("res-7:{}", &key[1..]),
+            format!("res-7:{}", key.to_uppercase()),
+        ] {
+            let err = from_env(&[format!("GPUPIN_WITHIN={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with(
+                    "invalid GPUPIN_WITHIN=\"res-7:(key)\": expected HOLDER or HOLDER:KEY"
+                ),
+                "{err}"
+            );
+        }
+        let err = from_env(&["GPUPIN_WITHIN=../x"]).unwrap_err().to_string();
+        assert!(err.starts_with("invalid GPUPIN_WITHIN=\"../x\""), "{err}");
     }
 
     #[test]

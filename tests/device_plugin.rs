@@ -342,9 +342,12 @@ async fn a_fake_kubelet_sees_gpupins_holders_and_allocates_through_the_ledger() 
         .unwrap_or_else(|s| panic!("Allocate failed: {}; log:\n{}", s.message(), plugin.log()))
         .into_inner();
     let response = &allocated.container_responses[0];
-    let holder = response.annotations["gpupin.within"].clone();
-    assert!(holder.starts_with("k8s-"), "{holder}");
-    assert_eq!(response.envs["GPUPIN_WITHIN"], holder);
+    // The holder and its key, the container's way into its own GPUs.
+    let within = response.annotations["gpupin.within"].clone();
+    assert_eq!(response.envs["GPUPIN_WITHIN"], within);
+    let (holder, key) = within.split_once(':').expect("HOLDER:KEY");
+    assert!(holder.starts_with("k8s-") && key.len() == 32, "{within}");
+    let holder = holder.to_string();
     assert_eq!(response.envs["NVIDIA_VISIBLE_DEVICES"], preferred.join(","));
     let minors: Vec<String> = preferred
         .iter()

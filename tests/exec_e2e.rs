@@ -488,10 +488,26 @@ fn a_hold_shares_its_gpus_with_a_container_and_its_users_job_only() {
     ];
     ok(g, None, &hold);
 
+    // The hold's name alone, as an image's ENV or any annotation could write it, takes
+    // nothing: the review's first finding (a container entered any holder by name).
+    let bare = sb
+        .spec()
+        .env("GPUPIN_WITHIN", "slurm-42")
+        .env("GPUPIN_COUNT", "1");
+    let err = match sb.start(&sb.id("bare"), &bare) {
+        Ok(c) => panic!("container {} entered the hold by its name alone", c.id()),
+        Err(err) => err.to_string(),
+    };
+    assert!(
+        err.contains("taking GPUs from slurm-42 needs its key"),
+        "{err}"
+    );
+
     let id = sb.id("inner");
+    let key = ok(g, None, &["key", "slurm-42"]);
     let spec = sb
         .spec()
-        .annotation("gpupin.within", "slurm-42")
+        .annotation("gpupin.within", key.trim())
         .annotation("gpupin.count", "1");
     let container = sb.start(&id, &spec).expect("a container within the hold");
     let in_container = g.held_minors(container.id());
@@ -520,7 +536,7 @@ fn a_hold_shares_its_gpus_with_a_container_and_its_users_job_only() {
         &["exec", "--count", "1", "--within", "slurm-42", "--", "true"],
     );
     assert!(
-        line.ends_with(&format!("is {}'s, not {}'s", hank.name, ivy.name)),
+        line.contains(&format!("is {}'s, not {}'s", hank.name, ivy.name)),
         "{line}"
     );
     let (exit, stderr) = job.finish();

@@ -202,7 +202,7 @@ fn unix(time: SystemTime) -> u64 {
 mod tests {
     use super::*;
     use crate::audit::GpuRef;
-    use crate::ledger::{ContainerInfo, HolderKind, Mode, Owner};
+    use crate::ledger::{ContainerInfo, Owner};
     use crate::request::{GpuRequest, Origin, Selection};
     use std::time::Duration;
 
@@ -239,25 +239,20 @@ mod tests {
     }
 
     fn record(id: &str, indices: &[u32], created_at: u64) -> Record {
+        let gpus: Vec<String> = indices.iter().map(|i| format!("GPU-{i}")).collect();
+        let gpus: Vec<&str> = gpus.iter().map(String::as_str).collect();
         Record {
-            id: id.into(),
-            gpus: indices.iter().map(|i| format!("GPU-{i}")).collect(),
             indices: indices.to_vec(),
-            kind: HolderKind::Container,
-            owner: None,
             container: Some(ContainerInfo {
                 engine: Some("docker".into()),
                 ..ContainerInfo::default()
             }),
-            until_release: false,
-            mode: Mode::Exclusive,
             request: GpuRequest::new(Selection::Count(indices.len() as u32), Origin::Cli),
             source: "test".into(),
             pid: None,
             start_time: None,
-            bundle: None,
-            claim_digest: None,
             created_at,
+            ..crate::ledger::testing::record(id, &gpus)
         }
     }
 

@@ -21,6 +21,7 @@ mod hook_stage;
 mod install;
 mod install_podman;
 mod inventory;
+mod key;
 mod log;
 pub mod logging;
 mod metrics;
@@ -66,6 +67,8 @@ pub enum Command {
     Exec(exec::ExecArgs),
     /// Set GPUs aside with no container: for a Slurm job, for maintenance
     Hold(hold::HoldArgs),
+    /// Print the key that lets a container or another user take GPUs from inside a holder
+    Key(key::KeyArgs),
     /// The daemon through which users who are not root run exec, hold and release
     Serve(serve::ServeArgs),
     /// Release GPUs held by containers and processes that are gone; clear what no holder owns
@@ -184,6 +187,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Exec(args) => exec::run(&config, &args),
         Command::Metrics(args) => metrics::run(&config, &args),
         Command::Hold(args) => hold::run(&config, &args),
+        Command::Key(args) => key::run(&config, &args),
         Command::Serve(args) => serve::run(&config, &args),
         Command::Inventory(args) => inventory::run(&config, &args),
         Command::Status(args) => status::run(&config, &args),

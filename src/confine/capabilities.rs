@@ -32,8 +32,10 @@ pub fn require_caps() -> Result<(), ConfineError> {
 /// What it does not stop: a job that runs as uid 0 still owns the cgroup files, and can
 /// write its pid into an ancestor's cgroup.procs (moving a process needs write access to
 /// that file, no capability) and so leave its device cgroup; it also keeps root's other
-/// capabilities (CAP_BPF, CAP_NET_ADMIN, CAP_DAC_OVERRIDE, ...). Confinement fences in
-/// jobs of other users (`gpupin serve`); for root's own jobs it guards against mistakes.
+/// capabilities (CAP_BPF, CAP_NET_ADMIN, CAP_DAC_OVERRIDE, ...). Confinement fences in a
+/// job and its children; it is no boundary between users (the same user's processes
+/// outside the job open the nodes as their modes allow): for every job it guards
+/// against mistakes, not against a user who means to take a GPU.
 ///
 /// Allocation-light rather than allocation-free: each set is read and written once, and
 /// the caps crate builds a small set for that (glibc's malloc is safe after fork).

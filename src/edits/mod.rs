@@ -165,27 +165,16 @@ pub fn refuse_reserved(annotations: &HashMap<String, String>) -> Result<(), Edit
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{HolderId, Mode};
+    use crate::ledger::HolderId;
     use crate::policy::testing::machine;
-    use crate::request::{GpuRequest, Origin, Selection};
 
     fn record(gpus: &[&str]) -> Record {
         Record {
-            id: "c1".into(),
-            gpus: gpus.iter().map(|g| g.to_string()).collect(),
-            mode: Mode::Exclusive,
-            request: GpuRequest::new(Selection::Count(gpus.len() as u32), Origin::Annotations),
             source: "test".into(),
             pid: None,
             start_time: None,
-            bundle: None,
-            claim_digest: None,
-            indices: Vec::new(),
-            kind: Default::default(),
-            owner: None,
-            container: None,
-            until_release: false,
             created_at: 0,
+            ..crate::ledger::testing::record("c1", gpus)
         }
     }
 

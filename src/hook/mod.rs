@@ -224,7 +224,7 @@ fn run_stage(
     match task {
         Task::Release => {
             let ledger = Ledger::for_config(&config)?;
-            Ok(Outcome::Released(ledger.release(&id)?))
+            Ok(Outcome::Released(ledger.release_container(&id)?))
         }
         Task::Bind { uuids, token } => {
             let pid = pid.ok_or_else(|| HookError::NoPid(id.to_string()))?;

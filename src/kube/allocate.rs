@@ -89,6 +89,12 @@ pub fn allocate(
         ..HolderMeta::default()
     };
     let (_, record) = grant::allocate(config, &holder, &request, meta)?;
+    // The container's way into its own GPUs (a nested request, gpupin exec inside the
+    // pod): the holder and its key, which no pod spec can know.
+    let within = match Ledger::for_config(config)?.key(&holder)? {
+        Some((_, key)) => format!("{holder}:{key}"),
+        None => holder.to_string(),
+    };
     let cdi = !cdi_devices.is_empty();
     let visible = if cdi {
         "void".to_string()
@@ -104,9 +110,9 @@ pub fn allocate(
         },
         env: vec![
             (VISIBLE_DEVICES.to_string(), visible),
-            (WITHIN_ENV.to_string(), holder.to_string()),
+            (WITHIN_ENV.to_string(), within.clone()),
         ],
-        annotations: vec![(WITHIN_ANNOTATION.to_string(), holder.to_string())],
+        annotations: vec![(WITHIN_ANNOTATION.to_string(), within)],
         cdi_devices,
         gpus: record.gpus,
     })
@@ -183,14 +189,18 @@ mod tests {
         assert!(paths.contains(&"/dev/nvidiactl"), "{paths:?}");
         let visible = format!("{},{}", inv.gpus[1].uuid, inv.gpus[3].uuid);
         assert!(granted.env.contains(&(VISIBLE_DEVICES.into(), visible)));
-        assert!(
-            granted
-                .env
-                .contains(&(WITHIN_ENV.into(), granted.holder.clone()))
-        );
+        // The holder with its key: a pod spec that names the holder alone gets nothing.
+        let holder = HolderId::new(&granted.holder).unwrap();
+        let (_, key) = Ledger::for_config(&config)
+            .unwrap()
+            .key(&holder)
+            .unwrap()
+            .unwrap();
+        let within = format!("{}:{key}", granted.holder);
+        assert!(granted.env.contains(&(WITHIN_ENV.into(), within.clone())));
         assert_eq!(
             granted.annotations,
-            [(WITHIN_ANNOTATION.to_string(), granted.holder.clone())]
+            [(WITHIN_ANNOTATION.to_string(), within)]
         );
         assert!(granted.cdi_devices.is_empty());
         // A retried Allocate: the same holder, nothing new.

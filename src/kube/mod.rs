@@ -90,25 +90,19 @@ fn known_uuids(inventory: &crate::inventory::Inventory) -> String {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    use crate::ledger::{HolderKind, Mode, Record};
+    use crate::ledger::{HolderKind, Record};
     use crate::request::{GpuRequest, Origin, Selection};
 
     /// A live record of `id` holding `gpus`, of the plugin when `id` starts with `k8s-`.
     pub fn record(id: &str, gpus: &[&str]) -> Record {
         let plugin = id.starts_with(super::HOLDER_PREFIX);
         Record {
-            id: id.into(),
-            gpus: gpus.iter().map(|g| g.to_string()).collect(),
-            indices: vec![],
             kind: if plugin {
                 HolderKind::Hold
             } else {
                 HolderKind::Container
             },
-            owner: None,
-            container: None,
             until_release: plugin,
-            mode: Mode::Exclusive,
             request: GpuRequest::new(Selection::Count(1), Origin::Cli),
             source: if plugin {
                 super::SOURCE.into()
@@ -117,9 +111,8 @@ pub(crate) mod testing {
             },
             pid: None,
             start_time: None,
-            bundle: None,
-            claim_digest: None,
             created_at: crate::ledger::unix_now(),
+            ..crate::ledger::testing::record(id, gpus)
         }
     }
 

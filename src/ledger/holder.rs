@@ -17,6 +17,10 @@ pub struct BadHolderId(pub String);
 
 pub const MAX_LEN: usize = 128;
 
+/// How the holder ids gpupin makes itself begin: Slurm jobs' holds, the device plugin's,
+/// podman's claims, unnamed jobs. A user may not choose them (`Ledger::allocate`).
+pub const RESERVED_PREFIXES: &[&str] = &["slurm-", "k8s-", "claim-", "exec-"];
+
 impl HolderId {
     pub fn new(id: &str) -> Result<HolderId, BadHolderId> {
         let ok = !id.is_empty()

@@ -2,7 +2,7 @@
 //! request (`gpupin.within`), the GPUs a user's groups may use, and how many GPUs a user
 //! or a group may hold (`[limits]`). Pure, called by the ledger under its lock.
 
-use super::{HolderId, HolderMeta, LedgerError, Machine, Record};
+use super::{HolderId, HolderKind, HolderMeta, LedgerError, Machine, Record, WithinKey};
 use std::collections::BTreeSet;
 
 /// Where a request may take GPUs from.
@@ -40,6 +40,7 @@ pub(super) fn scope(
     machine: &Machine,
     meta: &HolderMeta,
     live: &[Record],
+    opens: &mut dyn FnMut(&Record, &WithinKey) -> Result<bool, LedgerError>,
 ) -> Result<Scope, LedgerError> {
     let gpus = &machine.inventory.gpus;
     let mut scope = Scope::default();
@@ -51,22 +52,7 @@ pub(super) fn scope(
                     id: holder.to_string(),
                     within: within.clone(),
                 })?;
-        if meta.limited
-            && let Some(me) = &meta.owner
-            && parent.owner.as_ref().is_none_or(|o| o.uid != me.uid)
-        {
-            return Err(LedgerError::WithinNotYours(Box::new(
-                super::NotYourHolder {
-                    id: holder.to_string(),
-                    within: within.clone(),
-                    owner: parent
-                        .owner
-                        .as_ref()
-                        .map_or_else(|| format!("a {}", parent.kind.as_str()), |o| o.user.clone()),
-                    user: me.user.clone(),
-                },
-            )));
-        }
+        may_enter(holder, request, meta, parent, opens)?;
         let mut next = Some(parent);
         while let Some(r) = next {
             if scope.enclosing.len() >= MAX_DEPTH || scope.enclosing.contains(&r.id) {
@@ -101,6 +87,56 @@ pub(super) fn scope(
         );
     }
     Ok(scope)
+}
+
+/// Whether the request of `meta` may take from `parent`'s GPUs. Root's own requests
+/// (its exec, its holds, the device plugin's) may, and so may a user's request inside a
+/// holder of their own: the kernel says who asks (SO_PEERCRED). Everyone else presents the
+/// parent's key (`within`), which `opens` checks: a container, whose author gpupin does not
+/// know and whose env and annotations are the image's or the pod spec's text, and a user
+/// inside someone else's holder, who got its key from its owner.
+pub(super) fn may_enter(
+    holder: &HolderId,
+    request: &crate::request::GpuRequest,
+    meta: &HolderMeta,
+    parent: &Record,
+    opens: &mut dyn FnMut(&Record, &WithinKey) -> Result<bool, LedgerError>,
+) -> Result<(), LedgerError> {
+    let roots_own = !meta.limited && meta.kind != HolderKind::Container;
+    let users_own = meta.limited
+        && meta
+            .owner
+            .as_ref()
+            .zip(parent.owner.as_ref())
+            .is_some_and(|(me, theirs)| me.uid == theirs.uid);
+    if roots_own || users_own {
+        return Ok(());
+    }
+    let within = || parent.id.clone();
+    match &request.within_key {
+        Some(key) if opens(parent, key)? => Ok(()),
+        Some(_) => Err(LedgerError::WithinKeyWrong {
+            id: holder.to_string(),
+            within: within(),
+        }),
+        None => match (meta.limited, &meta.owner) {
+            (true, Some(me)) => Err(LedgerError::WithinNotYours(Box::new(
+                super::NotYourHolder {
+                    id: holder.to_string(),
+                    within: within(),
+                    owner: parent
+                        .owner
+                        .as_ref()
+                        .map_or_else(|| format!("a {}", parent.kind.as_str()), |o| o.user.clone()),
+                    user: me.user.clone(),
+                },
+            ))),
+            _ => Err(LedgerError::WithinNeedsKey {
+                id: holder.to_string(),
+                within: within(),
+            }),
+        },
+    }
 }
 
 /// Refuses `planned` when it would take the requester past one of their limits. GPUs they

@@ -12,6 +12,9 @@ mod queue;
 mod record;
 mod store;
 mod survey;
+#[cfg(test)]
+pub(crate) mod testing;
+mod within;
 
 pub use allocate::{Allocation, Machine, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
@@ -23,6 +26,7 @@ pub use record::{
     holders_of, unix_now,
 };
 pub use survey::Survey;
+pub use within::WithinKey;
 
 use crate::audit::{AuditLog, Event, EventKind};
 use crate::config::Config;
@@ -45,6 +49,8 @@ pub enum LedgerError {
     },
     #[error("refusing state dir {path}: {reason}")]
     UnsafeStateDir { path: PathBuf, reason: &'static str },
+    #[error("refusing {path}: {reason}")]
+    UnsafeStateFile { path: PathBuf, reason: &'static str },
     #[error(
         "corrupt ledger record {path:?}: {reason} (inspect it, then remove it with `gpupin release {}`)",
         release_arg(.path)
@@ -114,8 +120,19 @@ pub enum LedgerError {
     NoGpus,
     #[error("cannot allocate for {id}: gpupin.within={within} names no holder in the ledger")]
     NoSuchWithin { id: String, within: String },
-    #[error("cannot allocate for {}: gpupin.within={} is {}'s, not {}'s", .0.id, .0.within, .0.owner, .0.user)]
+    #[error(
+        "cannot allocate for {}: gpupin.within={} is {}'s, not {}'s (its owner can give you its key: gpupin key {})",
+        .0.id, .0.within, .0.owner, .0.user, .0.within
+    )]
     WithinNotYours(Box<NotYourHolder>),
+    #[error(
+        "cannot allocate for {id}: taking GPUs from {within} needs its key, not just its name: give gpupin.within={within}:KEY (GPUPIN_WITHIN for env), with the key `gpupin key {within}` prints for its owner or root"
+    )]
+    WithinNeedsKey { id: String, within: String },
+    #[error(
+        "cannot allocate for {id}: the key given for {within} is not its key (a key lasts as long as its holder: ask its owner for the current one with `gpupin key {within}`)"
+    )]
+    WithinKeyWrong { id: String, within: String },
     #[error(transparent)]
     LimitReached(Box<LimitReached>),
     #[error("cannot bind {id} to process {pid}: {reason}")]
@@ -126,12 +143,66 @@ pub enum LedgerError {
     },
     #[error("holder {id} is not held by uid {uid}: only its owner or root may release it")]
     NotYours { id: String, uid: u32 },
+    #[error(
+        "holder {id} holds GPUs {held} already, not the GPUs {asked} asked for: release it first (gpupin release {id})"
+    )]
+    HeldOtherwise {
+        id: String,
+        held: String,
+        asked: String,
+    },
+    #[error(
+        "holder name {id:?} starts with {prefix}, which gpupin keeps for the holders it names itself (Slurm jobs, pods, claims, unnamed jobs): choose another name"
+    )]
+    ReservedName { id: String, prefix: &'static str },
     #[error("holder {id} exists already ({kind} of {owner}): choose another name")]
     HolderExists {
         id: String,
         kind: &'static str,
         owner: String,
     },
+}
+
+/// Refuses a user's request for a holder id of a kind gpupin names itself: Slurm's prolog
+/// holds `slurm-<job>`, the device plugin `k8s-<digest>`, podman's precreate `claim-...`,
+/// an unnamed job is `exec-<pid>`. Root's integrations make those ids from public facts,
+/// and a user who took one first would stall root's prolog or be handed root's choice. A
+/// user's own unnamed job, `exec-<the pid that asks>`, is the one such id a user gets.
+fn reserved_for_gpupin(holder: &HolderId, meta: &HolderMeta) -> Result<(), LedgerError> {
+    if !meta.limited {
+        return Ok(());
+    }
+    let id = holder.as_str();
+    let Some(prefix) = holder::RESERVED_PREFIXES
+        .iter()
+        .find(|p| id.starts_with(*p))
+    else {
+        return Ok(());
+    };
+    let own_job =
+        meta.kind == HolderKind::Exec && meta.pid.is_some_and(|pid| id == format!("exec-{pid}"));
+    if own_job {
+        return Ok(());
+    }
+    Err(LedgerError::ReservedName {
+        id: id.to_string(),
+        prefix,
+    })
+}
+
+/// GPU indices of `uuids` as people name them, comma-separated.
+fn index_list(machine: &Machine, uuids: &[String]) -> String {
+    let mut indices: Vec<u32> = uuids
+        .iter()
+        .filter_map(|u| machine.inventory.gpus.iter().find(|g| &g.uuid == u))
+        .map(|g| g.index)
+        .collect();
+    indices.sort_unstable();
+    indices
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A nested request inside a holder of someone else's.
@@ -174,13 +245,19 @@ impl LedgerError {
             LedgerError::WaitExpired { .. } => "wait_expired",
             LedgerError::WaiterGone { .. } => "waiter_gone",
             LedgerError::LimitReached(_) => "limit",
-            LedgerError::NoSuchWithin { .. } | LedgerError::WithinNotYours(_) => "within",
-            LedgerError::HolderExists { .. } => "holder_exists",
+            LedgerError::NoSuchWithin { .. }
+            | LedgerError::WithinNotYours(_)
+            | LedgerError::WithinNeedsKey { .. }
+            | LedgerError::WithinKeyWrong { .. } => "within",
+            LedgerError::HolderExists { .. }
+            | LedgerError::HeldOtherwise { .. }
+            | LedgerError::ReservedName { .. } => "holder_exists",
             LedgerError::NoGpus => "no_gpus",
             LedgerError::ClaimRefused { .. } | LedgerError::NotAssigned { .. } => "claim",
             LedgerError::NotAdopted { .. } | LedgerError::NotYours { .. } => "not_yours",
             LedgerError::Io { .. }
             | LedgerError::UnsafeStateDir { .. }
+            | LedgerError::UnsafeStateFile { .. }
             | LedgerError::CorruptRecord { .. }
             | LedgerError::StrayEntry { .. }
             | LedgerError::BadEntryName { .. }
@@ -328,7 +405,7 @@ impl Ledger {
         let _lock = store::lock(&self.dir)?;
         let records = store::read_records(&self.dir)?;
         if let Some(existing) = records.iter().find(|r| r.id == holder.as_str())
-            && let Some(allocation) = self.again(existing, &meta)?
+            && let Some(allocation) = self.again(existing, request, machine, &meta)?
         {
             return Ok(allocation);
         }
@@ -355,13 +432,22 @@ impl Ledger {
     ) -> Result<Allocation, LedgerError> {
         // Processes seen on the GPUs before the lock, or before a wait in the queue, that
         // have ended since are in no one's way.
+        reserved_for_gpupin(holder, &meta)?;
         let running = machine.processes.map(crate::whose::still_running);
         let machine = &Machine {
             processes: running.as_deref(),
             ..*machine
         };
         let cursor = store::read_cursor(&self.dir);
-        let scope = limit::scope(holder, request, machine, &meta, live)?;
+        // The node's secret is read only for a request that presents a key.
+        let mut secret = None;
+        let mut opens = |parent: &Record, key: &WithinKey| -> Result<bool, LedgerError> {
+            if secret.is_none() {
+                secret = Some(within::NodeSecret::load_or_create(&self.dir)?);
+            }
+            Ok(secret.as_ref().is_some_and(|s| s.opens(parent, key)))
+        };
+        let scope = limit::scope(holder, request, machine, &meta, live, &mut opens)?;
         let plan = allocate::plan(holder, request, machine, live, cursor, &scope)?;
         limit::check(&meta, machine, live, &plan.uuids)?;
         let record = Record {
@@ -387,6 +473,7 @@ impl Ledger {
             pid: meta.pid,
             bundle: meta.bundle,
             claim_digest: meta.claim_digest,
+            salt: within::new_salt()?,
             created_at: record::unix_now(),
         };
         store::write_record(&self.dir, &holder.file_name(), &record)?;
@@ -432,7 +519,15 @@ impl Ledger {
             .collect();
         let holder = HolderId::new("gpupin-pick").expect("a valid id");
         let cursor = store::read_cursor(&self.dir);
-        let scope = limit::scope(&holder, request, machine, &HolderMeta::default(), &live)?;
+        // A preview takes nothing: it shows what a holder's GPUs would give whoever may
+        // enter it, and so asks for no key.
+        let looking = HolderMeta {
+            kind: HolderKind::Hold,
+            ..HolderMeta::default()
+        };
+        let scope = limit::scope(&holder, request, machine, &looking, &live, &mut |_, _| {
+            Ok(false)
+        })?;
         let plan = allocate::plan(&holder, request, machine, &live, cursor, &scope)?;
         Ok(Preview {
             uuids: plan.uuids,
@@ -454,6 +549,8 @@ impl Ledger {
     fn again(
         &self,
         existing: &Record,
+        request: &GpuRequest,
+        machine: &Machine,
         meta: &HolderMeta,
     ) -> Result<Option<Allocation>, LedgerError> {
         let same_owner =
@@ -464,6 +561,25 @@ impl Ledger {
             HolderKind::Exec => false,
         };
         if retry {
+            // A retried hold names its GPUs again: the record must hold exactly those,
+            // never others it happens to have (a Slurm prolog would hand its job GPUs
+            // Slurm gave no one, and leave Slurm's free in the ledger).
+            if let crate::request::Selection::Devices(keys) = &request.selection
+                && meta.kind == HolderKind::Hold
+                && !self.is_stale(existing)
+            {
+                let asked: Vec<String> = resolve_devices(keys, machine.inventory)?
+                    .into_iter()
+                    .map(|p| machine.inventory.gpus[p].uuid.clone())
+                    .collect();
+                if !same_set(&asked, &existing.gpus) {
+                    return Err(LedgerError::HeldOtherwise {
+                        id: existing.id.clone(),
+                        held: index_list(machine, &existing.gpus),
+                        asked: index_list(machine, &asked),
+                    });
+                }
+            }
             return self.rebind(existing.clone(), meta.clone()).map(Some);
         }
         if self.is_stale(existing) {
@@ -505,6 +621,21 @@ impl Ledger {
         Ok(Allocation { record })
     }
 
+    /// The key that lets others take from `holder`'s GPUs (`gpupin.within=HOLDER:KEY`):
+    /// for root, who hands it to the holder's owner (`gpupin key`, a Slurm TaskProlog).
+    /// `None`: no live holder of that name.
+    pub fn key(&self, holder: &HolderId) -> Result<Option<(Record, WithinKey)>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let Some(record) = store::read_records(&self.dir)?
+            .into_iter()
+            .find(|r| r.id == holder.as_str() && !self.is_stale(r))
+        else {
+            return Ok(None);
+        };
+        let key = within::NodeSecret::load_or_create(&self.dir)?.key_for(&record);
+        Ok(Some((record, key)))
+    }
+
     /// Whether `holder` has a record: one lstat, no lock. For callers that release only
     /// when something is held (the shim on every `delete`), so that the common case costs
     /// no lock and no ledger check.
@@ -519,6 +650,26 @@ impl Ledger {
     pub fn release(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
         self.remove_record_locked(holder)
+    }
+
+    /// Releases the record container `holder` made for itself, as poststop and the shim's
+    /// delete do; a record of that name that is no container's (a hold, a job: a
+    /// container whose id is someone else's holder id, refused at create) is left alone.
+    pub fn release_container(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let path = store::holders_dir(&self.dir).join(holder.file_name());
+        match store::read_record(&path) {
+            Ok(record) if record.kind != HolderKind::Container => {
+                tracing::info!(
+                    holder = %holder,
+                    kind = record.kind.as_str(),
+                    "a container of this id ended; the record of that name is no container's and stays"
+                );
+                Ok(None)
+            }
+            // A corrupt record is released as before: an operator would otherwise have to.
+            _ => self.remove_record_locked(holder),
+        }
     }
 
     /// `release` for a caller that holds the lock.

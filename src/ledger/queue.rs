@@ -174,7 +174,7 @@ impl Ledger {
             let _lock = store::lock(&self.dir)?;
             let records = store::read_records(&self.dir)?;
             if let Some(existing) = records.iter().find(|r| r.id == holder.as_str())
-                && let Some(allocation) = self.again(existing, &meta)?
+                && let Some(allocation) = self.again(existing, request, machine, &meta)?
             {
                 return Ok(allocation);
             }

@@ -92,6 +92,10 @@ pub struct Record {
     /// spec was edited before create: only that spec's container can bind the record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_digest: Option<String>,
+    /// Random hex of this record's own, in its key (`within`): a holder made again
+    /// under the same name gets a new key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub salt: String,
     /// Seconds since the Unix epoch.
     pub created_at: u64,
 }

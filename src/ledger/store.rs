@@ -262,7 +262,7 @@ fn read_trusted(path: &Path) -> std::io::Result<String> {
     String::from_utf8(regular::read_file(file)?).map_err(|_| untrusted("not UTF-8 text".into()))
 }
 
-fn read_record(path: &Path) -> Result<Record, LedgerError> {
+pub fn read_record(path: &Path) -> Result<Record, LedgerError> {
     let corrupt = |reason: String| LedgerError::CorruptRecord {
         path: path.to_path_buf(),
         reason,

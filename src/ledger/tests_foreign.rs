@@ -203,8 +203,10 @@ fn a_nested_request_shares_its_gpus_with_its_enclosing_holders_processes() {
         processes: Some(&processes),
         ..plain
     };
+    let (_, key) = l.key(&id("slurm-7")).unwrap().unwrap();
     let nested = GpuRequest {
         within: Some("slurm-7".into()),
+        within_key: Some(key),
         ..count(1)
     };
     let a = l.allocate(&id("step"), &nested, &m, meta()).unwrap();

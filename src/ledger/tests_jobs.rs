@@ -19,6 +19,15 @@ fn within(parent: &str, selection: Selection) -> GpuRequest {
     }
 }
 
+/// `within(parent, selection)` with the parent's key, as its owner hands it out.
+fn keyed(l: &Ledger, parent: &str, selection: Selection) -> GpuRequest {
+    let (_, key) = l.key(&id(parent)).unwrap().expect("the parent is held");
+    GpuRequest {
+        within_key: Some(key),
+        ..within(parent, selection)
+    }
+}
+
 fn owner(user: &str, uid: u32, groups: &[&str]) -> Owner {
     Owner {
         uid,
@@ -73,7 +82,7 @@ fn a_nested_request_takes_from_its_holders_gpus_not_the_free_pool() {
     let a = l
         .allocate(
             &id("c1"),
-            &within("slurm-42", Selection::Count(1)),
+            &keyed(&l, "slurm-42", Selection::Count(1)),
             &m,
             container(),
         )
@@ -82,7 +91,7 @@ fn a_nested_request_takes_from_its_holders_gpus_not_the_free_pool() {
     let b = l
         .allocate(
             &id("c2"),
-            &within("slurm-42", Selection::All),
+            &keyed(&l, "slurm-42", Selection::All),
             &m,
             container(),
         )
@@ -95,7 +104,7 @@ fn a_nested_request_takes_from_its_holders_gpus_not_the_free_pool() {
     let err = l
         .allocate(
             &id("c3"),
-            &within("slurm-42", Selection::Count(1)),
+            &keyed(&l, "slurm-42", Selection::Count(1)),
             &m,
             container(),
         )
@@ -148,7 +157,7 @@ fn a_user_may_only_nest_inside_their_own_holders() {
         .unwrap_err();
     assert_eq!(
         one_line(&err),
-        "cannot allocate for j1: gpupin.within=res is alice's, not bob's"
+        "cannot allocate for j1: gpupin.within=res is alice's, not bob's (its owner can give you its key: gpupin key res)"
     );
     l.allocate(
         &id("j2"),
@@ -157,6 +166,121 @@ fn a_user_may_only_nest_inside_their_own_holders() {
         job("alice", 1001, &[]),
     )
     .unwrap();
+    // Alice hands bob the key: now he may.
+    l.allocate(
+        &id("j3"),
+        &keyed(&l, "res", Selection::Count(1)),
+        &m,
+        job("bob", 1002, &[]),
+    )
+    .unwrap();
+}
+
+/// The review's first finding: a container whose env says `GPUPIN_WITHIN=bob-train`
+/// (an image's `ENV`, a pod's `gpupin.within` annotation) got the GPUs of bob's running
+/// job, or of root's maintenance hold. A name is no key.
+#[test]
+fn a_container_enters_no_holder_by_its_name_alone() {
+    let (_t, l) = ledger();
+    let inv = machine(8);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let bobs = HolderMeta {
+        owner: Some(owner("bob", 1002, &[])),
+        ..job("bob", 1002, &[])
+    };
+    l.allocate(&id("bob-train"), &devices(&["5"]), &m, bobs)
+        .unwrap();
+    l.allocate(&id("maintenance-7"), &devices(&["7"]), &m, hold(true))
+        .unwrap();
+    for parent in ["bob-train", "maintenance-7"] {
+        let err = l
+            .allocate(
+                &id("evil"),
+                &within(parent, Selection::All),
+                &m,
+                container(),
+            )
+            .unwrap_err();
+        assert_eq!(
+            one_line(&err),
+            format!(
+                "cannot allocate for evil: taking GPUs from {parent} needs its key, not just its name: give gpupin.within={parent}:KEY (GPUPIN_WITHIN for env), with the key `gpupin key {parent}` prints for its owner or root"
+            )
+        );
+        assert_eq!(err.code(), "within");
+    }
+    // A key that is another holder's, or made up, opens nothing either.
+    let (_, bobs_key) = l.key(&id("bob-train")).unwrap().unwrap();
+    let forged = GpuRequest {
+        within_key: Some(bobs_key),
+        ..within("maintenance-7", Selection::All)
+    };
+    let err = l
+        .allocate(&id("evil"), &forged, &m, container())
+        .unwrap_err();
+    assert!(
+        one_line(&err).contains("the key given for maintenance-7 is not its key"),
+        "{}",
+        one_line(&err)
+    );
+    let ids: Vec<String> = l.records().unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(
+        ids,
+        ["bob-train", "maintenance-7"],
+        "nothing held after a refusal"
+    );
+    // With its own key, a container may.
+    let inside = l
+        .allocate(
+            &id("ok"),
+            &keyed(&l, "bob-train", Selection::All),
+            &m,
+            container(),
+        )
+        .unwrap();
+    assert_eq!(inside.record.gpus, ["GPU-test-5"]);
+}
+
+/// A key belongs to one holder's life: the holder released and made again under the same
+/// name has a new key, and the old one opens nothing.
+#[test]
+fn a_key_dies_with_its_holder() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("res"), &devices(&["1"]), &m, hold(true))
+        .unwrap();
+    let old = keyed(&l, "res", Selection::All);
+    l.release(&id("res")).unwrap();
+    l.allocate(&id("res"), &devices(&["1"]), &m, hold(true))
+        .unwrap();
+    let err = l.allocate(&id("c1"), &old, &m, container()).unwrap_err();
+    assert!(
+        one_line(&err).contains("is not its key"),
+        "{}",
+        one_line(&err)
+    );
+}
+
+/// Root's own requests (its `gpupin exec`, its holds, the device plugin's) enter any
+/// holder without a key: root could read the node's secret anyway.
+#[test]
+fn roots_own_requests_need_no_key() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let mut bobs = hold(true);
+    bobs.owner = Some(owner("bob", 1002, &[]));
+    l.allocate(&id("res"), &devices(&["2"]), &m, bobs).unwrap();
+    let roots = HolderMeta {
+        kind: HolderKind::Exec,
+        owner: Some(owner("root", 0, &[])),
+        ..container()
+    };
+    let a = l
+        .allocate(&id("j1"), &within("res", Selection::All), &m, roots)
+        .unwrap();
+    assert_eq!(a.record.gpus, ["GPU-test-2"]);
 }
 
 fn limited_machine<'a>(inv: &'a crate::inventory::Inventory, limits: &'a Limits) -> Machine<'a> {
@@ -395,4 +519,62 @@ fn audit_lines_tell_who_held_what_and_for_how_long() {
     );
     assert_eq!(events[1].event, crate::audit::EventKind::Release);
     assert_eq!(events[1].held_s, Some(0));
+}
+
+/// The review's sixth finding: alice took `slurm-105` before root's prolog did, which
+/// then failed (a drained node) or handed her job the squatted GPU. Users may not choose
+/// the ids gpupin's integrations make.
+#[test]
+fn a_user_cannot_take_an_id_gpupin_makes_itself() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let mut alices = hold(false);
+    alices.owner = Some(owner("alice", 1001, &[]));
+    alices.limited = true;
+    alices.pid = Some(std::process::id() as i32);
+    for name in ["slurm-105", "k8s-0123456789abcdef", "claim-00", "exec-1"] {
+        let err = l
+            .allocate(&id(name), &devices(&["0"]), &m, alices.clone())
+            .unwrap_err();
+        assert_eq!(
+            one_line(&err),
+            format!(
+                "holder name \"{name}\" starts with {}-, which gpupin keeps for the holders it names itself (Slurm jobs, pods, claims, unnamed jobs): choose another name",
+                name.split('-').next().unwrap()
+            )
+        );
+    }
+    assert!(l.records().unwrap().is_empty());
+    // Her own unnamed job is exec-<the pid that asks>, as gpupin serve names it.
+    let own = format!("exec-{}", std::process::id());
+    l.allocate(&id(&own), &count(1), &m, job("alice", 1001, &[]))
+        .unwrap();
+    // Root's prolog may.
+    l.allocate(&id("slurm-105"), &devices(&["3"]), &m, hold(true))
+        .unwrap();
+}
+
+/// A hold asked again (a retried prolog) gets the GPUs it names, or an error: never
+/// other GPUs a record of that name happens to hold.
+#[test]
+fn a_hold_asked_again_for_other_gpus_is_refused() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let first = l
+        .allocate(&id("slurm-105"), &devices(&["0"]), &m, hold(true))
+        .unwrap();
+    let again = l
+        .allocate(&id("slurm-105"), &devices(&["0"]), &m, hold(true))
+        .unwrap();
+    assert_eq!(again.record, first.record);
+    let err = l
+        .allocate(&id("slurm-105"), &devices(&["3"]), &m, hold(true))
+        .unwrap_err();
+    assert_eq!(
+        one_line(&err),
+        "holder slurm-105 holds GPUs 0 already, not the GPUs 3 asked for: release it first (gpupin release slurm-105)"
+    );
+    assert_eq!(l.records().unwrap(), [first.record]);
 }

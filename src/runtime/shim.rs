@@ -74,7 +74,7 @@ pub fn release(config: &Config, id: &str) -> Result<(), ShimError> {
     let holder = HolderId::new(id)?;
     let ledger = Ledger::for_config(config)?;
     if ledger.holds(&holder) {
-        ledger.release(&holder)?;
+        ledger.release_container(&holder)?;
     }
     Ok(())
 }
@@ -121,6 +121,10 @@ mod tests {
     }
 
     fn create(config: &Path, bundle: &Path) -> Invocation {
+        create_as(config, bundle, "c1")
+    }
+
+    fn create_as(config: &Path, bundle: &Path, id: &str) -> Invocation {
         let args = [
             "--gpupin-config",
             config.to_str().unwrap(),
@@ -129,7 +133,7 @@ mod tests {
         ]
         .iter()
         .map(OsString::from)
-        .chain([bundle.as_os_str().to_owned(), "c1".into()])
+        .chain([bundle.as_os_str().to_owned(), id.into()])
         .collect();
         argv::parse(args, bundle.to_path_buf()).unwrap()
     }
@@ -195,5 +199,44 @@ mod tests {
             Handover::Ran(s) if s.success()
         ));
         assert_eq!(held(tmp.path()), 0);
+    }
+
+    /// The review's eleventh finding: a container named like root's hold `slurm-42`
+    /// was refused at create, and its cleanup released root's hold.
+    #[test]
+    fn a_container_releases_no_record_but_its_own() {
+        let (tmp, config, bundle) = setup("/bin/true");
+        let loaded = crate::config::Config::load(&config).unwrap();
+        let hold = crate::hold::Hold {
+            id: HolderId::new("slurm-42").unwrap(),
+            devices: "3".into(),
+            by_minor: false,
+            pid: None,
+            until_release: true,
+            owner: crate::ledger::Owner {
+                uid: 0,
+                user: "root".into(),
+                groups: vec![],
+            },
+            limited: false,
+            within: None,
+        };
+        crate::hold::hold(&loaded, &hold, "test").unwrap();
+        let err = run_with(&create_as(&config, &bundle, "slurm-42")).unwrap_err();
+        let text = crate::message::one_line(&err);
+        assert!(
+            text.contains("holder slurm-42 exists already (hold of root)"),
+            "{text}"
+        );
+        assert!(matches!(
+            run_with(&delete(&config, "slurm-42")).unwrap(),
+            Handover::Ran(s) if s.success()
+        ));
+        let records = Ledger::open(&tmp.path().join("state"))
+            .unwrap()
+            .records()
+            .unwrap();
+        let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["slurm-42"], "root's hold is still there");
     }
 }

@@ -1,0 +1,30 @@
+//! `gpupin key HOLDER`: the key that lets a container, or another user's job, take GPUs
+//! from inside a holder (`gpupin.within=HOLDER:KEY`, `GPUPIN_WITHIN`, `--within`). Root
+//! reads it from the ledger; a user asks `gpupin serve`, which gives it for their own
+//! holders only.
+
+use gpupin::config::Config;
+use gpupin::ledger::{HolderId, Ledger};
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct KeyArgs {
+    /// The holder id, as `gpupin status` shows it
+    pub id: String,
+}
+
+pub fn run(config: &Config, args: &KeyArgs) -> anyhow::Result<ExitCode> {
+    let holder = HolderId::new(&args.id)?;
+    if !rustix::process::geteuid().is_root() {
+        anyhow::bail!(
+            "gpupin key {holder}: only root reads keys from the ledger; ask root, or the holder's owner"
+        );
+    }
+    match Ledger::for_config(config)?.key(&holder)? {
+        Some((record, key)) => outln!("{}:{key}", record.id)?,
+        None => {
+            anyhow::bail!("gpupin key {holder}: no running holder {holder} (see gpupin status)")
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
