@@ -213,6 +213,22 @@ fn a_symlinked_state_dir_is_a_problem() {
 }
 
 #[test]
+fn a_node_secret_others_can_read_is_a_problem() {
+    let host = good_host("");
+    let secret = host.g.state_dir.join("within.secret");
+    std::fs::create_dir_all(&host.g.state_dir).unwrap();
+    std::fs::write(&secret, format!("{}\n", "ab".repeat(32))).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_problem(
+        &host,
+        &format!(
+            "problem {0}: not a root-only regular file (mode 600), so every request that presents a holder's key is refused; fix: rm {0} (gpupin makes a new one; keys given out so far stop working)",
+            secret.display()
+        ),
+    );
+}
+
+#[test]
 fn a_daemon_json_without_the_runtime_is_a_problem() {
     let host = good_host("");
     std::fs::write(&host.daemon_json, "{\"log-level\": \"warn\"}\n").unwrap();

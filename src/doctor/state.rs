@@ -152,6 +152,24 @@ fn files(dir: &Path) -> Vec<Finding> {
             );
         }
     }
+    let secret = dir.join(crate::ledger::WITHIN_SECRET_FILE);
+    if let Ok(meta) = std::fs::symlink_metadata(&secret)
+        && (!meta.file_type().is_file() || meta.mode() & 0o077 != 0 || meta.uid() != 0)
+    {
+        findings.push(
+            Finding::problem(
+                DIR_CHECK,
+                format!(
+                    "{}: not a root-only regular file (mode 600), so every request that presents a holder's key is refused",
+                    secret.display()
+                ),
+            )
+            .fix(format!(
+                "rm {} (gpupin makes a new one; keys given out so far stop working)",
+                secret.display()
+            )),
+        );
+    }
     for name in FILES {
         let path = dir.join(name);
         let Ok(meta) = std::fs::symlink_metadata(&path) else {

@@ -26,7 +26,7 @@ pub use record::{
     holders_of, unix_now,
 };
 pub use survey::Survey;
-pub use within::WithinKey;
+pub use within::{SECRET_FILE as WITHIN_SECRET_FILE, WithinKey};
 
 use crate::audit::{AuditLog, Event, EventKind};
 use crate::config::Config;
