@@ -345,3 +345,52 @@ fn a_bad_value_is_one_line_naming_it_and_exit_2() {
         assert!(err.starts_with(&format!("gpupin: {message}")), "{err}");
     }
 }
+
+/// The finding of issue 19: hold a parent, run a 2-GPU job within it, release the parent
+/// at once. The job's 20 s were billed as the parent's 2 s; every GPU-second is billed
+/// once now, the part after the parent's release to the job.
+#[test]
+fn usage_bills_a_job_whose_parent_was_released_at_once() {
+    let t = Trail::new();
+    let alice = json!({"user": "alice", "uid": 1000});
+    let ev = |ago: u64, event: &str, holder: &str, extra: Value| {
+        let mut v =
+            json!({"time": t.time(ago), "event": event, "holder": holder, "gpus": gpus(&[5, 6])});
+        let fields = v.as_object_mut().unwrap();
+        fields.extend(alice.as_object().unwrap().clone());
+        fields.extend(extra.as_object().unwrap().clone());
+        v.to_string()
+    };
+    let lines = [
+        ev(100, "hold", "res", json!({"kind": "hold"})),
+        ev(
+            99,
+            "allocate",
+            "job",
+            json!({"kind": "exec", "within": "res"}),
+        ),
+        ev(98, "release", "res", json!({"kind": "hold", "held_s": 2})),
+        ev(
+            79,
+            "release",
+            "job",
+            json!({"kind": "exec", "within": "res", "held_s": 20}),
+        ),
+    ];
+    std::fs::write(&t.log, lines.join("\n") + "\n").unwrap();
+    let by_holder: Value =
+        serde_json::from_str(&t.ok(&["usage", "--by", "holder", "--json"])).unwrap();
+    let hours = |seconds: u64| seconds as f64 / 3600.0;
+    assert_eq!(
+        by_holder["rows"],
+        json!([
+            {"key": "job", "gpu_hours": hours(2 * 19), "holders": 1},
+            {"key": "res", "gpu_hours": hours(2 * 2), "holders": 1},
+        ])
+    );
+    // Two GPUs for 21 s, each second once.
+    assert_eq!(
+        by_holder["total"],
+        json!({"gpu_hours": hours(2 * 21), "holders": 2})
+    );
+}
