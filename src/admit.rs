@@ -174,6 +174,8 @@ mod tests {
         Config {
             state_dir: state_dir.to_path_buf(),
             inventory: "sim:nvswitch8".parse().unwrap(),
+            // Not /var/log: audit_failure = "refuse" would refuse a user who cannot write it.
+            audit: crate::audit::AuditLog::at(state_dir.join("audit.log")),
             ..Config::default()
         }
     }

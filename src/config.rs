@@ -160,6 +160,7 @@ struct ConfigFile {
     audit_log: Option<PathBuf>,
     audit_max_size: Option<String>,
     audit_keep: Option<u32>,
+    audit_failure: Option<String>,
     limits: Option<Limits>,
     socket: Option<PathBuf>,
     socket_group: Option<String>,
@@ -299,6 +300,13 @@ impl Config {
         }
         if let Some(keep) = file.audit_keep {
             config.audit.keep = keep;
+        }
+        if let Some(failure) = file.audit_failure {
+            config.audit.on_failure = crate::audit::AuditFailure::parse(&failure).ok_or_else(|| {
+                invalid(format!(
+                    "audit_failure {failure:?}: expected \"refuse\" (an allocation whose audit line cannot be written is undone) or \"warn\" (it goes on)"
+                ))
+            })?;
         }
         if let Some(limits) = file.limits {
             config.limits = limits;
@@ -607,6 +615,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.audit.path, PathBuf::from("/etc/gpupin/audit/audit.log"));
         assert_eq!((c.audit.max_bytes, c.audit.keep), (1 << 20, 2));
+        assert_eq!(c.audit.on_failure, crate::audit::AuditFailure::Refuse);
+        let warn = parse("audit_failure = \"warn\"\n").unwrap();
+        assert_eq!(warn.audit.on_failure, crate::audit::AuditFailure::Warn);
         assert_eq!(c.confine, Confine::V2);
         assert_eq!(c.socket_group.as_deref(), Some("gpu"));
         assert_eq!(c.socket_path(), PathBuf::from("/run/gpupin/gpupin.sock"));
@@ -628,6 +639,10 @@ mod tests {
                 "confine \"maybe\": expected true, false",
             ),
             ("confine = 3", "confine 3: expected true"),
+            (
+                "audit_failure = \"ignore\"",
+                "audit_failure \"ignore\": expected \"refuse\"",
+            ),
             (
                 "audit_max_size = \"1\"",
                 "audit_max_size \"1\": expected a size",

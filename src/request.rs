@@ -36,6 +36,14 @@ pub const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, 
 pub const ENV_PREFIX: &str = "GPUPIN_";
 /// The longest `gpupin.wait` accepted: a runtime blocked for longer is a stuck host.
 pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// The longest value of any key but `gpupin.devices`: every valid one is far shorter,
+/// and a value ends up in messages and audit lines.
+pub const MAX_VALUE_LEN: usize = 256;
+/// The most GPUs `gpupin.devices` may name (each at most 64 bytes); the ledger then
+/// refuses a list longer than the machine has GPUs.
+pub const MAX_DEVICES: usize = 1024;
+/// How much of a refused value a message quotes.
+const SHOWN_VALUE_LEN: usize = 128;
 
 /// Which GPUs are wanted.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -179,6 +187,9 @@ const MODEL_EXPECTED: &str =
 const SHARE_EXPECTED: &str = "expected exclusive or shared";
 const WAIT_EXPECTED: &str = "expected a duration of at most 24h, such as 90s or 5m";
 const CPUS_EXPECTED: &str = "expected numa";
+const TOO_LONG: &str = "expected a value of at most 256 bytes";
+const TOO_MANY_DEVICES: &str =
+    "expected at most 1024 comma-separated GPUs (name each GPU once, no more than the machine has)";
 const WITHIN_EXPECTED: &str = "expected HOLDER or HOLDER:KEY, a holder's id (1-128 letters, digits, '_', '.', '-', starting with a letter or digit) and the 32 hex digits `gpupin key HOLDER` prints";
 
 /// Reads a request from OCI annotations. `Ok(None)`: no `gpupin.` key at all. Keys are
@@ -394,6 +405,15 @@ fn parse<'a>(
 }
 
 fn parse_one(p: &mut Parts, annotation: &str, key: &str, value: &str) -> Result<(), RequestError> {
+    // Bounded before anything else reads them: a value is quoted in refusals, which
+    // every requester can make as often as they like.
+    if annotation == "gpupin.devices" {
+        if value.split(',').count() > MAX_DEVICES {
+            return Err(invalid(key, value, TOO_MANY_DEVICES));
+        }
+    } else if value.len() > MAX_VALUE_LEN {
+        return Err(invalid(key, value, TOO_LONG));
+    }
     let v = value.trim();
     match annotation {
         "gpupin.count" => p.count = Some(parse_count(key, value)?),
@@ -502,9 +522,21 @@ pub fn invalid_value(key: &str, value: &str, expected: &'static str) -> RequestE
 fn invalid(key: &str, value: &str, expected: &'static str) -> RequestError {
     RequestError::Invalid {
         key: key.to_string(),
-        value: value.to_string(),
+        value: shown(value),
         expected,
     }
+}
+
+/// `value` as a message quotes it: whole when short, else its start and its length.
+fn shown(value: &str) -> String {
+    if value.len() <= SHOWN_VALUE_LEN {
+        return value.to_string();
+    }
+    let mut end = SHOWN_VALUE_LEN;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &value[..end], value.len())
 }
 
 fn parse_size(key: &str, value: &str) -> Result<u64, RequestError> {
@@ -620,6 +652,34 @@ mod tests {
             let err = ann(&[("gpupin.devices", bad)]).unwrap_err().to_string();
             assert!(err.contains("gpupin.devices"), "{err}");
         }
+    }
+
+    #[test]
+    fn values_are_bounded_and_quoted_short() {
+        let names: Vec<String> = (0..1025).map(|i| format!("GPU-{i:060}")).collect();
+        let err = ann(&[("gpupin.devices", &names.join(","))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("expected at most 1024 comma-separated GPUs"),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("({} bytes)", names.join(",").len())),
+            "{err}"
+        );
+        assert!(err.len() < 400, "{err}");
+        // 1024 is accepted here; the ledger compares it with the machine.
+        let ok = ann(&[("gpupin.devices", &names[..1024].join(","))]).unwrap();
+        assert!(matches!(ok.unwrap().selection, Selection::Devices(d) if d.len() == 1024));
+        let long = "h".repeat(257);
+        let err = ann(&[("gpupin.within", &long)]).unwrap_err().to_string();
+        assert!(
+            err.contains("expected a value of at most 256 bytes"),
+            "{err}"
+        );
+        assert!(err.contains("(257 bytes)"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `gpupin log` and `gpupin usage` over a known audit trail: a rotated file and the live
 //! one, events a few hours old. Needs neither root nor runc.
 
-use gpupin_sandbox::harness::{binary, stderr, stdout};
+use gpupin_sandbox::harness::{binary, need_root, stderr, stdout};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -19,6 +19,13 @@ struct Trail {
 }
 
 impl Trail {
+    /// Adds `lines` to the config.
+    fn configure(&self, lines: &str) {
+        let mut text = std::fs::read_to_string(&self.config).unwrap();
+        text.push_str(lines);
+        std::fs::write(&self.config, text).unwrap();
+    }
+
     fn new() -> Trail {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("log/audit.log");
@@ -344,4 +351,182 @@ fn a_bad_value_is_one_line_naming_it_and_exit_2() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.starts_with(&format!("gpupin: {message}")), "{err}");
     }
+}
+
+/// The finding of issue 19: hold a parent, run a 2-GPU job within it, release the parent
+/// at once. The job's 20 s were billed as the parent's 2 s; every GPU-second is billed
+/// once now, the part after the parent's release to the job.
+#[test]
+fn usage_bills_a_job_whose_parent_was_released_at_once() {
+    let t = Trail::new();
+    let alice = json!({"user": "alice", "uid": 1000});
+    let ev = |ago: u64, event: &str, holder: &str, extra: Value| {
+        let mut v =
+            json!({"time": t.time(ago), "event": event, "holder": holder, "gpus": gpus(&[5, 6])});
+        let fields = v.as_object_mut().unwrap();
+        fields.extend(alice.as_object().unwrap().clone());
+        fields.extend(extra.as_object().unwrap().clone());
+        v.to_string()
+    };
+    let lines = [
+        ev(100, "hold", "res", json!({"kind": "hold"})),
+        ev(
+            99,
+            "allocate",
+            "job",
+            json!({"kind": "exec", "within": "res"}),
+        ),
+        ev(98, "release", "res", json!({"kind": "hold", "held_s": 2})),
+        ev(
+            79,
+            "release",
+            "job",
+            json!({"kind": "exec", "within": "res", "held_s": 20}),
+        ),
+    ];
+    std::fs::write(&t.log, lines.join("\n") + "\n").unwrap();
+    let by_holder: Value =
+        serde_json::from_str(&t.ok(&["usage", "--by", "holder", "--json"])).unwrap();
+    let hours = |seconds: u64| seconds as f64 / 3600.0;
+    assert_eq!(
+        by_holder["rows"],
+        json!([
+            {"key": "job", "gpu_hours": hours(2 * 19), "holders": 1},
+            {"key": "res", "gpu_hours": hours(2 * 2), "holders": 1},
+        ])
+    );
+    // Two GPUs for 21 s, each second once.
+    assert_eq!(
+        by_holder["total"],
+        json!({"gpu_hours": hours(2 * 21), "holders": 2})
+    );
+}
+
+/// The finding of issue 19: 700 refusals quoting 1,000 unknown names of 64 characters
+/// each (a ~65 KB line apiece) pushed another user's hold out of every rotated file.
+/// Refusals are bounded, summarised past a budget per requester and kept in a log of
+/// their own: the hold is still in `gpupin log` after the flood.
+#[test]
+fn a_flood_of_refusals_leaves_an_honest_hold_in_the_log() {
+    if !need_root("a_flood_of_refusals_leaves_an_honest_hold_in_the_log") {
+        return;
+    }
+    let t = Trail::new();
+    // Small files, so that the old behaviour lost the hold within a few refusals.
+    t.configure("audit_max_size = \"4KiB\"\naudit_keep = 1\n");
+    t.ok(&[
+        "hold",
+        "honest",
+        "--devices",
+        "2",
+        "--user",
+        "nobody",
+        "--until-release",
+    ]);
+    let names: Vec<String> = (0..1000).map(|i| format!("GPU-{i:060}")).collect();
+    let devices = names.join(",");
+    for i in 0..700 {
+        let id = format!("flood-{i}");
+        let out = t.gpupin(&["hold", &id, "--devices", &devices, "--until-release"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        if i == 0 {
+            let err = stderr(&out);
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(
+                err.contains("names 1000 GPUs, more than the 8 GPUs of this machine"),
+                "{err}"
+            );
+        }
+    }
+    let nobody = t.ok(&["log", "--user", "nobody"]);
+    assert_eq!(
+        rows(&nobody),
+        pairs(&[("hold honest nobody 2", "")]),
+        "{nobody}"
+    );
+    // The flood: at most the budget a minute written in full (the 700 may span a
+    // minute's turn), each line bounded.
+    let json = t.ok(&["log", "--json", "--user", "root"]);
+    let refusals: Vec<&str> = json.lines().filter(|l| l.contains("\"refuse\"")).collect();
+    assert!(
+        !refusals.is_empty()
+            && refusals.len() <= 2 * gpupin::audit::REFUSALS_PER_MINUTE as usize + 1,
+        "{} refusal lines",
+        refusals.len()
+    );
+    for line in refusals {
+        assert!(line.len() <= 8192, "{} bytes: {line:.200}", line.len());
+    }
+}
+
+/// A tmpfs of 64 KiB, mounted for the test and filled up: the real failure, not a path
+/// that only looks like one. Unmounted when dropped.
+struct FullDisk {
+    dir: PathBuf,
+}
+
+impl FullDisk {
+    fn mount(at: PathBuf) -> FullDisk {
+        std::fs::create_dir(&at).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs"])
+            .arg(&at)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount tmpfs on {}", at.display());
+        let disk = FullDisk { dir: at };
+        let mut fill = std::fs::File::create(disk.dir.join("fill")).unwrap();
+        let page = [0u8; 4096];
+        while std::io::Write::write_all(&mut fill, &page).is_ok() {}
+        disk
+    }
+}
+
+impl Drop for FullDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// On a full disk an allocation succeeded with no audit line at all. Now
+/// `audit_failure = "refuse"` (the default) undoes it with one line naming the log and
+/// the key; `"warn"` lets it go on; both count the failed writes in `gpupin metrics`.
+#[test]
+fn a_full_audit_disk_refuses_the_allocation_or_warns_as_configured() {
+    if !need_root("a_full_audit_disk_refuses_the_allocation_or_warns_as_configured") {
+        return;
+    }
+    let t = Trail::new();
+    let disk = FullDisk::mount(t.dir.path().join("full"));
+    let log = disk.dir.join("audit.log");
+    let text = format!(
+        "state_dir = {:?}\naudit_log = {log:?}\ninventory = \"sim:nvswitch8\"\n",
+        t.dir.path().join("state")
+    );
+    std::fs::write(&t.config, text).unwrap();
+
+    let out = t.gpupin(&["hold", "h1", "--devices", "1", "--until-release"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("could not write the audit log {}", log.display())),
+        "{err}"
+    );
+    assert!(err.contains("audit_failure"), "{err}");
+    let status = t.ok(&["status"]);
+    assert!(
+        !status.contains("h1"),
+        "nothing held after the refusal: {status}"
+    );
+
+    t.configure("audit_failure = \"warn\"\n");
+    t.ok(&["hold", "h1", "--devices", "1", "--until-release"]);
+    assert!(t.ok(&["status"]).contains("h1"));
+    let metrics = t.ok(&["metrics"]);
+    // The allocation refused, its refusal line, the allocation let through.
+    assert!(
+        metrics.contains("\ngpupin_audit_write_failures_total 3\n"),
+        "{metrics}"
+    );
 }

@@ -15,11 +15,15 @@ pub use filter::{BadValue, Filter, GpuSelector, When, parse_time, parse_user};
 pub use read::{Entry, Events, ReadError};
 pub use show::{log_table, usage_json, usage_table};
 pub use usage::{By, Usage, UsageRow, usage};
-pub use write::{AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
+pub use write::{
+    AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES,
+    REFUSALS_PER_MINUTE, WriteError,
+};
 
 use crate::ledger::{ContainerInfo, HolderKind, Owner, Record};
-use crate::request::GpuRequest;
+use crate::request::{GpuRequest, Selection};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,7 +124,24 @@ pub struct Event {
     /// At `release` and `reap`: how long the GPUs were held, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_s: Option<u64>,
+    /// A summary of refusals not written in full (`write`'s rate limit): how many, by
+    /// `code`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub suppressed: BTreeMap<String, u64>,
+    /// Some value was cut short to keep the line bounded (a refusal quotes what a
+    /// container or a user sent).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
+
+/// The longest value a refusal line keeps of a name, an id, an image.
+pub const MAX_VALUE: usize = 256;
+/// The longest reason a refusal line keeps (messages quote values, and are one line).
+pub const MAX_REASON: usize = 1024;
+/// The most named GPUs a refusal line keeps of a request, each at most `MAX_DEVICE` bytes
+/// (a UUID is 40, a bus id 16): more than any machine has.
+pub const MAX_DEVICES_LOGGED: usize = 64;
+pub const MAX_DEVICE: usize = 64;
 
 impl Event {
     /// An event about `holder` now, with nothing else known yet.
@@ -142,7 +163,54 @@ impl Event {
             reason: None,
             code: None,
             held_s: None,
+            suppressed: BTreeMap::new(),
+            truncated: false,
         }
+    }
+
+    /// This event with every value a requester chose cut to a bounded length (`MAX_*`),
+    /// and `truncated` set where something was cut: a refusal quotes what was asked, and
+    /// what was asked may be anything a container or a user wrote.
+    pub fn bounded(&self) -> Event {
+        let mut e = self.clone();
+        let mut cut = false;
+        cut |= shorten(&mut e.holder, MAX_VALUE);
+        for value in [
+            &mut e.user,
+            &mut e.engine,
+            &mut e.name,
+            &mut e.image,
+            &mut e.within,
+            &mut e.code,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            cut |= shorten(value, MAX_VALUE);
+        }
+        if let Some(reason) = &mut e.reason {
+            cut |= shorten(reason, MAX_REASON);
+        }
+        if let Some(request) = &mut e.request {
+            for value in [&mut request.model, &mut request.within]
+                .into_iter()
+                .flatten()
+            {
+                cut |= shorten(value, MAX_VALUE);
+            }
+            if let Selection::Devices(list) = &mut request.selection {
+                if list.len() > MAX_DEVICES_LOGGED {
+                    list.truncate(MAX_DEVICES_LOGGED);
+                    cut = true;
+                }
+                for device in list.iter_mut() {
+                    cut |= shorten(device, MAX_DEVICE);
+                }
+            }
+        }
+        e.gpus.truncate(MAX_DEVICES_LOGGED);
+        e.truncated |= cut;
+        e
     }
 
     /// An event about a holder that may have no record (a refused request): who it is.
@@ -202,6 +270,21 @@ impl Event {
     pub fn who(&self) -> &str {
         who(self.user.as_deref(), self.engine.as_deref())
     }
+}
+
+/// Cuts `text` to at most `max` bytes, on a character boundary, marking the cut with
+/// `...`; whether it cut.
+fn shorten(text: &mut String, max: usize) -> bool {
+    if text.len() <= max {
+        return false;
+    }
+    let mut end = max - 3;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str("...");
+    true
 }
 
 /// See `Event::who`; for a ledger record, `usage` asks the same of its owner and container.

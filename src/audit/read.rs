@@ -36,6 +36,15 @@ pub struct Entry {
 
 /// The events of a log in the order they were written; see `AuditLog::events`.
 pub struct Events {
+    /// The log, then its refusals (`AuditLog::refusals`).
+    streams: Vec<Stream>,
+    /// The next event of each stream, read ahead to merge them by time.
+    heads: Vec<Option<Result<Entry, ReadError>>>,
+    started: bool,
+}
+
+/// The events of one log's files, oldest file first.
+struct Stream {
     files: VecDeque<PathBuf>,
     open: Option<(PathBuf, BufReader<File>)>,
     unreadable: usize,
@@ -43,15 +52,19 @@ pub struct Events {
 }
 
 impl AuditLog {
-    /// Every event of the rotated files and the live one, oldest first. A file that does
+    /// Every event of the rotated files and the live one, and of the refusals log beside
+    /// them, oldest first (by time; in the order written within a log). A file that does
     /// not exist has no events (a machine where nothing happened yet, or a file rotated
     /// away while this reads); any other failure ends the iteration with an error.
     pub fn events(&self) -> Events {
+        let streams = vec![
+            Stream::new(self.files()),
+            Stream::new(self.refusals().files()),
+        ];
         Events {
-            files: self.files().into(),
-            open: None,
-            unreadable: 0,
-            line: Vec::new(),
+            heads: streams.iter().map(|_| None).collect(),
+            streams,
+            started: false,
         }
     }
 }
@@ -60,7 +73,49 @@ impl Events {
     /// Lines skipped so far because they were no event (not JSON, not UTF-8, a time
     /// gpupin cannot have written, an event kind this gpupin does not know).
     pub fn unreadable(&self) -> usize {
-        self.unreadable
+        self.streams.iter().map(|s| s.unreadable).sum()
+    }
+}
+
+impl Iterator for Events {
+    type Item = Result<Entry, ReadError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if !self.started {
+            self.started = true;
+            for (head, stream) in self.heads.iter_mut().zip(&mut self.streams) {
+                *head = stream.next();
+            }
+        }
+        // An error ends everything: the caller reports it rather than half a history.
+        if let Some(i) = self.heads.iter().position(|h| matches!(h, Some(Err(_)))) {
+            let err = self.heads[i].take();
+            self.heads.iter_mut().for_each(|h| *h = None);
+            return err;
+        }
+        let (i, _) = self
+            .heads
+            .iter()
+            .enumerate()
+            .filter_map(|(i, h)| match h {
+                Some(Ok(entry)) => Some((i, entry.at)),
+                _ => None,
+            })
+            .min_by_key(|&(i, at)| (at, i))?;
+        let entry = self.heads[i].take();
+        self.heads[i] = self.streams[i].next();
+        entry
+    }
+}
+
+impl Stream {
+    fn new(files: Vec<PathBuf>) -> Stream {
+        Stream {
+            files: files.into(),
+            open: None,
+            unreadable: 0,
+            line: Vec::new(),
+        }
     }
 
     /// The next event of the file open now, or `None` at its end.
@@ -84,7 +139,7 @@ impl Events {
     }
 }
 
-impl Iterator for Events {
+impl Iterator for Stream {
     type Item = Result<Entry, ReadError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -205,6 +260,23 @@ mod tests {
         assert_eq!(entry.event.event, EventKind::Hold);
         let noon = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_714_564_800);
         assert_eq!(entry.at, noon);
+    }
+
+    #[test]
+    fn refusals_are_merged_in_by_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = AuditLog::at(tmp.path().join("audit.log"));
+        let at = |t: &str, holder: &str| {
+            format!(r#"{{"time":"2024-05-01T12:00:{t}Z","event":"release","holder":"{holder}"}}"#)
+        };
+        write(&log.path, &[at("01", "a"), at("03", "c"), at("05", "e")]);
+        write(
+            &tmp.path().join("audit.refusals.log"),
+            &[at("02", "b"), at("03", "d"), at("09", "f")],
+        );
+        let (holders, unreadable) = holders(&log);
+        assert_eq!(holders, ["a", "b", "c", "d", "e", "f"]);
+        assert_eq!(unreadable, 0);
     }
 
     #[test]

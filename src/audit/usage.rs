@@ -5,7 +5,13 @@
 //! now. Each interval is clipped to [since, now] and counts its length once per GPU. A
 //! pure function of the events, the records and the two times, so that the sums can be
 //! checked with fixed numbers.
-
+//!
+//! Every GPU-second is billed once. A holder nested in another's GPUs (`within`) shares
+//! them with its parent: while the parent, or any holder further up its chain, holds a GPU
+//! the nested holder has, that GPU's time is the enclosing holder's; for the rest of the
+//! nested holder's life (the parent released or reaped before it, a GPU the parent does
+//! not have) it is the nested holder's own. Holder ids are reused, so a parent is the
+//! holding of that id that was there when the nested holder began, never a later one.
 use super::{BadValue, Event, EventKind};
 use crate::ledger::Record;
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,21 +74,32 @@ pub struct Usage {
     pub total: UsageRow,
 }
 
-/// One holding: who, which GPUs (as row keys), from when to when (Unix seconds).
+/// One holding: who, which GPUs, from when to when (Unix seconds), and inside whose.
 struct Span<'a> {
     holder: &'a str,
     who: &'a str,
-    gpus: Vec<String>,
+    gpus: Vec<Gpu<'a>>,
     start: u64,
     end: u64,
+    within: Option<&'a str>,
+}
+
+/// One GPU of a holding: the UUID that says which GPU it is (indices are only what it
+/// was allocated under), and the row key people read (the index where known).
+struct Gpu<'a> {
+    uuid: &'a str,
+    key: String,
 }
 
 /// GPU-hours between `since` and `now`, from the `release`/`reap` events among `events`
 /// (others are ignored) and the ledger's `records`.
 ///
-/// A holder nested in another's GPUs (`within`) is left out: its GPU-hours are already
-/// its parent's, and counting both would add up to more than the machine has. A record
-/// whose release is among `events` too (read just before it was released) is counted once.
+/// A nested holder (`within`) counts only where no holder up its chain covers it (see
+/// the module's comment): counting both would add up to more than the machine has,
+/// counting neither lets a job run unbilled inside a parent released at once. Pass every
+/// release and reap of the log, not only those since `since`: a parent that ended before
+/// it still links a nested holder to the holders above. A record whose release is among
+/// `events` too (read just before it was released) is counted once.
 pub fn usage(
     events: &[Event],
     records: &[Record],
@@ -99,32 +116,45 @@ pub fn usage(
     };
     let live: Vec<Span> = records
         .iter()
-        .filter(|r| r.request.within.is_none() && !released(r))
+        .filter(|r| !released(r))
         .map(|r| record_span(r, until))
         .collect();
     spans.extend(live);
+    let parents: Vec<Option<usize>> = (0..spans.len()).map(|i| parent(&spans, i)).collect();
 
     let mut rows: BTreeMap<String, (u64, BTreeSet<&str>)> = BTreeMap::new();
     let mut total = (0, BTreeSet::new());
-    for span in &spans {
+    for (i, span) in spans.iter().enumerate() {
         let (start, end) = (span.start.max(from), span.end.min(until));
         if end < start {
             continue;
         }
-        let seconds = end - start;
-        let n = span.gpus.len() as u64;
-        let keys: Vec<(&str, u64)> = match by {
-            By::User => vec![(span.who, seconds * n)],
-            By::Holder => vec![(span.holder, seconds * n)],
-            By::Gpu => span.gpus.iter().map(|g| (g.as_str(), seconds)).collect(),
-        };
-        for (key, amount) in keys {
+        let chain = ancestors(&parents, i);
+        let nested = !chain.is_empty();
+        for gpu in &span.gpus {
+            let covers: Vec<(u64, u64)> = chain
+                .iter()
+                .map(|&a| &spans[a])
+                .filter(|a| a.gpus.iter().any(|g| g.uuid == gpu.uuid))
+                .map(|a| (a.start, a.end))
+                .collect();
+            let seconds = uncovered(start, end, covers);
+            // A holder with time of its own is one of the row's; a nested one whose
+            // time was all its parent's is not (it added nothing).
+            if nested && seconds == 0 {
+                continue;
+            }
+            let key = match by {
+                By::User => span.who,
+                By::Holder => span.holder,
+                By::Gpu => gpu.key.as_str(),
+            };
             let row = rows.entry(key.to_string()).or_default();
-            row.0 += amount;
+            row.0 += seconds;
             row.1.insert(span.holder);
+            total.0 += seconds;
+            total.1.insert(span.holder);
         }
-        total.0 += seconds * n;
-        total.1.insert(span.holder);
     }
     let mut rows: Vec<UsageRow> = rows
         .into_iter()
@@ -153,8 +183,59 @@ pub fn usage(
     }
 }
 
+/// The holding `spans[child]` was nested in: the one of its parent's id that was there
+/// when it began (started no later, ended no earlier). Of several (an id released and
+/// taken again within one second), the earliest: a later one began after the child.
+fn parent(spans: &[Span], child: usize) -> Option<usize> {
+    let c = &spans[child];
+    let within = c.within?;
+    spans
+        .iter()
+        .enumerate()
+        .filter(|&(i, p)| i != child && p.holder == within)
+        .filter(|(_, p)| p.start <= c.start && c.start <= p.end)
+        .min_by_key(|(i, p)| (p.start, *i))
+        .map(|(i, _)| i)
+}
+
+/// The holdings above `spans[i]`, its parent first. A loop (ids reused within a second
+/// can make one) ends the chain where it comes back.
+fn ancestors(parents: &[Option<usize>], i: usize) -> Vec<usize> {
+    let mut chain = Vec::new();
+    let mut at = parents[i];
+    while let Some(p) = at {
+        if p == i || chain.contains(&p) {
+            break;
+        }
+        chain.push(p);
+        at = parents[p];
+    }
+    chain
+}
+
+/// Seconds of [start, end] that none of `covers` overlaps.
+fn uncovered(start: u64, end: u64, mut covers: Vec<(u64, u64)>) -> u64 {
+    covers.sort_unstable();
+    let mut at = start;
+    let mut free = 0;
+    for (s, e) in covers {
+        if e <= at {
+            continue;
+        }
+        if s >= end {
+            break;
+        }
+        free += s.saturating_sub(at);
+        at = at.max(e);
+        if at >= end {
+            return free;
+        }
+    }
+    free + end.saturating_sub(at)
+}
+
 fn event_span(event: &Event) -> Option<Span<'_>> {
-    if !matches!(event.event, EventKind::Release | EventKind::Reap) || event.within.is_some() {
+    if !matches!(event.event, EventKind::Release | EventKind::Reap) {
         return None;
     }
     let end = unix(event.at()?);
@@ -164,10 +245,14 @@ fn event_span(event: &Event) -> Option<Span<'_>> {
         gpus: event
             .gpus
             .iter()
-            .map(|g| g.index.map_or_else(|| g.uuid.clone(), |i| i.to_string()))
+            .map(|g| Gpu {
+                uuid: &g.uuid,
+                key: g.index.map_or_else(|| g.uuid.clone(), |i| i.to_string()),
+            })
             .collect(),
         start: end.saturating_sub(event.held_s?),
         end,
+        within: event.within.as_deref(),
     })
 }
 
@@ -181,15 +266,17 @@ fn record_span(record: &Record, now: u64) -> Span<'_> {
             .gpus
             .iter()
             .enumerate()
-            .map(|(i, uuid)| {
-                record
+            .map(|(i, uuid)| Gpu {
+                uuid,
+                key: record
                     .indices
                     .get(i)
-                    .map_or_else(|| uuid.clone(), |i| i.to_string())
+                    .map_or_else(|| uuid.clone(), |i| i.to_string()),
             })
             .collect(),
         start: record.created_at,
         end: now,
+        within: record.request.within.as_deref(),
     }
 }
 
@@ -382,6 +469,131 @@ mod tests {
         });
         let u = sums(&[nested], &[res], 0, By::User);
         assert_eq!(rows(&u), [("alice", 4 * HOUR, 1)]);
+    }
+
+    /// `ended`, nested in `parent`.
+    fn nested(holder: &str, parent: &str, indices: &[u32], end: u64, held: u64) -> Event {
+        let mut e = ended(EventKind::Release, holder, "alice", indices, end, held);
+        e.within = Some(parent.into());
+        e
+    }
+
+    fn alices(id: &str, indices: &[u32], created_at: u64, within: Option<&str>) -> Record {
+        let mut r = record(id, indices, created_at);
+        r.container = None;
+        r.owner = Some(Owner {
+            uid: 1000,
+            user: "alice".into(),
+            groups: vec![],
+        });
+        r.request.within = within.map(String::from);
+        r
+    }
+
+    /// (holder, GPU-seconds) rows, and the total.
+    fn by_holder(events: &[Event], records: &[Record]) -> (Vec<(String, u64)>, u64) {
+        let u = sums(events, records, 0, By::Holder);
+        let rows = u
+            .rows
+            .iter()
+            .map(|r| (r.key.clone(), r.gpu_seconds))
+            .collect();
+        (rows, u.total.gpu_seconds)
+    }
+
+    fn pairs(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+        list.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+    }
+
+    #[test]
+    fn a_nested_holder_whose_parent_was_released_at_once_pays_for_the_rest() {
+        // The finding: hold a parent, start a 2-GPU job within it, release the parent at
+        // once; the job ran 20 s. Parent [0, 2], job [1, 21].
+        let t0 = NOW - 100;
+        let parent = ended(EventKind::Release, "res", "alice", &[0, 1], t0 + 2, 2);
+        let job = nested("job", "res", &[0, 1], t0 + 21, 20);
+        let (rows, total) = by_holder(&[parent, job], &[]);
+        assert_eq!(rows, pairs(&[("job", 2 * 19), ("res", 2 * 2)]));
+        // Two GPUs from t0 to t0 + 21, each second once.
+        assert_eq!(total, 2 * 21);
+    }
+
+    #[test]
+    fn a_nested_holder_inside_a_parent_that_outlives_it_adds_nothing() {
+        let parent = ended(EventKind::Release, "res", "alice", &[0, 1], NOW, 100);
+        let job = nested("job", "res", &[0, 1], NOW - 10, 50);
+        let events = [job, parent];
+        let (held, total) = by_holder(&events, &[]);
+        assert_eq!(held, pairs(&[("res", 200)]));
+        assert_eq!(total, 200);
+        // The job had no time of its own: it is not one of alice's holders either.
+        let u = sums(&events, &[], 0, By::User);
+        assert_eq!(rows(&u), [("alice", 200, 1)]);
+    }
+
+    #[test]
+    fn a_gpu_the_parent_does_not_hold_is_the_nested_holders() {
+        let parent = alices("res", &[0, 1], NOW - 100, None);
+        let job = nested("job", "res", &[1, 2], NOW - 10, 50);
+        let (rows, total) = by_holder(&[job], &[parent]);
+        assert_eq!(rows, pairs(&[("res", 200), ("job", 50)]));
+        assert_eq!(total, 250);
+    }
+
+    #[test]
+    fn a_chain_of_three_bills_each_second_to_the_outermost_holder_then_there() {
+        // A holds 0-2 over [0, 30]; B within A holds 0-1 over [10, 50]; C within B holds
+        // 0 over [20, 80].
+        let t0 = NOW - 1000;
+        let a = ended(EventKind::Release, "a", "alice", &[0, 1, 2], t0 + 30, 30);
+        let b = nested("b", "a", &[0, 1], t0 + 50, 40);
+        let c = nested("c", "b", &[0], t0 + 80, 60);
+        let (rows, total) = by_holder(&[a.clone(), b.clone(), c.clone()], &[]);
+        // A: 3 GPUs x 30 s; B: 2 GPUs x [30, 50]; C: GPU 0 x [50, 80].
+        assert_eq!(rows, pairs(&[("a", 90), ("b", 40), ("c", 30)]));
+        // GPU 0 was held over [0, 80], GPU 1 over [0, 50], GPU 2 over [0, 30].
+        assert_eq!(total, 80 + 50 + 30);
+        let by_gpu = sums(&[a.clone(), b.clone(), c.clone()], &[], 0, By::Gpu);
+        let gpus: Vec<(&str, u64)> = by_gpu
+            .rows
+            .iter()
+            .map(|r| (r.key.as_str(), r.gpu_seconds))
+            .collect();
+        assert_eq!(gpus, [("0", 80), ("1", 50), ("2", 30)]);
+        // With A up to the end, A covers C through B although B is gone.
+        let long_a = ended(EventKind::Release, "a", "alice", &[0, 1, 2], t0 + 100, 100);
+        let (rows, total) = by_holder(&[long_a, b, c], &[]);
+        assert_eq!(rows, pairs(&[("a", 300)]));
+        assert_eq!(total, 300);
+    }
+
+    #[test]
+    fn a_parent_id_taken_again_later_does_not_cover_the_nested_holder() {
+        // res over [0, 10]; job within it over [5, 100]; another holder named res, not
+        // the job's parent, over [20, now].
+        let t0 = NOW - 200;
+        let first = ended(EventKind::Release, "res", "alice", &[0], t0 + 10, 10);
+        let job = nested("job", "res", &[0], t0 + 100, 95);
+        let later = record("res", &[0], t0 + 20);
+        let (rows, total) = by_holder(&[first, job], &[later]);
+        // res: 10 + 180; job: [10, 100].
+        assert_eq!(rows, pairs(&[("res", 190), ("job", 90)]));
+        assert_eq!(total, 280);
+    }
+
+    #[test]
+    fn running_nested_holders_count_up_to_now() {
+        // Both live: the parent covers the job.
+        let parent = alices("res", &[0, 1], NOW - 100, None);
+        let job = alices("job", &[0, 1], NOW - 95, Some("res"));
+        let (rows, total) = by_holder(&[], &[parent, job.clone()]);
+        assert_eq!(rows, pairs(&[("res", 200)]));
+        assert_eq!(total, 200);
+        // The parent released 90 s ago, the job runs on: its last 90 s are its own.
+        let released = ended(EventKind::Release, "res", "alice", &[0, 1], NOW - 90, 10);
+        let (rows, total) = by_holder(&[released], &[job]);
+        assert_eq!(rows, pairs(&[("job", 180), ("res", 20)]));
+        assert_eq!(total, 200);
     }
 
     #[test]

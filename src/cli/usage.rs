@@ -33,8 +33,11 @@ pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
     let mut ended = Vec::new();
     for entry in events.by_ref() {
         let entry = entry?;
-        // Only the ends of holdings since `since` can overlap the period.
-        if entry.at >= since && matches!(entry.event.event, EventKind::Release | EventKind::Reap) {
+        // Only the ends of holdings since `since` can overlap the period; a nested
+        // holding that ended before still links a holder nested in it to the holders
+        // above, which may cover it in the period.
+        let overlaps = entry.at >= since || entry.event.within.is_some();
+        if overlaps && matches!(entry.event.event, EventKind::Release | EventKind::Reap) {
             ended.push(entry.event);
         }
     }

@@ -132,6 +132,15 @@ pub(super) fn plan(
         |wanted: usize| not_enough_error(holder, request, machine, live, &fit, wanted, scope);
     let positions = match &request.selection {
         Selection::Devices(keys) => {
+            // Before any key is looked at: a list longer than the machine names some GPU
+            // twice or one it does not have, and its refusal should say so in one short
+            // line rather than quote one of a thousand names.
+            if keys.len() > total {
+                return Err(LedgerError::TooManyDevices {
+                    listed: keys.len(),
+                    total,
+                });
+            }
             let positions = resolve_devices(keys, inventory)?;
             for &p in &positions {
                 if let Err(unfit) = &fit[p] {

@@ -94,7 +94,7 @@ impl Ledger {
         if token.holder() != container {
             event = event.because(format!("claim {}", token.holder()));
         }
-        self.audit.append(&event);
+        self.audit_done(&event);
         self.changed();
         tracing::debug!(
             claim = %token.holder(),

@@ -29,8 +29,7 @@ impl Ledger {
         record.pid = Some(to);
         record.start_time = Some(start_time);
         store::write_record(&self.dir, &holder.file_name(), &record)?;
-        self.audit
-            .append(&Event::for_record(EventKind::Bind, &record));
+        self.audit_done(&Event::for_record(EventKind::Bind, &record));
         self.changed();
         tracing::debug!(holder = %holder, from, to, "bound to the job");
         Ok(record)

@@ -28,7 +28,7 @@ pub use record::{
 pub use survey::Survey;
 pub use within::{SECRET_FILE as WITHIN_SECRET_FILE, WithinKey};
 
-use crate::audit::{AuditLog, Event, EventKind};
+use crate::audit::{AuditFailure, AuditLog, Event, EventKind};
 use crate::config::Config;
 use crate::regular::Links;
 use crate::request::{GpuRequest, Share};
@@ -71,6 +71,18 @@ pub enum LedgerError {
     CountTooLarge { count: u32, total: usize },
     #[error("unknown GPU {key:?}: this machine has GPUs {known}")]
     UnknownGpu { key: String, known: String },
+    #[error(
+        "the devices list names {listed} GPUs, more than the {total} GPUs of this machine: name each GPU once"
+    )]
+    TooManyDevices { listed: usize, total: usize },
+    #[error(
+        "refusing to allocate for {id} without an audit line (audit_failure = \"refuse\"; \"warn\" allocates anyway)"
+    )]
+    AuditFailed {
+        id: String,
+        #[source]
+        source: crate::audit::WriteError,
+    },
     #[error("cannot allocate GPU {index} ({uuid}) for {id}: {reason}")]
     DeviceUnavailable {
         id: String,
@@ -239,7 +251,10 @@ impl LedgerError {
         match self {
             LedgerError::NotEnoughFree { .. } => "not_enough_free",
             LedgerError::DeviceUnavailable { .. } => "device_unavailable",
-            LedgerError::CountTooLarge { .. } => "count_too_large",
+            LedgerError::CountTooLarge { .. } | LedgerError::TooManyDevices { .. } => {
+                "count_too_large"
+            }
+            LedgerError::AuditFailed { .. } => "audit",
             LedgerError::UnknownGpu { .. } => "unknown_gpu",
             LedgerError::QueueAhead { .. } => "queue_ahead",
             LedgerError::WaitExpired { .. } => "wait_expired",
@@ -361,13 +376,32 @@ impl Ledger {
 
     /// Appends an audit line. For refusals, which happen outside the ledger's writes;
     /// the metrics file (if any) counts them at once, under the lock like every change.
+    /// A line that cannot be written is a warning and a count: the request was refused
+    /// whatever the log says.
     pub fn audit(&self, event: &Event) {
-        self.audit.append(event);
-        if self.metrics.is_some()
+        let written = self.audit.append(event);
+        if (written.is_err() || self.metrics.is_some())
             && let Ok(_lock) = store::lock(&self.dir)
         {
+            if let Err(err) = written {
+                self.audit_failed(&err);
+            }
             self.changed();
         }
+    }
+
+    /// Appends an audit line for a change already made (caller holds the lock): a line
+    /// that cannot be written is a warning and a count, the change stands.
+    fn audit_done(&self, event: &Event) {
+        if let Err(err) = self.audit.append(event) {
+            self.audit_failed(&err);
+        }
+    }
+
+    /// Warns of and counts an audit line not written (caller holds the lock).
+    fn audit_failed(&self, err: &crate::audit::WriteError) {
+        tracing::warn!(error = %crate::message::one_line(err), "audit line not written");
+        crate::metrics::count_audit_write_failure(&self.dir);
     }
 
     /// How long a holder may stay without a pid before it counts as stale.
@@ -477,14 +511,26 @@ impl Ledger {
             created_at: record::unix_now(),
         };
         store::write_record(&self.dir, &holder.file_name(), &record)?;
-        // The record is the allocation; the cursor only a hint for the next one. Failing
-        // here (a full disk) would fail an allocation that is already written.
-        let _ = store::write_cursor(&self.dir, plan.next_cursor);
         let event = match record.kind {
             HolderKind::Hold => EventKind::Hold,
             HolderKind::Container | HolderKind::Exec => EventKind::Allocate,
         };
-        self.audit.append(&Event::for_record(event, &record));
+        if let Err(source) = self.audit.append(&Event::for_record(event, &record)) {
+            self.audit_failed(&source);
+            // Under "refuse" nothing is held that the trail does not show: the record
+            // goes again, and the requester is told which log and which key.
+            if self.audit.on_failure == AuditFailure::Refuse {
+                store::remove_record(&self.dir, &holder.file_name())?;
+                self.changed();
+                return Err(LedgerError::AuditFailed {
+                    id: holder.to_string(),
+                    source,
+                });
+            }
+        }
+        // The record is the allocation; the cursor only a hint for the next one. Failing
+        // here (a full disk) would fail an allocation that is already written.
+        let _ = store::write_cursor(&self.dir, plan.next_cursor);
         self.changed();
         tracing::debug!(
             holder = %holder,
@@ -743,7 +789,7 @@ impl Ledger {
             _ => Event::new(EventKind::Release, &store::audit_name(&audited))
                 .because("no readable record: the entry was removed"),
         };
-        self.audit.append(&event);
+        self.audit_done(&event);
         self.changed();
         Ok(Some(released))
     }
@@ -803,7 +849,7 @@ impl Ledger {
         };
         store::remove_entry(path, kind)?;
         let name = path.file_name().unwrap_or_default().as_bytes();
-        self.audit.append(
+        self.audit_done(
             &Event::new(EventKind::Clear, &store::audit_name(name))
                 .because(format!("nobody's record{why}")),
         );
@@ -818,8 +864,7 @@ impl Ledger {
             if record.is_stale(now, self.unbound_grace) {
                 let id = HolderId::new(&record.id)?;
                 store::remove_record(&self.dir, &id.file_name())?;
-                self.audit
-                    .append(&Event::for_record(EventKind::Reap, &record).held_since(&record));
+                self.audit_done(&Event::for_record(EventKind::Reap, &record).held_since(&record));
                 self.changed();
                 tracing::info!(
                     holder = %id,

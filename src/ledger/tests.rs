@@ -769,9 +769,26 @@ fn an_audit_log_symlink_is_not_followed() {
     let elsewhere = t.path().join("passwd");
     std::fs::write(&elsewhere, "root:x:0:0\n").unwrap();
     std::os::unix::fs::symlink(&elsewhere, l.dir().join("audit.log")).unwrap();
+    // audit_failure = "refuse" (the default): no allocation without its audit line.
+    let err = one_line(&alloc(&l, "a").unwrap_err());
+    assert!(err.contains("audit_failure"), "{err}");
+    assert!(
+        err.contains(&l.dir().join("audit.log").display().to_string()),
+        "{err}"
+    );
+    assert!(l.records().unwrap().is_empty());
+    // "warn": the allocation goes on.
+    let mut audit = crate::audit::AuditLog::at(l.dir().join("audit.log"));
+    audit.on_failure = crate::audit::AuditFailure::Warn;
+    let l = l.with_audit(audit);
     alloc(&l, "a").unwrap();
     l.release(&id("a")).unwrap();
     assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "root:x:0:0\n");
+    let failures = crate::metrics::audit_write_failures(l.dir());
+    assert_eq!(
+        failures, 3,
+        "the refused allocation, the allocation, the release"
+    );
 }
 
 #[test]
@@ -779,7 +796,8 @@ fn a_fifo_anywhere_in_the_state_dir_never_blocks() {
     // Where the FIFO is, and whether a plain allocation then works.
     let cases = [
         ("cursor", true),
-        ("audit.log", true),
+        // audit_failure = "refuse": refused, naming the FIFO, not blocked on it.
+        ("audit.log", false),
         ("queue/00000000000000000001-x.json", true),
         ("queue-seq", true),
         ("holders/x.json", false),

@@ -16,6 +16,36 @@ use std::path::{Path, PathBuf};
 
 /// Where the cursor of the counters is kept (`update_saved`), in the state dir.
 pub const CURSOR_FILE: &str = "metrics-cursor.json";
+/// How many audit lines could not be written, in the state dir: the audit log cannot
+/// count its own failures (`gpupin_audit_write_failures_total`).
+pub const AUDIT_FAILURES_FILE: &str = "audit-write-failures";
+
+/// The audit lines that could not be written, as counted in `state_dir`.
+pub fn audit_write_failures(state_dir: &Path) -> u64 {
+    crate::regular::read_to_string(
+        &state_dir.join(AUDIT_FAILURES_FILE),
+        crate::regular::Links::Refuse,
+    )
+    .ok()
+    .and_then(|t| t.trim().parse().ok())
+    .unwrap_or(0)
+}
+
+/// Counts one audit line that could not be written. The ledger calls it under its lock,
+/// so that no count is lost to a concurrent one. Best effort: the state dir is a tmpfs
+/// of its own by default, so a full log disk does not stop it.
+pub fn count_audit_write_failure(state_dir: &Path) {
+    let n = audit_write_failures(state_dir) + 1;
+    let path = state_dir.join(AUDIT_FAILURES_FILE);
+    if let Err(error) = crate::atomic::replace(
+        &path,
+        format!("{n}\n").as_bytes(),
+        0o644,
+        crate::atomic::Durability::Renamed,
+    ) {
+        tracing::warn!(file = ?path, error = %error, "could not count an audit write failure");
+    }
+}
 
 /// What a ledger needs to rewrite the metrics file after a change.
 #[derive(Debug, Clone)]
@@ -54,7 +84,8 @@ pub fn snapshot_text(
 ) -> Result<String, crate::ledger::LedgerError> {
     let records = ledger.records()?;
     let waiting = ledger.waiting()?;
-    let counters = update_saved(&config.audit, cursor);
+    let mut counters = update_saved(&config.audit, cursor);
+    counters.audit_write_failures = audit_write_failures(&config.state_dir);
     let now = crate::ledger::unix_now();
     let snapshot = Snapshot {
         inventory,

@@ -201,6 +201,18 @@ pub fn render(s: &Snapshot) -> String {
 
     let mut f = Family::start(
         &mut out,
+        "gpupin_audit_write_failures_total",
+        "counter",
+        "Audit lines that could not be written (a full or read-only disk); see audit_failure.",
+    );
+    f.sample(
+        "gpupin_audit_write_failures_total",
+        &[],
+        c.audit_write_failures,
+    );
+
+    let mut f = Family::start(
+        &mut out,
         "gpupin_gpu_memory_total_bytes",
         "gauge",
         "Memory of a GPU (0 where unknown).",

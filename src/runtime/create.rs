@@ -194,6 +194,8 @@ mod tests {
             state_dir: root.join("state"),
             inventory: "sim:nvswitch8".parse().unwrap(),
             unrequested,
+            // Not /var/log: audit_failure = "refuse" would refuse a user who cannot write it.
+            audit: crate::audit::AuditLog::at(root.join("audit.log")),
             ..Config::default()
         };
         Setup {

@@ -308,12 +308,15 @@ impl Env {
     }
 
     /// The ledger proper: every record and ticket, and the cursor. Not the lock file
-    /// (created empty by any locked read), the audit log, queue-seq (it counts every wait
-    /// ever started, refused or not) nor the directories themselves.
+    /// (created empty by any locked read), the audit logs and their counts (`audit.log`,
+    /// `audit.refusals.log` and its budget, `audit-write-failures`), queue-seq (it counts
+    /// every wait ever started, refused or not) nor the directories themselves.
     pub fn ledger(&self) -> BTreeMap<String, Entry> {
         let mut all = snapshot_tree(&self.state);
         all.retain(|k, v| {
-            !matches!(k.as_str(), "lock" | "audit.log" | "queue-seq") && *v != Entry::Dir
+            !matches!(k.as_str(), "lock" | "queue-seq")
+                && !k.starts_with("audit")
+                && *v != Entry::Dir
         });
         all
     }

@@ -154,12 +154,21 @@ pub fn refusal(out: &Output, what: &str) -> String {
     err.trim_end().to_string()
 }
 
-/// The audit log's events, in order.
+/// The audit log's events, in order, refusals (`audit.refusals.log`) merged in by time
+/// as `gpupin log` merges them.
 pub fn audit(g: &Gpupin) -> Vec<Value> {
-    let text = std::fs::read_to_string(g.state_dir.join("audit.log")).unwrap_or_default();
-    text.lines()
-        .map(|l| serde_json::from_str(l).expect("an audit line is JSON"))
-        .collect()
+    let mut events: Vec<Value> = ["audit.log", "audit.refusals.log"]
+        .iter()
+        .flat_map(|name| {
+            let text = std::fs::read_to_string(g.state_dir.join(name)).unwrap_or_default();
+            text.lines()
+                .map(|l| serde_json::from_str(l).expect("an audit line is JSON"))
+                .collect::<Vec<Value>>()
+        })
+        .collect();
+    // RFC 3339 UTC to the second sorts as text; a stable sort keeps each log's order.
+    events.sort_by(|a, b| a["time"].as_str().cmp(&b["time"].as_str()));
+    events
 }
 
 /// The audit events of `holder`, as (event, value).
