@@ -64,6 +64,9 @@ pub struct Config {
     pub cuda_visible_devices: CudaIds,
     /// How an exec'd job is kept to its GPUs (`confine`).
     pub confine: Confine,
+    /// What happens to the processes a confined job leaves in its cgroup when its main
+    /// process ends (`leftovers`).
+    pub leftovers: crate::confine::Leftovers,
     /// A Prometheus text file rewritten on every ledger change (node_exporter's textfile
     /// collector); `None`: none.
     pub metrics_file: Option<PathBuf>,
@@ -134,6 +137,7 @@ impl Default for Config {
             socket_group: None,
             cuda_visible_devices: CudaIds::default(),
             confine: Confine::Auto,
+            leftovers: crate::confine::Leftovers::default(),
             metrics_file: None,
             slurm_containers: false,
             foreign: Foreign::default(),
@@ -165,6 +169,7 @@ struct ConfigFile {
     socket_group: Option<String>,
     cuda_visible_devices: Option<String>,
     confine: Option<toml::Value>,
+    leftovers: Option<String>,
     metrics_file: Option<PathBuf>,
     slurm_containers: Option<bool>,
     foreign: Option<String>,
@@ -333,6 +338,14 @@ impl Config {
                     return Err(invalid(format!("confine {other}: {}", Confine::EXPECTED)));
                 }
             };
+        }
+        if let Some(leftovers) = file.leftovers {
+            config.leftovers = leftovers.parse().map_err(|_| {
+                invalid(format!(
+                    "leftovers {leftovers:?}: {}",
+                    crate::confine::Leftovers::EXPECTED
+                ))
+            })?;
         }
         if let Some(slurm) = file.slurm_containers {
             config.slurm_containers = slurm;
@@ -614,6 +627,16 @@ mod tests {
         assert_eq!(c.limits.max_gpus_per_user, Some(2));
         assert_eq!(parse("confine = false").unwrap().confine, Confine::Off);
         assert_eq!(Config::default().confine, Confine::Auto);
+        use crate::confine::Leftovers;
+        assert_eq!(Config::default().leftovers, Leftovers::Wait);
+        assert_eq!(
+            parse("leftovers = \"kill\"").unwrap().leftovers,
+            Leftovers::Kill
+        );
+        assert_eq!(
+            parse("leftovers = \"wait\"").unwrap().leftovers,
+            Leftovers::Wait
+        );
         assert_eq!(
             Config::default().audit.path,
             PathBuf::from("/var/log/gpupin/audit.log")
@@ -628,6 +651,10 @@ mod tests {
                 "confine \"maybe\": expected true, false",
             ),
             ("confine = 3", "confine 3: expected true"),
+            (
+                "leftovers = \"ignore\"",
+                "leftovers \"ignore\": expected \"wait\" or \"kill\"",
+            ),
             (
                 "audit_max_size = \"1\"",
                 "audit_max_size \"1\": expected a size",

@@ -333,6 +333,7 @@ mod tests {
             until_release: false,
             // After this boot, so that the holder counts as running.
             created_at: 4_102_444_800,
+            cgroups: Vec::new(),
         }
     }
 

@@ -258,6 +258,7 @@ mod tests {
             bundle: None,
             claim_digest: None,
             created_at,
+            cgroups: Vec::new(),
         }
     }
 

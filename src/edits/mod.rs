@@ -186,6 +186,7 @@ mod tests {
             container: None,
             until_release: false,
             created_at: 0,
+            cgroups: Vec::new(),
         }
     }
 

@@ -120,6 +120,7 @@ pub(crate) mod testing {
             bundle: None,
             claim_digest: None,
             created_at: crate::ledger::unix_now(),
+            cgroups: Vec::new(),
         }
     }
 
