@@ -77,13 +77,35 @@ fn populated_or_error(dir: &Path) -> Result<bool, ConfineError> {
             .lines()
             .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["populated", "1"]));
     }
-    // v1: the cgroup's own processes; gpupin makes no cgroups below a job's, and a job
-    // cannot (the cgroup is root's).
-    match read_if_there(&dir.join("cgroup.procs"))? {
-        Some(procs) => Ok(!pids(&procs).is_empty()),
-        // Neither file: the cgroup is gone (or the path is no cgroup at all).
-        None => Ok(false),
+    // v1: the processes of the cgroup and of any cgroup below it (gpupin makes none,
+    // but a job of root's could: root owns the cgroup's files).
+    let mut found = false;
+    for dir in subtree(dir) {
+        if let Some(procs) = read_if_there(&dir.join("cgroup.procs"))? {
+            found |= !pids(&procs).is_empty();
+        }
     }
+    // Neither file anywhere: the cgroup is gone (or the path is no cgroup at all).
+    Ok(found)
+}
+
+/// `dir` and the directories below it, never through a link, at most `MAX_DEPTH` down.
+fn subtree(dir: &Path) -> Vec<std::path::PathBuf> {
+    const MAX_DEPTH: usize = 16;
+    let mut all = vec![dir.to_path_buf()];
+    let mut pending = vec![(dir.to_path_buf(), 0usize)];
+    while let Some((at, depth)) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&at) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if depth < MAX_DEPTH && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                all.push(entry.path());
+                pending.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    all
 }
 
 /// SIGKILL to every process in `dir`. cgroup2's `cgroup.kill` (Linux 5.14) kills the
@@ -101,12 +123,22 @@ pub fn kill(dir: &Path) -> Result<(), ConfineError> {
     signal(dir, rustix::process::Signal::KILL)
 }
 
-/// Sends `sig` to every process `dir`'s `cgroup.procs` lists, each through a pidfd (see
-/// `kill`).
+/// Sends `sig` to every process the `cgroup.procs` of `dir` and of the cgroups below it
+/// list, each through a pidfd (see `kill`).
 pub fn signal(dir: &Path, sig: rustix::process::Signal) -> Result<(), ConfineError> {
     if !is_job_cgroup(dir) {
         return Ok(());
     }
+    let mut first = None;
+    for cgroup in subtree(dir) {
+        if let Err(err) = signal_one(&cgroup, sig) {
+            first.get_or_insert(err);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+fn signal_one(dir: &Path, sig: rustix::process::Signal) -> Result<(), ConfineError> {
     let Some(first) = read_if_there(&dir.join("cgroup.procs"))? else {
         return Ok(());
     };

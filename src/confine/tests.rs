@@ -490,7 +490,15 @@ fn cgroup_v1_emptiness_is_read_from_cgroup_procs() {
     let job = JobCgroup::recorded(&[idle.clone(), busy.clone()]).unwrap();
     assert!(job.populated(), "one busy cgroup of two keeps the job");
     assert_eq!(job.count(), 2);
-    assert!(!JobCgroup::recorded(&[idle]).unwrap().populated());
+    assert!(
+        !JobCgroup::recorded(std::slice::from_ref(&idle))
+            .unwrap()
+            .populated()
+    );
+    // A cgroup below the job's (root's job could make one) is the job's too.
+    std::fs::create_dir(idle.join("sub")).unwrap();
+    std::fs::write(idle.join("sub/cgroup.procs"), "4244\n").unwrap();
+    assert!(populated(&idle));
 }
 
 #[test]
@@ -536,10 +544,14 @@ fn kill_without_cgroup_kill_signals_each_listed_process_and_no_other() {
     let foreign = tmp.path().join("foreign");
     std::fs::create_dir(&foreign).unwrap();
     std::fs::write(foreign.join("cgroup.procs"), format!("{}\n", other.id())).unwrap();
+    let mut below = Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/cgroup.procs"), format!("{}\n", below.id())).unwrap();
     kill(&dir).unwrap();
     kill(&foreign).unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(listed.wait().unwrap().signal(), Some(libc::SIGKILL));
+    assert_eq!(below.wait().unwrap().signal(), Some(libc::SIGKILL));
     assert_eq!(other.try_wait().unwrap(), None, "the other process runs on");
     other.kill().unwrap();
     other.wait().unwrap();

@@ -170,3 +170,87 @@ pub fn abandon(config: &Config, grant: &JobGrant) {
         let _ = ledger.release(&grant.holder);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{HolderKind, HolderMeta, Machine};
+    use crate::policy::PolicyName;
+    use crate::policy::testing::machine;
+    use crate::request::{Origin, Selection};
+    use std::path::{Path, PathBuf};
+
+    fn config(tmp: &Path, leftovers: Leftovers) -> Config {
+        Config {
+            state_dir: tmp.join("state"),
+            audit: crate::audit::AuditLog::at(tmp.join("audit.log")),
+            leftovers,
+            ..Config::default()
+        }
+    }
+
+    fn set_populated(dir: &Path, populated: bool) {
+        let events = format!("populated {}\n", u8::from(populated));
+        std::fs::write(dir.join("cgroup.events"), events).unwrap();
+    }
+
+    /// Issue 19, finding 7: `finish` after the main process ended, with the job's cgroup
+    /// known only from its record (a daemon started after the job): leftovers keep the
+    /// record, "kill" kills them first, an empty cgroup releases.
+    #[test]
+    fn finish_releases_only_once_the_recorded_cgroup_is_empty() {
+        let tmp = tempfile::tempdir().unwrap();
+        let wait = config(tmp.path(), Leftovers::Wait);
+        let kill = config(tmp.path(), Leftovers::Kill);
+        let ledger = Ledger::for_config(&wait).unwrap();
+        let mut main = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = main.id() as i32;
+        let holder = HolderId::new("j").unwrap();
+        let inv = machine(4);
+        let meta = HolderMeta {
+            source: "test".into(),
+            pid: Some(pid),
+            kind: HolderKind::Exec,
+            ..HolderMeta::default()
+        };
+        let request = GpuRequest::new(Selection::Count(1), Origin::Cli);
+        ledger
+            .allocate(
+                &holder,
+                &request,
+                &Machine::new(&inv, PolicyName::Pack),
+                meta,
+            )
+            .unwrap();
+        let dir: PathBuf = tmp.path().join("cgroups/gpupin-j");
+        std::fs::create_dir_all(&dir).unwrap();
+        set_populated(&dir, true);
+        std::fs::write(dir.join("cgroup.kill"), "").unwrap();
+        ledger
+            .record_cgroups(&holder, pid, std::slice::from_ref(&dir))
+            .unwrap();
+        main.kill().unwrap();
+        main.wait().unwrap();
+
+        assert_eq!(finish(&wait, &holder, pid, None), Finished::Leftovers);
+        assert_eq!(ledger.records().unwrap().len(), 1, "still held");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("cgroup.kill")).unwrap(),
+            ""
+        );
+        assert_eq!(finish(&kill, &holder, pid, None), Finished::Leftovers);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("cgroup.kill")).unwrap(),
+            "1",
+            "killed"
+        );
+        assert_eq!(ledger.records().unwrap().len(), 1, "held until gone");
+
+        set_populated(&dir, false);
+        assert_eq!(finish(&wait, &holder, pid, None), Finished::Released);
+        assert!(ledger.records().unwrap().is_empty());
+    }
+}
