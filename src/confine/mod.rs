@@ -231,8 +231,9 @@ pub fn remove_dirs(dirs: &[PathBuf]) -> Result<(), ConfineError> {
 /// pid named that process when it was written (a pid is not reused while its process
 /// lives); gone, the pid may have been another process's by then (`ConfineError::Gone`).
 ///
-/// On error `pid` is back in its former cgroups where it had been moved, the cgroups
-/// made are removed, and the caller must not let the job run.
+/// On error `pid` is back in its former cgroups where it had been moved (except after
+/// `Gone`: see above), the cgroups made are removed where they are empty, and the caller
+/// must not let the job run.
 pub fn confine(
     pid: i32,
     pidfd: BorrowedFd<'_>,
