@@ -64,6 +64,9 @@ pub struct Config {
     pub cuda_visible_devices: CudaIds,
     /// How an exec'd job is kept to its GPUs (`confine`).
     pub confine: Confine,
+    /// What happens to the processes a confined job leaves in its cgroup when its main
+    /// process ends (`leftovers`).
+    pub leftovers: crate::confine::Leftovers,
     /// A Prometheus text file rewritten on every ledger change (node_exporter's textfile
     /// collector); `None`: none.
     pub metrics_file: Option<PathBuf>,
@@ -134,6 +137,7 @@ impl Default for Config {
             socket_group: None,
             cuda_visible_devices: CudaIds::default(),
             confine: Confine::Auto,
+            leftovers: crate::confine::Leftovers::default(),
             metrics_file: None,
             slurm_containers: false,
             foreign: Foreign::default(),
@@ -166,6 +170,7 @@ struct ConfigFile {
     socket_group: Option<String>,
     cuda_visible_devices: Option<String>,
     confine: Option<toml::Value>,
+    leftovers: Option<String>,
     metrics_file: Option<PathBuf>,
     slurm_containers: Option<bool>,
     foreign: Option<String>,
@@ -341,6 +346,14 @@ impl Config {
                     return Err(invalid(format!("confine {other}: {}", Confine::EXPECTED)));
                 }
             };
+        }
+        if let Some(leftovers) = file.leftovers {
+            config.leftovers = leftovers.parse().map_err(|_| {
+                invalid(format!(
+                    "leftovers {leftovers:?}: {}",
+                    crate::confine::Leftovers::EXPECTED
+                ))
+            })?;
         }
         if let Some(slurm) = file.slurm_containers {
             config.slurm_containers = slurm;
@@ -625,6 +638,16 @@ mod tests {
         assert_eq!(c.limits.max_gpus_per_user, Some(2));
         assert_eq!(parse("confine = false").unwrap().confine, Confine::Off);
         assert_eq!(Config::default().confine, Confine::Auto);
+        use crate::confine::Leftovers;
+        assert_eq!(Config::default().leftovers, Leftovers::Wait);
+        assert_eq!(
+            parse("leftovers = \"kill\"").unwrap().leftovers,
+            Leftovers::Kill
+        );
+        assert_eq!(
+            parse("leftovers = \"wait\"").unwrap().leftovers,
+            Leftovers::Wait
+        );
         assert_eq!(
             Config::default().audit.path,
             PathBuf::from("/var/log/gpupin/audit.log")
@@ -642,6 +665,10 @@ mod tests {
             (
                 "audit_failure = \"ignore\"",
                 "audit_failure \"ignore\": expected \"refuse\"",
+            ),
+            (
+                "leftovers = \"ignore\"",
+                "leftovers \"ignore\": expected \"wait\" or \"kill\"",
             ),
             (
                 "audit_max_size = \"1\"",

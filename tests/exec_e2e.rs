@@ -192,11 +192,13 @@ fn a_job_outlives_its_killed_gpupin_and_keeps_its_gpus_until_it_ends() {
         let events = events_of(&g, id);
         assert_eq!(events.last().unwrap()["event"], "reap", "{events:?}");
     }
-    // A root job's cgroups are its gpupin exec's to remove, and that was killed;
-    // reaping leaves them (empty now), so the test removes them itself.
+    // A root job's cgroups were its gpupin exec's to remove, and that was killed: the
+    // reap, which finds them in the record, removes them (issue 19, finding 12).
     for (report, id) in reports.iter().zip([alloc_id, gc_id]) {
-        for dir in exec_support::own_cgroup_dirs(report, id) {
-            let _ = std::fs::remove_dir(&dir);
+        let dirs = exec_support::own_cgroup_dirs(report, id);
+        assert!(!dirs.is_empty(), "{:?}", report.cgroups);
+        for dir in dirs {
+            assert!(!dir.exists(), "{id}: {} was left", dir.display());
         }
     }
     until_clean(&g);
@@ -860,4 +862,167 @@ fn the_audit_log_and_usage_account_for_holds_and_jobs() {
     assert!((hours("pair") - expected_pair).abs() < 1e-9, "{usage}");
     let expected_one = held_s(&one[2]) / 3600.0;
     assert!((hours("one-second") - expected_one).abs() < 1e-9, "{usage}");
+}
+
+/// Issue 19, finding 7: a job that starts a `setsid` child and exits is not over while
+/// the child runs in its cgroup. With `leftovers = "wait"` it keeps its GPU (another
+/// user's exclusive request for it is refused, root's `gpupin exec` waits) until the child
+/// is killed; with "kill" the child is killed and the GPU released. Root's own
+/// `gpupin exec` and a user's job through `gpupin serve` alike.
+#[test]
+fn a_job_that_leaves_a_setsid_child_is_over_when_its_cgroup_is_empty() {
+    let test = "a_job_that_leaves_a_setsid_child";
+    if !requirements(test) {
+        return;
+    }
+    let alice = User::create("lefa");
+    let bob = User::create("lefb");
+    for leftovers in ["wait", "kill"] {
+        let g = gpupin(&format!("leftovers = \"{leftovers}\"\nlog = \"debug\""));
+        let daemon = Daemon::start(&g);
+        for (who, user) in [("root", None), ("user", Some(&alice))] {
+            let name = format!("{leftovers}-{who}");
+            let s = scratch(&g);
+            let child_file = s.join(format!("{name}.child"));
+            let script = format!(
+                "setsid sh -c 'echo $$ > {}; exec sleep 300' </dev/null >/dev/null 2>&1 & {}",
+                child_file.display(),
+                job_script(&s, &name, 0)
+            );
+            let mut job = Job::start_with(&g, user, &name, &["--devices", "3"], &[], &script);
+            let report = job.ready();
+            let holder = job.holder();
+            let child: i32 = until("the setsid child says its pid", || {
+                std::fs::read_to_string(&child_file)
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()
+            });
+            let own: Vec<Value> = exec_support::own_cgroup_dirs(&report, &holder)
+                .iter()
+                .map(|d| Value::from(d.to_str().unwrap()))
+                .collect();
+            assert!(!own.is_empty(), "{:?}", report.cgroups);
+            assert_eq!(
+                record(&g, &holder)["cgroups"],
+                Value::from(own),
+                "{who} {leftovers}: the record names the job's cgroups"
+            );
+            job.go();
+            until("the job's main process ends", || {
+                (!alive(report.pid)).then_some(())
+            });
+            if leftovers == "wait" {
+                // Whoever watches the job has seen its main process end, and waits.
+                match user {
+                    None => until("gpupin exec waits for the leftover", || {
+                        job.stderr()
+                            .contains("waiting for the 1 process it left in its cgroup")
+                            .then_some(())
+                    }),
+                    Some(_) => until("the daemon waits for the leftover", || {
+                        let log = daemon.log();
+                        let seen = log.lines().any(|l| {
+                            l.contains("the job's cgroup still has processes")
+                                && l.contains(&holder)
+                        });
+                        seen.then_some(())
+                    }),
+                }
+                let h = g.holder(&holder).expect("the job keeps its GPU");
+                assert_eq!(h["state"], "running", "{who}: {h}");
+                let line = refused(&g, Some(&bob), &["exec", "--devices", "3", "--", "true"]);
+                assert!(line.contains("GPU 3"), "{who}: {line}");
+                if user.is_none() {
+                    assert!(!job.has_ended(), "root's gpupin exec waits");
+                }
+                assert!(alive(child), "{who}: the leftover runs on");
+                exec_support::send(child, libc::SIGKILL);
+            }
+            let (exit, stderr) = job.wait();
+            assert!(exit.success(), "{who} {leftovers}: {exit}: {stderr}");
+            until("the job's GPU is released", || {
+                g.holder(&holder).is_none().then_some(())
+            });
+            until("the leftover is gone", || (!alive(child)).then_some(()));
+            let events = events_of(&g, &holder);
+            assert_eq!(events.last().unwrap()["event"], "release", "{events:?}");
+            let out = run(&g, Some(&bob), &["exec", "--devices", "3", "--", "true"]);
+            assert!(
+                out.status.success(),
+                "{who} {leftovers}: the GPU is free again: {}",
+                harness::stderr(&out)
+            );
+        }
+        until_clean(&g);
+        drop(daemon);
+    }
+}
+
+/// Issue 19, finding 12: a daemon restarted while a user's job runs finds the job's
+/// cgroups in its record: the job still lasts until its cgroup is empty (here a `setsid`
+/// child outlives its main process), and the new daemon removes the cgroups at its end.
+#[test]
+fn a_restarted_daemon_waits_for_the_jobs_cgroup_and_removes_it() {
+    let test = "a_restarted_daemon_waits_for_the_jobs_cgroup";
+    if !requirements(test) {
+        return;
+    }
+    let alice = User::create("rsta");
+    let g = gpupin("log = \"debug\"");
+    let first = Daemon::start(&g);
+    let name = "restarted";
+    let s = scratch(&g);
+    let child_file = s.join(format!("{name}.child"));
+    let script = format!(
+        "setsid sh -c 'echo $$ > {}; exec sleep 300' </dev/null >/dev/null 2>&1 & {}",
+        child_file.display(),
+        job_script(&s, name, 0)
+    );
+    let mut job = Job::start_with(&g, Some(&alice), name, &["--count", "1"], &[], &script);
+    let report = job.ready();
+    let holder = job.holder();
+    let child: i32 = until("the setsid child says its pid", || {
+        std::fs::read_to_string(&child_file)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    });
+    let dirs = exec_support::own_cgroup_dirs(&report, &holder);
+    assert!(!dirs.is_empty(), "{:?}", report.cgroups);
+    drop(first);
+    let second = Daemon::start(&g);
+    // A request answered: the daemon serves once it watches what the ledger holds.
+    let out = run(&g, Some(&alice), &["release", "nothing-held-here"]);
+    assert!(!out.status.success(), "{}", harness::stderr(&out));
+
+    job.go();
+    until("the job's main process ends", || {
+        (!alive(report.pid)).then_some(())
+    });
+    until("the new daemon waits for the leftover", || {
+        let log = second.log();
+        let seen = log
+            .lines()
+            .any(|l| l.contains("the job's cgroup still has processes") && l.contains(&holder));
+        seen.then_some(())
+    });
+    let h = g
+        .holder(&holder)
+        .expect("the job keeps its GPU while its child runs");
+    assert_eq!(h["state"], "running", "{h}");
+    assert!(dirs.iter().all(|d| d.exists()));
+
+    exec_support::send(child, libc::SIGKILL);
+    until("the job's GPU is released", || {
+        g.holder(&holder).is_none().then_some(())
+    });
+    until("the new daemon removes the job's cgroups", || {
+        dirs.iter().all(|d| !d.exists()).then_some(())
+    });
+    let (exit, stderr) = job.wait();
+    assert!(exit.success(), "{exit}: {stderr}");
+    until_clean(&g);
 }

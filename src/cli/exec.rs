@@ -11,6 +11,7 @@ use gpupin::ledger::Ledger;
 use gpupin::request;
 use gpupin::serve::{Client, Request};
 use std::ffi::OsString;
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 
 /// The env variable that stands in for --within (a Slurm TaskProlog can set it).
@@ -101,7 +102,20 @@ fn as_root(
         }
     };
     let job = gated.pid();
-    let cgroup = match exec::start(config, &grant, me, job) {
+    // Our own child, not reaped before `finish`: its pid cannot be reused meanwhile, and
+    // the pidfd says so to `start` all the same.
+    let job_fd = match rustix::process::Pid::from_raw(job)
+        .ok_or(rustix::io::Errno::SRCH)
+        .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()))
+    {
+        Ok(fd) => fd,
+        Err(e) => {
+            gated.abandon();
+            exec::abandon(config, &grant);
+            return Err(anyhow::Error::new(std::io::Error::from(e)).context("starting the job"));
+        }
+    };
+    let cgroup = match exec::start(config, &grant, me, job, job_fd.as_fd()) {
         Ok(c) => c,
         Err(e) => {
             gated.abandon();
@@ -109,8 +123,45 @@ fn as_root(
         }
     };
     let status = open_and_wait(&mut gated);
-    exec::finish(config, &grant.holder, job, cgroup.as_ref());
+    wait_until_finished(config, &grant.holder, job, cgroup.as_ref());
     Ok(ExitCode::from(exec::exit_code(status?)))
+}
+
+/// After the job's main process: until the job is over (its cgroup empty). Signals sent
+/// to gpupin meanwhile go to what is left of the job.
+fn wait_until_finished(
+    config: &Config,
+    holder: &gpupin::ledger::HolderId,
+    job: i32,
+    cgroup: Option<&gpupin::confine::JobCgroup>,
+) {
+    let mut told = false;
+    while exec::finish(config, holder, job, cgroup) == exec::Finished::Leftovers {
+        if !told {
+            let left = cgroup.map_or(0, |c| c.count());
+            eprintln!(
+                "gpupin: the job's main process ended; waiting for the {left} process{} it left in its cgroup, which still hold{} its GPUs (leftovers = \"{}\")",
+                if left == 1 { "" } else { "es" },
+                if left == 1 { "s" } else { "" },
+                match config.leftovers {
+                    gpupin::confine::Leftovers::Wait => "wait",
+                    gpupin::confine::Leftovers::Kill => "kill",
+                },
+            );
+            told = true;
+        }
+        match exec::next_signal(exec::LEFTOVERS_POLL) {
+            Ok(Some(sig)) => {
+                if let (Some(cgroup), Some(sig)) =
+                    (cgroup, rustix::process::Signal::from_named_raw(sig))
+                {
+                    cgroup.signal(sig);
+                }
+            }
+            Ok(None) => {}
+            Err(_) => std::thread::sleep(exec::LEFTOVERS_POLL),
+        }
+    }
 }
 
 fn through_daemon(

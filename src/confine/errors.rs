@@ -20,6 +20,10 @@ pub enum ConfineError {
         mode: Confine,
         hierarchy: &'static str,
     },
+    #[error(
+        "pid {pid} ended before it was confined to its GPUs; expected the job waiting at its gate"
+    )]
+    Gone { pid: i32 },
     #[error("reading {path}")]
     Read {
         path: PathBuf,

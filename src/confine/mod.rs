@@ -15,6 +15,8 @@ mod capabilities;
 mod dir;
 mod errors;
 pub(crate) mod hierarchy;
+mod leftovers;
+mod orphans;
 mod v1;
 
 #[cfg(test)]
@@ -22,8 +24,11 @@ mod tests;
 
 pub use capabilities::{drop_job_caps, require_caps};
 pub use errors::ConfineError;
+pub use leftovers::{Leftovers, kill, populated};
+pub use orphans::remove_orphans;
 
 use std::fmt;
+use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 
 /// Config key `confine`: true (= Auto), false (= Off), "auto", "v1", "v2".
@@ -135,18 +140,81 @@ impl JobCgroup {
         &self.mechanisms
     }
 
-    /// Removes every cgroup, best effort: the kernel refuses (EBUSY) while a process is
-    /// still in one (a daemon the job left behind); the others are removed anyway and the
-    /// first failure is returned. A cgroup already gone is no error.
-    pub fn remove(&self) -> Result<(), ConfineError> {
+    /// The cgroups a ledger record names (`Record::cgroups`), for a job that another
+    /// process confined (a daemon before this one). Directories not named `gpupin-*` are
+    /// left out: a record names nothing else. The mechanism is told by the files there:
+    /// only cgroup2 has `cgroup.events`.
+    pub fn recorded(dirs: &[PathBuf]) -> Option<JobCgroup> {
+        let dirs: Vec<PathBuf> = dirs
+            .iter()
+            .filter(|d| leftovers::is_job_cgroup(d))
+            .cloned()
+            .collect();
+        let mechanisms = dirs
+            .iter()
+            .map(|d| match d.join("cgroup.events").exists() {
+                true => Mechanism::Bpf,
+                false => Mechanism::V1Devices,
+            })
+            .collect();
+        (!dirs.is_empty()).then_some(JobCgroup { dirs, mechanisms })
+    }
+
+    /// Whether a process is still in any of the cgroups: the job is not over yet.
+    pub fn populated(&self) -> bool {
+        self.dirs.iter().any(|d| leftovers::populated(d))
+    }
+
+    /// SIGKILL to every process still in the cgroups (see `leftovers::kill`); the caller
+    /// checks `populated` again later, and kills again while it is.
+    pub fn kill(&self) -> Result<(), ConfineError> {
         let mut first = None;
         for dir in &self.dirs {
-            if let Err(err) = dir::remove(dir) {
+            if let Err(err) = leftovers::kill(dir) {
                 first.get_or_insert(err);
             }
         }
         first.map_or(Ok(()), Err)
     }
+
+    /// Sends `sig` to every process still in the cgroups (the signals someone sends
+    /// `gpupin exec` while it waits for a job's leftovers).
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        for dir in &self.dirs {
+            if let Err(err) = leftovers::signal(dir, sig) {
+                tracing::info!(error = %crate::message::one_line(&err), "signalling a job's leftovers");
+            }
+        }
+    }
+
+    /// How many processes are in the cgroups (the largest count of any one of them; the
+    /// same processes are in each), for messages.
+    pub fn count(&self) -> usize {
+        self.dirs
+            .iter()
+            .map(|d| leftovers::count(d))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Removes every cgroup, best effort: the kernel refuses (EBUSY) while a process is
+    /// still in one (a daemon the job left behind); the others are removed anyway and the
+    /// first failure is returned. A cgroup already gone is no error.
+    pub fn remove(&self) -> Result<(), ConfineError> {
+        remove_dirs(&self.dirs)
+    }
+}
+
+/// Removes the job cgroups `dirs` (as a record names them), best effort as
+/// `JobCgroup::remove`; directories not named `gpupin-*` are never touched.
+pub fn remove_dirs(dirs: &[PathBuf]) -> Result<(), ConfineError> {
+    let mut first = None;
+    for dir in dirs.iter().filter(|d| leftovers::is_job_cgroup(d)) {
+        if let Err(err) = dir::remove(dir) {
+            first.get_or_insert(err);
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// Creates a cgroup named `gpupin-<name>` as a child of `pid`'s current cgroup in each
@@ -158,20 +226,41 @@ impl JobCgroup {
 /// Refuses a parent cgroup that a user other than root owns (a systemd delegation): that
 /// user could move the job back out of its device cgroup.
 ///
-/// On error `pid` is back in its former cgroups where it had been moved, the cgroups
-/// made are removed, and the caller must not let the job run.
+/// `pidfd` pins the process `pid` was checked to be: cgroupfs takes a bare pid, so the
+/// pidfd is checked before the pid is written and again after. Alive after the write, the
+/// pid named that process when it was written (a pid is not reused while its process
+/// lives); gone, the pid may have been another process's by then (`ConfineError::Gone`).
+///
+/// On error `pid` is back in its former cgroups where it had been moved (except after
+/// `Gone`: see above), the cgroups made are removed where they are empty, and the caller
+/// must not let the job run.
 pub fn confine(
     pid: i32,
+    pidfd: BorrowedFd<'_>,
     name: &str,
     mode: Confine,
     rules: &DeviceRules,
 ) -> Result<Option<JobCgroup>, ConfineError> {
-    confine_in(Path::new("/proc"), pid, name, mode, rules)
+    confine_in(Path::new("/proc"), pid, pidfd, name, mode, rules)
+}
+
+/// Whether the process a pidfd refers to still runs (its pidfd is not readable yet).
+pub fn pidfd_alive(pidfd: BorrowedFd<'_>) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
 }
 
 fn confine_in(
     proc_root: &Path,
     pid: i32,
+    pidfd: BorrowedFd<'_>,
     name: &str,
     mode: Confine,
     rules: &DeviceRules,
@@ -196,12 +285,30 @@ fn confine_in(
         // Moved only once every cgroup has its rules: the job is never in a cgroup
         // that does not confine it yet.
         for (_, _, dir) in &made {
+            if !pidfd_alive(pidfd) {
+                return Err(ConfineError::Gone { pid });
+            }
             dir::move_pid(dir, pid)?;
         }
         Ok(())
     })();
+    let outcome = outcome.and_then(|()| match pidfd_alive(pidfd) {
+        true => Ok(()),
+        // Whatever the pid names now is not the job: it is not moved back out of its
+        // device cgroup into the job's parent's (that could free a process of someone
+        // else's from a cgroup that confined it). The cgroups stay until they are empty
+        // (`gpupin gc` removes them then).
+        false => Err(ConfineError::Gone { pid }),
+    });
     if let Err(err) = outcome {
-        undo(pid, &made);
+        match err {
+            ConfineError::Gone { .. } => {
+                for (_, _, dir) in &made {
+                    let _ = dir::remove(dir);
+                }
+            }
+            _ => undo(pid, &made),
+        }
         return Err(err);
     }
     tracing::debug!(pid, ?made, "confined to its GPUs");

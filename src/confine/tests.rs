@@ -7,6 +7,7 @@
 use super::*;
 use gpupin_sandbox::harness::{need_root, required};
 use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 
@@ -39,9 +40,15 @@ fn unique(test: &str) -> String {
     format!("{test}-{}", std::process::id())
 }
 
+/// A pidfd of process `pid`.
+fn pidfd_of(pid: i32) -> OwnedFd {
+    let pid = rustix::process::Pid::from_raw(pid).unwrap();
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).unwrap()
+}
+
 /// A shell blocked on `read go` that then opens nvidia1 and nvidia3; killed if a test
 /// fails before it finishes.
-struct Job(Option<Child>);
+struct Job(Option<Child>, Option<OwnedFd>);
 
 impl Job {
     fn spawn(nodes: &Path) -> Job {
@@ -50,6 +57,10 @@ impl Job {
 
     fn spawn_with(nodes: &Path, setup: impl FnOnce(&mut Command)) -> Job {
         let script = r#"read go; cat "$0/nvidia1"; cat "$0/nvidia3""#;
+        Self::spawn_script(nodes, script, setup)
+    }
+
+    fn spawn_script(nodes: &Path, script: &str, setup: impl FnOnce(&mut Command)) -> Job {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", script])
             .arg(nodes)
@@ -57,11 +68,17 @@ impl Job {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         setup(&mut cmd);
-        Job(Some(cmd.spawn().unwrap()))
+        let child = cmd.spawn().unwrap();
+        let fd = pidfd_of(child.id() as i32);
+        Job(Some(child), Some(fd))
     }
 
     fn pid(&self) -> i32 {
         self.0.as_ref().unwrap().id() as i32
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.1.as_ref().unwrap().as_fd()
     }
 
     /// Its /proc/<pid>/cgroup line for `hierarchy` ("devices", or "" for cgroup2).
@@ -123,7 +140,7 @@ fn ready(test: &str, mode: Confine) -> bool {
 /// filter, a container) skips the test, or fails it under CI; any other error fails it,
 /// a program the verifier rejects (EINVAL) first of all.
 fn confined(test: &str, job: &Job, mode: Confine, rules: &DeviceRules) -> Option<JobCgroup> {
-    match confine(job.pid(), &unique(test), mode, rules) {
+    match confine(job.pid(), job.fd(), &unique(test), mode, rules) {
         Err(err @ (ConfineError::BpfLoad { .. } | ConfineError::BpfAttach { .. }))
             if refused(&err) =>
         {
@@ -211,7 +228,7 @@ fn off_leaves_the_job_where_it_was() {
     let before = std::fs::read_to_string(format!("/proc/{}/cgroup", job.pid())).unwrap();
     let name = unique("off_leaves_the_job_where_it_was");
     assert_eq!(
-        confine(job.pid(), &name, Confine::Off, &deny_3()).unwrap(),
+        confine(job.pid(), job.fd(), &name, Confine::Off, &deny_3()).unwrap(),
         None
     );
     let after = std::fs::read_to_string(format!("/proc/{}/cgroup", job.pid())).unwrap();
@@ -282,7 +299,7 @@ fn a_leftover_with_a_process_in_it_is_refused() {
     dir::move_pid(&leftover, squatter.pid()).unwrap();
     let job = Job::spawn(nodes.path());
     let before = job.cgroup("devices");
-    let err = confine(job.pid(), &unique(test), Confine::V1, &deny_3()).unwrap_err();
+    let err = confine(job.pid(), job.fd(), &unique(test), Confine::V1, &deny_3()).unwrap_err();
     assert!(
         matches!(err, ConfineError::InUse { ref path } if *path == leftover),
         "{err}"
@@ -326,7 +343,7 @@ fn v1_under_a_default_deny_parent_narrows_its_wildcard() {
     let nodes = fake_nodes();
     let job = Job::spawn(nodes.path());
     dir::move_pid(&parent.0, job.pid()).unwrap();
-    let cgroup = confine(job.pid(), &unique(test), Confine::V1, &deny_3())
+    let cgroup = confine(job.pid(), job.fd(), &unique(test), Confine::V1, &deny_3())
         .unwrap()
         .unwrap();
     let list = std::fs::read_to_string(cgroup.dirs()[0].join("devices.list")).unwrap();
@@ -350,7 +367,7 @@ fn v1_rules_that_cannot_take_are_an_error_and_undone() {
     let job = Job::spawn(nodes.path());
     dir::move_pid(&parent.0, job.pid()).unwrap();
     let before = job.cgroup("devices");
-    let err = confine(job.pid(), &unique(test), Confine::V1, &deny_3()).unwrap_err();
+    let err = confine(job.pid(), job.fd(), &unique(test), Confine::V1, &deny_3()).unwrap_err();
     assert!(
         matches!(err, ConfineError::RuleNotTaken { minor: 3, ref entry, .. } if entry == "c *:* rwm"),
         "{err}"
@@ -417,6 +434,214 @@ fn the_rules_deny_every_gpu_but_the_jobs_own() {
 
 #[test]
 fn a_bad_name_is_refused_before_anything_is_made() {
-    let err = confine(1, "../x", Confine::Auto, &deny_3()).unwrap_err();
+    let me = pidfd_of(std::process::id() as i32);
+    let err = confine(1, me.as_fd(), "../x", Confine::Auto, &deny_3()).unwrap_err();
     assert!(matches!(err, ConfineError::InvalidName { .. }), "{err}");
+}
+
+// A job is over when its cgroup is empty (issue 19, finding 7): fake cgroup trees in temp
+// dirs first, then the real kernel.
+
+/// A fake job cgroup `gpupin-<name>` under a temp dir with `files` in it.
+fn fake_cgroup(tmp: &Path, name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let dir = tmp.join(format!("gpupin-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn cgroup2_emptiness_is_read_from_cgroup_events() {
+    let tmp = tempfile::tempdir().unwrap();
+    let busy = fake_cgroup(
+        tmp.path(),
+        "busy",
+        &[("cgroup.events", "populated 1\nfrozen 0\n")],
+    );
+    let idle = fake_cgroup(
+        tmp.path(),
+        "idle",
+        &[("cgroup.events", "populated 0\nfrozen 0\n")],
+    );
+    // cgroup.events is exact for the subtree: cgroup.procs is not read where it exists.
+    let sub = fake_cgroup(
+        tmp.path(),
+        "sub",
+        &[("cgroup.events", "populated 1\n"), ("cgroup.procs", "")],
+    );
+    assert!(populated(&busy));
+    assert!(!populated(&idle));
+    assert!(populated(&sub));
+    assert!(
+        !populated(&tmp.path().join("gpupin-gone")),
+        "a removed cgroup is empty"
+    );
+}
+
+#[test]
+fn cgroup_v1_emptiness_is_read_from_cgroup_procs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let busy = fake_cgroup(tmp.path(), "busy", &[("cgroup.procs", "4242\n4243\n")]);
+    let idle = fake_cgroup(tmp.path(), "idle", &[("cgroup.procs", "")]);
+    assert!(populated(&busy));
+    assert!(!populated(&idle));
+    let job = JobCgroup::recorded(&[idle.clone(), busy.clone()]).unwrap();
+    assert!(job.populated(), "one busy cgroup of two keeps the job");
+    assert_eq!(job.count(), 2);
+    assert!(
+        !JobCgroup::recorded(std::slice::from_ref(&idle))
+            .unwrap()
+            .populated()
+    );
+    // A cgroup below the job's (root's job could make one) is the job's too.
+    std::fs::create_dir(idle.join("sub")).unwrap();
+    std::fs::write(idle.join("sub/cgroup.procs"), "4244\n").unwrap();
+    assert!(populated(&idle));
+}
+
+#[test]
+fn an_unreadable_cgroup_counts_as_in_use_and_other_paths_are_never_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let odd = fake_cgroup(tmp.path(), "odd", &[]);
+    std::fs::create_dir(odd.join("cgroup.events")).unwrap();
+    assert!(populated(&odd), "an error never frees the GPUs");
+    let other = tmp.path().join("user.slice");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("cgroup.procs"), "1\n").unwrap();
+    assert!(!populated(&other), "only gpupin-* cgroups are read");
+    assert!(!populated(Path::new("gpupin-relative")));
+    assert_eq!(JobCgroup::recorded(&[other]), None);
+}
+
+#[test]
+fn kill_writes_cgroup_kill_where_the_kernel_has_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = fake_cgroup(
+        tmp.path(),
+        "k",
+        &[("cgroup.kill", ""), ("cgroup.procs", "1\n")],
+    );
+    kill(&dir).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("cgroup.kill")).unwrap(),
+        "1"
+    );
+}
+
+#[test]
+fn kill_without_cgroup_kill_signals_each_listed_process_and_no_other() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut listed = Command::new("sleep").arg("60").spawn().unwrap();
+    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
+    let dir = fake_cgroup(
+        tmp.path(),
+        "k",
+        &[("cgroup.procs", &format!("{}\n", listed.id()))],
+    );
+    // Not a job cgroup: never acted on, whatever it lists.
+    let foreign = tmp.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("cgroup.procs"), format!("{}\n", other.id())).unwrap();
+    let mut below = Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/cgroup.procs"), format!("{}\n", below.id())).unwrap();
+    kill(&dir).unwrap();
+    kill(&foreign).unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(listed.wait().unwrap().signal(), Some(libc::SIGKILL));
+    assert_eq!(below.wait().unwrap().signal(), Some(libc::SIGKILL));
+    assert_eq!(other.try_wait().unwrap(), None, "the other process runs on");
+    other.kill().unwrap();
+    other.wait().unwrap();
+}
+
+#[test]
+fn gc_removes_empty_job_cgroups_of_holders_that_are_gone_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let top = tmp.path();
+    let gone = fake_cgroup(&top.join("user.slice/session-1.scope"), "gone", &[]);
+    let live = fake_cgroup(top, "live", &[]);
+    let busy = fake_cgroup(top, "busy", &[("cgroup.events", "populated 1\n")]);
+    let not_ours = top.join("system.slice");
+    std::fs::create_dir_all(&not_ours).unwrap();
+    let is_live = |id: &str| id == "live";
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(120);
+
+    let mut removed = Vec::new();
+    orphans::remove_under(top, &is_live, std::time::SystemTime::now(), &mut removed);
+    assert!(
+        removed.is_empty(),
+        "a cgroup just made is left: {removed:?}"
+    );
+    orphans::remove_under(top, &is_live, later, &mut removed);
+    assert_eq!(removed, std::slice::from_ref(&gone));
+    assert!(!gone.exists());
+    assert!(live.exists() && busy.exists() && not_ours.exists());
+}
+
+#[test]
+fn a_job_is_over_when_its_cgroup_is_empty_not_when_its_first_process_exits() {
+    let test = "a_job_is_over_when_its_cgroup_is_empty";
+    if !ready(test, Confine::Auto) {
+        return;
+    }
+    let nodes = fake_nodes();
+    // The job starts a child in a session of its own, which outlives it, and exits.
+    let script = "read go; setsid sleep 300 </dev/null >/dev/null 2>&1 & exit 0";
+    let job = Job::spawn_script(nodes.path(), script, |_| {});
+    let Some(cgroup) = confined(test, &job, Confine::Auto, &deny_3()) else {
+        return;
+    };
+    job.finish();
+    assert!(
+        cgroup.populated(),
+        "the setsid child is still in {cgroup:?}"
+    );
+    assert_eq!(cgroup.count(), 1);
+    let recorded = JobCgroup::recorded(cgroup.dirs()).unwrap();
+    assert_eq!(recorded.dirs(), cgroup.dirs());
+    assert!(recorded.populated());
+    assert!(cgroup.remove().is_err(), "kept while the child runs");
+    let start = std::time::Instant::now();
+    while cgroup.populated() {
+        cgroup.kill().unwrap();
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "the leftover was not killed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    cgroup.remove().unwrap();
+}
+
+#[test]
+fn a_pid_whose_pinned_process_ended_is_not_confined() {
+    let test = "a_pid_whose_pinned_process_ended_is_not_confined";
+    if !ready(test, Confine::Auto) {
+        return;
+    }
+    let nodes = fake_nodes();
+    let job = Job::spawn(nodes.path());
+    let mut ended = Command::new("true").spawn().unwrap();
+    let ended_fd = pidfd_of(ended.id() as i32);
+    ended.wait().unwrap();
+    let before = std::fs::read_to_string(format!("/proc/{}/cgroup", job.pid())).unwrap();
+    // The pidfd is of a process that ended: the pid may be anyone's by now.
+    let err = confine(
+        job.pid(),
+        ended_fd.as_fd(),
+        &unique(test),
+        Confine::Auto,
+        &deny_3(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ConfineError::Gone { .. }), "{err}");
+    let after = std::fs::read_to_string(format!("/proc/{}/cgroup", job.pid())).unwrap();
+    assert_eq!(before, after, "nothing was moved");
+    for parent in hierarchy::parents(Path::new("/proc"), job.pid(), Confine::Auto).unwrap() {
+        assert!(!parent.dir.join(format!("gpupin-{}", unique(test))).exists());
+    }
+    job.finish();
 }

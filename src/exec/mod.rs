@@ -11,8 +11,10 @@ mod wait;
 
 pub use env::{HOLDER_ENV, job_env};
 pub use gate::{GATE_FD_ARG, Gated, pass_gate, spawn_gated};
-pub use job::{JobError, JobGrant, abandon, finish, grant, start};
-pub use wait::{block_signals, exit_code, forward_signals_and_wait, unblock_all_signals};
+pub use job::{Finished, JobError, JobGrant, LEFTOVERS_POLL, abandon, finish, grant, start};
+pub use wait::{
+    block_signals, exit_code, forward_signals_and_wait, next_signal, unblock_all_signals,
+};
 
 use crate::config::Config;
 use crate::grant::{self, GrantError};

@@ -97,6 +97,38 @@ pub fn forward_signals_and_wait(child: &mut Child) -> io::Result<ExitStatus> {
     }
 }
 
+/// Waits up to `timeout` for one of the forwarded signals (SIGCHLD is let pass); `None`
+/// when none came. For `gpupin exec` while it waits for a job's leftovers, which get the
+/// signals it is sent: their session is not the terminal's, so nothing else reaches them.
+/// `block_signals` must have been called.
+pub fn next_signal(timeout: std::time::Duration) -> io::Result<Option<libc::c_int>> {
+    let set = signal_set(true);
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let wait = libc::timespec {
+            tv_sec: left.as_secs() as libc::time_t,
+            tv_nsec: left.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: a valid set and timeout; the siginfo is not needed.
+        let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &wait) };
+        if sig < 0 {
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EAGAIN) => return Ok(None),
+                Some(libc::EINTR) => continue,
+                _ => return Err(err),
+            }
+        }
+        if sig != libc::SIGCHLD {
+            return Ok(Some(sig));
+        }
+    }
+}
+
 /// The exit code a shell would give: the job's own, or 128 + the signal that ended it.
 pub fn exit_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;

@@ -509,6 +509,7 @@ impl Ledger {
             claim_digest: meta.claim_digest,
             salt: within::new_salt()?,
             created_at: record::unix_now(),
+            cgroups: Vec::new(),
         };
         store::write_record(&self.dir, &holder.file_name(), &record)?;
         let event = match record.kind {
@@ -819,6 +820,11 @@ impl Ledger {
                 cleared.push(path.clone());
             }
         }
+        // Job cgroups whose holder is gone and whose remover went away too (a killed
+        // `gpupin exec`, a daemon that died).
+        cleared.extend(crate::confine::remove_orphans(&|id| {
+            live.iter().any(|r| r.id == id)
+        }));
         cleared.extend(queue::drop_stale_tickets(&self.dir)?);
         cleared.extend(store::remove_dead_temps(&self.dir)?);
         for sub in [store::HOLDERS_DIR, queue::QUEUE_DIR] {
@@ -864,6 +870,8 @@ impl Ledger {
             if record.is_stale(now, self.unbound_grace) {
                 let id = HolderId::new(&record.id)?;
                 store::remove_record(&self.dir, &id.file_name())?;
+                // Stale means its cgroups are empty: nobody else removes them now.
+                let _ = crate::confine::remove_dirs(&record.cgroups);
                 self.audit_done(&Event::for_record(EventKind::Reap, &record).held_since(&record));
                 self.changed();
                 tracing::info!(

@@ -98,6 +98,11 @@ pub struct Record {
     pub salt: String,
     /// Seconds since the Unix epoch.
     pub created_at: u64,
+    /// The job's own cgroups (`gpupin-<holder>`, one per hierarchy) of a confined job:
+    /// the job lasts until they are empty, whoever watches it (a daemon restarted since
+    /// finds them here, and removes them at the job's end). Empty in older records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<PathBuf>,
 }
 
 /// What an allocation knows about the holder besides its id.
@@ -122,16 +127,21 @@ pub struct HolderMeta {
 }
 
 impl Record {
-    /// Whether the holder is gone: its process ended, its pid now belongs to another
-    /// process, or it never got a process within `grace` (of its creation, before or
-    /// after: see below).
+    /// Whether the holder is gone: its process ended (and, for a confined job, its
+    /// cgroups are empty: a process it left behind still runs on its GPUs), its pid now
+    /// belongs to another process, or it never got a process within `grace` (of its
+    /// creation, before or after: see below). The cgroups are read only once the pid is
+    /// gone, so the usual check stays one read of /proc.
     pub fn is_stale(&self, now: SystemTime, grace: Duration) -> bool {
         if self.from_an_earlier_boot() {
             return true;
         }
         match (self.pid, self.start_time) {
             (None, _) if self.until_release => false,
-            (Some(pid), Some(started)) => !procinfo::is_alive(pid, started),
+            (Some(pid), Some(started)) => {
+                !procinfo::is_alive(pid, started)
+                    && !self.cgroups.iter().any(|d| crate::confine::populated(d))
+            }
             // A pid without a start time was gone when it was recorded (gpupin reads the
             // start time as it records the pid): whoever has the pid now is someone else.
             (Some(_), None) => true,

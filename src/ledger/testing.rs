@@ -22,6 +22,7 @@ pub(crate) fn record(id: &str, gpus: &[&str]) -> Record {
         container: None,
         until_release: false,
         salt: String::new(),
+        cgroups: Vec::new(),
         // After this boot (2100-01-01), so that the holder counts as running.
         created_at: 4_102_444_800,
     }

@@ -453,24 +453,40 @@ fn a_hold_until_release_outlives_the_grace_and_goes_with_release() {
     assert!(l.release(&id("maint")).unwrap().is_some());
 }
 
+/// A pidfd of process `pid`.
+fn pidfd_of(pid: u32) -> std::os::fd::OwnedFd {
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).unwrap()
+}
+
+fn sleeper() -> std::process::Child {
+    std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn adopt_moves_a_record_only_from_the_process_it_names() {
+    use std::os::fd::AsFd;
     let (_t, l) = ledger();
     let inv = machine(4);
     let m = Machine::new(&inv, PolicyName::Pack);
-    let mut child = std::process::Command::new("sleep")
-        .arg("30")
-        .spawn()
-        .unwrap();
+    let mut child = sleeper();
+    let fd = pidfd_of(child.id());
     let me = std::process::id() as i32;
     l.allocate(&id("j"), &count(1), &m, job("alice", 1001, &[]))
         .unwrap();
-    let err = l.adopt(&id("j"), me + 1, child.id() as i32).unwrap_err();
+    let err = l
+        .adopt(&id("j"), me + 1, child.id() as i32, fd.as_fd())
+        .unwrap_err();
     assert!(
         one_line(&err).contains("its record names another process"),
         "{err}"
     );
-    let r = l.adopt(&id("j"), me, child.id() as i32).unwrap();
+    let r = l
+        .adopt(&id("j"), me, child.id() as i32, fd.as_fd())
+        .unwrap();
     assert_eq!(r.pid, Some(child.id() as i32));
     child.kill().unwrap();
     child.wait().unwrap();
@@ -478,6 +494,130 @@ fn adopt_moves_a_record_only_from_the_process_it_names() {
         l.is_stale(&l.records().unwrap()[0]),
         "the job's end ends the hold"
     );
+}
+
+/// Issue 19, finding 12: the job was checked through a pidfd, then its pid is used bare.
+/// A pid that names another process by then (here: the pidfd's process has ended, the
+/// pid is a live stranger's) gets no record.
+#[test]
+fn adopt_refuses_a_pid_whose_pinned_process_has_ended() {
+    use std::os::fd::AsFd;
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let me = std::process::id() as i32;
+    let mut checked = sleeper();
+    let fd = pidfd_of(checked.id());
+    checked.kill().unwrap();
+    checked.wait().unwrap();
+    let mut stranger = sleeper();
+    l.allocate(&id("j"), &count(1), &m, job("alice", 1001, &[]))
+        .unwrap();
+    let before = l.records().unwrap();
+    let err = l
+        .adopt(&id("j"), me, stranger.id() as i32, fd.as_fd())
+        .unwrap_err();
+    assert!(one_line(&err).contains("the job is gone"), "{err}");
+    assert_eq!(l.records().unwrap(), before, "the stranger got no record");
+    stranger.kill().unwrap();
+    stranger.wait().unwrap();
+}
+
+/// A fake cgroup2 job cgroup (`gpupin-<name>` in a temp dir) whose cgroup.events says
+/// `populated`.
+fn fake_cgroup(tmp: &std::path::Path, name: &str, populated: bool) -> std::path::PathBuf {
+    let dir = tmp.join(format!("gpupin-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    set_populated(&dir, populated);
+    dir
+}
+
+fn set_populated(dir: &std::path::Path, populated: bool) {
+    let events = format!("populated {}\nfrozen 0\n", u8::from(populated));
+    std::fs::write(dir.join("cgroup.events"), events).unwrap();
+}
+
+/// Issue 19, finding 7: a job whose main process ended while a process it left runs on in
+/// its cgroup keeps its GPUs and counts toward its user's limit; the next allocation does
+/// not reap it. Once the cgroup is empty it is stale, and the reap removes the cgroup.
+#[test]
+fn a_job_whose_cgroup_still_has_processes_is_not_reaped() {
+    use std::os::fd::AsFd;
+    let (t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(1),
+        ..Limits::default()
+    };
+    let m = limited_machine(&inv, &limits);
+    let me = std::process::id() as i32;
+    let mut main = sleeper();
+    let fd = pidfd_of(main.id());
+    let held = l
+        .allocate(&id("j"), &devices(&["2"]), &m, job("alice", 1001, &[]))
+        .unwrap()
+        .record;
+    l.adopt(&id("j"), me, main.id() as i32, fd.as_fd()).unwrap();
+    let cgroups = t.path().join("cgroups");
+    let dir = fake_cgroup(&cgroups, "j", true);
+    l.record_cgroups(&id("j"), main.id() as i32, std::slice::from_ref(&dir))
+        .unwrap();
+    assert_eq!(l.records().unwrap()[0].cgroups, std::slice::from_ref(&dir));
+    main.kill().unwrap();
+    main.wait().unwrap();
+
+    assert!(!l.is_stale(&l.records().unwrap()[0]), "leftovers run");
+    let exclusive = |holder: &str, user: &str, uid: u32| {
+        l.allocate(&id(holder), &devices(&["2"]), &m, job(user, uid, &[]))
+    };
+    let err = exclusive("b", "bob", 1002).unwrap_err();
+    assert!(one_line(&err).contains("GPU 2"), "{err}");
+    let err = l
+        .allocate(&id("a2"), &count(1), &m, job("alice", 1001, &[]))
+        .unwrap_err();
+    assert!(
+        one_line(&err).starts_with("alice holds 1 GPU and alice asks for 1 more"),
+        "{err}"
+    );
+    assert_eq!(l.records().unwrap().len(), 1, "not reaped");
+    assert_eq!(l.records().unwrap()[0].gpus, held.gpus);
+
+    set_populated(&dir, false);
+    assert!(l.is_stale(&l.records().unwrap()[0]));
+    std::fs::remove_file(dir.join("cgroup.events")).unwrap();
+    // A real cgroup's files go with it; a fake one must be empty to be removed.
+    exclusive("b", "bob", 1002).unwrap();
+    assert!(!dir.exists(), "the reap removed the job's cgroup");
+}
+
+#[test]
+fn a_jobs_cgroups_are_recorded_only_for_the_process_its_record_names() {
+    let (t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("j"), &count(1), &m, job("alice", 1001, &[]))
+        .unwrap();
+    let before = l.records().unwrap();
+    let dir = fake_cgroup(t.path(), "j", true);
+    let err = l.record_cgroups(&id("j"), 1, &[dir]).unwrap_err();
+    assert!(one_line(&err).contains("names another process"), "{err}");
+    assert_eq!(l.records().unwrap(), before);
+}
+
+/// Records written before the field existed read with no cgroups.
+#[test]
+fn an_older_record_without_cgroups_reads() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let r = l
+        .allocate(&id("old"), &count(1), &m, job("alice", 1001, &[]))
+        .unwrap()
+        .record;
+    let text = serde_json::to_string(&r).unwrap();
+    assert!(!text.contains("cgroups"), "{text}");
+    let back: Record = serde_json::from_str(&text).unwrap();
+    assert!(back.cgroups.is_empty());
 }
 
 #[test]

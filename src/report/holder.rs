@@ -121,6 +121,7 @@ mod tests {
         let r = crate::report::tests::record("c", &[]);
         let r = Record {
             created_at: 1_000_000,
+            cgroups: Vec::new(),
             ..r
         };
         let at = |s: u64| age(created + Duration::from_secs(s), &r);

@@ -235,7 +235,14 @@ fn bind_job(
             ));
         }
     }
-    let cgroup = exec::start(config, grant, peer.pid, job).map_err(|e| one_line(&e))?;
+    let cgroup = exec::start(
+        config,
+        grant,
+        peer.pid,
+        job,
+        std::os::fd::AsFd::as_fd(&pinned.fd),
+    )
+    .map_err(|e| one_line(&e))?;
     Ok((pinned, cgroup))
 }
 
@@ -243,7 +250,10 @@ fn bind_job(
 fn release_at_exit(config: &Config, holder: HolderId, pinned: Pinned, cgroup: Option<JobCgroup>) {
     pinned.wait_exit();
     tracing::debug!(holder = %holder, pid = pinned.pid, "the holder's process ended");
-    exec::finish(config, &holder, pinned.pid, cgroup.as_ref());
+    // A job is over when its cgroup is empty (`leftovers`).
+    while exec::finish(config, &holder, pinned.pid, cgroup.as_ref()) == exec::Finished::Leftovers {
+        std::thread::sleep(exec::LEFTOVERS_POLL);
+    }
 }
 
 struct HoldAsked {
