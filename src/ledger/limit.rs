@@ -31,9 +31,6 @@ impl Scope {
     }
 }
 
-/// A nested request chain longer than this is a loop in the records, not a real nesting.
-const MAX_DEPTH: usize = 16;
-
 pub(super) fn scope(
     holder: &HolderId,
     request: &crate::request::GpuRequest,
@@ -53,9 +50,12 @@ pub(super) fn scope(
                     within: within.clone(),
                 })?;
         may_enter(holder, request, meta, parent, opens)?;
+        // Up the chain of enclosing holders. Records are finite, so the walk ends at a
+        // holder that is inside none, or at one seen before: a loop (a parent released and
+        // its name taken again inside its own child).
         let mut next = Some(parent);
         while let Some(r) = next {
-            if scope.enclosing.len() >= MAX_DEPTH || scope.enclosing.contains(&r.id) {
+            if scope.enclosing.contains(&r.id) {
                 break;
             }
             scope.enclosing.push(r.id.clone());

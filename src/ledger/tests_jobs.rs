@@ -718,3 +718,101 @@ fn a_hold_asked_again_for_other_gpus_is_refused() {
     );
     assert_eq!(l.records().unwrap(), [first.record]);
 }
+
+/// Two levels deep: the grandparent's holding of the GPU its grandchild takes stands in no
+/// one's way, as the parent's does not.
+#[test]
+fn a_request_two_levels_deep_takes_from_its_parents_gpus() {
+    let (_t, l) = ledger();
+    let inv = machine(8);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("a-outer"), &devices(&["5", "6"]), &m, hold(true))
+        .unwrap();
+    let middle = GpuRequest {
+        selection: Selection::Devices(vec!["5".into()]),
+        ..within("a-outer", Selection::All)
+    };
+    l.allocate(&id("b-middle"), &middle, &m, hold(true))
+        .unwrap();
+    let inner = l
+        .allocate(
+            &id("c-inner"),
+            &within("b-middle", Selection::Count(1)),
+            &m,
+            hold(true),
+        )
+        .unwrap();
+    assert_eq!(inner.record.gpus, ["GPU-test-5"]);
+}
+
+/// Enclosing holders that name each other (a parent released and its name taken again
+/// inside its own child) end the walk up the chain; the request is still served.
+#[test]
+fn a_loop_of_enclosing_holders_ends_the_walk() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("x"), &devices(&["1", "2"]), &m, hold(true))
+        .unwrap();
+    let y = GpuRequest {
+        selection: Selection::Devices(vec!["1".into(), "2".into()]),
+        ..within("x", Selection::All)
+    };
+    l.allocate(&id("y"), &y, &m, hold(true)).unwrap();
+    l.release(&id("x")).unwrap();
+    let x_again = GpuRequest {
+        selection: Selection::Devices(vec!["1".into(), "2".into()]),
+        ..within("y", Selection::All)
+    };
+    l.allocate(&id("x"), &x_again, &m, hold(true)).unwrap();
+    let inner = l
+        .allocate(&id("z"), &within("x", Selection::Count(1)), &m, hold(true))
+        .unwrap();
+    assert_eq!(inner.record.gpus, ["GPU-test-1"]);
+}
+
+/// Within a holder, a user whose groups may use only some GPUs gets only GPUs that are
+/// both the holder's and the group's: the scopes intersect.
+#[test]
+fn a_nested_request_of_a_restricted_group_gets_what_both_allow() {
+    let (_t, l) = ledger();
+    let inv = machine(8);
+    let limits = Limits {
+        groups: [(
+            "students".to_string(),
+            GroupLimit {
+                max_gpus: None,
+                gpus: Some(vec![GpuKey::Index(0), GpuKey::Index(1), GpuKey::Index(2)]),
+            },
+        )]
+        .into(),
+        ..Limits::default()
+    };
+    let m = limited_machine(&inv, &limits);
+    let mut sams = hold(true);
+    sams.owner = Some(owner("sam", 1005, &["students"]));
+    l.allocate(&id("res"), &devices(&["2", "3"]), &m, sams)
+        .unwrap();
+    let err = l
+        .allocate(
+            &id("j1"),
+            &within("res", Selection::Count(2)),
+            &m,
+            job("sam", 1005, &["students"]),
+        )
+        .unwrap_err();
+    assert!(
+        one_line(&err).starts_with("cannot allocate 2 GPUs for j1"),
+        "{}",
+        one_line(&err)
+    );
+    let one = l
+        .allocate(
+            &id("j2"),
+            &within("res", Selection::Count(1)),
+            &m,
+            job("sam", 1005, &["students"]),
+        )
+        .unwrap();
+    assert_eq!(one.record.gpus, ["GPU-test-2"]);
+}
