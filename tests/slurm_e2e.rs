@@ -382,6 +382,10 @@ fn with_a_standing_pool_users_jobs_nest_in_it_and_exec_outside_never_gets_slurms
     let hold = g.holder(&job.holder()).unwrap();
     assert_eq!(hold["owner"]["user"], alice.name.as_str(), "{hold}");
     assert_eq!(hold["request"]["within"], "slurm-pool", "{hold}");
+    // The TaskProlog gave the job its hold's key (through gpupin serve, as alice): the
+    // way into the job's GPUs for a container she starts with GPUPIN_WITHIN.
+    let key = exec_support::ok(&g, None, &["key", &job.holder()]);
+    assert_eq!(var(&env, "GPUPIN_WITHIN"), key.trim());
 
     // alice's own step: her gpupin exec asks the daemon, which checks that the job's
     // hold is hers.

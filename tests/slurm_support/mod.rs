@@ -131,6 +131,7 @@ GresTypes=gpu
 PrologFlags=Alloc
 Prolog={d}/etc/prolog
 Epilog={d}/etc/epilog
+TaskProlog={d}/etc/task-prolog
 NodeName={NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=1 Gres=gpu:4 State=UNKNOWN
 PartitionName=test Nodes={NODE} Default=YES MaxTime=5 State=UP
 ",
@@ -159,7 +160,7 @@ NodeName={NODE} Name=gpu File={dev}/nvidia[2-3],{dev}/nvidia7
         for (k, v) in prolog_env {
             exports.push_str(&format!("export {k}={v:?}\n"));
         }
-        for script in ["prolog", "epilog"] {
+        for script in ["prolog", "epilog", "task-prolog"] {
             let wrapper = format!(
                 "#!/bin/sh\n{exports}exec {:?}\n",
                 shipped.join(script).display().to_string()
