@@ -84,6 +84,28 @@ impl State {
         live + self.pending.iter().filter(|p| p.holding.uid == uid).count()
     }
 
+    /// Forgets the holds that are no longer this process's in the ledger (released by
+    /// hand, or by root's `gpupin release`): they would count against their user's bound
+    /// until the process ends. Jobs (with a cgroup) stay until their process ends. The
+    /// watching thread drops a process left without holders (only it closes pidfds).
+    fn prune(&mut self, config: &Config) {
+        let Ok(ledger) = crate::ledger::Ledger::read_only_for_config(config) else {
+            return;
+        };
+        let Ok(records) = ledger.records() else {
+            return;
+        };
+        for w in &mut self.procs {
+            let pid = w.pinned.pid;
+            w.holders.retain(|h| {
+                h.cgroup.is_some()
+                    || records
+                        .iter()
+                        .any(|r| r.id == h.holder.as_str() && r.pid == Some(pid))
+            });
+        }
+    }
+
     /// The running process `pid` among the watched ones (a watched pid whose process
     /// ended may have been reused by the one asked about).
     fn find(&mut self, pid: i32) -> Option<&mut Watched> {
@@ -97,6 +119,7 @@ impl State {
 #[derive(Clone)]
 pub struct Watcher {
     state: Arc<Mutex<State>>,
+    config: Arc<Config>,
     /// The write end of the pipe that wakes the thread when a process is added.
     wake: Arc<OwnedFd>,
     max_per_user: u32,
@@ -109,11 +132,13 @@ impl Watcher {
         let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
         let state = Arc::new(Mutex::new(State::default()));
         let shared = Arc::clone(&state);
+        let watching = Arc::clone(&config);
         std::thread::Builder::new()
             .name("gpupin-watch".into())
-            .spawn(move || run(&config, &shared, &read))?;
+            .spawn(move || run(&watching, &shared, &read))?;
         Ok(Watcher {
             state,
+            config,
             wake: Arc::new(write),
             max_per_user,
         })
@@ -134,7 +159,7 @@ impl Watcher {
         {
             return Ok(());
         }
-        let watched = state.watched_of(uid);
+        let watched = self.count_of(&mut state, uid);
         if uid != 0 && watched >= self.max_per_user as usize {
             return Err(WatchError::TooMany {
                 uid,
@@ -167,7 +192,10 @@ impl Watcher {
         {
             return Ok(());
         }
-        let watched = state.watched_of(uid);
+        let watched = match bounded && uid != 0 {
+            true => self.count_of(&mut state, uid),
+            false => 0,
+        };
         if bounded && uid != 0 && watched >= self.max_per_user as usize {
             return Err(WatchError::TooMany {
                 uid,
@@ -187,6 +215,19 @@ impl Watcher {
         // A full pipe wakes the thread as well as one more byte would.
         let _ = rustix::io::write(&*self.wake, &[1]);
         Ok(())
+    }
+
+    /// How many holders of `uid` are watched; at the bound, after forgetting those the
+    /// ledger no longer gives their process.
+    fn count_of(&self, state: &mut State, uid: u32) -> usize {
+        let watched = state.watched_of(uid);
+        if watched < self.max_per_user as usize {
+            return watched;
+        }
+        state.prune(&self.config);
+        // Processes left without holders are closed by the watching thread.
+        let _ = rustix::io::write(&*self.wake, &[1]);
+        state.watched_of(uid)
     }
 
     /// How many processes are watched (pidfds open), for tests and logs.
@@ -235,9 +276,10 @@ fn run(config: &Config, state: &Mutex<State>, wake: &OwnedFd) {
         // The processes that ended, and the pending checks that are due.
         let (ended, due) = {
             let mut s = lock();
+            // Ended, or left without holders (`prune`): their pidfds close here.
             let (gone, running): (Vec<Watched>, Vec<Watched>) = std::mem::take(&mut s.procs)
                 .into_iter()
-                .partition(|w| !w.pinned.alive());
+                .partition(|w| w.holders.is_empty() || !w.pinned.alive());
             s.procs = running;
             let now = Instant::now();
             let (due, later): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut s.pending)
@@ -277,6 +319,9 @@ fn release(config: &Config, pid: i32, holding: Holding) -> Option<Pending> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::{HolderKind, HolderMeta, Ledger, Machine};
+    use crate::policy::PolicyName;
+    use crate::request::{GpuRequest, Origin, Selection};
 
     fn sleeper() -> std::process::Child {
         std::process::Command::new("sleep")
@@ -285,38 +330,57 @@ mod tests {
             .unwrap()
     }
 
-    fn watcher(max: u32) -> (tempfile::TempDir, Watcher) {
+    fn id(s: &str) -> HolderId {
+        HolderId::new(s).unwrap()
+    }
+
+    #[test]
+    fn one_pidfd_a_process_a_repeated_holder_watched_once_and_a_bound_per_user() {
         let tmp = tempfile::tempdir().unwrap();
         let config = Config {
             state_dir: tmp.path().join("state"),
             ..Config::default()
         };
-        (tmp, Watcher::start(Arc::new(config), max).unwrap())
-    }
-
-    #[test]
-    fn one_pidfd_a_process_and_a_repeated_holder_is_watched_once() {
-        let (_t, w) = watcher(3);
+        let ledger = Ledger::for_config(&config).unwrap();
+        let w = Watcher::start(Arc::new(config), 3).unwrap();
         let mut child = sleeper();
         let pid = child.id() as i32;
-        let id = |s: &str| HolderId::new(s).unwrap();
+        // Holds of that process in the ledger, as gpupin serve makes them.
+        let inv = crate::policy::testing::machine(4);
+        let m = Machine::new(&inv, PolicyName::Pack);
+        for h in ["h1", "h2", "h3"] {
+            let meta = HolderMeta {
+                source: "test".into(),
+                pid: Some(pid),
+                kind: HolderKind::Hold,
+                ..HolderMeta::default()
+            };
+            let one = GpuRequest::new(Selection::Count(1), Origin::Cli);
+            ledger.allocate(&id(h), &one, &m, meta).unwrap();
+        }
         for _ in 0..5 {
             w.admits(7, "h1", Some(pid)).unwrap();
             let pinned = Pinned::open(pid).unwrap();
             w.watch(7, id("h1"), pinned, None, true).unwrap();
         }
-        w.watch(7, id("h2"), Pinned::open(pid).unwrap(), None, true)
-            .unwrap();
-        w.watch(7, id("h3"), Pinned::open(pid).unwrap(), None, true)
-            .unwrap();
+        for h in ["h2", "h3"] {
+            w.watch(7, id(h), Pinned::open(pid).unwrap(), None, true)
+                .unwrap();
+        }
         assert_eq!(w.processes(), 1);
         let err = w
             .watch(7, id("h4"), Pinned::open(pid).unwrap(), None, true)
             .unwrap_err();
-        assert!(err.to_string().contains("serve.max_watched_per_user"));
+        assert_eq!(
+            err.to_string(),
+            "uid 7 has 3 holders with a process watched by gpupin serve; the limit is 3 (serve.max_watched_per_user): release some first"
+        );
         assert!(w.admits(7, "h4", Some(pid)).is_err());
         assert!(w.admits(7, "h1", Some(pid)).is_ok(), "asked again");
         assert!(w.admits(8, "h4", Some(pid)).is_ok(), "another user");
+        // A hold released by hand no longer counts.
+        ledger.release(&id("h3")).unwrap();
+        assert!(w.admits(7, "h4", Some(pid)).is_ok(), "h3 was released");
         child.kill().unwrap();
         child.wait().unwrap();
         let start = Instant::now();
@@ -324,6 +388,9 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(20), "not released");
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(w.admits(7, "h4", None).is_ok(), "the bound frees up");
+        assert!(
+            ledger.records().unwrap().is_empty(),
+            "released at the process's end"
+        );
     }
 }
