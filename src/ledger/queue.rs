@@ -111,6 +111,39 @@ fn scan_tickets(dir: &Path) -> Result<(Vec<Ticket>, Vec<PathBuf>), LedgerError> 
     Ok((tickets, removed))
 }
 
+/// Whether a live ticket that is not parked is ahead of `own`. Reads tickets in name
+/// (arrival) order and stops at the first such one, so that a look of a waiter deep in
+/// a long queue costs one ticket, not all of them; stale tickets on the way are removed.
+/// Caller holds the lock.
+fn anyone_ahead(dir: &Path, own: &Ticket) -> Result<bool, LedgerError> {
+    let Some(qdir) = store::existing_subdir(dir, QUEUE_DIR)? else {
+        return Ok(false);
+    };
+    for (path, _) in store::list(&qdir)? {
+        let name = path.file_name().unwrap_or_default().as_encoded_bytes();
+        if name.starts_with(b".") {
+            continue;
+        }
+        if name >= own.file_name().as_bytes() {
+            break;
+        }
+        let ticket = regular::read(&path, Links::Refuse)
+            .ok()
+            .and_then(|t| serde_json::from_slice::<Ticket>(&t).ok());
+        match ticket {
+            Some(t) if t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)) => {
+                if !t.parked && t.seq < own.seq {
+                    return Ok(true);
+                }
+            }
+            _ => {
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// Queues `holder` behind every live ticket, for as long as process `waiter` lives.
 /// A request for a limited user who has `max_waiting` tickets already is refused.
 /// Caller holds the lock.
@@ -364,18 +397,12 @@ impl Ledger {
         machine: &Machine,
         meta: &HolderMeta,
     ) -> Result<Option<Allocation>, LedgerError> {
-        let records = store::read_records(&self.dir)?;
-        let live: Vec<Record> = self.reap(records, SystemTime::now())?;
-        let tickets = live_tickets(&self.dir)?;
-        let ahead = tickets
-            .iter()
-            .take_while(|t| t.seq != ticket.seq)
-            .filter(|t| !t.parked)
-            .count();
-        if ahead > 0 {
-            tracing::trace!(holder = %holder, ahead, "others are ahead in the queue");
+        if anyone_ahead(&self.dir, ticket)? {
+            tracing::trace!(holder = %holder, "others are ahead in the queue");
             return Ok(None);
         }
+        let records = store::read_records(&self.dir)?;
+        let live: Vec<Record> = self.reap(records, SystemTime::now())?;
         match self.commit(holder, request, machine, meta.clone(), &live) {
             Ok(allocation) => {
                 dequeue(&self.dir, ticket);
