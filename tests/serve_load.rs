@@ -303,3 +303,111 @@ fn an_over_limit_waiter_makes_neither_roots_exec_nor_a_container_wait() {
     assert!(exit.success(), "{stderr}");
     until_clean(g);
 }
+
+/// A cgroup of the pids controller (v1 `pids` hierarchy, or cgroup2 with `pids` enabled
+/// at its root), removed when dropped; the processes in it must be gone by then.
+struct PidsCgroup(std::path::PathBuf);
+
+impl PidsCgroup {
+    fn create(name: &str) -> Result<PidsCgroup, String> {
+        let v1 = Path::new("/sys/fs/cgroup/pids");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let parent = if v1.join("cgroup.procs").exists() {
+            v1
+        } else if std::fs::read_to_string(v2.join("cgroup.subtree_control"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "pids"))
+        {
+            v2
+        } else {
+            return Err("no pids cgroup controller to limit the daemon's threads".into());
+        };
+        let dir = parent.join(name);
+        std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(PidsCgroup(dir))
+    }
+
+    fn limit(&self, max: usize, pid: i32) {
+        std::fs::write(self.0.join("pids.max"), max.to_string()).unwrap();
+        std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn a_daemon_that_cannot_start_a_thread_refuses_and_keeps_watching() {
+    let test = "a_daemon_that_cannot_start_a_thread_refuses_and_keeps_watching";
+    if !requirements(test) {
+        return;
+    }
+    let name = format!("gpupin-test-{}", std::process::id());
+    let Some(cgroup) = harness::required(test, PidsCgroup::create(&name)) else {
+        return;
+    };
+    // Caps far above what the tasks limit lets the daemon start.
+    let g = gpupin("[serve]\nmax_connections = 1000\nmax_connections_per_user = 1000\n");
+    let alice = User::create("spawn");
+    let mut daemon = Daemon::start(&g);
+    let mut hers = Sleeper::start(&alice);
+    let pid = hers.pid().to_string();
+    ok(
+        &g,
+        Some(&alice),
+        &["hold", "a1", "--devices", "1", "--pid", &pid],
+    );
+
+    // A tasks limit a few threads above what the daemon runs now, then idle connections.
+    let (_, threads) = fds_and_threads(daemon.pid());
+    cgroup.limit(threads + 4, daemon.pid());
+    let socket = g.state_dir.join("gpupin.sock");
+    let conns: Vec<UnixStream> = (0..40)
+        .map(|_| UnixStream::connect(&socket).unwrap())
+        .collect();
+    let refused = until("some connections are refused", || {
+        let answered: Vec<String> = conns
+            .iter()
+            .filter_map(|c| {
+                c.set_nonblocking(true).unwrap();
+                let mut line = String::new();
+                BufReader::new(c).read_line(&mut line).ok()?;
+                (!line.is_empty()).then_some(line)
+            })
+            .collect();
+        (!answered.is_empty()).then_some(answered)
+    });
+    assert!(
+        refused
+            .iter()
+            .all(|l| l.contains("gpupin serve cannot take this request now") && l.ends_with("}\n")),
+        "{refused:?}"
+    );
+    assert!(daemon.running(), "{}", daemon.log());
+
+    // The idle connections go: the daemon answers again, and still watches a1.
+    drop(conns);
+    let args = ["hold", "a2", "--devices", "2", "--pid", &pid];
+    until("alice is answered again", || {
+        cmd_ok(&g, &alice, &args).then_some(())
+    });
+    hers.stop();
+    until("her holds are released when her process ends", || {
+        holder_ids(&g.status()).is_empty().then_some(())
+    });
+    assert!(daemon.running(), "{}", daemon.log());
+    drop(daemon);
+    drop(cgroup);
+}
+
+/// Whether `gpupin ARGS` as `user` succeeds.
+fn cmd_ok(g: &gpupin_sandbox::harness::Gpupin, user: &User, args: &[&str]) -> bool {
+    exec_support::run(g, Some(user), args).status.success()
+}

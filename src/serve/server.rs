@@ -545,3 +545,48 @@ fn release_for(config: &Config, peer: Peer, id: &str) -> Result<Record, Refusal>
         Err(e) => Err(Refusal::Failed(one_line(&e))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, Write};
+
+    #[test]
+    fn a_caller_sending_a_byte_now_and_then_still_runs_out_of_time() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = Arc::clone(&done);
+        // A byte every 50 ms, never a whole line, for up to 20 s.
+        let slow = std::thread::spawn(move || {
+            let mut theirs = theirs;
+            for _ in 0..400 {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) || theirs.write_all(b" ").is_err()
+                {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let mut input = BufReader::new(Deadline::new(Arc::new(ours), Duration::from_millis(400)));
+        let mut line = Vec::new();
+        let err = input.read_until(b'\n', &mut line).unwrap_err();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            err.to_string(),
+            "the request did not arrive whole within 400ms"
+        );
+        assert!(!line.is_empty(), "bytes kept coming: {line:?}");
+        slow.join().unwrap();
+    }
+
+    #[test]
+    fn a_connection_is_still_wanted_until_the_caller_hangs_up() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        assert!(still_open(&ours));
+        (&theirs).write_all(b"early bytes are no hang-up").unwrap();
+        assert!(still_open(&ours));
+        drop(theirs);
+        assert!(!still_open(&ours));
+    }
+}
