@@ -10,11 +10,12 @@ mod exec_support;
 
 use exec_support::{
     Daemon, GPUPIN, Job, Sleeper, User, gpupin, holder_ids, ok, open_up, queued, requirements,
-    until, until_clean,
+    scratch, until, until_clean,
 };
 use gpupin_sandbox::harness::{self, Sandbox};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -258,9 +259,42 @@ fn a_hostile_user_does_not_stall_the_daemon_for_an_honest_one() {
     until_clean(&g);
 }
 
+/// Env of the client that queues, hangs up and lives on: the socket, and a directory
+/// in which it and the test tell each other how far they got.
+const HANGUP_SOCKET: &str = "GPUPIN_LOAD_HANGUP_SOCKET";
+const HANGUP_DIR: &str = "GPUPIN_LOAD_HANGUP_DIR";
+
+/// Waits (at most a minute) until `path` exists.
+fn until_file(path: &Path) {
+    let start = Instant::now();
+    while !path.exists() && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A caller that asks for a GPU with a wait, closes its connection once queued, and
+/// lives on until told to end: its ticket must go with the connection.
+fn hangup_client() -> bool {
+    let (Ok(socket), Ok(dir)) = (std::env::var(HANGUP_SOCKET), std::env::var(HANGUP_DIR)) else {
+        return false;
+    };
+    let dir = Path::new(&dir);
+    let mut stream = UnixStream::connect(socket).unwrap();
+    let exec = r#"{"op":"exec","request":[["gpupin.count","1"],["gpupin.wait","90s"]]}"#;
+    writeln!(stream, "{exec}").unwrap();
+    until_file(&dir.join("queued"));
+    drop(stream);
+    std::fs::write(dir.join("closed"), "").unwrap();
+    until_file(&dir.join("done"));
+    true
+}
+
 #[test]
 fn an_over_limit_waiter_makes_neither_roots_exec_nor_a_container_wait() {
     let test = "an_over_limit_waiter_makes_neither_roots_exec_nor_a_container_wait";
+    if hangup_client() {
+        return;
+    }
     if !requirements(test) {
         return;
     }
@@ -294,6 +328,38 @@ fn an_over_limit_waiter_makes_neither_roots_exec_nor_a_container_wait() {
     assert_eq!(g.held_minors(container.id()).len(), 1);
     assert!(!job.has_started() && queued(g) == 1, "she still waits");
     drop(container);
+
+    // A second request of hers that hangs up once queued, its process alive: its ticket
+    // goes with the connection.
+    let talk = scratch(g).join("hangup");
+    std::fs::create_dir(&talk).unwrap();
+    std::fs::set_permissions(&talk, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut client = Command::new(std::env::current_exe().unwrap());
+    client
+        .args(["--exact", test, "--test-threads=1", "-q"])
+        .env(HANGUP_SOCKET, g.state_dir.join("gpupin.sock"))
+        .env(HANGUP_DIR, &talk)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .uid(alice.uid)
+        .gid(alice.gid);
+    let mut client = client.spawn().unwrap();
+    until("her second request waits", || {
+        (queued(g) == 2).then_some(())
+    });
+    std::fs::write(talk.join("queued"), "").unwrap();
+    until("her second request hangs up", || {
+        talk.join("closed").exists().then_some(())
+    });
+    until("its ticket goes with the connection", || {
+        (queued(g) == 1).then_some(())
+    });
+    assert!(
+        client.try_wait().unwrap().is_none(),
+        "the caller still runs"
+    );
+    std::fs::write(talk.join("done"), "").unwrap();
+    assert!(client.wait().unwrap().success());
 
     // Her own hold ends: she is served.
     hers.stop();

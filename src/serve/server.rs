@@ -343,9 +343,13 @@ fn exec_job(
     if let Err(e) = shared.watcher.admits(peer.uid, "", None) {
         return protocol::send(&mut output, &Reply::refused(one_line(&e)));
     }
-    // A wait in the queue ends when the caller hangs up, not only when the daemon dies.
+    // A wait in the queue ends when the caller hangs up or its process ends (a child
+    // may have inherited the socket), not only when the daemon dies.
     let caller = Arc::clone(&stream);
-    let still_wanted = StillWanted(Arc::new(move || still_open(&caller)));
+    let started = crate::procinfo::start_time(peer.pid);
+    let still_wanted = StillWanted(Arc::new(move || {
+        still_open(&caller) && started.is_some_and(|s| crate::procinfo::is_alive(peer.pid, s))
+    }));
     let grant = match grant_job(config, peer, pairs, name, still_wanted) {
         Ok(grant) => grant,
         Err(e) => return protocol::send(&mut output, &Reply::refused(e)),
