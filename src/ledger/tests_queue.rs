@@ -47,11 +47,13 @@ fn caller(meta: &mut HolderMeta) -> Arc<AtomicBool> {
     open
 }
 
+/// Tickets in the queue (not the temp files they are written through).
 fn tickets(l: &Ledger) -> usize {
-    l.dir()
-        .join("queue")
-        .read_dir()
-        .map_or(0, |d| d.filter(|e| e.is_ok()).count())
+    l.dir().join("queue").read_dir().map_or(0, |d| {
+        d.filter_map(Result::ok)
+            .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
+            .count()
+    })
 }
 
 #[track_caller]
