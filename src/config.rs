@@ -79,6 +79,8 @@ pub struct Config {
     pub foreign: Foreign,
     /// How long an NVML snapshot of the live figures serves further allocations.
     pub live_cache: Duration,
+    /// `gpupin serve`'s bounds (`[serve]`).
+    pub serve: crate::serve::settings::ServeSettings,
 }
 
 /// What allocation makes of a process on a GPU that no holder owns (one started
@@ -142,6 +144,7 @@ impl Default for Config {
             slurm_containers: false,
             foreign: Foreign::default(),
             live_cache: DEFAULT_LIVE_CACHE,
+            serve: Default::default(),
         }
     }
 }
@@ -175,6 +178,7 @@ struct ConfigFile {
     slurm_containers: Option<bool>,
     foreign: Option<String>,
     live_cache: Option<String>,
+    serve: Option<crate::serve::settings::ServeFile>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -314,6 +318,11 @@ impl Config {
             })?;
         }
         if let Some(limits) = file.limits {
+            if limits.max_waiting_per_user == Some(0) {
+                return Err(invalid(
+                    "limits.max_waiting_per_user 0: expected at least 1".into(),
+                ));
+            }
             config.limits = limits;
         }
         if let Some(socket) = file.socket {
@@ -375,6 +384,9 @@ impl Config {
                     "live_cache {age:?}: expected a duration such as \"2s\" (\"0s\": no cache)"
                 ))
             })?;
+        }
+        if let Some(serve) = file.serve {
+            config.serve = serve.settings().map_err(invalid)?;
         }
         if let Some(policy) = file.policy {
             config.policy = policy
@@ -679,6 +691,19 @@ mod tests {
                 "cuda_visible_devices \"bus\": expected",
             ),
             ("[limits]\nmax_gpus = 1", "unknown field `max_gpus`"),
+            (
+                "[limits]\nmax_waiting_per_user = 0",
+                "limits.max_waiting_per_user 0: expected at least 1",
+            ),
+            (
+                "[serve]\nmax_connections_per_user = 0",
+                "serve.max_connections_per_user 0: expected at least 1",
+            ),
+            (
+                "[serve]\nrequest_timeout = \"soon\"",
+                "serve.request_timeout \"soon\": expected a duration",
+            ),
+            ("[serve]\nmax_threads = 1", "unknown field `max_threads`"),
         ] {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(wanted), "{text}: {err}");

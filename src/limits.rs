@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     pub max_gpus_per_user: Option<u32>,
+    /// Requests one user may have waiting in the queue at once (`gpupin.wait`); `None`:
+    /// `DEFAULT_MAX_WAITING`. Containers have no user and are not counted.
+    pub max_waiting_per_user: Option<u32>,
     #[serde(default)]
     pub users: BTreeMap<String, UserLimit>,
     #[serde(default)]
@@ -67,7 +70,15 @@ pub struct Applicable {
     pub group: Option<String>,
 }
 
+/// How many requests one user may have waiting, unless `max_waiting_per_user` says.
+pub const DEFAULT_MAX_WAITING: u32 = 4;
+
 impl Limits {
+    /// Requests one user may have waiting in the queue at once.
+    pub fn max_waiting(&self) -> u32 {
+        self.max_waiting_per_user.unwrap_or(DEFAULT_MAX_WAITING)
+    }
+
     pub fn is_empty(&self) -> bool {
         self == &Limits::default()
     }

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::confine::{self, ConfineError, DeviceRules, JobCgroup, Leftovers};
 use crate::grant::GrantError;
 use crate::inventory::Inventory;
-use crate::ledger::{HolderId, Ledger, LedgerError, Owner, Record};
+use crate::ledger::{HolderId, Ledger, LedgerError, Owner, Record, StillWanted};
 use crate::request::GpuRequest;
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
@@ -44,7 +44,22 @@ pub fn grant(
     asker: i32,
     source: &str,
 ) -> Result<JobGrant, JobError> {
-    let (inventory, record) = super::allocate(config, &holder, request, owner, asker, source)?;
+    grant_while(config, holder, request, owner, asker, source, None)
+}
+
+/// `grant`, for a caller that may go away while its request waits in the queue
+/// (`gpupin serve`): the wait ends once `still_wanted` says no.
+pub fn grant_while(
+    config: &Config,
+    holder: HolderId,
+    request: &GpuRequest,
+    owner: Owner,
+    asker: i32,
+    source: &str,
+    still_wanted: Option<StillWanted>,
+) -> Result<JobGrant, JobError> {
+    let (inventory, record) =
+        super::allocate(config, &holder, request, owner, asker, source, still_wanted)?;
     let env = super::job_env(&inventory, &record, config.cuda_visible_devices);
     Ok(JobGrant {
         holder,

@@ -11,7 +11,9 @@ mod wait;
 
 pub use env::{HOLDER_ENV, job_env};
 pub use gate::{GATE_FD_ARG, Gated, pass_gate, spawn_gated};
-pub use job::{Finished, JobError, JobGrant, LEFTOVERS_POLL, abandon, finish, grant, start};
+pub use job::{
+    Finished, JobError, JobGrant, LEFTOVERS_POLL, abandon, finish, grant, grant_while, start,
+};
 pub use wait::{
     block_signals, exit_code, forward_signals_and_wait, next_signal, unblock_all_signals,
 };
@@ -19,12 +21,14 @@ pub use wait::{
 use crate::config::Config;
 use crate::grant::{self, GrantError};
 use crate::inventory::Inventory;
-use crate::ledger::{HolderId, HolderKind, HolderMeta, Owner, Record};
+use crate::ledger::{HolderId, HolderKind, HolderMeta, Owner, Record, StillWanted};
 use crate::request::{self, GpuRequest, Origin, RequestError};
 
 /// Allocates `request` for a job of `owner`'s, recorded under `pid` (the process that
 /// asks, until the job it starts takes the record over with `Ledger::adopt`). Limits apply
 /// unless the owner is root.
+/// `still_wanted`: polled while the request waits in the queue (`gpupin serve`: whether
+/// the caller's connection is still open).
 pub fn allocate(
     config: &Config,
     holder: &HolderId,
@@ -32,11 +36,12 @@ pub fn allocate(
     owner: Owner,
     pid: i32,
     source: &str,
+    still_wanted: Option<StillWanted>,
 ) -> Result<(Inventory, Record), GrantError> {
     let meta = HolderMeta {
         source: source.to_string(),
         pid: Some(pid),
-        waiter: Some(pid),
+        still_wanted,
         kind: HolderKind::Exec,
         limited: owner.uid != 0,
         owner: Some(owner),

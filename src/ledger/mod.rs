@@ -22,8 +22,8 @@ pub use entry::release_arg;
 pub use holder::{BadHolderId, HolderId};
 pub use queue::Waiting;
 pub use record::{
-    ContainerInfo, HolderKind, HolderMeta, Mode, Owner, Record, UNBOUND_GRACE, holder_of,
-    holders_of, unix_now,
+    ContainerInfo, HolderKind, HolderMeta, Mode, Owner, Record, StillWanted, UNBOUND_GRACE,
+    holder_of, holders_of, unix_now,
 };
 pub use survey::Survey;
 pub use within::{SECRET_FILE as WITHIN_SECRET_FILE, WithinKey};
@@ -110,6 +110,18 @@ pub enum LedgerError {
     QueueAhead { id: String, waiting: usize },
     #[error("stopped waiting for GPUs for {id}: its process {pid} is gone")]
     WaiterGone { id: String, pid: i32 },
+    #[error("stopped waiting for GPUs for {id}: the caller closed its connection")]
+    CallerGone { id: String },
+    #[error(
+        "cannot queue {id}: {user} has {waiting} request{s} waiting already; the limit is {limit} (limits.max_waiting_per_user)",
+        s = if *waiting == 1 { "" } else { "s" }
+    )]
+    TooManyWaiting {
+        id: String,
+        user: String,
+        waiting: usize,
+        limit: u32,
+    },
     #[error("gave up waiting for GPUs for {id} after {waited}: {last}")]
     WaitExpired {
         id: String,
@@ -258,7 +270,8 @@ impl LedgerError {
             LedgerError::UnknownGpu { .. } => "unknown_gpu",
             LedgerError::QueueAhead { .. } => "queue_ahead",
             LedgerError::WaitExpired { .. } => "wait_expired",
-            LedgerError::WaiterGone { .. } => "waiter_gone",
+            LedgerError::WaiterGone { .. } | LedgerError::CallerGone { .. } => "waiter_gone",
+            LedgerError::TooManyWaiting { .. } => "queue_full",
             LedgerError::LimitReached(_) => "limit",
             LedgerError::NoSuchWithin { .. }
             | LedgerError::WithinNotYours(_)
@@ -444,7 +457,12 @@ impl Ledger {
             return Ok(allocation);
         }
         let live = self.reap(records, SystemTime::now())?;
-        let waiting = queue::live_tickets(&self.dir)?.len();
+        // A parked ticket (a waiter held back only by its own user's limit) is in no
+        // one's way: only the others keep a request from overtaking.
+        let waiting = queue::live_tickets(&self.dir)?
+            .iter()
+            .filter(|t| !t.parked)
+            .count();
         if waiting > 0 {
             tracing::debug!(holder = %holder, waiting, "others wait in the queue ahead");
             return Err(LedgerError::QueueAhead {
@@ -923,3 +941,6 @@ mod tests_jobs;
 
 #[cfg(test)]
 mod tests_foreign;
+
+#[cfg(test)]
+mod tests_queue;

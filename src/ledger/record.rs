@@ -118,12 +118,23 @@ pub struct HolderMeta {
     pub container: Option<ContainerInfo>,
     /// See `Record::until_release`.
     pub until_release: bool,
-    /// The process whose end gives up a wait in the queue (`gpupin serve` waits for its
-    /// caller); `None`: the process that waits.
-    pub waiter: Option<i32>,
+    /// Polled while the request waits in the queue: `false` once whoever asked has gone
+    /// (`gpupin serve`: the caller closed its connection). The ticket itself lives as long
+    /// as the process that waits (for `gpupin serve`, the daemon).
+    pub still_wanted: Option<StillWanted>,
     /// Whether the limits (`[limits]`) apply: a request on behalf of a user who is not
     /// root. Root's own requests, and holds root makes for someone, are not limited.
     pub limited: bool,
+}
+
+/// A check a waiting request polls (see `HolderMeta::still_wanted`); cheap, no lock.
+#[derive(Clone)]
+pub struct StillWanted(pub std::sync::Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for StillWanted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StillWanted")
+    }
 }
 
 impl Record {

@@ -334,6 +334,7 @@ fn a_users_own_limit_and_a_groups_shared_limit_both_count() {
             },
         )]
         .into(),
+        ..Limits::default()
     };
     let m = limited_machine(&inv, &limits);
     l.allocate(&id("a1"), &count(3), &m, job("alice", 1001, &["vision"]))

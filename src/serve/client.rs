@@ -1,9 +1,19 @@
 //! The caller's side: `gpupin exec`, `hold` and `release` of a user who is not root.
+//!
+//! Every step has a time limit, so that a stuck or overloaded daemon gives a clear line
+//! instead of a hang: connecting, and each answer (for an exec that waits in the queue,
+//! its wait and a margin).
 
 use super::protocol::{self, Reply, Request};
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long connecting may take (the daemon's listen backlog may be full).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an answer may take, besides a wait in the queue the request asks for.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -15,6 +25,14 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "gpupin serve at {path} took no connection within {after}: it is overloaded or stuck; try again, or ask an admin to look at its log"
+    )]
+    ConnectTimeout { path: PathBuf, after: String },
+    #[error(
+        "gpupin serve did not answer within {after}: it is overloaded or stuck; try again, or ask an admin to look at its log"
+    )]
+    ReplyTimeout { after: String },
     #[error("talking to gpupin serve: {0}")]
     Io(#[from] std::io::Error),
     #[error("gpupin serve closed the connection without an answer")]
@@ -31,10 +49,7 @@ pub struct Client {
 
 impl Client {
     pub fn connect(path: &Path) -> Result<Client, ClientError> {
-        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let stream = connect_within(path, CONNECT_TIMEOUT)?;
         Ok(Client {
             input: BufReader::new(stream.try_clone()?),
             output: stream,
@@ -43,11 +58,116 @@ impl Client {
 
     /// Sends `request` and returns the daemon's answer; a refusal is an error.
     pub fn ask(&mut self, request: &Request) -> Result<Reply, ClientError> {
-        protocol::send(&mut self.output, request)?;
-        let reply: Reply = protocol::receive(&mut self.input)?.ok_or(ClientError::NoAnswer)?;
+        let within = reply_timeout(request);
+        self.output.set_write_timeout(Some(REPLY_TIMEOUT))?;
+        self.input.get_ref().set_read_timeout(Some(within))?;
+        let timed_out = |e: &std::io::Error| {
+            matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )
+        };
+        let after = || humantime::format_duration(within).to_string();
+        protocol::send(&mut self.output, request).map_err(|e| match timed_out(&e) {
+            true => ClientError::ReplyTimeout { after: after() },
+            false => ClientError::Io(e),
+        })?;
+        let reply: Reply = protocol::receive(&mut self.input)
+            .map_err(|e| match timed_out(&e) {
+                true => ClientError::ReplyTimeout { after: after() },
+                false => ClientError::Io(e),
+            })?
+            .ok_or(ClientError::NoAnswer)?;
         match reply.error {
             Some(error) => Err(ClientError::Refused(error)),
             None => Ok(reply),
         }
+    }
+}
+
+/// How long the answer to `request` may take: an exec that may wait in the queue gets
+/// its wait besides.
+fn reply_timeout(request: &Request) -> Duration {
+    let wait = match request {
+        Request::Exec { request, .. } => request
+            .iter()
+            .find(|(k, _)| k == "gpupin.wait")
+            .and_then(|(_, v)| humantime::parse_duration(v.trim()).ok()),
+        _ => None,
+    };
+    REPLY_TIMEOUT + wait.unwrap_or_default()
+}
+
+/// Connects without blocking on a full listen backlog: a Unix socket's connect says
+/// EAGAIN then, and is tried again until `limit` has passed.
+fn connect_within(path: &Path, limit: Duration) -> Result<UnixStream, ClientError> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let failed = |source: std::io::Error| ClientError::Connect {
+        path: path.to_path_buf(),
+        source,
+    };
+    let addr = SocketAddrUnix::new(path).map_err(|e| failed(e.into()))?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| failed(e.into()))?;
+    let start = Instant::now();
+    loop {
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => break,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) if start.elapsed() < limit => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(rustix::io::Errno::AGAIN) => {
+                return Err(ClientError::ConnectTimeout {
+                    path: path.to_path_buf(),
+                    after: humantime::format_duration(limit).to_string(),
+                });
+            }
+            Err(e) => return Err(failed(e.into())),
+        }
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_daemon_that_never_answers_is_a_one_line_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut client = Client::connect(&path).unwrap();
+        // No real request: the reply timeout is tested with a short one.
+        client
+            .input
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let err = protocol::receive::<Reply>(&mut client.input).unwrap_err();
+        assert!(matches!(
+            err.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ));
+        let wait = Request::Exec {
+            request: vec![("gpupin.wait".into(), "10m".into())],
+            name: None,
+        };
+        assert_eq!(
+            reply_timeout(&wait),
+            REPLY_TIMEOUT + Duration::from_secs(600)
+        );
+        let err = ClientError::ReplyTimeout { after: "1m".into() }.to_string();
+        assert!(
+            err.starts_with("gpupin serve did not answer within 1m"),
+            "{err}"
+        );
     }
 }

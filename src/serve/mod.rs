@@ -8,6 +8,8 @@ pub mod listen;
 pub mod peer;
 pub mod protocol;
 pub mod server;
+pub mod settings;
+mod watch;
 
 pub use client::{Client, ClientError};
 pub use protocol::{Reply, Request};

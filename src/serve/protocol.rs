@@ -41,6 +41,8 @@ pub enum Request {
     },
     /// Releases one of the caller's holders.
     Release { id: String },
+    /// The key to one of the caller's holders (`gpupin key`).
+    Key { id: String },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +57,9 @@ pub struct Reply {
     /// For `Exec`: the job's environment.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<(String, String)>,
+    /// For `Key`: `HOLDER:KEY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 impl Reply {

@@ -231,6 +231,12 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The daemon's pid (tests/serve_load.rs counts its fds and threads).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
     /// Whether the daemon still runs.
     pub fn running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()

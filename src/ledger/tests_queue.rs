@@ -1,0 +1,220 @@
+//! The queue under a hostile user (issue 19): a waiter held back by its own limit is in
+//! no one's way, a waiter whose caller went away leaves, and one user's tickets are few.
+
+use super::tests::{id, ledger};
+use super::*;
+use crate::limits::Limits;
+use crate::message::one_line;
+use crate::policy::PolicyName;
+use crate::policy::testing::machine;
+use crate::request::{Origin, Selection};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+fn count(n: u32) -> GpuRequest {
+    GpuRequest::new(Selection::Count(n), Origin::Cli)
+}
+
+fn job(user: &str, uid: u32) -> HolderMeta {
+    HolderMeta {
+        source: "test".into(),
+        pid: Some(std::process::id() as i32),
+        kind: HolderKind::Exec,
+        owner: Some(Owner {
+            uid,
+            user: user.into(),
+            groups: Vec::new(),
+        }),
+        limited: true,
+        ..HolderMeta::default()
+    }
+}
+
+fn container() -> HolderMeta {
+    HolderMeta {
+        source: "test".into(),
+        pid: Some(std::process::id() as i32),
+        ..HolderMeta::default()
+    }
+}
+
+/// A flag a waiter polls as its caller's connection; clear it to hang up.
+fn caller(meta: &mut HolderMeta) -> Arc<AtomicBool> {
+    let open = Arc::new(AtomicBool::new(true));
+    let seen = Arc::clone(&open);
+    meta.still_wanted = Some(StillWanted(Arc::new(move || seen.load(Ordering::SeqCst))));
+    open
+}
+
+/// Tickets in the queue (not the temp files they are written through).
+fn tickets(l: &Ledger) -> usize {
+    l.dir().join("queue").read_dir().map_or(0, |d| {
+        d.filter_map(Result::ok)
+            .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
+            .count()
+    })
+}
+
+#[track_caller]
+fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < Duration::from_secs(30), "gave up: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A waiter in a thread of its own, on the ledger at `dir`.
+fn wait_in_thread(
+    dir: &std::path::Path,
+    name: &'static str,
+    n: u32,
+    meta: HolderMeta,
+    limits: &Limits,
+    wait: Duration,
+) -> std::thread::JoinHandle<Result<Allocation, LedgerError>> {
+    let dir = dir.to_path_buf();
+    let limits = limits.clone();
+    std::thread::spawn(move || {
+        let l = Ledger::open(&dir).unwrap();
+        let inv = machine(4);
+        let m = Machine {
+            limits: Some(&limits),
+            ..Machine::new(&inv, PolicyName::Pack)
+        };
+        l.allocate_waiting(&id(name), &count(n), &m, meta, wait)
+    })
+}
+
+#[test]
+fn a_waiter_held_back_by_its_own_limit_blocks_no_one() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(1),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001))
+        .unwrap();
+    // Alice at her limit queues for one more, for long: her ticket is parked.
+    let alice = wait_in_thread(
+        l.dir(),
+        "a2",
+        1,
+        job("alice", 1001),
+        &limits,
+        Duration::from_secs(60),
+    );
+    until("alice is queued", || tickets(&l) == 1);
+    // A container's hook, which does not wait, is not refused "waiting ahead" with 3
+    // GPUs free.
+    let got = l.allocate(&id("hook"), &count(1), &m, container());
+    assert!(got.is_ok(), "{}", one_line(&got.unwrap_err()));
+    // A waiter behind her is served at once, not after her wait.
+    let bob = wait_in_thread(
+        l.dir(),
+        "b1",
+        1,
+        job("bob", 1002),
+        &limits,
+        Duration::from_secs(5),
+    );
+    let served = bob.join().unwrap();
+    assert!(served.is_ok(), "{}", one_line(&served.unwrap_err()));
+    // Once her own job ends, she is served in turn.
+    l.release(&id("a1")).unwrap();
+    let got = alice.join().unwrap().unwrap();
+    assert_eq!(got.record.id, "a2");
+    assert_eq!(tickets(&l), 0);
+}
+
+#[test]
+fn a_waiter_whose_caller_hung_up_leaves_the_queue() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("all"), &count(4), &m, container()).unwrap();
+    let mut meta = job("alice", 1001);
+    let open = caller(&mut meta);
+    let waiter = wait_in_thread(
+        l.dir(),
+        "w",
+        1,
+        meta,
+        &Limits::default(),
+        Duration::from_secs(60),
+    );
+    until("the waiter is queued", || tickets(&l) == 1);
+    // The daemon that waits for her is alive; only her connection closed.
+    open.store(false, Ordering::SeqCst);
+    let err = waiter.join().unwrap().unwrap_err();
+    assert_eq!(
+        one_line(&err),
+        "stopped waiting for GPUs for w: the caller closed its connection"
+    );
+    assert_eq!(tickets(&l), 0);
+    // Nothing else waits: a request that does not wait is not refused.
+    l.release(&id("all")).unwrap();
+    l.allocate(&id("next"), &count(1), &m, container()).unwrap();
+}
+
+#[test]
+fn one_user_has_at_most_max_waiting_per_user_tickets() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_waiting_per_user: Some(2),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("all"), &count(4), &m, container()).unwrap();
+    let mut hang_ups = Vec::new();
+    let mut waiters = Vec::new();
+    let mut queue = |name: &'static str, meta: HolderMeta, n: usize| {
+        let mut meta = meta;
+        hang_ups.push(caller(&mut meta));
+        waiters.push(wait_in_thread(
+            l.dir(),
+            name,
+            1,
+            meta,
+            &limits,
+            Duration::from_secs(60),
+        ));
+        until(name, || tickets(&l) == n);
+    };
+    queue("a1", job("alice", 1001), 1);
+    queue("a2", job("alice", 1001), 2);
+    let err = l
+        .allocate_waiting(
+            &id("a3"),
+            &count(1),
+            &m,
+            job("alice", 1001),
+            Duration::from_secs(60),
+        )
+        .unwrap_err();
+    assert_eq!(
+        one_line(&err),
+        "cannot queue a3: alice has 2 requests waiting already; the limit is 2 (limits.max_waiting_per_user)"
+    );
+    assert_eq!(tickets(&l), 2, "nothing queued after a refusal");
+    // Another user, and containers (no user), are not alice's.
+    queue("b1", job("bob", 1002), 3);
+    queue("c1", container(), 4);
+    for open in &hang_ups {
+        open.store(false, Ordering::SeqCst);
+    }
+    for w in waiters {
+        assert!(w.join().unwrap().is_err());
+    }
+    assert_eq!(tickets(&l), 0);
+}
