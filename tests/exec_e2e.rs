@@ -507,6 +507,16 @@ fn a_hold_shares_its_gpus_with_a_container_and_its_users_job_only() {
 
     let id = sb.id("inner");
     let key = ok(g, None, &["key", "slurm-42"]);
+    // The hold's owner gets the same key through the daemon; another user gets none.
+    assert_eq!(ok(g, Some(&hank), &["key", "slurm-42"]), key);
+    let line = refused(g, Some(&ivy), &["key", "slurm-42"]);
+    assert!(
+        line.ends_with(&format!(
+            "holder slurm-42 is {}'s: only its owner or root may have its key",
+            hank.name
+        )),
+        "{line}"
+    );
     let spec = sb
         .spec()
         .annotation("gpupin.within", key.trim())
@@ -946,7 +956,12 @@ fn a_job_that_leaves_a_setsid_child_is_over_when_its_cgroup_is_empty() {
                 g.holder(&holder).is_none().then_some(())
             });
             until("the leftover is gone", || (!alive(child)).then_some(()));
-            let events = events_of(&g, &holder);
+            // The record goes first, its audit line right after (both under the ledger's
+            // lock, which a reader of the log does not take).
+            let events = until("the release is in the audit log", || {
+                let events = events_of(&g, &holder);
+                (events.last()?["event"] == "release").then_some(events)
+            });
             assert_eq!(events.last().unwrap()["event"], "release", "{events:?}");
             let out = run(&g, Some(&bob), &["exec", "--devices", "3", "--", "true"]);
             assert!(

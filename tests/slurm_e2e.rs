@@ -207,18 +207,33 @@ fn a_jobs_gpus_are_held_while_it_runs_and_containers_inside_it_get_them() {
     let refusal = gpupin_sandbox::hook_message(&err).unwrap_or(err.clone());
     assert!(refusal.contains(&job.holder()), "{refusal}");
 
-    // A container started inside the job (by a step, its env carrying the job's
-    // SLURM_JOB_ID) takes from the job's hold: every other GPU is held.
+    // A container that names the job (SLURM_JOB_ID, as an image's ENV could) without
+    // its key gets nothing.
+    let bare = sb
+        .spec()
+        .env("GPUPIN_COUNT", "1")
+        .env("SLURM_JOB_ID", &job.id.to_string());
+    let err = sb.start(&sb.id("bare"), &bare).unwrap_err().to_string();
+    let refusal = gpupin_sandbox::hook_message(&err).unwrap_or(err.clone());
+    assert!(
+        refusal.contains(&format!("taking GPUs from {} needs its key", job.holder())),
+        "{refusal}"
+    );
+
+    // A container started inside the job (by a step, passing on the job's SLURM_JOB_ID
+    // and the GPUPIN_WITHIN the TaskProlog put in its env, as `docker run -e` does)
+    // takes from the job's hold: every other GPU is held.
     let inside_id = sb.id("inside");
     let bundle = sb.bundle_dir(&inside_id);
     let spec = sb
         .spec()
         .env("GPUPIN_COUNT", "1")
-        .env("SLURM_JOB_ID", "@SLURM_JOB_ID@");
+        .env("SLURM_JOB_ID", "@SLURM_JOB_ID@")
+        .env("GPUPIN_WITHIN", "@GPUPIN_WITHIN@");
     gpupin_sandbox::write_bundle(&bundle, &spec).unwrap();
     let config = bundle.join("config.json");
     let start_inside = format!(
-        "sed -i \"s/@SLURM_JOB_ID@/$SLURM_JOB_ID/\" {config:?} && exec {runc:?} --root {root:?} run --bundle {bundle:?} {inside_id}",
+        "sed -i \"s/@SLURM_JOB_ID@/$SLURM_JOB_ID/; s/@GPUPIN_WITHIN@/$GPUPIN_WITHIN/\" {config:?} && exec {runc:?} --root {root:?} run --bundle {bundle:?} {inside_id}",
         config = config.display().to_string(),
         runc = sb.runc.binary.display().to_string(),
         root = sb.runc.root.display().to_string(),
