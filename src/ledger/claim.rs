@@ -77,13 +77,7 @@ impl ClaimToken {
         let Some(digest) = digest else {
             return false;
         };
-        let ours = self.digest();
-        ours.len() == digest.len()
-            && ours
-                .bytes()
-                .zip(digest.bytes())
-                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-                == 0
+        same_secret(&self.digest(), digest)
     }
 
     /// The annotation's value, secret included: for the spec only, never for a log.
@@ -99,6 +93,17 @@ impl fmt::Debug for ClaimToken {
             .field("holder", &self.holder)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether two secrets (or digests of them) are equal, compared in constant time, as any
+/// check of a secret should be: how long it takes says nothing of where they differ.
+pub(super) fn same_secret(ours: &str, theirs: &str) -> bool {
+    ours.len() == theirs.len()
+        && ours
+            .bytes()
+            .zip(theirs.bytes())
+            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+            == 0
 }
 
 fn random_hex(len: usize) -> Result<String, ClaimError> {
@@ -133,6 +138,18 @@ mod tests {
         let other = ClaimToken::new(token.holder().clone()).unwrap();
         assert!(!other.matches(Some(&token.digest())));
         assert!(!token.matches(None));
+    }
+
+    /// Differences in two places that cancel out (the same bits flipped) are still a
+    /// difference.
+    #[test]
+    fn secrets_differing_anywhere_are_not_the_same() {
+        let ours = "0123456789abcdef";
+        assert!(same_secret(ours, ours));
+        assert!(!same_secret(ours, "1023456789abcdef"), "'0'^'1' twice");
+        assert!(!same_secret(ours, "0123456789abcdee"));
+        assert!(!same_secret(ours, "0123456789abcde"));
+        assert!(!same_secret("", "0"));
     }
 
     #[test]

@@ -109,14 +109,7 @@ impl NodeSecret {
 
     /// Whether `key` is `record`'s, compared in constant time.
     pub fn opens(&self, record: &Record, key: &WithinKey) -> bool {
-        let ours = self.key_for(record);
-        ours.0.len() == key.0.len()
-            && ours
-                .0
-                .bytes()
-                .zip(key.0.bytes())
-                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-                == 0
+        super::claim::same_secret(&self.key_for(record).0, &key.0)
     }
 }
 
