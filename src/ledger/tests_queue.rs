@@ -218,3 +218,72 @@ fn one_user_has_at_most_max_waiting_per_user_tickets() {
     }
     assert_eq!(tickets(&l), 0);
 }
+
+#[test]
+fn a_later_waiter_does_not_overtake_one_blocked_by_gpus() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("three"), &count(3), &m, container())
+        .unwrap();
+    // Two GPUs wanted, one free: it waits, and is not parked (no limit holds it back).
+    let limits = Limits::default();
+    let mut meta = container();
+    let open = caller(&mut meta);
+    let big = wait_in_thread(l.dir(), "big", 2, meta, &limits, Duration::from_secs(60));
+    until("the big request waits", || tickets(&l) == 1);
+    // One GPU would fit the later request, but the earlier one comes first.
+    let err = l
+        .allocate_waiting(
+            &id("small"),
+            &count(1),
+            &m,
+            container(),
+            Duration::from_millis(600),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::WaitExpired { .. }),
+        "{}",
+        one_line(&err)
+    );
+    assert_eq!(l.records().unwrap().len(), 1, "nothing held after the wait");
+    open.store(false, Ordering::SeqCst);
+    assert!(big.join().unwrap().is_err());
+}
+
+#[test]
+fn the_ticket_of_a_dead_waiter_blocks_no_one() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("all"), &count(4), &m, container()).unwrap();
+    let next = wait_in_thread(
+        l.dir(),
+        "next",
+        1,
+        container(),
+        &Limits::default(),
+        Duration::from_secs(30),
+    );
+    until("the request waits", || tickets(&l) == 1);
+    // A waiter killed while it waited left its ticket, ahead of this one.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id() as i32;
+    gone.wait().unwrap();
+    let ticket = queue::Ticket {
+        seq: 0,
+        id: "killed".into(),
+        pid: dead,
+        start_time: Some(1),
+        queued_at: 0,
+        uid: None,
+        parked: false,
+    };
+    let path = l.dir().join("queue").join(format!("{:020}-killed.json", 0));
+    std::fs::write(&path, serde_json::to_vec(&ticket).unwrap()).unwrap();
+    l.release(&id("all")).unwrap();
+    let got = next.join().unwrap().unwrap();
+    assert_eq!(got.record.id, "next");
+    assert_eq!(tickets(&l), 0, "the dead waiter's ticket is gone");
+}
