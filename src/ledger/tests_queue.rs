@@ -287,3 +287,53 @@ fn the_ticket_of_a_dead_waiter_blocks_no_one() {
     assert_eq!(got.record.id, "next");
     assert_eq!(tickets(&l), 0, "the dead waiter's ticket is gone");
 }
+
+#[test]
+fn each_ticket_sorts_after_every_earlier_one() {
+    let (_t, l) = ledger();
+    let me = std::process::id() as i32;
+    let _lock = store::lock(l.dir()).unwrap();
+    // Ids in reverse name order: only the seq can put "b" first.
+    let first = queue::enqueue(l.dir(), &id("b"), me, &container(), 4).unwrap();
+    let second = queue::enqueue(l.dir(), &id("a"), me, &container(), 4).unwrap();
+    assert!(second.seq > first.seq, "{} then {}", first.seq, second.seq);
+    let order: Vec<String> = queue::live_tickets(l.dir())
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(order, ["b", "a"]);
+}
+
+#[test]
+fn a_waiter_over_its_limit_is_parked_also_when_no_gpu_is_free() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(1),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001))
+        .unwrap();
+    l.allocate(&id("rest"), &count(3), &m, container()).unwrap();
+    let mut meta = job("alice", 1001);
+    let open = caller(&mut meta);
+    let alice = wait_in_thread(l.dir(), "a2", 1, meta, &limits, Duration::from_secs(60));
+    until("alice is queued", || tickets(&l) == 1);
+    // No GPU is free, but her own limit would refuse her anyway: she is in no one's way,
+    // and a request without a wait hears why it cannot have a GPU, not "waiting ahead".
+    let err = l
+        .allocate(&id("hook"), &count(1), &m, container())
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::NotEnoughFree { .. }),
+        "{}",
+        one_line(&err)
+    );
+    open.store(false, Ordering::SeqCst);
+    assert!(alice.join().unwrap().is_err());
+}
