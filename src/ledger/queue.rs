@@ -131,8 +131,9 @@ fn anyone_ahead(dir: &Path, own: &Ticket) -> Result<bool, LedgerError> {
             .ok()
             .and_then(|t| serde_json::from_slice::<Ticket>(&t).ok());
         match ticket {
+            // Names sort as seqs (zero-padded), so every ticket read here came earlier.
             Some(t) if t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)) => {
-                if !t.parked && t.seq < own.seq {
+                if !t.parked {
                     return Ok(true);
                 }
             }

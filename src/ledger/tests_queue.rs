@@ -218,3 +218,122 @@ fn one_user_has_at_most_max_waiting_per_user_tickets() {
     }
     assert_eq!(tickets(&l), 0);
 }
+
+#[test]
+fn a_later_waiter_does_not_overtake_one_blocked_by_gpus() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("three"), &count(3), &m, container())
+        .unwrap();
+    // Two GPUs wanted, one free: it waits, and is not parked (no limit holds it back).
+    let limits = Limits::default();
+    let mut meta = container();
+    let open = caller(&mut meta);
+    let big = wait_in_thread(l.dir(), "big", 2, meta, &limits, Duration::from_secs(60));
+    until("the big request waits", || tickets(&l) == 1);
+    // One GPU would fit the later request, but the earlier one comes first.
+    let err = l
+        .allocate_waiting(
+            &id("small"),
+            &count(1),
+            &m,
+            container(),
+            Duration::from_millis(600),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::WaitExpired { .. }),
+        "{}",
+        one_line(&err)
+    );
+    assert_eq!(l.records().unwrap().len(), 1, "nothing held after the wait");
+    open.store(false, Ordering::SeqCst);
+    assert!(big.join().unwrap().is_err());
+}
+
+#[test]
+fn the_ticket_of_a_dead_waiter_blocks_no_one() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("all"), &count(4), &m, container()).unwrap();
+    let next = wait_in_thread(
+        l.dir(),
+        "next",
+        1,
+        container(),
+        &Limits::default(),
+        Duration::from_secs(30),
+    );
+    until("the request waits", || tickets(&l) == 1);
+    // A waiter killed while it waited left its ticket, ahead of this one.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id() as i32;
+    gone.wait().unwrap();
+    let ticket = queue::Ticket {
+        seq: 0,
+        id: "killed".into(),
+        pid: dead,
+        start_time: Some(1),
+        queued_at: 0,
+        uid: None,
+        parked: false,
+    };
+    let path = l.dir().join("queue").join(format!("{:020}-killed.json", 0));
+    std::fs::write(&path, serde_json::to_vec(&ticket).unwrap()).unwrap();
+    l.release(&id("all")).unwrap();
+    let got = next.join().unwrap().unwrap();
+    assert_eq!(got.record.id, "next");
+    assert_eq!(tickets(&l), 0, "the dead waiter's ticket is gone");
+}
+
+#[test]
+fn each_ticket_sorts_after_every_earlier_one() {
+    let (_t, l) = ledger();
+    let me = std::process::id() as i32;
+    let _lock = store::lock(l.dir()).unwrap();
+    // Ids in reverse name order: only the seq can put "b" first.
+    let first = queue::enqueue(l.dir(), &id("b"), me, &container(), 4).unwrap();
+    let second = queue::enqueue(l.dir(), &id("a"), me, &container(), 4).unwrap();
+    assert!(second.seq > first.seq, "{} then {}", first.seq, second.seq);
+    let order: Vec<String> = queue::live_tickets(l.dir())
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(order, ["b", "a"]);
+}
+
+#[test]
+fn a_waiter_over_its_limit_is_parked_also_when_no_gpu_is_free() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(1),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001))
+        .unwrap();
+    l.allocate(&id("rest"), &count(3), &m, container()).unwrap();
+    let mut meta = job("alice", 1001);
+    let open = caller(&mut meta);
+    let alice = wait_in_thread(l.dir(), "a2", 1, meta, &limits, Duration::from_secs(60));
+    until("alice is queued", || tickets(&l) == 1);
+    // No GPU is free, but her own limit would refuse her anyway: she is in no one's way,
+    // and a request without a wait hears why it cannot have a GPU, not "waiting ahead".
+    let err = l
+        .allocate(&id("hook"), &count(1), &m, container())
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::NotEnoughFree { .. }),
+        "{}",
+        one_line(&err)
+    );
+    open.store(false, Ordering::SeqCst);
+    assert!(alice.join().unwrap().is_err());
+}
