@@ -192,22 +192,7 @@ mod tests {
 
     /// Slurm job 42's prolog has held GPUs 5 and 6; `c1`'s env says it runs in job 42.
     fn in_job_42(config: &Config) -> (HolderId, GpuRequest) {
-        let root = crate::ledger::Owner {
-            uid: 0,
-            user: "root".into(),
-            groups: vec![],
-        };
-        let hold = crate::hold::Hold {
-            id: HolderId::new("slurm-42").unwrap(),
-            devices: "5,6".into(),
-            by_minor: false,
-            pid: None,
-            until_release: true,
-            owner: root,
-            limited: false,
-            within: None,
-        };
-        crate::hold::hold(config, &hold, "test").unwrap();
+        crate::hold::testing::roots(config, "slurm-42", "5,6");
         (
             HolderId::new("c1").unwrap(),
             GpuRequest::new(Selection::Count(2), Origin::Env),

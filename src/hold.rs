@@ -111,6 +111,31 @@ fn by_minor(keys: &[String], inventory: &Inventory, value: &str) -> Result<Vec<S
         .collect()
 }
 
+/// Test fixtures: holds as root's tools make them.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Root's hold `id` of `devices` until released, as `gpupin hold` as root makes it.
+    pub(crate) fn roots(config: &Config, id: &str, devices: &str) -> Record {
+        let spec = Hold {
+            id: HolderId::new(id).unwrap(),
+            devices: devices.into(),
+            by_minor: false,
+            pid: None,
+            until_release: true,
+            owner: Owner {
+                uid: 0,
+                user: "root".into(),
+                groups: vec![],
+            },
+            limited: false,
+            within: None,
+        };
+        hold(config, &spec, "test").unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

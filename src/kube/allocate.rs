@@ -212,21 +212,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let config = config(tmp.path());
         let inv = sim(&config);
-        let hold = crate::hold::Hold {
-            id: HolderId::new("maintenance").unwrap(),
-            devices: "2".into(),
-            by_minor: false,
-            pid: None,
-            until_release: true,
-            owner: crate::ledger::Owner {
-                uid: 0,
-                user: "root".into(),
-                groups: vec![],
-            },
-            limited: false,
-            within: None,
-        };
-        crate::hold::hold(&config, &hold, "test").unwrap();
+        crate::hold::testing::roots(&config, "maintenance", "2");
         let err = allocate(&config, &inv, &[inv.gpus[2].uuid.clone()]).unwrap_err();
         let line = crate::message::one_line(&err);
         assert!(

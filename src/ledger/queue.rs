@@ -90,17 +90,9 @@ fn scan_tickets(dir: &Path) -> Result<(Vec<Ticket>, Vec<PathBuf>), LedgerError> 
         {
             continue;
         }
-        // Not a regular file (a FIFO would block here, under the lock) is no ticket.
-        let ticket = regular::read(&path, Links::Refuse)
-            .ok()
-            .and_then(|t| serde_json::from_slice::<Ticket>(&t).ok());
-        match ticket {
-            Some(t) if t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)) => {
-                tickets.push(t)
-            }
-            // A ticket that does not parse is as stale as one whose waiter died: nobody
-            // can be served through it.
-            _ => {
+        match live_ticket(&path) {
+            Some(t) => tickets.push(t),
+            None => {
                 if fs::remove_file(&path).is_ok() {
                     removed.push(path);
                 }
@@ -109,6 +101,16 @@ fn scan_tickets(dir: &Path) -> Result<(Vec<Ticket>, Vec<PathBuf>), LedgerError> 
     }
     tickets.sort_by_key(|t| t.seq);
     Ok((tickets, removed))
+}
+
+/// The ticket at `path` while its waiter lives; `None` for a stale one. Not a regular
+/// file (a FIFO would block here, under the lock) is no ticket, and one that does not
+/// parse is as stale as one whose waiter died: nobody can be served through it.
+fn live_ticket(path: &Path) -> Option<Ticket> {
+    regular::read(path, Links::Refuse)
+        .ok()
+        .and_then(|t| serde_json::from_slice::<Ticket>(&t).ok())
+        .filter(|t| t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)))
 }
 
 /// Whether a live ticket that is not parked is ahead of `own`. Reads tickets in name
@@ -127,17 +129,14 @@ fn anyone_ahead(dir: &Path, own: &Ticket) -> Result<bool, LedgerError> {
         if name >= own.file_name().as_bytes() {
             break;
         }
-        let ticket = regular::read(&path, Links::Refuse)
-            .ok()
-            .and_then(|t| serde_json::from_slice::<Ticket>(&t).ok());
-        match ticket {
+        match live_ticket(&path) {
             // Names sort as seqs (zero-padded), so every ticket read here came earlier.
-            Some(t) if t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)) => {
+            Some(t) => {
                 if !t.parked {
                     return Ok(true);
                 }
             }
-            _ => {
+            None => {
                 let _ = fs::remove_file(&path);
             }
         }

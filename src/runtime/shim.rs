@@ -207,21 +207,7 @@ mod tests {
     fn a_container_releases_no_record_but_its_own() {
         let (tmp, config, bundle) = setup("/bin/true");
         let loaded = crate::config::Config::load(&config).unwrap();
-        let hold = crate::hold::Hold {
-            id: HolderId::new("slurm-42").unwrap(),
-            devices: "3".into(),
-            by_minor: false,
-            pid: None,
-            until_release: true,
-            owner: crate::ledger::Owner {
-                uid: 0,
-                user: "root".into(),
-                groups: vec![],
-            },
-            limited: false,
-            within: None,
-        };
-        crate::hold::hold(&loaded, &hold, "test").unwrap();
+        crate::hold::testing::roots(&loaded, "slurm-42", "3");
         let err = run_with(&create_as(&config, &bundle, "slurm-42")).unwrap_err();
         let text = crate::message::one_line(&err);
         assert!(
