@@ -238,4 +238,51 @@ mod tests {
         assert!(e.contains("another claim"), "{e}");
         assert_eq!(l.records().unwrap(), before);
     }
+
+    /// A record naming this very pid but another start time is a process that had the
+    /// pid before: the claim is bound elsewhere, not here.
+    #[test]
+    fn a_record_of_an_earlier_process_with_this_pid_is_bound_elsewhere() {
+        let (_t, l, token, gpus) = claimed("ctr");
+        let mut bound = l.bind(&id("ctr"), &token, me(), &gpus).unwrap();
+        bound.start_time = bound.start_time.map(|s| s + 1);
+        store::write_record(l.dir(), &id("ctr").file_name(), &bound).unwrap();
+        let e = err_text(l.bind(&id("ctr"), &token, me(), &gpus));
+        assert!(e.contains("bound to another process"), "{e}");
+    }
+
+    /// Once a claim was bound and renamed, a forged token for the same claim id opens
+    /// nothing, even from the container's own process.
+    #[test]
+    fn a_forged_token_for_a_claim_already_bound_is_refused() {
+        let (_t, l, token, gpus) = claimed("claim-0123abcd");
+        let bound = l.bind(&id("ctr"), &token, me(), &gpus).unwrap();
+        let forged = ClaimToken::new(id("claim-0123abcd")).unwrap();
+        let e = err_text(l.bind(&id("ctr"), &forged, me(), &gpus));
+        assert!(e.contains("no such claim"), "{e}");
+        assert_eq!(l.records().unwrap(), [bound]);
+    }
+
+    /// The audit line of a bind says which claim the container took over.
+    #[test]
+    fn a_bind_is_audited_with_the_claim_it_took_over() {
+        let (_t, l, token, gpus) = claimed("claim-0123abcd");
+        l.bind(&id("ctr"), &token, me(), &gpus).unwrap();
+        let (_t2, l2, token2, gpus2) = claimed("ctr2");
+        l2.bind(&id("ctr2"), &token2, me(), &gpus2).unwrap();
+        let line = |l: &Ledger| {
+            std::fs::read_to_string(l.dir().join(store::AUDIT_FILE))
+                .unwrap()
+                .lines()
+                .find(|line| line.contains("\"event\":\"bind\""))
+                .unwrap()
+                .to_string()
+        };
+        assert!(
+            line(&l).contains("\"reason\":\"claim claim-0123abcd\""),
+            "{}",
+            line(&l)
+        );
+        assert!(!line(&l2).contains("\"reason\""), "{}", line(&l2));
+    }
 }
