@@ -24,9 +24,10 @@ pub struct ExecArgs {
     /// Wait up to this long for the GPUs, in the queue with every container, e.g. 10m
     #[arg(long)]
     pub wait: Option<String>,
-    /// Take the GPUs from this holder's (a hold, a Slurm job) [default: $GPUPIN_WITHIN,
-    /// else inside a Slurm job its hold slurm-$SLURM_JOB_ID where there is one]
-    #[arg(long, value_name = "ID")]
+    /// Take the GPUs from this holder's (a hold, a Slurm job); ID:KEY for a holder that
+    /// is not yours (`gpupin key ID`) [default: $GPUPIN_WITHIN, else inside a Slurm job
+    /// its hold slurm-$SLURM_JOB_ID where there is one]
+    #[arg(long, value_name = "ID[:KEY]")]
     pub within: Option<String>,
     /// The holder id the job is recorded under [default: exec-<pid>]
     #[arg(long)]

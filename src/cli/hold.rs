@@ -33,8 +33,9 @@ pub struct HoldArgs {
     /// Hold until `gpupin release ID` (root only)
     #[arg(long)]
     pub until_release: bool,
-    /// Take the GPUs from this holder's instead of the free pool
-    #[arg(long, value_name = "ID")]
+    /// Take the GPUs from this holder's instead of the free pool; ID:KEY for a holder that
+    /// is not yours (`gpupin key ID`)
+    #[arg(long, value_name = "ID[:KEY]")]
     pub within: Option<String>,
 }
 
