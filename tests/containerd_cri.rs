@@ -196,17 +196,24 @@ fn a_container_that_exits_releases_its_gpus_while_its_pod_lives() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // It did hold its GPU while it ran: the audit log has both ends.
-    let audit =
-        std::fs::read_to_string(node.containerd.gpupin.state_dir.join("audit.log")).unwrap();
+    // It did hold its GPU while it ran: the audit log has both ends. The release's line
+    // follows the record's removal (both under the ledger's lock, which this reader
+    // does not take): wait for it as a reader of `gpupin log` would.
+    let logged = |audit: &str, event: &str| {
+        audit.lines().any(|l| {
+            let line: Value = serde_json::from_str(l).unwrap();
+            line["event"] == event && line["holder"] == once.as_str()
+        })
+    };
+    let read =
+        || std::fs::read_to_string(node.containerd.gpupin.state_dir.join("audit.log")).unwrap();
+    let started = Instant::now();
+    while !logged(&read(), "release") && started.elapsed() < RELEASE_WAIT {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let audit = read();
     for event in ["allocate", "release"] {
-        assert!(
-            audit.lines().any(|l| {
-                let line: Value = serde_json::from_str(l).unwrap();
-                line["event"] == event && line["holder"] == once.as_str()
-            }),
-            "no {event} line for {once}: {audit}"
-        );
+        assert!(logged(&audit, event), "no {event} line for {once}: {audit}");
     }
     released(pod, &node);
 }

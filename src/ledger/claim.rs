@@ -173,6 +173,8 @@ mod tests {
     fn debug_output_hides_the_secret() {
         let token = ClaimToken::new_claim().unwrap();
         let secret = token.annotation().split_once(':').unwrap().1.to_string();
-        assert!(!format!("{token:?}").contains(&secret));
+        let debug = format!("{token:?}");
+        assert!(!debug.contains(&secret), "{debug}");
+        assert!(debug.contains(token.holder().as_str()), "{debug}");
     }
 }
