@@ -8,7 +8,7 @@ use crate::policy::PolicyName;
 use crate::policy::testing::machine;
 use crate::request::{Origin, Selection};
 
-fn count(n: u32) -> GpuRequest {
+pub(super) fn count(n: u32) -> GpuRequest {
     GpuRequest::new(Selection::Count(n), Origin::Cli)
 }
 
@@ -37,7 +37,7 @@ fn owner(user: &str, uid: u32, groups: &[&str]) -> Owner {
 }
 
 /// A job of `user`'s running as this test process, limited as a user's request is.
-fn job(user: &str, uid: u32, groups: &[&str]) -> HolderMeta {
+pub(super) fn job(user: &str, uid: u32, groups: &[&str]) -> HolderMeta {
     HolderMeta {
         source: "test".into(),
         pid: Some(std::process::id() as i32),
@@ -48,7 +48,7 @@ fn job(user: &str, uid: u32, groups: &[&str]) -> HolderMeta {
     }
 }
 
-fn container() -> HolderMeta {
+pub(super) fn container() -> HolderMeta {
     HolderMeta {
         source: "test".into(),
         pid: Some(std::process::id() as i32),

@@ -2,42 +2,15 @@
 //! no one's way, a waiter whose caller went away leaves, and one user's tickets are few.
 
 use super::tests::{id, ledger};
+use super::tests_jobs::{container, count, job};
 use super::*;
 use crate::limits::Limits;
 use crate::message::one_line;
 use crate::policy::PolicyName;
 use crate::policy::testing::machine;
-use crate::request::{Origin, Selection};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-fn count(n: u32) -> GpuRequest {
-    GpuRequest::new(Selection::Count(n), Origin::Cli)
-}
-
-fn job(user: &str, uid: u32) -> HolderMeta {
-    HolderMeta {
-        source: "test".into(),
-        pid: Some(std::process::id() as i32),
-        kind: HolderKind::Exec,
-        owner: Some(Owner {
-            uid,
-            user: user.into(),
-            groups: Vec::new(),
-        }),
-        limited: true,
-        ..HolderMeta::default()
-    }
-}
-
-fn container() -> HolderMeta {
-    HolderMeta {
-        source: "test".into(),
-        pid: Some(std::process::id() as i32),
-        ..HolderMeta::default()
-    }
-}
 
 /// A flag a waiter polls as its caller's connection; clear it to hang up.
 fn caller(meta: &mut HolderMeta) -> Arc<AtomicBool> {
@@ -99,14 +72,14 @@ fn a_waiter_held_back_by_its_own_limit_blocks_no_one() {
         limits: Some(&limits),
         ..Machine::new(&inv, PolicyName::Pack)
     };
-    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001))
+    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001, &[]))
         .unwrap();
     // Alice at her limit queues for one more, for long: her ticket is parked.
     let alice = wait_in_thread(
         l.dir(),
         "a2",
         1,
-        job("alice", 1001),
+        job("alice", 1001, &[]),
         &limits,
         Duration::from_secs(60),
     );
@@ -120,7 +93,7 @@ fn a_waiter_held_back_by_its_own_limit_blocks_no_one() {
         l.dir(),
         "b1",
         1,
-        job("bob", 1002),
+        job("bob", 1002, &[]),
         &limits,
         Duration::from_secs(5),
     );
@@ -139,7 +112,7 @@ fn a_waiter_whose_caller_hung_up_leaves_the_queue() {
     let inv = machine(4);
     let m = Machine::new(&inv, PolicyName::Pack);
     l.allocate(&id("all"), &count(4), &m, container()).unwrap();
-    let mut meta = job("alice", 1001);
+    let mut meta = job("alice", 1001, &[]);
     let open = caller(&mut meta);
     let waiter = wait_in_thread(
         l.dir(),
@@ -191,14 +164,14 @@ fn one_user_has_at_most_max_waiting_per_user_tickets() {
         ));
         until(name, || tickets(&l) == n);
     };
-    queue("a1", job("alice", 1001), 1);
-    queue("a2", job("alice", 1001), 2);
+    queue("a1", job("alice", 1001, &[]), 1);
+    queue("a2", job("alice", 1001, &[]), 2);
     let err = l
         .allocate_waiting(
             &id("a3"),
             &count(1),
             &m,
-            job("alice", 1001),
+            job("alice", 1001, &[]),
             Duration::from_secs(60),
         )
         .unwrap_err();
@@ -208,7 +181,7 @@ fn one_user_has_at_most_max_waiting_per_user_tickets() {
     );
     assert_eq!(tickets(&l), 2, "nothing queued after a refusal");
     // Another user, and containers (no user), are not alice's.
-    queue("b1", job("bob", 1002), 3);
+    queue("b1", job("bob", 1002, &[]), 3);
     queue("c1", container(), 4);
     for open in &hang_ups {
         open.store(false, Ordering::SeqCst);
@@ -317,10 +290,10 @@ fn a_waiter_over_its_limit_is_parked_also_when_no_gpu_is_free() {
         limits: Some(&limits),
         ..Machine::new(&inv, PolicyName::Pack)
     };
-    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001))
+    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001, &[]))
         .unwrap();
     l.allocate(&id("rest"), &count(3), &m, container()).unwrap();
-    let mut meta = job("alice", 1001);
+    let mut meta = job("alice", 1001, &[]);
     let open = caller(&mut meta);
     let alice = wait_in_thread(l.dir(), "a2", 1, meta, &limits, Duration::from_secs(60));
     until("alice is queued", || tickets(&l) == 1);
