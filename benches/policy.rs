@@ -10,8 +10,8 @@
 //! exact (search finished within its node budget) and, up to 16, equal to the brute force.
 
 use criterion::{BenchmarkId, Criterion};
-use gpupin::inventory::Live;
-use gpupin::inventory::{Gpu, Inventory, InventorySource, Link, load};
+use gpupin::host::inventory::Live;
+use gpupin::host::inventory::{Gpu, Inventory, InventorySource, Link, load};
 use gpupin::policy::{PolicyInput, PolicyName, reference, topology};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -49,7 +49,7 @@ fn machines(quick: bool) -> Vec<Machine> {
         let inventory = load(
             &InventorySource::Sim(name.into()),
             Path::new("/nonexistent"),
-            &gpupin::inventory::NvmlAccess::InProcess,
+            &gpupin::host::inventory::NvmlAccess::InProcess,
         )
         .expect("built-in machine");
         Machine {

@@ -5,9 +5,9 @@ mod holder;
 mod live;
 mod table;
 
-use crate::inventory::{Inventory, Live};
-use crate::ledger::{Record, holders_of};
-use crate::whose::Seen;
+use crate::host::inventory::{Inventory, Live};
+use crate::host::whose::Seen;
+use crate::state::ledger::{Record, holders_of};
 use serde_json::{Value, json};
 use std::fmt::Write;
 use std::time::{Duration, SystemTime};
@@ -311,10 +311,10 @@ pub fn inventory_table(inventory: &Inventory) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{ContainerInfo, HolderKind, Mode, Owner, UNBOUND_GRACE};
     use crate::policy::testing::machine;
+    use crate::state::ledger::{ContainerInfo, HolderKind, Mode, Owner, UNBOUND_GRACE};
 
-    pub(super) use crate::ledger::testing::record;
+    pub(super) use crate::state::ledger::testing::record;
 
     fn container(id: &str, gpu: &str, engine: &str, name: &str, image: &str) -> Record {
         let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
@@ -480,7 +480,7 @@ mod tests {
         let inv = machine(1);
         let mut a = record("a", &["GPU-test-0"]);
         a.mode = Mode::Shared;
-        a.request.share = crate::request::Share::Shared;
+        a.request.share = crate::input::request::Share::Shared;
         a.request.reserve = Some(20 << 30);
         let mut b = record("b", &["GPU-test-0"]);
         b.mode = Mode::Shared;
@@ -494,7 +494,7 @@ mod tests {
         Seen {
             pid,
             used_memory: Some(3 << 29),
-            process: Some(crate::whose::Process {
+            process: Some(crate::host::whose::Process {
                 pid,
                 start_time: 1,
                 uid: Some(1000),

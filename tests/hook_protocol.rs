@@ -3,10 +3,10 @@
 //! hook without capabilities, which needs root): none of these get as
 //! far as touching a container.
 
-use gpupin::admit::{self, Admission};
-use gpupin::config::Config;
-use gpupin::ledger::{HolderId, HolderMeta};
-use gpupin::request;
+use gpupin::admission::admit::{self, Admission};
+use gpupin::input::config::Config;
+use gpupin::input::request;
+use gpupin::state::ledger::{HolderId, HolderMeta};
 use gpupin_sandbox::harness::{Gpupin, Sleeper, stderr};
 use serde_json::json;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! list) becomes the inventory file beside it (NAME.json), which describes the same
 //! machine as `sim:NAME`. Needs neither root nor GPUs.
 
-use gpupin::inventory::{self, Inventory, InventorySource, NvmlAccess};
+use gpupin::host::inventory::{self, Inventory, InventorySource, NvmlAccess};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -246,7 +246,8 @@ fn a_container_without_a_request_logs_nothing_and_reads_no_config() {
 #[test]
 fn newlines_in_a_containers_annotations_stay_inside_their_log_line() {
     let m = Machine::new("");
-    let forged = "\n2026-01-01T00:00:00.000000Z  INFO gpupin::ledger: released holder=victim";
+    let forged =
+        "\n2026-01-01T00:00:00.000000Z  INFO gpupin::state::ledger: released holder=victim";
     for annotations in [
         json!({"gpupin.count": "1", format!("gpupin.count{forged}"): "1"}),
         json!({"gpupin.count": format!("1{forged}")}),

@@ -4,8 +4,8 @@
 //! the stage's work, so that a container without a request pays little more than an exec.
 //! NVML, when a stage needs it, is asked of the `gpupin` binary beside this one.
 
-use gpupin::binaries;
-use gpupin::inventory::NvmlAccess;
+use gpupin::base::binaries;
+use gpupin::host::inventory::NvmlAccess;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(err) => {
-            report(&gpupin::message::one_line(err.as_ref()));
+            report(&gpupin::base::message::one_line(err.as_ref()));
             ExitCode::FAILURE
         }
     }

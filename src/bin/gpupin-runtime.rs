@@ -1,11 +1,11 @@
 //! `gpupin-runtime`: an OCI runtime for Docker's daemon.json that pins GPUs on `create`
 //! and hands every command to the real runtime (runc). Thin: the work, the runtime's
-//! child included, is in `gpupin::runtime::run`; this only execs and exits.
+//! child included, is in `gpupin::engines::runtime::run`; this only execs and exits.
 
-use gpupin::binaries;
-use gpupin::config::CONFIG_ENV;
-use gpupin::inventory::NvmlAccess;
-use gpupin::runtime::{self, Handover, argv, argv::Invocation};
+use gpupin::base::binaries;
+use gpupin::engines::runtime::{self, Handover, argv, argv::Invocation};
+use gpupin::host::inventory::NvmlAccess;
+use gpupin::input::config::CONFIG_ENV;
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -61,7 +61,7 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 /// error line of that file to the user (`docker run` prints it).
 fn fail(log_file: Option<&Path>, err: &anyhow::Error) -> ExitCode {
     use std::io::Write;
-    let msg = format!("gpupin: {}", gpupin::message::one_line(err.as_ref()));
+    let msg = format!("gpupin: {}", gpupin::base::message::one_line(err.as_ref()));
     // A closed or full stderr is no reason to panic: the log file may still get the line.
     let _ = writeln!(std::io::stderr().lock(), "{msg}");
     if let Some(path) = log_file {

@@ -2,9 +2,9 @@
 //! it), NVML beside nvidia-smi as a table where both answer; exit status 1 when any
 //! finding is a problem. `--json` for scripts.
 
-use gpupin::config::{Config, DEFAULT_CONFIG_PATH};
+use gpupin::base::message::{escape_controls, one_line};
 use gpupin::doctor::{self, DEFAULT_DAEMON_JSON, Finding, Report, Setup, smi::Comparison};
-use gpupin::message::{escape_controls, one_line};
+use gpupin::input::config::{Config, DEFAULT_CONFIG_PATH};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

@@ -5,11 +5,11 @@
 
 use super::request_args::RequestArgs;
 use anyhow::Context;
-use gpupin::config::Config;
-use gpupin::exec::{self, Gated};
-use gpupin::ledger::Ledger;
-use gpupin::request;
-use gpupin::serve::{Client, Request};
+use gpupin::input::config::Config;
+use gpupin::input::request;
+use gpupin::jobs::exec::{self, Gated};
+use gpupin::jobs::serve::{Client, Request};
+use gpupin::state::ledger::Ledger;
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::process::ExitCode;
@@ -45,9 +45,9 @@ impl ExecArgs {
             .or_else(|| std::env::var(WITHIN_ENV).ok().filter(|v| !v.is_empty()));
         // Inside a Slurm job, its hold: for a user, the daemon then checks that the hold
         // is theirs, as for any --within.
-        let job = std::env::var(gpupin::slurm::JOB_ID_ENV)
+        let job = std::env::var(gpupin::host::slurm::JOB_ID_ENV)
             .ok()
-            .and_then(|id| gpupin::slurm::job_holder(&id));
+            .and_then(|id| gpupin::host::slurm::job_holder(&id));
         let within = request::slurm_within(own.as_deref(), job.as_ref(), |hold| {
             Ledger::open_read_only(&config.state_dir).is_ok_and(|l| l.holds(hold))
         });
@@ -88,11 +88,11 @@ fn as_root(
     gpupin: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
     let (request, holder) = exec::job_request(pairs, args.name.as_deref(), me)?;
-    if config.confine != gpupin::confine::Confine::Off {
+    if config.confine != gpupin::host::confine::Confine::Off {
         // Before anything is held: a refusal leaves the ledger as it was.
-        gpupin::confine::require_caps()?;
+        gpupin::host::confine::require_caps()?;
     }
-    let owner = gpupin::users::owner_of(0)?;
+    let owner = gpupin::host::users::owner_of(0)?;
     let grant = exec::grant(config, holder, &request, owner, me, "exec")?;
     exec::block_signals()?;
     let mut gated = match exec::spawn_gated(gpupin, &args.command, &grant.env, true) {
@@ -132,9 +132,9 @@ fn as_root(
 /// to gpupin meanwhile go to what is left of the job.
 fn wait_until_finished(
     config: &Config,
-    holder: &gpupin::ledger::HolderId,
+    holder: &gpupin::state::ledger::HolderId,
     job: i32,
-    cgroup: Option<&gpupin::confine::JobCgroup>,
+    cgroup: Option<&gpupin::host::confine::JobCgroup>,
 ) {
     let mut told = false;
     while exec::finish(config, holder, job, cgroup) == exec::Finished::Leftovers {
@@ -145,8 +145,8 @@ fn wait_until_finished(
                 if left == 1 { "" } else { "es" },
                 if left == 1 { "s" } else { "" },
                 match config.leftovers {
-                    gpupin::confine::Leftovers::Wait => "wait",
-                    gpupin::confine::Leftovers::Kill => "kill",
+                    gpupin::host::confine::Leftovers::Wait => "wait",
+                    gpupin::host::confine::Leftovers::Kill => "kill",
                 },
             );
             told = true;

@@ -1,7 +1,7 @@
 //! `gpupin gc`: release the GPUs of holders that are gone, and clear what no holder owns.
 
-use gpupin::config::Config;
-use gpupin::ledger::Ledger;
+use gpupin::input::config::Config;
+use gpupin::state::ledger::Ledger;
 use std::process::ExitCode;
 
 pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
@@ -19,7 +19,10 @@ pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
     }
     // Left in place on purpose; each says how to remove it once inspected.
     for err in &report.left {
-        super::out::note(format_args!("kept {}", gpupin::message::one_line(err)));
+        super::out::note(format_args!(
+            "kept {}",
+            gpupin::base::message::one_line(err)
+        ));
     }
     let n = report.released.len();
     outln!("{n} stale holder{} released", if n == 1 { "" } else { "s" })?;

@@ -2,11 +2,11 @@
 //! or an administrator, for as long as a process lives or until `gpupin release ID`.
 
 use anyhow::Context;
-use gpupin::config::Config;
-use gpupin::hold::{self, Hold};
-use gpupin::ledger::HolderId;
-use gpupin::serve::{Client, Request};
-use gpupin::slurm;
+use gpupin::host::slurm;
+use gpupin::input::config::Config;
+use gpupin::jobs::hold::{self, Hold};
+use gpupin::jobs::serve::{Client, Request};
+use gpupin::state::ledger::HolderId;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -47,8 +47,8 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
     let euid = rustix::process::geteuid().as_raw();
     let (id, gpus) = if euid == 0 {
         let owner = match &args.user {
-            Some(user) => gpupin::users::owner_named(user)?,
-            None => gpupin::users::owner_of(euid)?,
+            Some(user) => gpupin::host::users::owner_named(user)?,
+            None => gpupin::host::users::owner_of(euid)?,
         };
         let spec = Hold {
             id: HolderId::new(&args.id)?,

@@ -2,8 +2,8 @@
 //! for hooks.d files and specs written by an older gpupin, and for trying a stage by hand.
 
 use super::hook_stage::{self, StageArgs};
-use gpupin::binaries;
-use gpupin::inventory::NvmlAccess;
+use gpupin::base::binaries;
+use gpupin::host::inventory::NvmlAccess;
 use std::path::Path;
 use std::process::ExitCode;
 

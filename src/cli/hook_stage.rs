@@ -2,9 +2,9 @@
 //! `gpupin-hook` binary, which includes this file by path (next to `logging.rs`). Only
 //! the precreate stage writes to stdout, and only the spec: podman parses it.
 
-use gpupin::config::Config;
-use gpupin::hook::{self, Outcome, Stage};
-use gpupin::inventory::NvmlAccess;
+use gpupin::engines::hook::{self, Outcome, Stage};
+use gpupin::host::inventory::NvmlAccess;
+use gpupin::input::config::Config;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -28,7 +28,7 @@ pub fn run(args: &StageArgs, hook_exe: &Path, nvml: NvmlAccess) -> anyhow::Resul
         return Err(hook::HookError::Precreate(reason.to_string()).into());
     }
     // The config, and so its `log` key, is loaded only for a container that asks for GPUs.
-    let load_config = || -> Result<Config, gpupin::config::ConfigError> {
+    let load_config = || -> Result<Config, gpupin::input::config::ConfigError> {
         let mut config = Config::discover(args.config)?;
         config.nvml = nvml;
         super::logging::init_from_config(&config);

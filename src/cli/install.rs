@@ -2,10 +2,10 @@
 
 use super::out;
 use anyhow::Context;
-use gpupin::config::{CONFIG_ENV, Config};
-use gpupin::install::docker::{self, NvidiaRuntime, RuntimeEntry};
-use gpupin::install::file;
-use gpupin::install::reload::{self, Reload};
+use gpupin::engines::install::docker::{self, NvidiaRuntime, RuntimeEntry};
+use gpupin::engines::install::file;
+use gpupin::engines::install::reload::{self, Reload};
+use gpupin::input::config::{CONFIG_ENV, Config};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

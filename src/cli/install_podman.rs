@@ -1,8 +1,8 @@
 //! `gpupin install podman` / `gpupin uninstall podman`: the hooks.d files.
 
 use anyhow::Context;
-use gpupin::edits::HookCommand;
-use gpupin::install::podman::{self, Change, Step, Trigger};
+use gpupin::admission::edits::HookCommand;
+use gpupin::engines::install::podman::{self, Change, Step, Trigger};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

@@ -2,10 +2,11 @@
 //! inventory import`: an inventory file from what `nvidia-smi` prints.
 
 use anyhow::Context;
-use gpupin::atomic::{self, Durability};
-use gpupin::config::Config;
-use gpupin::regular::{self, Links};
-use gpupin::{inventory, report};
+use gpupin::base::atomic::{self, Durability};
+use gpupin::base::safe_open::{self, Links};
+use gpupin::host::inventory;
+use gpupin::input::config::Config;
+use gpupin::report;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -85,6 +86,6 @@ fn read(path: &Path) -> anyhow::Result<String> {
             .context("reading stdin")?;
         return Ok(text);
     }
-    regular::read_to_string(path, Links::Follow)
+    safe_open::read_to_string(path, Links::Follow)
         .with_context(|| format!("reading {}", path.display()))
 }

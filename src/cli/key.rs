@@ -3,9 +3,9 @@
 //! reads it from the ledger; a user asks `gpupin serve`, which gives it for their own
 //! holders only.
 
-use gpupin::config::Config;
-use gpupin::ledger::{HolderId, Ledger};
-use gpupin::serve::{Client, Request};
+use gpupin::input::config::Config;
+use gpupin::jobs::serve::{Client, Request};
+use gpupin::state::ledger::{HolderId, Ledger};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]

@@ -1,8 +1,8 @@
 //! `gpupin log`: the audit trail, filtered, as a table or as the JSON lines it holds.
 
 use super::flag::Parsed;
-use gpupin::audit::{self, Entry, Filter, GpuSelector, When};
-use gpupin::config::Config;
+use gpupin::input::config::Config;
+use gpupin::state::audit::{self, Entry, Filter, GpuSelector, When};
 use std::process::ExitCode;
 use std::time::SystemTime;
 

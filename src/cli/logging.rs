@@ -3,8 +3,8 @@
 //! `log` key once a config is loaded. Shared by both binaries (gpupin-runtime includes
 //! this file by path), so that the library itself never holds a subscriber.
 
-use gpupin::config::Config;
-use gpupin::log::{self, Level};
+use gpupin::base::log::{self, Level};
+use gpupin::input::config::Config;
 
 /// At start: one env read when `GPUPIN_LOG` is unset, which is all a container without a
 /// request pays. An invalid value is one warning line, and logging stays off.
@@ -14,7 +14,7 @@ pub fn init_from_env() {
         Ok(None) => {}
         Err(err) => {
             use std::io::Write;
-            let line = gpupin::message::one_line(&err);
+            let line = gpupin::base::message::one_line(&err);
             let _ = writeln!(
                 std::io::stderr().lock(),
                 "gpupin: warning: {line}; logging off"

@@ -1,9 +1,9 @@
 //! `gpupin metrics`: Prometheus exposition text, for a scrape through a wrapper or a
 //! look by hand; `metrics_file` in the config keeps a file of it up to date instead.
 
-use gpupin::config::Config;
-use gpupin::inventory;
-use gpupin::ledger::Ledger;
+use gpupin::host::inventory;
+use gpupin::input::config::Config;
+use gpupin::state::ledger::Ledger;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -18,7 +18,8 @@ pub fn run(config: &Config, _args: &MetricsArgs) -> anyhow::Result<ExitCode> {
     let ledger = Ledger::read_only_for_config(config)?;
     // The counters are read from the whole audit log: the saved cursor is the ledger's,
     // written under its lock.
-    let text = gpupin::metrics::snapshot_text(config, &ledger, &inventory, live.as_deref(), None)?;
+    let text =
+        gpupin::state::metrics::snapshot_text(config, &ledger, &inventory, live.as_deref(), None)?;
     out!("{text}")?;
     Ok(ExitCode::SUCCESS)
 }

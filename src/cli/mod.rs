@@ -35,7 +35,7 @@ mod usage;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use gpupin::config::Config;
+use gpupin::input::config::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -128,7 +128,7 @@ pub fn main() -> ExitCode {
 fn report(err: &anyhow::Error) {
     out::note(format_args!(
         "gpupin: {}",
-        gpupin::message::one_line(err.as_ref())
+        gpupin::base::message::one_line(err.as_ref())
     ));
 }
 

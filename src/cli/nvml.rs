@@ -1,8 +1,8 @@
 //! `gpupin nvml inventory|live` (hidden): NVML's answers as JSON on stdout, for
 //! gpupin-hook and gpupin-runtime, which never load NVML themselves
-//! (`gpupin::inventory::nvml_helper` says why).
+//! (`gpupin::host::inventory::nvml_helper` says why).
 
-use gpupin::inventory::{self, nvml_helper};
+use gpupin::host::inventory::{self, nvml_helper};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]

@@ -3,10 +3,10 @@
 
 use super::explain;
 use super::request_args::RequestArgs;
-use gpupin::config::Config;
-use gpupin::grant;
-use gpupin::ledger::Ledger;
-use gpupin::request::{self, Origin};
+use gpupin::admission::grant;
+use gpupin::input::config::Config;
+use gpupin::input::request::{self, Origin};
+use gpupin::state::ledger::Ledger;
 use serde_json::json;
 use std::process::ExitCode;
 

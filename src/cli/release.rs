@@ -2,9 +2,9 @@
 //! remove an entry of the ledger's holders/ that is no readable record. A user who is not
 //! root releases their own holders through `gpupin serve`.
 
-use gpupin::config::Config;
-use gpupin::ledger::{Ledger, Released};
-use gpupin::serve::{Client, Request};
+use gpupin::input::config::Config;
+use gpupin::jobs::serve::{Client, Request};
+use gpupin::state::ledger::{Ledger, Released};
 use std::ffi::OsString;
 use std::process::ExitCode;
 

@@ -2,8 +2,8 @@
 //! (`gpupin exec`), hold and release them. Started by systemd's gpupin.socket, or by hand.
 
 use anyhow::Context;
-use gpupin::config::Config;
-use gpupin::serve::{listen, server};
+use gpupin::input::config::Config;
+use gpupin::jobs::serve::{listen, server};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -14,11 +14,11 @@ pub fn run(config: &Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         rustix::process::geteuid().is_root(),
         "gpupin serve must run as root: it allocates for other users and confines their jobs"
     );
-    if config.confine != gpupin::confine::Confine::Off {
-        gpupin::confine::require_caps()?;
+    if config.confine != gpupin::host::confine::Confine::Off {
+        gpupin::host::confine::require_caps()?;
     }
     // The ledger's directory first: the socket lives in it by default.
-    gpupin::ledger::Ledger::for_config(config)?;
+    gpupin::state::ledger::Ledger::for_config(config)?;
     let listener = match listen::from_systemd() {
         Some(l) => l,
         None => listen::bind(config)

@@ -1,12 +1,12 @@
 //! `gpupin status`: which GPUs are held, by whom, since when; what each GPU does now and
 //! whose its processes are; `--watch` redraws it like `watch`.
 
-use gpupin::config::Config;
-use gpupin::inventory::{self, Inventory, Live};
-use gpupin::ledger::Ledger;
-use gpupin::message::one_line;
+use gpupin::base::message::one_line;
+use gpupin::host::inventory::{self, Inventory, Live};
+use gpupin::host::whose::{self, Seen};
+use gpupin::input::config::Config;
 use gpupin::report::Status;
-use gpupin::whose::{self, Seen};
+use gpupin::state::ledger::Ledger;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -83,7 +83,7 @@ fn colour() -> bool {
 struct Screen {
     grace: Duration,
     inventory: Inventory,
-    records: Vec<gpupin::ledger::Record>,
+    records: Vec<gpupin::state::ledger::Record>,
     live: Option<Vec<Live>>,
     processes: Option<Vec<Vec<Seen>>>,
     live_error: Option<String>,
@@ -142,5 +142,5 @@ fn user_names() -> impl Fn(u32) -> Option<String> {
 
 /// A user name as text that cannot steer a terminal.
 fn one_line_name(name: &str) -> String {
-    gpupin::message::escape_controls(name)
+    gpupin::base::message::escape_controls(name)
 }

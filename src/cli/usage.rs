@@ -2,9 +2,9 @@
 //! holders the ledger has now.
 
 use super::flag::Parsed;
-use gpupin::audit::{self, By, EventKind, When};
-use gpupin::config::Config;
-use gpupin::ledger::Ledger;
+use gpupin::input::config::Config;
+use gpupin::state::audit::{self, By, EventKind, When};
+use gpupin::state::ledger::Ledger;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 

@@ -7,9 +7,9 @@
 //! - `gpupin exec` confines jobs with whatever `confine` asks for (`confine`).
 
 use super::{Finding, Setup};
-use crate::confine::Confine;
-use crate::confine::hierarchy::cgroup2_mounts;
-use crate::inject::cgroup::devices_mounts;
+use crate::host::confine::Confine;
+use crate::host::confine::hierarchy::cgroup2_mounts;
+use crate::host::container_devices::cgroup::devices_mounts;
 
 const CHECK: &str = "cgroups";
 

@@ -2,12 +2,12 @@
 //! gpupin-runtime it runs, the config and the real runtime it hands containers to.
 
 use super::{DEFAULT_DAEMON_JSON, Finding, Setup, not_runnable};
-use crate::binaries;
-use crate::config::DEFAULT_CONFIG_PATH;
-use crate::install::docker::{self as daemon, RUNTIME_NAME};
-use crate::message::one_line;
-use crate::regular::{self, Links};
-use crate::runtime::argv::{CONFIG_FLAG, RUNTIME_FLAG};
+use crate::base::binaries;
+use crate::base::message::one_line;
+use crate::base::safe_open::{self, Links};
+use crate::engines::install::docker::{self as daemon, RUNTIME_NAME};
+use crate::engines::runtime::argv::{CONFIG_FLAG, RUNTIME_FLAG};
+use crate::input::config::DEFAULT_CONFIG_PATH;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -17,7 +17,7 @@ pub(super) fn check(setup: &Setup) -> Vec<Finding> {
     let path = &setup.daemon_json;
     let install = install_command(setup);
     // A link is followed (admins manage /etc with them); a FIFO is refused, not waited on.
-    let text = match regular::read_to_string(path, Links::Follow) {
+    let text = match safe_open::read_to_string(path, Links::Follow) {
         Ok(text) => text,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
             return vec![match setup.find_program(Path::new("dockerd")) {

@@ -4,8 +4,8 @@
 use super::hardware::{Hardware, nvml_reason};
 use super::smi::{self, Comparison};
 use super::{Finding, Setup};
-use crate::inventory::InventorySource;
-use crate::message::one_line;
+use crate::base::message::one_line;
+use crate::host::inventory::InventorySource;
 
 const CHECK: &str = "driver";
 const SMI_CHECK: &str = "nvidia_smi";

@@ -44,7 +44,7 @@ impl Finding {
             status,
             // Paths and error texts come from the host (a file name may hold a newline):
             // a finding stays one line whatever they hold.
-            what: crate::message::escape_controls(&what.into()),
+            what: crate::base::message::escape_controls(&what.into()),
             fix: None,
         }
     }
@@ -63,7 +63,7 @@ impl Finding {
 
     /// The finding with how to fix it.
     pub fn fix(mut self, fix: impl Into<String>) -> Finding {
-        self.fix = Some(crate::message::escape_controls(&fix.into()));
+        self.fix = Some(crate::base::message::escape_controls(&fix.into()));
         self
     }
 }

@@ -2,7 +2,7 @@
 //! module's version, NVML (versions and GPUs) and the procfs backend's GPUs. Nothing is
 //! cached in the state dir: doctor writes nothing.
 
-use crate::inventory::{self, Inventory, InventoryError};
+use crate::host::inventory::{self, Inventory, InventoryError};
 use nvml_wrapper::Nvml;
 use std::ffi::OsStr;
 use std::path::Path;
@@ -81,9 +81,9 @@ pub fn nvml_reason(err: &InventoryError) -> String {
             while let Some(next) = inner.source() {
                 inner = next;
             }
-            crate::message::escape_controls(&inner.to_string())
+            crate::base::message::escape_controls(&inner.to_string())
         }
-        other => crate::message::one_line(other),
+        other => crate::base::message::one_line(other),
     }
 }
 

@@ -4,9 +4,9 @@
 
 use super::docker::{config_finding, flag_value, same_file};
 use super::{Finding, Setup, Status, not_runnable};
-use crate::binaries;
-use crate::install::podman::{self, STAGES};
-use crate::regular::{self, Links};
+use crate::base::binaries;
+use crate::base::safe_open::{self, Links};
+use crate::engines::install::podman::{self, STAGES};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -78,7 +78,7 @@ pub(super) fn check(setup: &Setup) -> Vec<Finding> {
 
 fn read(path: &Path, stage: &str) -> Found {
     // Admins link hooks into place: a link is followed, a FIFO refused rather than read.
-    match regular::read(path, Links::Follow) {
+    match safe_open::read(path, Links::Follow) {
         Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
             Ok(v) if podman::is_gpupin_hook(&v, stage) => Found::Ours(v),
             _ => Found::Foreign,

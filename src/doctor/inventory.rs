@@ -4,8 +4,8 @@
 
 use super::hardware::{Hardware, nvml_reason};
 use super::{Finding, Setup};
-use crate::inventory::{self, Inventory, InventorySource};
-use crate::message::one_line;
+use crate::base::message::one_line;
+use crate::host::inventory::{self, Inventory, InventorySource};
 
 const CHECK: &str = "inventory";
 

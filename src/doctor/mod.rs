@@ -31,8 +31,8 @@ pub use finding::{Finding, Report, Status};
 pub use hardware::{Hardware, NvmlReading};
 pub use hooks::DEFAULT_HOOKS_DIRS;
 
-use crate::binaries;
-use crate::config::{Config, DEFAULT_CONFIG_PATH};
+use crate::base::binaries;
+use crate::input::config::{Config, DEFAULT_CONFIG_PATH};
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -190,11 +190,11 @@ fn config(setup: &Setup) -> Finding {
     )
 }
 
-fn driver_name(driver: crate::driver::Driver) -> &'static str {
+fn driver_name(driver: crate::admission::driver::Driver) -> &'static str {
     match driver {
-        crate::driver::Driver::Auto => "auto",
-        crate::driver::Driver::Cdi => "cdi",
-        crate::driver::Driver::None => "none",
+        crate::admission::driver::Driver::Auto => "auto",
+        crate::admission::driver::Driver::Cdi => "cdi",
+        crate::admission::driver::Driver::None => "none",
     }
 }
 
@@ -235,7 +235,7 @@ fn siblings(setup: &Setup) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::{Inventory, InventorySource};
+    use crate::host::inventory::{Inventory, InventorySource};
     use std::os::unix::fs::PermissionsExt;
 
     /// What NVML would say about a two-GPU machine, and procfs the same.

@@ -8,7 +8,7 @@
 //! position, and a GPU either side lacks shows as missing there.
 
 use super::xml::{self, Element, XmlError};
-use crate::inventory::Gpu;
+use crate::host::inventory::Gpu;
 use serde::Serialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -384,7 +384,7 @@ mod tests {
     #[test]
     fn a_program_that_is_missing_or_fails_is_a_one_line_error() {
         let err = query(Path::new("/nonexistent/nvidia-smi")).unwrap_err();
-        let line = crate::message::one_line(&err);
+        let line = crate::base::message::one_line(&err);
         assert!(
             line.starts_with("running /nonexistent/nvidia-smi -q -x: "),
             "{line}"
@@ -398,7 +398,7 @@ mod tests {
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let line = crate::message::one_line(&query_fresh(&fake).unwrap_err());
+        let line = crate::base::message::one_line(&query_fresh(&fake).unwrap_err());
         assert!(
             line.contains("failed (exit status: 9): NVIDIA-SMI has failed because"),
             "{line}"

@@ -3,8 +3,8 @@
 //! that block every allocation, leftovers and temp files `gpupin gc` would clear.
 
 use super::{Finding, Setup};
-use crate::ledger::{Ledger, LedgerError, Survey, release_arg};
-use crate::message::one_line;
+use crate::base::message::one_line;
+use crate::state::ledger::{Ledger, LedgerError, Survey, release_arg};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
@@ -152,7 +152,7 @@ fn files(dir: &Path) -> Vec<Finding> {
             );
         }
     }
-    let secret = dir.join(crate::ledger::WITHIN_SECRET_FILE);
+    let secret = dir.join(crate::state::ledger::WITHIN_SECRET_FILE);
     if let Ok(meta) = std::fs::symlink_metadata(&secret)
         && (!meta.file_type().is_file() || meta.mode() & 0o077 != 0 || meta.uid() != 0)
     {

@@ -3,10 +3,10 @@
 //! inventory's GPUs, fails container starts the same way `driver::add_for_spec` would.
 
 use super::{Finding, Setup};
-use crate::driver::{self, Driver, cdi};
-use crate::edits::ContainerEdits;
-use crate::inventory::{Inventory, InventorySource};
-use crate::message::one_line;
+use crate::admission::driver::{self, Driver, cdi};
+use crate::admission::edits::ContainerEdits;
+use crate::base::message::one_line;
+use crate::host::inventory::{Inventory, InventorySource};
 use std::path::Path;
 
 const CHECK: &str = "toolkit";

@@ -13,7 +13,7 @@ pub mod topology;
 
 pub use include::choose_including;
 
-use crate::inventory::{Inventory, Live};
+use crate::host::inventory::{Inventory, Live};
 
 /// What a policy sees: the machine, which GPUs (by position in `inventory.gpus`) are
 /// free for this request, and the rotation cursor that `spread` keeps in the ledger.
@@ -163,11 +163,11 @@ mod tests {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    use crate::inventory::{Gpu, Inventory, InventorySource, NvmlAccess};
+    use crate::host::inventory::{Gpu, Inventory, InventorySource, NvmlAccess};
 
     /// A built-in simulated machine (`sim:NAME`), links and all.
     pub fn sim(name: &str) -> Inventory {
-        crate::inventory::load(
+        crate::host::inventory::load(
             &InventorySource::Sim(name.into()),
             std::path::Path::new("/nonexistent"),
             &NvmlAccess::InProcess,

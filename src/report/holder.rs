@@ -3,7 +3,7 @@
 //! its age; and the same as JSON.
 
 use super::table::Cell;
-use crate::ledger::{HolderKind, Mode, Record};
+use crate::state::ledger::{HolderKind, Mode, Record};
 use serde_json::{Value, json};
 use std::time::{Duration, SystemTime};
 
@@ -60,7 +60,7 @@ fn tags(r: &Record, now: SystemTime, grace: Duration) -> String {
     }
     if r.mode == Mode::Shared {
         tags.push("shared".into());
-        tags.extend(r.request.reserve.map(crate::units::format_size));
+        tags.extend(r.request.reserve.map(crate::base::units::format_size));
     }
     if r.is_stale(now, grace) {
         tags.push("gone".into());

@@ -3,9 +3,9 @@
 //! gpupin's": started without gpupin); and the same as JSON.
 
 use super::table::Cell;
-use crate::inventory::{Gpu, Live};
-use crate::ledger::{Record, holder_of};
-use crate::whose::Seen;
+use crate::host::inventory::{Gpu, Live};
+use crate::host::whose::Seen;
+use crate::state::ledger::{Record, holder_of};
 use serde_json::{Value, json};
 
 /// What the HOLDER column says of a process no holder owns.

@@ -5,9 +5,9 @@
 
 use super::{Setup, gpu_list, nvidia_nodes};
 use anyhow::Context;
-use gpupin::edits::HookCommand;
-use gpupin::ledger::{HolderId, Ledger};
-use gpupin::runtime::create;
+use gpupin::admission::edits::HookCommand;
+use gpupin::engines::runtime::create;
+use gpupin::state::ledger::{HolderId, Ledger};
 use gpupin_sandbox::driver::{DriverRoot, FakeGpu, driver_files};
 use gpupin_sandbox::{self as sandbox, BundleSpec, Container, Runc};
 use std::path::Path;

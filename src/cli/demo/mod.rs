@@ -13,10 +13,10 @@ mod no_container;
 
 use super::out;
 use anyhow::Context;
-use gpupin::config::Config;
-use gpupin::inventory::{self, Inventory};
-use gpupin::ledger::{Ledger, Record};
+use gpupin::host::inventory::{self, Inventory};
+use gpupin::input::config::Config;
 use gpupin::report;
+use gpupin::state::ledger::{Ledger, Record};
 use gpupin_sandbox::{self as sandbox, BundleSpec, Container, HookCommand, Requirements, Runc};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
@@ -291,7 +291,7 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
          would write for it ({}); gpupin applies the entry of the GPU it chose:",
         driver_root.root.display()
     )?;
-    let lib_hook = gpupin::edits::HookCommand {
+    let lib_hook = gpupin::admission::edits::HookCommand {
         exe: hook.exe.clone(),
         config: hook.config.clone(),
     };
@@ -433,7 +433,10 @@ fn without_containers(setup: &Setup) -> anyhow::Result<bool> {
             Ok(None) => report_line(scenario, "untouched", false),
             Err(e) => report_line(
                 scenario,
-                &format!("refused: gpupin: {}", gpupin::message::one_line(e.as_ref())),
+                &format!(
+                    "refused: gpupin: {}",
+                    gpupin::base::message::one_line(e.as_ref())
+                ),
                 true,
             ),
         }?;

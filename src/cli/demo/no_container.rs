@@ -7,12 +7,13 @@
 //! namespace and device cgroup of a real container, and root. Poststop is the hook's own.
 
 use anyhow::Context;
-use gpupin::admit::{self, Admission};
-use gpupin::config::Config;
-use gpupin::hook::{self, Outcome, Stage};
-use gpupin::ledger::{HolderId, HolderMeta, Record};
-use gpupin::regular::{self, Links};
-use gpupin::{edits, request, spec};
+use gpupin::admission::admit::{self, Admission};
+use gpupin::admission::{edits, spec};
+use gpupin::base::safe_open::{self, Links};
+use gpupin::engines::hook::{self, Outcome, Stage};
+use gpupin::input::config::Config;
+use gpupin::input::request;
+use gpupin::state::ledger::{HolderId, HolderMeta, Record};
 use oci_spec::runtime::State;
 use std::collections::HashMap;
 use std::path::Path;
@@ -31,7 +32,7 @@ pub fn prestart_without_container(
     // Read up front, as the hook does: a bundle without a readable config.json is
     // refused even when the annotations ask for GPUs.
     let path = state.bundle().join("config.json");
-    let bytes = regular::read(&path, Links::Refuse)
+    let bytes = safe_open::read(&path, Links::Refuse)
         .with_context(|| format!("reading {}", path.display()))?;
     let mut sources = BundleSources {
         annotations: &annotations,

@@ -4,11 +4,11 @@
 use super::Endpoints;
 use super::service::Plugin;
 use anyhow::Context;
-use gpupin::config::Config;
-use gpupin::inventory::Inventory;
-use gpupin::kube::devices::{self, DeviceState};
-use gpupin::kube::{self, reconcile};
-use gpupin::ledger::Ledger;
+use gpupin::host::inventory::Inventory;
+use gpupin::input::config::Config;
+use gpupin::jobs::kube::devices::{self, DeviceState};
+use gpupin::jobs::kube::{self, reconcile};
+use gpupin::state::ledger::Ledger;
 use gpupin_kubelet_api::DEVICE_PLUGIN_VERSION;
 use gpupin_kubelet_api::deviceplugin::device_plugin_server::DevicePluginServer;
 use gpupin_kubelet_api::deviceplugin::registration_client::RegistrationClient;
@@ -226,7 +226,7 @@ async fn reconcile_loop(config: Arc<Config>, endpoints: Endpoints, timing: Timin
                 })
                 .await;
                 if let Ok(Err(err)) = released {
-                    tracing::warn!(error = %gpupin::message::one_line(&err), "reconcile");
+                    tracing::warn!(error = %gpupin::base::message::one_line(&err), "reconcile");
                 }
             }
             Err(_) if failing => {}
@@ -273,7 +273,7 @@ fn line(err: &anyhow::Error) -> String {
             text.push_str(&part);
         }
     }
-    gpupin::message::escape_controls(&text)
+    gpupin::base::message::escape_controls(&text)
 }
 
 /// SIGTERM (the DaemonSet's pod stopping) or SIGINT.

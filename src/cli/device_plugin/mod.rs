@@ -10,14 +10,14 @@
 //! - the socket is watched: the kubelet removes every plugin's socket when it restarts,
 //!   and then the plugin serves a new one and registers again.
 //!
-//! The decisions themselves are the library's (`gpupin::kube`); this module is the gRPC
+//! The decisions themselves are the library's (`gpupin::jobs::kube`); this module is the gRPC
 //! and the tokio around them, and only this binary links either.
 
 mod kubelet;
 mod service;
 
-use gpupin::config::Config;
-use gpupin::kube::DEFAULT_RESOURCE;
+use gpupin::input::config::Config;
+use gpupin::jobs::kube::DEFAULT_RESOURCE;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -90,8 +90,9 @@ pub fn run(config: &Config, args: &DevicePluginArgs) -> anyhow::Result<ExitCode>
         "invalid --socket-name {:?}: expected a file name in --plugin-dir, without '/'",
         args.socket_name
     );
-    gpupin::ledger::Ledger::for_config(config)?;
-    let inventory = gpupin::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+    gpupin::state::ledger::Ledger::for_config(config)?;
+    let inventory =
+        gpupin::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
     let endpoints = Endpoints {
         plugin_socket: args.plugin_dir.join(&args.socket_name),
         socket_name: args.socket_name.clone(),

@@ -1,13 +1,13 @@
 //! The `DevicePlugin` service the kubelet calls: each method hands the request to
-//! `gpupin::kube` on a blocking thread (the ledger takes a file lock) and turns the answer
+//! `gpupin::jobs::kube` on a blocking thread (the ledger takes a file lock) and turns the answer
 //! into the API's messages.
 
-use gpupin::config::Config;
-use gpupin::inventory::Inventory;
-use gpupin::kube::allocate::Granted;
-use gpupin::kube::devices::DeviceState;
-use gpupin::kube::{self, KubeError, prefer};
-use gpupin::ledger::{HolderId, Ledger};
+use gpupin::host::inventory::Inventory;
+use gpupin::input::config::Config;
+use gpupin::jobs::kube::allocate::Granted;
+use gpupin::jobs::kube::devices::DeviceState;
+use gpupin::jobs::kube::{self, KubeError, prefer};
+use gpupin::state::ledger::{HolderId, Ledger};
 use gpupin_kubelet_api::deviceplugin::device_plugin_server::DevicePlugin;
 use gpupin_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
@@ -46,7 +46,7 @@ pub fn device_list(states: &[DeviceState]) -> ListAndWatchResponse {
 
 /// A library error as the kubelet's error: one line, with a code for what went wrong.
 fn status(err: KubeError) -> Status {
-    let message = gpupin::message::one_line(&err);
+    let message = gpupin::base::message::one_line(&err);
     match err {
         KubeError::UnknownDevice { .. } | KubeError::NoDevices => Status::invalid_argument(message),
         KubeError::Grant(_) | KubeError::Driver(_) => Status::failed_precondition(message),
@@ -110,7 +110,7 @@ fn allocate_all(
                     if let Ok(id) = HolderId::new(&id)
                         && let Err(undo) = ledger.release(&id)
                     {
-                        tracing::warn!(holder = %id, error = %gpupin::message::one_line(&undo), "could not undo");
+                        tracing::warn!(holder = %id, error = %gpupin::base::message::one_line(&undo), "could not undo");
                     }
                 }
                 return Err(err);
@@ -169,7 +169,7 @@ impl DevicePlugin for Plugin {
             let ledger = Ledger::read_only_for_config(&config).map_err(|e| status(e.into()))?;
             let live = kube::live_records(&ledger).map_err(|e| status(e.into()))?;
             let figures = match config.policy.needs_live() {
-                true => gpupin::inventory::live::read(
+                true => gpupin::host::inventory::live::read(
                     config.live_file.as_deref(),
                     &inventory,
                     &config.nvml,
@@ -216,7 +216,7 @@ impl DevicePlugin for Plugin {
             allocate_all(&config, &inventory, &request)
                 .map(Response::new)
                 .map_err(|err| {
-                    tracing::warn!(error = %gpupin::message::one_line(&err), "Allocate refused");
+                    tracing::warn!(error = %gpupin::base::message::one_line(&err), "Allocate refused");
                     status(err)
                 })
         })

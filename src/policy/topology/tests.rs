@@ -1,5 +1,5 @@
 use super::*;
-use crate::inventory::{Inventory, Link};
+use crate::host::inventory::{Inventory, Link};
 use crate::policy::testing::{input, sim};
 
 fn choose(inv: &Inventory, free: &[bool], count: usize) -> Option<Vec<usize>> {
@@ -257,7 +257,7 @@ fn nvswitch_generations_all_pick_the_lowest() {
 /// brute force.
 #[test]
 fn every_held_set_on_the_built_in_machines() {
-    use crate::inventory::sim;
+    use crate::host::inventory::sim;
     for name in sim::names() {
         let inv = self::sim(name);
         let n = inv.gpus.len();

@@ -1,0 +1,9 @@
+//! Shared building blocks: files others could replace, atomic writes, one-line messages, sizes, pids, logging, the binaries' names.
+
+pub mod atomic;
+pub mod binaries;
+pub mod log;
+pub mod message;
+pub mod procinfo;
+pub mod safe_open;
+pub mod units;

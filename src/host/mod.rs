@@ -1,0 +1,8 @@
+//! The machine as it is: GPUs, processes and users, device nodes and cgroups, Slurm.
+
+pub mod confine;
+pub mod container_devices;
+pub mod inventory;
+pub mod slurm;
+pub mod users;
+pub mod whose;

@@ -1,0 +1,719 @@
+//! gpupin's configuration: `--config FILE`, else `$GPUPIN_CONFIG`, else
+//! /etc/gpupin/config.toml; a missing default file means defaults.
+
+use crate::admission::driver::foreign::Unrequested;
+use crate::admission::driver::{DEFAULT_CDI_SPEC_DIRS, Driver};
+use crate::base::log::Level;
+use crate::base::safe_open::{self, Links};
+use crate::host::confine::Confine;
+use crate::host::inventory::{InventorySource, NvmlAccess};
+use crate::model::limits::Limits;
+use crate::policy::PolicyName;
+use crate::state::audit::AuditLog;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpupin/config.toml";
+pub const DEFAULT_STATE_DIR: &str = "/run/gpupin";
+pub const CONFIG_ENV: &str = "GPUPIN_CONFIG";
+/// How long GPUs assigned before create stay held without a container process.
+pub const DEFAULT_CLAIM_GRACE: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The lock directory holding the ledger and the inventory cache.
+    pub state_dir: PathBuf,
+    pub inventory: InventorySource,
+    /// Policy for requests that name none.
+    pub policy: PolicyName,
+    /// The OCI runtime gpupin-runtime hands over to: a path, or a name found on PATH.
+    pub runtime: PathBuf,
+    /// How long GPUs assigned before create (shim, precreate) stay held while the
+    /// container has not reached its prestart hook.
+    pub claim_grace: Duration,
+    /// Live figures for simulated and file inventories (NVML supplies them otherwise).
+    pub live_file: Option<PathBuf>,
+    /// How many shared holders one GPU takes at most.
+    pub max_shared: u32,
+    /// How much to log to stderr when `GPUPIN_LOG` is unset: the way to turn logging
+    /// on for hooks, which get whatever environment the runtime gives them.
+    pub log: Option<Level>,
+    /// What a container that asks gpupin for nothing keeps of what it asked NVIDIA's
+    /// stack for (`NVIDIA_VISIBLE_DEVICES`, `cdi.k8s.io` annotations); `Unrequested`
+    /// says why the default strips it.
+    pub unrequested: Unrequested,
+    /// Where this configuration was read from; `None` for built-in defaults.
+    pub path: Option<PathBuf>,
+    /// Where NVML runs: not a key of the file, but the binary's to say (the statically
+    /// linked ones ask the `gpupin` beside them).
+    pub nvml: NvmlAccess,
+    /// How a container gets the driver's libraries (`driver::Driver`).
+    pub driver: Driver,
+    /// Where CDI specs are read from; a later dir wins for the same device name.
+    pub cdi_spec_dirs: Vec<PathBuf>,
+    /// The audit trail: where, how large before it rotates, how many rotated files.
+    pub audit: AuditLog,
+    /// How many GPUs people may hold, and which (`limits`).
+    pub limits: Limits,
+    /// `gpupin serve`'s socket; `None`: `<state_dir>/gpupin.sock`.
+    pub socket: Option<PathBuf>,
+    /// The group whose members may use the socket; `None`: every local user.
+    pub socket_group: Option<String>,
+    /// How `gpupin exec` names GPUs in CUDA_VISIBLE_DEVICES.
+    pub cuda_visible_devices: CudaIds,
+    /// How an exec'd job is kept to its GPUs (`confine`).
+    pub confine: Confine,
+    /// What happens to the processes a confined job leaves in its cgroup when its main
+    /// process ends (`leftovers`).
+    pub leftovers: crate::host::confine::Leftovers,
+    /// A Prometheus text file rewritten on every ledger change (node_exporter's textfile
+    /// collector); `None`: none.
+    pub metrics_file: Option<PathBuf>,
+    /// Whether a container whose env says `SLURM_JOB_ID=N` takes its GPUs from Slurm job
+    /// N's hold (`request::GpuRequest::enter_slurm_job`). Off by default: an engine does
+    /// not say who started a container, so its env could name any job; `gpupin exec`
+    /// always follows the rule, since the daemon knows who asks.
+    pub slurm_containers: bool,
+    /// Whether an exclusive request may get a GPU that runs a process no holder owns.
+    pub foreign: Foreign,
+    /// How long an NVML snapshot of the live figures serves further allocations.
+    pub live_cache: Duration,
+    /// `gpupin serve`'s bounds (`[serve]`).
+    pub serve: crate::jobs::serve::settings::ServeSettings,
+}
+
+/// What allocation makes of a process on a GPU that no holder owns (one started
+/// without gpupin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Foreign {
+    /// An exclusive request never gets such a GPU; the refusal names the process.
+    #[default]
+    Avoid,
+    /// Processes are not looked at: only the ledger says which GPUs are free.
+    Ignore,
+}
+
+/// How long a live snapshot serves, by default: a burst of starts pays once, and a
+/// process started since is missed for no longer than this.
+pub const DEFAULT_LIVE_CACHE: Duration = Duration::from_secs(2);
+
+/// How `gpupin exec` writes CUDA_VISIBLE_DEVICES.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaIds {
+    /// Indices in PCI bus order, with CUDA_DEVICE_ORDER=PCI_BUS_ID (nvidia-smi's numbers).
+    #[default]
+    Index,
+    /// `GPU-<uuid>`: the same on every machine and every boot.
+    Uuid,
+}
+
+impl Config {
+    /// Where `gpupin serve` listens and `gpupin exec` finds it.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("gpupin.sock"))
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            inventory: InventorySource::Auto,
+            policy: PolicyName::default(),
+            runtime: PathBuf::from("runc"),
+            claim_grace: DEFAULT_CLAIM_GRACE,
+            live_file: None,
+            max_shared: 4,
+            log: None,
+            unrequested: Unrequested::default(),
+            path: None,
+            nvml: NvmlAccess::InProcess,
+            driver: Driver::default(),
+            cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
+            audit: AuditLog::at(crate::state::audit::DEFAULT_AUDIT_LOG),
+            limits: Limits::default(),
+            socket: None,
+            socket_group: None,
+            cuda_visible_devices: CudaIds::default(),
+            confine: Confine::Auto,
+            leftovers: crate::host::confine::Leftovers::default(),
+            metrics_file: None,
+            slurm_containers: false,
+            foreign: Foreign::default(),
+            live_cache: DEFAULT_LIVE_CACHE,
+            serve: Default::default(),
+        }
+    }
+}
+
+/// The file as written: every key optional, unknown keys rejected by name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    state_dir: Option<PathBuf>,
+    inventory: Option<String>,
+    policy: Option<String>,
+    runtime: Option<PathBuf>,
+    claim_grace: Option<String>,
+    live_file: Option<PathBuf>,
+    max_shared: Option<u32>,
+    log: Option<String>,
+    driver: Option<String>,
+    cdi_spec_dirs: Option<Vec<PathBuf>>,
+    unrequested: Option<String>,
+    audit_log: Option<PathBuf>,
+    audit_max_size: Option<String>,
+    audit_keep: Option<u32>,
+    audit_failure: Option<String>,
+    limits: Option<Limits>,
+    socket: Option<PathBuf>,
+    socket_group: Option<String>,
+    cuda_visible_devices: Option<String>,
+    confine: Option<toml::Value>,
+    leftovers: Option<String>,
+    metrics_file: Option<PathBuf>,
+    slurm_containers: Option<bool>,
+    foreign: Option<String>,
+    live_cache: Option<String>,
+    serve: Option<crate::jobs::serve::settings::ServeFile>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+impl Config {
+    /// Resolves which file to read (flag, env, default) and reads it.
+    pub fn discover(flag: Option<&Path>) -> Result<Config, ConfigError> {
+        if let Some(path) = flag {
+            return Config::load(path);
+        }
+        if let Some(path) = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty()) {
+            return Config::load(Path::new(&path));
+        }
+        match Config::load(Path::new(DEFAULT_CONFIG_PATH)) {
+            Err(ConfigError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                Ok(Config::default())
+            }
+            other => other,
+        }
+    }
+
+    /// Reads one config file; a file named explicitly must exist.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        // Admins link configs into managed trees, so a link is followed; a FIFO or device
+        // is refused rather than read (a FIFO would block every hook on the host).
+        let text =
+            safe_open::read_to_string(path, Links::Follow).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses config text; `path` names the file in errors and anchors relative paths.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let invalid = |reason: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let file: ConfigFile = toml::from_str(text).map_err(|e| invalid(one_line(e.message())))?;
+        // Relative paths are relative to the config file, not to the cwd of whichever
+        // runtime happens to call the hook (the bundle, under runc and dockerd).
+        let beside = |p: PathBuf| path.parent().map_or(p.clone(), |dir| dir.join(&p));
+        let mut config = Config {
+            path: Some(path.to_path_buf()),
+            ..Config::default()
+        };
+        if let Some(dir) = file.state_dir {
+            config.state_dir = beside(dir);
+        }
+        if let Some(inv) = file.inventory {
+            config.inventory = inv
+                .parse()
+                .map_err(|e| invalid(format!("inventory: {e}")))?;
+            if let InventorySource::File(p) = config.inventory {
+                config.inventory = InventorySource::File(beside(p));
+            }
+        }
+        if let Some(grace) = file.claim_grace {
+            config.claim_grace = humantime::parse_duration(&grace).map_err(|_| {
+                invalid(format!(
+                    "claim_grace {grace:?}: expected a duration such as \"120s\" or \"2m\""
+                ))
+            })?;
+        }
+        if let Some(live) = file.live_file {
+            config.live_file = Some(beside(live));
+        }
+        if let Some(max) = file.max_shared {
+            if max == 0 {
+                return Err(invalid("max_shared 0: expected at least 1".into()));
+            }
+            config.max_shared = max;
+        }
+        if let Some(runtime) = file.runtime {
+            // A bare name is looked up on PATH; only a path is anchored.
+            config.runtime = match runtime.components().count() {
+                1 => runtime,
+                _ => beside(runtime),
+            };
+        }
+        if let Some(log) = file.log {
+            let level = log
+                .parse()
+                .map_err(|_| invalid(format!("log {log:?}: {}", Level::EXPECTED)))?;
+            config.log = Some(level);
+        }
+        if let Some(driver) = file.driver {
+            config.driver = driver
+                .parse()
+                .map_err(|()| invalid(format!("driver {driver:?}: {}", Driver::EXPECTED)))?;
+        }
+        if let Some(dirs) = file.cdi_spec_dirs {
+            config.cdi_spec_dirs = dirs.into_iter().map(beside).collect();
+        }
+        if let Some(unrequested) = file.unrequested {
+            config.unrequested = unrequested.parse().map_err(|()| {
+                invalid(format!(
+                    "unrequested {unrequested:?}: {}",
+                    Unrequested::EXPECTED
+                ))
+            })?;
+        }
+        if let Some(log) = file.audit_log {
+            config.audit.path = beside(log);
+        }
+        if let Some(size) = file.audit_max_size {
+            config.audit.max_bytes = match crate::base::units::parse_size(&size) {
+                Ok(n) if n >= 4096 => n,
+                _ => {
+                    return Err(invalid(format!(
+                        "audit_max_size {size:?}: expected a size of at least 4KiB, such as \"64MiB\""
+                    )));
+                }
+            };
+        }
+        if let Some(keep) = file.audit_keep {
+            config.audit.keep = keep;
+        }
+        if let Some(failure) = file.audit_failure {
+            config.audit.on_failure = crate::state::audit::AuditFailure::parse(&failure).ok_or_else(|| {
+                invalid(format!(
+                    "audit_failure {failure:?}: expected \"refuse\" (an allocation whose audit line cannot be written is undone) or \"warn\" (it goes on)"
+                ))
+            })?;
+        }
+        if let Some(limits) = file.limits {
+            if limits.max_waiting_per_user == Some(0) {
+                return Err(invalid(
+                    "limits.max_waiting_per_user 0: expected at least 1".into(),
+                ));
+            }
+            config.limits = limits;
+        }
+        if let Some(socket) = file.socket {
+            config.socket = Some(beside(socket));
+        }
+        if let Some(group) = file.socket_group {
+            config.socket_group = Some(group);
+        }
+        if let Some(ids) = file.cuda_visible_devices {
+            config.cuda_visible_devices = match ids.as_str() {
+                "index" => CudaIds::Index,
+                "uuid" => CudaIds::Uuid,
+                _ => {
+                    return Err(invalid(format!(
+                        "cuda_visible_devices {ids:?}: expected \"index\" or \"uuid\""
+                    )));
+                }
+            };
+        }
+        if let Some(metrics) = file.metrics_file {
+            config.metrics_file = Some(beside(metrics));
+        }
+        if let Some(confine) = file.confine {
+            config.confine = match &confine {
+                toml::Value::Boolean(on) => Confine::from(*on),
+                toml::Value::String(s) => s
+                    .parse()
+                    .map_err(|_| invalid(format!("confine {s:?}: {}", Confine::EXPECTED)))?,
+                other => {
+                    return Err(invalid(format!("confine {other}: {}", Confine::EXPECTED)));
+                }
+            };
+        }
+        if let Some(leftovers) = file.leftovers {
+            config.leftovers = leftovers.parse().map_err(|_| {
+                invalid(format!(
+                    "leftovers {leftovers:?}: {}",
+                    crate::host::confine::Leftovers::EXPECTED
+                ))
+            })?;
+        }
+        if let Some(slurm) = file.slurm_containers {
+            config.slurm_containers = slurm;
+        }
+        if let Some(foreign) = file.foreign {
+            config.foreign = match foreign.as_str() {
+                "avoid" => Foreign::Avoid,
+                "ignore" => Foreign::Ignore,
+                _ => {
+                    return Err(invalid(format!(
+                        "foreign {foreign:?}: expected \"avoid\" or \"ignore\""
+                    )));
+                }
+            };
+        }
+        if let Some(age) = file.live_cache {
+            config.live_cache = humantime::parse_duration(&age).map_err(|_| {
+                invalid(format!(
+                    "live_cache {age:?}: expected a duration such as \"2s\" (\"0s\": no cache)"
+                ))
+            })?;
+        }
+        if let Some(serve) = file.serve {
+            config.serve = serve.settings().map_err(invalid)?;
+        }
+        if let Some(policy) = file.policy {
+            config.policy = policy
+                .parse()
+                .map_err(|e| invalid(format!("policy: {e}")))?;
+        }
+        Ok(config)
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/gpupin/config.toml"))
+    }
+
+    #[test]
+    fn empty_file_means_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/run/gpupin"));
+        assert_eq!(c.inventory, InventorySource::Auto);
+    }
+
+    #[test]
+    fn reads_every_key() {
+        let c = parse("state_dir = \"/tmp/x\"\ninventory = \"sim:pcie8\"\npolicy = \"spread\"\nruntime = \"/usr/sbin/runc\"\n")
+            .unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.inventory, InventorySource::Sim("pcie8".into()));
+        assert_eq!(c.policy, PolicyName::Spread);
+        assert_eq!(c.runtime, PathBuf::from("/usr/sbin/runc"));
+    }
+
+    #[test]
+    fn slurm_containers_is_off_unless_turned_on() {
+        assert!(!parse("").unwrap().slurm_containers);
+        assert!(parse("slurm_containers = true").unwrap().slurm_containers);
+        let err = parse("slurm_containers = \"yes\"").unwrap_err().to_string();
+        assert!(
+            err.contains("slurm_containers") || err.contains("boolean"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn claim_grace_is_a_duration() {
+        assert_eq!(
+            parse("claim_grace = \"2m\"").unwrap().claim_grace,
+            Duration::from_secs(120)
+        );
+        let err = parse("claim_grace = \"soon\"").unwrap_err().to_string();
+        assert!(
+            err.contains("\"soon\"") && err.contains("duration"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn live_file_and_max_shared() {
+        let c = parse("live_file = \"live.json\"\nmax_shared = 2").unwrap();
+        assert_eq!(c.live_file, Some(PathBuf::from("/etc/gpupin/live.json")));
+        assert_eq!(c.max_shared, 2);
+        assert!(
+            parse("max_shared = 0")
+                .unwrap_err()
+                .to_string()
+                .contains("max_shared 0")
+        );
+        assert!(parse("max_shared = -1").is_err());
+    }
+
+    #[test]
+    fn foreign_defaults_to_avoid_and_live_cache_to_two_seconds() {
+        let c = parse("").unwrap();
+        assert_eq!(
+            (c.foreign, c.live_cache),
+            (Foreign::Avoid, Duration::from_secs(2))
+        );
+        let c = parse("foreign = \"ignore\"\nlive_cache = \"0s\"").unwrap();
+        assert_eq!((c.foreign, c.live_cache), (Foreign::Ignore, Duration::ZERO));
+        assert_eq!(
+            parse("foreign = \"avoid\"").unwrap().foreign,
+            Foreign::Avoid
+        );
+        let err = parse("foreign = \"kill\"").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config /etc/gpupin/config.toml: foreign \"kill\": expected \"avoid\" or \"ignore\""
+        );
+        let err = parse("live_cache = \"soon\"").unwrap_err().to_string();
+        assert!(
+            err.contains("live_cache \"soon\": expected a duration"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn log_is_a_level() {
+        assert_eq!(parse("").unwrap().log, None);
+        assert_eq!(parse("log = \"debug\"").unwrap().log, Some(Level::Debug));
+        let err = parse("log = \"loud\"").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config /etc/gpupin/config.toml: log \"loud\": expected one of error, warn, info, debug, trace, off"
+        );
+        let err = parse("log = \"de\\nbug\"").unwrap_err().to_string();
+        assert!(
+            err.contains(r#"log "de\nbug""#) && !err.contains('\n'),
+            "{err}"
+        );
+        assert!(parse("log = 3").is_err());
+    }
+
+    #[test]
+    fn driver_and_cdi_spec_dirs() {
+        let c = parse("").unwrap();
+        assert_eq!(c.driver, Driver::Auto);
+        assert_eq!(
+            c.cdi_spec_dirs,
+            [PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")]
+        );
+        let c = parse("driver = \"cdi\"\ncdi_spec_dirs = [\"cdi\", \"/run/cdi\"]").unwrap();
+        assert_eq!(c.driver, Driver::Cdi);
+        assert_eq!(
+            c.cdi_spec_dirs,
+            [PathBuf::from("/etc/gpupin/cdi"), PathBuf::from("/run/cdi")]
+        );
+        assert_eq!(parse("driver = \"none\"").unwrap().driver, Driver::None);
+        let err = parse("driver = \"nvidia\"").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config /etc/gpupin/config.toml: driver \"nvidia\": expected one of auto, cdi, none"
+        );
+    }
+
+    #[test]
+    fn unrequested_defaults_to_strip_and_names_a_bad_value() {
+        assert_eq!(parse("").unwrap().unrequested, Unrequested::Strip);
+        assert_eq!(
+            parse("unrequested = \"request\"").unwrap().unrequested,
+            Unrequested::Request
+        );
+        assert_eq!(
+            parse("unrequested = \"pass\"").unwrap().unrequested,
+            Unrequested::Pass
+        );
+        let err = parse("unrequested = \"keep\"").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid config /etc/gpupin/config.toml: unrequested \"keep\": expected request, strip or pass"
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = parse("stat_dir = \"/tmp\"").unwrap_err().to_string();
+        assert!(err.contains("stat_dir"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let err = parse("inventory = \"gpu\"").unwrap_err().to_string();
+        assert!(err.contains("\"gpu\""), "{err}");
+        let err = parse("policy = \"random\"").unwrap_err().to_string();
+        assert!(err.contains("random") && err.contains("pack"), "{err}");
+        let err = parse("inventory = \"sim:nope\"").unwrap_err().to_string();
+        assert!(
+            err.contains("sim:nope") && err.contains("sim:nvswitch8"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn relative_state_dir_and_runtime_path_are_beside_the_config() {
+        // Hooks and the shim run in a container's bundle: resolved against their cwd,
+        // a relative state_dir would give every bundle a ledger of its own.
+        let c = parse("state_dir = \"state\"\nruntime = \"bin/runc\"").unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/etc/gpupin/state"));
+        assert_eq!(c.runtime, PathBuf::from("/etc/gpupin/bin/runc"));
+        // A bare name is looked up on PATH, not beside the config.
+        assert_eq!(
+            parse("runtime = \"crun\"").unwrap().runtime,
+            PathBuf::from("crun")
+        );
+    }
+
+    #[test]
+    fn relative_inventory_file_is_beside_the_config() {
+        let c = parse("inventory = \"machines/box.json\"").unwrap();
+        assert_eq!(
+            c.inventory,
+            InventorySource::File(PathBuf::from("/etc/gpupin/machines/box.json"))
+        );
+    }
+
+    #[test]
+    fn a_fifo_as_config_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fifo = path.clone();
+        // Opening a FIFO for reading blocks until a writer comes, which may be never.
+        std::thread::spawn(move || {
+            let _ = tx.send(Config::load(&fifo).map(|_| ()));
+        });
+        let result = rx.recv_timeout(Duration::from_secs(5));
+        let err = result.expect("still blocked after 5 s").unwrap_err();
+        let line = crate::base::message::one_line(&err);
+        assert!(line.contains(&path.display().to_string()), "{line}");
+        assert!(line.contains("FIFO"), "{line}");
+    }
+
+    #[test]
+    fn a_symlinked_config_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("real.toml");
+        std::fs::write(&target, "max_shared = 3").unwrap();
+        let link = dir.path().join("config.toml");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(Config::load(&link).unwrap().max_shared, 3);
+    }
+
+    #[test]
+    fn missing_explicit_file_is_an_error() {
+        let err = Config::load(Path::new("/nonexistent/gpupin.toml")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/gpupin.toml"));
+    }
+
+    #[test]
+    fn reads_the_keys_of_jobs_users_and_the_audit_trail() {
+        let c = parse(
+            "audit_log = \"audit/audit.log\"\naudit_max_size = \"1MiB\"\naudit_keep = 2\n\
+             confine = \"v2\"\nsocket_group = \"gpu\"\ncuda_visible_devices = \"uuid\"\n\
+             [limits]\nmax_gpus_per_user = 2\n[limits.groups.vision]\ngpus = [0, 1]\n",
+        )
+        .unwrap();
+        assert_eq!(c.audit.path, PathBuf::from("/etc/gpupin/audit/audit.log"));
+        assert_eq!((c.audit.max_bytes, c.audit.keep), (1 << 20, 2));
+        assert_eq!(
+            c.audit.on_failure,
+            crate::state::audit::AuditFailure::Refuse
+        );
+        let warn = parse("audit_failure = \"warn\"\n").unwrap();
+        assert_eq!(
+            warn.audit.on_failure,
+            crate::state::audit::AuditFailure::Warn
+        );
+        assert_eq!(c.confine, Confine::V2);
+        assert_eq!(c.socket_group.as_deref(), Some("gpu"));
+        assert_eq!(c.socket_path(), PathBuf::from("/run/gpupin/gpupin.sock"));
+        assert_eq!(c.cuda_visible_devices, CudaIds::Uuid);
+        assert_eq!(c.limits.max_gpus_per_user, Some(2));
+        assert_eq!(parse("confine = false").unwrap().confine, Confine::Off);
+        assert_eq!(Config::default().confine, Confine::Auto);
+        use crate::host::confine::Leftovers;
+        assert_eq!(Config::default().leftovers, Leftovers::Wait);
+        assert_eq!(
+            parse("leftovers = \"kill\"").unwrap().leftovers,
+            Leftovers::Kill
+        );
+        assert_eq!(
+            parse("leftovers = \"wait\"").unwrap().leftovers,
+            Leftovers::Wait
+        );
+        assert_eq!(
+            Config::default().audit.path,
+            PathBuf::from("/var/log/gpupin/audit.log")
+        );
+    }
+
+    #[test]
+    fn bad_values_of_the_new_keys_are_one_line_each() {
+        for (text, wanted) in [
+            (
+                "confine = \"maybe\"",
+                "confine \"maybe\": expected true, false",
+            ),
+            ("confine = 3", "confine 3: expected true"),
+            (
+                "audit_failure = \"ignore\"",
+                "audit_failure \"ignore\": expected \"refuse\"",
+            ),
+            (
+                "leftovers = \"ignore\"",
+                "leftovers \"ignore\": expected \"wait\" or \"kill\"",
+            ),
+            (
+                "audit_max_size = \"1\"",
+                "audit_max_size \"1\": expected a size",
+            ),
+            (
+                "cuda_visible_devices = \"bus\"",
+                "cuda_visible_devices \"bus\": expected",
+            ),
+            ("[limits]\nmax_gpus = 1", "unknown field `max_gpus`"),
+            (
+                "[limits]\nmax_waiting_per_user = 0",
+                "limits.max_waiting_per_user 0: expected at least 1",
+            ),
+            (
+                "[serve]\nmax_connections_per_user = 0",
+                "serve.max_connections_per_user 0: expected at least 1",
+            ),
+            (
+                "[serve]\nrequest_timeout = \"soon\"",
+                "serve.request_timeout \"soon\": expected a duration",
+            ),
+            ("[serve]\nmax_threads = 1", "unknown field `max_threads`"),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(wanted), "{text}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Holds: GPUs set aside with no container, for a Slurm prolog (the job's GPUs, released
+//! by the epilog) or an administrator ("GPU 7 is in maintenance"). A hold lasts as long
+//! as a process (`pid`), or until `gpupin release` (`until_release`).
+
+use crate::admission::grant::{self, GrantError};
+use crate::host::inventory::Inventory;
+use crate::input::config::Config;
+use crate::input::request::{GpuRequest, Origin, Selection};
+use crate::state::ledger::{HolderId, HolderKind, HolderMeta, Owner, Record};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError {
+    #[error(transparent)]
+    Grant(#[from] GrantError),
+    #[error("invalid --devices {value:?}: {expected}")]
+    BadDevices {
+        value: String,
+        expected: &'static str,
+    },
+    #[error(
+        "no GPU has device minor {minor} (/dev/nvidia{minor}): this machine's minors are {known}"
+    )]
+    UnknownMinor { minor: u32, known: String },
+    #[error(
+        "a hold lasts as long as a process or until it is released: give --pid P or --until-release"
+    )]
+    NoLifetime,
+}
+
+/// What to hold.
+#[derive(Debug, Clone)]
+pub struct Hold {
+    pub id: HolderId,
+    /// GPUs by index, UUID or bus id, comma-separated; device minors with `by_minor`
+    /// (Slurm numbers GPUs by gres.conf's File= order, /dev/nvidia<minor>).
+    pub devices: String,
+    pub by_minor: bool,
+    pub pid: Option<i32>,
+    pub until_release: bool,
+    pub owner: Owner,
+    /// Whether the limits apply (a hold a user asks for; not one root makes).
+    pub limited: bool,
+    pub within: Option<String>,
+}
+
+const DEVICES_EXPECTED: &str = "expected a comma-separated list of GPU indices, UUIDs or bus ids (device minors with --by-minor)";
+
+pub fn hold(config: &Config, hold: &Hold, source: &str) -> Result<Record, HoldError> {
+    if hold.pid.is_none() && !hold.until_release {
+        return Err(HoldError::NoLifetime);
+    }
+    let keys: Vec<String> = hold
+        .devices
+        .split(',')
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
+        .collect();
+    if keys.is_empty() {
+        return Err(HoldError::BadDevices {
+            value: hold.devices.clone(),
+            expected: DEVICES_EXPECTED,
+        });
+    }
+    let keys = if hold.by_minor {
+        let inventory =
+            crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)
+                .map_err(GrantError::from)?;
+        by_minor(&keys, &inventory, &hold.devices)?
+    } else {
+        keys
+    };
+    let request = GpuRequest {
+        within: hold.within.clone(),
+        ..GpuRequest::new(Selection::Devices(keys), Origin::Cli)
+    };
+    let meta = HolderMeta {
+        source: source.to_string(),
+        pid: hold.pid,
+        kind: HolderKind::Hold,
+        owner: Some(hold.owner.clone()),
+        until_release: hold.until_release,
+        limited: hold.limited,
+        ..HolderMeta::default()
+    };
+    let (_, record) = grant::allocate(config, &hold.id, &request, meta)?;
+    Ok(record)
+}
+
+/// Device minors as the UUIDs of the GPUs that have them.
+fn by_minor(keys: &[String], inventory: &Inventory, value: &str) -> Result<Vec<String>, HoldError> {
+    keys.iter()
+        .map(|k| {
+            let minor: u32 = k.parse().map_err(|_| HoldError::BadDevices {
+                value: value.to_string(),
+                expected: "expected comma-separated device minors, such as 0,1 (the N of /dev/nvidiaN)",
+            })?;
+            inventory
+                .gpus
+                .iter()
+                .find(|g| g.minor == minor)
+                .map(|g| g.uuid.clone())
+                .ok_or_else(|| HoldError::UnknownMinor {
+                    minor,
+                    known: inventory
+                        .gpus
+                        .iter()
+                        .map(|g| g.minor.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                })
+        })
+        .collect()
+}
+
+/// Test fixtures: holds as root's tools make them.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Root's hold `id` of `devices` until released, as `gpupin hold` as root makes it.
+    pub(crate) fn roots(config: &Config, id: &str, devices: &str) -> Record {
+        let spec = Hold {
+            id: HolderId::new(id).unwrap(),
+            devices: devices.into(),
+            by_minor: false,
+            pid: None,
+            until_release: true,
+            owner: Owner {
+                uid: 0,
+                user: "root".into(),
+                groups: vec![],
+            },
+            limited: false,
+            within: None,
+        };
+        hold(config, &spec, "test").unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &std::path::Path, inventory: &str) -> Config {
+        Config {
+            state_dir: dir.join("state"),
+            inventory: inventory.parse().unwrap(),
+            audit: crate::state::audit::AuditLog::at(dir.join("audit.log")),
+            ..Config::default()
+        }
+    }
+
+    fn root() -> Owner {
+        Owner {
+            uid: 0,
+            user: "root".into(),
+            groups: vec![],
+        }
+    }
+
+    fn spec(devices: &str, by_minor: bool) -> Hold {
+        Hold {
+            id: HolderId::new("slurm-42").unwrap(),
+            devices: devices.into(),
+            by_minor,
+            pid: None,
+            until_release: true,
+            owner: root(),
+            limited: false,
+            within: None,
+        }
+    }
+
+    /// An inventory file whose minors are not its indices, as on machines where NVML's
+    /// order and the driver's minors differ.
+    fn shuffled(dir: &std::path::Path) -> String {
+        let gpus: Vec<String> = [(0, 3), (1, 2), (2, 1), (3, 0)]
+            .iter()
+            .map(|(index, minor)| {
+                format!(
+                    r#"{{"index": {index}, "uuid": "GPU-m{minor}", "name": "Sim", "memory": "80GiB", "pci_bus_id": "00000000:1{index}:00.0", "minor": {minor}}}"#
+                )
+            })
+            .collect();
+        let path = dir.join("inventory.json");
+        std::fs::write(&path, format!("{{\"gpus\": [{}]}}", gpus.join(","))).unwrap();
+        path.display().to_string()
+    }
+
+    #[test]
+    fn by_minor_holds_the_gpus_with_those_device_minors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let inventory = shuffled(tmp.path());
+        let config = config(tmp.path(), &inventory);
+        let record = hold(&config, &spec("0,1", true), "test").unwrap();
+        let mut gpus = record.gpus.clone();
+        gpus.sort();
+        assert_eq!(gpus, ["GPU-m0", "GPU-m1"]);
+        let mut indices = record.indices.clone();
+        indices.sort();
+        assert_eq!(indices, [2, 3]);
+        assert!(record.until_release);
+    }
+
+    #[test]
+    fn bad_devices_and_no_lifetime_are_refused_in_one_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path(), "sim:nvswitch8");
+        let mut no_life = spec("1", false);
+        no_life.until_release = false;
+        for (h, wanted) in [
+            (spec("", false), "invalid --devices \"\""),
+            (
+                spec("x", true),
+                "invalid --devices \"x\": expected comma-separated device minors",
+            ),
+            (spec("9", true), "no GPU has device minor 9 (/dev/nvidia9)"),
+            (no_life, "give --pid P or --until-release"),
+        ] {
+            let err = crate::base::message::one_line(&hold(&config, &h, "test").unwrap_err());
+            assert!(err.contains(wanted), "{err}");
+        }
+        let ledger = crate::state::ledger::Ledger::for_config(&config).unwrap();
+        assert!(ledger.records().unwrap().is_empty());
+    }
+}

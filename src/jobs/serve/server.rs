@@ -1,0 +1,655 @@
+//! The daemon: a bounded number of connections, each served by a thread of its own for
+//! one request (an exec waiting in the queue keeps its thread while it waits), and one
+//! watcher thread for every job and hold of a process (`watch`), which releases the GPUs
+//! the moment the process ends.
+//!
+//! What a caller may do is decided by who the kernel says it is (SO_PEERCRED), never by
+//! what it sends: a job is bound only to a child of the caller that runs as the caller's
+//! uid; a hold names only a process of the caller's; only root holds until release or for
+//! someone else; a user releases only their own holders (`Ledger::release_for`).
+//!
+//! No caller can make it hang or run out of fds or threads: connections are bounded per
+//! user and in all (`[serve]`), a request must arrive whole within `request_timeout`
+//! (a deadline for the request, not for each read), a thread that cannot be started
+//! refuses its connection, and watched holders are bounded per user.
+
+use super::peer::{self, Peer, Pinned};
+use super::protocol::{self, Reply, Request};
+use super::settings::ServeSettings;
+use super::watch::Watcher;
+use crate::base::message::one_line;
+use crate::host::confine::JobCgroup;
+use crate::host::users;
+use crate::input::config::Config;
+use crate::jobs::exec::{self, JobGrant};
+use crate::jobs::hold::{self, Hold};
+use crate::state::audit::GpuRef;
+use crate::state::ledger::{HolderId, Ledger, Record, StillWanted};
+use std::collections::HashMap;
+use std::io::{BufReader, Read};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a caller has to start its job after the GPUs were granted.
+const BIND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What every connection's thread shares.
+struct Shared {
+    config: Config,
+    watcher: Watcher,
+    open: Mutex<Open>,
+}
+
+/// Open connections: in all, and by uid.
+#[derive(Default)]
+struct Open {
+    total: u32,
+    by_uid: HashMap<u32, u32>,
+}
+
+/// One admitted connection: counted until dropped.
+struct Slot {
+    shared: Arc<Shared>,
+    uid: u32,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.shared.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.total = open.total.saturating_sub(1);
+        if let Some(n) = open.by_uid.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.by_uid.remove(&self.uid);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// A slot for a connection of `uid`, or the one-line reason there is none. Root is
+    /// not bounded: its connections are the Slurm prolog's and the admins'.
+    fn admit(self: &Arc<Self>, uid: u32) -> Result<Slot, String> {
+        let limits = &self.config.serve;
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = open.by_uid.get(&uid).copied().unwrap_or(0);
+        if uid != 0 {
+            if open.total >= limits.max_connections {
+                return Err(format!(
+                    "gpupin serve has {} connections open, its limit (serve.max_connections): try again shortly",
+                    open.total
+                ));
+            }
+            if mine >= limits.max_connections_per_user {
+                return Err(format!(
+                    "uid {uid} has {mine} connections open to gpupin serve, the limit (serve.max_connections_per_user): close some first"
+                ));
+            }
+        }
+        open.total += 1;
+        open.by_uid.insert(uid, mine + 1);
+        Ok(Slot {
+            shared: Arc::clone(self),
+            uid,
+        })
+    }
+}
+
+/// Serves `listener` until accept fails.
+pub fn run(config: Config, listener: UnixListener) -> std::io::Result<()> {
+    let settings: ServeSettings = config.serve;
+    let config_arc = Arc::new(config.clone());
+    let watcher = Watcher::start(Arc::clone(&config_arc), settings.max_watched_per_user)?;
+    watch_existing(&config, &watcher);
+    let shared = Arc::new(Shared {
+        config,
+        watcher,
+        open: Mutex::new(Open::default()),
+    });
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let Ok(peer) = peer::of(&stream) else {
+            continue;
+        };
+        let slot = match shared.admit(peer.uid) {
+            Ok(slot) => slot,
+            Err(why) => {
+                tracing::info!(uid = peer.uid, pid = peer.pid, reason = %why, "connection refused");
+                refuse(stream, &why);
+                continue;
+            }
+        };
+        // A second handle to answer through if no thread can be started for it.
+        let spare = stream.try_clone();
+        let started = std::thread::Builder::new()
+            .name("gpupin-conn".into())
+            .spawn(move || {
+                let shared = Arc::clone(&slot.shared);
+                if let Err(err) = serve_one(&shared, peer, stream) {
+                    tracing::info!(error = %err, "connection ended with an error");
+                }
+                drop(slot);
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, uid = peer.uid, "no thread for a connection: refused");
+            if let Ok(spare) = spare {
+                refuse(
+                    spare,
+                    &format!(
+                        "gpupin serve cannot take this request now ({}): try again shortly",
+                        one_line(&e)
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Answers a connection that is not served with `why`, without waiting on the caller.
+fn refuse(stream: UnixStream, why: &str) {
+    let _ = stream.set_nonblocking(true);
+    let mut stream = stream;
+    let _ = protocol::send(&mut stream, &Reply::refused(why));
+}
+
+/// Jobs and holds with a process that a daemon before this one bound: watched again, so
+/// their GPUs go the moment they end.
+fn watch_existing(config: &Config, watcher: &Watcher) {
+    let Ok(ledger) = Ledger::read_only_for_config(config) else {
+        return;
+    };
+    for record in ledger.records().unwrap_or_default() {
+        let (Some(pid), Ok(holder), Some(owner)) =
+            (record.pid, HolderId::new(&record.id), record.owner.as_ref())
+        else {
+            continue;
+        };
+        if ledger.is_stale(&record) {
+            continue;
+        }
+        // Pinned first, then compared with the record's start time: the pidfd is then the
+        // job's own process, not one that took its pid since.
+        let pinned = Pinned::open(pid).ok().filter(|_| {
+            record
+                .start_time
+                .is_some_and(|started| crate::base::procinfo::is_alive(pid, started))
+        });
+        match pinned {
+            Some(pinned) => {
+                let _ = watcher.watch(owner.uid, holder, pinned, None, false);
+            }
+            // Its main process ended while no daemon watched, and the record is not stale:
+            // its job's cgroup still has processes.
+            None if !record.cgroups.is_empty() => watcher.check_later(owner.uid, holder, pid),
+            None => {}
+        }
+    }
+}
+
+/// Reads a connection until a deadline: before each read the socket's timeout is set to
+/// what is left, so that a caller sending a byte now and then still runs out of time.
+struct Deadline {
+    stream: Arc<UnixStream>,
+    until: Instant,
+    /// The whole time allowed, for the message.
+    allowed: Duration,
+}
+
+impl Deadline {
+    fn new(stream: Arc<UnixStream>, allowed: Duration) -> Deadline {
+        Deadline {
+            stream,
+            until: Instant::now() + allowed,
+            allowed,
+        }
+    }
+
+    fn restart(&mut self, allowed: Duration) {
+        self.until = Instant::now() + allowed;
+        self.allowed = allowed;
+    }
+}
+
+impl Read for Deadline {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let timed_out = || {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the request did not arrive whole within {}",
+                    humantime::format_duration(self.allowed)
+                ),
+            )
+        };
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        match (&*self.stream).read(buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Err(timed_out())
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether the caller at the other end of `stream` still listens: no hangup yet.
+fn still_open(stream: &UnixStream) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(stream, PollFlags::RDHUP)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match rustix::event::poll(&mut fds, Some(&zero)) {
+        Ok(0) => true,
+        Ok(_) => !fds[0]
+            .revents()
+            .intersects(PollFlags::HUP | PollFlags::RDHUP | PollFlags::ERR),
+        Err(_) => true,
+    }
+}
+
+fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result<()> {
+    let config = &shared.config;
+    let stream = Arc::new(stream);
+    // Answers must not block the thread on a caller that reads nothing.
+    stream.set_write_timeout(Some(config.serve.request_timeout))?;
+    let mut input = BufReader::new(Deadline::new(
+        Arc::clone(&stream),
+        config.serve.request_timeout,
+    ));
+    let mut output = &*stream;
+    let request = match protocol::receive::<Request>(&mut input) {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            let reply = Reply::refused(format!("unreadable request: {}", one_line(&e)));
+            return protocol::send(&mut output, &reply);
+        }
+    };
+    tracing::debug!(pid = peer.pid, uid = peer.uid, request = ?request, "request");
+    match request {
+        Request::Exec { request, name } => exec_job(shared, peer, &request, name, &mut input),
+        Request::Hold {
+            id,
+            devices,
+            by_minor,
+            pid,
+            until_release,
+            user,
+            within,
+        } => {
+            let asked = HoldAsked {
+                id,
+                devices,
+                by_minor,
+                pid,
+                until_release,
+                user,
+                within,
+            };
+            let id = asked.id.clone();
+            let outcome = hold_for(shared, peer, asked);
+            protocol::send(&mut output, &reply_for(config, peer, &id, outcome))
+        }
+        Request::Release { id } => {
+            let outcome = release_for(config, peer, &id);
+            protocol::send(&mut output, &reply_for(config, peer, &id, outcome))
+        }
+        Request::Key { id } => {
+            let outcome = key_for(config, peer, &id);
+            let key = outcome.as_ref().ok().map(|(_, key)| key.clone());
+            let reply = Reply {
+                key,
+                ..reply_for(config, peer, &id, outcome.map(|(record, _)| record))
+            };
+            protocol::send(&mut output, &reply)
+        }
+        Request::Bind { .. } => {
+            protocol::send(&mut output, &Reply::refused("bind without an exec first"))
+        }
+    }
+}
+
+fn granted(record: &Record) -> Reply {
+    Reply {
+        holder: Some(record.id.clone()),
+        gpus: GpuRef::of_record(record),
+        ..Reply::default()
+    }
+}
+
+/// The reply to a hold or release: what it did, or why not (a refusal of who may do what
+/// is audited here).
+fn reply_for(config: &Config, peer: Peer, id: &str, outcome: Result<Record, Refusal>) -> Reply {
+    match outcome {
+        Ok(record) => granted(&record),
+        Err(Refusal::Denied(e)) => {
+            audit_refusal(config, peer, id, &e);
+            Reply::refused(e)
+        }
+        Err(Refusal::Failed(e)) => Reply::refused(e),
+    }
+}
+
+/// `gpupin exec` of a user: GPUs for the caller, then for the child it names.
+fn exec_job(
+    shared: &Shared,
+    peer: Peer,
+    pairs: &[(String, String)],
+    name: Option<String>,
+    input: &mut BufReader<Deadline>,
+) -> std::io::Result<()> {
+    let config = &shared.config;
+    let stream = Arc::clone(&input.get_ref().stream);
+    let mut output = &*stream;
+    // Before anything is held: a job the watcher could not take would have to go again.
+    if let Err(e) = shared.watcher.admits(peer.uid, "", None) {
+        return protocol::send(&mut output, &Reply::refused(one_line(&e)));
+    }
+    // A wait in the queue ends when the caller hangs up or its process ends (a child
+    // may have inherited the socket), not only when the daemon dies.
+    let caller = Arc::clone(&stream);
+    let started = crate::base::procinfo::start_time(peer.pid);
+    let still_wanted = StillWanted(Arc::new(move || {
+        still_open(&caller) && started.is_some_and(|s| crate::base::procinfo::is_alive(peer.pid, s))
+    }));
+    let grant = match grant_job(config, peer, pairs, name, still_wanted) {
+        Ok(grant) => grant,
+        Err(e) => return protocol::send(&mut output, &Reply::refused(e)),
+    };
+    let reply = Reply {
+        env: grant.env.clone(),
+        ..granted(&grant.record)
+    };
+    if protocol::send(&mut output, &reply).is_err() {
+        exec::abandon(config, &grant);
+        return Ok(());
+    }
+    input.get_mut().restart(BIND_TIMEOUT);
+    let job = match protocol::receive::<Request>(input) {
+        Ok(Some(Request::Bind { pid })) => pid,
+        // The caller went away, or never started its job: its GPUs go back now.
+        _ => {
+            exec::abandon(config, &grant);
+            return Ok(());
+        }
+    };
+    let bound = bind_job(config, peer, &grant, job).and_then(|(pinned, cgroup)| {
+        shared
+            .watcher
+            .watch(peer.uid, grant.holder.clone(), pinned, cgroup, true)
+            // Not started yet (it waits at its gate): it goes with its GPUs below.
+            .map_err(|e| one_line(&e))
+    });
+    match bound {
+        Ok(()) => {
+            let _ = protocol::send(&mut output, &granted(&grant.record));
+            Ok(())
+        }
+        Err(e) => {
+            audit_refusal(config, peer, grant.holder.as_str(), &e);
+            exec::abandon(config, &grant);
+            protocol::send(&mut output, &Reply::refused(e))
+        }
+    }
+}
+
+/// An audit line for a request the daemon itself refused (who may do what); refusals of
+/// the allocation are written by `grant::allocate`.
+fn audit_refusal(config: &Config, peer: Peer, holder: &str, reason: &str) {
+    if let Ok(ledger) = Ledger::for_config(config) {
+        let user = users::owner_of(peer.uid).ok().map(|o| o.user);
+        ledger.audit(&crate::state::audit::Event {
+            uid: Some(peer.uid),
+            user,
+            pid: Some(peer.pid),
+            code: Some("not_yours".into()),
+            ..crate::state::audit::Event::new(crate::state::audit::EventKind::Refuse, holder)
+                .because(reason)
+        });
+    }
+}
+
+fn grant_job(
+    config: &Config,
+    peer: Peer,
+    pairs: &[(String, String)],
+    name: Option<String>,
+    still_wanted: StillWanted,
+) -> Result<JobGrant, String> {
+    let owner = users::owner_of(peer.uid).map_err(|e| one_line(&e))?;
+    let (request, holder) =
+        exec::job_request(pairs, name.as_deref(), peer.pid).map_err(|e| one_line(&e))?;
+    exec::grant_while(
+        config,
+        holder,
+        &request,
+        owner,
+        peer.pid,
+        "serve",
+        Some(still_wanted),
+    )
+    .map_err(|e| one_line(&e))
+}
+
+/// The child the caller started takes the GPUs, once it is shown to be the caller's.
+fn bind_job(
+    config: &Config,
+    peer: Peer,
+    grant: &JobGrant,
+    job: i32,
+) -> Result<(Pinned, Option<JobCgroup>), String> {
+    let pinned = Pinned::open(job).map_err(|e| format!("pid {job}: {}", one_line(&e)))?;
+    match pinned.parent_and_owner() {
+        Some((parent, uid)) if parent == peer.pid && uid == peer.uid => {}
+        _ => {
+            return Err(format!(
+                "pid {job} is not a process the caller (pid {}) started as uid {}",
+                peer.pid, peer.uid
+            ));
+        }
+    }
+    let cgroup = exec::start(
+        config,
+        grant,
+        peer.pid,
+        job,
+        std::os::fd::AsFd::as_fd(&pinned.fd),
+    )
+    .map_err(|e| one_line(&e))?;
+    Ok((pinned, cgroup))
+}
+
+struct HoldAsked {
+    id: String,
+    devices: String,
+    by_minor: bool,
+    pid: Option<i32>,
+    until_release: bool,
+    user: Option<String>,
+    within: Option<String>,
+}
+
+/// A hold for the caller; one with a process is watched, so that it goes when the
+/// process ends.
+fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Refusal> {
+    let config = &shared.config;
+    let me = users::owner_of(peer.uid).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    let root = peer.uid == 0;
+    let owner = match &asked.user {
+        Some(name) if root => {
+            users::owner_named(name).map_err(|e| Refusal::Failed(one_line(&e)))?
+        }
+        Some(name) if name != &me.user && name != &peer.uid.to_string() => {
+            return Err(Refusal::Denied(format!(
+                "only root may hold GPUs for another user ({name})"
+            )));
+        }
+        _ => me,
+    };
+    if asked.until_release && !root {
+        return Err(Refusal::Denied(
+            "only root may hold GPUs until released: give --pid with a process of yours".into(),
+        ));
+    }
+    let pinned = match asked.pid {
+        Some(pid) => {
+            let pinned = Pinned::open(pid)
+                .map_err(|e| Refusal::Failed(format!("pid {pid}: {}", one_line(&e))))?;
+            match pinned.parent_and_owner() {
+                Some((_, uid)) if root || uid == peer.uid => Some(pinned),
+                _ => {
+                    return Err(Refusal::Denied(format!(
+                        "pid {pid} is not a process of uid {}",
+                        peer.uid
+                    )));
+                }
+            }
+        }
+        None => None,
+    };
+    if pinned.is_some() {
+        shared
+            .watcher
+            .admits(peer.uid, &asked.id, asked.pid)
+            .map_err(|e| Refusal::Failed(one_line(&e)))?;
+    }
+    let hold = Hold {
+        id: HolderId::new(&asked.id).map_err(|e| Refusal::Failed(one_line(&e)))?,
+        devices: asked.devices,
+        by_minor: asked.by_minor,
+        pid: asked.pid,
+        until_release: asked.until_release,
+        limited: !root,
+        owner,
+        within: asked.within,
+    };
+    // A refused allocation is audited by grant::allocate.
+    let record = hold::hold(config, &hold, "serve").map_err(|e| Refusal::Failed(one_line(&e)))?;
+    if let (Some(pinned), Ok(holder)) = (pinned, HolderId::new(&record.id)) {
+        let pid = pinned.pid;
+        if let Err(e) = shared
+            .watcher
+            .watch(peer.uid, holder.clone(), pinned, None, true)
+        {
+            // Another request of the caller's took the last watch meanwhile: nothing
+            // would release this hold at its process's end, so it goes now.
+            if let Ok(ledger) = Ledger::for_config(config) {
+                let _ = ledger.release_job(&holder, pid);
+            }
+            return Err(Refusal::Failed(one_line(&e)));
+        }
+    }
+    Ok(record)
+}
+
+/// Why the daemon said no: the caller may not do this (audited here), or it could not be
+/// done (a bad value, a refused allocation, which grant audits).
+enum Refusal {
+    Denied(String),
+    Failed(String),
+}
+
+/// The key to `id`, `HOLDER:KEY`, for its owner or root: whoever holds it may let others
+/// in (a container of theirs, a colleague's job), and no one else may.
+fn key_for(config: &Config, peer: Peer, id: &str) -> Result<(Record, String), Refusal> {
+    let holder = HolderId::new(id).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    let ledger = Ledger::for_config(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    match ledger.key(&holder) {
+        Ok(Some((record, key))) => {
+            let owners = record.owner.as_ref().is_some_and(|o| o.uid == peer.uid);
+            if peer.uid != 0 && !owners {
+                let whose = record
+                    .owner
+                    .as_ref()
+                    .map_or_else(|| format!("a {}", record.kind.as_str()), |o| o.user.clone());
+                return Err(Refusal::Denied(format!(
+                    "holder {id} is {whose}'s: only its owner or root may have its key"
+                )));
+            }
+            let key = format!("{}:{key}", record.id);
+            Ok((record, key))
+        }
+        Ok(None) => Err(Refusal::Failed(format!(
+            "no running holder {id} (see gpupin status)"
+        ))),
+        Err(e) => Err(Refusal::Failed(one_line(&e))),
+    }
+}
+
+fn release_for(config: &Config, peer: Peer, id: &str) -> Result<Record, Refusal> {
+    let holder = HolderId::new(id).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    let ledger = Ledger::for_config(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    match ledger.release_for(&holder, peer.uid) {
+        Ok(Some(record)) => Ok(record),
+        Ok(None) => Err(Refusal::Failed(format!("{id} holds nothing"))),
+        Err(e @ crate::state::ledger::LedgerError::NotYours { .. }) => {
+            Err(Refusal::Denied(one_line(&e)))
+        }
+        Err(e) => Err(Refusal::Failed(one_line(&e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, Write};
+
+    #[test]
+    fn a_caller_sending_a_byte_now_and_then_still_runs_out_of_time() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = Arc::clone(&done);
+        // A byte every 50 ms, never a whole line, for up to 20 s.
+        let slow = std::thread::spawn(move || {
+            let mut theirs = theirs;
+            for _ in 0..400 {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) || theirs.write_all(b" ").is_err()
+                {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let mut input = BufReader::new(Deadline::new(Arc::new(ours), Duration::from_millis(400)));
+        let mut line = Vec::new();
+        let err = input.read_until(b'\n', &mut line).unwrap_err();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            err.to_string(),
+            "the request did not arrive whole within 400ms"
+        );
+        assert!(!line.is_empty(), "bytes kept coming: {line:?}");
+        slow.join().unwrap();
+    }
+
+    #[test]
+    fn a_connection_is_still_wanted_until_the_caller_hangs_up() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        assert!(still_open(&ours));
+        (&theirs).write_all(b"early bytes are no hang-up").unwrap();
+        assert!(still_open(&ours));
+        drop(theirs);
+        assert!(!still_open(&ours));
+    }
+}

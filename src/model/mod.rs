@@ -1,0 +1,3 @@
+//! Plain data every layer above shares: who holds GPUs, and the limits on users.
+
+pub mod limits;

@@ -1,0 +1,293 @@
+//! The audit trail: one JSON object a line for every allocation, binding, release, reap,
+//! refusal and hold, in a file that survives a reboot (`audit_log`, default
+//! /var/log/gpupin/audit.log), capped in size and rotated (`write`). It is the machine's
+//! history of who used which GPU when; the ledger only knows who holds one now.
+//! `read` takes the events back (`gpupin log`), `usage` sums GPU-hours from them and the
+//! ledger's live records (`gpupin usage`), `show` renders both for people and scripts.
+
+mod filter;
+mod read;
+mod show;
+mod usage;
+mod write;
+
+pub use filter::{BadValue, Filter, GpuSelector, When, parse_time, parse_user};
+pub use read::{Entry, Events, ReadError};
+pub use show::{log_table, usage_json, usage_table};
+pub use usage::{By, Usage, UsageRow, usage};
+pub use write::{
+    AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES,
+    REFUSALS_PER_MINUTE, WriteError,
+};
+
+use crate::input::request::{GpuRequest, Selection};
+use crate::state::ledger::{ContainerInfo, HolderKind, Owner, Record};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// GPUs given to a container or an exec'd job.
+    Allocate,
+    /// GPUs set aside by `gpupin hold`.
+    Hold,
+    /// A holder's GPUs bound to its process (a claim made before create, an exec'd job).
+    Bind,
+    /// GPUs given back: the container stopped, the job ended, `gpupin release`.
+    Release,
+    /// A holder whose process was gone, removed by the next allocation or `gpupin gc`.
+    Reap,
+    /// A request that got nothing, and why.
+    Refuse,
+    /// An entry of the ledger that could be nobody's record, removed.
+    Clear,
+}
+
+impl EventKind {
+    /// The name the log writes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Allocate => "allocate",
+            EventKind::Hold => "hold",
+            EventKind::Bind => "bind",
+            EventKind::Release => "release",
+            EventKind::Reap => "reap",
+            EventKind::Refuse => "refuse",
+            EventKind::Clear => "clear",
+        }
+    }
+}
+
+/// One GPU as people name it (the index) and as the ledger keys it (the UUID).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    pub uuid: String,
+}
+
+impl GpuRef {
+    /// The GPUs of `record`, with the indices it was allocated under.
+    pub fn of_record(record: &Record) -> Vec<GpuRef> {
+        record
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, uuid)| GpuRef {
+                index: record.indices.get(i).copied(),
+                uuid: uuid.clone(),
+            })
+            .collect()
+    }
+}
+
+/// One line of the audit log. Every field but `time`, `event` and `holder` is left out
+/// where it is not known.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// RFC 3339, UTC, to the second.
+    pub time: String,
+    pub event: EventKind,
+    pub holder: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<HolderKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// docker, podman, containerd, runc: whoever started the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// The container's name, where the engine tells it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<GpuRequest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// The holder whose GPUs this one's were taken from (`gpupin.within`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<String>,
+    /// Why a request was refused (`refuse`), or why an entry was cleared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The kind of refusal, a short fixed name (`not_enough_free`, `limit`, `not_yours`,
+    /// ...), for counting (`gpupin metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// At `release` and `reap`: how long the GPUs were held, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_s: Option<u64>,
+    /// A summary of refusals not written in full (`write`'s rate limit): how many, by
+    /// `code`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub suppressed: BTreeMap<String, u64>,
+    /// Some value was cut short to keep the line bounded (a refusal quotes what a
+    /// container or a user sent).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// The longest value a refusal line keeps of a name, an id, an image.
+pub const MAX_VALUE: usize = 256;
+/// The longest reason a refusal line keeps (messages quote values, and are one line).
+pub const MAX_REASON: usize = 1024;
+/// The most named GPUs a refusal line keeps of a request, each at most `MAX_DEVICE` bytes
+/// (a UUID is 40, a bus id 16): more than any machine has.
+pub const MAX_DEVICES_LOGGED: usize = 64;
+pub const MAX_DEVICE: usize = 64;
+
+impl Event {
+    /// An event about `holder` now, with nothing else known yet.
+    pub fn new(event: EventKind, holder: &str) -> Event {
+        Event {
+            time: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            event,
+            holder: holder.to_string(),
+            kind: None,
+            user: None,
+            uid: None,
+            engine: None,
+            name: None,
+            image: None,
+            gpus: Vec::new(),
+            request: None,
+            pid: None,
+            within: None,
+            reason: None,
+            code: None,
+            held_s: None,
+            suppressed: BTreeMap::new(),
+            truncated: false,
+        }
+    }
+
+    /// This event with every value a requester chose cut to a bounded length (`MAX_*`),
+    /// and `truncated` set where something was cut: a refusal quotes what was asked, and
+    /// what was asked may be anything a container or a user wrote.
+    pub fn bounded(&self) -> Event {
+        let mut e = self.clone();
+        let mut cut = false;
+        cut |= shorten(&mut e.holder, MAX_VALUE);
+        for value in [
+            &mut e.user,
+            &mut e.engine,
+            &mut e.name,
+            &mut e.image,
+            &mut e.within,
+            &mut e.code,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            cut |= shorten(value, MAX_VALUE);
+        }
+        if let Some(reason) = &mut e.reason {
+            cut |= shorten(reason, MAX_REASON);
+        }
+        if let Some(request) = &mut e.request {
+            for value in [&mut request.model, &mut request.within]
+                .into_iter()
+                .flatten()
+            {
+                cut |= shorten(value, MAX_VALUE);
+            }
+            if let Selection::Devices(list) = &mut request.selection {
+                if list.len() > MAX_DEVICES_LOGGED {
+                    list.truncate(MAX_DEVICES_LOGGED);
+                    cut = true;
+                }
+                for device in list.iter_mut() {
+                    cut |= shorten(device, MAX_DEVICE);
+                }
+            }
+        }
+        e.gpus.truncate(MAX_DEVICES_LOGGED);
+        e.truncated |= cut;
+        e
+    }
+
+    /// An event about a holder that may have no record (a refused request): who it is.
+    pub fn for_holder(
+        event: EventKind,
+        holder: &str,
+        kind: HolderKind,
+        owner: Option<&Owner>,
+        container: Option<&ContainerInfo>,
+    ) -> Event {
+        Event {
+            kind: Some(kind),
+            user: owner.map(|o| o.user.clone()),
+            uid: owner.map(|o| o.uid),
+            engine: container.and_then(|c| c.engine.clone()),
+            name: container.and_then(|c| c.name.clone()),
+            image: container.and_then(|c| c.image.clone()),
+            ..Event::new(event, holder)
+        }
+    }
+
+    /// An event about the holder of `record`: who it is, its GPUs, its request.
+    pub fn for_record(event: EventKind, record: &Record) -> Event {
+        Event {
+            gpus: GpuRef::of_record(record),
+            request: Some(record.request.clone()),
+            pid: record.pid,
+            within: record.request.within.clone(),
+            ..Event::for_holder(
+                event,
+                &record.id,
+                record.kind,
+                record.owner.as_ref(),
+                record.container.as_ref(),
+            )
+        }
+    }
+
+    /// With how long `record` was held until now (release, reap).
+    pub fn held_since(mut self, record: &Record) -> Event {
+        self.held_s = Some(crate::state::ledger::unix_now().saturating_sub(record.created_at));
+        self
+    }
+
+    pub fn because(mut self, reason: impl Into<String>) -> Event {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// When it happened; `None` for a time the log cannot have written.
+    pub fn at(&self) -> Option<std::time::SystemTime> {
+        filter::parse_time(&self.time)
+    }
+
+    /// Whose it is, as `gpupin log` and `gpupin usage --by user` name them: the user, else
+    /// (a container) the engine that started it, else `-`.
+    pub fn who(&self) -> &str {
+        who(self.user.as_deref(), self.engine.as_deref())
+    }
+}
+
+/// Cuts `text` to at most `max` bytes, on a character boundary, marking the cut with
+/// `...`; whether it cut.
+fn shorten(text: &mut String, max: usize) -> bool {
+    if text.len() <= max {
+        return false;
+    }
+    let mut end = max - 3;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str("...");
+    true
+}
+
+/// See `Event::who`; for a ledger record, `usage` asks the same of its owner and container.
+fn who<'a>(user: Option<&'a str>, engine: Option<&'a str>) -> &'a str {
+    user.or(engine).unwrap_or("-")
+}

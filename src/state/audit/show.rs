@@ -1,0 +1,243 @@
+//! `gpupin log` and `gpupin usage` rendered to strings: tables for people, JSON for
+//! scripts. The binary prints them.
+
+use super::{By, Entry, Event, Usage};
+use serde_json::{Value, json};
+use std::fmt::Write;
+
+/// `gpupin log`: one row per event, oldest first.
+pub fn log_table(entries: &[Entry]) -> String {
+    let mut rows = vec![["TIME", "EVENT", "HOLDER", "USER", "GPUS", "DETAIL"].map(String::from)];
+    for Entry { event, .. } in entries {
+        rows.push([
+            event.time.clone(),
+            event.event.as_str().to_string(),
+            event.holder.clone(),
+            event.who().to_string(),
+            gpus(event),
+            detail(event),
+        ]);
+    }
+    // Names and reasons come from containers and engines: none may start a line of its own.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            r.iter()
+                .map(|c| crate::base::message::escape_controls(c))
+                .collect()
+        })
+        .collect();
+    table(&rows, &[])
+}
+
+/// Indices where known, else UUIDs.
+fn gpus(event: &Event) -> String {
+    let names: Vec<String> = event
+        .gpus
+        .iter()
+        .map(|g| g.index.map_or_else(|| g.uuid.clone(), |i| i.to_string()))
+        .collect();
+    if names.is_empty() {
+        "-".into()
+    } else {
+        names.join(",")
+    }
+}
+
+/// What else a person wants to know about the event: how long, why, which container.
+fn detail(event: &Event) -> String {
+    let mut parts = Vec::new();
+    if let Some(held) = event.held_s {
+        parts.push(format!("held for {}", held_for(held)));
+    }
+    if let Some(reason) = &event.reason {
+        parts.push(reason.clone());
+    }
+    let container = match (&event.name, &event.image) {
+        (Some(name), Some(image)) => Some(format!("{name} ({image})")),
+        (Some(one), None) | (None, Some(one)) => Some(one.clone()),
+        (None, None) => None,
+    };
+    // Container ids are 64 hex digits: the name is how people know which one it was.
+    parts.extend(container);
+    if let Some(within) = &event.within {
+        parts.push(format!("within {within}"));
+    }
+    parts.join("; ")
+}
+
+/// `45s`, `5m03s`, `1h02m`, `2d03h`: two units, the larger first.
+pub fn held_for(seconds: u64) -> String {
+    let (d, h, m, s) = (
+        seconds / 86400,
+        seconds / 3600 % 24,
+        seconds / 60 % 60,
+        seconds % 60,
+    );
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s:02}s"),
+        (0, _, _) => format!("{h}h{m:02}m"),
+        _ => format!("{d}d{h:02}h"),
+    }
+}
+
+/// `gpupin usage`: a row per key, largest first, the total, and the period.
+pub fn usage_table(usage: &Usage) -> String {
+    let key = match usage.by {
+        By::User => "USER",
+        By::Holder => "HOLDER",
+        By::Gpu => "GPU",
+    };
+    let mut rows = vec![vec![key.to_string(), "GPU-HOURS".into(), "HOLDERS".into()]];
+    for row in usage.rows.iter().chain([&usage.total]) {
+        rows.push(vec![
+            crate::base::message::escape_controls(&row.key),
+            format!("{:.2}", row.gpu_hours()),
+            row.holders.to_string(),
+        ]);
+    }
+    let mut out = table(&rows, &[1, 2]);
+    let _ = writeln!(
+        out,
+        "from {} to {}",
+        humantime::format_rfc3339_seconds(usage.since),
+        humantime::format_rfc3339_seconds(usage.until)
+    );
+    out
+}
+
+/// `gpupin usage --json`. GPU-hours unrounded: a script that adds rows up gets the total.
+pub fn usage_json(usage: &Usage) -> Value {
+    let row = |r: &super::UsageRow| json!({"key": r.key, "gpu_hours": r.gpu_hours(), "holders": r.holders});
+    json!({
+        "since": humantime::format_rfc3339_seconds(usage.since).to_string(),
+        "until": humantime::format_rfc3339_seconds(usage.until).to_string(),
+        "by": usage.by.as_str(),
+        "rows": usage.rows.iter().map(row).collect::<Vec<_>>(),
+        "total": {"gpu_hours": usage.total.gpu_hours(), "holders": usage.total.holders},
+    })
+}
+
+/// Columns separated by two spaces, as `gpupin status` prints them; the columns in
+/// `right` aligned right (numbers), trailing spaces trimmed.
+fn table(rows: &[Vec<String>], right: &[usize]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let w = widths[c];
+            let _ = if right.contains(&c) {
+                write!(line, "{cell:>w$}  ")
+            } else {
+                write!(line, "{cell:<w$}  ")
+            };
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::audit::{EventKind, GpuRef, UsageRow};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn held_for_reads_in_two_units() {
+        assert_eq!(held_for(45), "45s");
+        assert_eq!(held_for(303), "5m03s");
+        assert_eq!(held_for(3720), "1h02m");
+        assert_eq!(held_for(2 * 86400 + 3 * 3600 + 59), "2d03h");
+    }
+
+    fn entry(event: Event) -> Entry {
+        Entry {
+            at: event.at().unwrap(),
+            line: serde_json::to_string(&event).unwrap(),
+            event,
+        }
+    }
+
+    #[test]
+    fn a_log_row_says_who_which_gpus_and_why_on_one_line() {
+        let mut allocate = Event::new(EventKind::Allocate, "c1");
+        allocate.time = "2024-05-01T12:00:00Z".into();
+        allocate.engine = Some("docker".into());
+        allocate.name = Some("train".into());
+        allocate.image = Some("pytorch:24".into());
+        allocate.gpus = vec![
+            GpuRef {
+                index: Some(0),
+                uuid: "GPU-0".into(),
+            },
+            GpuRef {
+                index: None,
+                uuid: "GPU-x".into(),
+            },
+        ];
+        let release = Event {
+            held_s: Some(3720),
+            reason: Some("a\nb".into()),
+            ..allocate.clone()
+        };
+        let release = Event {
+            event: EventKind::Release,
+            ..release
+        };
+        let text = log_table(&[entry(allocate), entry(release)]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(
+            lines[1],
+            "2024-05-01T12:00:00Z  allocate  c1      docker  0,GPU-x  train (pytorch:24)"
+        );
+        assert_eq!(
+            lines[2],
+            "2024-05-01T12:00:00Z  release   c1      docker  0,GPU-x  held for 1h02m; a\\nb; train (pytorch:24)"
+        );
+    }
+
+    #[test]
+    fn usage_has_a_total_and_its_period() {
+        let row = |key: &str, gpu_seconds, holders| UsageRow {
+            key: key.into(),
+            gpu_seconds,
+            holders,
+        };
+        let usage = Usage {
+            since: UNIX_EPOCH + Duration::from_secs(1_714_564_800),
+            until: UNIX_EPOCH + Duration::from_secs(1_714_564_800 + 86400),
+            by: By::User,
+            rows: vec![row("alice", 45000, 2), row("bob", 900, 1)],
+            total: row("total", 45900, 3),
+        };
+        assert_eq!(
+            usage_table(&usage),
+            "USER   GPU-HOURS  HOLDERS\n\
+             alice      12.50        2\n\
+             bob         0.25        1\n\
+             total      12.75        3\n\
+             from 2024-05-01T12:00:00Z to 2024-05-02T12:00:00Z\n"
+        );
+        let json = usage_json(&usage);
+        assert_eq!(
+            json["rows"][1],
+            json!({"key": "bob", "gpu_hours": 0.25, "holders": 1})
+        );
+        assert_eq!(json["by"], "user");
+        assert_eq!(json["until"], "2024-05-02T12:00:00Z");
+    }
+}

@@ -1,0 +1,496 @@
+//! Turning a request into a concrete set of GPUs, given what is held. Pure: the ledger
+//! calls it under its lock and writes the outcome.
+
+use super::limit::Scope;
+use super::{HolderId, LedgerError, Record, holder_of, holders_of};
+use crate::base::units::format_size;
+use crate::host::inventory::Live;
+use crate::host::inventory::{Gpu, Inventory};
+use crate::host::whose::Seen;
+use crate::input::request::{GpuRequest, Selection, Share};
+use crate::policy::{PolicyInput, PolicyName};
+
+/// The machine an allocation is decided against, besides the ledger itself.
+#[derive(Clone, Copy)]
+pub struct Machine<'a> {
+    pub inventory: &'a Inventory,
+    /// Live figures per position, when read (policies and filters that need them).
+    pub live: Option<&'a [Live]>,
+    pub default_policy: PolicyName,
+    /// Shared holders one GPU takes at most.
+    pub max_shared: u32,
+    /// How many GPUs people may hold, and which; `None`: no limits.
+    pub limits: Option<&'a crate::model::limits::Limits>,
+    /// The processes on each GPU, by position, where they are to be avoided (`foreign =
+    /// "avoid"`, and a source that lists them); `None`: processes are not looked at.
+    pub processes: Option<&'a [Vec<Seen>]>,
+}
+
+impl<'a> Machine<'a> {
+    /// A machine without live figures and the default sharing limit.
+    pub fn new(inventory: &'a Inventory, default_policy: PolicyName) -> Machine<'a> {
+        Machine {
+            inventory,
+            live: None,
+            default_policy,
+            max_shared: 4,
+            limits: None,
+            processes: None,
+        }
+    }
+}
+
+/// The outcome of an allocation: the holder's record as written.
+#[derive(Debug, Clone)]
+pub struct Allocation {
+    pub record: Record,
+}
+
+impl Allocation {
+    /// The allocated GPUs, in the order of the record, as the inventory describes them.
+    pub fn gpus<'a>(&self, inventory: &'a Inventory) -> Vec<&'a Gpu> {
+        self.record
+            .gpus
+            .iter()
+            .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
+            .collect()
+    }
+}
+
+pub(super) struct Plan {
+    pub uuids: Vec<String>,
+    pub next_cursor: usize,
+    /// Per position, whether the GPU could take the request: what the policy chose from.
+    pub free: Vec<bool>,
+}
+
+/// Why a GPU cannot take this request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Unfit {
+    /// Its name does not match `gpupin.model`.
+    Model,
+    /// Too little (free) memory for `gpupin.memory`.
+    Memory,
+    /// Held by someone this request may not share with.
+    Held,
+    /// Outside what the request may take from (`gpupin.within`, a group's GPUs).
+    OutOfScope,
+    /// Shared already by as many holders as `max_shared` allows.
+    SharedFull,
+    /// The reservation does not fit beside the shared holders' (or memory is unknown).
+    NoRoom,
+    /// Not held, but this process, which no holder of it owns, runs on it.
+    Foreign(i32),
+}
+
+impl Unfit {
+    fn word(&self) -> &'static str {
+        match self {
+            Unfit::Model => "model",
+            Unfit::Memory => "memory",
+            Unfit::Held => "held",
+            Unfit::OutOfScope => "out-of-scope",
+            Unfit::SharedFull => "shared-full",
+            Unfit::NoRoom => "no-room-to-reserve",
+            Unfit::Foreign(_) => "foreign-process",
+        }
+    }
+}
+
+pub(super) fn plan(
+    holder: &HolderId,
+    request: &GpuRequest,
+    machine: &Machine,
+    live: &[Record],
+    cursor: usize,
+    scope: &Scope,
+) -> Result<Plan, LedgerError> {
+    let inventory = machine.inventory;
+    let total = inventory.gpus.len();
+    if total == 0 {
+        return Err(LedgerError::NoGpus);
+    }
+    // The enclosing holders of a nested request hold its GPUs for it.
+    let others: Vec<Record> = live
+        .iter()
+        .filter(|r| !scope.enclosing.contains(&r.id))
+        .cloned()
+        .collect();
+    let fit: Vec<Result<(), Unfit>> = (0..total)
+        .map(|p| {
+            if scope.allows(p) {
+                let in_the_way = in_the_way(machine, p, live, &scope.enclosing);
+                fits(p, request, machine, &others, in_the_way)
+            } else {
+                Err(Unfit::OutOfScope)
+            }
+        })
+        .collect();
+    let free: Vec<bool> = fit.iter().map(Result::is_ok).collect();
+    log_fit(holder, request, machine, &fit);
+    let not_enough =
+        |wanted: usize| not_enough_error(holder, request, machine, live, &fit, wanted, scope);
+    let positions = match &request.selection {
+        Selection::Devices(keys) => {
+            // Before any key is looked at: a list longer than the machine names some GPU
+            // twice or one it does not have, and its refusal should say so in one short
+            // line rather than quote one of a thousand names.
+            if keys.len() > total {
+                return Err(LedgerError::TooManyDevices {
+                    listed: keys.len(),
+                    total,
+                });
+            }
+            let positions = resolve_devices(keys, inventory)?;
+            for &p in &positions {
+                if let Err(unfit) = &fit[p] {
+                    return Err(device_unfit(
+                        holder, request, machine, live, p, unfit, scope,
+                    ));
+                }
+            }
+            positions
+        }
+        // Inside another holder: what is left of its GPUs, at least one.
+        Selection::All if request.within.is_some() => {
+            let left: Vec<usize> = (0..total).filter(|&p| free[p]).collect();
+            if left.is_empty() {
+                return Err(not_enough(1));
+            }
+            left
+        }
+        // Every GPU the request may take (a group's, where limits name them), all free.
+        Selection::All => {
+            let in_scope: Vec<usize> = (0..total).filter(|&p| scope.allows(p)).collect();
+            if in_scope.iter().any(|&p| !free[p]) || in_scope.is_empty() {
+                return Err(not_enough(in_scope.len()));
+            }
+            in_scope
+        }
+        Selection::Count(count) => {
+            let count = *count as usize;
+            if count > total {
+                return Err(LedgerError::CountTooLarge {
+                    count: count as u32,
+                    total,
+                });
+            }
+            let policy = request.policy.unwrap_or(machine.default_policy).policy();
+            let input = PolicyInput {
+                inventory,
+                free: &free,
+                count,
+                cursor,
+                live: machine.live,
+            };
+            policy.choose(&input).ok_or_else(|| not_enough(count))?
+        }
+    };
+    let next_cursor = positions.last().map_or(cursor, |p| (p + 1) % total);
+    let mut sorted = positions;
+    sorted.sort_unstable();
+    tracing::debug!(
+        holder = %holder,
+        chose = ?indices(inventory, &sorted),
+        "chose"
+    );
+    Ok(Plan {
+        uuids: sorted
+            .into_iter()
+            .map(|p| inventory.gpus[p].uuid.clone())
+            .collect(),
+        next_cursor,
+        free,
+    })
+}
+
+/// What the choice starts from: the GPUs that can take the request, and why each other
+/// cannot (held, a filter, the sharing limit). Nothing is built unless debug is on.
+fn log_fit(holder: &HolderId, request: &GpuRequest, machine: &Machine, fit: &[Result<(), Unfit>]) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let gpus = &machine.inventory.gpus;
+    let free: Vec<u32> = (0..fit.len())
+        .filter(|&p| fit[p].is_ok())
+        .map(|p| gpus[p].index)
+        .collect();
+    let excluded: Vec<String> = (0..fit.len())
+        .filter_map(|p| {
+            fit[p]
+                .as_ref()
+                .err()
+                .map(|u| format!("{}:{}", gpus[p].index, u.word()))
+        })
+        .collect();
+    let policy = match request.selection {
+        Selection::Count(_) => request.policy.unwrap_or(machine.default_policy).as_str(),
+        Selection::All | Selection::Devices(_) => "none (GPUs named)",
+    };
+    tracing::debug!(
+        holder = %holder,
+        selection = ?request.selection,
+        policy,
+        share = ?request.share,
+        max_shared = machine.max_shared,
+        free = ?free,
+        excluded = ?excluded,
+        "choosing"
+    );
+}
+
+/// GPU indices of inventory positions, as people name GPUs.
+fn indices(inventory: &Inventory, positions: &[usize]) -> Vec<u32> {
+    positions.iter().map(|&p| inventory.gpus[p].index).collect()
+}
+
+/// The first process on the GPU at `position` that stands in the way of an exclusive
+/// request: one that has not ended and that is not the enclosing holders' (a nested
+/// request's GPUs run its enclosing job). Whose else it is does not matter: a GPU no one
+/// holds has no holder whose process it could be.
+fn in_the_way<'m>(
+    machine: &Machine<'m>,
+    position: usize,
+    records: &[Record],
+    enclosing: &[String],
+) -> Option<&'m Seen> {
+    machine.processes?.get(position)?.iter().find(|seen| {
+        seen.process
+            .as_ref()
+            .is_some_and(|p| !holder_of(p, records).is_some_and(|r| enclosing.contains(&r.id)))
+    })
+}
+
+/// Whether the GPU at `position` can take `request` now; `in_the_way`: a process on it
+/// that an exclusive request must not share it with.
+fn fits(
+    position: usize,
+    request: &GpuRequest,
+    machine: &Machine,
+    live: &[Record],
+    in_the_way: Option<&Seen>,
+) -> Result<(), Unfit> {
+    let gpu = &machine.inventory.gpus[position];
+    if let Some(model) = &request.model
+        && !gpu
+            .name
+            .to_ascii_lowercase()
+            .contains(&model.to_ascii_lowercase())
+    {
+        return Err(Unfit::Model);
+    }
+    if let Some(wanted) = request.memory {
+        // Free memory where live figures are on; else what the GPU has in all.
+        let have = machine
+            .live
+            .map_or(gpu.memory_bytes, |l| l[position].memory_free);
+        if have < wanted {
+            return Err(Unfit::Memory);
+        }
+    }
+    let holders: Vec<&Record> = holders_of(&gpu.uuid, live).collect();
+    match request.share {
+        Share::Exclusive if !holders.is_empty() => Err(Unfit::Held),
+        Share::Exclusive => in_the_way.map_or(Ok(()), |seen| Err(Unfit::Foreign(seen.pid))),
+        Share::Shared => shared_fit(gpu, request, machine, &holders),
+    }
+}
+
+/// A shared holder joins only shared holders, within the per-GPU limit, and its
+/// reservation must fit beside theirs in the GPU's memory.
+fn shared_fit(
+    gpu: &Gpu,
+    request: &GpuRequest,
+    machine: &Machine,
+    holders: &[&Record],
+) -> Result<(), Unfit> {
+    if holders.iter().any(|r| r.request.share == Share::Exclusive) {
+        return Err(Unfit::Held);
+    }
+    if holders.len() >= machine.max_shared as usize {
+        return Err(Unfit::SharedFull);
+    }
+    if let Some(reserve) = request.reserve {
+        let reserved: u64 = holders.iter().filter_map(|r| r.request.reserve).sum();
+        // Memory 0 means unknown (procfs): no reservation can be promised on it.
+        if gpu.memory_bytes == 0 || reserved.saturating_add(reserve) > gpu.memory_bytes {
+            return Err(Unfit::NoRoom);
+        }
+    }
+    Ok(())
+}
+
+/// `all`: every live record, the enclosing holders' included.
+fn not_enough_error(
+    holder: &HolderId,
+    request: &GpuRequest,
+    machine: &Machine,
+    all: &[Record],
+    fit: &[Result<(), Unfit>],
+    wanted: usize,
+    scope: &Scope,
+) -> LedgerError {
+    let gpus = &machine.inventory.gpus;
+    let held = gpus
+        .iter()
+        .filter(|g| holders_of(&g.uuid, all).any(|r| !scope.enclosing.contains(&r.id)))
+        .count();
+    let fitting = fit.iter().filter(|f| f.is_ok()).count();
+    let mut detail = fit_detail(request, machine, fitting, scope);
+    detail.push_str(&foreign_detail(machine, all, fit));
+    LedgerError::NotEnoughFree {
+        id: holder.to_string(),
+        wanted,
+        held,
+        total: gpus.len(),
+        detail,
+    }
+}
+
+/// How many GPUs a refusal names the process of; the others are counted.
+const FOREIGN_NAMED: usize = 2;
+/// The most of a command a refusal quotes.
+const FOREIGN_COMMAND: usize = 40;
+
+/// `; GPU 3 runs pid 4242 (bob: python train.py), not started through gpupin` for the
+/// first GPUs a process kept from the request; empty when none did.
+fn foreign_detail(machine: &Machine, all: &[Record], fit: &[Result<(), Unfit>]) -> String {
+    let kept: Vec<(usize, i32)> = fit
+        .iter()
+        .enumerate()
+        .filter_map(|(p, f)| match f {
+            Err(Unfit::Foreign(pid)) => Some((p, *pid)),
+            _ => None,
+        })
+        .collect();
+    let mut parts: Vec<String> = kept
+        .iter()
+        .take(FOREIGN_NAMED)
+        .map(|&(p, pid)| {
+            let index = machine.inventory.gpus[p].index;
+            format!("GPU {index} runs {}", foreign_text(machine, all, p, pid))
+        })
+        .collect();
+    if kept.len() > FOREIGN_NAMED {
+        parts.push(format!(
+            "{} more GPUs run processes of no holder of theirs",
+            kept.len() - FOREIGN_NAMED
+        ));
+    }
+    parts.iter().map(|p| format!("; {p}")).collect()
+}
+
+/// `pid 4242 (bob: python train.py), not started through gpupin`, or for a holder's
+/// process on a GPU it does not hold, `pid 4242 (…) of holder c2, which does not hold it`.
+fn foreign_text(machine: &Machine, all: &[Record], position: usize, pid: i32) -> String {
+    let process = machine
+        .processes
+        .and_then(|p| p.get(position))
+        .and_then(|list| list.iter().find(|s| s.pid == pid))
+        .and_then(|s| s.process.as_ref());
+    let Some(process) = process else {
+        return format!("pid {pid}, not started through gpupin");
+    };
+    let who = process.describe(FOREIGN_COMMAND);
+    match holder_of(process, all) {
+        Some(r) => format!(
+            "pid {pid} ({who}) of holder {}, which does not hold it",
+            r.id
+        ),
+        None => format!("pid {pid} ({who}), not started through gpupin"),
+    }
+}
+
+/// What besides plain holding narrowed the choice, for the message; empty when nothing did.
+fn fit_detail(request: &GpuRequest, machine: &Machine, fitting: usize, scope: &Scope) -> String {
+    let mut conditions = scope.what.clone();
+    if let Some(model) = &request.model {
+        conditions.push(format!("gpupin.model={model}"));
+    }
+    if let Some(memory) = request.memory {
+        let what = if machine.live.is_some() {
+            "free memory"
+        } else {
+            "memory"
+        };
+        conditions.push(format!("{what} >= {}", format_size(memory)));
+    }
+    if request.share == Share::Shared {
+        let mut s = format!("shared (at most {} per GPU", machine.max_shared);
+        if let Some(r) = request.reserve {
+            s.push_str(&format!(", reserving {}", format_size(r)));
+        }
+        s.push(')');
+        conditions.push(s);
+    }
+    // Without conditions only holders and processes narrowed the choice: the message
+    // counts the first, `foreign_detail` names the second.
+    if conditions.is_empty() {
+        return String::new();
+    }
+    format!("; {fitting} can take {}", conditions.join(", "))
+}
+
+/// `all`: every live record, the enclosing holders' included.
+fn device_unfit(
+    holder: &HolderId,
+    request: &GpuRequest,
+    machine: &Machine,
+    all: &[Record],
+    position: usize,
+    unfit: &Unfit,
+    scope: &Scope,
+) -> LedgerError {
+    let gpu = &machine.inventory.gpus[position];
+    let reason = match unfit {
+        Unfit::Model => format!(
+            "its name {:?} does not match gpupin.model={}",
+            gpu.name,
+            request.model.as_deref().unwrap_or_default()
+        ),
+        Unfit::Memory => format!(
+            "it has less memory than gpupin.memory={}",
+            format_size(request.memory.unwrap_or_default())
+        ),
+        // Say what narrowed the choice: a user cannot tell a hold's GPUs from their
+        // groups' otherwise.
+        Unfit::OutOfScope => format!(
+            "it is not among the GPUs this request may take ({})",
+            scope.what.join(", ")
+        ),
+        // The message names the holders in every case; the log tells the three apart.
+        Unfit::Held | Unfit::SharedFull | Unfit::NoRoom => {
+            let holders: Vec<&str> = holders_of(&gpu.uuid, all).map(|r| r.id.as_str()).collect();
+            format!("it is held by {}", holders.join(", "))
+        }
+        Unfit::Foreign(pid) => format!("it runs {}", foreign_text(machine, all, position, *pid)),
+    };
+    LedgerError::DeviceUnavailable {
+        id: holder.to_string(),
+        index: gpu.index,
+        uuid: gpu.uuid.clone(),
+        reason,
+    }
+}
+
+/// Positions in `inventory.gpus` of GPUs named by index, UUID or PCI bus id.
+pub fn resolve_devices(keys: &[String], inventory: &Inventory) -> Result<Vec<usize>, LedgerError> {
+    let mut positions: Vec<usize> = Vec::with_capacity(keys.len());
+    for key in keys {
+        let gpu = inventory.find(key).ok_or_else(|| LedgerError::UnknownGpu {
+            key: key.clone(),
+            known: known_range(inventory),
+        })?;
+        let p = inventory.position_of(&gpu.uuid).expect("found above");
+        // `0,GPU-<uuid of 0>` names one GPU twice: one GPU, not an error.
+        if !positions.contains(&p) {
+            positions.push(p);
+        }
+    }
+    Ok(positions)
+}
+
+fn known_range(inventory: &Inventory) -> String {
+    let indices: Vec<String> = inventory.gpus.iter().map(|g| g.index.to_string()).collect();
+    format!("{} (by index, UUID or PCI bus id)", indices.join(","))
+}

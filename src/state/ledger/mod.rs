@@ -1,0 +1,946 @@
+//! The ledger: the lock directory that says which holder has which GPUs. It is the only
+//! writer of gpupin's state; every read-modify-write happens under one flock.
+
+mod allocate;
+mod bind;
+mod claim;
+mod entry;
+mod holder;
+mod job;
+mod limit;
+mod queue;
+mod record;
+mod store;
+mod survey;
+#[cfg(test)]
+pub(crate) mod testing;
+mod within;
+
+pub use allocate::{Allocation, Machine, resolve_devices};
+pub use claim::{ClaimError, ClaimToken};
+pub use entry::release_arg;
+pub use holder::{BadHolderId, HolderId};
+pub use queue::Waiting;
+pub use record::{
+    ContainerInfo, HolderKind, HolderMeta, Mode, Owner, Record, StillWanted, UNBOUND_GRACE,
+    holder_of, holders_of, unix_now,
+};
+pub use survey::Survey;
+pub use within::{SECRET_FILE as WITHIN_SECRET_FILE, WithinKey};
+
+use crate::base::safe_open::Links;
+use crate::input::config::Config;
+use crate::input::request::{GpuRequest, Share};
+use crate::state::audit::{AuditFailure, AuditLog, Event, EventKind};
+use entry::Entry;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("{action} {path}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("refusing state dir {path}: {reason}")]
+    UnsafeStateDir { path: PathBuf, reason: &'static str },
+    #[error("refusing {path}: {reason}")]
+    UnsafeStateFile { path: PathBuf, reason: &'static str },
+    #[error(
+        "corrupt ledger record {path:?}: {reason} (inspect it, then remove it with `gpupin release {}`)",
+        release_arg(.path)
+    )]
+    CorruptRecord { path: PathBuf, reason: String },
+    #[error(
+        "stray entry {path:?} in the ledger: {reason} (remove it with `gpupin gc` or `gpupin release {}`)",
+        release_arg(.path)
+    )]
+    StrayEntry { path: PathBuf, reason: &'static str },
+    #[error(
+        "invalid ledger entry {name:?}: expected a holder id or one file name in the ledger's holders/ (no '/', not '.' or '..')"
+    )]
+    BadEntryName { name: String },
+    #[error(transparent)]
+    BadId(#[from] BadHolderId),
+    #[error("count {count} is more than the {total} GPUs of this machine")]
+    CountTooLarge { count: u32, total: usize },
+    #[error("unknown GPU {key:?}: this machine has GPUs {known}")]
+    UnknownGpu { key: String, known: String },
+    #[error(
+        "the devices list names {listed} GPUs, more than the {total} GPUs of this machine: name each GPU once"
+    )]
+    TooManyDevices { listed: usize, total: usize },
+    #[error(
+        "refusing to allocate for {id} without an audit line (audit_failure = \"refuse\"; \"warn\" allocates anyway)"
+    )]
+    AuditFailed {
+        id: String,
+        #[source]
+        source: crate::state::audit::WriteError,
+    },
+    #[error("cannot allocate GPU {index} ({uuid}) for {id}: {reason}")]
+    DeviceUnavailable {
+        id: String,
+        index: u32,
+        uuid: String,
+        reason: String,
+    },
+    #[error(
+        "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {free} free{detail}",
+        s = if *wanted == 1 { "" } else { "s" },
+        free = total - held
+    )]
+    NotEnoughFree {
+        id: String,
+        wanted: usize,
+        held: usize,
+        total: usize,
+        /// What else narrowed the choice (filters, sharing), starting with "; ".
+        detail: String,
+    },
+    #[error(
+        "cannot allocate for {id}: {waiting} request{s} waiting ahead of it; add gpupin.wait to queue behind them",
+        s = if *waiting == 1 { " is" } else { "s are" }
+    )]
+    QueueAhead { id: String, waiting: usize },
+    #[error("stopped waiting for GPUs for {id}: its process {pid} is gone")]
+    WaiterGone { id: String, pid: i32 },
+    #[error("stopped waiting for GPUs for {id}: the caller closed its connection")]
+    CallerGone { id: String },
+    #[error(
+        "cannot queue {id}: {user} has {waiting} request{s} waiting already; the limit is {limit} (limits.max_waiting_per_user)",
+        s = if *waiting == 1 { "" } else { "s" }
+    )]
+    TooManyWaiting {
+        id: String,
+        user: String,
+        waiting: usize,
+        limit: u32,
+    },
+    #[error("gave up waiting for GPUs for {id} after {waited}: {last}")]
+    WaitExpired {
+        id: String,
+        waited: String,
+        last: String,
+    },
+    #[error("container {id} carries gpupin.claim for {claim}, refused: {reason}")]
+    ClaimRefused {
+        id: String,
+        claim: String,
+        reason: &'static str,
+    },
+    #[error("container {id} carries gpupin.assigned={claimed} but the ledger gives it {held}")]
+    NotAssigned {
+        id: String,
+        claimed: String,
+        held: String,
+    },
+    #[error("the machine has no GPUs to allocate")]
+    NoGpus,
+    #[error("cannot allocate for {id}: gpupin.within={within} names no holder in the ledger")]
+    NoSuchWithin { id: String, within: String },
+    #[error(
+        "cannot allocate for {}: gpupin.within={} is {}'s, not {}'s (its owner can give you its key: gpupin key {})",
+        .0.id, .0.within, .0.owner, .0.user, .0.within
+    )]
+    WithinNotYours(Box<NotYourHolder>),
+    #[error(
+        "cannot allocate for {id}: taking GPUs from {within} needs its key, not just its name: give gpupin.within={within}:KEY (GPUPIN_WITHIN for env), with the key `gpupin key {within}` prints for its owner or root"
+    )]
+    WithinNeedsKey { id: String, within: String },
+    #[error(
+        "cannot allocate for {id}: the key given for {within} is not its key (a key lasts as long as its holder: ask its owner for the current one with `gpupin key {within}`)"
+    )]
+    WithinKeyWrong { id: String, within: String },
+    #[error(transparent)]
+    LimitReached(Box<LimitReached>),
+    #[error("cannot bind {id} to process {pid}: {reason}")]
+    NotAdopted {
+        id: String,
+        pid: i32,
+        reason: &'static str,
+    },
+    #[error("holder {id} is not held by uid {uid}: only its owner or root may release it")]
+    NotYours { id: String, uid: u32 },
+    #[error(
+        "holder {id} holds GPUs {held} already, not the GPUs {asked} asked for: release it first (gpupin release {id})"
+    )]
+    HeldOtherwise {
+        id: String,
+        held: String,
+        asked: String,
+    },
+    #[error(
+        "holder name {id:?} starts with {prefix}, which gpupin keeps for the holders it names itself (Slurm jobs, pods, claims, unnamed jobs): choose another name"
+    )]
+    ReservedName { id: String, prefix: &'static str },
+    #[error("holder {id} exists already ({kind} of {owner}): choose another name")]
+    HolderExists {
+        id: String,
+        kind: &'static str,
+        owner: String,
+    },
+}
+
+/// Refuses a user's request for a holder id of a kind gpupin names itself: Slurm's prolog
+/// holds `slurm-<job>`, the device plugin `k8s-<digest>`, podman's precreate `claim-...`,
+/// an unnamed job is `exec-<pid>`. Root's integrations make those ids from public facts,
+/// and a user who took one first would stall root's prolog or be handed root's choice. A
+/// user's own unnamed job, `exec-<the pid that asks>`, is the one such id a user gets.
+fn reserved_for_gpupin(holder: &HolderId, meta: &HolderMeta) -> Result<(), LedgerError> {
+    if !meta.limited {
+        return Ok(());
+    }
+    let id = holder.as_str();
+    let Some(prefix) = holder::RESERVED_PREFIXES
+        .iter()
+        .find(|p| id.starts_with(*p))
+    else {
+        return Ok(());
+    };
+    let own_job =
+        meta.kind == HolderKind::Exec && meta.pid.is_some_and(|pid| id == format!("exec-{pid}"));
+    if own_job {
+        return Ok(());
+    }
+    Err(LedgerError::ReservedName {
+        id: id.to_string(),
+        prefix,
+    })
+}
+
+/// GPU indices of `uuids` as people name them, comma-separated.
+fn index_list(machine: &Machine, uuids: &[String]) -> String {
+    let mut indices: Vec<u32> = uuids
+        .iter()
+        .filter_map(|u| machine.inventory.gpus.iter().find(|g| &g.uuid == u))
+        .map(|g| g.index)
+        .collect();
+    indices.sort_unstable();
+    indices
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A nested request inside a holder of someone else's.
+#[derive(Debug)]
+pub struct NotYourHolder {
+    pub id: String,
+    pub within: String,
+    pub owner: String,
+    pub user: String,
+}
+
+/// A request that would take its user, or their group, past a limit.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{who} {held} GPU{s} and {user} asks for {wanted} more; {whose} limit is {limit} ({key})",
+    s = if *held == 1 { "" } else { "s" },
+    who = match group { Some(g) => format!("group {g} holds"), None => format!("{user} holds") },
+    whose = if group.is_some() { "the group's" } else { "their" },
+)]
+pub struct LimitReached {
+    pub user: String,
+    pub group: Option<String>,
+    pub held: usize,
+    pub wanted: usize,
+    pub limit: u32,
+    /// The config key that sets the limit.
+    pub key: String,
+}
+
+impl LedgerError {
+    /// A short, fixed name for why an allocation was refused: the `code` of audit lines
+    /// and the `reason` label of `gpupin_refusals_total`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LedgerError::NotEnoughFree { .. } => "not_enough_free",
+            LedgerError::DeviceUnavailable { .. } => "device_unavailable",
+            LedgerError::CountTooLarge { .. } | LedgerError::TooManyDevices { .. } => {
+                "count_too_large"
+            }
+            LedgerError::AuditFailed { .. } => "audit",
+            LedgerError::UnknownGpu { .. } => "unknown_gpu",
+            LedgerError::QueueAhead { .. } => "queue_ahead",
+            LedgerError::WaitExpired { .. } => "wait_expired",
+            LedgerError::WaiterGone { .. } | LedgerError::CallerGone { .. } => "waiter_gone",
+            LedgerError::TooManyWaiting { .. } => "queue_full",
+            LedgerError::LimitReached(_) => "limit",
+            LedgerError::NoSuchWithin { .. }
+            | LedgerError::WithinNotYours(_)
+            | LedgerError::WithinNeedsKey { .. }
+            | LedgerError::WithinKeyWrong { .. } => "within",
+            LedgerError::HolderExists { .. }
+            | LedgerError::HeldOtherwise { .. }
+            | LedgerError::ReservedName { .. } => "holder_exists",
+            LedgerError::NoGpus => "no_gpus",
+            LedgerError::ClaimRefused { .. } | LedgerError::NotAssigned { .. } => "claim",
+            LedgerError::NotAdopted { .. } | LedgerError::NotYours { .. } => "not_yours",
+            LedgerError::Io { .. }
+            | LedgerError::UnsafeStateDir { .. }
+            | LedgerError::UnsafeStateFile { .. }
+            | LedgerError::CorruptRecord { .. }
+            | LedgerError::StrayEntry { .. }
+            | LedgerError::BadEntryName { .. }
+            | LedgerError::BadId(_) => "state",
+        }
+    }
+}
+
+fn same_set(a: &[String], b: &[String]) -> bool {
+    let (mut a, mut b) = (a.to_vec(), b.to_vec());
+    a.sort();
+    b.sort();
+    a == b
+}
+
+fn not_assigned(holder: &HolderId, assigned: &[String], held: Option<&Record>) -> LedgerError {
+    LedgerError::NotAssigned {
+        id: holder.to_string(),
+        claimed: assigned.join(","),
+        held: held.map_or("nothing".into(), |r| r.gpus.join(",")),
+    }
+}
+
+/// What a request would get now: UUIDs in the record's order, and per inventory position
+/// whether the GPU could take the request (held ones, filtered ones and ones out of
+/// scope could not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preview {
+    pub uuids: Vec<String>,
+    pub free: Vec<bool>,
+}
+
+/// A handle on the lock directory. Cheap: opening checks the directory, nothing more.
+pub struct Ledger {
+    dir: PathBuf,
+    unbound_grace: Duration,
+    audit: AuditLog,
+    /// `metrics_file`: rewritten after every change.
+    metrics: Option<Box<crate::state::metrics::FileSink>>,
+}
+
+impl Ledger {
+    /// Opens the ledger for writing, creating the directory when missing.
+    pub fn open(dir: &Path) -> Result<Ledger, LedgerError> {
+        store::ensure_safe_dir(dir)?;
+        Ok(Ledger {
+            dir: dir.to_path_buf(),
+            unbound_grace: UNBOUND_GRACE,
+            audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
+            metrics: None,
+        })
+    }
+
+    /// Opens the ledger for reading only; a missing directory reads as an empty ledger.
+    pub fn open_read_only(dir: &Path) -> Result<Ledger, LedgerError> {
+        if dir.exists() || dir.is_symlink() {
+            store::check_safe_dir(dir)?;
+        }
+        Ok(Ledger {
+            dir: dir.to_path_buf(),
+            unbound_grace: UNBOUND_GRACE,
+            audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
+            metrics: None,
+        })
+    }
+
+    /// The ledger a configuration names, with its claim grace and audit log.
+    pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
+        let mut ledger = Ledger::open(&config.state_dir)?
+            .with_unbound_grace(config.claim_grace)
+            .with_audit(config.audit.clone());
+        if let Some(file) = &config.metrics_file {
+            ledger.metrics = Some(Box::new(crate::state::metrics::FileSink {
+                file: file.clone(),
+                config: config.clone(),
+            }));
+        }
+        Ok(ledger)
+    }
+
+    /// After a change, under the lock: the metrics file (if any) says what the ledger
+    /// says now. Under the lock, so that an older view never overwrites a newer one.
+    fn changed(&self) {
+        if let Some(sink) = &self.metrics {
+            sink.refresh(self);
+        }
+    }
+
+    /// As `for_config`, read only (`open_read_only`).
+    pub fn read_only_for_config(config: &Config) -> Result<Ledger, LedgerError> {
+        Ok(Ledger::open_read_only(&config.state_dir)?
+            .with_unbound_grace(config.claim_grace)
+            .with_audit(config.audit.clone()))
+    }
+
+    /// Where this ledger's audit lines go (by default `audit.log` in its directory).
+    pub fn with_audit(mut self, audit: AuditLog) -> Ledger {
+        self.audit = audit;
+        self
+    }
+
+    /// Appends an audit line. For refusals, which happen outside the ledger's writes;
+    /// the metrics file (if any) counts them at once, under the lock like every change.
+    /// A line that cannot be written is a warning and a count: the request was refused
+    /// whatever the log says.
+    pub fn audit(&self, event: &Event) {
+        let written = self.audit.append(event);
+        if (written.is_err() || self.metrics.is_some())
+            && let Ok(_lock) = store::lock(&self.dir)
+        {
+            if let Err(err) = written {
+                self.audit_failed(&err);
+            }
+            self.changed();
+        }
+    }
+
+    /// Appends an audit line for a change already made (caller holds the lock): a line
+    /// that cannot be written is a warning and a count, the change stands.
+    fn audit_done(&self, event: &Event) {
+        if let Err(err) = self.audit.append(event) {
+            self.audit_failed(&err);
+        }
+    }
+
+    /// Warns of and counts an audit line not written (caller holds the lock).
+    fn audit_failed(&self, err: &crate::state::audit::WriteError) {
+        tracing::warn!(error = %crate::base::message::one_line(err), "audit line not written");
+        crate::state::metrics::count_audit_write_failure(&self.dir);
+    }
+
+    /// How long a holder may stay without a pid before it counts as stale.
+    pub fn with_unbound_grace(mut self, grace: Duration) -> Ledger {
+        self.unbound_grace = grace;
+        self
+    }
+
+    /// Whether `record` is stale by this ledger's rules.
+    pub fn is_stale(&self, record: &Record) -> bool {
+        record.is_stale(SystemTime::now(), self.unbound_grace)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every record, live or stale. Records are replaced by rename, so a read without the
+    /// lock sees each record whole.
+    pub fn records(&self) -> Result<Vec<Record>, LedgerError> {
+        store::read_records(&self.dir)
+    }
+
+    /// Gives `holder` GPUs for `request`, or returns what it already holds (a retried
+    /// create). Stale holders are reaped first. Requests that wait (`gpupin.wait`) go
+    /// through `allocate_waiting`; while any waits, others are refused rather than let
+    /// overtake them. Nothing is written on error.
+    pub fn allocate(
+        &self,
+        holder: &HolderId,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: HolderMeta,
+    ) -> Result<Allocation, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let records = store::read_records(&self.dir)?;
+        if let Some(existing) = records.iter().find(|r| r.id == holder.as_str())
+            && let Some(allocation) = self.again(existing, request, machine, &meta)?
+        {
+            return Ok(allocation);
+        }
+        let live = self.reap(records, SystemTime::now())?;
+        // A parked ticket (a waiter held back only by its own user's limit) is in no
+        // one's way: only the others keep a request from overtaking.
+        let waiting = queue::live_tickets(&self.dir)?
+            .iter()
+            .filter(|t| !t.parked)
+            .count();
+        if waiting > 0 {
+            tracing::debug!(holder = %holder, waiting, "others wait in the queue ahead");
+            return Err(LedgerError::QueueAhead {
+                id: holder.to_string(),
+                waiting,
+            });
+        }
+        self.commit(holder, request, machine, meta, &live)
+    }
+
+    /// Plans and writes one allocation; the caller holds the lock.
+    fn commit(
+        &self,
+        holder: &HolderId,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: HolderMeta,
+        live: &[Record],
+    ) -> Result<Allocation, LedgerError> {
+        // Processes seen on the GPUs before the lock, or before a wait in the queue, that
+        // have ended since are in no one's way.
+        reserved_for_gpupin(holder, &meta)?;
+        let running = machine.processes.map(crate::host::whose::still_running);
+        let machine = &Machine {
+            processes: running.as_deref(),
+            ..*machine
+        };
+        let cursor = store::read_cursor(&self.dir);
+        // The node's secret is read only for a request that presents a key.
+        let mut secret = None;
+        let mut opens = |parent: &Record, key: &WithinKey| -> Result<bool, LedgerError> {
+            if secret.is_none() {
+                secret = Some(within::NodeSecret::load_or_create(&self.dir)?);
+            }
+            Ok(secret.as_ref().is_some_and(|s| s.opens(parent, key)))
+        };
+        let scope = limit::scope(holder, request, machine, &meta, live, &mut opens)?;
+        let plan = allocate::plan(holder, request, machine, live, cursor, &scope)?;
+        limit::check(&meta, machine, live, &plan.uuids)?;
+        let record = Record {
+            id: holder.to_string(),
+            indices: plan
+                .uuids
+                .iter()
+                .filter_map(|u| machine.inventory.gpus.iter().find(|g| &g.uuid == u))
+                .map(|g| g.index)
+                .collect(),
+            gpus: plan.uuids.clone(),
+            kind: meta.kind,
+            owner: meta.owner,
+            container: meta.container,
+            until_release: meta.until_release,
+            mode: match request.share {
+                Share::Exclusive => Mode::Exclusive,
+                Share::Shared => Mode::Shared,
+            },
+            request: request.clone(),
+            source: meta.source,
+            start_time: meta.pid.and_then(crate::base::procinfo::start_time),
+            pid: meta.pid,
+            bundle: meta.bundle,
+            claim_digest: meta.claim_digest,
+            salt: within::new_salt()?,
+            created_at: record::unix_now(),
+            cgroups: Vec::new(),
+        };
+        store::write_record(&self.dir, &holder.file_name(), &record)?;
+        let event = match record.kind {
+            HolderKind::Hold => EventKind::Hold,
+            HolderKind::Container | HolderKind::Exec => EventKind::Allocate,
+        };
+        if let Err(source) = self.audit.append(&Event::for_record(event, &record)) {
+            self.audit_failed(&source);
+            // Under "refuse" nothing is held that the trail does not show: the record
+            // goes again, and the requester is told which log and which key.
+            if self.audit.on_failure == AuditFailure::Refuse {
+                store::remove_record(&self.dir, &holder.file_name())?;
+                self.changed();
+                return Err(LedgerError::AuditFailed {
+                    id: holder.to_string(),
+                    source,
+                });
+            }
+        }
+        // The record is the allocation; the cursor only a hint for the next one. Failing
+        // here (a full disk) would fail an allocation that is already written.
+        let _ = store::write_cursor(&self.dir, plan.next_cursor);
+        self.changed();
+        tracing::debug!(
+            holder = %holder,
+            gpus = ?record.gpus,
+            mode = ?record.mode,
+            pid = ?record.pid,
+            "allocated"
+        );
+        Ok(Allocation { record })
+    }
+
+    /// What `request` would get now, without allocating (`gpupin pick`).
+    pub fn preview(
+        &self,
+        request: &GpuRequest,
+        machine: &Machine,
+    ) -> Result<Vec<String>, LedgerError> {
+        self.preview_from(request, machine).map(|p| p.uuids)
+    }
+
+    /// [`Ledger::preview`], with the GPUs the policy chose from (`gpupin pick --explain`).
+    pub fn preview_from(
+        &self,
+        request: &GpuRequest,
+        machine: &Machine,
+    ) -> Result<Preview, LedgerError> {
+        let records = store::read_records(&self.dir)?;
+        let now = SystemTime::now();
+        let live: Vec<Record> = records
+            .into_iter()
+            .filter(|r| !r.is_stale(now, self.unbound_grace))
+            .collect();
+        let holder = HolderId::new("gpupin-pick").expect("a valid id");
+        let cursor = store::read_cursor(&self.dir);
+        // A preview takes nothing: it shows what a holder's GPUs would give whoever may
+        // enter it, and so asks for no key.
+        let looking = HolderMeta {
+            kind: HolderKind::Hold,
+            ..HolderMeta::default()
+        };
+        let scope = limit::scope(&holder, request, machine, &looking, &live, &mut |_, _| {
+            Ok(false)
+        })?;
+        let plan = allocate::plan(&holder, request, machine, &live, cursor, &scope)?;
+        Ok(Preview {
+            uuids: plan.uuids,
+            free: plan.free,
+        })
+    }
+
+    /// The rotation cursor `spread` starts from: the position after the last GPU handed
+    /// out. For callers that choose without allocating, as `preview` does.
+    pub fn cursor(&self) -> usize {
+        store::read_cursor(&self.dir)
+    }
+
+    /// A holder id asked again. A container's retried create, or a hold made again for the
+    /// same user (a retried Slurm prolog), gets the same GPUs; an exec'd job never shares
+    /// its name with another holder, and no one takes over someone else's.
+    /// `None`: the name is free to allocate anew (its old holder is stale, and reaped with
+    /// the others).
+    fn again(
+        &self,
+        existing: &Record,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: &HolderMeta,
+    ) -> Result<Option<Allocation>, LedgerError> {
+        let same_owner =
+            existing.owner.as_ref().map(|o| o.uid) == meta.owner.as_ref().map(|o| o.uid);
+        let retry = match meta.kind {
+            HolderKind::Container => existing.kind == HolderKind::Container,
+            HolderKind::Hold => existing.kind == HolderKind::Hold && same_owner,
+            HolderKind::Exec => false,
+        };
+        if retry {
+            // A retried hold names its GPUs again: the record must hold exactly those,
+            // never others it happens to have (a Slurm prolog would hand its job GPUs
+            // Slurm gave no one, and leave Slurm's free in the ledger).
+            if let crate::input::request::Selection::Devices(keys) = &request.selection
+                && meta.kind == HolderKind::Hold
+                && !self.is_stale(existing)
+            {
+                let asked: Vec<String> = resolve_devices(keys, machine.inventory)?
+                    .into_iter()
+                    .map(|p| machine.inventory.gpus[p].uuid.clone())
+                    .collect();
+                if !same_set(&asked, &existing.gpus) {
+                    return Err(LedgerError::HeldOtherwise {
+                        id: existing.id.clone(),
+                        held: index_list(machine, &existing.gpus),
+                        asked: index_list(machine, &asked),
+                    });
+                }
+            }
+            return self.rebind(existing.clone(), meta.clone()).map(Some);
+        }
+        if self.is_stale(existing) {
+            return Ok(None);
+        }
+        Err(LedgerError::HolderExists {
+            id: existing.id.clone(),
+            kind: existing.kind.as_str(),
+            owner: existing
+                .owner
+                .as_ref()
+                .map_or_else(|| "no user".to_string(), |o| o.user.clone()),
+        })
+    }
+
+    /// A holder asked again: same GPUs; a pid learnt since is recorded. A retried create
+    /// of a holder that has no process yet brings a new claim secret (its spec is written
+    /// anew); the old one dies with the spec it was written into.
+    fn rebind(&self, mut record: Record, meta: HolderMeta) -> Result<Allocation, LedgerError> {
+        let before = record.clone();
+        if meta.pid.is_some() && meta.pid != record.pid {
+            record.pid = meta.pid;
+            record.start_time = meta.pid.and_then(crate::base::procinfo::start_time);
+        }
+        if record.pid.is_none() && meta.claim_digest.is_some() {
+            record.claim_digest = meta.claim_digest;
+        }
+        if record != before {
+            let id = HolderId::new(&record.id)?;
+            store::write_record(&self.dir, &id.file_name(), &record)?;
+        }
+        // A retried create: the holder id is validated, the record's id is that id.
+        tracing::debug!(
+            holder = %record.id,
+            gpus = ?record.gpus,
+            pid = ?record.pid,
+            "already held: the same GPUs again"
+        );
+        Ok(Allocation { record })
+    }
+
+    /// The key that lets others take from `holder`'s GPUs (`gpupin.within=HOLDER:KEY`):
+    /// for root, who hands it to the holder's owner (`gpupin key`, a Slurm TaskProlog).
+    /// `None`: no live holder of that name.
+    pub fn key(&self, holder: &HolderId) -> Result<Option<(Record, WithinKey)>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let Some(record) = store::read_records(&self.dir)?
+            .into_iter()
+            .find(|r| r.id == holder.as_str() && !self.is_stale(r))
+        else {
+            return Ok(None);
+        };
+        let key = within::NodeSecret::load_or_create(&self.dir)?.key_for(&record);
+        Ok(Some((record, key)))
+    }
+
+    /// Whether `holder` has a record: one lstat, no lock. For callers that release only
+    /// when something is held (the shim on every `delete`), so that the common case costs
+    /// no lock and no ledger check.
+    pub fn holds(&self, holder: &HolderId) -> bool {
+        store::holders_dir(&self.dir)
+            .join(holder.file_name())
+            .symlink_metadata()
+            .is_ok()
+    }
+
+    /// Releases `holder`'s GPUs. Returns the record it had, `None` when it held nothing.
+    pub fn release(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        self.remove_record_locked(holder)
+    }
+
+    /// Releases the record container `holder` made for itself, as poststop and the shim's
+    /// delete do; a record of that name that is no container's (a hold, a job: a
+    /// container whose id is someone else's holder id, refused at create) is left alone.
+    pub fn release_container(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let path = store::holders_dir(&self.dir).join(holder.file_name());
+        match store::read_record(&path) {
+            Ok(record) if record.kind != HolderKind::Container => {
+                tracing::info!(
+                    holder = %holder,
+                    kind = record.kind.as_str(),
+                    "a container of this id ended; the record of that name is no container's and stays"
+                );
+                Ok(None)
+            }
+            // A corrupt record is released as before: an operator would otherwise have to.
+            _ => self.remove_record_locked(holder),
+        }
+    }
+
+    /// `release` for a caller that holds the lock.
+    fn remove_record_locked(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
+        match self.remove_entry(holder.file_name().as_bytes())? {
+            Some(Released::Holder(record)) => {
+                tracing::debug!(holder = %holder, gpus = ?record.gpus, "released");
+                Ok(Some(*record))
+            }
+            _ => {
+                tracing::debug!(holder = %holder, "nothing held to release");
+                Ok(None)
+            }
+        }
+    }
+
+    /// `gpupin release NAME`: removes the record of holder `NAME`, else the entry of
+    /// `holders/` named exactly `NAME`, whatever it is (a corrupt record, a directory, a
+    /// FIFO, a link: never followed). `NAME` must be one file-name component.
+    pub fn release_entry(&self, name: &OsStr) -> Result<Released, LedgerError> {
+        let names = entry::release_names(name)?;
+        let _lock = store::lock(&self.dir)?;
+        for name in names {
+            if let Some(released) = self.remove_entry(&name)? {
+                return Ok(released);
+            }
+        }
+        Ok(Released::Nothing)
+    }
+
+    /// Removes `holders/<name>` when it exists (caller holds the lock).
+    fn remove_entry(&self, name: &[u8]) -> Result<Option<Released>, LedgerError> {
+        let Some(holders) = store::existing_subdir(&self.dir, store::HOLDERS_DIR)? else {
+            return Ok(None);
+        };
+        let path = holders.join(OsStr::from_bytes(name));
+        let kind = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta.file_type(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(LedgerError::Io {
+                    action: "inspecting",
+                    path,
+                    source,
+                });
+            }
+        };
+        let kind_of_entry = entry::classify(OsStr::from_bytes(name), kind);
+        let audited = match kind_of_entry {
+            Entry::Record => strip_json(name),
+            _ => name.to_vec(),
+        };
+        let released = match kind_of_entry {
+            // A corrupt record can still be released: that is how an operator clears it.
+            Entry::Record => {
+                let record = crate::base::safe_open::read_to_string(&path, Links::Refuse)
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<Record>(&t).ok());
+                store::remove_record(&self.dir, &String::from_utf8_lossy(name))?;
+                record.map_or(Released::Entry(path), |r| Released::Holder(Box::new(r)))
+            }
+            _ => {
+                store::remove_entry(&path, kind)?;
+                Released::Entry(path)
+            }
+        };
+        let event = match &released {
+            Released::Holder(record) => {
+                Event::for_record(EventKind::Release, record).held_since(record)
+            }
+            _ => Event::new(EventKind::Release, &store::audit_name(&audited))
+                .because("no readable record: the entry was removed"),
+        };
+        self.audit_done(&event);
+        self.changed();
+        Ok(Some(released))
+    }
+
+    /// Removes every stale holder, every entry of holders/ that cannot be anyone's
+    /// record, and the temp files of dead writers. Corrupt records under a holder's name
+    /// are left: they may hold GPUs of a live container, and only an operator who has
+    /// looked at them should remove them (`gpupin release`).
+    pub fn gc(&self) -> Result<GcReport, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let scan = store::scan_holders(&self.dir)?;
+        let mut cleared = Vec::new();
+        for (path, _) in &scan.stray {
+            if self.clear(path, "")? {
+                tracing::info!(path = ?path, "cleared a stray ledger entry");
+                cleared.push(path.clone());
+            }
+        }
+        let before = scan.records.clone();
+        let live = self.reap(scan.records, SystemTime::now())?;
+        let released = before
+            .into_iter()
+            .filter(|r| !live.iter().any(|l| l.id == r.id))
+            .collect();
+        for path in &scan.leftovers {
+            if self.clear(path, " (from an earlier boot)")? {
+                cleared.push(path.clone());
+            }
+        }
+        // Job cgroups whose holder is gone and whose remover went away too (a killed
+        // `gpupin exec`, a daemon that died).
+        cleared.extend(crate::host::confine::remove_orphans(&|id| {
+            live.iter().any(|r| r.id == id)
+        }));
+        cleared.extend(queue::drop_stale_tickets(&self.dir)?);
+        cleared.extend(store::remove_dead_temps(&self.dir)?);
+        for sub in [store::HOLDERS_DIR, queue::QUEUE_DIR] {
+            if let Some(sub) = store::existing_subdir(&self.dir, sub)? {
+                cleared.extend(store::remove_dead_temps(&sub)?);
+            }
+        }
+        Ok(GcReport {
+            released,
+            cleared,
+            left: scan.corrupt,
+        })
+    }
+
+    /// Removes the entry at `path`, whatever it is, never following it, with an audit
+    /// line (`why` follows the name). `false`: it was gone already. Caller holds the lock.
+    fn clear(&self, path: &Path, why: &str) -> Result<bool, LedgerError> {
+        let kind = match std::fs::symlink_metadata(path) {
+            Ok(meta) => meta.file_type(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source) => {
+                return Err(LedgerError::Io {
+                    action: "inspecting",
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        store::remove_entry(path, kind)?;
+        let name = path.file_name().unwrap_or_default().as_bytes();
+        self.audit_done(
+            &Event::new(EventKind::Clear, &store::audit_name(name))
+                .because(format!("nobody's record{why}")),
+        );
+        self.changed();
+        Ok(true)
+    }
+
+    /// Deletes stale records (caller holds the lock) and returns the live ones.
+    fn reap(&self, records: Vec<Record>, now: SystemTime) -> Result<Vec<Record>, LedgerError> {
+        let mut live = Vec::with_capacity(records.len());
+        for record in records {
+            if record.is_stale(now, self.unbound_grace) {
+                let id = HolderId::new(&record.id)?;
+                store::remove_record(&self.dir, &id.file_name())?;
+                // Stale means its cgroups are empty: nobody else removes them now.
+                let _ = crate::host::confine::remove_dirs(&record.cgroups);
+                self.audit_done(&Event::for_record(EventKind::Reap, &record).held_since(&record));
+                self.changed();
+                tracing::info!(
+                    holder = %id,
+                    pid = ?record.pid,
+                    gpus = ?record.gpus,
+                    "reaped a stale holder"
+                );
+            } else {
+                live.push(record);
+            }
+        }
+        Ok(live)
+    }
+}
+
+/// What `Ledger::release_entry` removed.
+#[derive(Debug)]
+pub enum Released {
+    /// A holder's record, as it read.
+    Holder(Box<Record>),
+    /// An entry that was no readable record.
+    Entry(PathBuf),
+    /// Nothing: no such entry.
+    Nothing,
+}
+
+/// What `Ledger::gc` did.
+#[derive(Debug, Default)]
+pub struct GcReport {
+    /// Stale holders whose records were removed.
+    pub released: Vec<Record>,
+    /// Entries that could be nobody's record, and temp files of dead writers, removed.
+    pub cleared: Vec<PathBuf>,
+    /// Corrupt records left in place (`CorruptRecord`, which says how to remove each).
+    pub left: Vec<LedgerError>,
+}
+
+/// A record's file name without `.json`: the holder id the audit log names.
+fn strip_json(name: &[u8]) -> Vec<u8> {
+    name.strip_suffix(b".json").unwrap_or(name).to_vec()
+}
+
+#[cfg(test)]
+mod tests;
+
+#[cfg(test)]
+mod tests_jobs;
+
+#[cfg(test)]
+mod tests_foreign;
+
+#[cfg(test)]
+mod tests_queue;

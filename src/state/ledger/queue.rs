@@ -1,0 +1,452 @@
+//! The wait queue for `gpupin.wait`: a ticket file per waiting request, served in arrival
+//! order. A waiter holds no lock while it sleeps; under the lock it only checks whether
+//! it is at the head and whether its request fits now. A ticket whose process is gone (a
+//! runtime killed the hook at its timeout) is stale and dropped.
+//!
+//! A waiter held back only by its own user's limit is *parked*: its ticket says so, and
+//! it is in no one's way (neither ahead of another waiter nor of a request that does not
+//! wait), so that one user's limit never stalls the node. It is still served in its turn
+//! among the parked; once its limit passes and only GPUs are missing, it unparks and
+//! waits as any other. One user has at most `limits.max_waiting_per_user` tickets.
+
+use super::store;
+use super::{Allocation, HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
+use crate::base::procinfo;
+use crate::base::safe_open::{self, Links};
+use crate::input::request::{GpuRequest, Selection};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+pub(super) const QUEUE_DIR: &str = "queue";
+const SEQ_FILE: &str = "queue-seq";
+/// How often a waiter looks again. Short enough that a freed GPU is taken well within a
+/// second, long enough that a few waiters cost nothing.
+const POLL: Duration = Duration::from_millis(200);
+/// A waiter takes the lock only when `holders/` or `queue/` changed since its last look
+/// (their mtimes, read without the lock), or after this long: a holder whose process
+/// ended changes no directory, and is reaped by a look under the lock. Hundreds of
+/// waiters then do not keep the lock busy that every container's hook takes.
+const LOOK_AGAIN: Duration = Duration::from_secs(5);
+/// A directory changed this recently may change again within the same mtime tick
+/// (tmpfs stamps with a coarse clock): look again until it is older.
+const RECENT: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(super) struct Ticket {
+    pub seq: u64,
+    pub id: String,
+    pub pid: i32,
+    pub start_time: Option<u64>,
+    /// Seconds since the Unix epoch when it started waiting (metrics: the oldest wait).
+    #[serde(default)]
+    pub queued_at: u64,
+    /// The user the request is for, when it has one (containers have none): the bound
+    /// on tickets per user counts these.
+    #[serde(default)]
+    pub uid: Option<u32>,
+    /// Held back only by its own user's limit: in no one's way (see the module's doc).
+    #[serde(default)]
+    pub parked: bool,
+}
+
+/// A request waiting in the queue, for `gpupin metrics` and `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub holder: String,
+    /// Seconds since the Unix epoch.
+    pub queued_at: u64,
+}
+
+impl Ticket {
+    fn file_name(&self) -> String {
+        // Zero-padded so that name order is arrival order.
+        format!("{:020}-{}.json", self.seq, self.id)
+    }
+}
+
+/// Live tickets in arrival order; stale ones are removed. Caller holds the lock.
+pub(super) fn live_tickets(dir: &Path) -> Result<Vec<Ticket>, LedgerError> {
+    Ok(scan_tickets(dir)?.0)
+}
+
+/// Drops the tickets no waiter can be served through any more; returns their paths.
+/// Caller holds the lock (gc: a waiter killed while it waited leaves its ticket).
+pub(super) fn drop_stale_tickets(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
+    Ok(scan_tickets(dir)?.1)
+}
+
+/// Live tickets in arrival order, and the stale ones it removed.
+fn scan_tickets(dir: &Path) -> Result<(Vec<Ticket>, Vec<PathBuf>), LedgerError> {
+    let Some(qdir) = store::existing_subdir(dir, QUEUE_DIR)? else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let mut tickets = Vec::new();
+    let mut removed = Vec::new();
+    for (path, _) in store::list(&qdir)? {
+        if path
+            .file_name()
+            .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."))
+        {
+            continue;
+        }
+        match live_ticket(&path) {
+            Some(t) => tickets.push(t),
+            None => {
+                if fs::remove_file(&path).is_ok() {
+                    removed.push(path);
+                }
+            }
+        }
+    }
+    tickets.sort_by_key(|t| t.seq);
+    Ok((tickets, removed))
+}
+
+/// The ticket at `path` while its waiter lives; `None` for a stale one. Not a regular
+/// file (a FIFO would block here, under the lock) is no ticket, and one that does not
+/// parse is as stale as one whose waiter died: nobody can be served through it.
+fn live_ticket(path: &Path) -> Option<Ticket> {
+    safe_open::read(path, Links::Refuse)
+        .ok()
+        .and_then(|t| serde_json::from_slice::<Ticket>(&t).ok())
+        .filter(|t| t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)))
+}
+
+/// Whether a live ticket that is not parked is ahead of `own`. Reads tickets in name
+/// (arrival) order and stops at the first such one, so that a look of a waiter deep in
+/// a long queue costs one ticket, not all of them; stale tickets on the way are removed.
+/// Caller holds the lock.
+fn anyone_ahead(dir: &Path, own: &Ticket) -> Result<bool, LedgerError> {
+    let Some(qdir) = store::existing_subdir(dir, QUEUE_DIR)? else {
+        return Ok(false);
+    };
+    for (path, _) in store::list(&qdir)? {
+        let name = path.file_name().unwrap_or_default().as_encoded_bytes();
+        if name.starts_with(b".") {
+            continue;
+        }
+        if name >= own.file_name().as_bytes() {
+            break;
+        }
+        match live_ticket(&path) {
+            // Names sort as seqs (zero-padded), so every ticket read here came earlier.
+            Some(t) => {
+                if !t.parked {
+                    return Ok(true);
+                }
+            }
+            None => {
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Queues `holder` behind every live ticket, for as long as process `waiter` lives.
+/// A request for a limited user who has `max_waiting` tickets already is refused.
+/// Caller holds the lock.
+pub(super) fn enqueue(
+    dir: &Path,
+    holder: &HolderId,
+    waiter: i32,
+    meta: &HolderMeta,
+    max_waiting: u32,
+) -> Result<Ticket, LedgerError> {
+    let qdir = store::ensure_subdir(dir, QUEUE_DIR)?;
+    let tickets = live_tickets(dir)?;
+    // Root's own requests are not limited; containers have no user to count.
+    let uid = meta.owner.as_ref().map(|o| o.uid);
+    if let (true, Some(owner)) = (meta.limited, &meta.owner) {
+        let waiting = tickets.iter().filter(|t| t.uid == uid).count();
+        if waiting >= max_waiting as usize {
+            return Err(LedgerError::TooManyWaiting {
+                id: holder.to_string(),
+                user: owner.user.clone(),
+                waiting,
+                limit: max_waiting,
+            });
+        }
+    }
+    // queue-seq may be lost or unreadable: the tickets themselves say how far it got,
+    // and a new ticket must sort after all of them.
+    let last_ticket = tickets.last().map_or(0, |t| t.seq);
+    let seq = store::read_number::<u64>(&dir.join(SEQ_FILE))
+        .unwrap_or(0)
+        .max(last_ticket)
+        + 1;
+    store::write_atomic(dir, SEQ_FILE, format!("{seq}\n").as_bytes())?;
+    let pid = waiter;
+    let ticket = Ticket {
+        seq,
+        id: holder.to_string(),
+        pid,
+        start_time: procinfo::start_time(pid),
+        queued_at: super::record::unix_now(),
+        uid,
+        parked: false,
+    };
+    write_ticket(&qdir, &ticket)?;
+    Ok(ticket)
+}
+
+fn write_ticket(qdir: &Path, ticket: &Ticket) -> Result<(), LedgerError> {
+    let text = serde_json::to_vec(ticket).expect("tickets serialize");
+    store::write_atomic(qdir, &ticket.file_name(), &text)
+}
+
+/// The mtimes of `holders/` and `queue/`: what changes when a record or a ticket comes
+/// or goes. Read without the lock.
+fn stamp(dir: &Path) -> [Option<SystemTime>; 2] {
+    let mtime = |sub: &str| {
+        fs::symlink_metadata(dir.join(sub))
+            .and_then(|m| m.modified())
+            .ok()
+    };
+    [mtime(store::HOLDERS_DIR), mtime(QUEUE_DIR)]
+}
+
+/// Whether a stamp shows a change so recent that another may follow unseen.
+fn recent(stamp: &[Option<SystemTime>; 2]) -> bool {
+    stamp
+        .iter()
+        .flatten()
+        .any(|t| t.elapsed().map_or(true, |age| age < RECENT))
+}
+
+/// How many GPUs `request` adds at most, to ask the limits about a request that did not
+/// get as far as a plan (`None`: it names GPUs, or all).
+fn count_of(request: &GpuRequest) -> Option<usize> {
+    match &request.selection {
+        Selection::Count(n) => Some(*n as usize),
+        Selection::Devices(d) => Some(d.len()),
+        Selection::All => None,
+    }
+}
+
+fn dequeue(dir: &Path, ticket: &Ticket) {
+    if let Ok(Some(qdir)) = store::existing_subdir(dir, QUEUE_DIR) {
+        let _ = fs::remove_file(qdir.join(ticket.file_name()));
+    }
+}
+
+/// Errors that can go away when other holders leave.
+fn retryable(err: &LedgerError) -> bool {
+    match err {
+        LedgerError::NotEnoughFree { .. } | LedgerError::DeviceUnavailable { .. } => true,
+        // The requester's other holders may end; a request over the limit by itself never fits.
+        LedgerError::LimitReached(r) => r.wanted <= r.limit as usize,
+        _ => false,
+    }
+}
+
+impl Ledger {
+    /// The requests waiting now, oldest first. Read without the lock: tickets are renamed
+    /// into place, and one that goes meanwhile is simply not counted.
+    pub fn waiting(&self) -> Result<Vec<Waiting>, LedgerError> {
+        let Some(qdir) = store::existing_subdir(&self.dir, QUEUE_DIR)? else {
+            return Ok(Vec::new());
+        };
+        let mut tickets: Vec<Ticket> = store::list(&qdir)?
+            .into_iter()
+            .filter(|(path, _)| {
+                !path
+                    .file_name()
+                    .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."))
+            })
+            .filter_map(|(path, _)| safe_open::read(&path, Links::Refuse).ok())
+            .filter_map(|t| serde_json::from_slice::<Ticket>(&t).ok())
+            .filter(|t| t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)))
+            .collect();
+        tickets.sort_by_key(|t| t.seq);
+        Ok(tickets
+            .into_iter()
+            .map(|t| Waiting {
+                holder: t.id,
+                queued_at: t.queued_at,
+            })
+            .collect())
+    }
+
+    /// As `allocate`, but waits up to `wait` for the request to fit, behind every request
+    /// that started waiting earlier and is not parked.
+    pub fn allocate_waiting(
+        &self,
+        holder: &HolderId,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: HolderMeta,
+        wait: Duration,
+    ) -> Result<Allocation, LedgerError> {
+        let deadline = Instant::now() + wait;
+        let max_waiting = machine
+            .limits
+            .map_or(crate::model::limits::DEFAULT_MAX_WAITING, |l| {
+                l.max_waiting()
+            });
+        let mut last = None;
+        let mut ticket = {
+            let _lock = store::lock(&self.dir)?;
+            let records = store::read_records(&self.dir)?;
+            if let Some(existing) = records.iter().find(|r| r.id == holder.as_str())
+                && let Some(allocation) = self.again(existing, request, machine, &meta)?
+            {
+                return Ok(allocation);
+            }
+            // The ticket lives as long as the process that waits (`gpupin serve` itself
+            // for its callers, whose connection `still_wanted` watches).
+            let waiter = std::process::id() as i32;
+            let mut ticket = enqueue(&self.dir, holder, waiter, &meta, max_waiting)?;
+            // The first look under the same lock: a waiter held back by its own limit is
+            // parked before anyone could count it as ahead.
+            match self.look(&mut ticket, holder, request, machine, &meta) {
+                Ok(Some(allocation)) => return Ok(allocation),
+                Ok(None) => {}
+                Err(err) if retryable(&err) => last = Some(err),
+                Err(err) => {
+                    dequeue(&self.dir, &ticket);
+                    return Err(err);
+                }
+            }
+            ticket
+        };
+        tracing::debug!(
+            holder = %holder,
+            ticket = ticket.seq,
+            parked = ticket.parked,
+            wait = %humantime::format_duration(wait),
+            "queued"
+        );
+        let queued_at = Instant::now();
+        let mut seen = stamp(&self.dir);
+        let mut looked = Instant::now();
+        loop {
+            std::thread::sleep(POLL.min(deadline.saturating_duration_since(Instant::now())));
+            let gone = !ticket
+                .start_time
+                .is_some_and(|s| procinfo::is_alive(ticket.pid, s));
+            let unwanted = meta.still_wanted.as_ref().is_some_and(|w| !(w.0)());
+            if gone || unwanted {
+                let _lock = store::lock(&self.dir)?;
+                dequeue(&self.dir, &ticket);
+                return Err(match gone {
+                    true => LedgerError::WaiterGone {
+                        id: holder.to_string(),
+                        pid: ticket.pid,
+                    },
+                    false => LedgerError::CallerGone {
+                        id: holder.to_string(),
+                    },
+                });
+            }
+            let now = stamp(&self.dir);
+            let expired = Instant::now() >= deadline;
+            if now != seen || recent(&now) || looked.elapsed() >= LOOK_AGAIN || expired {
+                seen = now;
+                looked = Instant::now();
+                match self.try_from_queue(&mut ticket, holder, request, machine, &meta) {
+                    Ok(Some(allocation)) => {
+                        tracing::debug!(
+                            holder = %holder,
+                            waited_ms = queued_at.elapsed().as_millis() as u64,
+                            "served from the queue"
+                        );
+                        return Ok(allocation);
+                    }
+                    Ok(None) => {}
+                    Err(err) if retryable(&err) => last = Some(err),
+                    Err(err) => {
+                        let _lock = store::lock(&self.dir)?;
+                        dequeue(&self.dir, &ticket);
+                        return Err(err);
+                    }
+                }
+            }
+            if expired {
+                let _lock = store::lock(&self.dir)?;
+                dequeue(&self.dir, &ticket);
+                return Err(LedgerError::WaitExpired {
+                    id: holder.to_string(),
+                    waited: humantime::format_duration(wait).to_string(),
+                    last: last.map_or("others were waiting ahead".into(), |e| e.to_string()),
+                });
+            }
+        }
+    }
+
+    /// One look under the lock: `None` while others are ahead.
+    fn try_from_queue(
+        &self,
+        ticket: &mut Ticket,
+        holder: &HolderId,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: &HolderMeta,
+    ) -> Result<Option<Allocation>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        self.look(ticket, holder, request, machine, meta)
+    }
+
+    /// `try_from_queue`'s look; the caller holds the lock. A ticket is served when every
+    /// ticket ahead of it is parked; a refusal by its own user's limit parks it, and one
+    /// for want of GPUs with the limit passing unparks it.
+    fn look(
+        &self,
+        ticket: &mut Ticket,
+        holder: &HolderId,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: &HolderMeta,
+    ) -> Result<Option<Allocation>, LedgerError> {
+        if anyone_ahead(&self.dir, ticket)? {
+            tracing::trace!(holder = %holder, "others are ahead in the queue");
+            return Ok(None);
+        }
+        let records = store::read_records(&self.dir)?;
+        let live: Vec<Record> = self.reap(records, SystemTime::now())?;
+        match self.commit(holder, request, machine, meta.clone(), &live) {
+            Ok(allocation) => {
+                dequeue(&self.dir, ticket);
+                Ok(Some(allocation))
+            }
+            Err(err) => {
+                let parked = match &err {
+                    LedgerError::LimitReached(_) => true,
+                    // No plan came about: would the limit have let it through?
+                    LedgerError::NotEnoughFree { .. } | LedgerError::DeviceUnavailable { .. } => {
+                        self.over_limit(request, machine, meta, &live)
+                    }
+                    _ => ticket.parked,
+                };
+                if parked != ticket.parked {
+                    ticket.parked = parked;
+                    let qdir = store::ensure_subdir(&self.dir, QUEUE_DIR)?;
+                    write_ticket(&qdir, ticket)?;
+                    tracing::debug!(holder = %holder, parked, "ticket parked or unparked");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Whether `request`, taking as many GPUs nobody holds as it asks for, would take its
+    /// user past a limit (a request that names all GPUs is never parked).
+    fn over_limit(
+        &self,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: &HolderMeta,
+        live: &[Record],
+    ) -> bool {
+        let Some(n) = count_of(request) else {
+            return false;
+        };
+        // Names no record holds: each counts as a GPU the user does not hold yet.
+        let fresh: Vec<String> = (0..n).map(|i| format!("\0gpupin-probe-{i}")).collect();
+        matches!(
+            super::limit::check(meta, machine, live, &fresh),
+            Err(LedgerError::LimitReached(_))
+        )
+    }
+}

@@ -1,0 +1,216 @@
+//! One holder's record: which GPUs it holds, for what, and how to tell whether it still runs.
+
+use crate::base::procinfo;
+use crate::input::request::GpuRequest;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// By default a holder that never got a pid is stale after this long (a claim whose
+/// container never started, or a runtime that died between allocation and binding).
+pub const UNBOUND_GRACE: Duration = crate::input::config::DEFAULT_CLAIM_GRACE;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Exclusive,
+    /// With other shared holders, each with its reservation (`request.reserve`).
+    Shared,
+}
+
+/// What kind of holder a record is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HolderKind {
+    #[default]
+    Container,
+    /// A process `gpupin exec` started.
+    Exec,
+    /// GPUs set aside by `gpupin hold`, with or without a process.
+    Hold,
+}
+
+impl HolderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HolderKind::Container => "container",
+            HolderKind::Exec => "exec",
+            HolderKind::Hold => "hold",
+        }
+    }
+}
+
+/// The person a holder belongs to: whoever ran `gpupin exec`, or the user a hold was made
+/// for. Containers have none: engines do not say who asked for them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub user: String,
+    /// The user's groups when the record was made, for the group limits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+}
+
+/// What the engine tells about a container; each part only where it is known.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ContainerInfo {
+    /// docker, podman, containerd, runc.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    pub id: String,
+    /// GPU UUIDs: indices change across reboots, UUIDs do not.
+    pub gpus: Vec<String>,
+    /// The index of each of `gpus` when they were allocated (records do not outlive a
+    /// boot, so these stay true): the audit log names GPUs as people do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indices: Vec<u32>,
+    #[serde(default)]
+    pub kind: HolderKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerInfo>,
+    /// A hold without a process: it lasts until `gpupin release` (or a reboot).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub until_release: bool,
+    pub mode: Mode,
+    pub request: GpuRequest,
+    /// Who allocated: `hook:prestart`, `cli`, ...
+    pub source: String,
+    pub pid: Option<i32>,
+    /// Start time of `pid` in clock ticks since boot, to tell pid reuse apart.
+    pub start_time: Option<u64>,
+    pub bundle: Option<PathBuf>,
+    /// SHA-256 of the claim secret gpupin wrote into the holder's spec, for holders whose
+    /// spec was edited before create: only that spec's container can bind the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_digest: Option<String>,
+    /// Random hex of this record's own, in its key (`within`): a holder made again
+    /// under the same name gets a new key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub salt: String,
+    /// Seconds since the Unix epoch.
+    pub created_at: u64,
+    /// The job's own cgroups (`gpupin-<holder>`, one per hierarchy) of a confined job:
+    /// the job lasts until they are empty, whoever watches it (a daemon restarted since
+    /// finds them here, and removes them at the job's end). Empty in older records.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<PathBuf>,
+}
+
+/// What an allocation knows about the holder besides its id.
+#[derive(Debug, Clone, Default)]
+pub struct HolderMeta {
+    pub source: String,
+    pub pid: Option<i32>,
+    pub bundle: Option<PathBuf>,
+    /// See `Record::claim_digest`.
+    pub claim_digest: Option<String>,
+    pub kind: HolderKind,
+    pub owner: Option<Owner>,
+    pub container: Option<ContainerInfo>,
+    /// See `Record::until_release`.
+    pub until_release: bool,
+    /// Polled while the request waits in the queue: `false` once whoever asked has gone
+    /// (`gpupin serve`: the caller closed its connection). The ticket itself lives as long
+    /// as the process that waits (for `gpupin serve`, the daemon).
+    pub still_wanted: Option<StillWanted>,
+    /// Whether the limits (`[limits]`) apply: a request on behalf of a user who is not
+    /// root. Root's own requests, and holds root makes for someone, are not limited.
+    pub limited: bool,
+}
+
+/// A check a waiting request polls (see `HolderMeta::still_wanted`); cheap, no lock.
+#[derive(Clone)]
+pub struct StillWanted(pub std::sync::Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for StillWanted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StillWanted")
+    }
+}
+
+impl Record {
+    /// Whether the holder is gone: its process ended (and, for a confined job, its
+    /// cgroups are empty: a process it left behind still runs on its GPUs), its pid now
+    /// belongs to another process, or it never got a process within `grace` (of its
+    /// creation, before or after: see below). The cgroups are read only once the pid is
+    /// gone, so the usual check stays one read of /proc.
+    pub fn is_stale(&self, now: SystemTime, grace: Duration) -> bool {
+        if self.from_an_earlier_boot() {
+            return true;
+        }
+        match (self.pid, self.start_time) {
+            (None, _) if self.until_release => false,
+            (Some(pid), Some(started)) => {
+                !procinfo::is_alive(pid, started)
+                    && !self
+                        .cgroups
+                        .iter()
+                        .any(|d| crate::host::confine::populated(d))
+            }
+            // A pid without a start time was gone when it was recorded (gpupin reads the
+            // start time as it records the pid): whoever has the pid now is someone else.
+            (Some(_), None) => true,
+            (None, _) => {
+                let created = UNIX_EPOCH + Duration::from_secs(self.created_at);
+                // Created "in the future" means the clock was stepped back since: the
+                // record's age is unknown, and waiting for the clock to catch up could
+                // hold its GPUs for days. Off by more than the grace either way is stale.
+                let age = match now.duration_since(created) {
+                    Ok(age) => age,
+                    Err(ahead) => ahead.duration(),
+                };
+                age > grace
+            }
+        }
+    }
+
+    /// Made before this boot: its process is gone, whatever its pid says now (a pid and
+    /// start time can repeat across boots). This is why records need no fsync.
+    pub fn from_an_earlier_boot(&self) -> bool {
+        procinfo::boot_time().is_some_and(|boot| self.created_at < boot)
+    }
+
+    pub fn created(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.created_at)
+    }
+}
+
+/// The records among `records` that hold the GPU `uuid`.
+pub fn holders_of<'r>(uuid: &str, records: &'r [Record]) -> impl Iterator<Item = &'r Record> {
+    records
+        .iter()
+        .filter(move |r| r.gpus.iter().any(|g| g == uuid))
+}
+
+/// The holder among `records` that `process` belongs to (`whose::belongs_to`): by its
+/// process tree first, then, for containers, by cgroup.
+pub fn holder_of<'r>(
+    process: &crate::host::whose::Process,
+    records: &'r [Record],
+) -> Option<&'r Record> {
+    let container_id = |r: &'r Record| (r.kind == HolderKind::Container).then_some(r.id.as_str());
+    records
+        .iter()
+        .find(|r| crate::host::whose::belongs_to(process, r.pid, None))
+        .or_else(|| {
+            records
+                .iter()
+                .find(|r| crate::host::whose::belongs_to(process, None, container_id(r)))
+        })
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

@@ -1,0 +1,312 @@
+//! The queue under a hostile user (issue 19): a waiter held back by its own limit is in
+//! no one's way, a waiter whose caller went away leaves, and one user's tickets are few.
+
+use super::tests::{id, ledger};
+use super::tests_jobs::{container, count, job};
+use super::*;
+use crate::base::message::one_line;
+use crate::model::limits::Limits;
+use crate::policy::PolicyName;
+use crate::policy::testing::machine;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// A flag a waiter polls as its caller's connection; clear it to hang up.
+fn caller(meta: &mut HolderMeta) -> Arc<AtomicBool> {
+    let open = Arc::new(AtomicBool::new(true));
+    let seen = Arc::clone(&open);
+    meta.still_wanted = Some(StillWanted(Arc::new(move || seen.load(Ordering::SeqCst))));
+    open
+}
+
+/// Tickets in the queue (not the temp files they are written through).
+fn tickets(l: &Ledger) -> usize {
+    l.dir().join("queue").read_dir().map_or(0, |d| {
+        d.filter_map(Result::ok)
+            .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
+            .count()
+    })
+}
+
+#[track_caller]
+fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < Duration::from_secs(30), "gave up: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A waiter in a thread of its own, on the ledger at `dir`.
+fn wait_in_thread(
+    dir: &std::path::Path,
+    name: &'static str,
+    n: u32,
+    meta: HolderMeta,
+    limits: &Limits,
+    wait: Duration,
+) -> std::thread::JoinHandle<Result<Allocation, LedgerError>> {
+    let dir = dir.to_path_buf();
+    let limits = limits.clone();
+    std::thread::spawn(move || {
+        let l = Ledger::open(&dir).unwrap();
+        let inv = machine(4);
+        let m = Machine {
+            limits: Some(&limits),
+            ..Machine::new(&inv, PolicyName::Pack)
+        };
+        l.allocate_waiting(&id(name), &count(n), &m, meta, wait)
+    })
+}
+
+#[test]
+fn a_waiter_held_back_by_its_own_limit_blocks_no_one() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(1),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001, &[]))
+        .unwrap();
+    // Alice at her limit queues for one more, for long: her ticket is parked.
+    let alice = wait_in_thread(
+        l.dir(),
+        "a2",
+        1,
+        job("alice", 1001, &[]),
+        &limits,
+        Duration::from_secs(60),
+    );
+    until("alice is queued", || tickets(&l) == 1);
+    // A container's hook, which does not wait, is not refused "waiting ahead" with 3
+    // GPUs free.
+    let got = l.allocate(&id("hook"), &count(1), &m, container());
+    assert!(got.is_ok(), "{}", one_line(&got.unwrap_err()));
+    // A waiter behind her is served at once, not after her wait.
+    let bob = wait_in_thread(
+        l.dir(),
+        "b1",
+        1,
+        job("bob", 1002, &[]),
+        &limits,
+        Duration::from_secs(5),
+    );
+    let served = bob.join().unwrap();
+    assert!(served.is_ok(), "{}", one_line(&served.unwrap_err()));
+    // Once her own job ends, she is served in turn.
+    l.release(&id("a1")).unwrap();
+    let got = alice.join().unwrap().unwrap();
+    assert_eq!(got.record.id, "a2");
+    assert_eq!(tickets(&l), 0);
+}
+
+#[test]
+fn a_waiter_whose_caller_hung_up_leaves_the_queue() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("all"), &count(4), &m, container()).unwrap();
+    let mut meta = job("alice", 1001, &[]);
+    let open = caller(&mut meta);
+    let waiter = wait_in_thread(
+        l.dir(),
+        "w",
+        1,
+        meta,
+        &Limits::default(),
+        Duration::from_secs(60),
+    );
+    until("the waiter is queued", || tickets(&l) == 1);
+    // The daemon that waits for her is alive; only her connection closed.
+    open.store(false, Ordering::SeqCst);
+    let err = waiter.join().unwrap().unwrap_err();
+    assert_eq!(
+        one_line(&err),
+        "stopped waiting for GPUs for w: the caller closed its connection"
+    );
+    assert_eq!(tickets(&l), 0);
+    // Nothing else waits: a request that does not wait is not refused.
+    l.release(&id("all")).unwrap();
+    l.allocate(&id("next"), &count(1), &m, container()).unwrap();
+}
+
+#[test]
+fn one_user_has_at_most_max_waiting_per_user_tickets() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_waiting_per_user: Some(2),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("all"), &count(4), &m, container()).unwrap();
+    let mut hang_ups = Vec::new();
+    let mut waiters = Vec::new();
+    let mut queue = |name: &'static str, meta: HolderMeta, n: usize| {
+        let mut meta = meta;
+        hang_ups.push(caller(&mut meta));
+        waiters.push(wait_in_thread(
+            l.dir(),
+            name,
+            1,
+            meta,
+            &limits,
+            Duration::from_secs(60),
+        ));
+        until(name, || tickets(&l) == n);
+    };
+    queue("a1", job("alice", 1001, &[]), 1);
+    queue("a2", job("alice", 1001, &[]), 2);
+    let err = l
+        .allocate_waiting(
+            &id("a3"),
+            &count(1),
+            &m,
+            job("alice", 1001, &[]),
+            Duration::from_secs(60),
+        )
+        .unwrap_err();
+    assert_eq!(
+        one_line(&err),
+        "cannot queue a3: alice has 2 requests waiting already; the limit is 2 (limits.max_waiting_per_user)"
+    );
+    assert_eq!(tickets(&l), 2, "nothing queued after a refusal");
+    // Another user, and containers (no user), are not alice's.
+    queue("b1", job("bob", 1002, &[]), 3);
+    queue("c1", container(), 4);
+    for open in &hang_ups {
+        open.store(false, Ordering::SeqCst);
+    }
+    for w in waiters {
+        assert!(w.join().unwrap().is_err());
+    }
+    assert_eq!(tickets(&l), 0);
+}
+
+#[test]
+fn a_later_waiter_does_not_overtake_one_blocked_by_gpus() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("three"), &count(3), &m, container())
+        .unwrap();
+    // Two GPUs wanted, one free: it waits, and is not parked (no limit holds it back).
+    let limits = Limits::default();
+    let mut meta = container();
+    let open = caller(&mut meta);
+    let big = wait_in_thread(l.dir(), "big", 2, meta, &limits, Duration::from_secs(60));
+    until("the big request waits", || tickets(&l) == 1);
+    // One GPU would fit the later request, but the earlier one comes first.
+    let err = l
+        .allocate_waiting(
+            &id("small"),
+            &count(1),
+            &m,
+            container(),
+            Duration::from_millis(600),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::WaitExpired { .. }),
+        "{}",
+        one_line(&err)
+    );
+    assert_eq!(l.records().unwrap().len(), 1, "nothing held after the wait");
+    open.store(false, Ordering::SeqCst);
+    assert!(big.join().unwrap().is_err());
+}
+
+#[test]
+fn the_ticket_of_a_dead_waiter_blocks_no_one() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("all"), &count(4), &m, container()).unwrap();
+    let next = wait_in_thread(
+        l.dir(),
+        "next",
+        1,
+        container(),
+        &Limits::default(),
+        Duration::from_secs(30),
+    );
+    until("the request waits", || tickets(&l) == 1);
+    // A waiter killed while it waited left its ticket, ahead of this one.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id() as i32;
+    gone.wait().unwrap();
+    let ticket = queue::Ticket {
+        seq: 0,
+        id: "killed".into(),
+        pid: dead,
+        start_time: Some(1),
+        queued_at: 0,
+        uid: None,
+        parked: false,
+    };
+    let path = l.dir().join("queue").join(format!("{:020}-killed.json", 0));
+    std::fs::write(&path, serde_json::to_vec(&ticket).unwrap()).unwrap();
+    l.release(&id("all")).unwrap();
+    let got = next.join().unwrap().unwrap();
+    assert_eq!(got.record.id, "next");
+    assert_eq!(tickets(&l), 0, "the dead waiter's ticket is gone");
+}
+
+#[test]
+fn each_ticket_sorts_after_every_earlier_one() {
+    let (_t, l) = ledger();
+    let me = std::process::id() as i32;
+    let _lock = store::lock(l.dir()).unwrap();
+    // Ids in reverse name order: only the seq can put "b" first.
+    let first = queue::enqueue(l.dir(), &id("b"), me, &container(), 4).unwrap();
+    let second = queue::enqueue(l.dir(), &id("a"), me, &container(), 4).unwrap();
+    assert!(second.seq > first.seq, "{} then {}", first.seq, second.seq);
+    let order: Vec<String> = queue::live_tickets(l.dir())
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(order, ["b", "a"]);
+}
+
+#[test]
+fn a_waiter_over_its_limit_is_parked_also_when_no_gpu_is_free() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(1),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001, &[]))
+        .unwrap();
+    l.allocate(&id("rest"), &count(3), &m, container()).unwrap();
+    let mut meta = job("alice", 1001, &[]);
+    let open = caller(&mut meta);
+    let alice = wait_in_thread(l.dir(), "a2", 1, meta, &limits, Duration::from_secs(60));
+    until("alice is queued", || tickets(&l) == 1);
+    // No GPU is free, but her own limit would refuse her anyway: she is in no one's way,
+    // and a request without a wait hears why it cannot have a GPU, not "waiting ahead".
+    let err = l
+        .allocate(&id("hook"), &count(1), &m, container())
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::NotEnoughFree { .. }),
+        "{}",
+        one_line(&err)
+    );
+    open.store(false, Ordering::SeqCst);
+    assert!(alice.join().unwrap().is_err());
+}

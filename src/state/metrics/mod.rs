@@ -1,0 +1,142 @@
+//! `gpupin metrics`: Prometheus exposition text about the GPUs and their holders, the
+//! queue, and counters from the audit log; and with `metrics_file`, the same text
+//! rewritten atomically on every ledger change, for node_exporter's textfile collector
+//! (no daemon needed).
+
+mod counters;
+mod render;
+
+pub use counters::{Counters, update, update_saved};
+pub use render::{Holding, Snapshot, render};
+
+use crate::host::inventory::{self, Inventory, Live};
+use crate::input::config::Config;
+use crate::state::ledger::{Ledger, Record};
+use std::path::{Path, PathBuf};
+
+/// Where the cursor of the counters is kept (`update_saved`), in the state dir.
+pub const CURSOR_FILE: &str = "metrics-cursor.json";
+/// How many audit lines could not be written, in the state dir: the audit log cannot
+/// count its own failures (`gpupin_audit_write_failures_total`).
+pub const AUDIT_FAILURES_FILE: &str = "audit-write-failures";
+
+/// The audit lines that could not be written, as counted in `state_dir`.
+pub fn audit_write_failures(state_dir: &Path) -> u64 {
+    crate::base::safe_open::read_to_string(
+        &state_dir.join(AUDIT_FAILURES_FILE),
+        crate::base::safe_open::Links::Refuse,
+    )
+    .ok()
+    .and_then(|t| t.trim().parse().ok())
+    .unwrap_or(0)
+}
+
+/// Counts one audit line that could not be written. The ledger calls it under its lock,
+/// so that no count is lost to a concurrent one. Best effort: the state dir is a tmpfs
+/// of its own by default, so a full log disk does not stop it.
+pub fn count_audit_write_failure(state_dir: &Path) {
+    let n = audit_write_failures(state_dir) + 1;
+    let path = state_dir.join(AUDIT_FAILURES_FILE);
+    if let Err(error) = crate::base::atomic::replace(
+        &path,
+        format!("{n}\n").as_bytes(),
+        0o644,
+        crate::base::atomic::Durability::Renamed,
+    ) {
+        tracing::warn!(file = ?path, error = %error, "could not count an audit write failure");
+    }
+}
+
+/// What a ledger needs to rewrite the metrics file after a change.
+#[derive(Debug, Clone)]
+pub struct FileSink {
+    pub file: PathBuf,
+    pub config: Config,
+}
+
+/// The holdings of `records`: one per GPU a record holds.
+pub fn holdings(records: &[Record], stale: impl Fn(&Record) -> bool) -> Vec<Holding> {
+    records
+        .iter()
+        .flat_map(|r| {
+            let gone = stale(r);
+            r.gpus.iter().map(move |uuid| Holding {
+                uuid: uuid.clone(),
+                holder: r.id.clone(),
+                kind: r.kind.as_str().to_string(),
+                user: r.owner.as_ref().map(|o| o.user.clone()),
+                engine: r.container.as_ref().and_then(|c| c.engine.clone()),
+                shared: r.mode == crate::state::ledger::Mode::Shared,
+                gone,
+            })
+        })
+        .collect()
+}
+
+/// Everything `render` needs, read now: the ledger's records and queue, the counters, and
+/// live figures where `live` is given.
+pub fn snapshot_text(
+    config: &Config,
+    ledger: &Ledger,
+    inventory: &Inventory,
+    live: Option<&[Live]>,
+    cursor: Option<&Path>,
+) -> Result<String, crate::state::ledger::LedgerError> {
+    let records = ledger.records()?;
+    let waiting = ledger.waiting()?;
+    let mut counters = update_saved(&config.audit, cursor);
+    counters.audit_write_failures = audit_write_failures(&config.state_dir);
+    let now = crate::state::ledger::unix_now();
+    let snapshot = Snapshot {
+        inventory,
+        holdings: holdings(&records, |r| ledger.is_stale(r)),
+        holders: &records,
+        queue_length: waiting.len(),
+        oldest_wait_seconds: waiting
+            .iter()
+            .map(|w| now.saturating_sub(w.queued_at))
+            .max(),
+        counters: &counters,
+        live,
+    };
+    Ok(render(&snapshot))
+}
+
+impl FileSink {
+    /// Rewrites the metrics file. Best effort by design, as the audit log: a metrics file
+    /// must never be the reason a container does not start. Live figures only from a
+    /// `live_file` (NVML would cost every container start a query).
+    pub fn refresh(&self, ledger: &Ledger) {
+        let config = &self.config;
+        let written = inventory::load(&config.inventory, &config.state_dir, &config.nvml)
+            .map_err(|e| crate::base::message::one_line(&e))
+            .and_then(|inventory| {
+                let live = match &config.live_file {
+                    Some(_) => inventory::live::read(
+                        config.live_file.as_deref(),
+                        &inventory,
+                        &config.nvml,
+                        None,
+                    )
+                    .ok()
+                    .flatten(),
+                    None => None,
+                };
+                let cursor = config.state_dir.join(CURSOR_FILE);
+                snapshot_text(config, ledger, &inventory, live.as_deref(), Some(&cursor))
+                    .map_err(|e| crate::base::message::one_line(&e))
+            })
+            .and_then(|text| {
+                crate::base::atomic::replace(
+                    &self.file,
+                    text.as_bytes(),
+                    0o644,
+                    crate::base::atomic::Durability::Renamed,
+                )
+                .map_err(|e| crate::base::message::one_line(&e))
+            });
+        if let Err(error) = written {
+            tracing::warn!(file = ?self.file, error, "could not rewrite the metrics file");
+        }
+    }
+}
