@@ -311,8 +311,9 @@ pub fn inventory_table(inventory: &Inventory) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::holder::{ContainerInfo, HolderKind, Owner};
     use crate::policy::testing::machine;
-    use crate::state::ledger::{ContainerInfo, HolderKind, Mode, Owner, UNBOUND_GRACE};
+    use crate::state::ledger::{Mode, UNBOUND_GRACE};
 
     pub(super) use crate::state::ledger::testing::record;
 

@@ -15,7 +15,8 @@ use crate::admission::edits::{ApplyError, ContainerEdits, EditsError, HookComman
 use crate::admission::grant::{self, GrantError};
 use crate::input::config::Config;
 use crate::input::request::GpuRequest;
-use crate::state::ledger::{ClaimToken, HolderId, HolderMeta, Ledger, LedgerError, Record};
+use crate::model::holder::HolderId;
+use crate::state::ledger::{ClaimToken, HolderMeta, Ledger, LedgerError, Record};
 
 /// One container's admission.
 pub struct Admission<'a> {

@@ -8,8 +8,9 @@ use crate::host::inventory::{self, Inventory, InventoryError, Live};
 use crate::host::whose::{self, Seen};
 use crate::input::config::{Config, Foreign};
 use crate::input::request::{GpuRequest, Share};
+use crate::model::holder::HolderId;
 use crate::state::audit::{Event, EventKind};
-use crate::state::ledger::{HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
+use crate::state::ledger::{HolderMeta, Ledger, LedgerError, Machine, Record};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GrantError {

@@ -132,7 +132,7 @@ fn as_root(
 /// to gpupin meanwhile go to what is left of the job.
 fn wait_until_finished(
     config: &Config,
-    holder: &gpupin::state::ledger::HolderId,
+    holder: &gpupin::model::holder::HolderId,
     job: i32,
     cgroup: Option<&gpupin::host::confine::JobCgroup>,
 ) {

@@ -6,7 +6,7 @@ use gpupin::host::slurm;
 use gpupin::input::config::Config;
 use gpupin::jobs::hold::{self, Hold};
 use gpupin::jobs::serve::{Client, Request};
-use gpupin::state::ledger::HolderId;
+use gpupin::model::holder::HolderId;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]

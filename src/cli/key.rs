@@ -5,7 +5,8 @@
 
 use gpupin::input::config::Config;
 use gpupin::jobs::serve::{Client, Request};
-use gpupin::state::ledger::{HolderId, Ledger};
+use gpupin::model::holder::HolderId;
+use gpupin::state::ledger::Ledger;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]

@@ -6,7 +6,7 @@
 
 use crate::base::safe_open::{self, Links};
 use crate::input::request::{self, GpuRequest, Origin, RequestError, Selection};
-use crate::state::ledger::ContainerInfo;
+use crate::model::holder::ContainerInfo;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::HashMap;

@@ -5,7 +5,7 @@
 //! its author partly writes: it is kept short and on one line (`clean`), and it only
 //! labels a holder in `gpupin status` and the audit log; nothing is decided by it.
 
-use crate::state::ledger::ContainerInfo;
+use crate::model::holder::ContainerInfo;
 use std::collections::HashMap;
 use std::path::Path;
 

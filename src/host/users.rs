@@ -3,7 +3,7 @@
 //! linked `gpupin` uses this: NSS modules are loaded at run time, which a static binary
 //! must not do.
 
-use crate::state::ledger::Owner;
+use crate::model::holder::Owner;
 use nix::unistd::{Gid, Group, Uid, User};
 use std::ffi::CString;
 

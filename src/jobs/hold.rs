@@ -6,7 +6,8 @@ use crate::admission::grant::{self, GrantError};
 use crate::host::inventory::Inventory;
 use crate::input::config::Config;
 use crate::input::request::{GpuRequest, Origin, Selection};
-use crate::state::ledger::{HolderId, HolderKind, HolderMeta, Owner, Record};
+use crate::model::holder::{HolderId, HolderKind, Owner};
+use crate::state::ledger::{HolderMeta, Record};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HoldError {

@@ -3,7 +3,8 @@
 //! its age; and the same as JSON.
 
 use super::table::Cell;
-use crate::state::ledger::{HolderKind, Mode, Record};
+use crate::model::holder::HolderKind;
+use crate::state::ledger::{Mode, Record};
 use serde_json::{Value, json};
 use std::time::{Duration, SystemTime};
 

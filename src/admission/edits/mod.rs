@@ -165,8 +165,8 @@ pub fn refuse_reserved(annotations: &HashMap<String, String>) -> Result<(), Edit
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::holder::HolderId;
     use crate::policy::testing::machine;
-    use crate::state::ledger::HolderId;
 
     fn record(gpus: &[&str]) -> Record {
         Record {

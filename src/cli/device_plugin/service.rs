@@ -7,7 +7,8 @@ use gpupin::input::config::Config;
 use gpupin::jobs::kube::allocate::Granted;
 use gpupin::jobs::kube::devices::DeviceState;
 use gpupin::jobs::kube::{self, KubeError, prefer};
-use gpupin::state::ledger::{HolderId, Ledger};
+use gpupin::model::holder::HolderId;
+use gpupin::state::ledger::Ledger;
 use gpupin_kubelet_api::deviceplugin::device_plugin_server::DevicePlugin;
 use gpupin_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,

@@ -15,9 +15,8 @@ use crate::engines::engine;
 use crate::host::inventory::InventoryError;
 use crate::input::config::{Config, ConfigError};
 use crate::input::request::{self, GpuRequest, RequestError};
-use crate::state::ledger::{
-    BadHolderId, ClaimError, ClaimToken, ContainerInfo, HolderId, Ledger, LedgerError, Record,
-};
+use crate::model::holder::{BadHolderId, ContainerInfo, HolderId};
+use crate::state::ledger::{ClaimError, ClaimToken, Ledger, LedgerError, Record};
 use oci_spec::runtime::State;
 use serde_json::Value;
 use std::collections::HashMap;

@@ -9,7 +9,8 @@ use crate::admission::edits::inject::{self, Target};
 use crate::admission::spec;
 use crate::input::config::Config;
 use crate::input::request::{GpuRequest, Origin, Selection};
-use crate::state::ledger::{ContainerInfo, HolderId, HolderMeta};
+use crate::model::holder::{ContainerInfo, HolderId};
+use crate::state::ledger::HolderMeta;
 use serde_json::Value;
 use std::path::Path;
 

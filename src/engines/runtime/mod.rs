@@ -13,7 +13,8 @@ use crate::engines::docker::DockerError;
 use crate::host::inventory::InventoryError;
 use crate::input::config::{Config, ConfigError};
 use crate::input::request::RequestError;
-use crate::state::ledger::{BadHolderId, LedgerError};
+use crate::model::holder::BadHolderId;
+use crate::state::ledger::LedgerError;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@ pub mod gres;
 mod hostlist;
 
 use crate::base::safe_open::{self, Links};
-use crate::state::ledger::HolderId;
+use crate::model::holder::HolderId;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 

@@ -5,8 +5,9 @@
 
 pub mod pod;
 
+use crate::model::holder::HolderId;
 use crate::policy::PolicyName;
-use crate::state::ledger::{HolderId, WithinKey};
+use crate::state::ledger::WithinKey;
 use std::collections::HashMap;
 use std::time::Duration;
 

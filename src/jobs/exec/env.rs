@@ -38,9 +38,10 @@ pub fn job_env(inventory: &Inventory, record: &Record, ids: CudaIds) -> Vec<(Str
 mod tests {
     use super::*;
     use crate::input::request::{GpuRequest, Origin, Selection};
+    use crate::model::holder::HolderId;
     use crate::policy::PolicyName;
     use crate::policy::testing::machine;
-    use crate::state::ledger::{HolderId, HolderMeta, Ledger, Machine};
+    use crate::state::ledger::{HolderMeta, Ledger, Machine};
 
     #[test]
     fn indices_in_bus_order_or_uuids() {

@@ -7,7 +7,8 @@ use crate::host::confine::{self, ConfineError, DeviceRules, JobCgroup, Leftovers
 use crate::host::inventory::Inventory;
 use crate::input::config::Config;
 use crate::input::request::GpuRequest;
-use crate::state::ledger::{HolderId, Ledger, LedgerError, Owner, Record, StillWanted};
+use crate::model::holder::{HolderId, Owner};
+use crate::state::ledger::{Ledger, LedgerError, Record, StillWanted};
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
@@ -190,9 +191,10 @@ pub fn abandon(config: &Config, grant: &JobGrant) {
 mod tests {
     use super::*;
     use crate::input::request::{Origin, Selection};
+    use crate::model::holder::HolderKind;
     use crate::policy::PolicyName;
     use crate::policy::testing::machine;
-    use crate::state::ledger::{HolderKind, HolderMeta, Machine};
+    use crate::state::ledger::{HolderMeta, Machine};
     use std::path::{Path, PathBuf};
 
     fn config(tmp: &Path, leftovers: Leftovers) -> Config {

@@ -22,7 +22,8 @@ use crate::admission::grant::{self, GrantError};
 use crate::host::inventory::Inventory;
 use crate::input::config::Config;
 use crate::input::request::{self, GpuRequest, Origin, RequestError};
-use crate::state::ledger::{HolderId, HolderKind, HolderMeta, Owner, Record, StillWanted};
+use crate::model::holder::{HolderId, HolderKind, Owner};
+use crate::state::ledger::{HolderMeta, Record, StillWanted};
 
 /// Allocates `request` for a job of `owner`'s, recorded under `pid` (the process that
 /// asks, until the job it starts takes the record over with `Ledger::adopt`). Limits apply
@@ -67,7 +68,7 @@ pub enum JobRequestError {
     #[error("give --count, --devices or --within")]
     Nothing,
     #[error(transparent)]
-    Id(#[from] crate::state::ledger::BadHolderId),
+    Id(#[from] crate::model::holder::BadHolderId),
 }
 
 /// A job's request, from `gpupin exec`'s options as annotation-named pairs, and its holder

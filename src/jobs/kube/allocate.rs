@@ -22,7 +22,8 @@ use crate::admission::grant;
 use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::config::Config;
 use crate::input::request::{GpuRequest, Origin, Selection};
-use crate::state::ledger::{ContainerInfo, HolderId, HolderKind, HolderMeta, Ledger};
+use crate::model::holder::{ContainerInfo, HolderId, HolderKind};
+use crate::state::ledger::{HolderMeta, Ledger};
 use sha2::{Digest, Sha256};
 
 /// The annotation and env that nest a container's own request in the plugin's holder.

@@ -14,7 +14,9 @@ pub mod devices;
 pub mod prefer;
 pub mod reconcile;
 
-use crate::state::ledger::{HolderKind, Record};
+use crate::state::ledger::Record;
+
+use crate::model::holder::HolderKind;
 
 /// The resource pods ask for unless `--resource-name` says otherwise.
 pub const DEFAULT_RESOURCE: &str = "gpupin.io/gpu";
@@ -91,7 +93,8 @@ fn known_uuids(inventory: &crate::host::inventory::Inventory) -> String {
 #[cfg(test)]
 pub(crate) mod testing {
     use crate::input::request::{GpuRequest, Origin, Selection};
-    use crate::state::ledger::{HolderKind, Record};
+    use crate::model::holder::HolderKind;
+    use crate::state::ledger::Record;
 
     /// A live record of `id` holding `gpus`, of the plugin when `id` starts with `k8s-`.
     pub fn record(id: &str, gpus: &[&str]) -> Record {

@@ -8,7 +8,8 @@
 //! nothing (the caller does not get here).
 
 use super::is_plugin_holder;
-use crate::state::ledger::{HolderId, Ledger, LedgerError, Record};
+use crate::model::holder::HolderId;
+use crate::state::ledger::{Ledger, LedgerError, Record};
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 

@@ -8,7 +8,7 @@ use super::peer::Pinned;
 use crate::host::confine::JobCgroup;
 use crate::input::config::Config;
 use crate::jobs::exec;
-use crate::state::ledger::HolderId;
+use crate::model::holder::HolderId;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
@@ -335,8 +335,9 @@ fn release(config: &Config, pid: i32, holding: Holding) -> Option<Pending> {
 mod tests {
     use super::*;
     use crate::input::request::{GpuRequest, Origin, Selection};
+    use crate::model::holder::HolderKind;
     use crate::policy::PolicyName;
-    use crate::state::ledger::{HolderKind, HolderMeta, Ledger, Machine};
+    use crate::state::ledger::{HolderMeta, Ledger, Machine};
 
     fn sleeper() -> std::process::Child {
         std::process::Command::new("sleep")

@@ -21,7 +21,8 @@ pub use write::{
 };
 
 use crate::input::request::{GpuRequest, Selection};
-use crate::state::ledger::{ContainerInfo, HolderKind, Owner, Record};
+use crate::model::holder::{ContainerInfo, HolderKind, Owner};
+use crate::state::ledger::Record;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

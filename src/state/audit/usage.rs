@@ -289,8 +289,8 @@ fn unix(time: SystemTime) -> u64 {
 mod tests {
     use super::*;
     use crate::input::request::{GpuRequest, Origin, Selection};
+    use crate::model::holder::{ContainerInfo, Owner};
     use crate::state::audit::GpuRef;
-    use crate::state::ledger::{ContainerInfo, Owner};
     use std::time::Duration;
 
     const HOUR: u64 = 3600;

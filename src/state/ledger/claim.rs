@@ -5,7 +5,7 @@
 //! the record files), the secret never leaves the spec, so no container can bind a claim
 //! that was not made for it by writing annotations of its own.
 
-use super::holder::HolderId;
+use crate::model::holder::HolderId;
 use sha2::{Digest, Sha256};
 use std::fmt;
 

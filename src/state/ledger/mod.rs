@@ -5,7 +5,6 @@ mod allocate;
 mod bind;
 mod claim;
 mod entry;
-mod holder;
 mod job;
 mod limit;
 mod queue;
@@ -19,11 +18,9 @@ mod within;
 pub use allocate::{Allocation, Machine, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
 pub use entry::release_arg;
-pub use holder::{BadHolderId, HolderId};
 pub use queue::Waiting;
 pub use record::{
-    ContainerInfo, HolderKind, HolderMeta, Mode, Owner, Record, StillWanted, UNBOUND_GRACE,
-    holder_of, holders_of, unix_now,
+    HolderMeta, Mode, Record, StillWanted, UNBOUND_GRACE, holder_of, holders_of, unix_now,
 };
 pub use survey::Survey;
 pub use within::{SECRET_FILE as WITHIN_SECRET_FILE, WithinKey};
@@ -31,6 +28,7 @@ pub use within::{SECRET_FILE as WITHIN_SECRET_FILE, WithinKey};
 use crate::base::safe_open::Links;
 use crate::input::config::Config;
 use crate::input::request::{GpuRequest, Share};
+use crate::model::holder::{BadHolderId, HolderId, HolderKind};
 use crate::state::audit::{AuditFailure, AuditLog, Event, EventKind};
 use entry::Entry;
 use std::ffi::OsStr;
@@ -197,7 +195,7 @@ fn reserved_for_gpupin(holder: &HolderId, meta: &HolderMeta) -> Result<(), Ledge
         return Ok(());
     }
     let id = holder.as_str();
-    let Some(prefix) = holder::RESERVED_PREFIXES
+    let Some(prefix) = crate::model::holder::RESERVED_PREFIXES
         .iter()
         .find(|p| id.starts_with(*p))
     else {

@@ -2,6 +2,7 @@
 
 use crate::base::procinfo;
 use crate::input::request::GpuRequest;
+use crate::model::holder::{ContainerInfo, HolderKind, Owner};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,51 +16,6 @@ pub enum Mode {
     Exclusive,
     /// With other shared holders, each with its reservation (`request.reserve`).
     Shared,
-}
-
-/// What kind of holder a record is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HolderKind {
-    #[default]
-    Container,
-    /// A process `gpupin exec` started.
-    Exec,
-    /// GPUs set aside by `gpupin hold`, with or without a process.
-    Hold,
-}
-
-impl HolderKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HolderKind::Container => "container",
-            HolderKind::Exec => "exec",
-            HolderKind::Hold => "hold",
-        }
-    }
-}
-
-/// The person a holder belongs to: whoever ran `gpupin exec`, or the user a hold was made
-/// for. Containers have none: engines do not say who asked for them.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Owner {
-    pub uid: u32,
-    pub user: String,
-    /// The user's groups when the record was made, for the group limits.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub groups: Vec<String>,
-}
-
-/// What the engine tells about a container; each part only where it is known.
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct ContainerInfo {
-    /// docker, podman, containerd, runc.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

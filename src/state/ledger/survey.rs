@@ -107,8 +107,9 @@ fn dead_temps(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
 mod tests {
     use super::*;
     use crate::input::request::{GpuRequest, Origin, Selection};
+    use crate::model::holder::HolderId;
     use crate::policy::{PolicyName, testing::machine};
-    use crate::state::ledger::{HolderId, HolderMeta, Machine};
+    use crate::state::ledger::{HolderMeta, Machine};
     use std::collections::BTreeMap;
 
     fn allocate(ledger: &Ledger, id: &str, pid: i32) {

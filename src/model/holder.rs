@@ -1,5 +1,7 @@
-//! Holder ids: container ids and exec'd processes become file names in the ledger, so they
-//! are validated before they touch the filesystem.
+//! Who holds GPUs: a holder's id (container ids and exec'd processes become file names in
+//! the ledger, so they are validated before they touch the filesystem), its kind, the
+//! person it belongs to and what an engine told about a container. Plain data that the
+//! ledger stores and every layer above it names.
 
 use std::fmt;
 
@@ -50,6 +52,51 @@ impl fmt::Display for HolderId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// What kind of holder a record is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HolderKind {
+    #[default]
+    Container,
+    /// A process `gpupin exec` started.
+    Exec,
+    /// GPUs set aside by `gpupin hold`, with or without a process.
+    Hold,
+}
+
+impl HolderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HolderKind::Container => "container",
+            HolderKind::Exec => "exec",
+            HolderKind::Hold => "hold",
+        }
+    }
+}
+
+/// The person a holder belongs to: whoever ran `gpupin exec`, or the user a hold was made
+/// for. Containers have none: engines do not say who asked for them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub user: String,
+    /// The user's groups when the record was made, for the group limits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+}
+
+/// What the engine tells about a container; each part only where it is known.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ContainerInfo {
+    /// docker, podman, containerd, runc.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 #[cfg(test)]
