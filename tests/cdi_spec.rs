@@ -3,9 +3,11 @@
 //! the chosen GPU its own entry, the common edits, and nothing of the other GPUs. The
 //! end-to-end suites (cdi_podman, cdi_docker) build on both.
 
-use gpupin::admission::driver::{self, Driver};
+use gpupin::admission::driver;
+
 use gpupin::admission::edits::ContainerEdits;
 use gpupin::host::inventory::{self, InventorySource, NvmlAccess};
+use gpupin::input::config::Driver;
 use gpupin_sandbox::harness::driver::{DRIVER_VERSION, DriverRoot, FakeGpu, driver_files};
 use gpupin_sandbox::harness::{self, GPU_MAJOR};
 use std::path::Path;

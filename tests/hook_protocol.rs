@@ -6,7 +6,8 @@
 use gpupin::admission::admit::{self, Admission};
 use gpupin::input::config::Config;
 use gpupin::input::request;
-use gpupin::state::ledger::{HolderId, HolderMeta};
+use gpupin::model::holder::HolderId;
+use gpupin::state::ledger::HolderMeta;
 use gpupin_sandbox::harness::{Gpupin, Sleeper, stderr};
 use serde_json::json;
 use std::path::Path;

@@ -176,7 +176,7 @@ mod tests {
             state_dir: state_dir.to_path_buf(),
             inventory: "sim:nvswitch8".parse().unwrap(),
             // Not /var/log: audit_failure = "refuse" would refuse a user who cannot write it.
-            audit: crate::state::audit::AuditLog::at(state_dir.join("audit.log")),
+            audit: crate::input::config::AuditLog::at(state_dir.join("audit.log")),
             ..Config::default()
         }
     }
@@ -373,7 +373,7 @@ mod tests {
     fn driver_cdi_refuses_the_prestart_path_before_holding_anything() {
         let tmp = tempfile::tempdir().unwrap();
         let config = Config {
-            driver: crate::admission::driver::Driver::Cdi,
+            driver: crate::input::config::Driver::Cdi,
             ..config(&tmp.path().join("state"))
         };
         let holder = HolderId::new("c1").unwrap();

@@ -190,11 +190,11 @@ fn config(setup: &Setup) -> Finding {
     )
 }
 
-fn driver_name(driver: crate::admission::driver::Driver) -> &'static str {
+fn driver_name(driver: crate::input::config::Driver) -> &'static str {
     match driver {
-        crate::admission::driver::Driver::Auto => "auto",
-        crate::admission::driver::Driver::Cdi => "cdi",
-        crate::admission::driver::Driver::None => "none",
+        crate::input::config::Driver::Auto => "auto",
+        crate::input::config::Driver::Cdi => "cdi",
+        crate::input::config::Driver::None => "none",
     }
 }
 

@@ -3,10 +3,11 @@
 //! inventory's GPUs, fails container starts the same way `driver::add_for_spec` would.
 
 use super::{Finding, Setup};
-use crate::admission::driver::{self, Driver, cdi};
+use crate::admission::driver::{self, cdi};
 use crate::admission::edits::ContainerEdits;
 use crate::base::message::one_line;
 use crate::host::inventory::{Inventory, InventorySource};
+use crate::input::config::Driver;
 use std::path::Path;
 
 const CHECK: &str = "toolkit";

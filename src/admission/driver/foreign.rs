@@ -18,6 +18,7 @@
 //! process needs them and they give no GPU. Non-NVIDIA devices are never touched.
 
 use crate::host::inventory::{DeviceNode, Inventory};
+use crate::input::config::Unrequested;
 use crate::input::request::{GpuRequest, Origin, Selection};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
@@ -32,49 +33,6 @@ const CDI_GPU_PREFIX: &str = "nvidia.com/gpu=";
 /// NVIDIA's runtime reads a bind of `/dev/null` under this folder as a device request
 /// (`accept-nvidia-visible-devices-as-volume-mounts`); the rest of the path names it.
 const VOLUME_MOUNT_PREFIX: &str = "/var/run/nvidia-container-devices/";
-
-/// What to do with NVIDIA's own request (`NVIDIA_VISIBLE_DEVICES=all` or a list, a
-/// `cdi.k8s.io` annotation, a volume-mount request) in a container that asks gpupin for
-/// nothing: the config key `unrequested`.
-///
-/// The default is `Strip`. The `nvidia/cuda` images set `NVIDIA_VISIBLE_DEVICES=all` in
-/// their env, so every container built on them asks NVIDIA's stack for every GPU whether
-/// its user meant it or not. `Pass` lets such a container take every GPU unrecorded under
-/// NVIDIA's runtime, beside the containers gpupin pinned; `Request` would hold every GPU
-/// of the machine for it, exclusively, and so refuse it (or block everyone else) on a
-/// shared machine. `Strip` gives it no GPU and holds nothing: a container gets GPUs by
-/// asking gpupin, and a container that did not ask runs as it would on a machine without
-/// GPUs. Device nodes already in the spec are not covered by this key: they always become
-/// a gpupin request (`request`), since leaving them would hand out GPUs unrecorded and
-/// stripping them would silently undo what the user asked their engine for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Unrequested {
-    /// A gpupin request: a list asks for that many GPUs (gpupin picks which), `all` for
-    /// every GPU of the machine.
-    Request,
-    /// `NVIDIA_VISIBLE_DEVICES=void`, and NVIDIA's annotations and volume-mount requests
-    /// removed: no GPU, nothing held.
-    #[default]
-    Strip,
-    /// Left as it came (gpupin before this key existed).
-    Pass,
-}
-
-impl Unrequested {
-    pub const EXPECTED: &'static str = "expected request, strip or pass";
-}
-
-impl std::str::FromStr for Unrequested {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        match s {
-            "request" => Ok(Unrequested::Request),
-            "strip" => Ok(Unrequested::Strip),
-            "pass" => Ok(Unrequested::Pass),
-            _ => Err(()),
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForeignError {

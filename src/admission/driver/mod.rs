@@ -16,39 +16,8 @@ pub use select::{CdiEdits, SelectError};
 
 use crate::admission::edits::ContainerEdits;
 use crate::host::inventory::Inventory;
+use crate::input::config::Driver;
 use std::path::PathBuf;
-
-/// Where CDI specs are looked for unless the config says otherwise; a later dir wins.
-pub const DEFAULT_CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
-
-/// The config's `driver` key: how a container gets the driver's files.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Driver {
-    /// CDI where an `nvidia.com/gpu` spec is found; otherwise the container starts
-    /// without the driver's files, and the log says so.
-    #[default]
-    Auto,
-    /// CDI, or a refusal: a container must not start without its driver.
-    Cdi,
-    /// gpupin gives devices only (another component supplies the driver).
-    None,
-}
-
-impl Driver {
-    pub const EXPECTED: &str = "expected one of auto, cdi, none";
-}
-
-impl std::str::FromStr for Driver {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        match s {
-            "auto" => Ok(Driver::Auto),
-            "cdi" => Ok(Driver::Cdi),
-            "none" => Ok(Driver::None),
-            _ => Err(()),
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {

@@ -432,7 +432,7 @@ pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::driver::foreign::Unrequested;
+    use crate::input::config::Unrequested;
 
     /// A bundle dir with a config.json whose env is `env`.
     fn bundle(env: &[&str]) -> tempfile::TempDir {

@@ -6,10 +6,11 @@
 
 use super::{HookError, Outcome, contains};
 use crate::admission::admit::{self, Admission, Claim};
-use crate::admission::driver::foreign::{self, GpuNumbers, Unrequested};
+use crate::admission::driver::foreign::{self, GpuNumbers};
 use crate::admission::edits::{self, ApplyError, HookCommand};
 use crate::admission::spec;
 use crate::engines::engine;
+use crate::input::config::Unrequested;
 use crate::input::config::{Config, ConfigError};
 use crate::input::request::{self, ERROR_ANNOTATION, GpuRequest};
 use crate::state::ledger::{ClaimToken, HolderMeta};
@@ -224,7 +225,7 @@ mod tests {
             state_dir: state_dir.to_path_buf(),
             inventory: "sim:nvswitch8".parse().unwrap(),
             // Not /var/log: audit_failure = "refuse" would refuse a user who cannot write it.
-            audit: crate::state::audit::AuditLog::at(state_dir.join("audit.log")),
+            audit: crate::input::config::AuditLog::at(state_dir.join("audit.log")),
             ..Config::default()
         }
     }

@@ -4,10 +4,11 @@
 
 use super::{HookError, Outcome};
 use crate::admission::admit::{self, Admission};
-use crate::admission::driver::foreign::{self, GpuNumbers, Unrequested};
+use crate::admission::driver::foreign::{self, GpuNumbers};
 use crate::admission::edits::inject::{self, Target};
 use crate::admission::spec;
 use crate::input::config::Config;
+use crate::input::config::Unrequested;
 use crate::input::request::{GpuRequest, Origin, Selection};
 use crate::model::holder::{ContainerInfo, HolderId};
 use crate::state::ledger::HolderMeta;

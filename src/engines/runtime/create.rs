@@ -2,12 +2,13 @@
 
 use super::ShimError;
 use crate::admission::admit::{self, Admission, Claim};
-use crate::admission::driver::foreign::{self, GpuNumbers, Unrequested};
+use crate::admission::driver::foreign::{self, GpuNumbers};
 use crate::admission::edits::{self, HookCommand};
 use crate::admission::spec;
 use crate::engines::docker::{self, DockerContainer};
 use crate::engines::engine;
 use crate::input::config::Config;
+use crate::input::config::Unrequested;
 use crate::input::request::{self, GpuRequest};
 use crate::model::holder::{ContainerInfo, HolderId};
 use crate::state::ledger::{ClaimToken, HolderMeta, Record};
@@ -196,7 +197,7 @@ mod tests {
             inventory: "sim:nvswitch8".parse().unwrap(),
             unrequested,
             // Not /var/log: audit_failure = "refuse" would refuse a user who cannot write it.
-            audit: crate::state::audit::AuditLog::at(root.join("audit.log")),
+            audit: crate::input::config::AuditLog::at(root.join("audit.log")),
             ..Config::default()
         };
         Setup {

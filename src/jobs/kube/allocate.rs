@@ -16,11 +16,11 @@
 //!   these GPUs, nested in the holder, and no others.
 
 use super::{ENGINE, HOLDER_PREFIX, KubeError, SOURCE, is_plugin_holder, known_uuids};
-use crate::admission::driver::Driver;
 use crate::admission::edits::VISIBLE_DEVICES;
 use crate::admission::grant;
 use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::config::Config;
+use crate::input::config::Driver;
 use crate::input::request::{GpuRequest, Origin, Selection};
 use crate::model::holder::{ContainerInfo, HolderId, HolderKind};
 use crate::state::ledger::{HolderMeta, Ledger};
@@ -151,7 +151,7 @@ mod tests {
         Config {
             state_dir: dir.join("state"),
             inventory: "sim:nvswitch8".parse().unwrap(),
-            audit: crate::state::audit::AuditLog::at(dir.join("audit.log")),
+            audit: crate::input::config::AuditLog::at(dir.join("audit.log")),
             ..Config::default()
         }
     }

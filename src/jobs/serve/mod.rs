@@ -8,7 +8,6 @@ pub mod listen;
 pub mod peer;
 pub mod protocol;
 pub mod server;
-pub mod settings;
 mod watch;
 
 pub use client::{Client, ClientError};

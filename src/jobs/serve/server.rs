@@ -15,12 +15,12 @@
 
 use super::peer::{self, Peer, Pinned};
 use super::protocol::{self, Reply, Request};
-use super::settings::ServeSettings;
 use super::watch::Watcher;
 use crate::base::message::one_line;
 use crate::host::confine::JobCgroup;
 use crate::host::users;
 use crate::input::config::Config;
+use crate::input::config::ServeSettings;
 use crate::jobs::exec::{self, JobGrant};
 use crate::jobs::hold::{self, Hold};
 use crate::model::holder::HolderId;

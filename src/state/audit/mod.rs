@@ -15,10 +15,7 @@ pub use filter::{BadValue, Filter, GpuSelector, When, parse_time, parse_user};
 pub use read::{Entry, Events, ReadError};
 pub use show::{log_table, usage_json, usage_table};
 pub use usage::{By, Usage, UsageRow, usage};
-pub use write::{
-    AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES,
-    REFUSALS_PER_MINUTE, WriteError,
-};
+pub use write::{REFUSALS_PER_MINUTE, WriteError};
 
 use crate::input::request::{GpuRequest, Selection};
 use crate::model::holder::{ContainerInfo, HolderKind, Owner};

@@ -5,8 +5,9 @@
 //! a FIFO). A line that does not parse is skipped and counted, not fatal: one torn or
 //! foreign line must not hide the rest of the machine's history.
 
-use super::{AuditLog, Event};
+use super::Event;
 use crate::base::safe_open::{self, Links};
+use crate::input::config::AuditLog;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};

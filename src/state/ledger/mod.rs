@@ -27,9 +27,10 @@ pub use within::{SECRET_FILE as WITHIN_SECRET_FILE, WithinKey};
 
 use crate::base::safe_open::Links;
 use crate::input::config::Config;
+use crate::input::config::{AuditFailure, AuditLog};
 use crate::input::request::{GpuRequest, Share};
 use crate::model::holder::{BadHolderId, HolderId, HolderKind};
-use crate::state::audit::{AuditFailure, AuditLog, Event, EventKind};
+use crate::state::audit::{Event, EventKind};
 use entry::Entry;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

@@ -778,8 +778,8 @@ fn an_audit_log_symlink_is_not_followed() {
     );
     assert!(l.records().unwrap().is_empty());
     // "warn": the allocation goes on.
-    let mut audit = crate::state::audit::AuditLog::at(l.dir().join("audit.log"));
-    audit.on_failure = crate::state::audit::AuditFailure::Warn;
+    let mut audit = crate::input::config::AuditLog::at(l.dir().join("audit.log"));
+    audit.on_failure = crate::input::config::AuditFailure::Warn;
     let l = l.with_audit(audit);
     alloc(&l, "a").unwrap();
     l.release(&id("a")).unwrap();

@@ -4,7 +4,8 @@
 //! how far) and only new lines are read each time.
 
 use crate::base::safe_open::{self, Links};
-use crate::state::audit::{AuditLog, Event, EventKind};
+use crate::input::config::AuditLog;
+use crate::state::audit::{Event, EventKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};

@@ -1,15 +1,20 @@
 //! gpupin's configuration: `--config FILE`, else `$GPUPIN_CONFIG`, else
 //! /etc/gpupin/config.toml; a missing default file means defaults.
 
-use crate::admission::driver::foreign::Unrequested;
-use crate::admission::driver::{DEFAULT_CDI_SPEC_DIRS, Driver};
+pub mod audit_log;
+pub mod driver;
+pub mod serve;
+
+pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
+pub use driver::{DEFAULT_CDI_SPEC_DIRS, Driver, Unrequested};
+pub use serve::ServeSettings;
+
 use crate::base::log::Level;
 use crate::base::safe_open::{self, Links};
 use crate::host::confine::Confine;
 use crate::host::inventory::{InventorySource, NvmlAccess};
 use crate::model::limits::Limits;
 use crate::policy::PolicyName;
-use crate::state::audit::AuditLog;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -80,7 +85,7 @@ pub struct Config {
     /// How long an NVML snapshot of the live figures serves further allocations.
     pub live_cache: Duration,
     /// `gpupin serve`'s bounds (`[serve]`).
-    pub serve: crate::jobs::serve::settings::ServeSettings,
+    pub serve: serve::ServeSettings,
 }
 
 /// What allocation makes of a process on a GPU that no holder owns (one started
@@ -133,7 +138,7 @@ impl Default for Config {
             nvml: NvmlAccess::InProcess,
             driver: Driver::default(),
             cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
-            audit: AuditLog::at(crate::state::audit::DEFAULT_AUDIT_LOG),
+            audit: AuditLog::at(audit_log::DEFAULT_AUDIT_LOG),
             limits: Limits::default(),
             socket: None,
             socket_group: None,
@@ -178,7 +183,7 @@ struct ConfigFile {
     slurm_containers: Option<bool>,
     foreign: Option<String>,
     live_cache: Option<String>,
-    serve: Option<crate::jobs::serve::settings::ServeFile>,
+    serve: Option<serve::ServeFile>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -311,7 +316,7 @@ impl Config {
             config.audit.keep = keep;
         }
         if let Some(failure) = file.audit_failure {
-            config.audit.on_failure = crate::state::audit::AuditFailure::parse(&failure).ok_or_else(|| {
+            config.audit.on_failure = audit_log::AuditFailure::parse(&failure).ok_or_else(|| {
                 invalid(format!(
                     "audit_failure {failure:?}: expected \"refuse\" (an allocation whose audit line cannot be written is undone) or \"warn\" (it goes on)"
                 ))
@@ -640,15 +645,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.audit.path, PathBuf::from("/etc/gpupin/audit/audit.log"));
         assert_eq!((c.audit.max_bytes, c.audit.keep), (1 << 20, 2));
-        assert_eq!(
-            c.audit.on_failure,
-            crate::state::audit::AuditFailure::Refuse
-        );
+        assert_eq!(c.audit.on_failure, audit_log::AuditFailure::Refuse);
         let warn = parse("audit_failure = \"warn\"\n").unwrap();
-        assert_eq!(
-            warn.audit.on_failure,
-            crate::state::audit::AuditFailure::Warn
-        );
+        assert_eq!(warn.audit.on_failure, audit_log::AuditFailure::Warn);
         assert_eq!(c.confine, Confine::V2);
         assert_eq!(c.socket_group.as_deref(), Some("gpu"));
         assert_eq!(c.socket_path(), PathBuf::from("/run/gpupin/gpupin.sock"));
