@@ -154,7 +154,7 @@ fn in_slurm_job(config: &Config, request: &GpuRequest, job: Option<&HolderId>) -
 /// Releases `holder` after `error`; an error of the release itself joins the first.
 fn undo(config: &Config, holder: &HolderId, error: AdmitError) -> AdmitError {
     tracing::debug!(holder = %holder, error = %crate::base::message::one_line(&error), "undoing the allocation");
-    let released = Ledger::for_config(config).and_then(|ledger| ledger.release(holder));
+    let released = crate::state::open_ledger(config).and_then(|ledger| ledger.release(holder));
     match released {
         Ok(_) => error,
         Err(undo) => AdmitError::Undo {
@@ -208,7 +208,7 @@ mod tests {
             ..config(&tmp.path().join("state"))
         };
         let (holder, mut request) = in_job_42(&config);
-        let ledger = Ledger::for_config(&config).unwrap();
+        let ledger = crate::state::open_ledger(&config).unwrap();
         let (_, key) = ledger
             .key(&HolderId::new("slurm-42").unwrap())
             .unwrap()
@@ -243,7 +243,7 @@ mod tests {
             text.starts_with("cannot allocate for c1: taking GPUs from slurm-42 needs its key"),
             "{text}"
         );
-        let ledger = Ledger::for_config(&config).unwrap();
+        let ledger = crate::state::open_ledger(&config).unwrap();
         let ids: Vec<String> = ledger
             .records()
             .unwrap()
@@ -296,7 +296,7 @@ mod tests {
         .unwrap();
         assert_eq!(record.gpus.len(), 2);
         assert_eq!(nodes, 2 + 3, "two GPU nodes and three control nodes");
-        let ledger = Ledger::for_config(&config).unwrap();
+        let ledger = crate::state::open_ledger(&config).unwrap();
         assert_eq!(ledger.records().unwrap(), [record]);
     }
 
@@ -317,7 +317,7 @@ mod tests {
             text,
             "giving container c1 its GPUs: a cpuset can only be given by editing the spec before create"
         );
-        let ledger = Ledger::for_config(&config).unwrap();
+        let ledger = crate::state::open_ledger(&config).unwrap();
         assert!(ledger.records().unwrap().is_empty());
     }
 
@@ -365,7 +365,7 @@ mod tests {
         let err = admit(&config, claimed(&c2), |_| Ok(())).unwrap_err();
         let text = crate::base::message::one_line(&err);
         assert!(text.starts_with("no entry for GPU 1 ("), "{text}");
-        let ledger = Ledger::for_config(&config).unwrap();
+        let ledger = crate::state::open_ledger(&config).unwrap();
         assert_eq!(ledger.records().unwrap(), [record], "c2 holds nothing");
     }
 

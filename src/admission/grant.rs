@@ -10,7 +10,7 @@ use crate::input::config::{Config, Foreign};
 use crate::input::request::{GpuRequest, Share};
 use crate::model::holder::HolderId;
 use crate::state::audit::{Event, EventKind};
-use crate::state::ledger::{HolderMeta, Ledger, LedgerError, Machine, Record};
+use crate::state::ledger::{HolderMeta, LedgerError, Machine, Record};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GrantError {
@@ -102,7 +102,7 @@ pub fn allocate(
 ) -> Result<(Inventory, Record), GrantError> {
     let loaded = load_machine(config, request)?;
     let machine = machine(config, &loaded);
-    let ledger = Ledger::for_config(config)?;
+    let ledger = crate::state::open_ledger(config)?;
     let refused = refusal(holder, request, &meta);
     let allocation = match request.wait {
         Some(wait) => {

@@ -1,11 +1,10 @@
 //! `gpupin gc`: release the GPUs of holders that are gone, and clear what no holder owns.
 
 use gpupin::input::config::Config;
-use gpupin::state::ledger::Ledger;
 use std::process::ExitCode;
 
 pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
-    let report = Ledger::for_config(config)?.gc()?;
+    let report = gpupin::state::open_ledger(config)?.gc()?;
     for r in &report.released {
         outln!(
             "released {} ({}): {}",

@@ -6,7 +6,6 @@
 use gpupin::input::config::Config;
 use gpupin::jobs::serve::{Client, Request};
 use gpupin::model::holder::HolderId;
-use gpupin::state::ledger::Ledger;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -25,7 +24,7 @@ pub fn run(config: &Config, args: &KeyArgs) -> anyhow::Result<ExitCode> {
         outln!("{}", reply.key.unwrap_or_default())?;
         return Ok(ExitCode::SUCCESS);
     }
-    match Ledger::for_config(config)?.key(&holder)? {
+    match gpupin::state::open_ledger(config)?.key(&holder)? {
         Some((record, key)) => outln!("{}:{key}", record.id)?,
         None => {
             anyhow::bail!("gpupin key {holder}: no running holder {holder} (see gpupin status)")

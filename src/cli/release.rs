@@ -4,7 +4,7 @@
 
 use gpupin::input::config::Config;
 use gpupin::jobs::serve::{Client, Request};
-use gpupin::state::ledger::{Ledger, Released};
+use gpupin::state::ledger::Released;
 use std::ffi::OsString;
 use std::process::ExitCode;
 
@@ -28,7 +28,7 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         )?;
         return Ok(ExitCode::SUCCESS);
     }
-    match Ledger::for_config(config)?.release_entry(&args.id)? {
+    match gpupin::state::open_ledger(config)?.release_entry(&args.id)? {
         Released::Holder(r) => outln!("released {}: {}", r.id, r.gpus.join(","))?,
         Released::Entry(path) => outln!("removed {path:?}")?,
         Released::Nothing => outln!("{} held nothing", args.id.to_string_lossy().escape_debug())?,

@@ -18,7 +18,7 @@ pub fn run(config: &Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         gpupin::host::confine::require_caps()?;
     }
     // The ledger's directory first: the socket lives in it by default.
-    gpupin::state::ledger::Ledger::for_config(config)?;
+    gpupin::state::open_ledger(config)?;
     let listener = match listen::from_systemd() {
         Some(l) => l,
         None => listen::bind(config)

@@ -3,8 +3,9 @@
 
 use super::flag::Parsed;
 use gpupin::input::config::Config;
-use gpupin::state::audit::{self, By, EventKind, When};
+use gpupin::state::audit::{EventKind, When};
 use gpupin::state::ledger::Ledger;
+use gpupin::state::usage::{self, By};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -41,11 +42,11 @@ pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
             ended.push(entry.event);
         }
     }
-    let usage = audit::usage(&ended, &records, since, now, args.by.unwrap_or_default());
+    let usage = usage::usage(&ended, &records, since, now, args.by.unwrap_or_default());
     if args.json {
-        outln!("{:#}", audit::usage_json(&usage))?;
+        outln!("{:#}", usage::usage_json(&usage))?;
     } else {
-        out!("{}", audit::usage_table(&usage))?;
+        out!("{}", usage::usage_table(&usage))?;
     }
     super::log::note_unreadable(events.unreadable());
     Ok(ExitCode::SUCCESS)

@@ -221,7 +221,7 @@ mod tests {
             let err = crate::base::message::one_line(&hold(&config, &h, "test").unwrap_err());
             assert!(err.contains(wanted), "{err}");
         }
-        let ledger = crate::state::ledger::Ledger::for_config(&config).unwrap();
+        let ledger = crate::state::open_ledger(&config).unwrap();
         assert!(ledger.records().unwrap().is_empty());
     }
 }

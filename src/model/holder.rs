@@ -1,7 +1,8 @@
 //! Who holds GPUs: a holder's id (container ids and exec'd processes become file names in
 //! the ledger, so they are validated before they touch the filesystem), its kind, the
 //! person it belongs to and what an engine told about a container. Plain data that the
-//! ledger stores and every layer above it names.
+//! ledger stores and every layer above it names; and the key a request presents to take
+//! GPUs within a holder (made and checked by the ledger's `within`).
 
 use std::fmt;
 
@@ -97,6 +98,41 @@ pub struct ContainerInfo {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+}
+
+/// Hex digits of a holder's key: 128 bits, beyond guessing while a holder lives.
+pub const KEY_HEX: usize = 32;
+
+/// A holder's key as a request presents it. Its `Debug` hides it: requests are logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WithinKey(String);
+
+impl fmt::Debug for WithinKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WithinKey(..)")
+    }
+}
+
+impl fmt::Display for WithinKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl WithinKey {
+    /// A key as written after `HOLDER:`: 32 lowercase hex digits, else `None`.
+    pub fn parse(text: &str) -> Option<WithinKey> {
+        let ok = text.len() == KEY_HEX
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        ok.then(|| WithinKey(text.to_string()))
+    }
+
+    /// The 32 hex digits, for the ledger's constant-time comparison.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 #[cfg(test)]

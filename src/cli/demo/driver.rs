@@ -8,7 +8,6 @@ use anyhow::Context;
 use gpupin::admission::edits::HookCommand;
 use gpupin::engines::runtime::create;
 use gpupin::model::holder::HolderId;
-use gpupin::state::ledger::Ledger;
 use gpupin_sandbox::driver::{DriverRoot, FakeGpu, driver_files};
 use gpupin_sandbox::{self as sandbox, BundleSpec, Container, Runc};
 use std::path::Path;
@@ -64,7 +63,7 @@ pub fn start(
         Ok(container) => container,
         Err(err) => {
             // As gpupin-runtime does when the runtime fails: no poststop will come.
-            Ledger::for_config(&setup.config)?.release(&HolderId::new(&id)?)?;
+            gpupin::state::open_ledger(&setup.config)?.release(&HolderId::new(&id)?)?;
             outln!("  cuda    failed: {err}")?;
             return Ok((false, None));
         }

@@ -221,7 +221,7 @@ async fn reconcile_loop(config: Arc<Config>, endpoints: Endpoints, timing: Timin
                 failing = false;
                 let config = config.clone();
                 let released = tokio::task::spawn_blocking(move || {
-                    let ledger = Ledger::for_config(&config)?;
+                    let ledger = gpupin::state::open_ledger(&config)?;
                     reconcile::release_unassigned(&ledger, &assigned, timing.grace)
                 })
                 .await;

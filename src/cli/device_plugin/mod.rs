@@ -90,7 +90,7 @@ pub fn run(config: &Config, args: &DevicePluginArgs) -> anyhow::Result<ExitCode>
         "invalid --socket-name {:?}: expected a file name in --plugin-dir, without '/'",
         args.socket_name
     );
-    gpupin::state::ledger::Ledger::for_config(config)?;
+    gpupin::state::open_ledger(config)?;
     let inventory =
         gpupin::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
     let endpoints = Endpoints {

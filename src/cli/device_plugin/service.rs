@@ -93,7 +93,7 @@ fn allocate_all(
     inventory: &Inventory,
     request: &AllocateRequest,
 ) -> Result<AllocateResponse, KubeError> {
-    let ledger = Ledger::for_config(config)?;
+    let ledger = gpupin::state::open_ledger(config)?;
     let before: Vec<String> = ledger.records()?.into_iter().map(|r| r.id).collect();
     let mut made: Vec<String> = Vec::new();
     let mut responses = Vec::new();

@@ -16,7 +16,7 @@ use crate::host::inventory::InventoryError;
 use crate::input::config::{Config, ConfigError};
 use crate::input::request::{self, GpuRequest, RequestError};
 use crate::model::holder::{BadHolderId, ContainerInfo, HolderId};
-use crate::state::ledger::{ClaimError, ClaimToken, Ledger, LedgerError, Record};
+use crate::state::ledger::{ClaimError, ClaimToken, LedgerError, Record};
 use oci_spec::runtime::State;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -222,12 +222,12 @@ fn run_stage(
     );
     match task {
         Task::Release => {
-            let ledger = Ledger::for_config(&config)?;
+            let ledger = crate::state::open_ledger(&config)?;
             Ok(Outcome::Released(ledger.release_container(&id)?))
         }
         Task::Bind { uuids, token } => {
             let pid = pid.ok_or_else(|| HookError::NoPid(id.to_string()))?;
-            let ledger = Ledger::for_config(&config)?;
+            let ledger = crate::state::open_ledger(&config)?;
             let record = ledger.bind(&id, &token, pid, &uuids)?;
             Ok(Outcome::Bound(record))
         }

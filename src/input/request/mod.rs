@@ -6,8 +6,8 @@
 pub mod pod;
 
 use crate::model::holder::HolderId;
+use crate::model::holder::WithinKey;
 use crate::policy::PolicyName;
-use crate::state::ledger::WithinKey;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -121,7 +121,7 @@ pub struct GpuRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub within: Option<String>,
     /// The key to `within` (`gpupin.within=HOLDER:KEY`), for requests that must show one
-    /// (`ledger::WithinKey`). Never stored: records and audit lines are readable by all.
+    /// (`model::holder::WithinKey`). Never stored: records and audit lines are readable by all.
     #[serde(skip)]
     pub within_key: Option<WithinKey>,
     pub origin: Origin,

@@ -8,7 +8,7 @@ use crate::host::inventory::Inventory;
 use crate::input::config::Config;
 use crate::input::request::GpuRequest;
 use crate::model::holder::{HolderId, Owner};
-use crate::state::ledger::{Ledger, LedgerError, Record, StillWanted};
+use crate::state::ledger::{LedgerError, Record, StillWanted};
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
@@ -82,7 +82,7 @@ pub fn start(
     job: i32,
     job_fd: BorrowedFd<'_>,
 ) -> Result<Option<JobCgroup>, JobError> {
-    let ledger = Ledger::for_config(config)?;
+    let ledger = crate::state::open_ledger(config)?;
     let started = ledger
         .adopt(&grant.holder, asker, job, job_fd)
         .map_err(JobError::from)
@@ -142,7 +142,7 @@ pub fn finish(
     job: i32,
     cgroup: Option<&JobCgroup>,
 ) -> Finished {
-    let ledger = Ledger::for_config(config);
+    let ledger = crate::state::open_ledger(config);
     let recorded = match (cgroup, &ledger) {
         (None, Ok(ledger)) => ledger
             .records()
@@ -182,7 +182,7 @@ pub fn finish(
 
 /// Releases what `grant` holds, for a job that never started.
 pub fn abandon(config: &Config, grant: &JobGrant) {
-    if let Ok(ledger) = Ledger::for_config(config) {
+    if let Ok(ledger) = crate::state::open_ledger(config) {
         let _ = ledger.release(&grant.holder);
     }
 }
@@ -219,7 +219,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let wait = config(tmp.path(), Leftovers::Wait);
         let kill = config(tmp.path(), Leftovers::Kill);
-        let ledger = Ledger::for_config(&wait).unwrap();
+        let ledger = crate::state::open_ledger(&wait).unwrap();
         let mut main = std::process::Command::new("sleep")
             .arg("30")
             .spawn()

@@ -23,7 +23,7 @@ use crate::input::config::Config;
 use crate::input::config::Driver;
 use crate::input::request::{GpuRequest, Origin, Selection};
 use crate::model::holder::{ContainerInfo, HolderId, HolderKind};
-use crate::state::ledger::{HolderMeta, Ledger};
+use crate::state::ledger::HolderMeta;
 use sha2::{Digest, Sha256};
 
 /// The annotation and env that nest a container's own request in the plugin's holder.
@@ -94,7 +94,7 @@ pub fn allocate(
     let (_, record) = grant::allocate(config, &holder, &request, meta)?;
     // The container's way into its own GPUs (a nested request, gpupin exec inside the
     // pod): the holder and its key, which no pod spec can know.
-    let within = match Ledger::for_config(config)?.key(&holder)? {
+    let within = match crate::state::open_ledger(config)?.key(&holder)? {
         Some((_, key)) => format!("{holder}:{key}"),
         None => holder.to_string(),
     };
@@ -127,7 +127,7 @@ fn release_overlapping(
     holder: &HolderId,
     uuids: &[String],
 ) -> Result<(), KubeError> {
-    let ledger = Ledger::for_config(config)?;
+    let ledger = crate::state::open_ledger(config)?;
     for record in ledger.records()? {
         let overlaps = record.gpus.iter().any(|g| uuids.contains(g));
         if overlaps && record.id != holder.as_str() && is_plugin_holder(&record) {
@@ -178,7 +178,10 @@ mod tests {
         let inv = sim(&config);
         let ids = vec![inv.gpus[3].uuid.clone(), inv.gpus[1].uuid.clone()];
         let granted = allocate(&config, &inv, &ids).unwrap();
-        let records = Ledger::for_config(&config).unwrap().records().unwrap();
+        let records = crate::state::open_ledger(&config)
+            .unwrap()
+            .records()
+            .unwrap();
         assert_eq!(records.len(), 1);
         let r = &records[0];
         assert_eq!(r.id, granted.holder);
@@ -194,7 +197,7 @@ mod tests {
         assert!(granted.env.contains(&(VISIBLE_DEVICES.into(), visible)));
         // The holder with its key: a pod spec that names the holder alone gets nothing.
         let holder = HolderId::new(&granted.holder).unwrap();
-        let (_, key) = Ledger::for_config(&config)
+        let (_, key) = crate::state::open_ledger(&config)
             .unwrap()
             .key(&holder)
             .unwrap()
@@ -236,7 +239,7 @@ mod tests {
         )
         .unwrap();
         let new = allocate(&config, &inv, &[inv.gpus[1].uuid.clone()]).unwrap();
-        let ids: Vec<String> = Ledger::for_config(&config)
+        let ids: Vec<String> = crate::state::open_ledger(&config)
             .unwrap()
             .records()
             .unwrap()
@@ -262,7 +265,7 @@ mod tests {
         let err = allocate(&config, &inv, &[]).unwrap_err().to_string();
         assert!(err.contains("no devices"), "{err}");
         assert!(
-            Ledger::for_config(&config)
+            crate::state::open_ledger(&config)
                 .unwrap()
                 .records()
                 .unwrap()

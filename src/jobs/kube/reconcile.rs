@@ -111,7 +111,7 @@ mod tests {
         let gone =
             crate::jobs::kube::allocate::allocate(&config, &inv, &[inv.gpus[1].uuid.clone()])
                 .unwrap();
-        let ledger = Ledger::for_config(&config).unwrap();
+        let ledger = crate::state::open_ledger(&config).unwrap();
         let assigned: BTreeSet<String> = [inv.gpus[0].uuid.clone()].into();
         let released = release_unassigned(&ledger, &assigned, Duration::ZERO).unwrap();
         assert_eq!(

@@ -417,7 +417,7 @@ fn exec_job(
 /// An audit line for a request the daemon itself refused (who may do what); refusals of
 /// the allocation are written by `grant::allocate`.
 fn audit_refusal(config: &Config, peer: Peer, holder: &str, reason: &str) {
-    if let Ok(ledger) = Ledger::for_config(config) {
+    if let Ok(ledger) = crate::state::open_ledger(config) {
         let user = users::owner_of(peer.uid).ok().map(|o| o.user);
         ledger.audit(&crate::state::audit::Event {
             uid: Some(peer.uid),
@@ -554,7 +554,7 @@ fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Ref
         {
             // Another request of the caller's took the last watch meanwhile: nothing
             // would release this hold at its process's end, so it goes now.
-            if let Ok(ledger) = Ledger::for_config(config) {
+            if let Ok(ledger) = crate::state::open_ledger(config) {
                 let _ = ledger.release_job(&holder, pid);
             }
             return Err(Refusal::Failed(one_line(&e)));
@@ -574,7 +574,7 @@ enum Refusal {
 /// in (a container of theirs, a colleague's job), and no one else may.
 fn key_for(config: &Config, peer: Peer, id: &str) -> Result<(Record, String), Refusal> {
     let holder = HolderId::new(id).map_err(|e| Refusal::Failed(one_line(&e)))?;
-    let ledger = Ledger::for_config(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    let ledger = crate::state::open_ledger(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
     match ledger.key(&holder) {
         Ok(Some((record, key))) => {
             let owners = record.owner.as_ref().is_some_and(|o| o.uid == peer.uid);
@@ -599,7 +599,7 @@ fn key_for(config: &Config, peer: Peer, id: &str) -> Result<(Record, String), Re
 
 fn release_for(config: &Config, peer: Peer, id: &str) -> Result<Record, Refusal> {
     let holder = HolderId::new(id).map_err(|e| Refusal::Failed(one_line(&e)))?;
-    let ledger = Ledger::for_config(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    let ledger = crate::state::open_ledger(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
     match ledger.release_for(&holder, peer.uid) {
         Ok(Some(record)) => Ok(record),
         Ok(None) => Err(Refusal::Failed(format!("{id} holds nothing"))),

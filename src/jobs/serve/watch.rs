@@ -337,7 +337,7 @@ mod tests {
     use crate::input::request::{GpuRequest, Origin, Selection};
     use crate::model::holder::HolderKind;
     use crate::policy::PolicyName;
-    use crate::state::ledger::{HolderMeta, Ledger, Machine};
+    use crate::state::ledger::{HolderMeta, Machine};
 
     fn sleeper() -> std::process::Child {
         std::process::Command::new("sleep")
@@ -357,7 +357,7 @@ mod tests {
             state_dir: tmp.path().join("state"),
             ..Config::default()
         };
-        let ledger = Ledger::for_config(&config).unwrap();
+        let ledger = crate::state::open_ledger(&config).unwrap();
         let w = Watcher::start(Arc::new(config), 3).unwrap();
         let mut child = sleeper();
         let pid = child.id() as i32;

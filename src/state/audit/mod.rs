@@ -8,18 +8,16 @@
 mod filter;
 mod read;
 mod show;
-mod usage;
 mod write;
 
 pub use filter::{BadValue, Filter, GpuSelector, When, parse_time, parse_user};
 pub use read::{Entry, Events, ReadError};
-pub use show::{log_table, usage_json, usage_table};
-pub use usage::{By, Usage, UsageRow, usage};
+pub use show::log_table;
+pub(crate) use show::table as text_table;
 pub use write::{REFUSALS_PER_MINUTE, WriteError};
 
 use crate::input::request::{GpuRequest, Selection};
 use crate::model::holder::{ContainerInfo, HolderKind, Owner};
-use crate::state::ledger::Record;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -64,21 +62,6 @@ pub struct GpuRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<u32>,
     pub uuid: String,
-}
-
-impl GpuRef {
-    /// The GPUs of `record`, with the indices it was allocated under.
-    pub fn of_record(record: &Record) -> Vec<GpuRef> {
-        record
-            .gpus
-            .iter()
-            .enumerate()
-            .map(|(i, uuid)| GpuRef {
-                index: record.indices.get(i).copied(),
-                uuid: uuid.clone(),
-            })
-            .collect()
-    }
 }
 
 /// One line of the audit log. Every field but `time`, `event` and `holder` is left out
@@ -230,29 +213,6 @@ impl Event {
         }
     }
 
-    /// An event about the holder of `record`: who it is, its GPUs, its request.
-    pub fn for_record(event: EventKind, record: &Record) -> Event {
-        Event {
-            gpus: GpuRef::of_record(record),
-            request: Some(record.request.clone()),
-            pid: record.pid,
-            within: record.request.within.clone(),
-            ..Event::for_holder(
-                event,
-                &record.id,
-                record.kind,
-                record.owner.as_ref(),
-                record.container.as_ref(),
-            )
-        }
-    }
-
-    /// With how long `record` was held until now (release, reap).
-    pub fn held_since(mut self, record: &Record) -> Event {
-        self.held_s = Some(crate::state::ledger::unix_now().saturating_sub(record.created_at));
-        self
-    }
-
     pub fn because(mut self, reason: impl Into<String>) -> Event {
         self.reason = Some(reason.into());
         self
@@ -286,6 +246,6 @@ fn shorten(text: &mut String, max: usize) -> bool {
 }
 
 /// See `Event::who`; for a ledger record, `usage` asks the same of its owner and container.
-fn who<'a>(user: Option<&'a str>, engine: Option<&'a str>) -> &'a str {
+pub(crate) fn who<'a>(user: Option<&'a str>, engine: Option<&'a str>) -> &'a str {
     user.or(engine).unwrap_or("-")
 }

@@ -1,8 +1,7 @@
 //! `gpupin log` and `gpupin usage` rendered to strings: tables for people, JSON for
 //! scripts. The binary prints them.
 
-use super::{By, Entry, Event, Usage};
-use serde_json::{Value, json};
+use super::{Entry, Event};
 use std::fmt::Write;
 
 /// `gpupin log`: one row per event, oldest first.
@@ -82,46 +81,9 @@ pub fn held_for(seconds: u64) -> String {
     }
 }
 
-/// `gpupin usage`: a row per key, largest first, the total, and the period.
-pub fn usage_table(usage: &Usage) -> String {
-    let key = match usage.by {
-        By::User => "USER",
-        By::Holder => "HOLDER",
-        By::Gpu => "GPU",
-    };
-    let mut rows = vec![vec![key.to_string(), "GPU-HOURS".into(), "HOLDERS".into()]];
-    for row in usage.rows.iter().chain([&usage.total]) {
-        rows.push(vec![
-            crate::base::message::escape_controls(&row.key),
-            format!("{:.2}", row.gpu_hours()),
-            row.holders.to_string(),
-        ]);
-    }
-    let mut out = table(&rows, &[1, 2]);
-    let _ = writeln!(
-        out,
-        "from {} to {}",
-        humantime::format_rfc3339_seconds(usage.since),
-        humantime::format_rfc3339_seconds(usage.until)
-    );
-    out
-}
-
-/// `gpupin usage --json`. GPU-hours unrounded: a script that adds rows up gets the total.
-pub fn usage_json(usage: &Usage) -> Value {
-    let row = |r: &super::UsageRow| json!({"key": r.key, "gpu_hours": r.gpu_hours(), "holders": r.holders});
-    json!({
-        "since": humantime::format_rfc3339_seconds(usage.since).to_string(),
-        "until": humantime::format_rfc3339_seconds(usage.until).to_string(),
-        "by": usage.by.as_str(),
-        "rows": usage.rows.iter().map(row).collect::<Vec<_>>(),
-        "total": {"gpu_hours": usage.total.gpu_hours(), "holders": usage.total.holders},
-    })
-}
-
 /// Columns separated by two spaces, as `gpupin status` prints them; the columns in
 /// `right` aligned right (numbers), trailing spaces trimmed.
-fn table(rows: &[Vec<String>], right: &[usize]) -> String {
+pub(crate) fn table(rows: &[Vec<String>], right: &[usize]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -152,8 +114,7 @@ fn table(rows: &[Vec<String>], right: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::audit::{EventKind, GpuRef, UsageRow};
-    use std::time::{Duration, UNIX_EPOCH};
+    use crate::state::audit::{EventKind, GpuRef};
 
     #[test]
     fn held_for_reads_in_two_units() {
@@ -208,36 +169,5 @@ mod tests {
             lines[2],
             "2024-05-01T12:00:00Z  release   c1      docker  0,GPU-x  held for 1h02m; a\\nb; train (pytorch:24)"
         );
-    }
-
-    #[test]
-    fn usage_has_a_total_and_its_period() {
-        let row = |key: &str, gpu_seconds, holders| UsageRow {
-            key: key.into(),
-            gpu_seconds,
-            holders,
-        };
-        let usage = Usage {
-            since: UNIX_EPOCH + Duration::from_secs(1_714_564_800),
-            until: UNIX_EPOCH + Duration::from_secs(1_714_564_800 + 86400),
-            by: By::User,
-            rows: vec![row("alice", 45000, 2), row("bob", 900, 1)],
-            total: row("total", 45900, 3),
-        };
-        assert_eq!(
-            usage_table(&usage),
-            "USER   GPU-HOURS  HOLDERS\n\
-             alice      12.50        2\n\
-             bob         0.25        1\n\
-             total      12.75        3\n\
-             from 2024-05-01T12:00:00Z to 2024-05-02T12:00:00Z\n"
-        );
-        let json = usage_json(&usage);
-        assert_eq!(
-            json["rows"][1],
-            json!({"key": "bob", "gpu_hours": 0.25, "holders": 1})
-        );
-        assert_eq!(json["by"], "user");
-        assert_eq!(json["until"], "2024-05-02T12:00:00Z");
     }
 }

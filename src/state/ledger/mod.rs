@@ -5,6 +5,7 @@ mod allocate;
 mod bind;
 mod claim;
 mod entry;
+mod failures;
 mod job;
 mod limit;
 mod queue;
@@ -18,18 +19,19 @@ mod within;
 pub use allocate::{Allocation, Machine, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
 pub use entry::release_arg;
+pub use failures::{AUDIT_FAILURES_FILE, audit_write_failures};
 pub use queue::Waiting;
 pub use record::{
     HolderMeta, Mode, Record, StillWanted, UNBOUND_GRACE, holder_of, holders_of, unix_now,
 };
 pub use survey::Survey;
-pub use within::{SECRET_FILE as WITHIN_SECRET_FILE, WithinKey};
+pub use within::SECRET_FILE as WITHIN_SECRET_FILE;
 
 use crate::base::safe_open::Links;
 use crate::input::config::Config;
 use crate::input::config::{AuditFailure, AuditLog};
 use crate::input::request::{GpuRequest, Share};
-use crate::model::holder::{BadHolderId, HolderId, HolderKind};
+use crate::model::holder::{BadHolderId, HolderId, HolderKind, WithinKey};
 use crate::state::audit::{Event, EventKind};
 use entry::Entry;
 use std::ffi::OsStr;
@@ -317,13 +319,19 @@ pub struct Preview {
     pub free: Vec<bool>,
 }
 
+/// Told after each change of a ledger, under its lock: the metrics file
+/// (`state::metrics::FileSink`), which sits above the ledger and reads it back.
+pub trait ChangeObserver: Send + Sync {
+    fn changed(&self, ledger: &Ledger);
+}
+
 /// A handle on the lock directory. Cheap: opening checks the directory, nothing more.
 pub struct Ledger {
     dir: PathBuf,
     unbound_grace: Duration,
     audit: AuditLog,
-    /// `metrics_file`: rewritten after every change.
-    metrics: Option<Box<crate::state::metrics::FileSink>>,
+    /// Told after every change, under the lock (`metrics_file`).
+    observer: Option<Box<dyn ChangeObserver>>,
 }
 
 impl Ledger {
@@ -334,7 +342,7 @@ impl Ledger {
             dir: dir.to_path_buf(),
             unbound_grace: UNBOUND_GRACE,
             audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
-            metrics: None,
+            observer: None,
         })
     }
 
@@ -347,29 +355,29 @@ impl Ledger {
             dir: dir.to_path_buf(),
             unbound_grace: UNBOUND_GRACE,
             audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
-            metrics: None,
+            observer: None,
         })
     }
 
-    /// The ledger a configuration names, with its claim grace and audit log.
+    /// The ledger a configuration names, with its claim grace and audit log, and no
+    /// observer: `state::open_ledger` adds the metrics file a configuration names.
     pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
-        let mut ledger = Ledger::open(&config.state_dir)?
+        Ok(Ledger::open(&config.state_dir)?
             .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit.clone());
-        if let Some(file) = &config.metrics_file {
-            ledger.metrics = Some(Box::new(crate::state::metrics::FileSink {
-                file: file.clone(),
-                config: config.clone(),
-            }));
-        }
-        Ok(ledger)
+            .with_audit(config.audit.clone()))
     }
 
-    /// After a change, under the lock: the metrics file (if any) says what the ledger
-    /// says now. Under the lock, so that an older view never overwrites a newer one.
+    /// Who is told after each change (the metrics file).
+    pub fn with_observer(mut self, observer: Box<dyn ChangeObserver>) -> Ledger {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// After a change, under the lock: the observer (if any) sees what the ledger says
+    /// now. Under the lock, so that an older view never overwrites a newer one.
     fn changed(&self) {
-        if let Some(sink) = &self.metrics {
-            sink.refresh(self);
+        if let Some(observer) = &self.observer {
+            observer.changed(self);
         }
     }
 
@@ -392,7 +400,7 @@ impl Ledger {
     /// whatever the log says.
     pub fn audit(&self, event: &Event) {
         let written = self.audit.append(event);
-        if (written.is_err() || self.metrics.is_some())
+        if (written.is_err() || self.observer.is_some())
             && let Ok(_lock) = store::lock(&self.dir)
         {
             if let Err(err) = written {
@@ -413,7 +421,7 @@ impl Ledger {
     /// Warns of and counts an audit line not written (caller holds the lock).
     fn audit_failed(&self, err: &crate::state::audit::WriteError) {
         tracing::warn!(error = %crate::base::message::one_line(err), "audit line not written");
-        crate::state::metrics::count_audit_write_failure(&self.dir);
+        failures::count_audit_write_failure(&self.dir);
     }
 
     /// How long a holder may stay without a pid before it counts as stale.

@@ -3,6 +3,7 @@
 use crate::base::procinfo;
 use crate::input::request::GpuRequest;
 use crate::model::holder::{ContainerInfo, HolderKind, Owner};
+use crate::state::audit::{Event, EventKind, GpuRef};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -169,4 +170,46 @@ pub fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+// The audit trail knows events, not records: what an event says about a record is the
+// ledger's to tell.
+impl GpuRef {
+    /// The GPUs of `record`, with the indices it was allocated under.
+    pub fn of_record(record: &Record) -> Vec<GpuRef> {
+        record
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, uuid)| GpuRef {
+                index: record.indices.get(i).copied(),
+                uuid: uuid.clone(),
+            })
+            .collect()
+    }
+}
+
+impl Event {
+    /// An event about the holder of `record`: who it is, its GPUs, its request.
+    pub fn for_record(event: EventKind, record: &Record) -> Event {
+        Event {
+            gpus: GpuRef::of_record(record),
+            request: Some(record.request.clone()),
+            pid: record.pid,
+            within: record.request.within.clone(),
+            ..Event::for_holder(
+                event,
+                &record.id,
+                record.kind,
+                record.owner.as_ref(),
+                record.container.as_ref(),
+            )
+        }
+    }
+
+    /// With how long `record` was held until now (release, reap).
+    pub fn held_since(mut self, record: &Record) -> Event {
+        self.held_s = Some(super::unix_now().saturating_sub(record.created_at));
+        self
+    }
 }

@@ -784,7 +784,7 @@ fn an_audit_log_symlink_is_not_followed() {
     alloc(&l, "a").unwrap();
     l.release(&id("a")).unwrap();
     assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "root:x:0:0\n");
-    let failures = crate::state::metrics::audit_write_failures(l.dir());
+    let failures = super::audit_write_failures(l.dir());
     assert_eq!(
         failures, 3,
         "the refused allocation, the allocation, the release"

@@ -13,9 +13,9 @@
 use super::{LedgerError, Record};
 use crate::base::atomic::{self, Durability};
 use crate::base::safe_open::{self, Links};
+use crate::model::holder::{KEY_HEX, WithinKey};
 use hmac::{KeyInit, Mac};
 use sha2::Sha256;
-use std::fmt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -23,37 +23,8 @@ use std::path::Path;
 pub const SECRET_FILE: &str = "within.secret";
 const SECRET_MODE: u32 = 0o600;
 const SECRET_BYTES: usize = 32;
-/// Hex digits of a key: 128 bits, beyond guessing while a holder lives.
-const KEY_HEX: usize = 32;
 /// Bytes of a record's salt.
 pub(super) const SALT_BYTES: usize = 8;
-
-/// A holder's key as a request presents it. Its `Debug` hides it: requests are logged.
-#[derive(Clone, PartialEq, Eq)]
-pub struct WithinKey(String);
-
-impl fmt::Debug for WithinKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("WithinKey(..)")
-    }
-}
-
-impl fmt::Display for WithinKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl WithinKey {
-    /// A key as written after `HOLDER:`: 32 lowercase hex digits, else `None`.
-    pub fn parse(text: &str) -> Option<WithinKey> {
-        let ok = text.len() == KEY_HEX
-            && text
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        ok.then(|| WithinKey(text.to_string()))
-    }
-}
 
 /// The node's secret, read (or made, the first time) under the ledger's lock.
 pub(super) struct NodeSecret(Vec<u8>);
@@ -104,12 +75,12 @@ impl NodeSecret {
         mac.update(b"\0");
         mac.update(record.salt.as_bytes());
         let tag = mac.finalize().into_bytes();
-        WithinKey(hex(&tag)[..KEY_HEX].to_string())
+        WithinKey::parse(&hex(&tag)[..KEY_HEX]).expect("hex of a tag is a key")
     }
 
     /// Whether `key` is `record`'s, compared in constant time.
     pub fn opens(&self, record: &Record, key: &WithinKey) -> bool {
-        super::claim::same_secret(&self.key_for(record).0, &key.0)
+        super::claim::same_secret(self.key_for(record).as_str(), key.as_str())
     }
 }
 

@@ -18,36 +18,7 @@ use std::path::{Path, PathBuf};
 pub const CURSOR_FILE: &str = "metrics-cursor.json";
 /// How many audit lines could not be written, in the state dir: the audit log cannot
 /// count its own failures (`gpupin_audit_write_failures_total`).
-pub const AUDIT_FAILURES_FILE: &str = "audit-write-failures";
-
-/// The audit lines that could not be written, as counted in `state_dir`.
-pub fn audit_write_failures(state_dir: &Path) -> u64 {
-    crate::base::safe_open::read_to_string(
-        &state_dir.join(AUDIT_FAILURES_FILE),
-        crate::base::safe_open::Links::Refuse,
-    )
-    .ok()
-    .and_then(|t| t.trim().parse().ok())
-    .unwrap_or(0)
-}
-
-/// Counts one audit line that could not be written. The ledger calls it under its lock,
-/// so that no count is lost to a concurrent one. Best effort: the state dir is a tmpfs
-/// of its own by default, so a full log disk does not stop it.
-pub fn count_audit_write_failure(state_dir: &Path) {
-    let n = audit_write_failures(state_dir) + 1;
-    let path = state_dir.join(AUDIT_FAILURES_FILE);
-    if let Err(error) = crate::base::atomic::replace(
-        &path,
-        format!("{n}\n").as_bytes(),
-        0o644,
-        crate::base::atomic::Durability::Renamed,
-    ) {
-        tracing::warn!(file = ?path, error = %error, "could not count an audit write failure");
-    }
-}
-
-/// What a ledger needs to rewrite the metrics file after a change.
+/// The `metrics_file`, rewritten after each change of the ledger it observes.
 #[derive(Debug, Clone)]
 pub struct FileSink {
     pub file: PathBuf,
@@ -85,7 +56,7 @@ pub fn snapshot_text(
     let records = ledger.records()?;
     let waiting = ledger.waiting()?;
     let mut counters = update_saved(&config.audit, cursor);
-    counters.audit_write_failures = audit_write_failures(&config.state_dir);
+    counters.audit_write_failures = crate::state::ledger::audit_write_failures(&config.state_dir);
     let now = crate::state::ledger::unix_now();
     let snapshot = Snapshot {
         inventory,
@@ -100,6 +71,12 @@ pub fn snapshot_text(
         live,
     };
     Ok(render(&snapshot))
+}
+
+impl crate::state::ledger::ChangeObserver for FileSink {
+    fn changed(&self, ledger: &Ledger) {
+        self.refresh(ledger);
+    }
 }
 
 impl FileSink {

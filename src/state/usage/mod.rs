@@ -12,8 +12,12 @@
 //! nested holder's life (the parent released or reaped before it, a GPU the parent does
 //! not have) it is the nested holder's own. Holder ids are reused, so a parent is the
 //! holding of that id that was there when the nested holder began, never a later one.
-use super::{BadValue, Event, EventKind};
+
+mod show;
+
+use crate::state::audit::{BadValue, Event, EventKind};
 use crate::state::ledger::Record;
+pub use show::{usage_json, usage_table};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -261,7 +265,7 @@ fn record_span(record: &Record, now: u64) -> Span<'_> {
     let engine = record.container.as_ref().and_then(|c| c.engine.as_deref());
     Span {
         holder: &record.id,
-        who: super::who(user, engine),
+        who: crate::state::audit::who(user, engine),
         gpus: record
             .gpus
             .iter()
