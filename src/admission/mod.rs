@@ -3,5 +3,6 @@
 pub mod admit;
 pub mod driver;
 pub mod edits;
+pub mod foreign;
 pub mod grant;
 pub mod spec;

@@ -5,11 +5,10 @@
 //! spec's common edits and the entries of exactly the GPUs it chose, on the paths that
 //! edit the spec before create (gpupin-runtime, podman's precreate). The prestart hook
 //! comes after create, too late for mounts and createContainer hooks: there NVIDIA's own
-//! legacy hook reads NVIDIA_VISIBLE_DEVICES, which gpupin leaves for it. `foreign`
-//! handles what NVIDIA's stack put into a spec besides gpupin (GPU nodes, requests).
+//! legacy hook reads NVIDIA_VISIBLE_DEVICES, which gpupin leaves for it. What NVIDIA's
+//! stack put into a spec besides gpupin (GPU nodes, requests) is `admission::foreign`'s.
 
 pub mod cdi;
-pub mod foreign;
 mod select;
 
 pub use select::{CdiEdits, SelectError};

@@ -4,7 +4,7 @@
 //! run after gpupin (NVIDIA's reads NVIDIA_VISIBLE_DEVICES from there).
 
 use super::{ApplyError, ContainerEdits};
-use crate::admission::driver::foreign;
+use crate::admission::foreign;
 use crate::admission::spec;
 use crate::host::container_devices;
 use serde_json::Value;

@@ -41,7 +41,7 @@ pub enum ApplyError {
     #[error("{0} can only be given by editing the spec before create")]
     NeedsCreate(&'static str),
     #[error(transparent)]
-    Foreign(#[from] crate::admission::driver::foreign::ForeignError),
+    Foreign(#[from] crate::admission::foreign::ForeignError),
 }
 
 /// One OCI hook entry.

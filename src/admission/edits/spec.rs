@@ -3,7 +3,7 @@
 //! cgroup itself, on cgroup v1 or v2, and access survives `systemctl daemon-reload`.
 
 use super::{ApplyError, ContainerEdits, Hook, Mount};
-use crate::admission::driver::foreign;
+use crate::admission::foreign;
 use crate::admission::spec;
 use serde_json::{Value, json};
 

@@ -7,8 +7,8 @@
 mod precreate;
 mod prestart;
 
-use crate::admission::driver::foreign;
 use crate::admission::edits::EditsError;
+use crate::admission::foreign;
 use crate::admission::spec::{self, SpecError};
 use crate::base::safe_open::{self, Links};
 use crate::engines::engine;

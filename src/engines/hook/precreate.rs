@@ -6,8 +6,8 @@
 
 use super::{HookError, Outcome, contains};
 use crate::admission::admit::{self, Admission, Claim};
-use crate::admission::driver::foreign::{self, GpuNumbers};
 use crate::admission::edits::{self, ApplyError, HookCommand};
+use crate::admission::foreign::{self, GpuNumbers};
 use crate::admission::spec;
 use crate::engines::engine;
 use crate::input::config::Unrequested;
@@ -216,7 +216,7 @@ fn to_bytes(spec_value: &Value) -> Result<Vec<u8>, spec::SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::driver::foreign::testing::{cdi_linux, gpu_minors};
+    use crate::admission::foreign::testing::{cdi_linux, gpu_minors};
     use crate::engines::hook::{self, Stage};
     use serde_json::json;
 

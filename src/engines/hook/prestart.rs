@@ -4,8 +4,8 @@
 
 use super::{HookError, Outcome};
 use crate::admission::admit::{self, Admission};
-use crate::admission::driver::foreign::{self, GpuNumbers};
 use crate::admission::edits::inject::{self, Target};
+use crate::admission::foreign::{self, GpuNumbers};
 use crate::admission::spec;
 use crate::input::config::Config;
 use crate::input::config::Unrequested;

@@ -2,8 +2,8 @@
 
 use super::ShimError;
 use crate::admission::admit::{self, Admission, Claim};
-use crate::admission::driver::foreign::{self, GpuNumbers};
 use crate::admission::edits::{self, HookCommand};
+use crate::admission::foreign::{self, GpuNumbers};
 use crate::admission::spec;
 use crate::engines::docker::{self, DockerContainer};
 use crate::engines::engine;
@@ -179,7 +179,7 @@ fn edit_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::driver::foreign::testing::{cdi_linux, gpu_minors};
+    use crate::admission::foreign::testing::{cdi_linux, gpu_minors};
     use crate::state::ledger::Ledger;
     use serde_json::json;
 
