@@ -46,7 +46,7 @@ pub fn load_machine(config: &Config, request: &GpuRequest) -> Result<Loaded, Gra
             max_age: config.live_cache,
         };
         let file = config.live_file.as_deref();
-        inventory::live::read(file, &inventory, &config.nvml, Some(cache))
+        inventory::read_live(file, &inventory, &config.nvml, Some(cache))
     };
     let live = match (for_policy, for_foreign) {
         (true, _) => read()?,

@@ -12,7 +12,7 @@ pub struct MetricsArgs {}
 pub fn run(config: &Config, _args: &MetricsArgs) -> anyhow::Result<ExitCode> {
     let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
     // Live figures where there are any (NVML, a live file); none is no error here.
-    let live = inventory::live::read(config.live_file.as_deref(), &inventory, &config.nvml, None)
+    let live = inventory::read_live(config.live_file.as_deref(), &inventory, &config.nvml, None)
         .ok()
         .flatten();
     let ledger = Ledger::read_only_for_config(config)?;

@@ -96,7 +96,7 @@ impl Screen {
         // Fresh figures, not the allocations' snapshot cache: a person watching wants
         // now, and may not write the state dir.
         let file = config.live_file.as_deref();
-        let (live, live_error) = match inventory::live::read(file, &inventory, &config.nvml, None) {
+        let (live, live_error) = match inventory::read_live(file, &inventory, &config.nvml, None) {
             Ok(live) => (live, None),
             Err(err) => (None, Some(one_line(&err))),
         };

@@ -170,7 +170,7 @@ impl DevicePlugin for Plugin {
             let ledger = Ledger::read_only_for_config(&config).map_err(|e| status(e.into()))?;
             let live = kube::live_records(&ledger).map_err(|e| status(e.into()))?;
             let figures = match config.policy.needs_live() {
-                true => gpupin::host::inventory::live::read(
+                true => gpupin::host::inventory::read_live(
                     config.live_file.as_deref(),
                     &inventory,
                     &config.nvml,

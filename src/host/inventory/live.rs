@@ -13,9 +13,10 @@
 //! `memory_free` and `used_memory` take bytes or a size; `temperature` (degrees Celsius),
 //! `power` (watts), `processes` and each process's `used_memory` may be left out where
 //! the source does not know them. `gpupin nvml live` prints this format by UUID, and the
-//! NVML snapshot cache (`live_cache`) keeps it.
+//! NVML snapshot cache (`live_cache`) keeps it. Which source answers is `read_live`'s
+//! (the inventory's front door), above this file, NVML and the cache.
 
-use super::{Inventory, InventoryError, NvmlAccess};
+use super::{Inventory, InventoryError};
 use crate::base::safe_open::{self, Links};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -84,30 +85,7 @@ struct ProcessEntry {
     used_memory: Value,
 }
 
-/// Live figures per position in `inventory.gpus`: from `live_file` when configured, else
-/// NVML when the inventory came from it, else `None` (policies then fall back).
-/// `nvml` says where NVML runs; with `cache`, an NVML snapshot younger than its
-/// `max_age` is taken from the state dir instead of asking NVML again.
-pub fn read(
-    live_file: Option<&Path>,
-    inventory: &Inventory,
-    nvml: &NvmlAccess,
-    cache: Option<Cache>,
-) -> Result<Option<Vec<Live>>, InventoryError> {
-    if let Some(path) = live_file {
-        return from_file(path, inventory).map(Some);
-    }
-    if inventory.source == "nvml" {
-        let ask = || super::nvml::live(inventory, nvml);
-        return match cache {
-            Some(cache) => super::live_cache::read_or_ask(cache, inventory, ask).map(Some),
-            None => ask().map(Some),
-        };
-    }
-    Ok(None)
-}
-
-fn from_file(path: &Path, inventory: &Inventory) -> Result<Vec<Live>, InventoryError> {
+pub(super) fn from_file(path: &Path, inventory: &Inventory) -> Result<Vec<Live>, InventoryError> {
     // Named by the admin, so a link is followed; rewritten by whatever tracks the load, so
     // a FIFO there is refused rather than waited on.
     let text = safe_open::read(path, Links::Follow).map_err(|source| InventoryError::LiveRead {
@@ -241,6 +219,7 @@ pub fn to_json(gpus: &[(String, Live)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::inventory::NvmlAccess;
     use crate::policy::testing::machine;
 
     fn write(text: &str) -> tempfile::NamedTempFile {
@@ -255,9 +234,14 @@ mod tests {
             r#"{"gpus": [{"uuid": "GPU-test-1", "utilization": 80, "memory_free": "10GiB"},
                          {"index": 0, "utilization": 5, "memory_free": 1024}]}"#,
         );
-        let live = read(Some(f.path()), &machine(2), &NvmlAccess::InProcess, None)
-            .unwrap()
-            .unwrap();
+        let live = crate::host::inventory::read_live(
+            Some(f.path()),
+            &machine(2),
+            &NvmlAccess::InProcess,
+            None,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(
             live[0],
             Live {
@@ -279,30 +263,50 @@ mod tests {
     #[test]
     fn missing_gpu_and_bad_values_are_named() {
         let f = write(r#"{"gpus": [{"index": 0, "utilization": 5, "memory_free": 1}]}"#);
-        let err = read(Some(f.path()), &machine(2), &NvmlAccess::InProcess, None)
-            .unwrap_err()
-            .to_string();
+        let err = crate::host::inventory::read_live(
+            Some(f.path()),
+            &machine(2),
+            &NvmlAccess::InProcess,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("no entry for GPU 1"), "{err}");
         let f = write(r#"{"gpus": [{"index": 0, "utilization": 500, "memory_free": 1}]}"#);
-        let err = read(Some(f.path()), &machine(1), &NvmlAccess::InProcess, None)
-            .unwrap_err()
-            .to_string();
+        let err = crate::host::inventory::read_live(
+            Some(f.path()),
+            &machine(1),
+            &NvmlAccess::InProcess,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("utilization of GPU 0 is 500"), "{err}");
     }
 
     #[test]
     fn errors_name_the_live_file_not_the_inventory() {
         let f = write("{");
-        let err = read(Some(f.path()), &machine(1), &NvmlAccess::InProcess, None)
-            .unwrap_err()
-            .to_string();
+        let err = crate::host::inventory::read_live(
+            Some(f.path()),
+            &machine(1),
+            &NvmlAccess::InProcess,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("invalid live file "), "{err}");
         assert!(err.contains(&f.path().display().to_string()), "{err}");
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("live.json");
-        let err = read(Some(&missing), &machine(1), &NvmlAccess::InProcess, None)
-            .unwrap_err()
-            .to_string();
+        let err = crate::host::inventory::read_live(
+            Some(&missing),
+            &machine(1),
+            &NvmlAccess::InProcess,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("reading live file "), "{err}");
     }
 
@@ -310,7 +314,13 @@ mod tests {
     fn a_fifo_as_live_file_is_refused_without_blocking() {
         let (_dir, path) = crate::host::inventory::file::tests::fifo("live.json");
         let err = crate::host::inventory::file::tests::within_5s(move || {
-            read(Some(&path), &machine(1), &NvmlAccess::InProcess, None).unwrap_err()
+            crate::host::inventory::read_live(
+                Some(&path),
+                &machine(1),
+                &NvmlAccess::InProcess,
+                None,
+            )
+            .unwrap_err()
         });
         let line = crate::base::message::one_line(&err);
         assert!(line.starts_with("reading live file "), "{line}");
@@ -325,9 +335,14 @@ mod tests {
                                                       {"pid": 77}]},
                          {"index": 1, "utilization": 0, "memory_free": 1, "processes": []}]}"#,
         );
-        let live = read(Some(f.path()), &machine(2), &NvmlAccess::InProcess, None)
-            .unwrap()
-            .unwrap();
+        let live = crate::host::inventory::read_live(
+            Some(f.path()),
+            &machine(2),
+            &NvmlAccess::InProcess,
+            None,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(live[0].temperature, Some(41));
         assert_eq!(live[0].power, Some(120));
         assert_eq!(
@@ -350,9 +365,14 @@ mod tests {
     #[test]
     fn a_gpu_without_processes_key_has_them_unknown() {
         let f = write(r#"{"gpus": [{"index": 0, "utilization": 5, "memory_free": 1}]}"#);
-        let live = read(Some(f.path()), &machine(1), &NvmlAccess::InProcess, None)
-            .unwrap()
-            .unwrap();
+        let live = crate::host::inventory::read_live(
+            Some(f.path()),
+            &machine(1),
+            &NvmlAccess::InProcess,
+            None,
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(live[0].processes, None);
     }
 
@@ -374,9 +394,14 @@ mod tests {
             let f = write(&format!(
                 r#"{{"gpus": [{{"index": 0, "utilization": 5, "memory_free": 1, "processes": [{process}]}}]}}"#
             ));
-            let err = read(Some(f.path()), &machine(1), &NvmlAccess::InProcess, None)
-                .unwrap_err()
-                .to_string();
+            let err = crate::host::inventory::read_live(
+                Some(f.path()),
+                &machine(1),
+                &NvmlAccess::InProcess,
+                None,
+            )
+            .unwrap_err()
+            .to_string();
             assert!(err.contains(wanted), "{process}: {err}");
         }
     }
@@ -411,7 +436,8 @@ mod tests {
     #[test]
     fn no_source_means_no_figures() {
         assert_eq!(
-            read(None, &machine(2), &NvmlAccess::InProcess, None).unwrap(),
+            crate::host::inventory::read_live(None, &machine(2), &NvmlAccess::InProcess, None)
+                .unwrap(),
             None
         );
     }

@@ -288,3 +288,26 @@ pub fn refresh(
         _ => cache::probe_and_store(source, state_dir, nvml),
     }
 }
+
+/// Live figures per position in `inventory.gpus`: from `live_file` when configured, else
+/// NVML when the inventory came from it, else `None` (policies then fall back).
+/// `nvml` says where NVML runs; with `cache`, an NVML snapshot younger than its
+/// `max_age` is taken from the state dir instead of asking NVML again.
+pub fn read_live(
+    live_file: Option<&Path>,
+    inventory: &Inventory,
+    nvml: &NvmlAccess,
+    cache: Option<live::Cache>,
+) -> Result<Option<Vec<Live>>, InventoryError> {
+    if let Some(path) = live_file {
+        return live::from_file(path, inventory).map(Some);
+    }
+    if inventory.source == "nvml" {
+        let ask = || nvml::live(inventory, nvml);
+        return match cache {
+            Some(cache) => live_cache::read_or_ask(cache, inventory, ask).map(Some),
+            None => ask().map(Some),
+        };
+    }
+    Ok(None)
+}

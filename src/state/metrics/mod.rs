@@ -89,7 +89,7 @@ impl FileSink {
             .map_err(|e| crate::base::message::one_line(&e))
             .and_then(|inventory| {
                 let live = match &config.live_file {
-                    Some(_) => inventory::live::read(
+                    Some(_) => inventory::read_live(
                         config.live_file.as_deref(),
                         &inventory,
                         &config.nvml,
