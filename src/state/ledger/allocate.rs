@@ -1,44 +1,14 @@
 //! Turning a request into a concrete set of GPUs, given what is held. Pure: the ledger
 //! calls it under its lock and writes the outcome.
 
-use super::limit::Scope;
+use super::machine::Machine;
+use super::scope::Scope;
 use super::{HolderId, LedgerError, Record, holder_of, holders_of};
 use crate::base::units::format_size;
-use crate::host::inventory::Live;
 use crate::host::inventory::{Gpu, Inventory};
 use crate::host::whose::Seen;
 use crate::input::request::{GpuRequest, Selection, Share};
-use crate::policy::{PolicyInput, PolicyName};
-
-/// The machine an allocation is decided against, besides the ledger itself.
-#[derive(Clone, Copy)]
-pub struct Machine<'a> {
-    pub inventory: &'a Inventory,
-    /// Live figures per position, when read (policies and filters that need them).
-    pub live: Option<&'a [Live]>,
-    pub default_policy: PolicyName,
-    /// Shared holders one GPU takes at most.
-    pub max_shared: u32,
-    /// How many GPUs people may hold, and which; `None`: no limits.
-    pub limits: Option<&'a crate::model::limits::Limits>,
-    /// The processes on each GPU, by position, where they are to be avoided (`foreign =
-    /// "avoid"`, and a source that lists them); `None`: processes are not looked at.
-    pub processes: Option<&'a [Vec<Seen>]>,
-}
-
-impl<'a> Machine<'a> {
-    /// A machine without live figures and the default sharing limit.
-    pub fn new(inventory: &'a Inventory, default_policy: PolicyName) -> Machine<'a> {
-        Machine {
-            inventory,
-            live: None,
-            default_policy,
-            max_shared: 4,
-            limits: None,
-            processes: None,
-        }
-    }
-}
+use crate::policy::PolicyInput;
 
 /// The outcome of an allocation: the holder's record as written.
 #[derive(Debug, Clone)]

@@ -7,19 +7,21 @@ mod claim;
 mod entry;
 mod failures;
 mod job;
-mod limit;
+mod machine;
 mod queue;
 mod record;
+mod scope;
 mod store;
 mod survey;
 #[cfg(test)]
 pub(crate) mod testing;
 mod within;
 
-pub use allocate::{Allocation, Machine, resolve_devices};
+pub use allocate::{Allocation, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
 pub use entry::release_arg;
 pub use failures::{AUDIT_FAILURES_FILE, audit_write_failures};
+pub use machine::Machine;
 pub use queue::Waiting;
 pub use record::{
     HolderMeta, Mode, Record, StillWanted, UNBOUND_GRACE, holder_of, holders_of, unix_now,
@@ -506,9 +508,9 @@ impl Ledger {
             }
             Ok(secret.as_ref().is_some_and(|s| s.opens(parent, key)))
         };
-        let scope = limit::scope(holder, request, machine, &meta, live, &mut opens)?;
+        let scope = scope::scope(holder, request, machine, &meta, live, &mut opens)?;
         let plan = allocate::plan(holder, request, machine, live, cursor, &scope)?;
-        limit::check(&meta, machine, live, &plan.uuids)?;
+        scope::check(&meta, machine, live, &plan.uuids)?;
         let record = Record {
             id: holder.to_string(),
             indices: plan
@@ -597,7 +599,7 @@ impl Ledger {
             kind: HolderKind::Hold,
             ..HolderMeta::default()
         };
-        let scope = limit::scope(&holder, request, machine, &looking, &live, &mut |_, _| {
+        let scope = scope::scope(&holder, request, machine, &looking, &live, &mut |_, _| {
             Ok(false)
         })?;
         let plan = allocate::plan(&holder, request, machine, &live, cursor, &scope)?;

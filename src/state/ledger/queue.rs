@@ -445,7 +445,7 @@ impl Ledger {
         // Names no record holds: each counts as a GPU the user does not hold yet.
         let fresh: Vec<String> = (0..n).map(|i| format!("\0gpupin-probe-{i}")).collect();
         matches!(
-            super::limit::check(meta, machine, live, &fresh),
+            super::scope::check(meta, machine, live, &fresh),
             Err(LedgerError::LimitReached(_))
         )
     }

@@ -2,7 +2,8 @@
 //! request (`gpupin.within`), the GPUs a user's groups may use, and how many GPUs a user
 //! or a group may hold (`[limits]`). Pure, called by the ledger under its lock.
 
-use super::{HolderId, HolderKind, HolderMeta, LedgerError, Machine, Record};
+use super::machine::Machine;
+use super::{HolderId, HolderKind, HolderMeta, LedgerError, Record};
 use crate::model::holder::WithinKey;
 use std::collections::BTreeSet;
 

@@ -1,0 +1,36 @@
+//! The machine an allocation is decided against, besides the ledger itself: what the
+//! allocation (`allocate`) and what narrows it (`scope`) both read.
+
+use crate::host::inventory::{Inventory, Live};
+use crate::host::whose::Seen;
+use crate::policy::PolicyName;
+
+/// The machine an allocation is decided against, besides the ledger itself.
+#[derive(Clone, Copy)]
+pub struct Machine<'a> {
+    pub inventory: &'a Inventory,
+    /// Live figures per position, when read (policies and filters that need them).
+    pub live: Option<&'a [Live]>,
+    pub default_policy: PolicyName,
+    /// Shared holders one GPU takes at most.
+    pub max_shared: u32,
+    /// How many GPUs people may hold, and which; `None`: no limits.
+    pub limits: Option<&'a crate::model::limits::Limits>,
+    /// The processes on each GPU, by position, where they are to be avoided (`foreign =
+    /// "avoid"`, and a source that lists them); `None`: processes are not looked at.
+    pub processes: Option<&'a [Vec<Seen>]>,
+}
+
+impl<'a> Machine<'a> {
+    /// A machine without live figures and the default sharing limit.
+    pub fn new(inventory: &'a Inventory, default_policy: PolicyName) -> Machine<'a> {
+        Machine {
+            inventory,
+            live: None,
+            default_policy,
+            max_shared: 4,
+            limits: None,
+            processes: None,
+        }
+    }
+}
