@@ -19,7 +19,6 @@ mod hold;
 mod hook;
 mod hook_stage;
 mod install;
-mod install_podman;
 mod inventory;
 mod key;
 mod log;

@@ -1,5 +1,7 @@
 //! `gpupin install ENGINE` / `gpupin uninstall ENGINE`.
 
+mod podman;
+
 use super::out;
 use anyhow::Context;
 use gpupin::engines::install::docker::{self, NvidiaRuntime, RuntimeEntry};
@@ -27,7 +29,7 @@ pub enum Engine {
     /// Docker: the `gpupin` runtime in /etc/docker/daemon.json
     Docker(DockerArgs),
     /// Podman: hooks in /etc/containers/oci/hooks.d
-    Podman(super::install_podman::PodmanArgs),
+    Podman(podman::PodmanArgs),
 }
 
 #[derive(clap::Subcommand)]
@@ -35,7 +37,7 @@ pub enum UninstallEngine {
     /// Docker: take the `gpupin` runtime out of /etc/docker/daemon.json
     Docker(DaemonFileArgs),
     /// Podman: remove gpupin's hooks from /etc/containers/oci/hooks.d
-    Podman(super::install_podman::PodmanArgs),
+    Podman(podman::PodmanArgs),
 }
 
 #[derive(clap::Args)]
@@ -69,7 +71,7 @@ pub fn install(
 ) -> anyhow::Result<ExitCode> {
     let args = match &args.engine {
         Engine::Docker(args) => args,
-        Engine::Podman(podman) => return super::install_podman::install(config, podman),
+        Engine::Podman(podman) => return podman::install(config, podman),
     };
     let mut entry = runtime_entry(config)?;
     let before = read_daemon_json(&args.file.daemon_json)?;
@@ -121,7 +123,7 @@ fn hand_over_to(nvidia: &NvidiaRuntime, config: &Config) -> anyhow::Result<Optio
 pub fn uninstall(args: &UninstallArgs) -> anyhow::Result<ExitCode> {
     let args = match &args.engine {
         UninstallEngine::Docker(args) => args,
-        UninstallEngine::Podman(podman) => return super::install_podman::uninstall(podman),
+        UninstallEngine::Podman(podman) => return podman::uninstall(podman),
     };
     let before = read_daemon_json(&args.daemon_json)?;
     if !before.existed {

@@ -23,7 +23,7 @@ pub struct PodmanArgs {
 pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<ExitCode> {
     let hook = HookCommand::beside(
         &std::env::current_exe().context("finding the gpupin binary")?,
-        super::install::absolute_config(config_flag)?,
+        super::absolute_config(config_flag)?,
     );
     let trigger = if args.always {
         Trigger::Always
@@ -39,7 +39,7 @@ pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<
         }
     }
     for name in podman::nvidia_hooks_before_gpupin(&args.dir) {
-        super::out::note(format_args!(
+        crate::cli::out::note(format_args!(
             "warning: {name} runs NVIDIA's hook at prestart before gpupin's, so without precreate (CRI-O) it cannot see gpupin's choice; rename it to sort after gpupin-prestart.json (the toolkit's name is oci-nvidia-hook.json)"
         ));
     }
