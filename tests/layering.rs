@@ -20,6 +20,8 @@ type ModPath = Vec<String>;
 struct Module {
     file: PathBuf,
     children: BTreeSet<String>,
+    /// The children in the order their `mod` lines come.
+    declared: Vec<String>,
     /// Names a `use` brings into this module: the name and the absolute path it stands for.
     imports: BTreeMap<String, ModPath>,
     /// Every absolute path this module's code names, with its line.
@@ -301,6 +303,7 @@ fn load(root_file: &Path) -> BTreeMap<ModPath, Module> {
             _ => file.with_extension(""),
         };
         let mut children = BTreeSet::new();
+        let mut declared = Vec::new();
         for w in toks.windows(3) {
             if let [
                 (Tok::Ident(m), _),
@@ -311,6 +314,7 @@ fn load(root_file: &Path) -> BTreeMap<ModPath, Module> {
                 && !test_mods.contains(name)
             {
                 children.insert(name.clone());
+                declared.push(name.clone());
                 let single = dir.join(format!("{name}.rs"));
                 let child = if single.exists() {
                     single
@@ -370,6 +374,7 @@ fn load(root_file: &Path) -> BTreeMap<ModPath, Module> {
             Module {
                 file,
                 children,
+                declared,
                 imports,
                 refs,
             },
@@ -537,6 +542,29 @@ fn the_library_has_no_module_cycle() {
         found.is_empty(),
         "module cycles (break each edge's line, or move what it names):\n{}",
         found.join("\n")
+    );
+}
+
+/// The crate root's modules are layers, listed bottom first in src/lib.rs: an edge from
+/// one to another must go down the list.
+#[test]
+fn each_layer_imports_only_from_the_layers_below_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let modules = load(&src.join("lib.rs"));
+    let order = &modules[&Vec::new()].declared;
+    let rank = |m: &str| order.iter().position(|o| o == m).unwrap();
+    let edges = sibling_edges(&modules, &src);
+    let upward: Vec<String> = edges
+        .get(&Vec::new())
+        .into_iter()
+        .flatten()
+        .filter(|((a, b), _)| rank(b) > rank(a))
+        .map(|((a, b), why)| format!("    {a} -> {b} (a layer above it): {why}"))
+        .collect();
+    assert!(
+        upward.is_empty(),
+        "layers import only from below (src/lib.rs lists them bottom first):\n{}",
+        upward.join("\n")
     );
 }
 
