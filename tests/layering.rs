@@ -15,6 +15,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 type ModPath = Vec<String>;
+/// A closed walk through a folder's modules: its edges, in order.
+type Walk = Vec<(String, String)>;
 
 /// One module file, as far as the graph needs it.
 struct Module {
@@ -434,7 +436,7 @@ fn sibling_edges(modules: &BTreeMap<ModPath, Module>, src: &Path) -> Edges {
 /// its modules (a part may hold more modules than its shortest walk).
 fn cycles(
     edges: &BTreeMap<(String, String), String>,
-) -> Vec<(Vec<(String, String)>, BTreeSet<String>)> {
+) -> Vec<(Walk, BTreeSet<String>)> {
     let nodes: BTreeSet<&String> = edges.keys().flat_map(|(a, b)| [a, b]).collect();
     let reach = |from: &String| -> BTreeSet<String> {
         let mut seen = BTreeSet::new();
