@@ -28,7 +28,7 @@ pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
         user: args.user.clone(),
         gpu: args.gpu.clone(),
     };
-    let mut events = config.audit.events();
+    let mut events = config.audit().events();
     let mut table: Vec<Entry> = Vec::new();
     for entry in events.by_ref() {
         let entry = entry?;

@@ -30,7 +30,7 @@ pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
     // The ledger before the log: a holder released in between is then in both, which
     // `usage` counts once, rather than in neither.
     let records = Ledger::read_only_for_config(config)?.records()?;
-    let mut events = config.audit.events();
+    let mut events = config.audit().events();
     let mut ended = Vec::new();
     for entry in events.by_ref() {
         let entry = entry?;

@@ -146,7 +146,7 @@ mod tests {
         Config {
             state_dir: dir.join("state"),
             inventory: inventory.parse().unwrap(),
-            audit: crate::input::config::AuditLog::at(dir.join("audit.log")),
+            audit_log: dir.join("audit.log"),
             ..Config::default()
         }
     }

@@ -225,7 +225,7 @@ mod tests {
             state_dir: state_dir.to_path_buf(),
             inventory: "sim:nvswitch8".parse().unwrap(),
             // Not /var/log: audit_failure = "refuse" would refuse a user who cannot write it.
-            audit: crate::input::config::AuditLog::at(state_dir.join("audit.log")),
+            audit_log: state_dir.join("audit.log"),
             ..Config::default()
         }
     }

@@ -197,7 +197,7 @@ mod tests {
             inventory: "sim:nvswitch8".parse().unwrap(),
             unrequested,
             // Not /var/log: audit_failure = "refuse" would refuse a user who cannot write it.
-            audit: crate::input::config::AuditLog::at(root.join("audit.log")),
+            audit_log: root.join("audit.log"),
             ..Config::default()
         };
         Setup {

@@ -3,6 +3,7 @@
 
 pub mod audit_log;
 pub mod driver;
+mod fields;
 pub mod serve;
 
 pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
@@ -11,7 +12,7 @@ pub use serve::ServeSettings;
 
 use crate::base::log::Level;
 use crate::base::safe_open::{self, Links};
-use crate::host::confine::Confine;
+use crate::host::confine::{Confine, Leftovers};
 use crate::host::inventory::{InventorySource, NvmlAccess};
 use crate::model::limits::Limits;
 use crate::policy::PolicyName;
@@ -25,67 +26,123 @@ pub const CONFIG_ENV: &str = "GPUPIN_CONFIG";
 /// How long GPUs assigned before create stay held without a container process.
 pub const DEFAULT_CLAIM_GRACE: Duration = Duration::from_secs(120);
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The configuration: one field per key of the file (`path` and `nvml` aside, which the
+/// binary sets), each with its default and, where a value needs more than its type says,
+/// the reader in `fields` that names a bad value in one line.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// The lock directory holding the ledger and the inventory cache.
+    #[serde(default = "fields::state_dir")]
     pub state_dir: PathBuf,
+    #[serde(
+        default = "fields::inventory",
+        deserialize_with = "fields::inventory_source"
+    )]
     pub inventory: InventorySource,
     /// Policy for requests that name none.
+    #[serde(default, deserialize_with = "fields::policy")]
     pub policy: PolicyName,
     /// The OCI runtime gpupin-runtime hands over to: a path, or a name found on PATH.
+    #[serde(default = "fields::runtime")]
     pub runtime: PathBuf,
     /// How long GPUs assigned before create (shim, precreate) stay held while the
     /// container has not reached its prestart hook.
+    #[serde(
+        default = "fields::claim_grace",
+        deserialize_with = "fields::claim_grace_duration"
+    )]
     pub claim_grace: Duration,
     /// Live figures for simulated and file inventories (NVML supplies them otherwise).
+    #[serde(default)]
     pub live_file: Option<PathBuf>,
     /// How many shared holders one GPU takes at most.
+    #[serde(
+        default = "fields::max_shared",
+        deserialize_with = "fields::max_shared_count"
+    )]
     pub max_shared: u32,
     /// How much to log to stderr when `GPUPIN_LOG` is unset: the way to turn logging
     /// on for hooks, which get whatever environment the runtime gives them.
+    #[serde(default, deserialize_with = "fields::log_level")]
     pub log: Option<Level>,
     /// What a container that asks gpupin for nothing keeps of what it asked NVIDIA's
     /// stack for (`NVIDIA_VISIBLE_DEVICES`, `cdi.k8s.io` annotations); `Unrequested`
     /// says why the default strips it.
+    #[serde(default, deserialize_with = "fields::unrequested")]
     pub unrequested: Unrequested,
     /// Where this configuration was read from; `None` for built-in defaults.
+    #[serde(skip)]
     pub path: Option<PathBuf>,
     /// Where NVML runs: not a key of the file, but the binary's to say (the statically
     /// linked ones ask the `gpupin` beside them).
+    #[serde(skip)]
     pub nvml: NvmlAccess,
-    /// How a container gets the driver's libraries (`driver::Driver`).
+    /// How a container gets the driver's libraries (`Driver`).
+    #[serde(default, deserialize_with = "fields::driver")]
     pub driver: Driver,
     /// Where CDI specs are read from; a later dir wins for the same device name.
+    #[serde(default = "fields::cdi_spec_dirs")]
     pub cdi_spec_dirs: Vec<PathBuf>,
-    /// The audit trail: where, how large before it rotates, how many rotated files.
-    pub audit: AuditLog,
+    /// The audit trail (`audit()` puts these four together).
+    #[serde(default = "fields::audit_log")]
+    pub audit_log: PathBuf,
+    /// The size past which the audit log is rotated, in bytes.
+    #[serde(
+        default = "fields::audit_max_size",
+        deserialize_with = "fields::audit_size"
+    )]
+    pub audit_max_size: u64,
+    /// Rotated audit files kept; 0 truncates the log instead.
+    #[serde(default = "fields::audit_keep")]
+    pub audit_keep: u32,
+    /// What an allocation does when its audit line cannot be written.
+    #[serde(default, deserialize_with = "fields::audit_failure")]
+    pub audit_failure: AuditFailure,
     /// How many GPUs people may hold, and which (`limits`).
+    #[serde(default, deserialize_with = "fields::limits")]
     pub limits: Limits,
     /// `gpupin serve`'s socket; `None`: `<state_dir>/gpupin.sock`.
+    #[serde(default)]
     pub socket: Option<PathBuf>,
     /// The group whose members may use the socket; `None`: every local user.
+    #[serde(default)]
     pub socket_group: Option<String>,
     /// How `gpupin exec` names GPUs in CUDA_VISIBLE_DEVICES.
+    #[serde(default, deserialize_with = "fields::cuda_ids")]
     pub cuda_visible_devices: CudaIds,
     /// How an exec'd job is kept to its GPUs (`confine`).
+    #[serde(
+        default = "fields::confine",
+        deserialize_with = "fields::confine_value"
+    )]
     pub confine: Confine,
     /// What happens to the processes a confined job leaves in its cgroup when its main
     /// process ends (`leftovers`).
-    pub leftovers: crate::host::confine::Leftovers,
+    #[serde(default, deserialize_with = "fields::leftovers")]
+    pub leftovers: Leftovers,
     /// A Prometheus text file rewritten on every ledger change (node_exporter's textfile
     /// collector); `None`: none.
+    #[serde(default)]
     pub metrics_file: Option<PathBuf>,
     /// Whether a container whose env says `SLURM_JOB_ID=N` takes its GPUs from Slurm job
     /// N's hold (`request::GpuRequest::enter_slurm_job`). Off by default: an engine does
     /// not say who started a container, so its env could name any job; `gpupin exec`
     /// always follows the rule, since the daemon knows who asks.
+    #[serde(default)]
     pub slurm_containers: bool,
     /// Whether an exclusive request may get a GPU that runs a process no holder owns.
+    #[serde(default, deserialize_with = "fields::foreign")]
     pub foreign: Foreign,
     /// How long an NVML snapshot of the live figures serves further allocations.
+    #[serde(
+        default = "fields::live_cache",
+        deserialize_with = "fields::live_cache_age"
+    )]
     pub live_cache: Duration,
     /// `gpupin serve`'s bounds (`[serve]`).
-    pub serve: serve::ServeSettings,
+    #[serde(default, deserialize_with = "fields::serve")]
+    pub serve: ServeSettings,
 }
 
 /// What allocation makes of a process on a GPU that no holder owns (one started
@@ -97,6 +154,21 @@ pub enum Foreign {
     Avoid,
     /// Processes are not looked at: only the ledger says which GPUs are free.
     Ignore,
+}
+
+impl Foreign {
+    pub const EXPECTED: &str = "expected \"avoid\" or \"ignore\"";
+}
+
+impl std::str::FromStr for Foreign {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "avoid" => Ok(Foreign::Avoid),
+            "ignore" => Ok(Foreign::Ignore),
+            _ => Err(()),
+        }
+    }
 }
 
 /// How long a live snapshot serves, by default: a burst of starts pays once, and a
@@ -113,6 +185,21 @@ pub enum CudaIds {
     Uuid,
 }
 
+impl CudaIds {
+    pub const EXPECTED: &str = "expected \"index\" or \"uuid\"";
+}
+
+impl std::str::FromStr for CudaIds {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "index" => Ok(CudaIds::Index),
+            "uuid" => Ok(CudaIds::Uuid),
+            _ => Err(()),
+        }
+    }
+}
+
 impl Config {
     /// Where `gpupin serve` listens and `gpupin exec` finds it.
     pub fn socket_path(&self) -> PathBuf {
@@ -120,70 +207,25 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.state_dir.join("gpupin.sock"))
     }
-}
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
-            inventory: InventorySource::Auto,
-            policy: PolicyName::default(),
-            runtime: PathBuf::from("runc"),
-            claim_grace: DEFAULT_CLAIM_GRACE,
-            live_file: None,
-            max_shared: 4,
-            log: None,
-            unrequested: Unrequested::default(),
-            path: None,
-            nvml: NvmlAccess::InProcess,
-            driver: Driver::default(),
-            cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
-            audit: AuditLog::at(audit_log::DEFAULT_AUDIT_LOG),
-            limits: Limits::default(),
-            socket: None,
-            socket_group: None,
-            cuda_visible_devices: CudaIds::default(),
-            confine: Confine::Auto,
-            leftovers: crate::host::confine::Leftovers::default(),
-            metrics_file: None,
-            slurm_containers: false,
-            foreign: Foreign::default(),
-            live_cache: DEFAULT_LIVE_CACHE,
-            serve: Default::default(),
+    /// The audit trail these settings describe.
+    pub fn audit(&self) -> AuditLog {
+        AuditLog {
+            path: self.audit_log.clone(),
+            max_bytes: self.audit_max_size,
+            keep: self.audit_keep,
+            on_failure: self.audit_failure,
         }
     }
 }
 
-/// The file as written: every key optional, unknown keys rejected by name.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigFile {
-    state_dir: Option<PathBuf>,
-    inventory: Option<String>,
-    policy: Option<String>,
-    runtime: Option<PathBuf>,
-    claim_grace: Option<String>,
-    live_file: Option<PathBuf>,
-    max_shared: Option<u32>,
-    log: Option<String>,
-    driver: Option<String>,
-    cdi_spec_dirs: Option<Vec<PathBuf>>,
-    unrequested: Option<String>,
-    audit_log: Option<PathBuf>,
-    audit_max_size: Option<String>,
-    audit_keep: Option<u32>,
-    audit_failure: Option<String>,
-    limits: Option<Limits>,
-    socket: Option<PathBuf>,
-    socket_group: Option<String>,
-    cuda_visible_devices: Option<String>,
-    confine: Option<toml::Value>,
-    leftovers: Option<String>,
-    metrics_file: Option<PathBuf>,
-    slurm_containers: Option<bool>,
-    foreign: Option<String>,
-    live_cache: Option<String>,
-    serve: Option<serve::ServeFile>,
+impl Default for Config {
+    /// Every key at its default: the file with no keys.
+    fn default() -> Self {
+        toml::Table::new()
+            .try_into()
+            .expect("every key of the config has a default")
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -231,173 +273,32 @@ impl Config {
 
     /// Parses config text; `path` names the file in errors and anchors relative paths.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let invalid = |reason: String| ConfigError::Invalid {
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
             path: path.to_path_buf(),
-            reason,
-        };
-        let file: ConfigFile = toml::from_str(text).map_err(|e| invalid(one_line(e.message())))?;
+            reason: one_line(e.message()),
+        })?;
+        config.path = Some(path.to_path_buf());
         // Relative paths are relative to the config file, not to the cwd of whichever
-        // runtime happens to call the hook (the bundle, under runc and dockerd).
-        let beside = |p: PathBuf| path.parent().map_or(p.clone(), |dir| dir.join(&p));
-        let mut config = Config {
-            path: Some(path.to_path_buf()),
-            ..Config::default()
+        // runtime happens to call the hook (the bundle, under runc and dockerd). The
+        // defaults are absolute, so anchoring leaves them as they are.
+        let beside = |p: &mut PathBuf| {
+            if let Some(dir) = path.parent() {
+                *p = dir.join(&*p);
+            }
         };
-        if let Some(dir) = file.state_dir {
-            config.state_dir = beside(dir);
+        beside(&mut config.state_dir);
+        if let InventorySource::File(p) = &mut config.inventory {
+            beside(p);
         }
-        if let Some(inv) = file.inventory {
-            config.inventory = inv
-                .parse()
-                .map_err(|e| invalid(format!("inventory: {e}")))?;
-            if let InventorySource::File(p) = config.inventory {
-                config.inventory = InventorySource::File(beside(p));
-            }
+        config.live_file.as_mut().map(beside);
+        // A bare name is looked up on PATH; only a path is anchored.
+        if config.runtime.components().count() > 1 {
+            beside(&mut config.runtime);
         }
-        if let Some(grace) = file.claim_grace {
-            config.claim_grace = humantime::parse_duration(&grace).map_err(|_| {
-                invalid(format!(
-                    "claim_grace {grace:?}: expected a duration such as \"120s\" or \"2m\""
-                ))
-            })?;
-        }
-        if let Some(live) = file.live_file {
-            config.live_file = Some(beside(live));
-        }
-        if let Some(max) = file.max_shared {
-            if max == 0 {
-                return Err(invalid("max_shared 0: expected at least 1".into()));
-            }
-            config.max_shared = max;
-        }
-        if let Some(runtime) = file.runtime {
-            // A bare name is looked up on PATH; only a path is anchored.
-            config.runtime = match runtime.components().count() {
-                1 => runtime,
-                _ => beside(runtime),
-            };
-        }
-        if let Some(log) = file.log {
-            let level = log
-                .parse()
-                .map_err(|_| invalid(format!("log {log:?}: {}", Level::EXPECTED)))?;
-            config.log = Some(level);
-        }
-        if let Some(driver) = file.driver {
-            config.driver = driver
-                .parse()
-                .map_err(|()| invalid(format!("driver {driver:?}: {}", Driver::EXPECTED)))?;
-        }
-        if let Some(dirs) = file.cdi_spec_dirs {
-            config.cdi_spec_dirs = dirs.into_iter().map(beside).collect();
-        }
-        if let Some(unrequested) = file.unrequested {
-            config.unrequested = unrequested.parse().map_err(|()| {
-                invalid(format!(
-                    "unrequested {unrequested:?}: {}",
-                    Unrequested::EXPECTED
-                ))
-            })?;
-        }
-        if let Some(log) = file.audit_log {
-            config.audit.path = beside(log);
-        }
-        if let Some(size) = file.audit_max_size {
-            config.audit.max_bytes = match crate::base::units::parse_size(&size) {
-                Ok(n) if n >= 4096 => n,
-                _ => {
-                    return Err(invalid(format!(
-                        "audit_max_size {size:?}: expected a size of at least 4KiB, such as \"64MiB\""
-                    )));
-                }
-            };
-        }
-        if let Some(keep) = file.audit_keep {
-            config.audit.keep = keep;
-        }
-        if let Some(failure) = file.audit_failure {
-            config.audit.on_failure = audit_log::AuditFailure::parse(&failure).ok_or_else(|| {
-                invalid(format!(
-                    "audit_failure {failure:?}: expected \"refuse\" (an allocation whose audit line cannot be written is undone) or \"warn\" (it goes on)"
-                ))
-            })?;
-        }
-        if let Some(limits) = file.limits {
-            if limits.max_waiting_per_user == Some(0) {
-                return Err(invalid(
-                    "limits.max_waiting_per_user 0: expected at least 1".into(),
-                ));
-            }
-            config.limits = limits;
-        }
-        if let Some(socket) = file.socket {
-            config.socket = Some(beside(socket));
-        }
-        if let Some(group) = file.socket_group {
-            config.socket_group = Some(group);
-        }
-        if let Some(ids) = file.cuda_visible_devices {
-            config.cuda_visible_devices = match ids.as_str() {
-                "index" => CudaIds::Index,
-                "uuid" => CudaIds::Uuid,
-                _ => {
-                    return Err(invalid(format!(
-                        "cuda_visible_devices {ids:?}: expected \"index\" or \"uuid\""
-                    )));
-                }
-            };
-        }
-        if let Some(metrics) = file.metrics_file {
-            config.metrics_file = Some(beside(metrics));
-        }
-        if let Some(confine) = file.confine {
-            config.confine = match &confine {
-                toml::Value::Boolean(on) => Confine::from(*on),
-                toml::Value::String(s) => s
-                    .parse()
-                    .map_err(|_| invalid(format!("confine {s:?}: {}", Confine::EXPECTED)))?,
-                other => {
-                    return Err(invalid(format!("confine {other}: {}", Confine::EXPECTED)));
-                }
-            };
-        }
-        if let Some(leftovers) = file.leftovers {
-            config.leftovers = leftovers.parse().map_err(|_| {
-                invalid(format!(
-                    "leftovers {leftovers:?}: {}",
-                    crate::host::confine::Leftovers::EXPECTED
-                ))
-            })?;
-        }
-        if let Some(slurm) = file.slurm_containers {
-            config.slurm_containers = slurm;
-        }
-        if let Some(foreign) = file.foreign {
-            config.foreign = match foreign.as_str() {
-                "avoid" => Foreign::Avoid,
-                "ignore" => Foreign::Ignore,
-                _ => {
-                    return Err(invalid(format!(
-                        "foreign {foreign:?}: expected \"avoid\" or \"ignore\""
-                    )));
-                }
-            };
-        }
-        if let Some(age) = file.live_cache {
-            config.live_cache = humantime::parse_duration(&age).map_err(|_| {
-                invalid(format!(
-                    "live_cache {age:?}: expected a duration such as \"2s\" (\"0s\": no cache)"
-                ))
-            })?;
-        }
-        if let Some(serve) = file.serve {
-            config.serve = serve.settings().map_err(invalid)?;
-        }
-        if let Some(policy) = file.policy {
-            config.policy = policy
-                .parse()
-                .map_err(|e| invalid(format!("policy: {e}")))?;
-        }
+        config.cdi_spec_dirs.iter_mut().for_each(beside);
+        beside(&mut config.audit_log);
+        config.socket.as_mut().map(beside);
+        config.metrics_file.as_mut().map(beside);
         Ok(config)
     }
 }
@@ -643,11 +544,11 @@ mod tests {
              [limits]\nmax_gpus_per_user = 2\n[limits.groups.vision]\ngpus = [0, 1]\n",
         )
         .unwrap();
-        assert_eq!(c.audit.path, PathBuf::from("/etc/gpupin/audit/audit.log"));
-        assert_eq!((c.audit.max_bytes, c.audit.keep), (1 << 20, 2));
-        assert_eq!(c.audit.on_failure, audit_log::AuditFailure::Refuse);
+        assert_eq!(c.audit_log, PathBuf::from("/etc/gpupin/audit/audit.log"));
+        assert_eq!((c.audit_max_size, c.audit_keep), (1 << 20, 2));
+        assert_eq!(c.audit_failure, audit_log::AuditFailure::Refuse);
         let warn = parse("audit_failure = \"warn\"\n").unwrap();
-        assert_eq!(warn.audit.on_failure, audit_log::AuditFailure::Warn);
+        assert_eq!(warn.audit_failure, audit_log::AuditFailure::Warn);
         assert_eq!(c.confine, Confine::V2);
         assert_eq!(c.socket_group.as_deref(), Some("gpu"));
         assert_eq!(c.socket_path(), PathBuf::from("/run/gpupin/gpupin.sock"));
@@ -666,7 +567,7 @@ mod tests {
             Leftovers::Wait
         );
         assert_eq!(
-            Config::default().audit.path,
+            Config::default().audit_log,
             PathBuf::from("/var/log/gpupin/audit.log")
         );
     }

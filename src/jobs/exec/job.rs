@@ -200,7 +200,7 @@ mod tests {
     fn config(tmp: &Path, leftovers: Leftovers) -> Config {
         Config {
             state_dir: tmp.join("state"),
-            audit: crate::input::config::AuditLog::at(tmp.join("audit.log")),
+            audit_log: tmp.join("audit.log"),
             leftovers,
             ..Config::default()
         }

@@ -151,7 +151,7 @@ mod tests {
         Config {
             state_dir: dir.join("state"),
             inventory: "sim:nvswitch8".parse().unwrap(),
-            audit: crate::input::config::AuditLog::at(dir.join("audit.log")),
+            audit_log: dir.join("audit.log"),
             ..Config::default()
         }
     }

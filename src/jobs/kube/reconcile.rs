@@ -100,7 +100,7 @@ mod tests {
         let config = crate::input::config::Config {
             state_dir: tmp.path().join("state"),
             inventory: "sim:nvswitch8".parse().unwrap(),
-            audit: crate::input::config::AuditLog::at(tmp.path().join("audit.log")),
+            audit_log: tmp.path().join("audit.log"),
             ..crate::input::config::Config::default()
         };
         let inv = crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)

@@ -366,7 +366,7 @@ impl Ledger {
     pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
         Ok(Ledger::open(&config.state_dir)?
             .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit.clone()))
+            .with_audit(config.audit()))
     }
 
     /// Who is told after each change (the metrics file).
@@ -387,7 +387,7 @@ impl Ledger {
     pub fn read_only_for_config(config: &Config) -> Result<Ledger, LedgerError> {
         Ok(Ledger::open_read_only(&config.state_dir)?
             .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit.clone()))
+            .with_audit(config.audit()))
     }
 
     /// Where this ledger's audit lines go (by default `audit.log` in its directory).

@@ -55,7 +55,7 @@ pub fn snapshot_text(
 ) -> Result<String, crate::state::ledger::LedgerError> {
     let records = ledger.records()?;
     let waiting = ledger.waiting()?;
-    let mut counters = update_saved(&config.audit, cursor);
+    let mut counters = update_saved(&config.audit(), cursor);
     counters.audit_write_failures = crate::state::ledger::audit_write_failures(&config.state_dir);
     let now = crate::state::ledger::unix_now();
     let snapshot = Snapshot {
