@@ -53,7 +53,10 @@ fn hold_one_gpu(g: &Gpupin) -> Sleeper {
         slurm_job: None,
     };
     let config = Config::load(&g.config).unwrap();
-    let (record, ()) = admit::admit(&config, admission, |_| Ok(())).unwrap();
+    let (record, ()) = admit::admit(&config, admission, |_| {
+        Ok::<_, gpupin::admission::edits::ApplyError>(())
+    })
+    .unwrap();
     assert_eq!(record.gpus.len(), 1);
     sleeper
 }

@@ -434,9 +434,7 @@ fn sibling_edges(modules: &BTreeMap<ModPath, Module>, src: &Path) -> Edges {
 
 /// Each strongly connected part of a folder's graph: one closed walk through it, and all
 /// its modules (a part may hold more modules than its shortest walk).
-fn cycles(
-    edges: &BTreeMap<(String, String), String>,
-) -> Vec<(Walk, BTreeSet<String>)> {
+fn cycles(edges: &BTreeMap<(String, String), String>) -> Vec<(Walk, BTreeSet<String>)> {
     let nodes: BTreeSet<&String> = edges.keys().flat_map(|(a, b)| [a, b]).collect();
     let reach = |from: &String| -> BTreeSet<String> {
         let mut seen = BTreeSet::new();

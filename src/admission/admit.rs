@@ -36,8 +36,14 @@ pub struct Claim<'a> {
     pub hook: &'a HookCommand,
 }
 
+/// Why an admission failed. `E` is the error of the caller's `apply` (the library's own
+/// consumers return `ApplyError`; another entry point, say an NRI plugin, its own).
 #[derive(Debug, thiserror::Error)]
-pub enum AdmitError {
+#[non_exhaustive]
+pub enum AdmitError<E = ApplyError>
+where
+    E: std::error::Error + 'static,
+{
     #[error(transparent)]
     Grant(#[from] GrantError),
     #[error(transparent)]
@@ -48,19 +54,23 @@ pub enum AdmitError {
     Apply {
         id: String,
         #[source]
-        source: ApplyError,
+        source: E,
     },
     /// The admission failed, and so did releasing what it had allocated: the GPUs stay
     /// held until gc reaps the holder. Both errors are kept.
     #[error("{}", undo_message(.error, .holder, .undo))]
     Undo {
-        error: Box<AdmitError>,
+        error: Box<AdmitError<E>>,
         holder: String,
         undo: LedgerError,
     },
 }
 
-fn undo_message(error: &AdmitError, holder: &str, undo: &LedgerError) -> String {
+fn undo_message<E: std::error::Error + 'static>(
+    error: &AdmitError<E>,
+    holder: &str,
+    undo: &LedgerError,
+) -> String {
     format!(
         "{}; releasing the GPUs of {holder} again failed too: {}",
         crate::base::message::one_line(error),
@@ -71,11 +81,11 @@ fn undo_message(error: &AdmitError, holder: &str, undo: &LedgerError) -> String 
 /// Allocates for `admission`, builds the container's edits and hands them to `apply`.
 /// Returns the record and what `apply` returned. On any failure after the allocation the
 /// holder's GPUs are released before the error is returned.
-pub fn admit<T>(
+pub fn admit<T, E: std::error::Error + 'static>(
     config: &Config,
     admission: Admission<'_>,
-    apply: impl FnOnce(&ContainerEdits) -> Result<T, ApplyError>,
-) -> Result<(Record, T), AdmitError> {
+    apply: impl FnOnce(&ContainerEdits) -> Result<T, E>,
+) -> Result<(Record, T), AdmitError<E>> {
     let Admission {
         holder,
         request,
@@ -152,7 +162,11 @@ fn in_slurm_job(config: &Config, request: &GpuRequest, job: Option<&HolderId>) -
 }
 
 /// Releases `holder` after `error`; an error of the release itself joins the first.
-fn undo(config: &Config, holder: &HolderId, error: AdmitError) -> AdmitError {
+fn undo<E: std::error::Error + 'static>(
+    config: &Config,
+    holder: &HolderId,
+    error: AdmitError<E>,
+) -> AdmitError<E> {
     tracing::debug!(holder = %holder, error = %crate::base::message::one_line(&error), "undoing the allocation");
     let released = crate::state::open_ledger(config).and_then(|ledger| ledger.release(holder));
     match released {
@@ -218,7 +232,7 @@ mod tests {
             slurm_job: crate::input::request::slurm_job(&["SLURM_JOB_ID=42"]),
             ..admission(&holder, &request)
         };
-        let (record, ()) = admit(&config, admission, |_| Ok(())).unwrap();
+        let (record, ()) = admit(&config, admission, |_| Ok::<_, ApplyError>(())).unwrap();
         assert_eq!(record.indices, [5, 6]);
         assert_eq!(record.request.within.as_deref(), Some("slurm-42"));
     }
@@ -237,7 +251,7 @@ mod tests {
             slurm_job: crate::input::request::slurm_job(&["SLURM_JOB_ID=42"]),
             ..admission(&holder, &request)
         };
-        let err = admit(&config, admission, |_| Ok(())).unwrap_err();
+        let err = admit(&config, admission, |_| Ok::<_, ApplyError>(())).unwrap_err();
         let text = crate::base::message::one_line(&err);
         assert!(
             text.starts_with("cannot allocate for c1: taking GPUs from slurm-42 needs its key"),
@@ -262,7 +276,7 @@ mod tests {
             slurm_job: crate::input::request::slurm_job(&["SLURM_JOB_ID=42"]),
             ..admission(&holder, &request)
         };
-        let (record, ()) = admit(&config, admission, |_| Ok(())).unwrap();
+        let (record, ()) = admit(&config, admission, |_| Ok::<_, ApplyError>(())).unwrap();
         assert!(!record.indices.contains(&5) && !record.indices.contains(&6));
         assert_eq!(record.request.within, None);
     }
@@ -280,7 +294,7 @@ mod tests {
             slurm_job: crate::input::request::slurm_job(&["SLURM_JOB_ID=43"]),
             ..admission(&holder, &request)
         };
-        let (record, ()) = admit(&config, admission, |_| Ok(())).unwrap();
+        let (record, ()) = admit(&config, admission, |_| Ok::<_, ApplyError>(())).unwrap();
         assert_eq!(record.request.within, None);
     }
 
@@ -291,13 +305,36 @@ mod tests {
         let holder = HolderId::new("c1").unwrap();
         let request = GpuRequest::new(Selection::Count(2), Origin::Annotations);
         let (record, nodes) = admit(&config, admission(&holder, &request), |edits| {
-            Ok(edits.nodes.len())
+            Ok::<_, ApplyError>(edits.nodes.len())
         })
         .unwrap();
         assert_eq!(record.gpus.len(), 2);
         assert_eq!(nodes, 2 + 3, "two GPU nodes and three control nodes");
         let ledger = crate::state::open_ledger(&config).unwrap();
         assert_eq!(ledger.records().unwrap(), [record]);
+    }
+
+    #[test]
+    fn a_callers_own_error_comes_back_as_the_apply_error_and_nothing_stays_held() {
+        // Another entry point (an NRI plugin, say) returns its own error from `apply`.
+        #[derive(Debug, thiserror::Error)]
+        #[error("the runtime said no")]
+        struct RuntimeSaidNo;
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(&tmp.path().join("state"));
+        let holder = HolderId::new("c1").unwrap();
+        let request = GpuRequest::new(Selection::Count(1), Origin::Annotations);
+        let err = admit(&config, admission(&holder, &request), |_| {
+            Err::<(), _>(RuntimeSaidNo)
+        })
+        .unwrap_err();
+        assert!(matches!(&err, AdmitError::Apply { id, source: RuntimeSaidNo } if id == "c1"));
+        assert_eq!(
+            crate::base::message::one_line(&err),
+            "giving container c1 its GPUs: the runtime said no"
+        );
+        let ledger = crate::state::open_ledger(&config).unwrap();
+        assert!(ledger.records().unwrap().is_empty());
     }
 
     #[test]
@@ -348,7 +385,10 @@ mod tests {
             ..admission(holder, &request_one)
         };
         let c1 = HolderId::new("c1").unwrap();
-        let (record, edits) = admit(&config, claimed(&c1), |edits| Ok(edits.clone())).unwrap();
+        let (record, edits) = admit(&config, claimed(&c1), |edits| {
+            Ok::<_, ApplyError>(edits.clone())
+        })
+        .unwrap();
         let env: Vec<(&str, &str)> = edits
             .env
             .iter()
@@ -362,7 +402,7 @@ mod tests {
         assert_eq!(edits.mounts[0].destination, "/usr/lib/libcuda.so.1");
         // GPU 0 is held: the next container gets GPU 1, which the spec lacks.
         let c2 = HolderId::new("c2").unwrap();
-        let err = admit(&config, claimed(&c2), |_| Ok(())).unwrap_err();
+        let err = admit(&config, claimed(&c2), |_| Ok::<_, ApplyError>(())).unwrap_err();
         let text = crate::base::message::one_line(&err);
         assert!(text.starts_with("no entry for GPU 1 ("), "{text}");
         let ledger = crate::state::open_ledger(&config).unwrap();
@@ -378,7 +418,10 @@ mod tests {
         };
         let holder = HolderId::new("c1").unwrap();
         let request = GpuRequest::new(Selection::Count(1), Origin::Annotations);
-        let err = admit(&config, admission(&holder, &request), |_| Ok(())).unwrap_err();
+        let err = admit(&config, admission(&holder, &request), |_| {
+            Ok::<_, ApplyError>(())
+        })
+        .unwrap_err();
         assert!(
             err.to_string()
                 .starts_with("driver = \"cdi\" needs the spec edited before create"),

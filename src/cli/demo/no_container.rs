@@ -8,6 +8,7 @@
 
 use anyhow::Context;
 use gpupin::admission::admit::{self, Admission};
+use gpupin::admission::edits::ApplyError;
 use gpupin::admission::{edits, spec};
 use gpupin::base::safe_open::{self, Links};
 use gpupin::engines::hook::{self, Outcome, Stage};
@@ -57,7 +58,7 @@ pub fn prestart_without_container(
         slurm_job: None,
     };
     // No consumer: there is no container to give the GPUs to.
-    let (record, ()) = admit::admit(config, admission, |_| Ok(()))?;
+    let (record, ()) = admit::admit(config, admission, |_| Ok::<_, ApplyError>(()))?;
     Ok(Some(record))
 }
 
