@@ -1,11 +1,28 @@
 //! gpupin: pins NVIDIA GPUs to containers on one shared machine.
 //!
-//! Data flows one way, through `admission::admit` for every container: a request is found
-//! (`input::request::find`), the inventory says which GPUs exist, the ledger allocates
-//! under its lock with a policy, `admission::edits` describes what the container must get
-//! and one consumer gives it (the spec writer before create, the injector at prestart).
-//! docs/ARCHITECTURE.md draws the whole path. Nothing in this library prints or exits;
-//! the binaries do.
+//! What the library offers, re-exported here (the modules below are how it does it):
+//! - [`Config`]: the configuration (`Config::discover`: flag, `$GPUPIN_CONFIG`, default).
+//! - [`GpuRequest`] and [`find`]: one request from a container's sources (annotations,
+//!   labels, env, Docker's `--gpus`, GPU nodes), each source a [`Sources`].
+//! - [`Inventory`] ([`load_inventory`]) and [`PolicyName`] (pure policies, `policy`).
+//! - [`Ledger`] ([`open_ledger`]): which holder has which GPU, under one lock.
+//! - [`admit`]: a container's request to its GPUs, handed to the caller's `apply` as
+//!   [`ContainerEdits`] (plain data: nodes, env, CDI edits), undone if `apply` fails.
+//!
+//! Data flows one way, through `admit` for every container: a request is found, the
+//! inventory says which GPUs exist, the ledger allocates under its lock with a policy,
+//! `ContainerEdits` describes what the container must get and one consumer gives it
+//! (the spec writer before create, the injector at prestart). docs/ARCHITECTURE.md
+//! draws the whole path. Nothing in this library prints or exits; the binaries do.
+
+pub use admission::admit::{Admission, AdmitError, admit};
+pub use admission::edits::ContainerEdits;
+pub use host::inventory::{Inventory, load as load_inventory};
+pub use input::config::Config;
+pub use input::request::{GpuRequest, Sources, find};
+pub use policy::PolicyName;
+pub use state::ledger::Ledger;
+pub use state::open_ledger;
 
 // The layers, bottom first: each imports only from those above it in this list
 // (tests/layering.rs checks it, and that no folder has a cycle). A blank line between

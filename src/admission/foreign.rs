@@ -35,6 +35,7 @@ const CDI_GPU_PREFIX: &str = "nvidia.com/gpu=";
 const VOLUME_MOUNT_PREFIX: &str = "/var/run/nvidia-container-devices/";
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ForeignError {
     /// A rule such as Docker's `--privileged` (`a *:* rwm`) or `--device-cgroup-rule
     /// 'c 195:* rw'`: removing it could break the container, keeping it gives it every GPU.

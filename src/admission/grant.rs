@@ -13,6 +13,7 @@ use crate::state::audit::{Event, EventKind};
 use crate::state::ledger::{HolderMeta, LedgerError, Machine, Record};
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GrantError {
     #[error(transparent)]
     Inventory(#[from] InventoryError),

@@ -6,4 +6,4 @@ pub mod log;
 pub mod message;
 pub mod procinfo;
 pub mod safe_open;
-pub mod units;
+pub(crate) mod units;

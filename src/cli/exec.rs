@@ -144,10 +144,7 @@ fn wait_until_finished(
                 "gpupin: the job's main process ended; waiting for the {left} process{} it left in its cgroup, which still hold{} its GPUs (leftovers = \"{}\")",
                 if left == 1 { "" } else { "es" },
                 if left == 1 { "s" } else { "" },
-                match config.leftovers {
-                    gpupin::host::confine::Leftovers::Wait => "wait",
-                    gpupin::host::confine::Leftovers::Kill => "kill",
-                },
+                config.leftovers.as_str(),
             );
             told = true;
         }

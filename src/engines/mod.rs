@@ -1,7 +1,7 @@
 //! The container engines' ways in: the OCI hook, the runc shim, Docker's folder, which engine started a container, install files.
 
-pub mod docker;
-pub mod engine;
+pub(crate) mod docker;
+pub(crate) mod engine;
 pub mod hook;
 pub mod install;
 pub mod runtime;

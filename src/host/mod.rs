@@ -1,7 +1,7 @@
 //! The machine as it is: GPUs, processes and users, device nodes and cgroups, Slurm.
 
 pub mod confine;
-pub mod container_devices;
+pub(crate) mod container_devices;
 pub mod inventory;
 pub mod slurm;
 pub mod users;

@@ -10,6 +10,7 @@ use crate::model::holder::{HolderId, HolderKind, Owner};
 use crate::state::ledger::{HolderMeta, Record};
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HoldError {
     #[error(transparent)]
     Grant(#[from] GrantError),

@@ -58,6 +58,7 @@ impl fmt::Display for HolderId {
 /// What kind of holder a record is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum HolderKind {
     #[default]
     Container,

@@ -47,6 +47,7 @@ pub trait Policy {
 /// The policies a request or the config can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum PolicyName {
     /// The best-connected free GPUs (NVLink, then PCIe distance), leaving the
     /// best-connected ones free for later; like `pack` where links are unknown.

@@ -19,6 +19,7 @@ use crate::input::config::Driver;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DriverError {
     #[error(transparent)]
     Cdi(#[from] cdi::CdiError),

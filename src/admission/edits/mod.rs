@@ -22,6 +22,7 @@ use std::path::Path;
 pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EditsError {
     #[error("annotation {0} is written by gpupin, not by users; remove it from the container")]
     ReservedAnnotation(&'static str),
@@ -33,6 +34,7 @@ pub enum EditsError {
 
 /// Why a consumer could not apply edits.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ApplyError {
     #[error(transparent)]
     Spec(#[from] crate::admission::spec::SpecError),

@@ -52,6 +52,7 @@ fn status(err: KubeError) -> Status {
         KubeError::UnknownDevice { .. } | KubeError::NoDevices => Status::invalid_argument(message),
         KubeError::Grant(_) | KubeError::Driver(_) => Status::failed_precondition(message),
         KubeError::Ledger(_) | KubeError::Inventory(_) => Status::internal(message),
+        _ => Status::internal(message),
     }
 }
 

@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 
 /// Config key `confine`: true (= Auto), false (= Off), "auto", "v1", "v2".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Confine {
     Off,
     /// Every mechanism this machine has; an error where it has none.

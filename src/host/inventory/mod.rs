@@ -130,6 +130,7 @@ fn bus_id_suffix_matches(full: &str, short: &str) -> bool {
 
 /// Where the inventory comes from: the `inventory` config key.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum InventorySource {
     /// NVML, then procfs, then an error that says how to choose a simulated machine.
     Auto,
@@ -181,6 +182,7 @@ impl std::fmt::Display for InventorySource {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum InventoryError {
     #[error(
         "unknown simulated machine sim:{name}: expected one of {}",

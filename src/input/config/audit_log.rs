@@ -11,6 +11,7 @@ pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
 pub const DEFAULT_KEEP: u32 = 4;
 /// What an allocation does when its audit line cannot be written (`audit_failure`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum AuditFailure {
     /// The allocation is undone and refused: nothing is held that the trail does not
     /// show, so nobody gets GPU time `gpupin usage` cannot bill by filling the disk.

@@ -6,6 +6,7 @@ pub const DEFAULT_CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
 /// The config's `driver` key: how a container gets the driver's files.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Driver {
     /// CDI where an `nvidia.com/gpu` spec is found; otherwise the container starts
     /// without the driver's files, and the log says so.
@@ -48,6 +49,7 @@ impl std::str::FromStr for Driver {
 /// a gpupin request (`request`), since leaving them would hand out GPUs unrecorded and
 /// stripping them would silently undo what the user asked their engine for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Unrequested {
     /// A gpupin request: a list asks for that many GPUs (gpupin picks which), `all` for
     /// every GPU of the machine.

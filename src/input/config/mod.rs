@@ -148,6 +148,7 @@ pub struct Config {
 /// What allocation makes of a process on a GPU that no holder owns (one started
 /// without gpupin).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Foreign {
     /// An exclusive request never gets such a GPU; the refusal names the process.
     #[default]
@@ -177,6 +178,7 @@ pub const DEFAULT_LIVE_CACHE: Duration = Duration::from_secs(2);
 
 /// How `gpupin exec` writes CUDA_VISIBLE_DEVICES.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum CudaIds {
     /// Indices in PCI bus order, with CUDA_DEVICE_ORDER=PCI_BUS_ID (nvidia-smi's numbers).
     #[default]
@@ -229,6 +231,7 @@ impl Default for Config {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     #[error("reading config {path}")]
     Read {

@@ -51,6 +51,7 @@ const SHOWN_VALUE_LEN: usize = 128;
 /// Which GPUs are wanted.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Selection {
     Count(u32),
     /// Every GPU of the machine.
@@ -80,6 +81,7 @@ pub enum CpuBinding {
 /// Where a request was read from, for records and messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Origin {
     Annotations,
     /// Docker labels (config.v2.json), read by the runtime shim.
@@ -147,6 +149,7 @@ impl GpuRequest {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RequestError {
     #[error("invalid {key}={value:?}: {expected}")]
     Invalid {

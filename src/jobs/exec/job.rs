@@ -16,6 +16,7 @@ use std::time::Duration;
 pub const LEFTOVERS_POLL: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum JobError {
     #[error(transparent)]
     Grant(#[from] GrantError),

@@ -31,6 +31,7 @@ pub const HOLDER_PREFIX: &str = "k8s-";
 pub const ENGINE: &str = "kubernetes";
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KubeError {
     #[error("unknown device id {id:?}: expected the UUID of one of this machine's GPUs ({known})")]
     UnknownDevice { id: String, known: String },

@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum EventKind {
     /// GPUs given to a container or an exec'd job.
     Allocate,

@@ -19,6 +19,7 @@ pub struct ClaimToken {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClaimError {
     #[error("reading random bytes for a claim")]
     Random(#[source] std::io::Error),
