@@ -540,6 +540,27 @@ mod tests {
     }
 
     #[test]
+    fn an_explicit_file_is_the_one_read_and_a_missing_one_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("gpupin.toml");
+        std::fs::write(&file, "state_dir = \"state\"\nmax_shared = 2\n").unwrap();
+        let c = Config::discover(Some(&file)).unwrap();
+        assert_eq!(c.path.as_deref(), Some(file.as_path()));
+        assert_eq!((c.state_dir, c.max_shared), (tmp.path().join("state"), 2));
+        let err = Config::discover(Some(&tmp.path().join("none.toml"))).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }), "{err}");
+    }
+
+    #[test]
+    fn cuda_visible_devices_reads_both_ways_and_defaults_to_index() {
+        assert_eq!(parse("").unwrap().cuda_visible_devices, CudaIds::Index);
+        for (text, ids) in [("index", CudaIds::Index), ("uuid", CudaIds::Uuid)] {
+            let c = parse(&format!("cuda_visible_devices = \"{text}\"\n")).unwrap();
+            assert_eq!(c.cuda_visible_devices, ids, "{text}");
+        }
+    }
+
+    #[test]
     fn reads_the_keys_of_jobs_users_and_the_audit_trail() {
         let c = parse(
             "audit_log = \"audit/audit.log\"\naudit_max_size = \"1MiB\"\naudit_keep = 2\n\
