@@ -12,14 +12,12 @@ pub mod spec;
 
 pub use hook_command::HookCommand;
 
+use crate::admission::foreign::VISIBLE_DEVICES;
 use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::request::{ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, CpuBinding, WRITTEN_BY_GPUPIN};
 use crate::state::ledger::{ClaimToken, Record};
 use std::collections::HashMap;
 use std::path::Path;
-
-/// The env var later hooks (NVIDIA's among them) and CUDA's tools read the GPUs from.
-pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EditsError {

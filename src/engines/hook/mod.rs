@@ -337,11 +337,11 @@ fn unrequested_task(
     path: &Path,
 ) -> Result<Option<Container>, HookError> {
     let markers: [&[u8]; 5] = [
-        b"NVIDIA_VISIBLE_DEVICES",
+        foreign::VISIBLE_DEVICES.as_bytes(),
         b"cdi.k8s.io/",
         b"nvidia-container-devices",
         // A legacy CUDA image gets every GPU from NVIDIA's runtime without the env var.
-        b"CUDA_VERSION",
+        foreign::CUDA_VERSION.as_bytes(),
         b"\"major\"",
     ];
     if !markers.iter().any(|m| contains(bytes, m)) {

@@ -35,7 +35,7 @@ pub(super) fn run(
         request::ENV_PREFIX,
         "nvidia",
         "NVIDIA",
-        "CUDA_VERSION",
+        foreign::CUDA_VERSION,
         "\"major\"",
     ];
     if !markers.iter().any(|m| contains(input, m.as_bytes())) {

@@ -16,19 +16,15 @@
 //!   these GPUs, nested in the holder, and no others.
 
 use super::{ENGINE, HOLDER_PREFIX, KubeError, SOURCE, is_plugin_holder, known_uuids};
-use crate::admission::edits::VISIBLE_DEVICES;
+use crate::admission::foreign::VISIBLE_DEVICES;
 use crate::admission::grant;
 use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::config::Config;
 use crate::input::config::Driver;
-use crate::input::request::{GpuRequest, Origin, Selection};
+use crate::input::request::{GpuRequest, Key, Origin, Selection};
 use crate::model::holder::{ContainerInfo, HolderId, HolderKind};
 use crate::state::ledger::HolderMeta;
 use sha2::{Digest, Sha256};
-
-/// The annotation and env that nest a container's own request in the plugin's holder.
-pub const WITHIN_ANNOTATION: &str = "gpupin.within";
-pub const WITHIN_ENV: &str = "GPUPIN_WITHIN";
 
 /// What one container gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,9 +109,9 @@ pub fn allocate(
         },
         env: vec![
             (VISIBLE_DEVICES.to_string(), visible),
-            (WITHIN_ENV.to_string(), within.clone()),
+            (Key::Within.env().to_string(), within.clone()),
         ],
-        annotations: vec![(WITHIN_ANNOTATION.to_string(), within)],
+        annotations: vec![(Key::Within.as_str().to_string(), within)],
         cdi_devices,
         gpus: record.gpus,
     })
@@ -203,10 +199,14 @@ mod tests {
             .unwrap()
             .unwrap();
         let within = format!("{}:{key}", granted.holder);
-        assert!(granted.env.contains(&(WITHIN_ENV.into(), within.clone())));
+        assert!(
+            granted
+                .env
+                .contains(&(Key::Within.env().into(), within.clone()))
+        );
         assert_eq!(
             granted.annotations,
-            [(WITHIN_ANNOTATION.to_string(), within)]
+            [(Key::Within.as_str().to_string(), within)]
         );
         assert!(granted.cdi_devices.is_empty());
         // A retried Allocate: the same holder, nothing new.
