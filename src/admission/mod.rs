@@ -3,6 +3,7 @@
 pub mod admit;
 pub mod driver;
 pub mod edits;
+pub mod entry;
 pub mod foreign;
 pub mod grant;
 pub mod spec;
