@@ -109,19 +109,29 @@ impl ContainerEdits {
             )?),
             None => None,
         };
+        Ok(ContainerEdits {
+            cpuset,
+            ..ContainerEdits::gpus_of(inventory, record)
+        })
+    }
+
+    /// The GPUs of `record` alone: their nodes and the control nodes, the other GPUs'
+    /// nodes withheld, `NVIDIA_VISIBLE_DEVICES` with their UUIDs. Every holder's way to
+    /// its GPUs is read from here (a container's edits, a pod's `Allocate` answer, a
+    /// job's device rules), so that they cannot differ.
+    pub fn gpus_of(inventory: &Inventory, record: &Record) -> Self {
         let withheld = inventory
             .gpus
             .iter()
             .filter(|g| !record.gpus.contains(&g.uuid))
             .map(|g| inventory.gpu_node(g))
             .collect();
-        Ok(ContainerEdits {
+        ContainerEdits {
             nodes: inventory.nodes_for(&record.gpus),
             withheld,
             env: vec![(VISIBLE_DEVICES.to_string(), record.gpus.join(","))],
-            cpuset,
             ..ContainerEdits::default()
-        })
+        }
     }
 
     /// What a spec edited before create needs besides the GPUs: `gpupin.assigned` and the

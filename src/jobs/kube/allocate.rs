@@ -16,6 +16,7 @@
 //!   these GPUs, nested in the holder, and no others.
 
 use super::{ENGINE, HOLDER_PREFIX, KubeError, SOURCE, is_plugin_holder, known_uuids};
+use crate::admission::edits::ContainerEdits;
 use crate::admission::foreign::VISIBLE_DEVICES;
 use crate::admission::grant;
 use crate::host::inventory::{DeviceNode, Inventory};
@@ -94,23 +95,25 @@ pub fn allocate(
         Some((_, key)) => format!("{holder}:{key}"),
         None => holder.to_string(),
     };
-    let cdi = !cdi_devices.is_empty();
-    let visible = if cdi {
-        "void".to_string()
-    } else {
-        record.gpus.join(",")
-    };
+    // What a container holding the record gets, as for any container.
+    let mut edits = ContainerEdits::gpus_of(inventory, &record);
+    if !cdi_devices.is_empty() {
+        // The CDI spec's edits bring the nodes and the driver; NVIDIA's hook, which reads
+        // the env, must not give the GPUs a second time.
+        edits.nodes.clear();
+        for (key, value) in &mut edits.env {
+            if key == VISIBLE_DEVICES {
+                *value = "void".to_string();
+            }
+        }
+    }
+    edits
+        .env
+        .push((Key::Within.env().to_string(), within.clone()));
     Ok(Granted {
         holder: holder.to_string(),
-        nodes: if cdi {
-            Vec::new()
-        } else {
-            inventory.nodes_for(&record.gpus)
-        },
-        env: vec![
-            (VISIBLE_DEVICES.to_string(), visible),
-            (Key::Within.env().to_string(), within.clone()),
-        ],
+        nodes: edits.nodes,
+        env: edits.env,
         annotations: vec![(Key::Within.as_str().to_string(), within)],
         cdi_devices,
         gpus: record.gpus,
