@@ -23,8 +23,12 @@ use crate::input::request::{GpuRequest, Origin, Selection};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 
-/// The env var NVIDIA's runtime and hook read a container's GPUs from.
-const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// The env var NVIDIA's runtime and hook read a container's GPUs from. Defined here, in
+/// the lowest module that reads it, for every layer above (edits, driver, hook, jobs).
+pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Set by CUDA images; alone (without NVIDIA_REQUIRE_CUDA) it makes a "legacy" image that
+/// NVIDIA's runtime gives every GPU (`legacy_cuda_image`).
+pub const CUDA_VERSION: &str = "CUDA_VERSION";
 /// Annotation prefix NVIDIA's runtime (`modes.cdi.annotation-prefixes`) and containerd's
 /// CRI read CDI device names from.
 const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
@@ -453,7 +457,7 @@ fn legacy_all(spec: &Value) -> bool {
             .find_map(|e| e.strip_prefix(&prefix).map(str::to_string))
     };
     last(VISIBLE_DEVICES).is_none()
-        && last("CUDA_VERSION").is_some_and(|v| !v.is_empty())
+        && last(CUDA_VERSION).is_some_and(|v| !v.is_empty())
         && last("NVIDIA_REQUIRE_CUDA").is_none_or(|v| v.is_empty())
 }
 

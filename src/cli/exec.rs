@@ -14,9 +14,6 @@ use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::process::ExitCode;
 
-/// The env variable that stands in for --within (a Slurm TaskProlog can set it).
-const WITHIN_ENV: &str = "GPUPIN_WITHIN";
-
 #[derive(clap::Args)]
 pub struct ExecArgs {
     #[command(flatten)]
@@ -39,10 +36,11 @@ pub struct ExecArgs {
 
 impl ExecArgs {
     fn pairs(&self, config: &Config) -> Vec<(String, String)> {
-        let own = self
-            .within
-            .clone()
-            .or_else(|| std::env::var(WITHIN_ENV).ok().filter(|v| !v.is_empty()));
+        let own = self.within.clone().or_else(|| {
+            std::env::var(request::Key::Within.env())
+                .ok()
+                .filter(|v| !v.is_empty())
+        });
         // Inside a Slurm job, its hold: for a user, the daemon then checks that the hold
         // is theirs, as for any --within.
         let job = std::env::var(gpupin::host::slurm::JOB_ID_ENV)
@@ -58,11 +56,11 @@ impl ExecArgs {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         for (key, value) in [
-            ("gpupin.wait", self.wait.clone()),
-            ("gpupin.within", within),
+            (request::Key::Wait, self.wait.clone()),
+            (request::Key::Within, within),
         ] {
             if let Some(v) = value {
-                pairs.push((key.to_string(), v));
+                pairs.push((key.as_str().to_string(), v));
             }
         }
         pairs

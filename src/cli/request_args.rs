@@ -1,6 +1,8 @@
 //! The request options `gpupin pick` and `gpupin exec` share, as annotation-named pairs
 //! for `request::from_pairs` (which does all the validation).
 
+use gpupin::input::request::Key;
+
 #[derive(clap::Args)]
 pub struct RequestArgs {
     /// How many GPUs: a positive integer or "all"
@@ -29,16 +31,16 @@ pub struct RequestArgs {
 impl RequestArgs {
     pub fn pairs(&self) -> Vec<(&'static str, &str)> {
         [
-            ("gpupin.count", &self.count),
-            ("gpupin.devices", &self.devices),
-            ("gpupin.policy", &self.policy),
-            ("gpupin.memory", &self.memory),
-            ("gpupin.model", &self.model),
-            ("gpupin.share", &self.share),
-            ("gpupin.reserve", &self.reserve),
+            (Key::Count, &self.count),
+            (Key::Devices, &self.devices),
+            (Key::Policy, &self.policy),
+            (Key::Memory, &self.memory),
+            (Key::Model, &self.model),
+            (Key::Share, &self.share),
+            (Key::Reserve, &self.reserve),
         ]
         .into_iter()
-        .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+        .filter_map(|(k, v)| v.as_deref().map(|v| (k.as_str(), v)))
         .collect()
     }
 }

@@ -79,7 +79,7 @@ pub(super) fn check(setup: &Setup, inventory: &Inventory) -> Vec<Finding> {
     // Without the module its nodes cannot exist yet: the warning above says so.
     let expected = nodes
         .iter()
-        .filter(|n| uvm_loaded || !n.path.starts_with("/dev/nvidia-uvm"));
+        .filter(|n| uvm_loaded || !n.path.starts_with(crate::host::inventory::UVM_NODE));
     for node in expected {
         if let Some(finding) = check_node(setup, node) {
             findings.push(finding);

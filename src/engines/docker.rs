@@ -167,7 +167,10 @@ pub fn gpus_request(dir: &Path) -> Result<Option<GpuRequest>, DockerError> {
     let ids = req.device_ids.unwrap_or_default();
     let selection = if !ids.is_empty() {
         let joined = ids.join(",");
-        match request::from_pairs(&[("gpupin.devices", &joined)], Origin::DockerGpus)? {
+        match request::from_pairs(
+            &[(request::Key::Devices.as_str(), &joined)],
+            Origin::DockerGpus,
+        )? {
             Some(GpuRequest { selection, .. }) => selection,
             None => return Err(bad(format!("empty DeviceIDs {ids:?}"))),
         }

@@ -3,7 +3,8 @@
 //! `all` entry is never applied, and neither is any other GPU's.
 
 use super::cdi::{self, ALL, Device, Found};
-use crate::admission::edits::{self, ContainerEdits, VISIBLE_DEVICES};
+use crate::admission::edits::{self, ContainerEdits};
+use crate::admission::foreign::VISIBLE_DEVICES;
 use crate::host::inventory::{DeviceNode, Gpu, Inventory};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::MetadataExt;

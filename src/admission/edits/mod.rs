@@ -12,14 +12,12 @@ pub mod spec;
 
 pub use hook_command::HookCommand;
 
+use crate::admission::foreign::VISIBLE_DEVICES;
 use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::request::{ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, CpuBinding, WRITTEN_BY_GPUPIN};
 use crate::state::ledger::{ClaimToken, Record};
 use std::collections::HashMap;
 use std::path::Path;
-
-/// The env var later hooks (NVIDIA's among them) and CUDA's tools read the GPUs from.
-pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -113,19 +111,29 @@ impl ContainerEdits {
             )?),
             None => None,
         };
+        Ok(ContainerEdits {
+            cpuset,
+            ..ContainerEdits::gpus_of(inventory, record)
+        })
+    }
+
+    /// The GPUs of `record` alone: their nodes and the control nodes, the other GPUs'
+    /// nodes withheld, `NVIDIA_VISIBLE_DEVICES` with their UUIDs. Every holder's way to
+    /// its GPUs is read from here (a container's edits, a pod's `Allocate` answer, a
+    /// job's device rules), so that they cannot differ.
+    pub fn gpus_of(inventory: &Inventory, record: &Record) -> Self {
         let withheld = inventory
             .gpus
             .iter()
             .filter(|g| !record.gpus.contains(&g.uuid))
             .map(|g| inventory.gpu_node(g))
             .collect();
-        Ok(ContainerEdits {
+        ContainerEdits {
             nodes: inventory.nodes_for(&record.gpus),
             withheld,
             env: vec![(VISIBLE_DEVICES.to_string(), record.gpus.join(","))],
-            cpuset,
             ..ContainerEdits::default()
-        })
+        }
     }
 
     /// What a spec edited before create needs besides the GPUs: `gpupin.assigned` and the

@@ -8,7 +8,7 @@ use gpupin::jobs::kube::allocate::Granted;
 use gpupin::jobs::kube::devices::DeviceState;
 use gpupin::jobs::kube::{self, KubeError, prefer};
 use gpupin::model::holder::HolderId;
-use gpupin::state::ledger::Ledger;
+use gpupin::state::ledger::{Ledger, Machine};
 use gpupin_kubelet_api::deviceplugin::device_plugin_server::DevicePlugin;
 use gpupin_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
@@ -180,13 +180,11 @@ impl DevicePlugin for Plugin {
                     .map_err(|e| status(e.into()))?,
                 false => None,
             };
-            let machine = prefer::Machine {
-                inventory: &inventory,
-                live: &live,
-                policy: config.policy,
-                cursor: ledger.cursor(),
-                figures: figures.as_deref(),
+            let machine = Machine {
+                live: figures.as_deref(),
+                ..Machine::new(&inventory, config.policy)
             };
+            let cursor = ledger.cursor();
             let container_responses = request
                 .container_requests
                 .iter()
@@ -196,7 +194,7 @@ impl DevicePlugin for Plugin {
                         must_include: &c.must_include_device_ids,
                         size: usize::try_from(c.allocation_size).unwrap_or(0),
                     };
-                    let device_ids = prefer::preferred(&machine, &ask);
+                    let device_ids = prefer::preferred(&machine, &live, cursor, &ask);
                     tracing::debug!(size = c.allocation_size, preferred = ?device_ids, "preferred allocation");
                     ContainerPreferredAllocationResponse { device_ids }
                 })

@@ -8,15 +8,15 @@ mod precreate;
 mod prestart;
 
 use crate::admission::edits::EditsError;
+use crate::admission::entry::EntryError;
 use crate::admission::foreign;
 use crate::admission::spec::{self, SpecError};
 use crate::base::safe_open::{self, Links};
 use crate::engines::engine;
-use crate::host::inventory::InventoryError;
 use crate::input::config::{Config, ConfigError};
-use crate::input::request::{self, GpuRequest, RequestError};
-use crate::model::holder::{BadHolderId, ContainerInfo, HolderId};
-use crate::state::ledger::{ClaimError, ClaimToken, LedgerError, Record};
+use crate::input::request::{self, GpuRequest};
+use crate::model::holder::{ContainerInfo, HolderId};
+use crate::state::ledger::{ClaimToken, Record};
 use oci_spec::runtime::State;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -64,28 +64,15 @@ pub enum HookError {
     State(#[source] serde_json::Error),
     #[error("invalid spec on stdin")]
     Spec(#[source] SpecError),
-    #[error(transparent)]
-    Claim(#[from] ClaimError),
-    #[error(transparent)]
-    BadId(#[from] BadHolderId),
     #[error("bundle of container {id}")]
     Bundle {
         id: String,
         #[source]
         source: SpecError,
     },
+    /// A step every entry point takes (the config, the request, the ledger, ...).
     #[error(transparent)]
-    Request(#[from] RequestError),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Inventory(#[from] InventoryError),
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-    #[error(transparent)]
-    Admit(#[from] crate::admission::admit::AdmitError),
-    #[error(transparent)]
-    Edits(#[from] crate::admission::edits::EditsError),
+    Entry(#[from] EntryError),
     #[error(
         "container {0} asks for gpupin.cpus=numa, which needs its spec edited before create (gpupin-runtime or podman's precreate hook); the prestart hook cannot change a cpuset"
     )]
@@ -102,6 +89,8 @@ pub enum HookError {
     )]
     MissingCapability { id: String, cap: &'static str },
 }
+
+crate::admission::entry::wrap_entry_errors!(HookError);
 
 /// What the hook did, for the binary to report.
 #[derive(Debug)]
@@ -337,11 +326,11 @@ fn unrequested_task(
     path: &Path,
 ) -> Result<Option<Container>, HookError> {
     let markers: [&[u8]; 5] = [
-        b"NVIDIA_VISIBLE_DEVICES",
+        foreign::VISIBLE_DEVICES.as_bytes(),
         b"cdi.k8s.io/",
         b"nvidia-container-devices",
         // A legacy CUDA image gets every GPU from NVIDIA's runtime without the env var.
-        b"CUDA_VERSION",
+        foreign::CUDA_VERSION.as_bytes(),
         b"\"major\"",
     ];
     if !markers.iter().any(|m| contains(bytes, m)) {

@@ -5,17 +5,15 @@
 //! container (or gc reaps it after `claim_grace` when the container never got that far).
 
 use super::{HookError, Outcome, contains};
-use crate::admission::admit::{self, Admission, Claim};
-use crate::admission::edits::{self, ApplyError, HookCommand};
-use crate::admission::foreign::{self, GpuNumbers};
+use crate::admission::before_create::{self, BeforeCreate, LoadOnce, NoEngine, SpecSources};
+use crate::admission::edits::{self, HookCommand};
+use crate::admission::foreign;
 use crate::admission::spec;
 use crate::engines::engine;
-use crate::input::config::Unrequested;
 use crate::input::config::{Config, ConfigError};
-use crate::input::request::{self, ERROR_ANNOTATION, GpuRequest};
+use crate::input::request::{self, ERROR_ANNOTATION};
 use crate::state::ledger::{ClaimToken, HolderMeta};
 use serde_json::Value;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub(super) fn run(
@@ -35,7 +33,7 @@ pub(super) fn run(
         request::ENV_PREFIX,
         "nvidia",
         "NVIDIA",
-        "CUDA_VERSION",
+        foreign::CUDA_VERSION,
         "\"major\"",
     ];
     if !markers.iter().any(|m| contains(input, m.as_bytes())) {
@@ -56,19 +54,22 @@ fn claim(
     exe: &Path,
     load_config: impl FnOnce() -> Result<Config, ConfigError>,
 ) -> Result<Option<Outcome>, HookError> {
-    let mut sources = SpecSources {
-        annotations: spec::annotations(spec_value),
-        spec: spec_value,
-        load: Some(load_config),
-        config: None,
-    };
+    let mut sources = SpecSources::new(spec_value, LoadOnce::new(load_config), NoEngine);
+    // Refused even without a request: the spec goes on to the prestart hook, which
+    // would take them for gpupin's own.
     edits::refuse_reserved(&sources.annotations)?;
-    let Some(request) = request::find(&mut sources)? else {
-        return void(spec_value, || sources.into_config());
+    let found = request::find(&mut sources)?;
+    let SpecSources {
+        annotations,
+        config,
+        ..
+    } = sources;
+    let Some(request) = found else {
+        return void(spec_value, config);
     };
     // Podman marks its specs; the container's name and image are not in them.
-    let container = engine::from_annotations(&sources.annotations);
-    let config = sources.into_config()?;
+    let container = engine::from_annotations(&annotations);
+    let config = config.into_config()?;
     let token = ClaimToken::new_claim()?;
     // No container id yet: the claim's holder id stands for it until prestart binds it.
     tracing::debug!(stage = "precreate", claim = %token.holder(), "hook");
@@ -76,24 +77,19 @@ fn claim(
         exe: exe.to_path_buf(),
         config: config.path.clone(),
     };
-    let admission = Admission {
-        holder: token.holder(),
+    let step = BeforeCreate {
+        config: &config,
         request: &request,
+        annotations: &annotations,
+        token: &token,
+        hook: &hook,
         meta: HolderMeta {
             source: "precreate".into(),
             container,
             ..HolderMeta::default()
         },
-        claim: Some(Claim {
-            token: &token,
-            hook: &hook,
-        }),
-        slurm_job: request::slurm_job(&spec::process_env(spec_value)),
     };
-    let (record, bytes) = admit::admit(&config, admission, |edits| {
-        edits::spec::apply(edits, spec_value)?;
-        to_bytes(spec_value).map_err(ApplyError::Spec)
-    })?;
+    let (record, bytes) = before_create::edit_spec(step, spec_value, to_bytes)?;
     Ok(Some(Outcome::Spec {
         bytes,
         claim: Some(record),
@@ -104,11 +100,11 @@ fn claim(
 /// NVIDIA's stack for is voided. `None`: the spec goes on as it came. The config is read
 /// only for a spec that asks NVIDIA's stack for something.
 fn void(
-    spec_value: &Value,
-    config: impl FnOnce() -> Result<Config, HookError>,
+    spec_value: &mut Value,
+    config: LoadOnce<impl FnOnce() -> Result<Config, ConfigError>>,
 ) -> Result<Option<Outcome>, HookError> {
-    let mut voided = spec_value.clone();
-    if !foreign::void(&mut voided) || config()?.unrequested != Unrequested::Strip {
+    let unrequested = || config.into_config().map(|c| c.unrequested);
+    if !before_create::strip_unrequested(spec_value, unrequested)? {
         return Ok(None);
     }
     tracing::info!(
@@ -116,53 +112,9 @@ fn void(
         "no request: NVIDIA's request set to void"
     );
     Ok(Some(Outcome::Spec {
-        bytes: to_bytes(&voided).map_err(HookError::Spec)?,
+        bytes: to_bytes(spec_value).map_err(HookError::Spec)?,
         claim: None,
     }))
-}
-
-/// Where precreate finds a request: the proposed spec's annotations and process env, and
-/// last the GPUs NVIDIA's stack was asked for around gpupin. The config is loaded when a
-/// source first needs it (the foreign one: `unrequested`, the inventory).
-struct SpecSources<'a, L> {
-    annotations: HashMap<String, String>,
-    spec: &'a Value,
-    load: Option<L>,
-    config: Option<Config>,
-}
-
-impl<L: FnOnce() -> Result<Config, ConfigError>> SpecSources<'_, L> {
-    fn config(&mut self) -> Result<&Config, HookError> {
-        if let Some(load) = self.load.take() {
-            self.config = Some(load()?);
-        }
-        Ok(self.config.as_ref().expect("loaded above or before"))
-    }
-
-    /// The config, loaded now unless a source already did.
-    fn into_config(mut self) -> Result<Config, HookError> {
-        self.config()?;
-        Ok(self.config.take().expect("just loaded"))
-    }
-}
-
-impl<L: FnOnce() -> Result<Config, ConfigError>> request::Sources for SpecSources<'_, L> {
-    type Error = HookError;
-    fn annotations(&self) -> &HashMap<String, String> {
-        &self.annotations
-    }
-    fn env(&mut self) -> Result<Vec<String>, HookError> {
-        Ok(spec::process_env(self.spec))
-    }
-    fn foreign(&mut self) -> Result<Option<GpuRequest>, HookError> {
-        let spec = self.spec;
-        let config = self.config()?;
-        foreign::request(spec, config.unrequested, || {
-            let inventory =
-                crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
-            Ok(GpuNumbers::of(&inventory))
-        })
-    }
 }
 
 /// Podman (containers/common, RuntimeConfigFilter) discards a precreate hook's stderr

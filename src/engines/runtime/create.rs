@@ -1,47 +1,44 @@
 //! `create` under gpupin-runtime: find the request, admit, write the edited spec.
 
 use super::ShimError;
-use crate::admission::admit::{self, Admission, Claim};
-use crate::admission::edits::{self, HookCommand};
-use crate::admission::foreign::{self, GpuNumbers};
+use crate::admission::before_create::{self, BeforeCreate, EngineSources, SpecSources};
+use crate::admission::edits::HookCommand;
 use crate::admission::spec;
 use crate::engines::docker::{self, DockerContainer};
 use crate::engines::engine;
 use crate::input::config::Config;
-use crate::input::config::Unrequested;
 use crate::input::request::{self, GpuRequest};
 use crate::model::holder::{ContainerInfo, HolderId};
 use crate::state::ledger::{ClaimToken, HolderMeta, Record};
-use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// Where the shim finds a request: the spec's annotations and env, Docker's labels and
-/// `--gpus` request in the container's folder when the spec shows one, and last the GPUs
-/// NVIDIA's stack was asked for around gpupin.
-struct ShimSources<'a> {
-    annotations: HashMap<String, String>,
-    spec: &'a Value,
-    docker_dir: Option<PathBuf>,
+/// What Docker adds to the spec's sources (`before_create::SpecSources`): its labels and
+/// `--gpus` request in the container's folder, when the spec shows one.
+struct DockerSources {
+    dir: Option<PathBuf>,
     /// config.v2.json, once read (for the labels, or for `container_info`).
-    docker: Option<DockerContainer>,
-    config: &'a Config,
+    container: Option<DockerContainer>,
 }
 
-impl ShimSources<'_> {
+impl DockerSources {
     /// The Docker container's config.v2.json, read at most once per create.
     fn docker(&mut self) -> Result<Option<&DockerContainer>, ShimError> {
-        if let (None, Some(dir)) = (&self.docker, &self.docker_dir) {
-            self.docker = Some(DockerContainer::read(dir)?);
+        if let (None, Some(dir)) = (&self.container, &self.dir) {
+            self.container = Some(DockerContainer::read(dir)?);
         }
-        Ok(self.docker.as_ref())
+        Ok(self.container.as_ref())
     }
 
     /// What the engine tells about the container: Docker's folder, else the spec's
     /// annotations, else the runtime root containerd gives runc. config.v2.json that
     /// cannot be read leaves only the engine: it labels the holder, it decides nothing.
-    fn container_info(&mut self, runc_root: Option<&Path>) -> Option<ContainerInfo> {
-        if self.docker_dir.is_some() {
+    fn container_info(
+        &mut self,
+        annotations: &HashMap<String, String>,
+        runc_root: Option<&Path>,
+    ) -> Option<ContainerInfo> {
+        if self.dir.is_some() {
             return Some(match self.docker() {
                 Ok(docker) => docker.map(DockerContainer::info).unwrap_or_default(),
                 Err(err) => {
@@ -51,7 +48,7 @@ impl ShimSources<'_> {
             });
         }
         let containerd = runc_root.is_some_and(engine::is_containerd_root);
-        match engine::from_annotations(&self.annotations) {
+        match engine::from_annotations(annotations) {
             Some(info) => Some(info),
             None if containerd => Some(engine::engine_only(engine::CONTAINERD)),
             None => None,
@@ -59,43 +56,19 @@ impl ShimSources<'_> {
     }
 }
 
-impl request::Sources for ShimSources<'_> {
+impl EngineSources for DockerSources {
     type Error = ShimError;
-    fn annotations(&self) -> &HashMap<String, String> {
-        &self.annotations
-    }
     fn labels(&mut self) -> Result<Option<GpuRequest>, ShimError> {
         match self.docker()? {
             Some(docker) => Ok(docker.label_request()?),
             None => Ok(None),
         }
     }
-    fn env(&mut self) -> Result<Vec<String>, ShimError> {
-        Ok(spec::process_env(self.spec))
-    }
     fn docker_gpus(&mut self) -> Result<Option<GpuRequest>, ShimError> {
-        match &self.docker_dir {
+        match &self.dir {
             Some(dir) => Ok(docker::gpus_request(dir)?),
             None => Ok(None),
         }
-    }
-    fn foreign(&mut self) -> Result<Option<GpuRequest>, ShimError> {
-        let config = self.config;
-        foreign::request(self.spec, config.unrequested, || {
-            let inventory =
-                crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
-            Ok(GpuNumbers::of(&inventory))
-        })
-    }
-}
-
-fn sources<'a>(spec_value: &'a Value, id: &str, config: &'a Config) -> ShimSources<'a> {
-    ShimSources {
-        annotations: spec::annotations(spec_value),
-        spec: spec_value,
-        docker_dir: docker::container_dir(spec_value, id),
-        docker: None,
-        config,
     }
 }
 
@@ -136,15 +109,26 @@ fn edit_spec(
     let config_path = bundle.join("config.json");
     let mut spec_value = spec::read(&config_path)?;
     let holder = HolderId::new(id)?;
-    let mut sources = sources(&spec_value, id, config);
+    let docker = DockerSources {
+        dir: docker::container_dir(&spec_value, id),
+        container: None,
+    };
+    let mut sources = SpecSources::new(&spec_value, config, docker);
     tracing::debug!(
         container = %holder,
-        docker_dir = ?sources.docker_dir,
+        docker_dir = ?sources.engine.dir,
         "create: looking for a request"
     );
-    let Some(request) = request::find(&mut sources)? else {
+    let found = request::find(&mut sources)?;
+    let SpecSources {
+        annotations,
+        engine: mut docker,
+        ..
+    } = sources;
+    let Some(request) = found else {
         // What it asked NVIDIA's stack for goes too, unless the config says to leave it.
-        if config.unrequested == Unrequested::Strip && foreign::void(&mut spec_value) {
+        let unrequested = || Ok::<_, ShimError>(config.unrequested);
+        if before_create::strip_unrequested(&mut spec_value, unrequested)? {
             tracing::info!(container = %holder, "no request: NVIDIA's request set to void");
             spec::write_atomic(&config_path, &spec_value)?;
         } else {
@@ -152,26 +136,22 @@ fn edit_spec(
         }
         return Ok(None);
     };
-    edits::refuse_reserved(&sources.annotations)?;
     let token = ClaimToken::new(holder.clone())?;
-    let admission = Admission {
-        holder: &holder,
+    let step = BeforeCreate {
+        config,
         request: &request,
+        annotations: &annotations,
+        token: &token,
+        hook,
         meta: HolderMeta {
             source: "runtime".into(),
             bundle: Some(bundle.to_path_buf()),
-            container: sources.container_info(runc_root),
+            container: docker.container_info(&annotations, runc_root),
             ..HolderMeta::default()
         },
-        claim: Some(Claim {
-            token: &token,
-            hook,
-        }),
-        slurm_job: request::slurm_job(&spec::process_env(&spec_value)),
     };
-    let (record, ()) = admit::admit(config, admission, |edits| {
-        edits::spec::apply(edits, &mut spec_value)?;
-        Ok(spec::write_atomic(&config_path, &spec_value)?)
+    let (record, ()) = before_create::edit_spec(step, &mut spec_value, |spec| {
+        spec::write_atomic(&config_path, spec)
     })?;
     Ok(Some(record))
 }
@@ -180,7 +160,9 @@ fn edit_spec(
 mod tests {
     use super::*;
     use crate::admission::foreign::testing::{cdi_linux, gpu_minors};
+    use crate::input::config::Unrequested;
     use crate::state::ledger::Ledger;
+    use serde_json::Value;
     use serde_json::json;
 
     struct Setup {

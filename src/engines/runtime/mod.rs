@@ -8,13 +8,10 @@ mod shim;
 
 pub use shim::{Handover, release, run};
 
+use crate::admission::entry::EntryError;
 use crate::admission::spec::SpecError;
 use crate::engines::docker::DockerError;
-use crate::host::inventory::InventoryError;
-use crate::input::config::{Config, ConfigError};
-use crate::input::request::RequestError;
-use crate::model::holder::BadHolderId;
-use crate::state::ledger::LedgerError;
+use crate::input::config::Config;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -22,25 +19,12 @@ pub enum ShimError {
     #[error(transparent)]
     Argv(#[from] argv::ArgvError),
     #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
     Spec(#[from] SpecError),
+    /// A step every entry point takes (the config, the request, the ledger, ...).
     #[error(transparent)]
-    BadId(#[from] BadHolderId),
-    #[error(transparent)]
-    Claim(#[from] crate::state::ledger::ClaimError),
-    #[error(transparent)]
-    Request(#[from] RequestError),
+    Entry(#[from] EntryError),
     #[error(transparent)]
     Docker(#[from] DockerError),
-    #[error(transparent)]
-    Inventory(#[from] InventoryError),
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-    #[error(transparent)]
-    Admit(#[from] crate::admission::admit::AdmitError),
-    #[error(transparent)]
-    Edits(#[from] crate::admission::edits::EditsError),
     #[error("running the runtime {path}")]
     RunRuntime {
         path: PathBuf,
@@ -62,6 +46,8 @@ pub enum ShimError {
     #[error("runtime {0} is gpupin-runtime itself; set `runtime` to the real runtime (runc)")]
     RuntimeIsSelf(PathBuf),
 }
+
+crate::admission::entry::wrap_entry_errors!(ShimError);
 
 /// The real runtime's path: `runtime` from the config, searched on PATH when it is a
 /// bare name, and never this binary (which would recurse).

@@ -91,8 +91,12 @@ pub struct DeviceRules {
 impl DeviceRules {
     /// The rules for a job holding `own` among the machine's GPU minors `machine`.
     pub fn all_but(gpu_major: u32, machine: impl IntoIterator<Item = u32>, own: &[u32]) -> Self {
-        let mut denied_minors: Vec<u32> =
-            machine.into_iter().filter(|m| !own.contains(m)).collect();
+        Self::deny(gpu_major, machine.into_iter().filter(|m| !own.contains(m)))
+    }
+
+    /// The rules denying the GPU nodes `minors` (a job's: `exec::denied_minors`).
+    pub fn deny(gpu_major: u32, minors: impl IntoIterator<Item = u32>) -> Self {
+        let mut denied_minors: Vec<u32> = minors.into_iter().collect();
         denied_minors.sort_unstable();
         denied_minors.dedup();
         DeviceRules {

@@ -144,10 +144,7 @@ fn store(
     let Some(boot_id) = boot_id else {
         return Ok(());
     };
-    let has_uvm = inv
-        .control_nodes
-        .iter()
-        .any(|n| n.path == "/dev/nvidia-uvm");
+    let has_uvm = inv.control_nodes.iter().any(|n| n.path == super::UVM_NODE);
     if !state_dir.is_dir() || !has_uvm {
         return Ok(());
     }

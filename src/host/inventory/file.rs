@@ -104,9 +104,9 @@ fn default_gpu_major() -> u32 {
 /// The control nodes of a file without `control_nodes`, and of the simulated machines.
 pub(super) fn default_control_nodes(gpu_major: u32) -> Vec<DeviceNode> {
     vec![
-        node("/dev/nvidiactl", gpu_major, 255),
-        node("/dev/nvidia-uvm", DEFAULT_UVM_MAJOR, 0),
-        node("/dev/nvidia-uvm-tools", DEFAULT_UVM_MAJOR, 1),
+        node(super::CTL_NODE, gpu_major, 255),
+        node(super::UVM_NODE, DEFAULT_UVM_MAJOR, 0),
+        node(super::UVM_TOOLS_NODE, DEFAULT_UVM_MAJOR, 1),
     ]
 }
 

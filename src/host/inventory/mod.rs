@@ -23,6 +23,15 @@ pub(crate) use procfs::char_majors;
 
 use std::path::{Path, PathBuf};
 
+/// NVIDIA's control nodes, which a CUDA process needs beside its GPUs' own nodes. Each
+/// path is written once, here: the inventory sources make them, the cache and doctor
+/// look for the UVM pair.
+pub const CTL_NODE: &str = "/dev/nvidiactl";
+pub const MODESET_NODE: &str = "/dev/nvidia-modeset";
+pub const UVM_NODE: &str = "/dev/nvidia-uvm";
+/// `/dev/nvidia-uvm-tools`; `starts_with(UVM_NODE)` matches both UVM nodes.
+pub const UVM_TOOLS_NODE: &str = "/dev/nvidia-uvm-tools";
+
 /// Where NVML is called: in this process (the `gpupin` CLI), or in the `gpupin` binary
 /// beside a statically linked one (`nvml_helper` says why).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -215,13 +215,13 @@ pub(super) fn device_nodes(roots: &Roots) -> Result<(u32, Vec<DeviceNode>), Inve
                 "no nvidia or nvidia-frontend character device: is the nvidia module loaded?",
             )
         })?;
-    let mut nodes = vec![node("/dev/nvidiactl", gpu_major, 255)];
+    let mut nodes = vec![node(super::CTL_NODE, gpu_major, 255)];
     if roots.dev.join("nvidia-modeset").symlink_metadata().is_ok() {
-        nodes.push(node("/dev/nvidia-modeset", gpu_major, 254));
+        nodes.push(node(super::MODESET_NODE, gpu_major, 254));
     }
     if let Some(&uvm) = majors.get("nvidia-uvm") {
-        nodes.push(node("/dev/nvidia-uvm", uvm, 0));
-        nodes.push(node("/dev/nvidia-uvm-tools", uvm, 1));
+        nodes.push(node(super::UVM_NODE, uvm, 0));
+        nodes.push(node(super::UVM_TOOLS_NODE, uvm, 1));
     }
     Ok((gpu_major, nodes))
 }

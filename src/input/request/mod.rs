@@ -11,19 +11,89 @@ use crate::policy::PolicyName;
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// Annotation keys and the env names that stand in for them.
-pub const KEYS: &[(&str, &str)] = &[
-    ("gpupin.count", "GPUPIN_COUNT"),
-    ("gpupin.devices", "GPUPIN_DEVICES"),
-    ("gpupin.policy", "GPUPIN_POLICY"),
-    ("gpupin.memory", "GPUPIN_MEMORY"),
-    ("gpupin.model", "GPUPIN_MODEL"),
-    ("gpupin.share", "GPUPIN_SHARE"),
-    ("gpupin.reserve", "GPUPIN_RESERVE"),
-    ("gpupin.wait", "GPUPIN_WAIT"),
-    ("gpupin.cpus", "GPUPIN_CPUS"),
-    ("gpupin.within", "GPUPIN_WITHIN"),
-];
+/// A request key. Each key's two names, the annotation (and Docker label) and the env
+/// name that stands for it, are written once, in `Key::names`; everything else reads
+/// them from there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    Count,
+    Devices,
+    Policy,
+    Memory,
+    Model,
+    Share,
+    Reserve,
+    Wait,
+    Cpus,
+    Within,
+}
+
+impl Key {
+    /// Every key, in the order messages list them.
+    pub const ALL: [Key; 10] = [
+        Key::Count,
+        Key::Devices,
+        Key::Policy,
+        Key::Memory,
+        Key::Model,
+        Key::Share,
+        Key::Reserve,
+        Key::Wait,
+        Key::Cpus,
+        Key::Within,
+    ];
+
+    /// The annotation name and the env name.
+    const fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Key::Count => ("gpupin.count", "GPUPIN_COUNT"),
+            Key::Devices => ("gpupin.devices", "GPUPIN_DEVICES"),
+            Key::Policy => ("gpupin.policy", "GPUPIN_POLICY"),
+            Key::Memory => ("gpupin.memory", "GPUPIN_MEMORY"),
+            Key::Model => ("gpupin.model", "GPUPIN_MODEL"),
+            Key::Share => ("gpupin.share", "GPUPIN_SHARE"),
+            Key::Reserve => ("gpupin.reserve", "GPUPIN_RESERVE"),
+            Key::Wait => ("gpupin.wait", "GPUPIN_WAIT"),
+            Key::Cpus => ("gpupin.cpus", "GPUPIN_CPUS"),
+            Key::Within => ("gpupin.within", "GPUPIN_WITHIN"),
+        }
+    }
+
+    /// The annotation (and Docker label) name: `gpupin.count`.
+    pub const fn as_str(self) -> &'static str {
+        self.names().0
+    }
+
+    /// The env name: `GPUPIN_COUNT`.
+    pub const fn env(self) -> &'static str {
+        self.names().1
+    }
+
+    /// The name as a requester from `origin` writes it.
+    pub fn name(self, origin: Origin) -> &'static str {
+        match origin {
+            Origin::Env => self.env(),
+            _ => self.as_str(),
+        }
+    }
+
+    /// The key named `name` as written from `origin`; `None` for an unknown key.
+    pub fn parse(name: &str, origin: Origin) -> Option<Key> {
+        Key::ALL.into_iter().find(|k| k.name(origin) == name)
+    }
+}
+
+impl std::str::FromStr for Key {
+    type Err = RequestError;
+    /// An annotation name (`gpupin.count`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Key::parse(s, Origin::Annotations).ok_or_else(|| RequestError::UnknownKey {
+            key: s.to_string(),
+            origin: Origin::Annotations,
+        })
+    }
+}
+
 pub const ANNOTATION_PREFIX: &str = "gpupin.";
 /// Annotation gpupin itself writes into an edited spec: the UUIDs it assigned.
 pub const ASSIGNED_ANNOTATION: &str = "gpupin.assigned";
@@ -178,8 +248,9 @@ pub enum RequestError {
 }
 
 fn known_keys(origin: Origin) -> String {
-    KEYS.iter()
-        .map(|(a, e)| if origin == Origin::Env { *e } else { *a })
+    Key::ALL
+        .iter()
+        .map(|k| k.name(origin))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -362,13 +433,6 @@ pub fn find<S: Sources>(sources: &mut S) -> Result<Option<GpuRequest>, S::Error>
     sources.foreign()
 }
 
-fn key_name(annotation: &'static str, origin: Origin) -> &'static str {
-    match origin {
-        Origin::Env => KEYS.iter().find(|(a, _)| *a == annotation).unwrap().1,
-        _ => annotation,
-    }
-}
-
 /// Every key as the user gave it, before the checks that look at several keys at once.
 #[derive(Default)]
 struct Parts {
@@ -390,19 +454,16 @@ fn parse<'a>(
     origin: Origin,
 ) -> Result<Option<GpuRequest>, RequestError> {
     let mut parts = Parts::default();
-    let mut first_key: Option<&'static str> = None;
+    let mut first_key: Option<Key> = None;
     for (key, value) in pairs {
-        let Some(&(annotation, _)) = KEYS
-            .iter()
-            .find(|(a, e)| key == if origin == Origin::Env { *e } else { *a })
-        else {
+        let Some(known) = Key::parse(key, origin) else {
             return Err(RequestError::UnknownKey {
                 key: key.to_string(),
                 origin,
             });
         };
-        first_key.get_or_insert(annotation);
-        parse_one(&mut parts, annotation, key, value)?;
+        first_key.get_or_insert(known);
+        parse_one(&mut parts, known, key, value)?;
     }
     match first_key {
         None => Ok(None),
@@ -410,10 +471,10 @@ fn parse<'a>(
     }
 }
 
-fn parse_one(p: &mut Parts, annotation: &str, key: &str, value: &str) -> Result<(), RequestError> {
+fn parse_one(p: &mut Parts, known: Key, key: &str, value: &str) -> Result<(), RequestError> {
     // Bounded before anything else reads them: a value is quoted in refusals, which
     // every requester can make as often as they like.
-    if annotation == "gpupin.devices" {
+    if known == Key::Devices {
         if value.split(',').count() > MAX_DEVICES {
             return Err(invalid(key, value, TOO_MANY_DEVICES));
         }
@@ -421,13 +482,13 @@ fn parse_one(p: &mut Parts, annotation: &str, key: &str, value: &str) -> Result<
         return Err(invalid(key, value, TOO_LONG));
     }
     let v = value.trim();
-    match annotation {
-        "gpupin.count" => p.count = Some(parse_count(key, value)?),
-        "gpupin.devices" => p.devices = Some(parse_devices(key, value)?),
-        "gpupin.policy" => p.policy = Some(parse_policy(key, value)?),
-        "gpupin.memory" => p.memory = Some(parse_size(key, value)?),
-        "gpupin.reserve" => p.reserve = Some(parse_size(key, value)?),
-        "gpupin.model" => {
+    match known {
+        Key::Count => p.count = Some(parse_count(key, value)?),
+        Key::Devices => p.devices = Some(parse_devices(key, value)?),
+        Key::Policy => p.policy = Some(parse_policy(key, value)?),
+        Key::Memory => p.memory = Some(parse_size(key, value)?),
+        Key::Reserve => p.reserve = Some(parse_size(key, value)?),
+        Key::Model => {
             let ok = !v.is_empty()
                 && v.len() <= 64
                 && v.chars()
@@ -437,22 +498,22 @@ fn parse_one(p: &mut Parts, annotation: &str, key: &str, value: &str) -> Result<
             }
             p.model = Some(v.to_string());
         }
-        "gpupin.share" => {
+        Key::Share => {
             p.share = Some(match v {
                 "exclusive" => Share::Exclusive,
                 "shared" => Share::Shared,
                 _ => return Err(invalid(key, value, SHARE_EXPECTED)),
             })
         }
-        "gpupin.wait" => match humantime::parse_duration(v) {
+        Key::Wait => match humantime::parse_duration(v) {
             Ok(d) if d <= MAX_WAIT => p.wait = Some(d),
             _ => return Err(invalid(key, value, WAIT_EXPECTED)),
         },
-        "gpupin.cpus" => match v {
+        Key::Cpus => match v {
             "numa" => p.cpus = Some(CpuBinding::Numa),
             _ => return Err(invalid(key, value, CPUS_EXPECTED)),
         },
-        "gpupin.within" => {
+        Key::Within => {
             let (name, key_text) = match v.split_once(':') {
                 Some((name, key)) => (name, Some(key)),
                 None => (v, None),
@@ -471,14 +532,13 @@ fn parse_one(p: &mut Parts, annotation: &str, key: &str, value: &str) -> Result<
                 (Err(_), None) => return Err(invalid(key, value, WITHIN_EXPECTED)),
             }
         }
-        other => unreachable!("key {other} is in KEYS but not parsed"),
     }
     Ok(())
 }
 
-fn assemble(p: Parts, origin: Origin, some_key: &'static str) -> Result<GpuRequest, RequestError> {
-    let count_key = key_name("gpupin.count", origin);
-    let devices_key = key_name("gpupin.devices", origin);
+fn assemble(p: Parts, origin: Origin, some_key: Key) -> Result<GpuRequest, RequestError> {
+    let count_key = Key::Count.name(origin);
+    let devices_key = Key::Devices.name(origin);
     let selection = match (p.count, p.devices) {
         (Some(_), Some(_)) => {
             return Err(RequestError::CountAndDevices {
@@ -492,7 +552,7 @@ fn assemble(p: Parts, origin: Origin, some_key: &'static str) -> Result<GpuReque
         (None, None) if p.within.is_some() => Selection::All,
         (None, None) => {
             return Err(RequestError::OptionWithoutSelection {
-                key: key_name(some_key, origin),
+                key: some_key.name(origin),
                 count_key,
                 devices_key,
             });
@@ -501,8 +561,8 @@ fn assemble(p: Parts, origin: Origin, some_key: &'static str) -> Result<GpuReque
     let share = p.share.unwrap_or_default();
     if p.reserve.is_some() && share != Share::Shared {
         return Err(RequestError::ReserveWithoutSharing {
-            reserve_key: key_name("gpupin.reserve", origin),
-            share_key: key_name("gpupin.share", origin),
+            reserve_key: Key::Reserve.name(origin),
+            share_key: Key::Share.name(origin),
         });
     }
     Ok(GpuRequest {
@@ -596,6 +656,20 @@ fn parse_policy(key: &str, value: &str) -> Result<PolicyName, RequestError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_key_parses_from_both_its_names_and_nothing_else() {
+        for key in Key::ALL {
+            assert_eq!(Key::parse(key.as_str(), Origin::Annotations), Some(key));
+            assert_eq!(Key::parse(key.env(), Origin::Env), Some(key));
+            assert_eq!(key.as_str().parse::<Key>().unwrap(), key);
+            assert_eq!(Key::parse(key.env(), Origin::Annotations), None);
+        }
+        assert_eq!(Key::Within.as_str(), "gpupin.within");
+        assert_eq!(Key::Within.env(), "GPUPIN_WITHIN");
+        let err = "gpupin.cuont".parse::<Key>().unwrap_err().to_string();
+        assert!(err.contains("\"gpupin.cuont\""), "{err}");
+    }
 
     fn ann(pairs: &[(&str, &str)]) -> Result<Option<GpuRequest>, RequestError> {
         let map = pairs

@@ -1,5 +1,6 @@
 //! The environment that tells a job which GPUs are its own.
 
+use crate::admission::foreign::VISIBLE_DEVICES;
 use crate::host::inventory::Inventory;
 use crate::input::config::CudaIds;
 use crate::state::ledger::Record;
@@ -29,7 +30,7 @@ pub fn job_env(inventory: &Inventory, record: &Record, ids: CudaIds) -> Vec<(Str
     vec![
         ("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()),
         ("CUDA_VISIBLE_DEVICES".into(), cuda.join(",")),
-        ("NVIDIA_VISIBLE_DEVICES".into(), uuids.join(",")),
+        (VISIBLE_DEVICES.into(), uuids.join(",")),
         (HOLDER_ENV.into(), record.id.clone()),
     ]
 }

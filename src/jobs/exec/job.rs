@@ -88,17 +88,9 @@ pub fn start(
         .adopt(&grant.holder, asker, job, job_fd)
         .map_err(JobError::from)
         .and_then(|record| {
-            let own: Vec<u32> = grant
-                .inventory
-                .gpus
-                .iter()
-                .filter(|g| record.gpus.contains(&g.uuid))
-                .map(|g| g.minor)
-                .collect();
-            let rules = DeviceRules::all_but(
+            let rules = DeviceRules::deny(
                 grant.inventory.gpu_major,
-                grant.inventory.gpus.iter().map(|g| g.minor),
-                &own,
+                super::denied_minors(&grant.inventory, &record),
             );
             confine::confine(job, job_fd, grant.holder.as_str(), config.confine, &rules)
                 .map_err(JobError::Confine)

@@ -18,6 +18,7 @@ pub use wait::{
     block_signals, exit_code, forward_signals_and_wait, next_signal, unblock_all_signals,
 };
 
+use crate::admission::edits::ContainerEdits;
 use crate::admission::grant::{self, GrantError};
 use crate::host::inventory::Inventory;
 use crate::input::config::Config;
@@ -51,13 +52,13 @@ pub fn allocate(
     grant::allocate(config, holder, request, meta)
 }
 
-/// The device numbers a job holding `record` must not open: every other GPU's node.
+/// The device numbers a job holding `record` must not open: the nodes a container
+/// holding it is kept from (`ContainerEdits::withheld`, every other GPU's).
 pub fn denied_minors(inventory: &Inventory, record: &Record) -> Vec<u32> {
-    inventory
-        .gpus
+    ContainerEdits::gpus_of(inventory, record)
+        .withheld
         .iter()
-        .filter(|g| !record.gpus.contains(&g.uuid))
-        .map(|g| g.minor)
+        .map(|node| node.minor)
         .collect()
 }
 
@@ -89,4 +90,20 @@ pub fn job_request(
         None => HolderId::new(&format!("exec-{asker}"))?,
     };
     Ok((request, holder))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job is kept from exactly the nodes a container holding the same GPUs is kept from.
+    #[test]
+    fn a_job_is_denied_what_a_container_is_withheld() {
+        let inv = crate::policy::testing::machine(8);
+        let record = crate::state::ledger::testing::record("j1", &["GPU-test-5", "GPU-test-2"]);
+        assert_eq!(denied_minors(&inv, &record), [0, 1, 3, 4, 6, 7]);
+        let edits = ContainerEdits::for_record(&inv, &record).unwrap();
+        let withheld: Vec<u32> = edits.withheld.iter().map(|n| n.minor).collect();
+        assert_eq!(denied_minors(&inv, &record), withheld);
+    }
 }

@@ -16,19 +16,16 @@
 //!   these GPUs, nested in the holder, and no others.
 
 use super::{ENGINE, HOLDER_PREFIX, KubeError, SOURCE, is_plugin_holder, known_uuids};
-use crate::admission::edits::VISIBLE_DEVICES;
+use crate::admission::edits::ContainerEdits;
+use crate::admission::foreign::VISIBLE_DEVICES;
 use crate::admission::grant;
 use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::config::Config;
 use crate::input::config::Driver;
-use crate::input::request::{GpuRequest, Origin, Selection};
+use crate::input::request::{GpuRequest, Key, Origin, Selection};
 use crate::model::holder::{ContainerInfo, HolderId, HolderKind};
 use crate::state::ledger::HolderMeta;
 use sha2::{Digest, Sha256};
-
-/// The annotation and env that nest a container's own request in the plugin's holder.
-pub const WITHIN_ANNOTATION: &str = "gpupin.within";
-pub const WITHIN_ENV: &str = "GPUPIN_WITHIN";
 
 /// What one container gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,24 +95,26 @@ pub fn allocate(
         Some((_, key)) => format!("{holder}:{key}"),
         None => holder.to_string(),
     };
-    let cdi = !cdi_devices.is_empty();
-    let visible = if cdi {
-        "void".to_string()
-    } else {
-        record.gpus.join(",")
-    };
+    // What a container holding the record gets, as for any container.
+    let mut edits = ContainerEdits::gpus_of(inventory, &record);
+    if !cdi_devices.is_empty() {
+        // The CDI spec's edits bring the nodes and the driver; NVIDIA's hook, which reads
+        // the env, must not give the GPUs a second time.
+        edits.nodes.clear();
+        for (key, value) in &mut edits.env {
+            if key == VISIBLE_DEVICES {
+                *value = "void".to_string();
+            }
+        }
+    }
+    edits
+        .env
+        .push((Key::Within.env().to_string(), within.clone()));
     Ok(Granted {
         holder: holder.to_string(),
-        nodes: if cdi {
-            Vec::new()
-        } else {
-            inventory.nodes_for(&record.gpus)
-        },
-        env: vec![
-            (VISIBLE_DEVICES.to_string(), visible),
-            (WITHIN_ENV.to_string(), within.clone()),
-        ],
-        annotations: vec![(WITHIN_ANNOTATION.to_string(), within)],
+        nodes: edits.nodes,
+        env: edits.env,
+        annotations: vec![(Key::Within.as_str().to_string(), within)],
         cdi_devices,
         gpus: record.gpus,
     })
@@ -203,10 +202,14 @@ mod tests {
             .unwrap()
             .unwrap();
         let within = format!("{}:{key}", granted.holder);
-        assert!(granted.env.contains(&(WITHIN_ENV.into(), within.clone())));
+        assert!(
+            granted
+                .env
+                .contains(&(Key::Within.env().into(), within.clone()))
+        );
         assert_eq!(
             granted.annotations,
-            [(WITHIN_ANNOTATION.to_string(), within)]
+            [(Key::Within.as_str().to_string(), within)]
         );
         assert!(granted.cdi_devices.is_empty());
         // A retried Allocate: the same holder, nothing new.

@@ -11,21 +11,8 @@
 //! which GPU is taken by whom.
 
 use super::devices::held_outside;
-use crate::host::inventory::{Inventory, Live};
-use crate::policy::{PolicyInput, PolicyName, choose_including};
-use crate::state::ledger::Record;
-
-/// What the choice is made against besides the kubelet's request.
-pub struct Machine<'a> {
-    pub inventory: &'a Inventory,
-    /// Records that are not stale.
-    pub live: &'a [Record],
-    pub policy: PolicyName,
-    /// The ledger's rotation cursor (`spread`).
-    pub cursor: usize,
-    /// Live figures, where the policy reads them.
-    pub figures: Option<&'a [Live]>,
-}
+use crate::policy::{PolicyInput, choose_including};
+use crate::state::ledger::{Machine, Record};
 
 /// One container's request, as the kubelet sends it.
 pub struct Ask<'a> {
@@ -34,16 +21,18 @@ pub struct Ask<'a> {
     pub size: usize,
 }
 
-/// The preferred device ids (UUIDs) in inventory order. Ids the inventory does not know
-/// are left out.
-pub fn preferred(machine: &Machine, ask: &Ask) -> Vec<String> {
+/// The preferred device ids (UUIDs) in inventory order, chosen on `machine` (the same as
+/// an allocation's: the inventory, its live figures, the policy) by the ledger's
+/// holders that are not stale (`live`) and its rotation cursor (`spread`). Ids the
+/// inventory does not know are left out.
+pub fn preferred(machine: &Machine, live: &[Record], cursor: usize, ask: &Ask) -> Vec<String> {
     let gpus = &machine.inventory.gpus;
     let listed = |ids: &[String], p: usize| ids.iter().any(|id| id == &gpus[p].uuid);
     let fixed: Vec<usize> = (0..gpus.len())
         .filter(|&p| listed(ask.must_include, p))
         .collect();
     let free: Vec<bool> = (0..gpus.len())
-        .map(|p| listed(ask.available, p) && !held_outside(&gpus[p].uuid, machine.live))
+        .map(|p| listed(ask.available, p) && !held_outside(&gpus[p].uuid, live))
         .collect();
     let usable = free
         .iter()
@@ -54,17 +43,19 @@ pub fn preferred(machine: &Machine, ask: &Ask) -> Vec<String> {
         inventory: machine.inventory,
         free: &free,
         count: ask.size.min(usable).max(fixed.len()),
-        cursor: machine.cursor,
-        live: machine.figures,
+        cursor,
+        live: machine.live,
     };
-    let chosen = choose_including(machine.policy, &input, &fixed).unwrap_or(fixed);
+    let chosen = choose_including(machine.default_policy, &input, &fixed).unwrap_or(fixed);
     chosen.into_iter().map(|p| gpus[p].uuid.clone()).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::inventory::Inventory;
     use crate::jobs::kube::testing::record;
+    use crate::policy::PolicyName;
     use crate::policy::testing::sim;
 
     fn uuids(inv: &Inventory, indices: &[usize]) -> Vec<String> {
@@ -78,16 +69,12 @@ mod tests {
         must: &[usize],
         size: usize,
     ) -> Vec<String> {
-        let machine = Machine {
-            inventory: inv,
-            live,
-            policy: PolicyName::Topology,
-            cursor: 0,
-            figures: None,
-        };
+        let machine = Machine::new(inv, PolicyName::Topology);
         let (available, must_include) = (uuids(inv, available), uuids(inv, must));
         preferred(
             &machine,
+            live,
+            0,
             &Ask {
                 available: &available,
                 must_include: &must_include,
@@ -144,17 +131,13 @@ mod tests {
     fn too_few_candidates_give_what_there_is() {
         let inv = sim("nvswitch8");
         assert_eq!(ask(&inv, &[], &[3, 5], &[], 4), uuids(&inv, &[3, 5]));
-        let unknown = Machine {
-            inventory: &inv,
-            live: &[],
-            policy: PolicyName::Pack,
-            cursor: 0,
-            figures: None,
-        };
+        let unknown = Machine::new(&inv, PolicyName::Pack);
         let ids = vec!["GPU-nope".to_string()];
         assert!(
             preferred(
                 &unknown,
+                &[],
+                0,
                 &Ask {
                     available: &ids,
                     must_include: &[],

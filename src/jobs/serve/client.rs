@@ -91,7 +91,7 @@ fn reply_timeout(request: &Request) -> Duration {
     let wait = match request {
         Request::Exec { request, .. } => request
             .iter()
-            .find(|(k, _)| k == "gpupin.wait")
+            .find(|(k, _)| k == crate::input::request::Key::Wait.as_str())
             .and_then(|(_, v)| humantime::parse_duration(v.trim()).ok()),
         _ => None,
     };

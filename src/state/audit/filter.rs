@@ -218,7 +218,10 @@ mod tests {
         Event {
             user: user.map(String::from),
             uid,
-            engine: engine.map(String::from),
+            container: crate::model::holder::ContainerInfo {
+                engine: engine.map(String::from),
+                ..Default::default()
+            },
             gpus: vec![GpuRef {
                 index: Some(3),
                 uuid: "GPU-aaaa".into(),

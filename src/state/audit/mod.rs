@@ -79,14 +79,11 @@ pub struct Event {
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
-    /// docker, podman, containerd, runc: whoever started the container.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<String>,
-    /// The container's name, where the engine tells it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
+    /// What the engine told about a container: its `engine`, `name` and `image` keys,
+    /// flattened into the line where they always were (a line written before this field
+    /// reads the same).
+    #[serde(flatten)]
+    pub container: ContainerInfo,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,9 +132,7 @@ impl Event {
             kind: None,
             user: None,
             uid: None,
-            engine: None,
-            name: None,
-            image: None,
+            container: ContainerInfo::default(),
             gpus: Vec::new(),
             request: None,
             pid: None,
@@ -159,9 +154,9 @@ impl Event {
         cut |= shorten(&mut e.holder, MAX_VALUE);
         for value in [
             &mut e.user,
-            &mut e.engine,
-            &mut e.name,
-            &mut e.image,
+            &mut e.container.engine,
+            &mut e.container.name,
+            &mut e.container.image,
             &mut e.within,
             &mut e.code,
         ]
@@ -207,9 +202,7 @@ impl Event {
             kind: Some(kind),
             user: owner.map(|o| o.user.clone()),
             uid: owner.map(|o| o.uid),
-            engine: container.and_then(|c| c.engine.clone()),
-            name: container.and_then(|c| c.name.clone()),
-            image: container.and_then(|c| c.image.clone()),
+            container: container.cloned().unwrap_or_default(),
             ..Event::new(event, holder)
         }
     }
@@ -227,7 +220,7 @@ impl Event {
     /// Whose it is, as `gpupin log` and `gpupin usage --by user` name them: the user, else
     /// (a container) the engine that started it, else `-`.
     pub fn who(&self) -> &str {
-        who(self.user.as_deref(), self.engine.as_deref())
+        who(self.user.as_deref(), self.container.engine.as_deref())
     }
 }
 
@@ -249,4 +242,35 @@ fn shorten(text: &mut String, max: usize) -> bool {
 /// See `Event::who`; for a ledger record, `usage` asks the same of its owner and container.
 pub(crate) fn who<'a>(user: Option<&'a str>, engine: Option<&'a str>) -> &'a str {
     user.or(engine).unwrap_or("-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full line as gpupin wrote it when `Event` spelt out `engine`, `name` and `image`.
+    const OLD_LINE: &str = r#"{"time":"2024-05-01T12:00:00Z","event":"allocate","holder":"c1","kind":"container","user":"alice","uid":1000,"engine":"docker","name":"train","image":"pytorch:24","gpus":[{"index":3,"uuid":"GPU-a"}],"request":{"selection":{"count":2},"policy":"pack","memory":2147483648,"model":"H100","share":"shared","reserve":1073741824,"wait":{"secs":90,"nanos":0},"cpus":"numa","within":"res-7","origin":"annotations"},"pid":42,"within":"res-7","reason":"why","code":"limit","held_s":5,"suppressed":{"limit":3},"truncated":true}"#;
+
+    #[test]
+    fn an_old_line_reads_the_same_and_a_new_line_is_written_byte_for_byte_as_before() {
+        let event: Event = serde_json::from_str(OLD_LINE).unwrap();
+        assert_eq!(
+            event.container,
+            ContainerInfo {
+                engine: Some("docker".into()),
+                name: Some("train".into()),
+                image: Some("pytorch:24".into()),
+            }
+        );
+        assert_eq!(event.who(), "alice");
+        assert_eq!(event.gpus.len(), 1);
+        assert_eq!(event.held_s, Some(5));
+        assert!(event.request.is_some() && event.truncated);
+        assert_eq!(serde_json::to_string(&event).unwrap(), OLD_LINE);
+        // Without a container: no key of it, and the line reads back without one.
+        let line = r#"{"time":"2024-05-01T12:00:00Z","event":"release","holder":"h1","uid":0}"#;
+        let event: Event = serde_json::from_str(line).unwrap();
+        assert_eq!(event.container, ContainerInfo::default());
+        assert_eq!(serde_json::to_string(&event).unwrap(), line);
+    }
 }

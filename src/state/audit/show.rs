@@ -52,7 +52,7 @@ fn detail(event: &Event) -> String {
     if let Some(reason) = &event.reason {
         parts.push(reason.clone());
     }
-    let container = match (&event.name, &event.image) {
+    let container = match (&event.container.name, &event.container.image) {
         (Some(name), Some(image)) => Some(format!("{name} ({image})")),
         (Some(one), None) | (None, Some(one)) => Some(one.clone()),
         (None, None) => None,
@@ -136,9 +136,9 @@ mod tests {
     fn a_log_row_says_who_which_gpus_and_why_on_one_line() {
         let mut allocate = Event::new(EventKind::Allocate, "c1");
         allocate.time = "2024-05-01T12:00:00Z".into();
-        allocate.engine = Some("docker".into());
-        allocate.name = Some("train".into());
-        allocate.image = Some("pytorch:24".into());
+        allocate.container.engine = Some("docker".into());
+        allocate.container.name = Some("train".into());
+        allocate.container.image = Some("pytorch:24".into());
         allocate.gpus = vec![
             GpuRef {
                 index: Some(0),

@@ -16,6 +16,7 @@
 use super::{Event, EventKind};
 use crate::base::safe_open;
 use crate::input::config::AuditLog;
+use crate::model::holder::ContainerInfo;
 use rustix::fs::FlockOperation;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -110,7 +111,7 @@ impl AuditLog {
         let spent = budget.keys.entry(key).or_insert_with(|| Spent {
             user: event.user.clone(),
             uid: event.uid,
-            engine: event.engine.clone(),
+            engine: event.container.engine.clone(),
             ..Spent::default()
         });
         if spent.written < REFUSALS_PER_MINUTE {
@@ -237,7 +238,7 @@ fn budget_path(refusals: &Path) -> PathBuf {
 
 /// Whose budget a refusal spends: its uid; a container without one, its engine's.
 fn requester(event: &Event) -> String {
-    match (event.uid, &event.engine) {
+    match (event.uid, &event.container.engine) {
         (Some(uid), _) => format!("uid {uid}"),
         (None, Some(engine)) => format!("engine {engine}"),
         (None, None) => "-".into(),
@@ -275,7 +276,10 @@ fn summary(key: &str, spent: Spent, minute: u64) -> Event {
     Event {
         user: spent.user,
         uid: spent.uid,
-        engine: spent.engine,
+        container: ContainerInfo {
+            engine: spent.engine,
+            ..ContainerInfo::default()
+        },
         code: Some("suppressed".into()),
         suppressed: spent.suppressed,
         ..Event::new(EventKind::Refuse, "-").because(reason)
