@@ -15,6 +15,7 @@ use crate::state::ledger::{ClaimError, LedgerError};
 
 /// A failed step that every entry point takes; each message is its source's own.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EntryError {
     #[error(transparent)]
     Config(#[from] ConfigError),
