@@ -1,0 +1,473 @@
+//! gpupin's NVML backend against NVIDIA's mock NVML: the `libnvidia-ml.so.1` that
+//! tests/peers/build makes from go-nvml's mock servers (DGX A100, DGX H100, and NVIDIA's
+//! A30 PCIe configuration), found by the loader through LD_LIBRARY_PATH as a real driver's
+//! library is found, with `inventory = "nvml"` (and once `auto`).
+//!
+//! NUMA node, local CPUs and the device majors come from sysfs and /proc on a real host,
+//! so each gpupin runs in a private mount namespace (`unshare --mount`, as root) where a
+//! fake /proc/devices, /proc/driver/nvidia and /sys/bus/pci/devices are bind-mounted over
+//! the host's, as NVIDIA's own CPU-only CI does for its mock: gpupin reads the real paths,
+//! with no seam of its own.
+//!
+//! What each profile serves is printed by the peer `mocknvml-profile`, straight from
+//! NVIDIA's mock server; gpupin's answers are compared with it.
+
+use gpupin_sandbox::harness::{need_root, required, stdout, text};
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
+/// The GPU and UVM majors of the fake /proc/devices (the driver's usual numbers).
+const GPU_MAJOR: u64 = 195;
+const UVM_MAJOR: u64 = 235;
+
+/// Where tests/peers/build put the mock: `<cache>/mocknvml/`.
+fn mock_dir() -> Result<PathBuf, String> {
+    let cache = match std::env::var_os("GPUPIN_PEERS_CACHE").filter(|c| !c.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").ok_or("HOME is not set")?)
+            .join(".cache/gpupin-peers"),
+    };
+    let dir = cache.join("mocknvml");
+    let lib = dir.join("libnvidia-ml.so.1");
+    if !lib.exists() || !dir.join("mocknvml-profile").exists() {
+        return Err(format!(
+            "no mock NVML at {}: run tests/peers/build (needs Go)",
+            lib.display()
+        ));
+    }
+    Ok(dir)
+}
+
+/// A machine with the mock NVML: a config, a state dir and the fake /proc and /sys tree.
+struct MockHost {
+    dir: tempfile::TempDir,
+    mock: PathBuf,
+    profile: &'static str,
+    /// What the mock serves, from NVIDIA's mock server (`mocknvml-profile`).
+    served: Value,
+}
+
+impl MockHost {
+    /// `None` (after saying why) where the test cannot run: not root, or no mock built;
+    /// under CI=true those fail the test instead.
+    fn new(test: &str, profile: &'static str, inventory: &str) -> Option<MockHost> {
+        if !need_root(test) {
+            return None;
+        }
+        let mock = required(test, mock_dir())?;
+        let out = Command::new(mock.join("mocknvml-profile"))
+            .arg(profile)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let served: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("gpupin-nvml-mock")
+            .tempdir()
+            .unwrap();
+        let host = MockHost {
+            dir,
+            mock,
+            profile,
+            served,
+        };
+        host.write_fake_host();
+        let state = host.root().join("state");
+        std::fs::write(
+            host.config(),
+            format!(
+                "state_dir = {state:?}\naudit_log = {:?}\ninventory = {inventory:?}\npolicy = \"pack\"\n\
+                 # Every allocation asks NVML again: the tests change the figures between runs.\n\
+                 live_cache = \"0s\"\n",
+                state.join("audit.log")
+            ),
+        )
+        .unwrap();
+        Some(host)
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn config(&self) -> PathBuf {
+        self.root().join("gpupin.toml")
+    }
+
+    fn live_file(&self) -> PathBuf {
+        self.root().join("mock-live.json")
+    }
+
+    fn gpus(&self) -> &Vec<Value> {
+        self.served["gpus"].as_array().unwrap()
+    }
+
+    /// GPU i's NUMA node and local CPUs in the fake sysfs: the first half of the GPUs on
+    /// node 0, the rest on node 1, as on a two-socket server.
+    fn locality(&self, i: usize) -> (u64, &'static str) {
+        match i < self.gpus().len() / 2 {
+            true => (0, "0-15,32-47"),
+            false => (1, "16-31,48-63"),
+        }
+    }
+
+    /// The fake /proc/devices, /proc/driver/nvidia (one `information` file per GPU, and
+    /// `version`) and /sys/bus/pci/devices, and the script that mounts them and runs gpupin.
+    fn write_fake_host(&self) {
+        let root = self.root();
+        std::fs::write(
+            root.join("devices"),
+            format!(
+                "Character devices:\n  1 mem\n  4 tty\n{GPU_MAJOR} nvidia-frontend\n{GPU_MAJOR} nvidia\n\
+                 {UVM_MAJOR} nvidia-uvm\n\nBlock devices:\n  8 sd\n"
+            ),
+        )
+        .unwrap();
+        let driver = root.join("driver/nvidia");
+        std::fs::create_dir_all(driver.join("gpus")).unwrap();
+        std::fs::write(
+            driver.join("version"),
+            format!(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {}  Tue Feb 20 00:00:00 UTC 2024\n",
+                self.served["driver"].as_str().unwrap()
+            ),
+        )
+        .unwrap();
+        let pci = root.join("pci");
+        for (i, gpu) in self.gpus().iter().enumerate() {
+            let bus = gpu["pci_bus_id"].as_str().unwrap();
+            let info = driver.join("gpus").join(bus);
+            std::fs::create_dir_all(&info).unwrap();
+            std::fs::write(
+                info.join("information"),
+                format!(
+                    "Model: \t\t {}\nIRQ:   \t\t 0\nGPU UUID: \t {}\nVideo BIOS: \t ??.??.??.??.??\n\
+                     Bus Type: \t PCIe\nDMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\n\
+                     Bus Location: \t {bus}\nDevice Minor: \t {}\nGPU Excluded:\t No\n",
+                    gpu["name"].as_str().unwrap(),
+                    gpu["uuid"].as_str().unwrap(),
+                    gpu["minor"]
+                ),
+            )
+            .unwrap();
+            let dev = pci.join(bus);
+            std::fs::create_dir_all(&dev).unwrap();
+            let (node, cpus) = self.locality(i);
+            std::fs::write(dev.join("numa_node"), format!("{node}\n")).unwrap();
+            std::fs::write(dev.join("local_cpulist"), format!("{cpus}\n")).unwrap();
+        }
+        let script = root.join("on-mock-host");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nset -e\n\
+                 mount --bind {root}/driver /proc/driver\n\
+                 mount --bind {root}/devices /proc/devices\n\
+                 mount --bind {root}/pci /sys/bus/pci/devices\n\
+                 exec \"$@\"\n",
+                root = root.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// `gpupin --config <ours> ARGS` on the mock host.
+    fn run(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private"])
+            .arg(self.root().join("on-mock-host"))
+            .arg(GPUPIN)
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .env("LD_LIBRARY_PATH", &self.mock)
+            .env("GPUPIN_MOCK_NVML_PROFILE", self.profile)
+            .stdin(Stdio::null());
+        if self.live_file().exists() {
+            cmd.env("GPUPIN_MOCK_NVML_LIVE", self.live_file());
+        }
+        cmd.output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "gpupin {args:?} on {}: {}{}",
+            self.profile,
+            stdout(&out),
+            text(&out.stderr)
+        );
+        stdout(&out)
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        serde_json::from_str(&self.ok(args)).unwrap()
+    }
+
+    /// Sets the figures the mock answers from the next gpupin on.
+    fn set_live(&self, figures: Value) {
+        std::fs::write(self.live_file(), figures.to_string()).unwrap();
+    }
+
+    /// GPU i's bus id as NVML writes it (8-digit domain, upper case): the mock keeps the
+    /// 4-digit sysfs form, which gpupin normalizes.
+    fn nvml_bus_id(&self, i: usize) -> String {
+        let bus = self.gpus()[i]["pci_bus_id"].as_str().unwrap();
+        format!("0000{}", bus.to_ascii_uppercase())
+    }
+
+    /// What `gpupin inventory --json` must print for GPU i.
+    fn expected_gpu(&self, i: usize) -> Value {
+        let gpu = &self.gpus()[i];
+        let (node, cpus) = self.locality(i);
+        json!({
+            "index": gpu["index"],
+            "uuid": gpu["uuid"],
+            "name": gpu["name"],
+            "memory_bytes": gpu["memory_bytes"],
+            "pci_bus_id": self.nvml_bus_id(i),
+            "minor": gpu["minor"],
+            "numa_node": node,
+            "local_cpus": cpus,
+        })
+    }
+}
+
+fn control_nodes() -> Value {
+    json!([
+        {"path": "/dev/nvidiactl", "major": GPU_MAJOR, "minor": 255},
+        {"path": "/dev/nvidia-uvm", "major": UVM_MAJOR, "minor": 0},
+        {"path": "/dev/nvidia-uvm-tools", "major": UVM_MAJOR, "minor": 1},
+    ])
+}
+
+/// `gpupin inventory --json` and the `gpupin nvml inventory` helper (what the static hook
+/// and shim ask) equal what the profile serves: every GPU's UUID, name, memory, bus id and
+/// minor from NVML, NUMA and CPUs from sysfs, majors from /proc/devices. NVIDIA's mock
+/// models no NVLink and no PCIe topology (every such query answers NOT_SUPPORTED), so the
+/// link matrix is left out rather than guessed.
+fn inventory_equals_the_profile(test: &str, profile: &'static str) {
+    let Some(host) = MockHost::new(test, profile, "nvml") else {
+        return;
+    };
+    assert_eq!(host.gpus().len(), 8, "{}", host.served);
+    let inv = host.json(&["inventory", "--json"]);
+    let expected: Vec<Value> = (0..8).map(|i| host.expected_gpu(i)).collect();
+    assert_eq!(inv["source"], "nvml");
+    assert_eq!(inv["gpus"], json!(expected), "{inv:#}");
+    assert_eq!(inv["gpu_major"], GPU_MAJOR);
+    assert_eq!(inv["control_nodes"], control_nodes());
+    assert_eq!(inv["links"], Value::Null);
+
+    // The helper prints the inventory file format (`memory`, not `memory_bytes`).
+    let helper = host.json(&["nvml", "inventory"]);
+    let from_helper: Vec<Value> = helper["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let mut g = g.clone();
+            let memory = g.as_object_mut().unwrap().remove("memory").unwrap();
+            g["memory_bytes"] = memory;
+            g
+        })
+        .collect();
+    assert_eq!(json!(from_helper), json!(expected), "{helper:#}");
+    assert_eq!(helper["gpu_major"], GPU_MAJOR);
+    assert_eq!(helper["control_nodes"], control_nodes());
+    assert_eq!(
+        helper.get("links").cloned().unwrap_or(Value::Null),
+        Value::Null
+    );
+
+    // A second probe (the cache is bypassed) answers the same GPUs: the mock's UUIDs are
+    // fixed per profile, as a real driver's are.
+    let again = host.json(&["inventory", "--refresh", "--json"]);
+    assert_eq!(again["gpus"], inv["gpus"]);
+}
+
+#[test]
+fn dgx_a100_inventory_equals_the_profile() {
+    inventory_equals_the_profile("dgx_a100_inventory_equals_the_profile", "dgxa100");
+}
+
+#[test]
+fn dgx_h100_inventory_equals_the_profile() {
+    inventory_equals_the_profile("dgx_h100_inventory_equals_the_profile", "dgxh100");
+}
+
+#[test]
+fn a30_pcie_inventory_equals_the_profile() {
+    inventory_equals_the_profile("a30_pcie_inventory_equals_the_profile", "a30pcie");
+}
+
+/// `inventory = "auto"` takes NVML first when it loads, not the procfs files beside it.
+#[test]
+fn auto_takes_nvml_on_a_mock_host() {
+    let Some(host) = MockHost::new("auto_takes_nvml_on_a_mock_host", "dgxa100", "auto") else {
+        return;
+    };
+    let inv = host.json(&["inventory", "--json"]);
+    assert_eq!(inv["source"], "nvml");
+    // procfs has no memory figure: a nonzero one says NVML answered.
+    assert_eq!(inv["gpus"][0], host.expected_gpu(0));
+    let text = host.ok(&["inventory"]);
+    assert!(
+        text.contains(host.gpus()[7]["uuid"].as_str().unwrap()),
+        "{text}"
+    );
+}
+
+const GIB: u64 = 1 << 30;
+
+/// One GPU's figures in the mock's live file.
+fn figures(index: usize, utilization: u32, used_gib: u64) -> Value {
+    json!({"index": index, "utilization": utilization, "memory_used": used_gib * GIB})
+}
+
+/// Live figures through NVML equal what the mock answers, in `gpupin nvml live`, `gpupin
+/// status` and the least-loaded and most-free picks, and follow it when it changes.
+#[test]
+fn live_figures_come_from_nvml_and_follow_the_mock() {
+    let Some(host) = MockHost::new(
+        "live_figures_come_from_nvml_and_follow_the_mock",
+        "dgxh100",
+        "nvml",
+    ) else {
+        return;
+    };
+    let total = host.gpus()[0]["memory_bytes"].as_u64().unwrap();
+    let mut gpus: Vec<Value> = (0..8).map(|i| figures(i, 50, 10)).collect();
+    gpus[2] = json!({"index": 2, "utilization": 97, "memory_used": 70 * GIB,
+        "temperature": 71, "power_mw": 612_400,
+        "processes": [{"pid": 4242, "used_memory": 60 * GIB}, {"pid": 4343, "used_memory": 10 * GIB}]});
+    gpus[5] = figures(5, 3, 40);
+    gpus[6] = figures(6, 20, 1);
+    host.set_live(json!({ "gpus": gpus }));
+
+    let live = host.json(&["nvml", "live"]);
+    let uuid = |i: usize| host.gpus()[i]["uuid"].clone();
+    assert_eq!(
+        live["gpus"][2],
+        json!({"uuid": uuid(2), "utilization": 97, "memory_free": total - 70 * GIB,
+            // NVML says milliwatts; gpupin rounds to watts.
+            "temperature": 71, "power": 612,
+            "processes": [{"pid": 4242, "used_memory": 60 * GIB}, {"pid": 4343, "used_memory": 10 * GIB}]}),
+        "{live:#}"
+    );
+    // Figures the mock does not answer stay unknown rather than zero.
+    assert_eq!(
+        live["gpus"][5],
+        json!({"uuid": uuid(5), "utilization": 3, "memory_free": total - 40 * GIB,
+            "temperature": null, "power": null, "processes": null})
+    );
+
+    let status = host.json(&["status", "--json"]);
+    let gpu2 = status["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["index"] == 2)
+        .unwrap_or_else(|| panic!("{status:#}"));
+    let shown = gpu2.to_string();
+    for wanted in [
+        "\"utilization\":97",
+        &format!("\"memory_free\":{}", total - 70 * GIB),
+        "\"temperature\":71",
+        "\"power\":612",
+        "\"pid\":4242",
+    ] {
+        assert!(shown.contains(wanted), "{wanted} not in {gpu2:#}");
+    }
+    let table = host.ok(&["status"]);
+    assert!(
+        table.lines().any(|l| l.starts_with("2 ")
+            && l.contains("97%")
+            && l.contains("71C")
+            && l.contains("612W")),
+        "{table}"
+    );
+
+    let pick = |policy: &str, count: &str| {
+        let v = host.json(&["pick", "--policy", policy, "--count", count, "--json"]);
+        v["gpus"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v:#}"))
+            .iter()
+            .map(|g| g.as_u64().unwrap_or_else(|| g["index"].as_u64().unwrap()))
+            .collect::<Vec<u64>>()
+    };
+    // Least loaded: GPU 5 (3%), then 6 (20%).
+    assert_eq!(pick("least-loaded", "2"), [5, 6]);
+    // Most free: GPU 6 (1 GiB used).
+    assert_eq!(pick("most-free", "1"), [6]);
+
+    // The mock changes: GPU 5 is busy now, GPU 1 idle and empty.
+    gpus[5] = figures(5, 99, 79);
+    gpus[1] = figures(1, 0, 0);
+    host.set_live(json!({ "gpus": gpus }));
+    assert_eq!(pick("least-loaded", "2"), [1, 6]);
+    assert_eq!(pick("most-free", "1"), [1]);
+    let live = host.json(&["nvml", "live"]);
+    assert_eq!(live["gpus"][5]["utilization"], 99);
+    assert_eq!(live["gpus"][1]["memory_free"], total);
+}
+
+/// Without figures of the test's, the mock answers what NVIDIA's mock answers: memory,
+/// and NOT_SUPPORTED for utilization. gpupin's status still lists the GPUs and says in
+/// one line why there are no live figures; a policy that needs them refuses in one line.
+#[test]
+fn a_mock_without_utilization_is_said_in_one_line() {
+    let Some(host) = MockHost::new(
+        "a_mock_without_utilization_is_said_in_one_line",
+        "dgxa100",
+        "nvml",
+    ) else {
+        return;
+    };
+    let table = host.ok(&["status"]);
+    assert!(table.contains("8 of 8 GPUs free"), "{table}");
+    let why: Vec<&str> = table
+        .lines()
+        .filter(|l| l.contains("no live figures"))
+        .collect();
+    assert_eq!(why.len(), 1, "{table}");
+    assert!(why[0].contains("utilization"), "{table}");
+    let out = host.run(&["pick", "--policy", "least-loaded", "--count", "1"]);
+    assert!(!out.status.success(), "{out:?}");
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("utilization"), "{err}");
+}
+
+/// `gpupin doctor` on the mock host: the driver, NVML and CUDA versions NVML gives, and the
+/// inventory it found.
+#[test]
+fn doctor_reads_the_mock() {
+    let Some(host) = MockHost::new("doctor_reads_the_mock", "dgxh100", "nvml") else {
+        return;
+    };
+    // Doctor exits non-zero here: the mock host has no /dev/nvidia* nodes.
+    let out = host.run(&["doctor"]);
+    let report = stdout(&out);
+    let driver = host.served["driver"].as_str().unwrap();
+    let nvml = host.served["nvml"].as_str().unwrap();
+    assert!(
+        report.lines().any(|l| l.starts_with("ok")
+            && l.contains(&format!("driver {driver}: NVML {nvml} loads, CUDA 12.4"))),
+        "{report}{}",
+        text(&out.stderr)
+    );
+    let name = host.gpus()[0]["name"].as_str().unwrap();
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("ok") && l.contains(&format!("inventory nvml: 8 GPUs ({name})"))),
+        "{report}"
+    );
+}
