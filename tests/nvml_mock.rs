@@ -418,31 +418,68 @@ fn live_figures_come_from_nvml_and_follow_the_mock() {
     assert_eq!(live["gpus"][1]["memory_free"], total);
 }
 
-/// Without figures of the test's, the mock answers what NVIDIA's mock answers: memory,
-/// and NOT_SUPPORTED for utilization. gpupin's status still lists the GPUs and says in
-/// one line why there are no live figures; a policy that needs them refuses in one line.
+/// A GPU whose utilization NVML does not report (NOT_SUPPORTED: NVIDIA's mock for every
+/// GPU the test gives no utilization, a real driver for a GPU in MIG mode) keeps its
+/// other figures and the other GPUs theirs: `nvml live` and `status` show it unknown,
+/// most-free still chooses by memory, least-loaded takes GPUs with a known load first.
 #[test]
-fn a_mock_without_utilization_is_said_in_one_line() {
+fn a_gpu_without_utilization_keeps_the_other_figures() {
     let Some(host) = MockHost::new(
-        "a_mock_without_utilization_is_said_in_one_line",
+        "a_gpu_without_utilization_keeps_the_other_figures",
         "dgxa100",
         "nvml",
     ) else {
         return;
     };
-    let table = host.ok(&["status"]);
-    assert!(table.contains("8 of 8 GPUs free"), "{table}");
-    let why: Vec<&str> = table
-        .lines()
-        .filter(|l| l.contains("no live figures"))
+    let total = host.gpus()[0]["memory_bytes"].as_u64().unwrap();
+    // GPUs 0-3 without utilization; GPU 1 has the most free memory, GPU 6 the least load.
+    let gpus: Vec<Value> = (0..8)
+        .map(|i| match i {
+            0 | 2 | 3 => json!({"index": i, "memory_used": 20 * GIB}),
+            1 => json!({"index": i, "memory_used": GIB}),
+            6 => figures(i, 10, 30),
+            _ => figures(i, 60, 20),
+        })
         .collect();
-    assert_eq!(why.len(), 1, "{table}");
-    assert!(why[0].contains("utilization"), "{table}");
-    let out = host.run(&["pick", "--policy", "least-loaded", "--count", "1"]);
-    assert!(!out.status.success(), "{out:?}");
-    let err = text(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("utilization"), "{err}");
+    host.set_live(json!({ "gpus": gpus }));
+
+    let live = host.json(&["nvml", "live"]);
+    assert_eq!(live["gpus"][1]["utilization"], Value::Null, "{live:#}");
+    assert_eq!(live["gpus"][1]["memory_free"], total - GIB, "{live:#}");
+    assert_eq!(live["gpus"][6]["utilization"], 10, "{live:#}");
+
+    let table = host.ok(&["status"]);
+    assert!(!table.contains("no live figures"), "{table}");
+    let row = |i: usize| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("{i} ")) && l.contains("GiB"))
+            .unwrap_or_else(|| panic!("no figures of GPU {i} in {table}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(row(1)[1], "-", "{table}");
+    assert_eq!(row(6)[1], "10%", "{table}");
+    let status = host.json(&["status", "--json"]);
+    let gpu1 = status["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["index"] == 1)
+        .unwrap()
+        .to_string();
+    assert!(gpu1.contains("\"utilization\":null"), "{gpu1}");
+
+    let pick = |policy: &str, count: &str| {
+        let out = host.run(&["pick", "--policy", policy, "--count", count]);
+        assert!(out.status.success(), "{out:?}");
+        let line = stdout(&out).lines().next().unwrap_or_default().to_string();
+        line.rsplit(' ').next().unwrap_or_default().to_string()
+    };
+    assert_eq!(pick("most-free", "1"), "1");
+    // Known loads first (6 at 10%, then 4, 5, 7 at 60%), unknown ones after them.
+    assert_eq!(pick("least-loaded", "4"), "4,5,6,7");
+    assert_eq!(pick("least-loaded", "5"), "1,4,5,6,7");
 }
 
 /// `gpupin doctor` on the mock host: the driver, NVML and CUDA versions NVML gives, and the
