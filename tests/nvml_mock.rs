@@ -177,12 +177,17 @@ impl MockHost {
 
     /// `gpupin --config <ours> ARGS` on the mock host.
     fn run(&self, args: &[&str]) -> Output {
+        self.run_with(&self.config(), args)
+    }
+
+    /// `gpupin --config CONFIG ARGS` on the mock host.
+    fn run_with(&self, config: &Path, args: &[&str]) -> Output {
         let mut cmd = Command::new("unshare");
         cmd.args(["--mount", "--propagation", "private"])
             .arg(self.root().join("on-mock-host"))
             .arg(GPUPIN)
             .arg("--config")
-            .arg(self.config())
+            .arg(config)
             .args(args)
             .env("LD_LIBRARY_PATH", &self.mock)
             .env("GPUPIN_MOCK_NVML_PROFILE", self.profile)
@@ -507,4 +512,160 @@ fn doctor_reads_the_mock() {
             .any(|l| l.starts_with("ok") && l.contains(&format!("inventory nvml: 8 GPUs ({name})"))),
         "{report}"
     );
+}
+
+/// The multiarch library directory the loader searches without LD_LIBRARY_PATH.
+const SYSTEM_LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+
+impl MockHost {
+    /// A `runc` that runs the real one (`runc`) on the mock host, with the mock in the
+    /// loader's default search path: an overlay of `<root>/lib` (a copy of the library,
+    /// the profile's name and the live figures beside it) on SYSTEM_LIB_DIR, since runc
+    /// runs hooks with an empty environment and gpupin-hook's NVML helper inherits it.
+    /// `with_nvml: false` leaves NVML out, as on a host whose driver is gone.
+    fn runc_wrapper(&self, runc: &Path, with_nvml: bool) -> PathBuf {
+        let lib = self.root().join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::copy(
+            self.mock.join("libnvidia-ml.so.1"),
+            lib.join("libnvidia-ml.so.1"),
+        )
+        .unwrap();
+        std::fs::write(lib.join("mock-nvml.profile"), self.profile).unwrap();
+        let overlay = match with_nvml {
+            true => format!(
+                "mount -t overlay overlay -o lowerdir={}:{SYSTEM_LIB_DIR} {SYSTEM_LIB_DIR}\n",
+                lib.display()
+            ),
+            false => String::new(),
+        };
+        let name = if with_nvml {
+            "runc"
+        } else {
+            "runc-without-nvml"
+        };
+        let script = self.root().join(name);
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -e -c '{overlay}exec \"$0\" \"$@\"' {} {} \"$@\"\n",
+                self.root().join("on-mock-host").display(),
+                runc.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        script
+    }
+
+    /// Sets the figures the mock answers to hooks (the file beside the overlaid library).
+    fn set_hook_live(&self, figures: Value) {
+        let lib = self.root().join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("mock-nvml-live.json"), figures.to_string()).unwrap();
+    }
+}
+
+/// gpupin-hook in a runc container start with `inventory = "nvml"`: it never loads NVML
+/// itself but asks `gpupin nvml inventory|live` beside it. The first start misses the
+/// inventory cache and gets the mock's GPUs through the helper, with least-loaded
+/// choosing by the mock's figures; the next start, with NVML gone, is served from the
+/// cache the first one wrote.
+#[test]
+fn the_hook_gets_the_mock_through_the_helper_then_from_its_cache() {
+    use gpupin_sandbox::Runc;
+    use gpupin_sandbox::harness::status::{held_minors, holder};
+    use gpupin_sandbox::harness::{Sandbox, char_node, nvidia_gpu_nodes, stat_node};
+    let test = "the_hook_gets_the_mock_through_the_helper_then_from_its_cache";
+    let Some(host) = MockHost::new(test, "dgxh100", "nvml") else {
+        return;
+    };
+    let Some(()) = required(
+        test,
+        Path::new(SYSTEM_LIB_DIR)
+            .is_dir()
+            .then_some(())
+            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
+    ) else {
+        return;
+    };
+    let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "live_cache = \"0s\"") else {
+        return;
+    };
+    let runc = sb.runc.binary.clone();
+    let root = sb.runc.root.clone();
+    sb.runc = Runc::new(&host.runc_wrapper(&runc, true), &root);
+    // GPU 5 the least loaded, then GPU 2; the rest busy.
+    let gpus: Vec<Value> = (0..8)
+        .map(|i| match i {
+            5 => figures(i, 1, 10),
+            2 => figures(i, 2, 10),
+            _ => figures(i, 70, 10),
+        })
+        .collect();
+    host.set_hook_live(json!({ "gpus": gpus }));
+    let cache = sb.gpupin.state_dir.join("inventory.json");
+    assert!(!cache.exists());
+
+    let id = sb.id("nvml-miss");
+    let spec = sb
+        .spec()
+        .annotation("gpupin.count", "2")
+        .annotation("gpupin.policy", "least-loaded");
+    // `gpupin status` on the mock host, for the sandbox's ledger.
+    let status = || {
+        let out = host.run_with(&sb.gpupin.config, &["status", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let c = sb.start(&id, &spec).unwrap();
+    assert_eq!(held_minors(&status(), &id), [2, 5]);
+    assert_eq!(nvidia_gpu_nodes(&c), ["nvidia2", "nvidia5"]);
+    for minor in [2, 5] {
+        assert_eq!(
+            stat_node(&c, &format!("/dev/nvidia{minor}")),
+            char_node(GPU_MAJOR as u32, minor)
+        );
+    }
+    assert_eq!(
+        stat_node(&c, "/dev/nvidiactl"),
+        char_node(GPU_MAJOR as u32, 255)
+    );
+    let holder = holder(&status(), &id).expect("held while running");
+    let uuid = |i: usize| host.gpus()[i]["uuid"].clone();
+    assert_eq!(holder["gpus"], json!([uuid(2), uuid(5)]), "{holder:#}");
+    c.stop().unwrap();
+
+    // The first start found no state dir to cache into (the ledger creates it); this one
+    // asks the helper again and leaves the cache.
+    let id = sb.id("nvml-miss-again");
+    let c = sb
+        .start(
+            &id,
+            &sb.spec()
+                .annotation("gpupin.count", "1")
+                .annotation("gpupin.policy", "least-loaded"),
+        )
+        .unwrap();
+    assert_eq!(held_minors(&status(), &id), [5]);
+    let cached: Value = serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
+    assert_eq!(cached["backend"], "nvml", "{cached:#}");
+    assert_eq!(
+        cached["inventory"]["gpus"][7]["uuid"],
+        uuid(7),
+        "{cached:#}"
+    );
+    c.stop().unwrap();
+
+    // NVML gone: the cache alone answers the next start.
+    sb.runc = Runc::new(&host.runc_wrapper(&runc, false), &root);
+    let id = sb.id("nvml-hit");
+    let c = sb
+        .start(&id, &sb.spec().annotation("gpupin.count", "1"))
+        .unwrap();
+    assert_eq!(sb.gpupin.held_minors(&id), [0]);
+    assert_eq!(nvidia_gpu_nodes(&c), ["nvidia0"]);
+    let holder = sb.gpupin.holder(&id).expect("held while running");
+    assert_eq!(holder["gpus"], json!([uuid(0)]), "{holder:#}");
+    c.stop().unwrap();
 }

@@ -11,12 +11,16 @@
 // Environment:
 //   - GPUPIN_MOCK_NVML_PROFILE: dgxa100 (default), dgxh100 or a30pcie (see package profile).
 //   - GPUPIN_MOCK_NVML_LIVE: optional JSON of live figures per GPU index (what a test sets,
-//     as it would edit a profile of NVIDIA's YAML mock); read at every nvmlInit.
+//     as it would edit a profile of NVIDIA's YAML mock); read when NVML is initialised.
 //     {"gpus": [{"index": 0, "utilization": 35, "memory_used": 1073741824,
-//                "temperature": 41, "power_mw": 120500,
-//                "processes": [{"pid": 4242, "used_memory": 1048576}]}]}
+//     "temperature": 41, "power_mw": 120500,
+//     "processes": [{"pid": 4242, "used_memory": 1048576}]}]}
 //     Without it the mock's own answers stand: memory used and free 0, utilization,
 //     temperature, power and processes not supported.
+//
+// Where a variable is unset (runc runs hooks with an empty environment), the files
+// mock-nvml.profile (the profile's name) and mock-nvml-live.json beside the loaded
+// library stand in for them.
 package main
 
 /*
@@ -29,6 +33,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -70,8 +76,38 @@ func guard(out *C.int) {
 	}
 }
 
+// besideLibrary is the path of file in the directory this library was loaded from, as
+// /proc/self/maps names it; "" when not found.
+func besideLibrary(file string) string {
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) >= 6 && filepath.Base(fields[5]) == "libnvidia-ml.so.1" {
+			path := filepath.Join(filepath.Dir(fields[5]), file)
+			if _, err := os.Stat(path); err == nil {
+				return path
+			}
+			return ""
+		}
+	}
+	return ""
+}
+
 func load() nvml.Return {
 	name := os.Getenv(profile.Env)
+	if name == "" {
+		if path := besideLibrary("mock-nvml.profile"); path != "" {
+			text, err := os.ReadFile(path)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "mock libnvidia-ml:", err)
+				return nvml.ERROR_UNKNOWN
+			}
+			name = strings.TrimSpace(string(text))
+		}
+	}
 	if name == "" {
 		name = profile.Default
 	}
@@ -80,7 +116,11 @@ func load() nvml.Return {
 		fmt.Fprintln(os.Stderr, "mock libnvidia-ml:", err)
 		return nvml.ERROR_LIBRARY_NOT_FOUND
 	}
-	if path := os.Getenv("GPUPIN_MOCK_NVML_LIVE"); path != "" {
+	path := os.Getenv("GPUPIN_MOCK_NVML_LIVE")
+	if path == "" {
+		path = besideLibrary("mock-nvml-live.json")
+	}
+	if path != "" {
 		if err := applyLive(s, path); err != nil {
 			fmt.Fprintln(os.Stderr, "mock libnvidia-ml:", err)
 			return nvml.ERROR_UNKNOWN
