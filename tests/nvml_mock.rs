@@ -10,9 +10,11 @@
 //! with no seam of its own.
 //!
 //! What each profile serves is printed by the peer `mocknvml-profile`, straight from
-//! NVIDIA's mock server; gpupin's answers are compared with it.
+//! NVIDIA's mock server; gpupin's answers are compared with it. With `GPUPIN_BIN_DIR`
+//! (.ci/run: the release build) the statically linked gpupin-hook is the one that asks
+//! the `gpupin nvml` helper.
 
-use gpupin_sandbox::harness::{need_root, required, stdout, text};
+use gpupin_sandbox::harness::{binary, need_root, required, stdout, text};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -185,7 +187,7 @@ impl MockHost {
         let mut cmd = Command::new("unshare");
         cmd.args(["--mount", "--propagation", "private"])
             .arg(self.root().join("on-mock-host"))
-            .arg(GPUPIN)
+            .arg(binary(GPUPIN))
             .arg("--config")
             .arg(config)
             .args(args)
