@@ -483,6 +483,23 @@ fn a_gpu_without_utilization_keeps_the_other_figures() {
         let line = stdout(&out).lines().next().unwrap_or_default().to_string();
         line.rsplit(' ').next().unwrap_or_default().to_string()
     };
+    // gpupin metrics: the memory gauges from NVML, no utilization sample for GPU 1.
+    let metrics = host.ok(&["metrics"]);
+    for wanted in [
+        format!("gpupin_gpu_memory_total_bytes{{gpu=\"1\"}} {total}"),
+        format!("gpupin_gpu_memory_free_bytes{{gpu=\"1\"}} {}", total - GIB),
+        "gpupin_gpu_utilization_ratio{gpu=\"6\"} 0.1".to_string(),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == wanted),
+            "{wanted} not in {metrics}"
+        );
+    }
+    assert!(
+        !metrics.contains("gpupin_gpu_utilization_ratio{gpu=\"1\"}"),
+        "{metrics}"
+    );
+
     assert_eq!(pick("most-free", "1"), "1");
     // Known loads first (6 at 10%, then 4, 5, 7 at 60%), unknown ones after them.
     assert_eq!(pick("least-loaded", "4"), "4,5,6,7");
