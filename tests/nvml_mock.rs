@@ -543,6 +543,17 @@ impl MockHost {
     /// runs hooks with an empty environment and gpupin-hook's NVML helper inherits it.
     /// `with_nvml: false` leaves NVML out, as on a host whose driver is gone.
     fn runc_wrapper(&self, runc: &Path, with_nvml: bool) -> PathBuf {
+        let name = if with_nvml {
+            "runc"
+        } else {
+            "runc-without-nvml"
+        };
+        self.wrapper(name, &[runc.display().to_string()], with_nvml)
+    }
+
+    /// A script `name` that runs `program` with its own arguments after them on the mock
+    /// host, NVML overlaid as for `runc_wrapper`.
+    fn wrapper(&self, name: &str, program: &[String], with_nvml: bool) -> PathBuf {
         let lib = self.root().join("lib");
         std::fs::create_dir_all(&lib).unwrap();
         std::fs::copy(
@@ -553,23 +564,19 @@ impl MockHost {
         std::fs::write(lib.join("mock-nvml.profile"), self.profile).unwrap();
         let overlay = match with_nvml {
             true => format!(
-                "mount -t overlay overlay -o lowerdir={}:{SYSTEM_LIB_DIR} {SYSTEM_LIB_DIR}\n",
+                "mount -t overlay overlay -o lowerdir={}:{SYSTEM_LIB_DIR} {SYSTEM_LIB_DIR}; ",
                 lib.display()
             ),
             false => String::new(),
         };
-        let name = if with_nvml {
-            "runc"
-        } else {
-            "runc-without-nvml"
-        };
+        let program: Vec<String> = program.iter().map(|a| format!("'{a}'")).collect();
         let script = self.root().join(name);
         std::fs::write(
             &script,
             format!(
-                "#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -e -c '{overlay}exec \"$0\" \"$@\"' {} {} \"$@\"\n",
+                "#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -e -c '{overlay}exec \"$@\"' mock-host '{}' {} \"$@\"\n",
                 self.root().join("on-mock-host").display(),
-                runc.display()
+                program.join(" ")
             ),
         )
         .unwrap();
@@ -686,5 +693,69 @@ fn the_hook_gets_the_mock_through_the_helper_then_from_its_cache() {
     assert_eq!(nvidia_gpu_nodes(&c), ["nvidia0"]);
     let holder = sb.gpupin.holder(&id).expect("held while running");
     assert_eq!(holder["gpus"], json!([uuid(0)]), "{holder:#}");
+    c.stop().unwrap();
+}
+
+/// gpupin-runtime (the runtime Docker and containerd run; statically linked in release
+/// builds) with `inventory = "nvml"`: it pins on `run` through the `gpupin nvml` helper
+/// beside it and hands the container to runc; most-free chooses by the mock's memory.
+#[test]
+fn the_runtime_gets_the_mock_through_the_helper() {
+    use gpupin_sandbox::harness::status::{held_minors, holder};
+    use gpupin_sandbox::harness::{Sandbox, char_node, nvidia_gpu_nodes, stat_node};
+    use gpupin_sandbox::{BundleSpec, Runc};
+    let test = "the_runtime_gets_the_mock_through_the_helper";
+    let Some(host) = MockHost::new(test, "a30pcie", "nvml") else {
+        return;
+    };
+    let Some(()) = required(
+        test,
+        Path::new(SYSTEM_LIB_DIR)
+            .is_dir()
+            .then_some(())
+            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
+    ) else {
+        return;
+    };
+    let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "live_cache = \"0s\"") else {
+        return;
+    };
+    let runtime = sb.gpupin.bin.with_file_name("gpupin-runtime");
+    let program = [
+        runtime.display().to_string(),
+        "--gpupin-config".to_string(),
+        sb.gpupin.config.display().to_string(),
+        "--gpupin-runtime".to_string(),
+        sb.runc.binary.display().to_string(),
+    ];
+    let root = sb.runc.root.clone();
+    sb.runc = Runc::new(&host.wrapper("gpupin-runtime", &program, true), &root);
+    // GPU 3 has the most free memory, then GPU 6.
+    let gpus: Vec<Value> = (0..8)
+        .map(|i| match i {
+            3 => figures(i, 50, 1),
+            6 => figures(i, 50, 2),
+            _ => figures(i, 50, 20),
+        })
+        .collect();
+    host.set_hook_live(json!({ "gpus": gpus }));
+
+    let id = sb.id("runtime");
+    let spec = BundleSpec::sleeper(&sb.rootfs)
+        .annotation("gpupin.count", "2")
+        .annotation("gpupin.policy", "most-free");
+    let c = sb.start(&id, &spec).unwrap();
+    let out = host.run_with(&sb.gpupin.config, &["status", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(held_minors(&status, &id), [3, 6], "{status:#}");
+    let uuid = |i: usize| host.gpus()[i]["uuid"].clone();
+    let held = holder(&status, &id).expect("held while running");
+    assert_eq!(held["gpus"], json!([uuid(3), uuid(6)]), "{held:#}");
+    assert_eq!(nvidia_gpu_nodes(&c), ["nvidia3", "nvidia6"]);
+    assert_eq!(
+        stat_node(&c, "/dev/nvidia6"),
+        char_node(GPU_MAJOR as u32, 6)
+    );
     c.stop().unwrap();
 }
