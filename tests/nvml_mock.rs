@@ -506,8 +506,9 @@ fn a_gpu_without_utilization_keeps_the_other_figures() {
     assert_eq!(pick("least-loaded", "5"), "1,4,5,6,7");
 }
 
-/// `gpupin doctor` on the mock host: the driver, NVML and CUDA versions NVML gives, and the
-/// inventory it found.
+/// `gpupin doctor` on the mock host: the driver, NVML and CUDA versions NVML gives, the
+/// inventory it found, and NVML and procfs agreeing on UUIDs, minors and bus ids (the
+/// bus ids in the mock's 4-digit form and /proc's are compared normalized).
 #[test]
 fn doctor_reads_the_mock() {
     let Some(host) = MockHost::new("doctor_reads_the_mock", "dgxh100", "nvml") else {
@@ -529,6 +530,13 @@ fn doctor_reads_the_mock() {
         report
             .lines()
             .any(|l| l.starts_with("ok") && l.contains(&format!("inventory nvml: 8 GPUs ({name})"))),
+        "{report}"
+    );
+    // The fake /proc/driver/nvidia says what the mock says, as a driver's does.
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("ok") && l.contains("NVML and procfs agree on 8 GPUs")),
         "{report}"
     );
 }
