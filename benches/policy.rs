@@ -215,7 +215,7 @@ fn live(n: usize) -> Vec<Live> {
     let mut rng = Rng(n as u64);
     (0..n)
         .map(|_| Live {
-            utilization: (rng.next() % 101) as u32,
+            utilization: Some((rng.next() % 101) as u32),
             memory_free: rng.next() % (80 << 30),
             ..Live::default()
         })

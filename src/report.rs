@@ -513,14 +513,14 @@ mod tests {
         let me = std::process::id() as i32;
         let live = vec![
             Live {
-                utilization: 35,
+                utilization: Some(35),
                 memory_free: 20 << 30,
                 temperature: Some(41),
                 power: Some(120),
                 processes: None,
             },
             Live {
-                utilization: 99,
+                utilization: Some(99),
                 memory_free: 70 << 30,
                 ..Live::default()
             },

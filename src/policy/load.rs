@@ -8,7 +8,8 @@ use super::pack::Pack;
 use super::{Live, Policy, PolicyInput};
 use std::cmp::{Ordering, Reverse};
 
-/// Lowest utilization first, then most free memory, then lowest position.
+/// Lowest utilization first, GPUs whose utilization the source does not tell (NVML on a
+/// GPU in MIG mode) after every known one, then most free memory, then lowest position.
 pub struct LeastLoaded;
 
 /// Most free memory first, then lowest position.
@@ -17,7 +18,14 @@ pub struct MostFree;
 impl Policy for LeastLoaded {
     fn choose(&self, input: &PolicyInput) -> Option<Vec<usize>> {
         best_by(input, |a, b| {
-            (a.utilization, Reverse(a.memory_free)).cmp(&(b.utilization, Reverse(b.memory_free)))
+            let key = |l: &Live| {
+                (
+                    l.utilization.is_none(),
+                    l.utilization,
+                    Reverse(l.memory_free),
+                )
+            };
+            key(a).cmp(&key(b))
         })
     }
 }
@@ -54,7 +62,7 @@ mod tests {
         figures
             .iter()
             .map(|&(utilization, gib)| Live {
-                utilization,
+                utilization: Some(utilization),
                 memory_free: gib * GIB,
                 ..Live::default()
             })
@@ -101,6 +109,18 @@ mod tests {
         let l = live(&[(0, 80), (30, 80), (20, 80), (99, 80)]);
         let free = [false, true, true, true];
         assert_eq!(choose(&LeastLoaded, &free, 2, Some(&l)), Some(vec![2, 1]));
+    }
+
+    #[test]
+    fn least_loaded_takes_unknown_utilization_after_every_known_one() {
+        let mut l = live(&[(0, 80), (90, 10), (0, 80), (20, 5)]);
+        // GPUs 0 and 2 in MIG mode: NVML does not tell their utilization.
+        l[0].utilization = None;
+        l[2].utilization = None;
+        assert_eq!(
+            choose(&LeastLoaded, &[true; 4], 3, Some(&l)),
+            Some(vec![3, 1, 0])
+        );
     }
 
     #[test]

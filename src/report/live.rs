@@ -60,7 +60,7 @@ pub const FIGURES_HEADER: [&str; 5] = ["GPU", "UTIL", "MEMORY", "TEMP", "POWER"]
 pub fn figures(gpu: &Gpu, live: &Live) -> [Cell; 4] {
     let or_dash = |v: Option<u32>, unit: &str| v.map_or("-".to_string(), |v| format!("{v}{unit}"));
     [
-        Cell::from(format!("{}%", live.utilization)),
+        Cell::from(or_dash(live.utilization, "%")),
         Cell::from(memory(gpu, live)),
         Cell::from(or_dash(live.temperature, "C")),
         Cell::from(or_dash(live.power, "W")),

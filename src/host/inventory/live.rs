@@ -10,7 +10,7 @@
 //!            "processes": [{"pid": 4242, "used_memory": "2GiB"}]}]}
 //! ```
 //!
-//! `memory_free` and `used_memory` take bytes or a size; `temperature` (degrees Celsius),
+//! `memory_free` and `used_memory` take bytes or a size; `utilization` (percent), `temperature` (degrees Celsius),
 //! `power` (watts), `processes` and each process's `used_memory` may be left out where
 //! the source does not know them. `gpupin nvml live` prints this format by UUID, and the
 //! NVML snapshot cache (`live_cache`) keeps it. Which source answers is `read_live`'s
@@ -26,8 +26,10 @@ use std::time::Duration;
 /// What a GPU is doing now: NVML on a real machine, the `live_file` for simulated ones.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Live {
-    /// GPU utilization, percent.
-    pub utilization: u32,
+    /// GPU utilization, percent, where the source tells: NVML answers NotSupported for a
+    /// GPU in MIG mode (and NVIDIA's mock NVML for every GPU), and that GPU's memory and
+    /// the other GPUs' figures still count.
+    pub utilization: Option<u32>,
     /// Free memory in bytes.
     pub memory_free: u64,
     /// Degrees Celsius, where the source tells.
@@ -67,7 +69,8 @@ struct LiveFile {
 pub(super) struct Entry {
     uuid: Option<String>,
     index: Option<u32>,
-    utilization: u32,
+    #[serde(default)]
+    utilization: Option<u32>,
     memory_free: Value,
     #[serde(default)]
     temperature: Option<u32>,
@@ -138,10 +141,9 @@ fn convert(entry: &Entry, index: u32) -> Result<Live, String> {
     let memory_free = size(&entry.memory_free)
         .and_then(|m| m.ok_or_else(|| "expected bytes or a size such as 20GiB".to_string()))
         .map_err(|e| format!("memory_free of GPU {index}: {e}"))?;
-    if entry.utilization > 100 {
+    if let Some(utilization) = entry.utilization.filter(|&u| u > 100) {
         return Err(format!(
-            "utilization of GPU {index} is {}: expected 0-100",
-            entry.utilization
+            "utilization of GPU {index} is {utilization}: expected 0-100"
         ));
     }
     let processes = match &entry.processes {
@@ -245,7 +247,7 @@ mod tests {
         assert_eq!(
             live[0],
             Live {
-                utilization: 5,
+                utilization: Some(5),
                 memory_free: 1024,
                 ..Live::default()
             }
@@ -253,7 +255,7 @@ mod tests {
         assert_eq!(
             live[1],
             Live {
-                utilization: 80,
+                utilization: Some(80),
                 memory_free: 10 << 30,
                 ..Live::default()
             }
@@ -411,7 +413,7 @@ mod tests {
         let inv = machine(2);
         let figures = vec![
             Live {
-                utilization: 7,
+                utilization: Some(7),
                 memory_free: 3 << 30,
                 temperature: Some(50),
                 power: Some(300),

@@ -118,7 +118,7 @@ mod tests {
     fn figures(utilization: u32, n: usize) -> Vec<Live> {
         vec![
             Live {
-                utilization,
+                utilization: Some(utilization),
                 memory_free: 1 << 30,
                 ..Live::default()
             };
@@ -147,10 +147,10 @@ mod tests {
         let second = read_or_ask_at(cache(dir.path(), 2), &inv, t + 1500, || ask(20)).unwrap();
         assert_eq!(
             (asked.get(), first[0].utilization, second[0].utilization),
-            (1, 10, 10)
+            (1, Some(10), Some(10))
         );
         let later = read_or_ask_at(cache(dir.path(), 2), &inv, t + 2001, || ask(30)).unwrap();
-        assert_eq!((asked.get(), later[0].utilization), (2, 30));
+        assert_eq!((asked.get(), later[0].utilization), (2, Some(30)));
     }
 
     #[test]
@@ -161,9 +161,9 @@ mod tests {
         let again = |c, inv: &Inventory, at| {
             read_or_ask_at(c, inv, at, || Ok(figures(99, inv.gpus.len()))).unwrap()[0].utilization
         };
-        assert_eq!(again(cache(dir.path(), 0), &machine(2), t), 99);
-        assert_eq!(again(cache(dir.path(), 2), &machine(2), t - 1), 99);
-        assert_eq!(again(cache(dir.path(), 2), &machine(3), t + 1), 99);
+        assert_eq!(again(cache(dir.path(), 0), &machine(2), t), Some(99));
+        assert_eq!(again(cache(dir.path(), 2), &machine(2), t - 1), Some(99));
+        assert_eq!(again(cache(dir.path(), 2), &machine(3), t + 1), Some(99));
     }
 
     #[test]
@@ -181,7 +181,11 @@ mod tests {
         let path = dir.path().join(FILE_NAME);
         std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
         let got = read_or_ask_at(cache(dir.path(), 2), &machine(1), t, || Ok(figures(7, 1)));
-        assert_eq!(got.unwrap()[0].utilization, 7, "the link was not read");
+        assert_eq!(
+            got.unwrap()[0].utilization,
+            Some(7),
+            "the link was not read"
+        );
         let meta = std::fs::symlink_metadata(&path).unwrap();
         assert!(meta.is_file(), "the link was replaced by a file");
         assert_eq!(meta.permissions().mode() & 0o777, MODE);
@@ -192,7 +196,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("state");
         let got = read_or_ask_at(cache(&missing, 2), &machine(1), 5, || Ok(figures(3, 1)));
-        assert_eq!(got.unwrap()[0].utilization, 3);
+        assert_eq!(got.unwrap()[0].utilization, Some(3));
         assert!(!missing.exists());
     }
 }

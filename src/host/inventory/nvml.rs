@@ -104,10 +104,10 @@ fn init() -> Result<Nvml, InventoryError> {
         .map_err(|source| InventoryError::NvmlUnavailable { source })
 }
 
-/// The live figures of `uuids`, from one initialised NVML. Utilization and memory are
-/// required (the policies read them); temperature, power and the process lists are
-/// left out where a GPU or driver does not answer (`NotSupported` on some boards, an
-/// NVML without the v3 process queries).
+/// The live figures of `uuids`, from one initialised NVML. Memory is required (the
+/// policies read it); utilization is left out where NVML says NotSupported (a GPU in MIG
+/// mode), temperature, power and the process lists where a GPU or driver does not answer
+/// (`NotSupported` on some boards, an NVML without the v3 process queries).
 fn live_of(nvml: &Nvml, uuids: &[&str]) -> Result<Vec<super::Live>, InventoryError> {
     uuids
         .iter()
@@ -115,10 +115,13 @@ fn live_of(nvml: &Nvml, uuids: &[&str]) -> Result<Vec<super::Live>, InventoryErr
             let device = nvml
                 .device_by_uuid(*uuid)
                 .map_err(query_error("device by uuid"))?;
-            let utilization = device
-                .utilization_rates()
-                .map_err(query_error("utilization"))?
-                .gpu;
+            // NotSupported on a GPU in MIG mode (nvml.h: "not currently supported"): that
+            // GPU's load is unknown, not the whole machine's figures.
+            let utilization = match device.utilization_rates() {
+                Ok(rates) => Some(rates.gpu),
+                Err(NvmlError::NotSupported) => None,
+                Err(e) => return Err(query_error("utilization")(e)),
+            };
             let memory_free = device
                 .memory_info()
                 .map_err(query_error("memory info"))?

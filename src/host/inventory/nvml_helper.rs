@@ -88,7 +88,7 @@ mod tests {
             .iter()
             .map(|g| {
                 let l = Live {
-                    utilization: g.index * 10,
+                    utilization: Some(g.index * 10),
                     memory_free: 1 << 30,
                     temperature: Some(30 + g.index),
                     power: None,
@@ -116,7 +116,7 @@ mod tests {
         assert_eq!(got.source, "nvml");
         assert_eq!(got.gpus, machine.gpus);
         let figures = super::live(&exe, &got).unwrap();
-        assert_eq!(figures[3].utilization, 30);
+        assert_eq!(figures[3].utilization, Some(30));
         assert_eq!(figures[3].memory_free, 1 << 30);
         assert_eq!(figures[3].temperature, Some(33));
         assert_eq!(figures[3].processes.as_ref().unwrap()[0].pid, 1003);

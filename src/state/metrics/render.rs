@@ -231,8 +231,13 @@ pub fn render(s: &Snapshot) -> String {
             "gauge",
             "GPU utilization, 0 to 1, as NVML or the live file reports it.",
         );
-        for (g, l) in gpus.iter().zip(live) {
-            let ratio = f64::from(l.utilization) / 100.0;
+        // No sample for a GPU whose utilization the source does not tell.
+        for (g, u) in gpus
+            .iter()
+            .zip(live)
+            .filter_map(|(g, l)| Some((g, l.utilization?)))
+        {
+            let ratio = f64::from(u) / 100.0;
             f.sample(
                 "gpupin_gpu_utilization_ratio",
                 &[("gpu", &g.index.to_string())],

@@ -1,0 +1,769 @@
+//! gpupin's NVML backend against NVIDIA's mock NVML: the `libnvidia-ml.so.1` that
+//! tests/peers/build makes from go-nvml's mock servers (DGX A100, DGX H100, and NVIDIA's
+//! A30 PCIe configuration), found by the loader through LD_LIBRARY_PATH as a real driver's
+//! library is found, with `inventory = "nvml"` (and once `auto`).
+//!
+//! NUMA node, local CPUs and the device majors come from sysfs and /proc on a real host,
+//! so each gpupin runs in a private mount namespace (`unshare --mount`, as root) where a
+//! fake /proc/devices, /proc/driver/nvidia and /sys/bus/pci/devices are bind-mounted over
+//! the host's, as NVIDIA's own CPU-only CI does for its mock: gpupin reads the real paths,
+//! with no seam of its own.
+//!
+//! What each profile serves is printed by the peer `mocknvml-profile`, straight from
+//! NVIDIA's mock server; gpupin's answers are compared with it. With `GPUPIN_BIN_DIR`
+//! (.ci/run: the release build) the statically linked gpupin-hook is the one that asks
+//! the `gpupin nvml` helper.
+
+use gpupin_sandbox::harness::{binary, need_root, required, stdout, text};
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
+/// The GPU and UVM majors of the fake /proc/devices (the driver's usual numbers).
+const GPU_MAJOR: u64 = 195;
+const UVM_MAJOR: u64 = 235;
+
+/// Where tests/peers/build put the mock: `<cache>/mocknvml/`.
+fn mock_dir() -> Result<PathBuf, String> {
+    let cache = match std::env::var_os("GPUPIN_PEERS_CACHE").filter(|c| !c.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").ok_or("HOME is not set")?)
+            .join(".cache/gpupin-peers"),
+    };
+    let dir = cache.join("mocknvml");
+    let lib = dir.join("libnvidia-ml.so.1");
+    if !lib.exists() || !dir.join("mocknvml-profile").exists() {
+        return Err(format!(
+            "no mock NVML at {}: run tests/peers/build (needs Go)",
+            lib.display()
+        ));
+    }
+    Ok(dir)
+}
+
+/// A machine with the mock NVML: a config, a state dir and the fake /proc and /sys tree.
+struct MockHost {
+    dir: tempfile::TempDir,
+    mock: PathBuf,
+    profile: &'static str,
+    /// What the mock serves, from NVIDIA's mock server (`mocknvml-profile`).
+    served: Value,
+}
+
+impl MockHost {
+    /// `None` (after saying why) where the test cannot run: not root, or no mock built;
+    /// under CI=true those fail the test instead.
+    fn new(test: &str, profile: &'static str, inventory: &str) -> Option<MockHost> {
+        if !need_root(test) {
+            return None;
+        }
+        let mock = required(test, mock_dir())?;
+        let out = Command::new(mock.join("mocknvml-profile"))
+            .arg(profile)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let served: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("gpupin-nvml-mock")
+            .tempdir()
+            .unwrap();
+        let host = MockHost {
+            dir,
+            mock,
+            profile,
+            served,
+        };
+        host.write_fake_host();
+        let state = host.root().join("state");
+        std::fs::write(
+            host.config(),
+            format!(
+                "state_dir = {state:?}\naudit_log = {:?}\ninventory = {inventory:?}\npolicy = \"pack\"\n\
+                 # Every allocation asks NVML again: the tests change the figures between runs.\n\
+                 live_cache = \"0s\"\n",
+                state.join("audit.log")
+            ),
+        )
+        .unwrap();
+        Some(host)
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn config(&self) -> PathBuf {
+        self.root().join("gpupin.toml")
+    }
+
+    fn live_file(&self) -> PathBuf {
+        self.root().join("mock-live.json")
+    }
+
+    fn gpus(&self) -> &Vec<Value> {
+        self.served["gpus"].as_array().unwrap()
+    }
+
+    /// GPU i's NUMA node and local CPUs in the fake sysfs: the first half of the GPUs on
+    /// node 0, the rest on node 1, as on a two-socket server.
+    fn locality(&self, i: usize) -> (u64, &'static str) {
+        match i < self.gpus().len() / 2 {
+            true => (0, "0-15,32-47"),
+            false => (1, "16-31,48-63"),
+        }
+    }
+
+    /// The fake /proc/devices, /proc/driver/nvidia (one `information` file per GPU, and
+    /// `version`) and /sys/bus/pci/devices, and the script that mounts them and runs gpupin.
+    fn write_fake_host(&self) {
+        let root = self.root();
+        std::fs::write(
+            root.join("devices"),
+            format!(
+                "Character devices:\n  1 mem\n  4 tty\n{GPU_MAJOR} nvidia-frontend\n{GPU_MAJOR} nvidia\n\
+                 {UVM_MAJOR} nvidia-uvm\n\nBlock devices:\n  8 sd\n"
+            ),
+        )
+        .unwrap();
+        let driver = root.join("driver/nvidia");
+        std::fs::create_dir_all(driver.join("gpus")).unwrap();
+        std::fs::write(
+            driver.join("version"),
+            format!(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {}  Tue Feb 20 00:00:00 UTC 2024\n",
+                self.served["driver"].as_str().unwrap()
+            ),
+        )
+        .unwrap();
+        let pci = root.join("pci");
+        for (i, gpu) in self.gpus().iter().enumerate() {
+            let bus = gpu["pci_bus_id"].as_str().unwrap();
+            let info = driver.join("gpus").join(bus);
+            std::fs::create_dir_all(&info).unwrap();
+            std::fs::write(
+                info.join("information"),
+                format!(
+                    "Model: \t\t {}\nIRQ:   \t\t 0\nGPU UUID: \t {}\nVideo BIOS: \t ??.??.??.??.??\n\
+                     Bus Type: \t PCIe\nDMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\n\
+                     Bus Location: \t {bus}\nDevice Minor: \t {}\nGPU Excluded:\t No\n",
+                    gpu["name"].as_str().unwrap(),
+                    gpu["uuid"].as_str().unwrap(),
+                    gpu["minor"]
+                ),
+            )
+            .unwrap();
+            let dev = pci.join(bus);
+            std::fs::create_dir_all(&dev).unwrap();
+            let (node, cpus) = self.locality(i);
+            std::fs::write(dev.join("numa_node"), format!("{node}\n")).unwrap();
+            std::fs::write(dev.join("local_cpulist"), format!("{cpus}\n")).unwrap();
+        }
+        let script = root.join("on-mock-host");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nset -e\n\
+                 mount --bind {root}/driver /proc/driver\n\
+                 mount --bind {root}/devices /proc/devices\n\
+                 mount --bind {root}/pci /sys/bus/pci/devices\n\
+                 exec \"$@\"\n",
+                root = root.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// `gpupin --config <ours> ARGS` on the mock host.
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_with(&self.config(), args)
+    }
+
+    /// `gpupin --config CONFIG ARGS` on the mock host.
+    fn run_with(&self, config: &Path, args: &[&str]) -> Output {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private"])
+            .arg(self.root().join("on-mock-host"))
+            .arg(binary(GPUPIN))
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env("LD_LIBRARY_PATH", &self.mock)
+            .env("GPUPIN_MOCK_NVML_PROFILE", self.profile)
+            .stdin(Stdio::null());
+        if self.live_file().exists() {
+            cmd.env("GPUPIN_MOCK_NVML_LIVE", self.live_file());
+        }
+        cmd.output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "gpupin {args:?} on {}: {}{}",
+            self.profile,
+            stdout(&out),
+            text(&out.stderr)
+        );
+        stdout(&out)
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        serde_json::from_str(&self.ok(args)).unwrap()
+    }
+
+    /// Sets the figures the mock answers from the next gpupin on.
+    fn set_live(&self, figures: Value) {
+        std::fs::write(self.live_file(), figures.to_string()).unwrap();
+    }
+
+    /// GPU i's bus id as NVML writes it (8-digit domain, upper case): the mock keeps the
+    /// 4-digit sysfs form, which gpupin normalizes.
+    fn nvml_bus_id(&self, i: usize) -> String {
+        let bus = self.gpus()[i]["pci_bus_id"].as_str().unwrap();
+        format!("0000{}", bus.to_ascii_uppercase())
+    }
+
+    /// What `gpupin inventory --json` must print for GPU i.
+    fn expected_gpu(&self, i: usize) -> Value {
+        let gpu = &self.gpus()[i];
+        let (node, cpus) = self.locality(i);
+        json!({
+            "index": gpu["index"],
+            "uuid": gpu["uuid"],
+            "name": gpu["name"],
+            "memory_bytes": gpu["memory_bytes"],
+            "pci_bus_id": self.nvml_bus_id(i),
+            "minor": gpu["minor"],
+            "numa_node": node,
+            "local_cpus": cpus,
+        })
+    }
+}
+
+fn control_nodes() -> Value {
+    json!([
+        {"path": "/dev/nvidiactl", "major": GPU_MAJOR, "minor": 255},
+        {"path": "/dev/nvidia-uvm", "major": UVM_MAJOR, "minor": 0},
+        {"path": "/dev/nvidia-uvm-tools", "major": UVM_MAJOR, "minor": 1},
+    ])
+}
+
+/// `gpupin inventory --json` and the `gpupin nvml inventory` helper (what the static hook
+/// and shim ask) equal what the profile serves: every GPU's UUID, name, memory, bus id and
+/// minor from NVML, NUMA and CPUs from sysfs, majors from /proc/devices. NVIDIA's mock
+/// models no NVLink and no PCIe topology (every such query answers NOT_SUPPORTED), so the
+/// link matrix is left out rather than guessed.
+fn inventory_equals_the_profile(test: &str, profile: &'static str) {
+    let Some(host) = MockHost::new(test, profile, "nvml") else {
+        return;
+    };
+    assert_eq!(host.gpus().len(), 8, "{}", host.served);
+    let inv = host.json(&["inventory", "--json"]);
+    let expected: Vec<Value> = (0..8).map(|i| host.expected_gpu(i)).collect();
+    assert_eq!(inv["source"], "nvml");
+    assert_eq!(inv["gpus"], json!(expected), "{inv:#}");
+    assert_eq!(inv["gpu_major"], GPU_MAJOR);
+    assert_eq!(inv["control_nodes"], control_nodes());
+    assert_eq!(inv["links"], Value::Null);
+
+    // The helper prints the inventory file format (`memory`, not `memory_bytes`).
+    let helper = host.json(&["nvml", "inventory"]);
+    let from_helper: Vec<Value> = helper["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let mut g = g.clone();
+            let memory = g.as_object_mut().unwrap().remove("memory").unwrap();
+            g["memory_bytes"] = memory;
+            g
+        })
+        .collect();
+    assert_eq!(json!(from_helper), json!(expected), "{helper:#}");
+    assert_eq!(helper["gpu_major"], GPU_MAJOR);
+    assert_eq!(helper["control_nodes"], control_nodes());
+    assert_eq!(
+        helper.get("links").cloned().unwrap_or(Value::Null),
+        Value::Null
+    );
+
+    // A second probe (the cache is bypassed) answers the same GPUs: the mock's UUIDs are
+    // fixed per profile, as a real driver's are.
+    let again = host.json(&["inventory", "--refresh", "--json"]);
+    assert_eq!(again["gpus"], inv["gpus"]);
+}
+
+#[test]
+fn dgx_a100_inventory_equals_the_profile() {
+    inventory_equals_the_profile("dgx_a100_inventory_equals_the_profile", "dgxa100");
+}
+
+#[test]
+fn dgx_h100_inventory_equals_the_profile() {
+    inventory_equals_the_profile("dgx_h100_inventory_equals_the_profile", "dgxh100");
+}
+
+#[test]
+fn a30_pcie_inventory_equals_the_profile() {
+    inventory_equals_the_profile("a30_pcie_inventory_equals_the_profile", "a30pcie");
+}
+
+/// `inventory = "auto"` takes NVML first when it loads, not the procfs files beside it.
+#[test]
+fn auto_takes_nvml_on_a_mock_host() {
+    let Some(host) = MockHost::new("auto_takes_nvml_on_a_mock_host", "dgxa100", "auto") else {
+        return;
+    };
+    let inv = host.json(&["inventory", "--json"]);
+    assert_eq!(inv["source"], "nvml");
+    // procfs has no memory figure: a nonzero one says NVML answered.
+    assert_eq!(inv["gpus"][0], host.expected_gpu(0));
+    let text = host.ok(&["inventory"]);
+    assert!(
+        text.contains(host.gpus()[7]["uuid"].as_str().unwrap()),
+        "{text}"
+    );
+}
+
+const GIB: u64 = 1 << 30;
+
+/// One GPU's figures in the mock's live file.
+fn figures(index: usize, utilization: u32, used_gib: u64) -> Value {
+    json!({"index": index, "utilization": utilization, "memory_used": used_gib * GIB})
+}
+
+/// Live figures through NVML equal what the mock answers, in `gpupin nvml live`, `gpupin
+/// status` and the least-loaded and most-free picks, and follow it when it changes.
+#[test]
+fn live_figures_come_from_nvml_and_follow_the_mock() {
+    let Some(host) = MockHost::new(
+        "live_figures_come_from_nvml_and_follow_the_mock",
+        "dgxh100",
+        "nvml",
+    ) else {
+        return;
+    };
+    let total = host.gpus()[0]["memory_bytes"].as_u64().unwrap();
+    let mut gpus: Vec<Value> = (0..8).map(|i| figures(i, 50, 10)).collect();
+    gpus[2] = json!({"index": 2, "utilization": 97, "memory_used": 70 * GIB,
+        "temperature": 71, "power_mw": 612_400,
+        "processes": [{"pid": 4242, "used_memory": 60 * GIB}, {"pid": 4343, "used_memory": 10 * GIB}]});
+    gpus[5] = figures(5, 3, 40);
+    gpus[6] = figures(6, 20, 1);
+    host.set_live(json!({ "gpus": gpus }));
+
+    let live = host.json(&["nvml", "live"]);
+    let uuid = |i: usize| host.gpus()[i]["uuid"].clone();
+    assert_eq!(
+        live["gpus"][2],
+        json!({"uuid": uuid(2), "utilization": 97, "memory_free": total - 70 * GIB,
+            // NVML says milliwatts; gpupin rounds to watts.
+            "temperature": 71, "power": 612,
+            "processes": [{"pid": 4242, "used_memory": 60 * GIB}, {"pid": 4343, "used_memory": 10 * GIB}]}),
+        "{live:#}"
+    );
+    // Figures the mock does not answer stay unknown rather than zero.
+    assert_eq!(
+        live["gpus"][5],
+        json!({"uuid": uuid(5), "utilization": 3, "memory_free": total - 40 * GIB,
+            "temperature": null, "power": null, "processes": null})
+    );
+
+    let status = host.json(&["status", "--json"]);
+    let gpu2 = status["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["index"] == 2)
+        .unwrap_or_else(|| panic!("{status:#}"));
+    let shown = gpu2.to_string();
+    for wanted in [
+        "\"utilization\":97",
+        &format!("\"memory_free\":{}", total - 70 * GIB),
+        "\"temperature\":71",
+        "\"power\":612",
+        "\"pid\":4242",
+    ] {
+        assert!(shown.contains(wanted), "{wanted} not in {gpu2:#}");
+    }
+    let table = host.ok(&["status"]);
+    assert!(
+        table.lines().any(|l| l.starts_with("2 ")
+            && l.contains("97%")
+            && l.contains("71C")
+            && l.contains("612W")),
+        "{table}"
+    );
+
+    let pick = |policy: &str, count: &str| {
+        let v = host.json(&["pick", "--policy", policy, "--count", count, "--json"]);
+        v["gpus"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{v:#}"))
+            .iter()
+            .map(|g| g.as_u64().unwrap_or_else(|| g["index"].as_u64().unwrap()))
+            .collect::<Vec<u64>>()
+    };
+    // Least loaded: GPU 5 (3%), then 6 (20%).
+    assert_eq!(pick("least-loaded", "2"), [5, 6]);
+    // Most free: GPU 6 (1 GiB used).
+    assert_eq!(pick("most-free", "1"), [6]);
+
+    // The mock changes: GPU 5 is busy now, GPU 1 idle and empty.
+    gpus[5] = figures(5, 99, 79);
+    gpus[1] = figures(1, 0, 0);
+    host.set_live(json!({ "gpus": gpus }));
+    assert_eq!(pick("least-loaded", "2"), [1, 6]);
+    assert_eq!(pick("most-free", "1"), [1]);
+    let live = host.json(&["nvml", "live"]);
+    assert_eq!(live["gpus"][5]["utilization"], 99);
+    assert_eq!(live["gpus"][1]["memory_free"], total);
+}
+
+/// A GPU whose utilization NVML does not report (NOT_SUPPORTED: NVIDIA's mock for every
+/// GPU the test gives no utilization, a real driver for a GPU in MIG mode) keeps its
+/// other figures and the other GPUs theirs: `nvml live` and `status` show it unknown,
+/// most-free still chooses by memory, least-loaded takes GPUs with a known load first.
+#[test]
+fn a_gpu_without_utilization_keeps_the_other_figures() {
+    let Some(host) = MockHost::new(
+        "a_gpu_without_utilization_keeps_the_other_figures",
+        "dgxa100",
+        "nvml",
+    ) else {
+        return;
+    };
+    let total = host.gpus()[0]["memory_bytes"].as_u64().unwrap();
+    // GPUs 0-3 without utilization; GPU 1 has the most free memory, GPU 6 the least load.
+    let gpus: Vec<Value> = (0..8)
+        .map(|i| match i {
+            0 | 2 | 3 => json!({"index": i, "memory_used": 20 * GIB}),
+            1 => json!({"index": i, "memory_used": GIB}),
+            6 => figures(i, 10, 30),
+            _ => figures(i, 60, 20),
+        })
+        .collect();
+    host.set_live(json!({ "gpus": gpus }));
+
+    let live = host.json(&["nvml", "live"]);
+    assert_eq!(live["gpus"][1]["utilization"], Value::Null, "{live:#}");
+    assert_eq!(live["gpus"][1]["memory_free"], total - GIB, "{live:#}");
+    assert_eq!(live["gpus"][6]["utilization"], 10, "{live:#}");
+
+    let table = host.ok(&["status"]);
+    assert!(!table.contains("no live figures"), "{table}");
+    let row = |i: usize| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("{i} ")) && l.contains("GiB"))
+            .unwrap_or_else(|| panic!("no figures of GPU {i} in {table}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(row(1)[1], "-", "{table}");
+    assert_eq!(row(6)[1], "10%", "{table}");
+    let status = host.json(&["status", "--json"]);
+    let gpu1 = status["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["index"] == 1)
+        .unwrap()
+        .to_string();
+    assert!(gpu1.contains("\"utilization\":null"), "{gpu1}");
+
+    let pick = |policy: &str, count: &str| {
+        let out = host.run(&["pick", "--policy", policy, "--count", count]);
+        assert!(out.status.success(), "{out:?}");
+        let line = stdout(&out).lines().next().unwrap_or_default().to_string();
+        line.rsplit(' ').next().unwrap_or_default().to_string()
+    };
+    // gpupin metrics: the memory gauges from NVML, no utilization sample for GPU 1.
+    let metrics = host.ok(&["metrics"]);
+    for wanted in [
+        format!("gpupin_gpu_memory_total_bytes{{gpu=\"1\"}} {total}"),
+        format!("gpupin_gpu_memory_free_bytes{{gpu=\"1\"}} {}", total - GIB),
+        "gpupin_gpu_utilization_ratio{gpu=\"6\"} 0.1".to_string(),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == wanted),
+            "{wanted} not in {metrics}"
+        );
+    }
+    assert!(
+        !metrics.contains("gpupin_gpu_utilization_ratio{gpu=\"1\"}"),
+        "{metrics}"
+    );
+
+    assert_eq!(pick("most-free", "1"), "1");
+    // Known loads first (6 at 10%, then 4, 5, 7 at 60%), unknown ones after them.
+    assert_eq!(pick("least-loaded", "4"), "4,5,6,7");
+    assert_eq!(pick("least-loaded", "5"), "1,4,5,6,7");
+}
+
+/// `gpupin doctor` on the mock host: the driver, NVML and CUDA versions NVML gives, the
+/// inventory it found, and NVML and procfs agreeing on UUIDs, minors and bus ids (the
+/// bus ids in the mock's 4-digit form and /proc's are compared normalized).
+#[test]
+fn doctor_reads_the_mock() {
+    let Some(host) = MockHost::new("doctor_reads_the_mock", "dgxh100", "nvml") else {
+        return;
+    };
+    // Doctor exits non-zero here: the mock host has no /dev/nvidia* nodes.
+    let out = host.run(&["doctor"]);
+    let report = stdout(&out);
+    let driver = host.served["driver"].as_str().unwrap();
+    let nvml = host.served["nvml"].as_str().unwrap();
+    assert!(
+        report.lines().any(|l| l.starts_with("ok")
+            && l.contains(&format!("driver {driver}: NVML {nvml} loads, CUDA 12.4"))),
+        "{report}{}",
+        text(&out.stderr)
+    );
+    let name = host.gpus()[0]["name"].as_str().unwrap();
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("ok") && l.contains(&format!("inventory nvml: 8 GPUs ({name})"))),
+        "{report}"
+    );
+    // The fake /proc/driver/nvidia says what the mock says, as a driver's does.
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("ok") && l.contains("NVML and procfs agree on 8 GPUs")),
+        "{report}"
+    );
+}
+
+/// The multiarch library directory the loader searches without LD_LIBRARY_PATH.
+const SYSTEM_LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+
+impl MockHost {
+    /// A `runc` that runs the real one (`runc`) on the mock host, with the mock in the
+    /// loader's default search path: an overlay of `<root>/lib` (a copy of the library,
+    /// the profile's name and the live figures beside it) on SYSTEM_LIB_DIR, since runc
+    /// runs hooks with an empty environment and gpupin-hook's NVML helper inherits it.
+    /// `with_nvml: false` leaves NVML out, as on a host whose driver is gone.
+    fn runc_wrapper(&self, runc: &Path, with_nvml: bool) -> PathBuf {
+        let name = if with_nvml {
+            "runc"
+        } else {
+            "runc-without-nvml"
+        };
+        self.wrapper(name, &[runc.display().to_string()], with_nvml)
+    }
+
+    /// A script `name` that runs `program` with its own arguments after them on the mock
+    /// host, NVML overlaid as for `runc_wrapper`.
+    fn wrapper(&self, name: &str, program: &[String], with_nvml: bool) -> PathBuf {
+        let lib = self.root().join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::copy(
+            self.mock.join("libnvidia-ml.so.1"),
+            lib.join("libnvidia-ml.so.1"),
+        )
+        .unwrap();
+        std::fs::write(lib.join("mock-nvml.profile"), self.profile).unwrap();
+        let overlay = match with_nvml {
+            true => format!(
+                "mount -t overlay overlay -o lowerdir={}:{SYSTEM_LIB_DIR} {SYSTEM_LIB_DIR}; ",
+                lib.display()
+            ),
+            false => String::new(),
+        };
+        let program: Vec<String> = program.iter().map(|a| format!("'{a}'")).collect();
+        let script = self.root().join(name);
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -e -c '{overlay}exec \"$@\"' mock-host '{}' {} \"$@\"\n",
+                self.root().join("on-mock-host").display(),
+                program.join(" ")
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        script
+    }
+
+    /// Sets the figures the mock answers to hooks (the file beside the overlaid library).
+    fn set_hook_live(&self, figures: Value) {
+        let lib = self.root().join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join("mock-nvml-live.json"), figures.to_string()).unwrap();
+    }
+}
+
+/// gpupin-hook in a runc container start with `inventory = "nvml"`: it never loads NVML
+/// itself but asks `gpupin nvml inventory|live` beside it. The first start misses the
+/// inventory cache and gets the mock's GPUs through the helper, with least-loaded
+/// choosing by the mock's figures; the next start, with NVML gone, is served from the
+/// cache the first one wrote.
+#[test]
+fn the_hook_gets_the_mock_through_the_helper_then_from_its_cache() {
+    use gpupin_sandbox::Runc;
+    use gpupin_sandbox::harness::status::{held_minors, holder};
+    use gpupin_sandbox::harness::{Sandbox, char_node, nvidia_gpu_nodes, stat_node};
+    let test = "the_hook_gets_the_mock_through_the_helper_then_from_its_cache";
+    let Some(host) = MockHost::new(test, "dgxh100", "nvml") else {
+        return;
+    };
+    let Some(()) = required(
+        test,
+        Path::new(SYSTEM_LIB_DIR)
+            .is_dir()
+            .then_some(())
+            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
+    ) else {
+        return;
+    };
+    let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "live_cache = \"0s\"") else {
+        return;
+    };
+    let runc = sb.runc.binary.clone();
+    let root = sb.runc.root.clone();
+    sb.runc = Runc::new(&host.runc_wrapper(&runc, true), &root);
+    // GPU 5 the least loaded, then GPU 2; the rest busy.
+    let gpus: Vec<Value> = (0..8)
+        .map(|i| match i {
+            5 => figures(i, 1, 10),
+            2 => figures(i, 2, 10),
+            _ => figures(i, 70, 10),
+        })
+        .collect();
+    host.set_hook_live(json!({ "gpus": gpus }));
+    let cache = sb.gpupin.state_dir.join("inventory.json");
+    assert!(!cache.exists());
+
+    let id = sb.id("nvml-miss");
+    let spec = sb
+        .spec()
+        .annotation("gpupin.count", "2")
+        .annotation("gpupin.policy", "least-loaded");
+    // `gpupin status` on the mock host, for the sandbox's ledger.
+    let status = || {
+        let out = host.run_with(&sb.gpupin.config, &["status", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let c = sb.start(&id, &spec).unwrap();
+    assert_eq!(held_minors(&status(), &id), [2, 5]);
+    assert_eq!(nvidia_gpu_nodes(&c), ["nvidia2", "nvidia5"]);
+    for minor in [2, 5] {
+        assert_eq!(
+            stat_node(&c, &format!("/dev/nvidia{minor}")),
+            char_node(GPU_MAJOR as u32, minor)
+        );
+    }
+    assert_eq!(
+        stat_node(&c, "/dev/nvidiactl"),
+        char_node(GPU_MAJOR as u32, 255)
+    );
+    let holder = holder(&status(), &id).expect("held while running");
+    let uuid = |i: usize| host.gpus()[i]["uuid"].clone();
+    assert_eq!(holder["gpus"], json!([uuid(2), uuid(5)]), "{holder:#}");
+    c.stop().unwrap();
+
+    // The first start found no state dir to cache into (the ledger creates it); this one
+    // asks the helper again and leaves the cache.
+    let id = sb.id("nvml-miss-again");
+    let c = sb
+        .start(
+            &id,
+            &sb.spec()
+                .annotation("gpupin.count", "1")
+                .annotation("gpupin.policy", "least-loaded"),
+        )
+        .unwrap();
+    assert_eq!(held_minors(&status(), &id), [5]);
+    let cached: Value = serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
+    assert_eq!(cached["backend"], "nvml", "{cached:#}");
+    assert_eq!(
+        cached["inventory"]["gpus"][7]["uuid"],
+        uuid(7),
+        "{cached:#}"
+    );
+    c.stop().unwrap();
+
+    // NVML gone: the cache alone answers the next start.
+    sb.runc = Runc::new(&host.runc_wrapper(&runc, false), &root);
+    let id = sb.id("nvml-hit");
+    let c = sb
+        .start(&id, &sb.spec().annotation("gpupin.count", "1"))
+        .unwrap();
+    assert_eq!(sb.gpupin.held_minors(&id), [0]);
+    assert_eq!(nvidia_gpu_nodes(&c), ["nvidia0"]);
+    let holder = sb.gpupin.holder(&id).expect("held while running");
+    assert_eq!(holder["gpus"], json!([uuid(0)]), "{holder:#}");
+    c.stop().unwrap();
+}
+
+/// gpupin-runtime (the runtime Docker and containerd run; statically linked in release
+/// builds) with `inventory = "nvml"`: it pins on `run` through the `gpupin nvml` helper
+/// beside it and hands the container to runc; most-free chooses by the mock's memory.
+#[test]
+fn the_runtime_gets_the_mock_through_the_helper() {
+    use gpupin_sandbox::harness::status::{held_minors, holder};
+    use gpupin_sandbox::harness::{Sandbox, char_node, nvidia_gpu_nodes, stat_node};
+    use gpupin_sandbox::{BundleSpec, Runc};
+    let test = "the_runtime_gets_the_mock_through_the_helper";
+    let Some(host) = MockHost::new(test, "a30pcie", "nvml") else {
+        return;
+    };
+    let Some(()) = required(
+        test,
+        Path::new(SYSTEM_LIB_DIR)
+            .is_dir()
+            .then_some(())
+            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
+    ) else {
+        return;
+    };
+    let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "live_cache = \"0s\"") else {
+        return;
+    };
+    let runtime = sb.gpupin.bin.with_file_name("gpupin-runtime");
+    let program = [
+        runtime.display().to_string(),
+        "--gpupin-config".to_string(),
+        sb.gpupin.config.display().to_string(),
+        "--gpupin-runtime".to_string(),
+        sb.runc.binary.display().to_string(),
+    ];
+    let root = sb.runc.root.clone();
+    sb.runc = Runc::new(&host.wrapper("gpupin-runtime", &program, true), &root);
+    // GPU 3 has the most free memory, then GPU 6.
+    let gpus: Vec<Value> = (0..8)
+        .map(|i| match i {
+            3 => figures(i, 50, 1),
+            6 => figures(i, 50, 2),
+            _ => figures(i, 50, 20),
+        })
+        .collect();
+    host.set_hook_live(json!({ "gpus": gpus }));
+
+    let id = sb.id("runtime");
+    let spec = BundleSpec::sleeper(&sb.rootfs)
+        .annotation("gpupin.count", "2")
+        .annotation("gpupin.policy", "most-free");
+    let c = sb.start(&id, &spec).unwrap();
+    let out = host.run_with(&sb.gpupin.config, &["status", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(held_minors(&status, &id), [3, 6], "{status:#}");
+    let uuid = |i: usize| host.gpus()[i]["uuid"].clone();
+    let held = holder(&status, &id).expect("held while running");
+    assert_eq!(held["gpus"], json!([uuid(3), uuid(6)]), "{held:#}");
+    assert_eq!(nvidia_gpu_nodes(&c), ["nvidia3", "nvidia6"]);
+    assert_eq!(
+        stat_node(&c, "/dev/nvidia6"),
+        char_node(GPU_MAJOR as u32, 6)
+    );
+    c.stop().unwrap();
+}

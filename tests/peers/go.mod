@@ -1,0 +1,8 @@
+module gpupin/tests/peers
+
+go 1.26
+
+require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/google/uuid v1.6.0
+)
