@@ -26,8 +26,11 @@ use std::ffi::OsStr;
 
 /// The library name NVIDIA installs with the driver (the unversioned name needs the dev package).
 const LIBRARY: &str = "libnvidia-ml.so.1";
-/// NVML_NVLINK_MAX_LINKS in nvml.h; nvml-wrapper does not re-export it.
-const MAX_NVLINKS: u32 = 18;
+/// NVML_NVLINK_MAX_LINKS in the current nvml.h (36 since NVLink 5; 18 in older headers,
+/// and in nvml-wrapper-sys, which does not re-export it). A link past what a GPU or an
+/// older driver has answers an error, which counts as no link, so asking for all 36
+/// only costs the calls.
+const MAX_NVLINKS: u32 = 36;
 
 /// The inventory from NVML, through `access`.
 pub(super) fn probe(access: &NvmlAccess) -> Result<Inventory, InventoryError> {
