@@ -272,7 +272,7 @@ fn quote(arg: &str) -> String {
     }
 }
 
-fn write(path: &Path, text: &str, mode: u32) -> Result<(), String> {
+pub(crate) fn write(path: &Path, text: &str, mode: u32) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("{}: {e}", path.display());
     std::fs::create_dir_all(path.parent().unwrap()).map_err(fail)?;
     std::fs::write(path, text).map_err(fail)?;
@@ -280,7 +280,7 @@ fn write(path: &Path, text: &str, mode: u32) -> Result<(), String> {
 }
 
 /// A character node `major:minor` at `path` (needs CAP_MKNOD).
-fn mknod(path: &Path, major: u32, minor: u32) -> Result<(), String> {
+pub(crate) fn mknod(path: &Path, major: u32, minor: u32) -> Result<(), String> {
     use std::os::unix::ffi::OsStrExt;
     std::fs::create_dir_all(path.parent().unwrap())
         .map_err(|e| format!("{}: {e}", path.display()))?;
