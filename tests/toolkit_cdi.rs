@@ -13,9 +13,8 @@
 #[allow(unused_imports)] // re-exports this binary does not use
 mod podman_support;
 
-use gpupin_sandbox::harness::driver::{LIB_DIR, NVIDIA_SMI_OUTPUT, control_nodes};
 use gpupin_sandbox::harness::required;
-use gpupin_sandbox::harness::toolkit::{MockDriver, Peers};
+use gpupin_sandbox::harness::toolkit::{MockDriver, Peers, assert_toolkit_driver_inside};
 use podman_support::{Options, Podman, assert_success, setup};
 use serde_json::Value;
 use std::io::Write;
@@ -104,53 +103,7 @@ fn second_container_gets_exactly_its_entry(host: &Host) {
         assert_success(&format!("podman exec {name}"), &out);
         String::from_utf8(out.stdout).unwrap()
     };
-    // The GPU nodes: exactly the chosen one and the spec's control nodes, never `all`'s.
-    let mut nvidia: Vec<String> = sh("ls /dev")
-        .split_whitespace()
-        .filter(|n| n.starts_with("nvidia"))
-        .map(String::from)
-        .collect();
-    nvidia.sort();
-    let mut expected: Vec<String> = control_nodes()
-        .iter()
-        .map(|(n, _, _)| n.to_string())
-        .collect();
-    expected.push(format!("nvidia{}", chosen.minor));
-    expected.sort();
-    assert_eq!(nvidia, expected, "spec:\n{spec}");
-
-    // The driver's files the spec mounts, read-only; nvidia-smi runs.
-    let mounts = sh("cat /proc/mounts");
-    for file in host.driver.files() {
-        let line = mounts
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(file.as_str()))
-            .unwrap_or_else(|| panic!("{file} is not a mount point: {mounts}"));
-        let options = line.split_whitespace().nth(3).unwrap_or_default();
-        assert!(options.split(',').any(|o| o == "ro"), "{file}: {line}");
-        if !file.ends_with("nvidia-smi") {
-            assert_eq!(sh(&format!("cat {file}")), format!("fake {file}\n"));
-        }
-    }
-    assert_eq!(sh("/usr/bin/nvidia-smi").trim(), NVIDIA_SMI_OUTPUT);
-    let env = sh("tr '\\0' '\\n' < /proc/1/environ");
-    let env: Vec<&str> = env.lines().collect();
-    assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void"), "{env:?}");
-    assert!(
-        env.contains(&format!("NVIDIA_CTK_LIBCUDA_DIR={LIB_DIR}").as_str()),
-        "{env:?}"
-    );
-
-    // The real nvidia-cdi-hook ran: create-symlinks made the link the spec names
-    // (libcuda.so.1::<LIB_DIR>/libcuda.so), update-ldcache wrote the container's cache.
-    assert_eq!(
-        sh(&format!("readlink {LIB_DIR}/libcuda.so")).trim(),
-        "libcuda.so.1"
-    );
-    assert_eq!(
-        sh("test -s /etc/ld.so.cache && echo cached").trim(),
-        "cached"
-    );
+    assert_toolkit_driver_inside(&sh, &host.driver, chosen);
 
     // The OCI config the container ran with: the chosen GPU's own hooks (nvidia-ctk
     // names it by UUID in apply-cuda-memory-limits), no other GPU's.

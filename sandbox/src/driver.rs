@@ -5,7 +5,8 @@
 //! --driver-root <root>` writes (toolkit >= 1.19: devices by index and by UUID, `all`,
 //! common nodes, mounts and createContainer hooks), and a stand-in `nvidia-cdi-hook` that
 //! logs the calls it gets. OCI hooks run on the host, so the stand-in is a host script.
-//! `gpupin demo` shows a container getting it; the tests check it (`harness::driver`).
+//! `gpupin demo` shows a container getting it (it cannot depend on the Go test peers);
+//! the end-to-end tests use NVIDIA's nvidia-ctk and nvidia-cdi-hook (`harness::toolkit`).
 
 use serde_json::Value;
 use std::fmt::Write as _;

@@ -9,7 +9,9 @@
 //! GSP firmware, the device nodes) at the mock's driver version, since nvidia-ctk looks
 //! the libraries and firmware up by the version NVML reports.
 
-use crate::driver::{GPU_MAJOR, LIB_DIR, NVIDIA_SMI_OUTPUT, control_nodes, mknod, write};
+use crate::driver::{
+    DRM_MAJOR, GPU_MAJOR, LIB_DIR, NVIDIA_SMI_OUTPUT, control_nodes, mknod, write,
+};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -96,6 +98,24 @@ pub struct MockGpu {
     pub index: u32,
     pub uuid: String,
     pub minor: u32,
+    /// NVML's bus id, `0000:00:00.0` as the mock serves it.
+    pub pci_bus_id: String,
+}
+
+impl MockGpu {
+    /// Its DRM nodes as the fake root has them: card<minor+1>, renderD<128+minor>.
+    pub fn drm_nodes(&self) -> [(String, u32); 2] {
+        [
+            (format!("card{}", self.minor + 1), self.minor + 1),
+            (format!("renderD{}", 128 + self.minor), 128 + self.minor),
+        ]
+    }
+
+    /// The by-path links udev makes for them, which nvidia-ctk finds a GPU's DRM nodes
+    /// by: `pci-<bus id>-card`, `pci-<bus id>-render`.
+    pub fn drm_links(&self) -> [String; 2] {
+        ["card", "render"].map(|kind| format!("pci-{}-{kind}", self.pci_bus_id.to_lowercase()))
+    }
 }
 
 /// A fake driver root for a mock NVML profile, and what `nvidia-ctk cdi generate` makes
@@ -127,6 +147,7 @@ impl MockDriver {
                 index: g["index"].as_u64().unwrap_or_default() as u32,
                 uuid: g["uuid"].as_str().unwrap_or_default().to_string(),
                 minor: g["minor"].as_u64().unwrap_or_default() as u32,
+                pci_bus_id: g["pci_bus_id"].as_str().unwrap_or_default().to_string(),
             })
             .collect::<Vec<_>>();
         let driver = MockDriver {
@@ -145,12 +166,19 @@ impl MockDriver {
             &format!("#!/bin/sh\necho '{NVIDIA_SMI_OUTPUT}'\n"),
             0o755,
         )?;
+        let dri = driver.root.join("dev/dri");
         for gpu in &driver.gpus {
             mknod(
                 &driver.root.join(format!("dev/nvidia{}", gpu.minor)),
                 GPU_MAJOR,
                 gpu.minor,
             )?;
+            for ((name, minor), link) in gpu.drm_nodes().into_iter().zip(gpu.drm_links()) {
+                mknod(&dri.join(&name), DRM_MAJOR, minor)?;
+                std::fs::create_dir_all(dri.join("by-path")).map_err(|e| e.to_string())?;
+                std::os::unix::fs::symlink(format!("../{name}"), dri.join("by-path").join(&link))
+                    .map_err(|e| format!("{link}: {e}"))?;
+            }
         }
         for (name, major, minor) in control_nodes() {
             mknod(&driver.root.join("dev").join(name), major, minor)?;
@@ -219,4 +247,92 @@ impl MockDriver {
         }
         std::fs::read_to_string(output).map_err(|e| format!("{}: {e}", output.display()))
     }
+}
+
+/// Points gpupin's config at `inventory` (replacing its `inventory = ...` line, or
+/// adding one): the harnesses write a simulated machine, the toolkit's spec is for the
+/// mock's GPUs.
+pub fn use_inventory(config: &Path, inventory: &Path) {
+    let text = std::fs::read_to_string(config).unwrap();
+    let line = format!("inventory = {:?}", inventory.display().to_string());
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| {
+            !l.trim_start().starts_with("inventory ") && !l.trim_start().starts_with("inventory=")
+        })
+        .map(String::from)
+        .collect();
+    lines.insert(0, line);
+    std::fs::write(config, lines.join("\n") + "\n").unwrap();
+}
+
+/// What a container given `chosen` through nvidia-ctk's spec must see, asked with `sh`
+/// (a shell in the container): exactly the chosen GPU's node and the spec's control
+/// nodes, never another GPU's (`all`); the driver's files mounted read-only; nvidia-smi
+/// runs; the spec's env; and the effects of the real `nvidia-cdi-hook` the spec names:
+/// create-symlinks made `libcuda.so -> libcuda.so.1`, update-ldcache wrote the
+/// container's /etc/ld.so.cache.
+pub fn assert_toolkit_driver_inside(
+    sh: &dyn Fn(&str) -> String,
+    driver: &MockDriver,
+    chosen: &MockGpu,
+) {
+    let mut nvidia: Vec<String> = sh("ls /dev")
+        .split_whitespace()
+        .filter(|n| n.starts_with("nvidia"))
+        .map(String::from)
+        .collect();
+    nvidia.sort();
+    let mut expected: Vec<String> = control_nodes()
+        .iter()
+        .map(|(n, _, _)| n.to_string())
+        .collect();
+    expected.push(format!("nvidia{}", chosen.minor));
+    expected.sort();
+    assert_eq!(
+        nvidia, expected,
+        "the GPU nodes of {} ({})",
+        chosen.uuid, chosen.minor
+    );
+
+    let mounts = sh("cat /proc/mounts");
+    for file in driver.files() {
+        let line = mounts
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(file.as_str()))
+            .unwrap_or_else(|| panic!("{file} is not a mount point: {mounts}"));
+        let options = line.split_whitespace().nth(3).unwrap_or_default();
+        assert!(options.split(',').any(|o| o == "ro"), "{file}: {line}");
+        assert_eq!(
+            sh(&format!(
+                "if (echo x >> {file}) 2>/dev/null; then echo written; else echo refused; fi"
+            ))
+            .trim(),
+            "refused",
+            "writing {file} in the container"
+        );
+        if !file.ends_with("nvidia-smi") {
+            assert_eq!(sh(&format!("cat {file}")), format!("fake {file}\n"));
+        }
+    }
+    assert_eq!(sh("/usr/bin/nvidia-smi").trim(), NVIDIA_SMI_OUTPUT);
+    // `; echo` keeps sh as pid 1 (a lone command is exec'ed in its place): under ctr run,
+    // tr as pid 1 was seen to read an empty /proc/1/environ.
+    let env = sh("tr '\\0' '\\n' < /proc/1/environ; echo");
+    let env: Vec<&str> = env.lines().collect();
+    assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void"), "{env:?}");
+    assert!(
+        env.contains(&format!("NVIDIA_CTK_LIBCUDA_DIR={LIB_DIR}").as_str()),
+        "{env:?}"
+    );
+    assert_eq!(
+        sh(&format!("readlink {LIB_DIR}/libcuda.so")).trim(),
+        "libcuda.so.1",
+        "nvidia-cdi-hook create-symlinks did not run"
+    );
+    assert_eq!(
+        sh("test -s /etc/ld.so.cache && echo cached").trim(),
+        "cached",
+        "nvidia-cdi-hook update-ldcache did not run"
+    );
 }
