@@ -1,18 +1,45 @@
 //! The driver through CDI under a real dockerd: gpupin-runtime (a `gpupin-sN` slot of
-//! the docker harness) applies the chosen GPU's entry of the CDI spec nvidia-ctk would
-//! write for a fake driver root (gpupin-sandbox harness::driver). Root, dockerd, runc
-//! and busybox-static are needed; elsewhere the test says why it skips (under CI=true
-//! it fails instead).
+//! the docker harness) applies the chosen GPU's entry of the CDI spec NVIDIA's
+//! `nvidia-ctk cdi generate` writes for a fake driver root and NVIDIA's mock NVML
+//! (gpupin-sandbox harness::toolkit; the peers of tests/peers/build), and the real
+//! nvidia-cdi-hook it names runs. Root, dockerd, runc, busybox-static and the peers are
+//! needed; elsewhere the test says why it skips (under CI=true it fails instead).
 
 #[allow(unused_imports)] // re-exports this binary does not use
 mod docker_support;
 
 use docker_support::{Need, Slot, harness, text};
-use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu, assert_driver_inside};
+use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
+use gpupin_sandbox::harness::required;
+use gpupin_sandbox::harness::toolkit::{
+    MockDriver, Peers, assert_toolkit_driver_inside, use_inventory,
+};
 use std::io::Write;
 
-/// A fake driver root and its CDI spec in the slot's dir, and the slot's config
-/// pointing at the spec with `driver = "cdi"`.
+/// A fake driver root for the mock's `dgxa100` and the spec nvidia-ctk generates for it
+/// in the slot's dir; the slot's gpupin hands out the mock's GPUs, with `driver = "cdi"`.
+fn with_toolkit_driver(slot: &Slot, peers: &Peers) -> MockDriver {
+    slot.reset_config(None);
+    let _ = std::fs::remove_dir_all(slot.dir.join("driver"));
+    let driver = MockDriver::create(&slot.dir.join("driver"), peers, "dgxa100").unwrap();
+    let inventory = slot.dir.join("driver/machine.json");
+    driver.write_inventory(&inventory).unwrap();
+    use_inventory(&slot.config, &inventory);
+    let cdi = slot.dir.join("cdi");
+    let _ = std::fs::remove_dir_all(&cdi);
+    std::fs::create_dir_all(&cdi).unwrap();
+    driver.generate(&cdi.join("nvidia.yaml"), &[]).unwrap();
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&slot.config)
+        .unwrap();
+    writeln!(config, "driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]").unwrap();
+    driver
+}
+
+/// A fake driver root and a spec in nvidia-ctk's form written here, for the refusal:
+/// nvidia-ctk describes only the GPUs NVML shows, so a spec of another machine (other
+/// UUIDs and minors) cannot come from it on this one.
 fn with_driver(slot: &Slot) -> (DriverRoot, Vec<FakeGpu>) {
     slot.reset_config(None);
     let gpus = FakeGpu::from_status(&slot.status());
@@ -37,8 +64,14 @@ fn docker_run_with_gpupin_gets_its_gpus_driver_files_read_only_and_nothing_else(
     ) else {
         return;
     };
+    let Some(peers) = required(
+        "docker_run_with_gpupin_gets_its_gpus_driver_files_read_only_and_nothing_else",
+        Peers::find(),
+    ) else {
+        return;
+    };
     let slot = h.slot();
-    let (root, gpus) = with_driver(&slot);
+    let driver = with_toolkit_driver(&slot, &peers);
     // A GPU taken first, so the container's is not GPU 0: index names would be wrong.
     let first = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
     let c = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
@@ -46,9 +79,9 @@ fn docker_run_with_gpupin_gets_its_gpus_driver_files_read_only_and_nothing_else(
     let held = &holders[&c.id];
     assert_eq!(held.len(), 1, "{holders:?}");
     assert_ne!(&holders[&first.id], held);
-    let chosen = gpus.iter().find(|g| g.uuid == held[0]).unwrap();
+    let chosen = driver.gpus.iter().find(|g| g.uuid == held[0]).unwrap();
     let sh = |script: &str| c.exec(&["sh", "-c", script]);
-    assert_driver_inside(&sh, &root, chosen, &gpus, &c.id);
+    assert_toolkit_driver_inside(&sh, &driver, chosen);
 }
 
 #[test]

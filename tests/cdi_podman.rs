@@ -1,19 +1,25 @@
 //! The driver through CDI under real podman: `gpupin install podman`'s hooks, a fake
-//! driver root with the CDI spec nvidia-ctk would write for it (gpupin-sandbox
-//! harness::driver), and gpupin's precreate hook applying the chosen GPU's entry.
-//! Root, podman, runc and busybox-static are needed; elsewhere the test says why it
-//! skips (under CI=true it fails instead).
+//! driver root with the CDI spec NVIDIA's `nvidia-ctk cdi generate` writes for it against
+//! NVIDIA's mock NVML (gpupin-sandbox harness::toolkit, the peers of tests/peers/build;
+//! here the PCIe profile a30pcie), and gpupin's precreate hook applying the chosen GPU's
+//! entry, whose real nvidia-cdi-hook runs. Root, podman, runc, busybox-static and the
+//! peers are needed; elsewhere the test says why it skips (under CI=true it fails
+//! instead). tests/toolkit_cdi.rs has the DGX profiles and the UUID-named spec.
 
 #[allow(unused_imports)] // re-exports this binary does not use
 mod podman_support;
 
-use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu, assert_driver_inside};
+use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
+use gpupin_sandbox::harness::toolkit::{MockDriver, Peers, assert_toolkit_driver_inside};
+use gpupin_sandbox::harness::{need_root, required};
 use podman_support::{Options, Podman, assert_success, combined, setup};
 use std::io::Write;
 use std::path::PathBuf;
 
-/// A fake driver root and its CDI spec beside the harness, and gpupin's config
-/// pointing at the spec with `driver = "cdi"`.
+/// A fake driver root and its CDI spec in nvidia-ctk's form written here, beside the
+/// harness, and gpupin's config pointing at the spec with `driver = "cdi"`. Only for the
+/// refusal: nvidia-ctk describes only the GPUs NVML shows, so a spec of another machine
+/// (other UUIDs and minors) cannot come from it on this one.
 fn with_driver(podman: &Podman) -> (DriverRoot, Vec<FakeGpu>) {
     let gpus = FakeGpu::from_status(&podman.status());
     let root = DriverRoot::create(&podman.path("driver"), &gpus).unwrap();
@@ -30,13 +36,40 @@ fn with_driver(podman: &Podman) -> (DriverRoot, Vec<FakeGpu>) {
 
 #[test]
 fn a_pinned_container_gets_its_gpus_driver_files_read_only_and_nothing_else() {
+    let test = "a_pinned_container_gets_its_gpus_driver_files_read_only_and_nothing_else";
+    // Root first: the fake driver root's nodes need mknod, before the harness's own check.
+    if !need_root(test) {
+        return;
+    }
+    let Some(peers) = required(test, Peers::find()) else {
+        return;
+    };
+    // gpupin hands out the mock's GPUs: its inventory file comes before the harness.
+    let dir = tempfile::Builder::new()
+        .prefix("gpupin-cdi-podman-")
+        .tempdir()
+        .unwrap();
+    let driver = MockDriver::create(dir.path(), &peers, "a30pcie").unwrap();
+    let inventory = dir.path().join("machine.json");
+    driver.write_inventory(&inventory).unwrap();
+    let machine: &'static str = Box::leak(inventory.display().to_string().into_boxed_str());
     let Some(podman) = setup(
-        "a_pinned_container_gets_its_gpus_driver_files_read_only_and_nothing_else",
-        Options::default(),
+        test,
+        Options {
+            machine: Some(machine),
+            ..Options::default()
+        },
     ) else {
         return;
     };
-    let (root, gpus) = with_driver(&podman);
+    let cdi: PathBuf = podman.path("cdi");
+    std::fs::create_dir_all(&cdi).unwrap();
+    driver.generate(&cdi.join("nvidia.yaml"), &[]).unwrap();
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(podman.config_path())
+        .unwrap();
+    writeln!(config, "driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]").unwrap();
     // A GPU taken first, so the container's is not GPU 0: index names would be wrong.
     let first = podman.name(0);
     let first_id = podman.start(&first, &["--annotation", "gpupin.count=1"]);
@@ -44,7 +77,7 @@ fn a_pinned_container_gets_its_gpus_driver_files_read_only_and_nothing_else() {
     let id = podman.start(&name, &["--annotation", "gpupin.count=1"]);
     let held = podman.gpus_of(&id);
     assert_eq!(held.len(), 1, "status: {:#}", podman.status());
-    let chosen = gpus.iter().find(|g| g.uuid == held[0].0).unwrap();
+    let chosen = driver.gpus.iter().find(|g| g.uuid == held[0].0).unwrap();
     assert_ne!(podman.gpus_of(&first_id), held);
     let sh = |script: &str| {
         let out = podman
@@ -55,7 +88,7 @@ fn a_pinned_container_gets_its_gpus_driver_files_read_only_and_nothing_else() {
         assert_success(&format!("podman exec {name}"), &out);
         String::from_utf8(out.stdout).unwrap()
     };
-    assert_driver_inside(&sh, &root, chosen, &gpus, &id);
+    assert_toolkit_driver_inside(&sh, &driver, chosen);
     let annotations = podman
         .podman()
         .args([

@@ -1,7 +1,8 @@
 //! The test support's fake driver root and CDI spec against gpupin's CDI reader: the
 //! spec the generator writes for the simulated machine is one gpupin reads, and it gives
-//! the chosen GPU its own entry, the common edits, and nothing of the other GPUs. The
-//! end-to-end suites (cdi_podman, cdi_docker) build on both.
+//! the chosen GPU its own entry, the common edits, and nothing of the other GPUs.
+//! `gpupin demo` builds on both; the end-to-end suites use the spec NVIDIA's nvidia-ctk
+//! generates (gpupin-sandbox harness::toolkit).
 
 use gpupin::admission::driver;
 

@@ -1,14 +1,18 @@
 //! gpupin-runtime under a real containerd (its own root, state dir and socket), run with
 //! `ctr run --runc-binary gpupin-runtime`, as containerd's runc shim runs any runc-
 //! compatible runtime: a container asking by annotation gets exactly its GPU, and,
-//! with the CDI spec nvidia-ctk would write for a fake driver root, the driver's files
-//! read-only. Root, containerd, ctr, runc and busybox-static are needed; elsewhere each
-//! test says why it skips (under CI=true it fails instead).
+//! with the CDI spec NVIDIA's `nvidia-ctk cdi generate` writes for a fake driver root and
+//! NVIDIA's mock NVML (gpupin-sandbox harness::toolkit, the peers of tests/peers/build),
+//! the driver's files read-only and the real nvidia-cdi-hook run. Root, containerd, ctr,
+//! runc, busybox-static (and for CDI the peers) are needed; elsewhere each test says why
+//! it skips (under CI=true it fails instead).
 
 mod containerd_support;
 
 use containerd_support::{Containerd, assert_ran, text};
-use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu, assert_driver_inside};
+use gpupin_sandbox::harness::toolkit::{
+    MockDriver, Peers, assert_toolkit_driver_inside, use_inventory,
+};
 use gpupin_sandbox::harness::{self, gpu_nodes};
 use gpupin_sandbox::{build_busybox_rootfs, find_static_busybox};
 use std::path::{Path, PathBuf};
@@ -99,18 +103,27 @@ fn ctr_run_gets_the_driver_files_of_its_gpu_through_cdi() {
     let Some(c) = Ctr::start("ctr_run_gets_the_driver_files_of_its_gpu_through_cdi") else {
         return;
     };
-    let gpus = FakeGpu::from_status(&c.status());
+    let Some(peers) = harness::required(
+        "ctr_run_gets_the_driver_files_of_its_gpu_through_cdi",
+        Peers::find(),
+    ) else {
+        return;
+    };
+    // gpupin hands out the mock's GPUs, whose spec nvidia-ctk generates.
     let dir = c.containerd.gpupin.dir.path();
-    let root = DriverRoot::create(&dir.join("driver"), &gpus).unwrap();
+    let driver = MockDriver::create(&dir.join("driver"), &peers, "dgxh100").unwrap();
+    let inventory = dir.join("driver/machine.json");
+    driver.write_inventory(&inventory).unwrap();
+    use_inventory(&c.containerd.gpupin.config, &inventory);
     let cdi = dir.join("cdi");
     std::fs::create_dir_all(&cdi).unwrap();
-    root.write_cdi_spec(&cdi, &gpus).unwrap();
+    driver.generate(&cdi.join("nvidia.yaml"), &[]).unwrap();
     append_config(
         &c.containerd.gpupin.config,
         &format!("driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]"),
     );
     // A first run shows which GPU a container gets (the policy packs: the same one again
-    // once it is released); the stand-in hook's calls are told apart by container id.
+    // once it is released).
     let probe = c.run(
         &format!("gpupin-ctr-probe-{}", std::process::id()),
         &["--annotation", "gpupin.count=1"],
@@ -123,14 +136,14 @@ fn ctr_run_gets_the_driver_files_of_its_gpu_through_cdi() {
         .and_then(|n| n.strip_prefix("nvidia"))
         .and_then(|m| m.parse().ok())
         .expect("one GPU node");
-    let chosen = gpus.iter().find(|g| g.minor == minor).unwrap();
+    let chosen = driver.gpus.iter().find(|g| g.minor == minor).unwrap();
     let id = format!("gpupin-ctr-cdi-{}", std::process::id());
     let sh = |script: &str| {
         let out = c.run(&id, &["--annotation", "gpupin.count=1"], script);
         assert_ran("ctr run", &out);
         text(&out.stdout)
     };
-    assert_driver_inside(&sh, &root, chosen, &gpus, &id);
+    assert_toolkit_driver_inside(&sh, &driver, chosen);
     assert_eq!(c.status()["holders"], serde_json::json!([]));
 }
 

@@ -7,10 +7,12 @@
 
 mod podman_support;
 
+use gpupin_sandbox::harness::toolkit::{MockDriver, Peers};
+use gpupin_sandbox::harness::{need_root, required};
 use podman_support::{Options, Podman, assert_success, combined, env_value, gpu_nodes, setup};
-use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use tempfile::TempDir;
 
 /// Host character nodes `/.../nvidia<minor>` with the simulated machine's numbers (major
 /// 195, minor = index), for `podman --device`, which stats its source.
@@ -52,36 +54,35 @@ fn device_args(podman: &Podman, minors: &[u32]) -> Vec<String> {
 /// need one get a private tmpfs there, in a mount namespace of their own.
 const CDI_DIR: &str = "/run/cdi";
 
-/// A CDI spec for `nvidia.com/gpu` as `nvidia-ctk cdi generate` names its devices (by
-/// index, and `all`), each GPU's node taken from a fake host node, and
-/// `NVIDIA_VISIBLE_DEVICES=void` in the common edits.
-fn cdi_spec(podman: &Podman) -> PathBuf {
-    let minors: Vec<u32> = (0..8).collect();
-    let hosts = fake_gpu_nodes(podman, &minors);
-    let node = |minor: u32, host: &Path| {
-        json!({"path": format!("/dev/nvidia{minor}"), "hostPath": host,
-               "type": "c", "major": 195, "minor": minor})
-    };
-    let mut devices: Vec<serde_json::Value> = minors
-        .iter()
-        .zip(&hosts)
-        .map(|(m, host)| json!({"name": m.to_string(), "containerEdits": {"deviceNodes": [node(*m, host)]}}))
-        .collect();
-    let all: Vec<_> = minors
-        .iter()
-        .zip(&hosts)
-        .map(|(m, h)| node(*m, h))
-        .collect();
-    devices.push(json!({"name": "all", "containerEdits": {"deviceNodes": all}}));
-    let spec = json!({
-        "cdiVersion": "0.5.0",
-        "kind": "nvidia.com/gpu",
-        "devices": devices,
-        "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
-    });
-    let path = podman.path("nvidia.json");
-    std::fs::write(&path, spec.to_string()).unwrap();
-    path
+/// A harness whose gpupin hands out the GPUs of NVIDIA's mock NVML (`dgxa100`: minor =
+/// index, as on the simulated machine), and the CDI spec NVIDIA's `nvidia-ctk cdi
+/// generate` writes for them and a fake driver root (gpupin-sandbox harness::toolkit):
+/// devices by index, by UUID and `all`, and the real nvidia-cdi-hook, which podman runs
+/// for the devices it injects itself.
+fn setup_with_toolkit(test: &str, options: Options) -> Option<(Podman, PathBuf, TempDir)> {
+    // Root first: the fake driver root's nodes need mknod, before the harness's own check.
+    if !need_root(test) {
+        return None;
+    }
+    let peers = required(test, Peers::find())?;
+    let dir = tempfile::Builder::new()
+        .prefix("gpupin-podman-foreign-")
+        .tempdir()
+        .unwrap();
+    let driver = MockDriver::create(dir.path(), &peers, "dgxa100").unwrap();
+    let inventory = dir.path().join("machine.json");
+    driver.write_inventory(&inventory).unwrap();
+    let machine: &'static str = Box::leak(inventory.display().to_string().into_boxed_str());
+    let podman = setup(
+        test,
+        Options {
+            machine: Some(machine),
+            ..options
+        },
+    )?;
+    let spec = podman.path("nvidia.yaml");
+    driver.generate(&spec, &[]).unwrap();
+    Some((podman, spec, dir))
 }
 
 /// `podman run --rm OPTIONS ROOTFS sh -c SCRIPT` with the CDI spec at `spec` in podman's
@@ -107,7 +108,7 @@ fn run_with_cdi(
     outer
         .args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(format!(
-            "mount -t tmpfs -o mode=755 gpupin-test-cdi {CDI_DIR} && cp \"$0\" {CDI_DIR}/nvidia.json && exec \"$@\""
+            "mount -t tmpfs -o mode=755 gpupin-test-cdi {CDI_DIR} && cp \"$0\" {CDI_DIR}/nvidia.yaml && exec \"$@\""
         ))
         .arg(spec)
         .arg(inner.get_program())
@@ -139,13 +140,12 @@ const SHOW: &str = "ls /dev; echo ---; tr '\\0' '\\n' < /proc/1/environ; echo rc
 
 #[test]
 fn cdi_all_beside_a_count_of_one_gives_the_container_one_gpu_gpupins() {
-    let Some(podman) = setup(
+    let Some((podman, spec, _driver)) = setup_with_toolkit(
         "cdi_all_beside_a_count_of_one_gives_the_container_one_gpu_gpupins",
         Options::default(),
     ) else {
         return;
     };
-    let spec = cdi_spec(&podman);
     // GPUs 0-6 are held: gpupin's one free GPU is 7.
     let others = hold(&podman, &[0, 1, 2, 3, 4, 5, 6]);
     let out = run_with_cdi(
@@ -187,7 +187,7 @@ fn cdi_all_beside_a_count_of_one_gives_the_container_one_gpu_gpupins() {
 
 #[test]
 fn cdi_devices_without_a_request_become_a_count_gpupin_picks() {
-    let Some(podman) = setup(
+    let Some((podman, spec, _driver)) = setup_with_toolkit(
         "cdi_devices_without_a_request_become_a_count_gpupin_picks",
         Options {
             always: true,
@@ -196,7 +196,6 @@ fn cdi_devices_without_a_request_become_a_count_gpupin_picks() {
     ) else {
         return;
     };
-    let spec = cdi_spec(&podman);
     let others = hold(&podman, &[0, 1]);
     let out = run_with_cdi(
         &podman,

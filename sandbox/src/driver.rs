@@ -5,7 +5,8 @@
 //! --driver-root <root>` writes (toolkit >= 1.19: devices by index and by UUID, `all`,
 //! common nodes, mounts and createContainer hooks), and a stand-in `nvidia-cdi-hook` that
 //! logs the calls it gets. OCI hooks run on the host, so the stand-in is a host script.
-//! `gpupin demo` shows a container getting it; the tests check it (`harness::driver`).
+//! `gpupin demo` shows a container getting it (it cannot depend on the Go test peers);
+//! the end-to-end tests use NVIDIA's nvidia-ctk and nvidia-cdi-hook (`harness::toolkit`).
 
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -272,7 +273,7 @@ fn quote(arg: &str) -> String {
     }
 }
 
-fn write(path: &Path, text: &str, mode: u32) -> Result<(), String> {
+pub(crate) fn write(path: &Path, text: &str, mode: u32) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("{}: {e}", path.display());
     std::fs::create_dir_all(path.parent().unwrap()).map_err(fail)?;
     std::fs::write(path, text).map_err(fail)?;
@@ -280,7 +281,7 @@ fn write(path: &Path, text: &str, mode: u32) -> Result<(), String> {
 }
 
 /// A character node `major:minor` at `path` (needs CAP_MKNOD).
-fn mknod(path: &Path, major: u32, minor: u32) -> Result<(), String> {
+pub(crate) fn mknod(path: &Path, major: u32, minor: u32) -> Result<(), String> {
     use std::os::unix::ffi::OsStrExt;
     std::fs::create_dir_all(path.parent().unwrap())
         .map_err(|e| format!("{}: {e}", path.display()))?;

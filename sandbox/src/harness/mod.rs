@@ -15,6 +15,7 @@ pub mod ledger;
 mod nodes;
 mod setup;
 pub mod status;
+pub mod toolkit;
 
 pub use check::{assert_one_gpupin_line, gpupin_line_problem, refusal_problem};
 pub use fake::{DEVICES_CGROUP, FakeContainer, Sleeper};

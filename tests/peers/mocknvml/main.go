@@ -8,6 +8,13 @@
 // (its Func is nil, and it panics) answers NVML_ERROR_NOT_SUPPORTED, as a real driver
 // does for a feature a board lacks.
 //
+// Left out on purpose: nvmlDeviceGetMigMode. NVIDIA's toolkit (go-nvlib, in `nvidia-ctk
+// cdi generate`) treats a library without it as "no MIG" and makes full-GPU devices; with
+// it, the mock's GPUs are MIG-capable and nvidia-ctk goes on to nvmlDeviceGetMaxMigDeviceCount
+// and nvmlDeviceGetMigDeviceHandleByIndex, which go-nvml's mock server does not implement
+// (tried: nvidia-ctk then fails). Answers for those would be made up here, so the symbol
+// stays out, and the toolkit sees what a driver without MIG shows it.
+//
 // Environment:
 //   - GPUPIN_MOCK_NVML_PROFILE: dgxa100 (default), dgxh100 or a30pcie (see package profile).
 //   - GPUPIN_MOCK_NVML_LIVE: optional JSON of live figures per GPU index (what a test sets,
