@@ -273,7 +273,7 @@ const WITHIN_EXPECTED: &str = "expected HOLDER or HOLDER:KEY, a holder's id (1-1
 /// read in byte order, so that of several bad keys the same one is always reported.
 ///
 /// ```
-/// use gpupin::request::{from_annotations, Selection};
+/// use gpupin::input::request::{from_annotations, Selection};
 /// use std::collections::HashMap;
 ///
 /// let ann = HashMap::from([("gpupin.count".to_string(), "2".to_string())]);
