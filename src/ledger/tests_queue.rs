@@ -38,11 +38,23 @@ fn until(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-/// A waiter in a thread of its own, on the ledger at `dir`.
+/// A waiter for `n` GPUs in a thread of its own, on the ledger at `dir`.
 fn wait_in_thread(
     dir: &std::path::Path,
     name: &'static str,
     n: u32,
+    meta: HolderMeta,
+    limits: &Limits,
+    wait: Duration,
+) -> std::thread::JoinHandle<Result<Allocation, LedgerError>> {
+    request_in_thread(dir, name, count(n), meta, limits, wait)
+}
+
+/// A waiter for `request` in a thread of its own, on the ledger at `dir`.
+fn request_in_thread(
+    dir: &std::path::Path,
+    name: &'static str,
+    request: GpuRequest,
     meta: HolderMeta,
     limits: &Limits,
     wait: Duration,
@@ -56,8 +68,27 @@ fn wait_in_thread(
             limits: Some(&limits),
             ..Machine::new(&inv, PolicyName::Pack)
         };
-        l.allocate_waiting(&id(name), &count(n), &m, meta, wait)
+        l.allocate_waiting(&id(name), &request, &m, meta, wait)
     })
+}
+
+/// `n` GPUs from inside holder `parent`, with its key when one is given.
+fn within(parent: &str, n: u32, key: Option<WithinKey>) -> GpuRequest {
+    GpuRequest {
+        within: Some(parent.into()),
+        within_key: key,
+        ..count(n)
+    }
+}
+
+/// Whether the ticket of `holder` is parked, read under the lock as a waiter writes it.
+fn parked(l: &Ledger, holder: &str) -> bool {
+    let _lock = store::lock(l.dir()).unwrap();
+    let tickets = queue::live_tickets(l.dir()).unwrap();
+    let ticket = tickets.iter().find(|t| t.id == holder);
+    ticket
+        .unwrap_or_else(|| panic!("{holder} has no ticket"))
+        .parked
 }
 
 #[test]
@@ -309,4 +340,81 @@ fn a_waiter_over_its_limit_is_parked_also_when_no_gpu_is_free() {
     );
     open.store(false, Ordering::SeqCst);
     assert!(alice.join().unwrap().is_err());
+}
+
+/// A request inside the user's own holder takes GPUs they hold already: it cannot take
+/// them past their limit, so it is not parked, and a later waiter does not overtake it.
+#[test]
+fn a_waiter_within_its_users_own_holder_is_not_parked_at_their_limit() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(2),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    // Alice holds 2 GPUs, her limit; one of them is in use by a job of hers inside.
+    let alices_hold = HolderMeta {
+        kind: HolderKind::Hold,
+        until_release: true,
+        pid: None,
+        ..job("alice", 1001, &[])
+    };
+    let res = l.allocate(&id("res"), &count(2), &m, alices_hold).unwrap();
+    l.allocate(
+        &id("j1"),
+        &within("res", 1, None),
+        &m,
+        job("alice", 1001, &[]),
+    )
+    .unwrap();
+    // Another job of hers wants both of the hold's GPUs and waits for j1 to end.
+    let mut meta = job("alice", 1001, &[]);
+    let alice_open = caller(&mut meta);
+    let j2 = request_in_thread(
+        l.dir(),
+        "j2",
+        within("res", 2, None),
+        meta,
+        &limits,
+        Duration::from_secs(60),
+    );
+    until("j2 is queued", || tickets(&l) == 1);
+    assert!(
+        !parked(&l, "j2"),
+        "j2 is parked, yet it adds nothing to alice's count"
+    );
+    // A container given the hold's key comes later, for the GPU that is free inside.
+    let (_, key) = l.key(&id("res")).unwrap().unwrap();
+    let mut meta = container();
+    let later_open = caller(&mut meta);
+    let later = request_in_thread(
+        l.dir(),
+        "later",
+        within("res", 1, Some(key)),
+        meta,
+        &limits,
+        Duration::from_secs(60),
+    );
+    until("the later request is queued", || tickets(&l) == 2);
+    // j1 ends: j2, first in line, gets both GPUs of the hold.
+    l.release(&id("j1")).unwrap();
+    let served = j2.join().unwrap();
+    alice_open.store(false, Ordering::SeqCst);
+    let served = served.unwrap_or_else(|e| panic!("{}", one_line(&e)));
+    assert_eq!(served.record.gpus, res.record.gpus);
+    later_open.store(false, Ordering::SeqCst);
+    let err = later.join().unwrap().unwrap_err();
+    assert!(
+        matches!(err, LedgerError::CallerGone { .. }),
+        "{}",
+        one_line(&err)
+    );
+    let mut held: Vec<String> = l.records().unwrap().into_iter().map(|r| r.id).collect();
+    held.sort();
+    assert_eq!(held, ["j2", "res"]);
+    assert_eq!(tickets(&l), 0);
 }
