@@ -418,3 +418,178 @@ fn a_waiter_within_its_users_own_holder_is_not_parked_at_their_limit() {
     assert_eq!(held, ["j2", "res"]);
     assert_eq!(tickets(&l), 0);
 }
+
+/// What `gpupin status` and `gpupin metrics` show of the queue: who waits, oldest first.
+#[test]
+fn the_waiting_requests_are_listed_oldest_first() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("all"), &count(4), &m, container()).unwrap();
+    assert_eq!(l.waiting().unwrap(), []);
+    let before = record::unix_now();
+    let mut hang_ups = Vec::new();
+    let mut waiters = Vec::new();
+    for (n, name) in ["first", "second"].into_iter().enumerate() {
+        let mut meta = container();
+        hang_ups.push(caller(&mut meta));
+        let limits = Limits::default();
+        waiters.push(wait_in_thread(
+            l.dir(),
+            name,
+            1,
+            meta,
+            &limits,
+            Duration::from_secs(60),
+        ));
+        until(name, || tickets(&l) == n + 1);
+    }
+    let waiting = l.waiting().unwrap();
+    let holders: Vec<&str> = waiting.iter().map(|w| w.holder.as_str()).collect();
+    assert_eq!(holders, ["first", "second"]);
+    assert!(waiting.iter().all(|w| w.queued_at >= before), "{waiting:?}");
+    for open in &hang_ups {
+        open.store(false, Ordering::SeqCst);
+    }
+    for w in waiters {
+        assert!(w.join().unwrap().is_err());
+    }
+    assert_eq!(l.waiting().unwrap(), []);
+}
+
+/// A request over its user's limit by itself never fits, however long it waits: it is
+/// refused at once, not after its wait, and leaves no ticket.
+#[test]
+fn a_request_over_the_limit_by_itself_is_refused_without_waiting() {
+    let (_t, l) = ledger();
+    let limits = Limits {
+        max_gpus_per_user: Some(1),
+        ..Limits::default()
+    };
+    let mut meta = job("alice", 1001, &[]);
+    let open = caller(&mut meta);
+    let alice = wait_in_thread(l.dir(), "a1", 2, meta, &limits, Duration::from_secs(60));
+    let err = alice.join().unwrap().unwrap_err();
+    open.store(false, Ordering::SeqCst);
+    assert_eq!(
+        one_line(&err),
+        "alice holds 0 GPUs and alice asks for 2 more; their limit is 1 (limits.max_gpus_per_user)"
+    );
+    assert_eq!(tickets(&l), 0);
+    assert!(l.records().unwrap().is_empty());
+}
+
+/// A waiter counts every GPU it asks for against its limit: two more than one free of
+/// alice's two is past it, so she is parked though no GPU is free either.
+#[test]
+fn a_waiter_for_several_gpus_is_parked_when_all_of_them_would_pass_its_limit() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(2),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001, &[]))
+        .unwrap();
+    l.allocate(&id("rest"), &count(3), &m, container()).unwrap();
+    let mut meta = job("alice", 1001, &[]);
+    let open = caller(&mut meta);
+    let alice = wait_in_thread(l.dir(), "a2", 2, meta, &limits, Duration::from_secs(60));
+    until("alice is queued", || tickets(&l) == 1);
+    assert!(parked(&l, "a2"), "1 held and 2 more is past her limit of 2");
+    let err = l
+        .allocate(&id("hook"), &count(1), &m, container())
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::NotEnoughFree { .. }),
+        "{}",
+        one_line(&err)
+    );
+    open.store(false, Ordering::SeqCst);
+    assert!(alice.join().unwrap().is_err());
+}
+
+/// A holder whose process ended changes no directory: a waiter still looks under the lock
+/// now and then, reaps it and takes its GPUs, long before its own wait is over.
+#[test]
+fn a_waiter_takes_the_gpus_of_a_holder_whose_process_ended() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let mut process = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let meta = HolderMeta {
+        pid: Some(process.id() as i32),
+        ..container()
+    };
+    l.allocate(&id("all"), &count(4), &m, meta).unwrap();
+    let mut meta = container();
+    let open = caller(&mut meta);
+    let next = wait_in_thread(
+        l.dir(),
+        "next",
+        1,
+        meta,
+        &Limits::default(),
+        Duration::from_secs(60),
+    );
+    until("the request waits", || tickets(&l) == 1);
+    // Past the time a fresh change keeps the waiter looking: only its look now and then
+    // can see the holder go.
+    std::thread::sleep(Duration::from_secs(1));
+    process.kill().unwrap();
+    process.wait().unwrap();
+    let served = next.join().unwrap();
+    open.store(false, Ordering::SeqCst);
+    let got = served.unwrap_or_else(|e| panic!("{}", one_line(&e)));
+    assert_eq!(got.record.id, "next");
+    let held: Vec<String> = l.records().unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(held, ["next"]);
+}
+
+/// A waiter inside a holder that is released meanwhile can never be served: it hears why
+/// at once, not when its wait is over.
+#[test]
+fn a_waiter_within_a_holder_that_goes_away_is_told_at_once() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let roots_hold = HolderMeta {
+        source: "test".into(),
+        kind: HolderKind::Hold,
+        until_release: true,
+        ..HolderMeta::default()
+    };
+    l.allocate(&id("res"), &count(1), &m, roots_hold).unwrap();
+    let roots_job = || HolderMeta {
+        kind: HolderKind::Exec,
+        ..container()
+    };
+    l.allocate(&id("j1"), &within("res", 1, None), &m, roots_job())
+        .unwrap();
+    let mut meta = roots_job();
+    let open = caller(&mut meta);
+    let j2 = request_in_thread(
+        l.dir(),
+        "j2",
+        within("res", 1, None),
+        meta,
+        &Limits::default(),
+        Duration::from_secs(60),
+    );
+    until("j2 waits", || tickets(&l) == 1);
+    l.release(&id("res")).unwrap();
+    let err = j2.join().unwrap().unwrap_err();
+    open.store(false, Ordering::SeqCst);
+    assert_eq!(
+        one_line(&err),
+        "cannot allocate for j2: gpupin.within=res names no holder in the ledger"
+    );
+    assert_eq!(tickets(&l), 0);
+}
