@@ -973,6 +973,17 @@ mod tests {
     }
 
     #[test]
+    fn a_read_that_fails_is_not_called_a_timeout() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        // The caller goes away with bytes of ours unread: the kernel resets the connection.
+        (&ours).write_all(b"unread").unwrap();
+        drop(theirs);
+        let mut input = Deadline::new(Arc::new(ours), Duration::from_secs(60));
+        let err = input.read(&mut [0u8; 16]).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    }
+
+    #[test]
     fn a_connection_is_still_wanted_until_the_caller_hangs_up() {
         let (ours, theirs) = UnixStream::pair().unwrap();
         assert!(still_open(&ours));
