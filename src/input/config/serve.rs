@@ -79,3 +79,39 @@ impl ServeFile {
         Ok(s)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ServeSettings, String> {
+        toml::from_str::<ServeFile>(text).unwrap().settings()
+    }
+
+    #[test]
+    fn what_is_written_is_what_serve_uses_and_a_short_request_timeout_is_refused() {
+        let s = parse(
+            "max_connections = 16\nmax_connections_per_user = 2\nmax_watched_per_user = 5\nrequest_timeout = \"45s\"",
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            ServeSettings {
+                max_connections: 16,
+                max_connections_per_user: 2,
+                max_watched_per_user: 5,
+                request_timeout: Duration::from_secs(45),
+            }
+        );
+        assert_eq!(parse("").unwrap(), ServeSettings::default());
+        assert_eq!(
+            parse("request_timeout = \"1s\"").unwrap().request_timeout,
+            Duration::from_secs(1)
+        );
+        // Under a second, a caller on a busy node could not send its request in time.
+        assert_eq!(
+            parse("request_timeout = \"999ms\"").unwrap_err(),
+            "serve.request_timeout \"999ms\": expected a duration of at least 1s, such as \"30s\""
+        );
+    }
+}

@@ -93,6 +93,30 @@ mod tests {
     }
 
     #[test]
+    fn waiting_for_a_process_returns_only_once_it_ended() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pinned = Pinned::open(child.id() as i32).unwrap();
+        let (done, ended) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            pinned.wait_exit();
+            done.send(pinned.alive()).unwrap();
+        });
+        // While it runs, no answer: a watcher that returned now would release its GPUs.
+        let early = ended.recv_timeout(std::time::Duration::from_millis(300));
+        assert_eq!(early, Err(std::sync::mpsc::RecvTimeoutError::Timeout));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let alive = ended
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("wait_exit returns once the process ended");
+        assert!(!alive);
+        waiter.join().unwrap();
+    }
+
+    #[test]
     fn the_peer_of_a_socket_is_this_process() {
         let (a, _b) = UnixStream::pair().unwrap();
         let peer = of(&a).unwrap();

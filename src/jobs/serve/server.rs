@@ -460,14 +460,11 @@ fn bind_job(
     job: i32,
 ) -> Result<(Pinned, Option<JobCgroup>), String> {
     let pinned = Pinned::open(job).map_err(|e| format!("pid {job}: {}", one_line(&e)))?;
-    match pinned.parent_and_owner() {
-        Some((parent, uid)) if parent == peer.pid && uid == peer.uid => {}
-        _ => {
-            return Err(format!(
-                "pid {job} is not a process the caller (pid {}) started as uid {}",
-                peer.pid, peer.uid
-            ));
-        }
+    if !started_by(peer, pinned.parent_and_owner()) {
+        return Err(format!(
+            "pid {job} is not a process the caller (pid {}) started as uid {}",
+            peer.pid, peer.uid
+        ));
     }
     let cgroup = exec::start(
         config,
@@ -478,6 +475,13 @@ fn bind_job(
     )
     .map_err(|e| one_line(&e))?;
     Ok((pinned, cgroup))
+}
+
+/// Whether a process whose parent pid and uid are `found` (from /proc, while it is pinned)
+/// is a child the caller started as itself: a job takes its caller's GPUs, so it must be
+/// the caller's own child, not any process of the same user, nor one running as another.
+fn started_by(peer: Peer, found: Option<(i32, u32)>) -> bool {
+    matches!(found, Some((parent, uid)) if parent == peer.pid && uid == peer.uid)
 }
 
 struct HoldAsked {
@@ -565,6 +569,7 @@ fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Ref
 
 /// Why the daemon said no: the caller may not do this (audited here), or it could not be
 /// done (a bad value, a refused allocation, which grant audits).
+#[derive(Debug)]
 enum Refusal {
     Denied(String),
     Failed(String),
@@ -613,7 +618,318 @@ fn release_for(config: &Config, peer: Peer, id: &str) -> Result<Record, Refusal>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::holder::Owner;
     use std::io::{BufRead, Write};
+    use std::os::unix::process::CommandExt;
+
+    /// nobody, a user every Debian system has: `users::owner_of` must find the caller.
+    const NOBODY: u32 = 65534;
+
+    /// A daemon's shared state on a ledger of 8 simulated GPUs in `dir`, without a socket.
+    fn daemon(dir: &std::path::Path, serve: ServeSettings) -> Arc<Shared> {
+        let config = Config {
+            state_dir: dir.join("state"),
+            inventory: "sim:nvswitch8".parse().unwrap(),
+            audit_log: dir.join("audit.log"),
+            serve,
+            ..Config::default()
+        };
+        let watcher = Watcher::start(Arc::new(config.clone()), serve.max_watched_per_user).unwrap();
+        Arc::new(Shared {
+            config,
+            watcher,
+            open: Mutex::new(Open::default()),
+        })
+    }
+
+    /// A caller as SO_PEERCRED gives it: this process, as `uid`.
+    fn caller(uid: u32) -> Peer {
+        Peer {
+            pid: std::process::id() as i32,
+            uid,
+        }
+    }
+
+    /// Root's hold of GPU `devices` for alice (uid 1001), until released.
+    fn alices_hold(config: &Config, id: &str, devices: &str) -> Record {
+        let alice = Owner {
+            uid: 1001,
+            user: "alice".into(),
+            groups: vec![],
+        };
+        let asked = Hold {
+            id: HolderId::new(id).unwrap(),
+            devices: devices.into(),
+            by_minor: false,
+            pid: None,
+            until_release: true,
+            owner: alice,
+            limited: false,
+            within: None,
+        };
+        hold::hold(config, &asked, "test").unwrap()
+    }
+
+    #[track_caller]
+    fn denied<T: std::fmt::Debug>(outcome: Result<T, Refusal>) -> String {
+        match outcome {
+            Err(Refusal::Denied(why)) => why,
+            other => panic!("not denied: {other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn failed<T: std::fmt::Debug>(outcome: Result<T, Refusal>) -> String {
+        match outcome {
+            Err(Refusal::Failed(why)) => why,
+            other => panic!("not failed: {other:?}"),
+        }
+    }
+
+    /// The refusals audited so far (in their own log beside audit.log), as JSON.
+    fn refusals(dir: &std::path::Path) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(dir.join("audit.refusals.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn connections_are_bounded_in_all_and_per_user_and_a_closed_one_frees_its_slot() {
+        let tmp = tempfile::tempdir().unwrap();
+        let settings = ServeSettings {
+            max_connections: 4,
+            max_connections_per_user: 2,
+            ..ServeSettings::default()
+        };
+        let shared = daemon(tmp.path(), settings);
+        let per_user = "uid 1001 has 2 connections open to gpupin serve, the limit (serve.max_connections_per_user): close some first";
+        let a1 = shared.admit(1001).unwrap();
+        let a2 = shared.admit(1001).unwrap();
+        assert_eq!(shared.admit(1001).err().unwrap(), per_user);
+        let b1 = shared.admit(1002).unwrap();
+        let c1 = shared.admit(1003).unwrap();
+        assert_eq!(
+            shared.admit(1004).err().unwrap(),
+            "gpupin serve has 4 connections open, its limit (serve.max_connections): try again shortly"
+        );
+        // Root's are the Slurm prolog's and the admins': never refused.
+        let roots: Vec<Slot> = (0..3).map(|_| shared.admit(0).unwrap()).collect();
+        drop(roots);
+        drop(c1);
+        drop(a1);
+        // With one of alice's closed, she has one more, and then she is at her bound again.
+        let a3 = shared.admit(1001).unwrap();
+        assert_eq!(shared.admit(1001).err().unwrap(), per_user);
+        drop((a2, a3, b1));
+        let open = shared.open.lock().unwrap();
+        assert_eq!((open.total, open.by_uid.len()), (0, 0));
+    }
+
+    #[test]
+    fn only_a_holders_owner_or_root_has_its_key() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = daemon(tmp.path(), ServeSettings::default());
+        let config = &shared.config;
+        alices_hold(config, "res", "0");
+        let (record, key) = key_for(config, caller(1001), "res").unwrap();
+        assert_eq!(record.id, "res");
+        assert_eq!(key.len(), "res:".len() + 32, "{key}");
+        assert!(key.starts_with("res:"), "{key}");
+        assert_eq!(key_for(config, caller(0), "res").unwrap().1, key);
+        assert_eq!(
+            denied(key_for(config, caller(1002), "res")),
+            "holder res is alice's: only its owner or root may have its key"
+        );
+        assert_eq!(
+            failed(key_for(config, caller(1001), "gone")),
+            "no running holder gone (see gpupin status)"
+        );
+    }
+
+    #[test]
+    fn a_user_releases_only_their_own_holder_and_a_refusal_is_audited() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = daemon(tmp.path(), ServeSettings::default());
+        let config = &shared.config;
+        alices_hold(config, "res", "0");
+        let nobody = caller(NOBODY);
+        let outcome = release_for(config, nobody, "res");
+        let reply = reply_for(config, nobody, "res", outcome);
+        let why = "holder res is not held by uid 65534: only its owner or root may release it";
+        assert_eq!(reply.error.as_deref(), Some(why));
+        assert_eq!(reply.holder, None);
+        let refusal = refusals(tmp.path())
+            .into_iter()
+            .find(|l| l["holder"] == "res")
+            .expect("the refusal is audited");
+        assert_eq!(refusal["event"], "refuse");
+        assert_eq!(refusal["holder"], "res");
+        assert_eq!(refusal["uid"], NOBODY);
+        assert_eq!(refusal["user"], "nobody");
+        assert_eq!(refusal["pid"], std::process::id());
+        assert_eq!(refusal["code"], "not_yours");
+        assert_eq!(refusal["reason"], why);
+        // Still held; its owner releases it, and then it holds nothing.
+        let reply = reply_for(
+            config,
+            caller(1001),
+            "res",
+            release_for(config, caller(1001), "res"),
+        );
+        assert_eq!((reply.error, reply.holder), (None, Some("res".to_string())));
+        assert_eq!(reply.gpus.len(), 1);
+        let outcome = release_for(config, caller(1001), "res");
+        assert_eq!(failed(outcome), "res holds nothing");
+        // A request that could not be done is no refusal of who may do what.
+        let reply = reply_for(
+            config,
+            caller(1001),
+            "res",
+            release_for(config, caller(1001), "res"),
+        );
+        assert_eq!(reply.error.as_deref(), Some("res holds nothing"));
+        assert_eq!(refusals(tmp.path()).len(), 1);
+    }
+
+    #[test]
+    fn a_job_is_only_a_child_the_caller_started_as_itself() {
+        let peer = Peer {
+            pid: 4242,
+            uid: 1001,
+        };
+        assert!(started_by(peer, Some((4242, 1001))));
+        assert!(
+            !started_by(peer, Some((4242, 0))),
+            "its child running as root"
+        );
+        assert!(
+            !started_by(peer, Some((1, 1001))),
+            "another process of the user's"
+        );
+        assert!(!started_by(peer, None), "gone meanwhile");
+    }
+
+    /// A process running as nobody, for as long as the test needs it.
+    fn nobodys_process() -> std::process::Child {
+        std::process::Command::new("sleep")
+            .arg("30")
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .spawn()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_user_holds_only_for_themselves_with_a_process_of_their_own() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: starting a process as nobody needs root (CI runs as root)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let mut shared = daemon(tmp.path(), ServeSettings::default());
+        Arc::get_mut(&mut shared)
+            .unwrap()
+            .config
+            .limits
+            .max_gpus_per_user = Some(2);
+        let mut theirs = nobodys_process();
+        let mut roots = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let ask = |id: &str, devices: &str, pid: Option<u32>, user: Option<&str>| HoldAsked {
+            id: id.into(),
+            devices: devices.into(),
+            by_minor: false,
+            pid: pid.map(|p| p as i32),
+            until_release: false,
+            user: user.map(String::from),
+            within: None,
+        };
+        let nobody = caller(NOBODY);
+        let by_name = hold_for(
+            &shared,
+            nobody,
+            ask("h1", "1", Some(theirs.id()), Some("nobody")),
+        );
+        let record = by_name.unwrap();
+        assert_eq!(record.owner.as_ref().map(|o| o.uid), Some(NOBODY));
+        assert_eq!(record.pid, Some(theirs.id() as i32));
+        let by_uid = hold_for(
+            &shared,
+            nobody,
+            ask("h2", "2", Some(theirs.id()), Some("65534")),
+        );
+        assert_eq!(by_uid.unwrap().owner.unwrap().user, "nobody");
+        // Their limit applies to them (2 GPUs): not to root's holds for them below.
+        assert!(
+            failed(hold_for(
+                &shared,
+                nobody,
+                ask("h3", "3", Some(theirs.id()), None)
+            ))
+            .ends_with("(limits.max_gpus_per_user)")
+        );
+        assert_eq!(
+            denied(hold_for(
+                &shared,
+                nobody,
+                ask("h4", "4", Some(theirs.id()), Some("root"))
+            )),
+            "only root may hold GPUs for another user (root)"
+        );
+        let until_release = HoldAsked {
+            until_release: true,
+            ..ask("h5", "5", None, None)
+        };
+        assert_eq!(
+            denied(hold_for(&shared, nobody, until_release)),
+            "only root may hold GPUs until released: give --pid with a process of yours"
+        );
+        assert_eq!(
+            denied(hold_for(
+                &shared,
+                nobody,
+                ask("h6", "6", Some(roots.id()), None)
+            )),
+            format!("pid {} is not a process of uid {NOBODY}", roots.id())
+        );
+        // Root holds for anyone, with anyone's process or until released.
+        let root = caller(0);
+        let for_nobody = hold_for(
+            &shared,
+            root,
+            ask("r1", "3", Some(theirs.id()), Some("nobody")),
+        );
+        assert_eq!(for_nobody.unwrap().owner.unwrap().uid, NOBODY);
+        let until_release = HoldAsked {
+            until_release: true,
+            ..ask("r2", "4", None, Some("nobody"))
+        };
+        assert_eq!(
+            hold_for(&shared, root, until_release)
+                .unwrap()
+                .owner
+                .unwrap()
+                .uid,
+            NOBODY
+        );
+        let ledger = Ledger::for_config(&shared.config).unwrap();
+        let mut held: Vec<String> = ledger
+            .records()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        held.sort();
+        assert_eq!(held, ["h1", "h2", "r1", "r2"]);
+        for child in [&mut theirs, &mut roots] {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
 
     #[test]
     fn a_caller_sending_a_byte_now_and_then_still_runs_out_of_time() {
@@ -642,6 +958,33 @@ mod tests {
         );
         assert!(!line.is_empty(), "bytes kept coming: {line:?}");
         slow.join().unwrap();
+    }
+
+    #[test]
+    fn a_restarted_deadline_counts_from_the_restart() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut input = Deadline::new(Arc::new(ours), Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(50));
+        (&theirs).write_all(b"x").unwrap();
+        let mut byte = [0u8; 1];
+        // Over, though a byte is there: the request did not come in time.
+        let err = input.read(&mut byte).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        // The bind after a grant has its own time, from the grant on.
+        input.restart(Duration::from_secs(60));
+        assert_eq!(input.read(&mut byte).unwrap(), 1);
+        assert_eq!(&byte, b"x");
+    }
+
+    #[test]
+    fn a_read_that_fails_is_not_called_a_timeout() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        // The caller goes away with bytes of ours unread: the kernel resets the connection.
+        (&ours).write_all(b"unread").unwrap();
+        drop(theirs);
+        let mut input = Deadline::new(Arc::new(ours), Duration::from_secs(60));
+        let err = input.read(&mut [0u8; 16]).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     }
 
     #[test]

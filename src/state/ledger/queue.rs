@@ -430,8 +430,11 @@ impl Ledger {
         }
     }
 
-    /// Whether `request`, taking as many GPUs nobody holds as it asks for, would take its
-    /// user past a limit (a request that names all GPUs is never parked).
+    /// Whether `request`, taking as many GPUs as it asks for, would take its user past a
+    /// limit (a request that names all GPUs is never parked). A request `within` a holder
+    /// takes that holder's GPUs: inside one of the user's own it adds none to their count
+    /// (as `scope::check` counts), so their limit never holds it back, and parking it would
+    /// only let later waiters overtake it. Elsewhere it takes GPUs nobody holds.
     fn over_limit(
         &self,
         request: &GpuRequest,
@@ -442,10 +445,19 @@ impl Ledger {
         let Some(n) = count_of(request) else {
             return false;
         };
-        // Names no record holds: each counts as a GPU the user does not hold yet.
-        let fresh: Vec<String> = (0..n).map(|i| format!("\0gpupin-probe-{i}")).collect();
+        let parents = request
+            .within
+            .as_ref()
+            .and_then(|w| live.iter().find(|r| &r.id == w));
+        let mut probe: Vec<String> = parents
+            .iter()
+            .flat_map(|p| p.gpus.iter().take(n).cloned())
+            .collect();
+        // Names no record holds: each counts as a GPU the user does not hold yet. (Past the
+        // holder's own GPUs the request never fits; it is counted as before.)
+        probe.extend((probe.len()..n).map(|i| format!("\0gpupin-probe-{i}")));
         matches!(
-            super::scope::check(meta, machine, live, &fresh),
+            super::scope::check(meta, machine, live, &probe),
             Err(LedgerError::LimitReached(_))
         )
     }

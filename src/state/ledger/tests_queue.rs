@@ -38,11 +38,23 @@ fn until(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-/// A waiter in a thread of its own, on the ledger at `dir`.
+/// A waiter for `n` GPUs in a thread of its own, on the ledger at `dir`.
 fn wait_in_thread(
     dir: &std::path::Path,
     name: &'static str,
     n: u32,
+    meta: HolderMeta,
+    limits: &Limits,
+    wait: Duration,
+) -> std::thread::JoinHandle<Result<Allocation, LedgerError>> {
+    request_in_thread(dir, name, count(n), meta, limits, wait)
+}
+
+/// A waiter for `request` in a thread of its own, on the ledger at `dir`.
+fn request_in_thread(
+    dir: &std::path::Path,
+    name: &'static str,
+    request: GpuRequest,
     meta: HolderMeta,
     limits: &Limits,
     wait: Duration,
@@ -56,8 +68,27 @@ fn wait_in_thread(
             limits: Some(&limits),
             ..Machine::new(&inv, PolicyName::Pack)
         };
-        l.allocate_waiting(&id(name), &count(n), &m, meta, wait)
+        l.allocate_waiting(&id(name), &request, &m, meta, wait)
     })
+}
+
+/// `n` GPUs from inside holder `parent`, with its key when one is given.
+fn within(parent: &str, n: u32, key: Option<WithinKey>) -> GpuRequest {
+    GpuRequest {
+        within: Some(parent.into()),
+        within_key: key,
+        ..count(n)
+    }
+}
+
+/// Whether the ticket of `holder` is parked, read under the lock as a waiter writes it.
+fn parked(l: &Ledger, holder: &str) -> bool {
+    let _lock = store::lock(l.dir()).unwrap();
+    let tickets = queue::live_tickets(l.dir()).unwrap();
+    let ticket = tickets.iter().find(|t| t.id == holder);
+    ticket
+        .unwrap_or_else(|| panic!("{holder} has no ticket"))
+        .parked
 }
 
 #[test]
@@ -309,4 +340,256 @@ fn a_waiter_over_its_limit_is_parked_also_when_no_gpu_is_free() {
     );
     open.store(false, Ordering::SeqCst);
     assert!(alice.join().unwrap().is_err());
+}
+
+/// A request inside the user's own holder takes GPUs they hold already: it cannot take
+/// them past their limit, so it is not parked, and a later waiter does not overtake it.
+#[test]
+fn a_waiter_within_its_users_own_holder_is_not_parked_at_their_limit() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(2),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    // Alice holds 2 GPUs, her limit; one of them is in use by a job of hers inside.
+    let alices_hold = HolderMeta {
+        kind: HolderKind::Hold,
+        until_release: true,
+        pid: None,
+        ..job("alice", 1001, &[])
+    };
+    let res = l.allocate(&id("res"), &count(2), &m, alices_hold).unwrap();
+    l.allocate(
+        &id("j1"),
+        &within("res", 1, None),
+        &m,
+        job("alice", 1001, &[]),
+    )
+    .unwrap();
+    // Another job of hers wants both of the hold's GPUs and waits for j1 to end.
+    let mut meta = job("alice", 1001, &[]);
+    let alice_open = caller(&mut meta);
+    let j2 = request_in_thread(
+        l.dir(),
+        "j2",
+        within("res", 2, None),
+        meta,
+        &limits,
+        Duration::from_secs(60),
+    );
+    until("j2 is queued", || tickets(&l) == 1);
+    assert!(
+        !parked(&l, "j2"),
+        "j2 is parked, yet it adds nothing to alice's count"
+    );
+    // A container given the hold's key comes later, for the GPU that is free inside.
+    let (_, key) = l.key(&id("res")).unwrap().unwrap();
+    let mut meta = container();
+    let later_open = caller(&mut meta);
+    let later = request_in_thread(
+        l.dir(),
+        "later",
+        within("res", 1, Some(key)),
+        meta,
+        &limits,
+        Duration::from_secs(60),
+    );
+    until("the later request is queued", || tickets(&l) == 2);
+    // j1 ends: j2, first in line, gets both GPUs of the hold.
+    l.release(&id("j1")).unwrap();
+    let served = j2.join().unwrap();
+    alice_open.store(false, Ordering::SeqCst);
+    let served = served.unwrap_or_else(|e| panic!("{}", one_line(&e)));
+    assert_eq!(served.record.gpus, res.record.gpus);
+    later_open.store(false, Ordering::SeqCst);
+    let err = later.join().unwrap().unwrap_err();
+    assert!(
+        matches!(err, LedgerError::CallerGone { .. }),
+        "{}",
+        one_line(&err)
+    );
+    let mut held: Vec<String> = l.records().unwrap().into_iter().map(|r| r.id).collect();
+    held.sort();
+    assert_eq!(held, ["j2", "res"]);
+    assert_eq!(tickets(&l), 0);
+}
+
+/// What `gpupin status` and `gpupin metrics` show of the queue: who waits, oldest first.
+#[test]
+fn the_waiting_requests_are_listed_oldest_first() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("all"), &count(4), &m, container()).unwrap();
+    assert_eq!(l.waiting().unwrap(), []);
+    let before = record::unix_now();
+    let mut hang_ups = Vec::new();
+    let mut waiters = Vec::new();
+    for (n, name) in ["first", "second"].into_iter().enumerate() {
+        let mut meta = container();
+        hang_ups.push(caller(&mut meta));
+        let limits = Limits::default();
+        waiters.push(wait_in_thread(
+            l.dir(),
+            name,
+            1,
+            meta,
+            &limits,
+            Duration::from_secs(60),
+        ));
+        until(name, || tickets(&l) == n + 1);
+    }
+    let waiting = l.waiting().unwrap();
+    let holders: Vec<&str> = waiting.iter().map(|w| w.holder.as_str()).collect();
+    assert_eq!(holders, ["first", "second"]);
+    assert!(waiting.iter().all(|w| w.queued_at >= before), "{waiting:?}");
+    for open in &hang_ups {
+        open.store(false, Ordering::SeqCst);
+    }
+    for w in waiters {
+        assert!(w.join().unwrap().is_err());
+    }
+    assert_eq!(l.waiting().unwrap(), []);
+}
+
+/// A request over its user's limit by itself never fits, however long it waits: it is
+/// refused at once, not after its wait, and leaves no ticket.
+#[test]
+fn a_request_over_the_limit_by_itself_is_refused_without_waiting() {
+    let (_t, l) = ledger();
+    let limits = Limits {
+        max_gpus_per_user: Some(1),
+        ..Limits::default()
+    };
+    let mut meta = job("alice", 1001, &[]);
+    let open = caller(&mut meta);
+    let alice = wait_in_thread(l.dir(), "a1", 2, meta, &limits, Duration::from_secs(60));
+    let err = alice.join().unwrap().unwrap_err();
+    open.store(false, Ordering::SeqCst);
+    assert_eq!(
+        one_line(&err),
+        "alice holds 0 GPUs and alice asks for 2 more; their limit is 1 (limits.max_gpus_per_user)"
+    );
+    assert_eq!(tickets(&l), 0);
+    assert!(l.records().unwrap().is_empty());
+}
+
+/// A waiter counts every GPU it asks for against its limit: two more than one free of
+/// alice's two is past it, so she is parked though no GPU is free either.
+#[test]
+fn a_waiter_for_several_gpus_is_parked_when_all_of_them_would_pass_its_limit() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        max_gpus_per_user: Some(2),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("a1"), &count(1), &m, job("alice", 1001, &[]))
+        .unwrap();
+    l.allocate(&id("rest"), &count(3), &m, container()).unwrap();
+    let mut meta = job("alice", 1001, &[]);
+    let open = caller(&mut meta);
+    let alice = wait_in_thread(l.dir(), "a2", 2, meta, &limits, Duration::from_secs(60));
+    until("alice is queued", || tickets(&l) == 1);
+    assert!(parked(&l, "a2"), "1 held and 2 more is past her limit of 2");
+    let err = l
+        .allocate(&id("hook"), &count(1), &m, container())
+        .unwrap_err();
+    assert!(
+        matches!(err, LedgerError::NotEnoughFree { .. }),
+        "{}",
+        one_line(&err)
+    );
+    open.store(false, Ordering::SeqCst);
+    assert!(alice.join().unwrap().is_err());
+}
+
+/// A holder whose process ended changes no directory: a waiter still looks under the lock
+/// now and then, reaps it and takes its GPUs, long before its own wait is over.
+#[test]
+fn a_waiter_takes_the_gpus_of_a_holder_whose_process_ended() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let mut process = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let meta = HolderMeta {
+        pid: Some(process.id() as i32),
+        ..container()
+    };
+    l.allocate(&id("all"), &count(4), &m, meta).unwrap();
+    let mut meta = container();
+    let open = caller(&mut meta);
+    let next = wait_in_thread(
+        l.dir(),
+        "next",
+        1,
+        meta,
+        &Limits::default(),
+        Duration::from_secs(60),
+    );
+    until("the request waits", || tickets(&l) == 1);
+    // Past the time a fresh change keeps the waiter looking: only its look now and then
+    // can see the holder go.
+    std::thread::sleep(Duration::from_secs(1));
+    process.kill().unwrap();
+    process.wait().unwrap();
+    let served = next.join().unwrap();
+    open.store(false, Ordering::SeqCst);
+    let got = served.unwrap_or_else(|e| panic!("{}", one_line(&e)));
+    assert_eq!(got.record.id, "next");
+    let held: Vec<String> = l.records().unwrap().into_iter().map(|r| r.id).collect();
+    assert_eq!(held, ["next"]);
+}
+
+/// A waiter inside a holder that is released meanwhile can never be served: it hears why
+/// at once, not when its wait is over.
+#[test]
+fn a_waiter_within_a_holder_that_goes_away_is_told_at_once() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let roots_hold = HolderMeta {
+        source: "test".into(),
+        kind: HolderKind::Hold,
+        until_release: true,
+        ..HolderMeta::default()
+    };
+    l.allocate(&id("res"), &count(1), &m, roots_hold).unwrap();
+    let roots_job = || HolderMeta {
+        kind: HolderKind::Exec,
+        ..container()
+    };
+    l.allocate(&id("j1"), &within("res", 1, None), &m, roots_job())
+        .unwrap();
+    let mut meta = roots_job();
+    let open = caller(&mut meta);
+    let j2 = request_in_thread(
+        l.dir(),
+        "j2",
+        within("res", 1, None),
+        meta,
+        &Limits::default(),
+        Duration::from_secs(60),
+    );
+    until("j2 waits", || tickets(&l) == 1);
+    l.release(&id("res")).unwrap();
+    let err = j2.join().unwrap().unwrap_err();
+    open.store(false, Ordering::SeqCst);
+    assert_eq!(
+        one_line(&err),
+        "cannot allocate for j2: gpupin.within=res names no holder in the ledger"
+    );
+    assert_eq!(tickets(&l), 0);
 }
