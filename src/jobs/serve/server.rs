@@ -811,6 +811,51 @@ mod tests {
         assert!(!started_by(peer, None), "gone meanwhile");
     }
 
+    #[test]
+    fn a_process_the_caller_did_not_start_as_itself_takes_no_gpus() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: starting a process as nobody needs root (CI runs as root)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = daemon(tmp.path(), ServeSettings::default());
+        let config = &shared.config;
+        let me = caller(0);
+        let pairs = [("gpupin.count".to_string(), "1".to_string())];
+        let (request, holder) = exec::job_request(&pairs, Some("j1"), me.pid).unwrap();
+        let root = Owner {
+            uid: 0,
+            user: "root".into(),
+            groups: vec![],
+        };
+        let grant =
+            exec::grant_while(config, holder, &request, root, me.pid, "serve", None).unwrap();
+        // The caller's own child, but running as nobody: not a job the caller started.
+        let mut other = nobodys_process();
+        let pid = other.id() as i32;
+        let outcome = bind_job(config, me, &grant, pid);
+        other.kill().unwrap();
+        other.wait().unwrap();
+        let Err(err) = outcome else {
+            panic!("nobody's process took the caller's GPUs");
+        };
+        assert_eq!(
+            err,
+            format!(
+                "pid {pid} is not a process the caller (pid {}) started as uid 0",
+                me.pid
+            )
+        );
+        let ledger = crate::state::open_ledger(config).unwrap();
+        let records = ledger.records().unwrap();
+        assert_eq!(records.len(), 1);
+        assert_eq!(
+            records[0].pid,
+            Some(me.pid),
+            "the GPUs stay with the caller"
+        );
+    }
+
     /// A process running as nobody, for as long as the test needs it.
     fn nobodys_process() -> std::process::Child {
         std::process::Command::new("sleep")
