@@ -197,7 +197,11 @@ fn write_ticket(qdir: &Path, ticket: &Ticket) -> Result<(), LedgerError> {
 }
 
 /// The mtimes of `holders/` and `queue/`: what changes when a record or a ticket comes
-/// or goes. Read without the lock.
+/// or goes. Read without the lock. Only how soon a waiter looks again rests on it (a look
+/// every `LOOK_AGAIN` and one at expiry happen whatever it says), so a mutant of it or of
+/// `recent` (cargo mutants: a constant stamp, `recent` always or never true, its
+/// comparisons turned) changes latency alone: equivalent but for time, which no test
+/// here asserts.
 fn stamp(dir: &Path) -> [Option<SystemTime>; 2] {
     let mtime = |sub: &str| {
         fs::symlink_metadata(dir.join(sub))
@@ -303,6 +307,8 @@ impl Ledger {
             match self.look(&mut ticket, holder, request, machine, &meta) {
                 Ok(Some(allocation)) => return Ok(allocation),
                 Ok(None) => {}
+                // (A mutant that calls every error retryable here only delays the same
+                // refusal by one poll: the loop's look gets it again and ends.)
                 Err(err) if retryable(&err) => last = Some(err),
                 Err(err) => {
                     dequeue(&self.dir, &ticket);
@@ -342,6 +348,10 @@ impl Ledger {
             }
             let now = stamp(&self.dir);
             let expired = Instant::now() >= deadline;
+            // Which of the first three holds changes only how soon it looks (mutants of
+            // `!=`, the first `||` and `>=` are equivalent but for time); `expired` and
+            // the periodic look (a holder whose process ended changes no directory) are
+            // what the tests hold it to.
             if now != seen || recent(&now) || looked.elapsed() >= LOOK_AGAIN || expired {
                 seen = now;
                 looked = Instant::now();
