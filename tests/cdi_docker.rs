@@ -11,9 +11,7 @@ mod docker_support;
 use docker_support::{Need, Slot, harness, text};
 use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
 use gpupin_sandbox::harness::required;
-use gpupin_sandbox::harness::toolkit::{
-    MockDriver, Peers, assert_toolkit_driver_inside, use_inventory,
-};
+use gpupin_sandbox::harness::toolkit::{MockDriver, Peers, use_inventory};
 use std::io::Write;
 
 /// A fake driver root for the mock's `dgxa100` and the spec nvidia-ctk generates for it
@@ -72,16 +70,7 @@ fn docker_run_with_gpupin_gets_its_gpus_driver_files_read_only_and_nothing_else(
     };
     let slot = h.slot();
     let driver = with_toolkit_driver(&slot, &peers);
-    // A GPU taken first, so the container's is not GPU 0: index names would be wrong.
-    let first = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
-    let c = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
-    let holders = slot.holders();
-    let held = &holders[&c.id];
-    assert_eq!(held.len(), 1, "{holders:?}");
-    assert_ne!(&holders[&first.id], held);
-    let chosen = driver.gpus.iter().find(|g| g.uuid == held[0]).unwrap();
-    let sh = |script: &str| c.exec(&["sh", "-c", script]);
-    assert_toolkit_driver_inside(&sh, &driver, chosen);
+    docker_support::second_container_sees_its_gpus_driver(h, &slot, &driver);
 }
 
 #[test]

@@ -22,9 +22,7 @@ mod docker_support;
 
 use docker_support::{Need, harness, write_script};
 use gpupin_sandbox::harness::required;
-use gpupin_sandbox::harness::toolkit::{
-    MockDriver, Peers, assert_toolkit_driver_inside, use_inventory,
-};
+use gpupin_sandbox::harness::toolkit::{MockDriver, Peers, use_inventory};
 use std::io::Write;
 
 /// The chain with NVIDIA's runtime in `mode`.
@@ -86,16 +84,7 @@ fn chained(test: &str, mode: &str) {
         .unwrap();
     writeln!(config, "cdi_spec_dirs = []").unwrap();
 
-    // A GPU taken first, so the container's is not GPU 0.
-    let first = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
-    let c = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
-    let holders = slot.holders();
-    let held = &holders[&c.id];
-    assert_eq!(held.len(), 1, "{holders:?}");
-    assert_ne!(&holders[&first.id], held);
-    let chosen = driver.gpus.iter().find(|g| g.uuid == held[0]).unwrap();
-    let sh = |script: &str| c.exec(&["sh", "-c", script]);
-    assert_toolkit_driver_inside(&sh, &driver, chosen);
+    docker_support::second_container_sees_its_gpus_driver(h, &slot, &driver);
 }
 
 #[test]

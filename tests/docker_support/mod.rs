@@ -606,3 +606,22 @@ fn pid_alive(file: &Path) -> bool {
         .into_owned();
     name == "dockerd" || OWNERS.iter().any(|owner| name.starts_with(owner))
 }
+
+/// Two `docker run`s of one GPU each on `slot`, the first taking a GPU so that the
+/// second's is not GPU 0 (where names by index would be wrong): the second sees exactly
+/// its GPU's driver files from `driver` (nvidia-ctk's spec, `assert_toolkit_driver_inside`).
+pub fn second_container_sees_its_gpus_driver(
+    h: &Harness,
+    slot: &Slot,
+    driver: &gpupin_sandbox::harness::toolkit::MockDriver,
+) {
+    let first = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
+    let c = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
+    let holders = slot.holders();
+    let held = &holders[&c.id];
+    assert_eq!(held.len(), 1, "{holders:?}");
+    assert_ne!(&holders[&first.id], held);
+    let chosen = driver.gpus.iter().find(|g| g.uuid == held[0]).unwrap();
+    let sh = |script: &str| c.exec(&["sh", "-c", script]);
+    gpupin_sandbox::harness::toolkit::assert_toolkit_driver_inside(&sh, driver, chosen);
+}
