@@ -653,6 +653,10 @@ fn the_hook_gets_the_mock_through_the_helper_then_from_its_cache() {
         serde_json::from_slice::<Value>(&out.stdout).unwrap()
     };
     let c = sb.start(&id, &spec).unwrap();
+    // The first start on a host without a state dir made it and cached the inventory
+    // (read before `gpupin status`, which would cache it too).
+    let cached: Value = serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
+    assert_eq!(cached["backend"], "nvml", "{cached:#}");
     assert_eq!(held_minors(&status(), &id), [2, 5]);
     assert_eq!(nvidia_gpu_nodes(&c), ["nvidia2", "nvidia5"]);
     for minor in [2, 5] {
@@ -668,11 +672,15 @@ fn the_hook_gets_the_mock_through_the_helper_then_from_its_cache() {
     let holder = holder(&status(), &id).expect("held while running");
     let uuid = |i: usize| host.gpus()[i]["uuid"].clone();
     assert_eq!(holder["gpus"], json!([uuid(2), uuid(5)]), "{holder:#}");
+    assert_eq!(
+        cached["inventory"]["gpus"][7]["uuid"],
+        uuid(7),
+        "{cached:#}"
+    );
     c.stop().unwrap();
 
-    // The first start found no state dir to cache into (the ledger creates it); this one
-    // asks the helper again and leaves the cache.
-    let id = sb.id("nvml-miss-again");
+    // The inventory from the cache, the live figures from the helper again.
+    let id = sb.id("nvml-live-again");
     let c = sb
         .start(
             &id,
@@ -682,13 +690,6 @@ fn the_hook_gets_the_mock_through_the_helper_then_from_its_cache() {
         )
         .unwrap();
     assert_eq!(held_minors(&status(), &id), [5]);
-    let cached: Value = serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
-    assert_eq!(cached["backend"], "nvml", "{cached:#}");
-    assert_eq!(
-        cached["inventory"]["gpus"][7]["uuid"],
-        uuid(7),
-        "{cached:#}"
-    );
     c.stop().unwrap();
 
     // NVML gone: the cache alone answers the next start.

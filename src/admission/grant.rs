@@ -101,9 +101,12 @@ pub fn allocate(
     request: &GpuRequest,
     meta: HolderMeta,
 ) -> Result<(Inventory, Record), GrantError> {
+    // The ledger first: opening it makes the state dir on a host's first start, so that
+    // the inventory (and live) caches beside it are written by that start already, and
+    // the next one does not ask NVML again.
+    let ledger = crate::state::open_ledger(config)?;
     let loaded = load_machine(config, request)?;
     let machine = machine(config, &loaded);
-    let ledger = crate::state::open_ledger(config)?;
     let refused = refusal(holder, request, &meta);
     let allocation = match request.wait {
         Some(wait) => {
