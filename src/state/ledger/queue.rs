@@ -455,11 +455,11 @@ impl Ledger {
         let Some(n) = count_of(request) else {
             return false;
         };
-        let parents = request
+        let parent = request
             .within
             .as_ref()
             .and_then(|w| live.iter().find(|r| &r.id == w));
-        let mut probe: Vec<String> = parents
+        let mut probe: Vec<String> = parent
             .iter()
             .flat_map(|p| p.gpus.iter().take(n).cloned())
             .collect();
