@@ -6,10 +6,10 @@
 //! The container must get exactly gpupin's GPU, never 0..N-1, and the driver's files,
 //! with the real nvidia-cdi-hook run.
 //!
-//! `jit-cdi` (the default since 1.18) cannot run here: NVIDIA's runtime asks
-//! nvmlDeviceIsMigDeviceHandle of each requested GPU and stops unless it answers SUCCESS,
-//! and go-nvml's mock servers do not implement it (the bridge would have to make the
-//! answer up). Tried: with `mode = "jit-cdi"` the runtime exits on the missing symbol.
+//! In `cdi` mode NVIDIA's runtime reads the spec `nvidia-ctk cdi generate` wrote; in
+//! `jit-cdi` (the default since 1.18) no spec exists and it builds the GPU's entry itself,
+//! through NVML, when the container starts. jit-cdi asks nvmlDeviceIsMigDeviceHandle of
+//! each GPU (the mock bridge answers it: tests/peers/mocknvml).
 //!
 //! NVIDIA's runtime reads its config from `$XDG_CONFIG_HOME/nvidia-container-runtime/
 //! config.toml` and finds the mock NVML through LD_LIBRARY_PATH: the dockerd of the
@@ -92,5 +92,13 @@ fn nvidia_container_runtime_in_cdi_mode_gives_exactly_gpupins_gpu() {
     chained(
         "nvidia_container_runtime_in_cdi_mode_gives_exactly_gpupins_gpu",
         "cdi",
+    );
+}
+
+#[test]
+fn nvidia_container_runtime_in_jit_cdi_mode_gives_exactly_gpupins_gpu() {
+    chained(
+        "nvidia_container_runtime_in_jit_cdi_mode_gives_exactly_gpupins_gpu",
+        "jit-cdi",
     );
 }

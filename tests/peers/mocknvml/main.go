@@ -424,6 +424,34 @@ func nvmlDeviceGetMinorNumber(h unsafe.Pointer, minor *C.uint) (out C.int) {
 	return ret(r)
 }
 
+// nvmlDeviceIsMigDeviceHandle: NVIDIA's runtime in jit-cdi mode asks it of every GPU it is
+// given. The mock's own answer when it has one; go-nvml's mock server leaves it out, and then
+// the answer is the handle's kind, which this bridge owns: every handle it gives out is one
+// of the mock's whole GPUs (it exports no MIG device handles), so none is a MIG device.
+//
+//export nvmlDeviceIsMigDeviceHandle
+func nvmlDeviceIsMigDeviceHandle(h unsafe.Pointer, isMig *C.uint) (out C.int) {
+	defer guard(&out)
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	if isMig == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mig := false
+	if d.IsMigDeviceHandleFunc != nil {
+		if mig, r = d.IsMigDeviceHandle(); r != nvml.SUCCESS {
+			return ret(r)
+		}
+	}
+	*isMig = 0
+	if mig {
+		*isMig = 1
+	}
+	return ret(nvml.SUCCESS)
+}
+
 // busFields fills the bus id strings and numbers of info from the mock's bus id: its
 // GetPciInfo answers only the PCI device id, while the device's bus id (what its
 // DeviceGetHandleByPciBusId matches) is the PciBusID field.
