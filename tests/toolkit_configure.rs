@@ -1,9 +1,15 @@
-//! NVIDIA's own `nvidia-ctk runtime configure --runtime=docker` (the toolkit built by
-//! tests/peers/build) and `gpupin install docker` on one daemon.json, in both orders, as
-//! an admin of a GPU server runs them: both runtimes stay, gpupin's hands containers over
-//! to NVIDIA's once gpupin's install has seen it, and a real dockerd starts with the
-//! result and lists both. Root, dockerd and the peers are needed; elsewhere the test says
-//! why it skips (under CI=true it fails instead).
+//! NVIDIA's own `nvidia-ctk runtime configure` (the toolkit built by tests/peers/build)
+//! beside gpupin's own set-up, in both orders, as an admin of a GPU server runs them:
+//! - Docker: `nvidia-ctk runtime configure --runtime=docker` and `gpupin install docker`
+//!   on one daemon.json: both runtimes stay, gpupin's hands containers over to NVIDIA's
+//!   once gpupin's install has seen it, and a real dockerd starts with the result and
+//!   lists both.
+//! - containerd 1.6/1.7: `--runtime=containerd` and k8s/containerd/gpupin-v2.toml
+//!   appended to config.toml (README, "The runtime handler"): `containerd config dump`
+//!   shows both runtime handlers, and a real containerd loads its CRI plugin with them.
+//!
+//! Root, dockerd, containerd and the peers are needed; elsewhere the test says why it
+//! skips (under CI=true it fails instead).
 
 use gpupin_sandbox::harness::toolkit::Peers;
 use gpupin_sandbox::harness::{binary, need_root, required};
@@ -211,4 +217,176 @@ fn gpupin_install_first_then_nvidia_ctk_keeps_both_and_a_reinstall_hands_over() 
         "{runtimes:?}"
     );
     assert_eq!(default, "nvidia");
+}
+
+/// The shipped containerd 1.6/1.7 handler, appended to config.toml as the README says.
+const HANDLER_V2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/containerd/gpupin-v2.toml");
+
+fn containerd_setup(test: &str) -> Option<(Peers, tempfile::TempDir)> {
+    if !need_root(test) {
+        return None;
+    }
+    let peers = required(test, Peers::find())?;
+    let containerd = Command::new("containerd")
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("containerd: {e}"));
+    required(test, containerd)?;
+    let dir = tempfile::Builder::new()
+        .prefix("gpupin-toolkit-containerd-")
+        .tempdir()
+        .unwrap();
+    Some((peers, dir))
+}
+
+/// config.toml as an admin starts from: `containerd config default`, which defines the
+/// default runtime (runc) the CRI plugin needs.
+fn containerd_default_config(config: &Path) {
+    let out = Command::new("containerd")
+        .args(["config", "default"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "containerd config default: {out:?}");
+    std::fs::write(config, out.stdout).unwrap();
+}
+
+fn append_gpupin_handler(config: &Path) {
+    let handler = std::fs::read_to_string(HANDLER_V2).unwrap();
+    let mut text = std::fs::read_to_string(config).unwrap();
+    text.push('\n');
+    text.push_str(&handler);
+    std::fs::write(config, text).unwrap();
+}
+
+/// `nvidia-ctk runtime configure --runtime=containerd`, with its drop-in beside the test's
+/// config (its default is /etc/containerd/conf.d/99-nvidia.toml).
+fn nvidia_ctk_containerd(peers: &Peers, config: &Path) {
+    let drop_in = config.parent().unwrap().join("conf.d/99-nvidia.toml");
+    let out = Command::new(peers.tool("nvidia-ctk"))
+        .args(["runtime", "configure", "--runtime=containerd", "--config"])
+        .arg(config)
+        .arg("--drop-in-config")
+        .arg(&drop_in)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nvidia-ctk runtime configure --runtime=containerd: {out:?}"
+    );
+}
+
+/// The CRI plugin's runtime handlers in containerd's merged config (`containerd config
+/// dump`, imports applied), each with the binary its runc shim runs ("" for runc).
+fn handlers(config: &Path) -> Vec<(String, String)> {
+    let out = Command::new("containerd")
+        .arg("--config")
+        .arg(config)
+        .args(["config", "dump"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "containerd config dump: {out:?}");
+    let dump: toml::Table = toml::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    let runtimes = dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+        .as_table()
+        .unwrap();
+    runtimes
+        .iter()
+        .map(|(name, runtime)| {
+            let binary = runtime
+                .get("options")
+                .and_then(|o| o.get("BinaryName"))
+                .and_then(|b| b.as_str())
+                .unwrap_or_default();
+            (name.clone(), binary.to_string())
+        })
+        .collect()
+}
+
+fn both_handlers() -> Vec<(String, String)> {
+    vec![
+        ("gpupin".into(), "/usr/bin/gpupin-runtime".into()),
+        ("nvidia".into(), "/usr/bin/nvidia-container-runtime".into()),
+        ("runc".into(), String::new()),
+    ]
+}
+
+/// Starts a containerd of its own with `config` and says whether its CRI plugin loaded
+/// (`ctr plugins ls`: a CRI config containerd refuses leaves the plugin in `error`).
+fn cri_plugin_loads(dir: &Path, config: &Path) -> bool {
+    let socket = dir.join("containerd.sock");
+    let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
+    let mut child = Command::new("containerd")
+        .arg("--config")
+        .arg(config)
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--address")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting containerd");
+    let start = Instant::now();
+    let plugins = loop {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&socket)
+            .args(["plugins", "ls"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            break String::from_utf8(out.stdout).unwrap();
+        }
+        let exited = child.try_wait().unwrap();
+        if exited.is_some() || start.elapsed() > START_WAIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
+            panic!("containerd did not come up ({exited:?}): {log}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    plugins.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() >= 4 && fields[1] == "cri" && fields[fields.len() - 1] == "ok"
+    })
+}
+
+#[test]
+fn gpupin_handler_first_then_nvidia_ctk_containerd_keeps_both() {
+    let test = "gpupin_handler_first_then_nvidia_ctk_containerd_keeps_both";
+    let Some((peers, dir)) = containerd_setup(test) else {
+        return;
+    };
+    let config = dir.path().join("config.toml");
+    containerd_default_config(&config);
+    append_gpupin_handler(&config);
+    nvidia_ctk_containerd(&peers, &config);
+    assert_eq!(handlers(&config), both_handlers());
+    assert!(cri_plugin_loads(dir.path(), &config));
+}
+
+/// The other order loses gpupin's handler: containerd 1.6/1.7 let the drop-in nvidia-ctk
+/// imports replace config.toml's whole CRI section. Running nvidia-ctk again (README, "The
+/// runtime handler") copies gpupin's handler into its drop-in, and both are there.
+#[test]
+fn nvidia_ctk_containerd_first_needs_it_again_after_gpupins_handler() {
+    let test = "nvidia_ctk_containerd_first_needs_it_again_after_gpupins_handler";
+    let Some((peers, dir)) = containerd_setup(test) else {
+        return;
+    };
+    let config = dir.path().join("config.toml");
+    containerd_default_config(&config);
+    nvidia_ctk_containerd(&peers, &config);
+    append_gpupin_handler(&config);
+    let names: Vec<String> = handlers(&config).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["nvidia", "runc"], "gpupin's handler is lost");
+    nvidia_ctk_containerd(&peers, &config);
+    assert_eq!(handlers(&config), both_handlers());
+    assert!(cri_plugin_loads(dir.path(), &config));
 }
