@@ -6,11 +6,12 @@
 //! machine, where the topology policy's answers differ from the lowest free GPUs. Needs
 //! root and runc, like the other runc suites.
 
+mod kubelet_fake;
+
 use gpupin_kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient;
-use gpupin_kubelet_api::deviceplugin::registration_server::{Registration, RegistrationServer};
 use gpupin_kubelet_api::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
-    ListAndWatchResponse, PreferredAllocationRequest, RegisterRequest,
+    ListAndWatchResponse, PreferredAllocationRequest,
 };
 use gpupin_kubelet_api::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
@@ -20,15 +21,13 @@ use gpupin_kubelet_api::podresources::{
     PodResources,
 };
 use gpupin_sandbox::harness::{self, Sandbox};
+use kubelet_fake::{connect, listen, serve_registration};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::UnixListener;
-use tokio::sync::mpsc;
-use tonic::codegen::tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::{Channel, Endpoint, Server};
+use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
 const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
@@ -37,17 +36,6 @@ const RESOURCE: &str = "gpupin.io/gpu";
 /// Not a timed assertion: a bound so that a plugin that never answers fails the test
 /// instead of hanging it.
 const PATIENCE: Duration = Duration::from_secs(120);
-
-/// The kubelet's Registration service: passes each request on to the test.
-struct FakeRegistration(mpsc::UnboundedSender<RegisterRequest>);
-
-#[tonic::async_trait]
-impl Registration for FakeRegistration {
-    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
-        let _ = self.0.send(request.into_inner());
-        Ok(Response::new(Empty {}))
-    }
-}
 
 /// The kubelet's PodResources service: lists what the test says pods hold.
 #[derive(Clone, Default)]
@@ -111,19 +99,6 @@ impl Drop for PluginProcess {
             let _ = self.child.wait();
         }
     }
-}
-
-async fn connect(path: &Path) -> Channel {
-    Endpoint::from_shared(format!("unix://{}", path.display()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("connecting to {}: {e}", path.display()))
-}
-
-/// A listener on `path`, as a stream of connections for tonic.
-fn listen(path: &Path) -> UnixListenerStream {
-    UnixListenerStream::new(UnixListener::bind(path).unwrap())
 }
 
 /// `gpupin --config CONFIG ARGS`, which must succeed; its stdout.
@@ -230,10 +205,7 @@ async fn a_fake_kubelet_sees_gpupins_holders_and_allocates_through_the_ledger() 
     // The fake kubelet.
     let plugin_dir = dir.join("device-plugins");
     std::fs::create_dir(&plugin_dir).unwrap();
-    let (registered_tx, mut registered) = mpsc::unbounded_channel();
-    let registration = RegistrationServer::new(FakeRegistration(registered_tx));
-    let kubelet_sock = listen(&plugin_dir.join("kubelet.sock"));
-    tokio::spawn(Server::builder().serve_with_incoming(registration, kubelet_sock));
+    let mut registered = serve_registration(&plugin_dir);
     let pods = FakePods::default();
     let pod_resources = dir.join("pod-resources.sock");
     let lister = PodResourcesListerServer::new(pods.clone());

@@ -14,6 +14,10 @@
 //! (.ci/run: the release build) the statically linked gpupin-hook is the one that asks
 //! the `gpupin nvml` helper.
 
+mod kubelet_fake;
+
+use gpupin_kubelet_api::deviceplugin::device_plugin_client::DevicePluginClient;
+use gpupin_kubelet_api::deviceplugin::{AllocateRequest, ContainerAllocateRequest, Empty};
 use gpupin_sandbox::harness::{binary, need_root, required, stdout, text};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
@@ -184,6 +188,11 @@ impl MockHost {
 
     /// `gpupin --config CONFIG ARGS` on the mock host.
     fn run_with(&self, config: &Path, args: &[&str]) -> Output {
+        self.command(config, args).output().unwrap()
+    }
+
+    /// The command that runs `gpupin --config CONFIG ARGS` on the mock host.
+    fn command(&self, config: &Path, args: &[&str]) -> Command {
         let mut cmd = Command::new("unshare");
         cmd.args(["--mount", "--propagation", "private"])
             .arg(self.root().join("on-mock-host"))
@@ -197,7 +206,7 @@ impl MockHost {
         if self.live_file().exists() {
             cmd.env("GPUPIN_MOCK_NVML_LIVE", self.live_file());
         }
-        cmd.output().unwrap()
+        cmd
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -767,4 +776,102 @@ fn the_runtime_gets_the_mock_through_the_helper() {
         char_node(GPU_MAJOR as u32, 6)
     );
     c.stop().unwrap();
+}
+
+/// The device plugin's view of a mock host, as the kubelet gets it: every GPU by the
+/// UUID NVML gives, in NVML's order, with the NUMA node sysfs gives; an Allocate of one
+/// GPU gets its node by NVML's minor number and its UUID in NVIDIA_VISIBLE_DEVICES, and
+/// `gpupin status` holds it. (The real kubelet's side is tests/kubelet_e2e.rs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_device_plugin_offers_the_mocks_gpus() {
+    let test = "the_device_plugin_offers_the_mocks_gpus";
+    let Some(host) = MockHost::new(test, "dgxh100", "nvml") else {
+        return;
+    };
+    let plugin_dir = host.root().join("device-plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    let mut registered = kubelet_fake::serve_registration(&plugin_dir);
+    let log = host.root().join("device-plugin.log");
+    let plugin_dir_arg = plugin_dir.display().to_string();
+    // No pod-resources socket: the plugin then releases nothing, which this test needs.
+    let no_pods = host.root().join("no-pod-resources.sock");
+    let mut plugin = host
+        .command(
+            &host.config(),
+            &[
+                "device-plugin",
+                "--plugin-dir",
+                &plugin_dir_arg,
+                "--pod-resources-socket",
+                no_pods.to_str().unwrap(),
+            ],
+        )
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let plugin_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let patience = std::time::Duration::from_secs(120);
+    let request = tokio::time::timeout(patience, registered.recv())
+        .await
+        .unwrap_or_else(|_| panic!("the plugin never registered; its log:\n{}", plugin_log()))
+        .unwrap();
+    let mut client =
+        DevicePluginClient::new(kubelet_fake::connect(&plugin_dir.join(&request.endpoint)).await);
+    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let list = tokio::time::timeout(patience, stream.message())
+        .await
+        .unwrap_or_else(|_| panic!("no device list; plugin log:\n{}", plugin_log()))
+        .unwrap()
+        .expect("the stream stays open");
+    let offered: Vec<(String, String, i64)> = list
+        .devices
+        .iter()
+        .map(|d| {
+            let node = d.topology.as_ref().unwrap().nodes[0].id;
+            (d.id.clone(), d.health.clone(), node)
+        })
+        .collect();
+    let expected: Vec<(String, String, i64)> = (0..host.gpus().len())
+        .map(|i| {
+            let uuid = host.gpus()[i]["uuid"].as_str().unwrap().to_string();
+            (uuid, "Healthy".to_string(), host.locality(i).0 as i64)
+        })
+        .collect();
+    assert_eq!(offered, expected);
+
+    let last = host.gpus().len() - 1;
+    let gpu = &host.gpus()[last];
+    let uuid = gpu["uuid"].as_str().unwrap().to_string();
+    let allocated = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![uuid.clone()],
+            }],
+        })
+        .await
+        .unwrap_or_else(|s| panic!("Allocate failed: {}; log:\n{}", s.message(), plugin_log()))
+        .into_inner();
+    let response = &allocated.container_responses[0];
+    assert_eq!(response.envs["NVIDIA_VISIBLE_DEVICES"], uuid);
+    let nodes: Vec<&str> = response
+        .devices
+        .iter()
+        .map(|d| d.host_path.as_str())
+        .collect();
+    assert_eq!(
+        nodes[0],
+        format!("/dev/nvidia{}", gpu["minor"]),
+        "{nodes:?}"
+    );
+    let status = host.json(&["status", "--json"]);
+    let held: Vec<&Value> = status["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["source"] == "device-plugin")
+        .collect();
+    assert_eq!(held.len(), 1, "{status}");
+    assert_eq!(held[0]["gpus"], json!([uuid]));
+    let _ = plugin.kill();
+    let _ = plugin.wait();
 }
