@@ -653,58 +653,6 @@ fn install_keeps_other_settings_and_is_idempotent() {
     assert_eq!(restored, serde_json::from_str::<Value>(original).unwrap());
 }
 
-/// NVIDIA's legacy path: gpupin-runtime hands the edited bundle to
-/// `nvidia-container-runtime` (here a stand-in that saves the spec it gets and runs
-/// runc), which reads NVIDIA_VISIBLE_DEVICES to inject the driver: it must find gpupin's
-/// UUIDs there, once, and only the chosen GPUs' nodes.
-#[test]
-fn nvidia_runtime_gets_gpupins_choice() {
-    let Some(h) = harness("nvidia_runtime_gets_gpupins_choice", Need::Docker) else {
-        return;
-    };
-    let slot = h.slot();
-    let seen = slot.dir.join("nvidia-saw");
-    let stand_in = slot.dir.join("nvidia-container-runtime");
-    let runc = gpupin_sandbox::find_on_path("runc").unwrap();
-    write_capture_script(&stand_in, &seen, "nvidia", runc.to_str().unwrap());
-    slot.reset_config(Some(&stand_in));
-    let c = h.start(
-        &slot.runtime,
-        &["-l", "gpupin.count=2", "-e", "NVIDIA_VISIBLE_DEVICES=all"],
-    );
-    let gpus = slot.holders()[&c.id].clone();
-    assert_eq!(gpus.len(), 2);
-    let text = std::fs::read_to_string(seen.join(format!("{}.nvidia.json", c.id))).unwrap();
-    let spec: Value = serde_json::from_str(&text).unwrap();
-    let env: Vec<&str> = spec["process"]["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .filter(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES="))
-        .collect();
-    assert_eq!(env, [format!("NVIDIA_VISIBLE_DEVICES={}", gpus.join(","))]);
-    let minors = slot.minors();
-    let mut want: Vec<String> = gpus
-        .iter()
-        .map(|g| format!("/dev/nvidia{}", minors[g]))
-        .collect();
-    let mut got: Vec<String> = spec["linux"]["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|d| d["path"].as_str())
-        .filter(|p| {
-            p.strip_prefix("/dev/")
-                .is_some_and(gpupin_sandbox::harness::is_gpu_node)
-        })
-        .map(str::to_string)
-        .collect();
-    want.sort();
-    got.sort();
-    assert_eq!(got, want);
-}
-
 /// `gpupin install docker` on a daemon.json where NVIDIA's toolkit registered its runtime
 /// (`nvidia-ctk runtime configure --set-as-default`): NVIDIA's entry and default stay, and
 /// gpupin's entry hands over to it; gpupin-runtime then really runs what

@@ -455,33 +455,52 @@ fn numa_cpus_container_runs_on_its_sockets_cpus() {
 /// The prestart path (CRI-O, or podman without the precreate file) beside NVIDIA's legacy
 /// hook, installed as the toolkit names it (`oci-nvidia-hook.json`, sorted after gpupin's
 /// files, so run after them): gpupin allocates at prestart and leaves
-/// NVIDIA_VISIBLE_DEVICES with its UUIDs in the bundle's config.json, which is what
-/// `nvidia-container-runtime-hook` reads (here a stand-in that logs it).
+/// NVIDIA_VISIBLE_DEVICES with its UUIDs in the bundle's config.json, which NVIDIA's real
+/// `nvidia-container-runtime-hook` (tests/peers/build) reads and hands to
+/// `nvidia-container-cli` (libnvidia-container, C, in no registry here: a stand-in that
+/// logs its arguments).
 #[test]
 fn nvidia_hook_after_gpupins_prestart_reads_its_uuids() {
-    let Some(podman) = setup(
-        "nvidia_hook_after_gpupins_prestart_reads_its_uuids",
-        Options::default(),
-    ) else {
+    let test = "nvidia_hook_after_gpupins_prestart_reads_its_uuids";
+    let Some(podman) = setup(test, Options::default()) else {
+        return;
+    };
+    let Some(peers) =
+        gpupin_sandbox::harness::required(test, gpupin_sandbox::harness::toolkit::Peers::find())
+    else {
         return;
     };
     let hooks = podman.hooks_dir();
     std::fs::remove_file(hooks.join("gpupin-precreate.json")).unwrap();
-    let log = podman.path("nvidia-hook.log");
-    let stand_in = podman.path("nvidia-container-runtime-hook");
-    let script = format!(
-        "#!/bin/sh\nstate=$(cat)\nbundle=$(printf '%s' \"$state\" | sed -n 's/.*\"bundle\":\"\\([^\"]*\\)\".*/\\1/p')\ngrep -o 'NVIDIA_VISIBLE_DEVICES=[^\"]*' \"$bundle/config.json\" >> {}\n",
-        log.display()
+    let log = podman.path("nvidia-container-cli.log");
+    let cli = podman.path("nvidia-container-cli");
+    executable(
+        &cli,
+        &format!("#!/bin/sh\necho \"$*\" >> '{}'\n", log.display()),
     );
-    std::fs::write(&stand_in, script).unwrap();
-    std::fs::set_permissions(
-        &stand_in,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    // The hook runs with the hook file's environment only: a wrapper gives it its config.
+    let xdg = podman.path("xdg");
+    std::fs::create_dir_all(xdg.join("nvidia-container-runtime")).unwrap();
+    std::fs::write(
+        xdg.join("nvidia-container-runtime/config.toml"),
+        format!(
+            "[nvidia-container-cli]\npath = {:?}\nenvironment = []\nldconfig = \"@/sbin/ldconfig\"\n",
+            cli.display().to_string()
+        ),
     )
     .unwrap();
+    let nvidia_hook = podman.path("nvidia-container-runtime-hook");
+    executable(
+        &nvidia_hook,
+        &format!(
+            "#!/bin/sh\nexport XDG_CONFIG_HOME='{}'\nexec '{}' \"$@\"\n",
+            xdg.display(),
+            peers.tool("nvidia-container-runtime-hook").display()
+        ),
+    );
     let nvidia = serde_json::json!({
         "version": "1.0.0",
-        "hook": {"path": stand_in, "args": ["nvidia-container-runtime-hook", "prestart"]},
+        "hook": {"path": nvidia_hook, "args": ["nvidia-container-runtime-hook", "prestart"]},
         "when": {"always": true},
         "stages": ["prestart"],
     });
@@ -490,8 +509,22 @@ fn nvidia_hook_after_gpupins_prestart_reads_its_uuids() {
     let id = podman.start(&name, &["--annotation", "gpupin.count=1"]);
     let held = podman.gpus_of(&id);
     assert_eq!(held.len(), 1, "status: {:#}", podman.status());
-    let seen = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(seen, format!("NVIDIA_VISIBLE_DEVICES={}\n", held[0].0));
+    let calls = std::fs::read_to_string(&log).unwrap();
+    let configures: Vec<&str> = calls
+        .lines()
+        .filter(|l| l.contains(" configure "))
+        .collect();
+    assert_eq!(configures.len(), 1, "{calls}");
+    assert!(
+        configures[0].contains(&format!(" --device={} ", held[0].0)),
+        "{calls}"
+    );
     podman.remove(&name);
     assert!(podman.holders().is_empty());
+}
+
+/// An executable script at `path`.
+fn executable(path: &std::path::Path, script: &str) {
+    std::fs::write(path, script).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 }
