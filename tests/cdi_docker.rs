@@ -9,9 +9,8 @@
 mod docker_support;
 
 use docker_support::{Need, Slot, harness, text};
-use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
 use gpupin_sandbox::harness::required;
-use gpupin_sandbox::harness::toolkit::{MockDriver, Peers, use_inventory};
+use gpupin_sandbox::harness::toolkit::{MockDriver, Peers, another_machines_spec, use_inventory};
 use std::io::Write;
 
 /// A fake driver root for the mock's `dgxa100` and the spec nvidia-ctk generates for it
@@ -35,25 +34,6 @@ fn with_toolkit_driver(slot: &Slot, peers: &Peers) -> MockDriver {
     driver
 }
 
-/// A fake driver root and a spec in nvidia-ctk's form written here, for the refusal:
-/// nvidia-ctk describes only the GPUs NVML shows, so a spec of another machine (other
-/// UUIDs and minors) cannot come from it on this one.
-fn with_driver(slot: &Slot) -> (DriverRoot, Vec<FakeGpu>) {
-    slot.reset_config(None);
-    let gpus = FakeGpu::from_status(&slot.status());
-    let _ = std::fs::remove_dir_all(slot.dir.join("driver"));
-    let root = DriverRoot::create(&slot.dir.join("driver"), &gpus).unwrap();
-    let cdi = slot.dir.join("cdi");
-    std::fs::create_dir_all(&cdi).unwrap();
-    root.write_cdi_spec(&cdi, &gpus).unwrap();
-    let mut config = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&slot.config)
-        .unwrap();
-    writeln!(config, "driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]").unwrap();
-    (root, gpus)
-}
-
 #[test]
 fn docker_run_with_gpupin_gets_its_gpus_driver_files_read_only_and_nothing_else() {
     let Some(h) = harness(
@@ -73,31 +53,35 @@ fn docker_run_with_gpupin_gets_its_gpus_driver_files_read_only_and_nothing_else(
     docker_support::second_container_sees_its_gpus_driver(h, &slot, &driver);
 }
 
+/// The spec nvidia-ctk wrote on another server, copied here: its entries name this
+/// machine's device nodes for other GPUs, so gpupin refuses the start, names the spec and
+/// says to regenerate it, and holds nothing.
 #[test]
-fn docker_run_with_a_spec_without_the_chosen_gpu_is_refused_and_holds_nothing() {
-    let Some(h) = harness(
-        "docker_run_with_a_spec_without_the_chosen_gpu_is_refused_and_holds_nothing",
-        Need::Docker,
-    ) else {
+fn docker_run_with_another_machines_spec_is_refused_and_holds_nothing() {
+    let test = "docker_run_with_another_machines_spec_is_refused_and_holds_nothing";
+    let Some(h) = harness(test, Need::Docker) else {
+        return;
+    };
+    let Some(peers) = required(test, Peers::find()) else {
         return;
     };
     let slot = h.slot();
-    let (root, gpus) = with_driver(&slot);
-    let others: Vec<FakeGpu> = gpus
-        .iter()
-        .map(|g| FakeGpu {
-            index: g.index,
-            uuid: format!("GPU-other-{}", g.index),
-            minor: g.minor + 8,
-        })
-        .collect();
-    let spec = root.write_cdi_spec(&slot.dir.join("cdi"), &others).unwrap();
+    slot.reset_config(None);
+    let cdi = slot.dir.join("cdi");
+    let _ = std::fs::remove_dir_all(&cdi);
+    let _ = std::fs::remove_dir_all(slot.dir.join("other-machine"));
+    let spec = another_machines_spec(&slot.dir.join("other-machine"), &peers, &cdi).unwrap();
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&slot.config)
+        .unwrap();
+    writeln!(config, "driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]").unwrap();
     let out = h.run_detached(&slot.runtime, &["-l", "gpupin.count=1"]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
-        err.contains("no entry for GPU ")
-            && err.contains(&format!("in CDI spec {}", spec.display())),
+        err.contains(&format!("CDI spec {}: entry GPU-", spec.display()))
+            && err.contains("regenerate the spec (nvidia-ctk cdi generate)"),
         "{err}"
     );
     assert!(slot.holders().is_empty(), "{:?}", slot.holders());

@@ -9,30 +9,13 @@
 #[allow(unused_imports)] // re-exports this binary does not use
 mod podman_support;
 
-use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
-use gpupin_sandbox::harness::toolkit::{MockDriver, Peers, assert_toolkit_driver_inside};
+use gpupin_sandbox::harness::toolkit::{
+    MockDriver, Peers, another_machines_spec, assert_toolkit_driver_inside,
+};
 use gpupin_sandbox::harness::{need_root, required};
-use podman_support::{Options, Podman, assert_success, combined, setup};
+use podman_support::{Options, assert_success, combined, setup};
 use std::io::Write;
 use std::path::PathBuf;
-
-/// A fake driver root and its CDI spec in nvidia-ctk's form written here, beside the
-/// harness, and gpupin's config pointing at the spec with `driver = "cdi"`. Only for the
-/// refusal: nvidia-ctk describes only the GPUs NVML shows, so a spec of another machine
-/// (other UUIDs and minors) cannot come from it on this one.
-fn with_driver(podman: &Podman) -> (DriverRoot, Vec<FakeGpu>) {
-    let gpus = FakeGpu::from_status(&podman.status());
-    let root = DriverRoot::create(&podman.path("driver"), &gpus).unwrap();
-    let cdi: PathBuf = podman.path("cdi");
-    std::fs::create_dir_all(&cdi).unwrap();
-    root.write_cdi_spec(&cdi, &gpus).unwrap();
-    let mut config = std::fs::OpenOptions::new()
-        .append(true)
-        .open(podman.config_path())
-        .unwrap();
-    writeln!(config, "driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]").unwrap();
-    (root, gpus)
-}
 
 #[test]
 fn a_pinned_container_gets_its_gpus_driver_files_read_only_and_nothing_else() {
@@ -108,25 +91,25 @@ fn a_pinned_container_gets_its_gpus_driver_files_read_only_and_nothing_else() {
     podman.remove(&first);
 }
 
+/// The spec nvidia-ctk wrote on another server, copied here: its entries name this
+/// machine's device nodes for other GPUs, so gpupin refuses the start, names the spec and
+/// says to regenerate it, and holds nothing.
 #[test]
-fn a_spec_without_the_chosen_gpu_refuses_the_run_and_holds_nothing() {
-    let Some(podman) = setup(
-        "a_spec_without_the_chosen_gpu_refuses_the_run_and_holds_nothing",
-        Options::default(),
-    ) else {
+fn another_machines_spec_refuses_the_run_and_holds_nothing() {
+    let test = "another_machines_spec_refuses_the_run_and_holds_nothing";
+    let Some(podman) = setup(test, Options::default()) else {
         return;
     };
-    let (root, gpus) = with_driver(&podman);
-    // The spec of another machine: other UUIDs, other minors.
-    let others: Vec<FakeGpu> = gpus
-        .iter()
-        .map(|g| FakeGpu {
-            index: g.index,
-            uuid: format!("GPU-other-{}", g.index),
-            minor: g.minor + 8,
-        })
-        .collect();
-    let spec = root.write_cdi_spec(&podman.path("cdi"), &others).unwrap();
+    let Some(peers) = required(test, Peers::find()) else {
+        return;
+    };
+    let cdi: PathBuf = podman.path("cdi");
+    let spec = another_machines_spec(&podman.path("other-machine"), &peers, &cdi).unwrap();
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(podman.config_path())
+        .unwrap();
+    writeln!(config, "driver = \"cdi\"\ncdi_spec_dirs = [{cdi:?}]").unwrap();
     let out = podman.run(
         &[],
         &podman.name(0),
@@ -140,8 +123,8 @@ fn a_spec_without_the_chosen_gpu_refuses_the_run_and_holds_nothing() {
         .find(|l| l.contains("gpupin: "))
         .unwrap_or_else(|| panic!("no gpupin line: {output}"));
     assert!(
-        line.contains("no entry for GPU ")
-            && line.contains(&format!("in CDI spec {}", spec.display())),
+        line.contains(&format!("CDI spec {}: entry GPU-", spec.display()))
+            && line.contains("regenerate the spec (nvidia-ctk cdi generate)"),
         "{output}"
     );
     assert_eq!(podman.holders(), Vec::<serde_json::Value>::new());

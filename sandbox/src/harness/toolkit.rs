@@ -249,6 +249,18 @@ impl MockDriver {
     }
 }
 
+/// The spec `nvidia-ctk cdi generate` writes on another machine (NVIDIA's DGX H100 mock,
+/// a driver root of its own under `dir`), saved as `<cdi>/nvidia.yaml`: none of its GPUs
+/// is one of the simulated machines' of the harnesses, as after a spec was copied from
+/// another server. Returns the spec's path.
+pub fn another_machines_spec(dir: &Path, peers: &Peers, cdi: &Path) -> Result<PathBuf, String> {
+    let driver = MockDriver::create(dir, peers, "dgxh100")?;
+    std::fs::create_dir_all(cdi).map_err(|e| format!("{}: {e}", cdi.display()))?;
+    let spec = cdi.join("nvidia.yaml");
+    driver.generate(&spec, &[])?;
+    Ok(spec)
+}
+
 /// Points gpupin's config at `inventory` (replacing its `inventory = ...` line, or
 /// adding one): the harnesses write a simulated machine, the toolkit's spec is for the
 /// mock's GPUs.
