@@ -110,7 +110,7 @@ fn check_against(
             continue;
         }
         let id = file.trim_end_matches(".json");
-        let out = env.gpupin(&["release", id], b"");
+        let out = env.gpupin(&["release", "--force", id], b"");
         assert_eq!(
             out.code,
             Some(0),

@@ -316,7 +316,7 @@ fn state_with_a_host_namespace_pid_is_refused_and_creates_nothing() {
         .map(|e| e.file_name())
         .collect();
     // Clean up before asserting: a node made on the host must not outlive the test.
-    let _ = env.gpupin(&["release", "hostpid"], b"");
+    let _ = env.gpupin(&["release", "--force", "hostpid"], b"");
     assert_refused(&run, "host pid");
     assert!(
         created.is_empty(),
@@ -735,7 +735,10 @@ fn full_disk_after_the_record_never_holds_without_a_record_of_the_event() {
     let _tmpfs = Tmpfs::mount(&env.state, 256);
     // Warm the state dir: lock, holders/, cursor and audit.log exist, nothing held.
     allocate_one(&env, "warm");
-    assert_eq!(env.gpupin(&["release", "warm"], b"").code, Some(0));
+    assert_eq!(
+        env.gpupin(&["release", "--force", "warm"], b"").code,
+        Some(0)
+    );
     // One free page: the new record fits, the cursor's temp file beside the old one not.
     fill_leaving_one_page(&env.state);
     let bundle = env.bundle("c1", &[("gpupin.count", "1")]);

@@ -24,7 +24,7 @@ fn printing_commands(dir: &Path) -> Vec<Vec<String>> {
         &["pick", "--count", "2", "--json"],
         &["pick", "--count", "2", "--explain"],
         &["gc"],
-        &["release", "nobody"],
+        &["release", "--ignore-missing", "nobody"],
         &["log"],
         &["usage"],
         &["usage", "--json"],

@@ -726,3 +726,96 @@ fn install_hands_over_to_nvidias_runtime() {
         "--root /run/x state abc\n"
     );
 }
+
+/// `gpupin CONFIG ARGS` as root, with the harness's dockerd as docker's default.
+fn gpupin_at(h: &docker_support::Harness, config: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(docker_support::gpupin_bin())
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env("DOCKER_HOST", &h.host)
+        .output()
+        .unwrap()
+}
+
+/// What an admin runs against a running container (issue: `release` freed a running
+/// container's GPUs without a word, and the next container got the same GPU): by its
+/// name, short id or full id `release` refuses while it runs, naming it and saying what
+/// to do, and holds on; an unknown name exits 1. `evict` stops it through Docker and
+/// releases its GPU, with an audit line saying who evicted it; the GPU then goes to the
+/// next container, and never while the first ran.
+#[test]
+fn release_refuses_a_running_container_and_evict_stops_it_first() {
+    let Some(h) = harness(
+        "release_refuses_a_running_container_and_evict_stops_it_first",
+        Need::Docker,
+    ) else {
+        return;
+    };
+    let slot = h.slot();
+    slot.reset_config(None);
+    let name = format!("pinned-{}", std::process::id());
+    let c = h.start(&slot.runtime, &["--name", &name, "-l", "gpupin.count=1"]);
+    let held = slot.holders()[&c.id].clone();
+    let short = &c.id[..12];
+    for given in [name.as_str(), short, c.id.as_str()] {
+        let out = gpupin_at(h, &slot.config, &["release", given]);
+        assert_eq!(out.status.code(), Some(1), "release {given}: {out:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.starts_with(&format!("gpupin: {name} still runs (docker container"))
+                && err.contains(&format!("stop it first (gpupin evict {name})"))
+                && err.lines().count() == 1,
+            "{err}"
+        );
+        assert_eq!(
+            slot.holders()[&c.id],
+            held,
+            "still held after release {given}"
+        );
+    }
+    let out = gpupin_at(h, &slot.config, &["release", "no-such-holder"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(text(&out.stderr).starts_with("gpupin: no holder \"no-such-holder\""));
+
+    // A second container gets another GPU while the first runs.
+    let other = h.start(&slot.runtime, &["-l", "gpupin.count=1"]);
+    assert_ne!(slot.holders()[&other.id], held);
+    drop(other);
+
+    let out = gpupin_at(h, &slot.config, &["evict", &name, "--grace", "1s"]);
+    assert!(out.status.success(), "evict: {out:?}");
+    let said = text(&out.stdout);
+    assert!(
+        said.starts_with(&format!(
+            "evicted {name} (stopped with docker stop -t 1 {})",
+            c.id
+        )) && said
+            .trim_end()
+            .ends_with(&format!("released {}", held.join(","))),
+        "{said}"
+    );
+    let state = ok(h
+        .docker()
+        .args(["inspect", "--format", "{{.State.Running}}", &c.id]));
+    assert_eq!(state.trim(), "false");
+    assert!(!slot.holders().contains_key(&c.id), "{:?}", slot.holders());
+    let log = std::fs::read_to_string(slot.state.join("audit.log")).unwrap();
+    let evict: Value = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["event"] == "evict")
+        .expect("an evict line");
+    assert_eq!(evict["holder"], c.id);
+    assert!(
+        evict["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("gpupin evict by root"),
+        "{evict}"
+    );
+    // The evicted container's GPU goes to the next one that names it.
+    let devices = format!("gpupin.devices={}", held[0]);
+    let next = h.start(&slot.runtime, &["-l", &devices]);
+    assert_eq!(slot.holders()[&next.id], held);
+}

@@ -1041,3 +1041,51 @@ fn a_restarted_daemon_waits_for_the_jobs_cgroup_and_removes_it() {
     assert!(exit.success(), "{exit}: {stderr}");
     until_clean(&g);
 }
+
+/// `gpupin evict` of a user's job: a job that ignores SIGTERM is killed after the
+/// grace, `gpupin exec` ends with the job's signal, the GPU is free again, and the audit
+/// log says root evicted it. The user may not evict (root only), and is told so.
+#[test]
+fn evict_kills_a_job_that_ignores_term_and_frees_its_gpu() {
+    let test = "evict_kills_a_job_that_ignores_term_and_frees_its_gpu";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let bob = User::create("evict");
+    let _daemon = Daemon::start(&g);
+    let name = "stubborn";
+    let script = format!("trap '' TERM; {}", job_script(&scratch(&g), name, 0));
+    let args = ["--count", "1", "--name", name];
+    let mut job = Job::start_with(&g, Some(&bob), name, &args, &[], &script);
+    job.ready();
+    let line = refused(&g, Some(&bob), &["evict", name]);
+    assert!(line.contains("run it as root"), "{line}");
+    let said = ok(&g, None, &["evict", name, "--grace", "1s"]);
+    assert!(
+        said.starts_with(&format!(
+            "evicted {name} (killed: still running 1s after SIGTERM); released GPU-"
+        )),
+        "{said}"
+    );
+    let (exit, stderr) = job.wait();
+    assert_eq!(
+        exit.signal().or(exit.code().map(|c| c - 128)),
+        Some(libc::SIGKILL),
+        "{stderr}"
+    );
+    let events = events_of(&g, name);
+    let evict = events
+        .iter()
+        .find(|e| e["event"] == "evict")
+        .unwrap_or_else(|| panic!("{events:?}"));
+    assert_eq!(evict["user"], bob.name);
+    assert!(
+        evict["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("gpupin evict by root"),
+        "{evict}"
+    );
+    until_clean(&g);
+}

@@ -46,3 +46,11 @@ where
 fn usage(cmd: &clap::Command, message: String) -> clap::Error {
     clap::Error::raw(ErrorKind::ValueValidation, format!("{message}\n")).with_cmd(cmd)
 }
+
+/// A duration as people write it (`10s`, `2m`) that may be zero (`0s`: no grace).
+pub fn grace() -> Parsed<std::time::Duration, String> {
+    Parsed(|text| {
+        humantime::parse_duration(text)
+            .map_err(|_| format!("{text:?}: expected a duration, such as 60s or 0s"))
+    })
+}

@@ -10,6 +10,7 @@ mod demo;
 #[cfg(feature = "device-plugin")]
 mod device_plugin;
 mod doctor;
+mod evict;
 mod exec;
 mod exec_gate;
 mod explain;
@@ -76,8 +77,10 @@ pub enum Command {
     Log(log::LogArgs),
     /// Show GPU-hours by user, holder or GPU over a period
     Usage(usage::UsageArgs),
-    /// Release the GPUs of one holder (container id), or remove one entry of the ledger
+    /// Release the GPUs of one holder that has ended (a name or id as status shows it), or remove one entry of the ledger
     Release(release::ReleaseArgs),
+    /// Stop a holder that still runs (its engine, or SIGTERM then SIGKILL) and release its GPUs
+    Evict(evict::EvictArgs),
     /// Start real containers on a simulated machine and show gpupin at work
     #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
@@ -193,6 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pick(args) => pick::run(&config, &args),
         Command::Gc => gc::run(&config),
         Command::Release(args) => release::run(&config, &args),
+        Command::Evict(args) => evict::run(&config, &args),
         Command::Log(args) => log::run(&config, &args),
         Command::Usage(args) => usage::run(&config, &args),
         #[cfg(feature = "demo")]

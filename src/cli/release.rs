@@ -1,25 +1,52 @@
-//! `gpupin release NAME`: release one holder's GPUs, whether or not it still runs, or
-//! remove an entry of the ledger's holders/ that is no readable record. A user who is not
-//! root releases their own holders through `gpupin serve`.
+//! `gpupin release HOLDER`: give back one holder's GPUs, named as `gpupin status` shows
+//! it (a container's name, the holder's id or the first 12 characters of it), or remove
+//! an entry of the ledger's holders/ that is no readable record. A holder that still runs
+//! is released only with --force. A user who is not root releases their own holders
+//! through `gpupin serve`.
 
 use gpupin::input::config::Config;
 use gpupin::jobs::serve::{Client, Request};
-use gpupin::state::ledger::Released;
+use gpupin::state::ledger::lookup::Match;
+use gpupin::state::ledger::{LedgerError, Released, Releaser};
 use std::ffi::OsString;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct ReleaseArgs {
-    /// Holder id (container id) as `gpupin status` shows it, or the file name of an
-    /// entry in the ledger's holders/ that an error named
+    /// The holder as `gpupin status` shows it: a container's name, or the holder's id
+    /// (whole, or its first 12 characters); or the file name of an entry in the ledger's
+    /// holders/ that an error named
+    #[arg(value_name = "HOLDER")]
     pub id: OsString,
+    /// Release it even though its process still runs (its GPUs go to the next request
+    /// while it still uses them); `gpupin evict` stops it first
+    #[arg(long)]
+    pub force: bool,
+    /// HOLDER is a whole holder id, never a name or a prefix (for scripts: the Slurm
+    /// epilog's slurm-$SLURM_JOB_ID)
+    #[arg(long)]
+    pub exact: bool,
+    /// A holder that is not there is no error: print so and exit 0 (for scripts)
+    #[arg(long)]
+    pub ignore_missing: bool,
 }
 
 pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
-    if !rustix::process::geteuid().is_root() {
+    let euid = rustix::process::geteuid();
+    if !euid.is_root() {
         // Only root writes the ledger; a user releases their own holders through the daemon.
         let id = args.id.to_string_lossy().into_owned();
-        let reply = Client::connect(&config.socket_path())?.ask(&Request::Release { id })?;
+        let request = Request::Release {
+            id: id.clone(),
+            force: args.force,
+            exact: args.exact,
+            ignore_missing: args.ignore_missing,
+        };
+        let reply = Client::connect(&config.socket_path())?.ask(&request)?;
+        if reply.holder.is_none() {
+            outln!("no holder {id:?}: nothing to release")?;
+            return Ok(ExitCode::SUCCESS);
+        }
         let gpus: Vec<&str> = reply.gpus.iter().map(|g| g.uuid.as_str()).collect();
         outln!(
             "released {}: {}",
@@ -28,10 +55,37 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         )?;
         return Ok(ExitCode::SUCCESS);
     }
-    match gpupin::state::open_ledger(config)?.release_entry(&args.id)? {
-        Released::Holder(r) => outln!("released {}: {}", r.id, r.gpus.join(","))?,
+    let by = Releaser {
+        uid: 0,
+        user: operator(),
+        force: args.force,
+        how: if args.exact {
+            Match::Exact
+        } else {
+            Match::Shown
+        },
+        command: "release",
+    };
+    let released = match gpupin::state::open_ledger(config)?.release_named(&args.id, &by) {
+        Ok(released) => released,
+        Err(LedgerError::NoSuchHolder { given }) if args.ignore_missing => {
+            outln!("no holder {given:?}: nothing to release")?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    match released {
+        Released::Holder(r) => outln!("released {}: {}", r.display_name(), r.gpus.join(","))?,
         Released::Entry(path) => outln!("removed {path:?}")?,
-        Released::Nothing => outln!("{} held nothing", args.id.to_string_lossy().escape_debug())?,
+        Released::Nothing => anyhow::bail!("{} holds nothing", args.id.to_string_lossy()),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Who releases as root, for the audit line: `root`, or `root (sudo by alice)`.
+pub fn operator() -> String {
+    match std::env::var("SUDO_USER") {
+        Ok(user) if !user.is_empty() && user != "root" => format!("root (sudo by {user})"),
+        _ => "root".into(),
+    }
 }

@@ -1,5 +1,6 @@
 //! Holders beyond containers: bare-metal jobs, holds, the daemon, the Kubernetes device plugin.
 
+pub mod evict;
 pub mod exec;
 pub mod hold;
 pub mod kube;

@@ -13,11 +13,7 @@ pub const UNTIL_RELEASED: &str = "until released";
 
 /// How people know a holder: a container's name where its engine told it, else its id.
 pub fn label(r: &Record) -> String {
-    let name = r.container.as_ref().and_then(|c| c.name.clone());
-    match r.kind {
-        HolderKind::Container => name.unwrap_or(r.id.clone()),
-        HolderKind::Exec | HolderKind::Hold => r.id.clone(),
-    }
+    r.display_name().to_string()
 }
 
 /// A holder's row after the GPU index: HOLDER, KIND, IMAGE, PID, AGE.

@@ -352,7 +352,7 @@ impl Env {
         let run = self.create(&bundle, "template");
         assert_eq!(run.code, Some(0), "template allocation: {}", run.describe());
         let record = self.record("template").expect("a template record");
-        let out = self.gpupin(&["release", "template"], b"");
+        let out = self.gpupin(&["release", "--force", "template"], b"");
         assert_eq!(
             out.code,
             Some(0),

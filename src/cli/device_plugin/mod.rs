@@ -52,7 +52,7 @@ pub struct DevicePluginArgs {
     pub reconcile_interval: Duration,
     /// How old a holder must be before the reconcile may release it (the kubelet lists a
     /// container's devices only after Allocate returns)
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = grace())]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = super::flag::grace())]
     pub reconcile_grace: Duration,
 }
 
@@ -63,14 +63,6 @@ fn duration() -> super::flag::Parsed<Duration, String> {
         _ => Err(format!(
             "{text:?}: expected a duration above zero, such as 1s or 500ms"
         )),
-    })
-}
-
-/// A duration that may be zero (`0s`: no grace).
-fn grace() -> super::flag::Parsed<Duration, String> {
-    super::flag::Parsed(|text| {
-        humantime::parse_duration(text)
-            .map_err(|_| format!("{text:?}: expected a duration, such as 60s or 0s"))
     })
 }
 

@@ -39,8 +39,19 @@ pub enum Request {
         #[serde(default)]
         within: Option<String>,
     },
-    /// Releases one of the caller's holders.
-    Release { id: String },
+    /// Releases one of the caller's holders, named as `gpupin status` shows it; one that
+    /// still runs only with `force`.
+    Release {
+        id: String,
+        #[serde(default)]
+        force: bool,
+        /// `id` is a whole holder id, never a name or prefix.
+        #[serde(default)]
+        exact: bool,
+        /// No such holder is no refusal: the reply names no holder.
+        #[serde(default)]
+        ignore_missing: bool,
+    },
     /// The key to one of the caller's holders (`gpupin key`).
     Key { id: String },
 }

@@ -25,7 +25,8 @@ use crate::jobs::exec::{self, JobGrant};
 use crate::jobs::hold::{self, Hold};
 use crate::model::holder::HolderId;
 use crate::state::audit::GpuRef;
-use crate::state::ledger::{Ledger, Record, StillWanted};
+use crate::state::ledger::lookup::Match;
+use crate::state::ledger::{Ledger, Record, Released, Releaser, StillWanted};
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -311,9 +312,21 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
             let outcome = hold_for(shared, peer, asked);
             protocol::send(&mut output, &reply_for(config, peer, &id, outcome))
         }
-        Request::Release { id } => {
-            let outcome = release_for(config, peer, &id);
-            protocol::send(&mut output, &reply_for(config, peer, &id, outcome))
+        Request::Release {
+            id,
+            force,
+            exact,
+            ignore_missing,
+        } => {
+            let how = if exact { Match::Exact } else { Match::Shown };
+            let outcome = release_for(config, peer, &id, force, how);
+            let reply = match outcome {
+                Err(Refusal::Failed(_)) if ignore_missing && missing(config, peer, &id, how) => {
+                    Reply::default()
+                }
+                outcome => reply_for(config, peer, &id, outcome),
+            };
+            protocol::send(&mut output, &reply)
         }
         Request::Key { id } => {
             let outcome = key_for(config, peer, &id);
@@ -602,17 +615,48 @@ fn key_for(config: &Config, peer: Peer, id: &str) -> Result<(Record, String), Re
     }
 }
 
-fn release_for(config: &Config, peer: Peer, id: &str) -> Result<Record, Refusal> {
-    let holder = HolderId::new(id).map_err(|e| Refusal::Failed(one_line(&e)))?;
+/// A user's `gpupin release`: among their own holders, by the name status shows.
+fn release_for(
+    config: &Config,
+    peer: Peer,
+    id: &str,
+    force: bool,
+    how: Match,
+) -> Result<Record, Refusal> {
     let ledger = crate::state::open_ledger(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
-    match ledger.release_for(&holder, peer.uid) {
-        Ok(Some(record)) => Ok(record),
-        Ok(None) => Err(Refusal::Failed(format!("{id} holds nothing"))),
+    let user = crate::host::users::owner_of(peer.uid)
+        .map(|o| o.user)
+        .unwrap_or_else(|_| format!("uid {}", peer.uid));
+    let by = Releaser {
+        uid: peer.uid,
+        user,
+        force,
+        how,
+        command: "release",
+    };
+    match ledger.release_named(std::ffi::OsStr::new(id), &by) {
+        Ok(Released::Holder(record)) => Ok(*record),
+        Ok(_) => Err(Refusal::Failed(format!("{id} holds nothing"))),
         Err(e @ crate::state::ledger::LedgerError::NotYours { .. }) => {
             Err(Refusal::Denied(one_line(&e)))
         }
         Err(e) => Err(Refusal::Failed(one_line(&e))),
     }
+}
+
+/// Whether none of the caller's holders is `id` (for `release --ignore-missing`).
+fn missing(config: &Config, peer: Peer, id: &str, how: Match) -> bool {
+    let Ok(records) = crate::state::open_ledger(config).and_then(|l| l.records()) else {
+        return false;
+    };
+    let theirs: Vec<Record> = records
+        .into_iter()
+        .filter(|r| peer.uid == 0 || r.owner.as_ref().is_some_and(|o| o.uid == peer.uid))
+        .collect();
+    matches!(
+        crate::state::ledger::lookup::find(&theirs, id, how),
+        crate::state::ledger::lookup::Lookup::NotFound
+    )
 }
 
 #[cfg(test)]
@@ -755,7 +799,7 @@ mod tests {
         let config = &shared.config;
         alices_hold(config, "res", "0");
         let nobody = caller(NOBODY);
-        let outcome = release_for(config, nobody, "res");
+        let outcome = release_for(config, nobody, "res", false, Match::Shown);
         let reply = reply_for(config, nobody, "res", outcome);
         let why = "holder res is not held by uid 65534: only its owner or root may release it";
         assert_eq!(reply.error.as_deref(), Some(why));
@@ -776,20 +820,21 @@ mod tests {
             config,
             caller(1001),
             "res",
-            release_for(config, caller(1001), "res"),
+            release_for(config, caller(1001), "res", false, Match::Shown),
         );
         assert_eq!((reply.error, reply.holder), (None, Some("res".to_string())));
         assert_eq!(reply.gpus.len(), 1);
-        let outcome = release_for(config, caller(1001), "res");
-        assert_eq!(failed(outcome), "res holds nothing");
+        let gone = "no holder \"res\": give a name or id as gpupin status shows it (an id may be cut to its first 12 characters)";
+        let outcome = release_for(config, caller(1001), "res", false, Match::Shown);
+        assert_eq!(failed(outcome), gone);
         // A request that could not be done is no refusal of who may do what.
         let reply = reply_for(
             config,
             caller(1001),
             "res",
-            release_for(config, caller(1001), "res"),
+            release_for(config, caller(1001), "res", false, Match::Shown),
         );
-        assert_eq!(reply.error.as_deref(), Some("res holds nothing"));
+        assert_eq!(reply.error.as_deref(), Some(gone));
         assert_eq!(refusals(tmp.path()).len(), 1);
     }
 

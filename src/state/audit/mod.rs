@@ -40,6 +40,8 @@ pub enum EventKind {
     Refuse,
     /// An entry of the ledger that could be nobody's record, removed.
     Clear,
+    /// A running holder stopped by an operator (`gpupin evict`); its release follows.
+    Evict,
 }
 
 impl EventKind {
@@ -53,6 +55,7 @@ impl EventKind {
             EventKind::Reap => "reap",
             EventKind::Refuse => "refuse",
             EventKind::Clear => "clear",
+            EventKind::Evict => "evict",
         }
     }
 }

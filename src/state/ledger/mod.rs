@@ -7,9 +7,11 @@ mod claim;
 mod entry;
 mod failures;
 mod job;
+pub mod lookup;
 mod machine;
 mod queue;
 mod record;
+mod release;
 mod scope;
 mod store;
 mod survey;
@@ -26,6 +28,7 @@ pub use queue::Waiting;
 pub use record::{
     HolderMeta, Mode, Record, StillWanted, UNBOUND_GRACE, holder_of, holders_of, unix_now,
 };
+pub use release::Releaser;
 pub use survey::Survey;
 pub use within::SECRET_FILE as WITHIN_SECRET_FILE;
 
@@ -189,6 +192,16 @@ pub enum LedgerError {
         kind: &'static str,
         owner: String,
     },
+    #[error(
+        "no holder {given:?}: give a name or id as gpupin status shows it (an id may be cut to its first 12 characters)"
+    )]
+    NoSuchHolder { given: String },
+    #[error("{given:?} could be any of {candidates}: give the id")]
+    AmbiguousHolder { given: String, candidates: String },
+    #[error(
+        "{name} still runs ({what}): releasing it would give its GPUs to the next request while it uses them; stop it first (gpupin evict {name}), or release it anyway with --force"
+    )]
+    StillRunning { name: String, what: String },
 }
 
 /// Refuses a user's request for a holder id of a kind gpupin names itself: Slurm's prolog
@@ -287,6 +300,10 @@ impl LedgerError {
             LedgerError::NoGpus => "no_gpus",
             LedgerError::ClaimRefused { .. } | LedgerError::NotAssigned { .. } => "claim",
             LedgerError::NotAdopted { .. } | LedgerError::NotYours { .. } => "not_yours",
+            LedgerError::NoSuchHolder { .. } | LedgerError::AmbiguousHolder { .. } => {
+                "no_such_holder"
+            }
+            LedgerError::StillRunning { .. } => "still_running",
             LedgerError::Io { .. }
             | LedgerError::UnsafeStateDir { .. }
             | LedgerError::UnsafeStateFile { .. }
@@ -428,6 +445,11 @@ impl Ledger {
     }
 
     /// How long a holder may stay without a pid before it counts as stale.
+    /// How long a holder may wait for its process before it counts as gone.
+    pub fn unbound_grace(&self) -> Duration {
+        self.unbound_grace
+    }
+
     pub fn with_unbound_grace(mut self, grace: Duration) -> Ledger {
         self.unbound_grace = grace;
         self
@@ -749,7 +771,7 @@ impl Ledger {
 
     /// `release` for a caller that holds the lock.
     fn remove_record_locked(&self, holder: &HolderId) -> Result<Option<Record>, LedgerError> {
-        match self.remove_entry(holder.file_name().as_bytes())? {
+        match self.remove_entry(holder.file_name().as_bytes(), None)? {
             Some(Released::Holder(record)) => {
                 tracing::debug!(holder = %holder, gpus = ?record.gpus, "released");
                 Ok(Some(*record))
@@ -768,15 +790,20 @@ impl Ledger {
         let names = entry::release_names(name)?;
         let _lock = store::lock(&self.dir)?;
         for name in names {
-            if let Some(released) = self.remove_entry(&name)? {
+            if let Some(released) = self.remove_entry(&name, None)? {
                 return Ok(released);
             }
         }
         Ok(Released::Nothing)
     }
 
-    /// Removes `holders/<name>` when it exists (caller holds the lock).
-    fn remove_entry(&self, name: &[u8]) -> Result<Option<Released>, LedgerError> {
+    /// Removes `holders/<name>` when it exists (caller holds the lock); `reason` goes into
+    /// the audit line of a holder's release (who released it, and how).
+    fn remove_entry(
+        &self,
+        name: &[u8],
+        reason: Option<&str>,
+    ) -> Result<Option<Released>, LedgerError> {
         let Some(holders) = store::existing_subdir(&self.dir, store::HOLDERS_DIR)? else {
             return Ok(None);
         };
@@ -813,7 +840,11 @@ impl Ledger {
         };
         let event = match &released {
             Released::Holder(record) => {
-                Event::for_record(EventKind::Release, record).held_since(record)
+                let event = Event::for_record(EventKind::Release, record).held_since(record);
+                match reason {
+                    Some(reason) => event.because(reason),
+                    None => event,
+                }
             }
             _ => Event::new(EventKind::Release, &store::audit_name(&audited))
                 .because("no readable record: the entry was removed"),
@@ -944,7 +975,7 @@ fn strip_json(name: &[u8]) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;
 
 #[cfg(test)]
 mod tests_jobs;

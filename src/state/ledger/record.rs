@@ -139,6 +139,26 @@ impl Record {
     pub fn created(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(self.created_at)
     }
+
+    /// How people know the holder: a container's name where its engine told it (what
+    /// `docker ps` shows), else its id.
+    pub fn display_name(&self) -> &str {
+        match (
+            self.kind,
+            self.container.as_ref().and_then(|c| c.name.as_deref()),
+        ) {
+            (HolderKind::Container, Some(name)) => name,
+            _ => &self.id,
+        }
+    }
+
+    /// Whether a container or a job still runs on the holder's GPUs, or is about to: its
+    /// process lives, or its claim waits for its process within the grace. A hold
+    /// (`gpupin hold`, until released or for a process's life) does not: it sets GPUs
+    /// aside, and releasing it is how it ends.
+    pub fn runs(&self, now: SystemTime, grace: Duration) -> bool {
+        self.kind != HolderKind::Hold && !self.is_stale(now, grace)
+    }
 }
 
 /// The records among `records` that hold the GPU `uuid`.
