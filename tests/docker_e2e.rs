@@ -819,3 +819,35 @@ fn release_refuses_a_running_container_and_evict_stops_it_first() {
     let next = h.start(&slot.runtime, &["-l", &devices]);
     assert_eq!(slot.holders()[&next.id], held);
 }
+
+/// One typo in gpupin's config (a top-level key under [limits]) no longer stops every
+/// container on the box: one that asks for no GPU starts, one that asks for a GPU is
+/// refused with the error's line, table and the key meant, and nothing is held.
+#[test]
+fn a_config_typo_stops_only_gpu_containers_and_says_where() {
+    let Some(h) = harness(
+        "a_config_typo_stops_only_gpu_containers_and_says_where",
+        Need::Docker,
+    ) else {
+        return;
+    };
+    let slot = h.slot();
+    slot.reset_config(None);
+    let mut config = std::fs::read_to_string(&slot.config).unwrap();
+    config.push_str("\n[limits]\nmax_gpus_per_user = 2\npolcy = \"pack\"\n");
+    std::fs::write(&slot.config, &config).unwrap();
+    let line = config.lines().position(|l| l.starts_with("polcy")).unwrap() + 1;
+    let plain = h.start(&slot.runtime, &[]);
+    assert!(!plain.id.is_empty());
+    let out = h.run_detached(&slot.runtime, &["-l", "gpupin.count=1"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "gpupin: invalid config {}: line {line} in [limits]: unknown key \"polcy\" in [limits]; did you mean the top-level \"policy\"? Top-level keys go above the first [table]",
+            slot.config.display()
+        )),
+        "{err}"
+    );
+    assert!(!slot.state.join("holders").exists() || slot.holders().is_empty());
+}

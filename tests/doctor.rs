@@ -287,7 +287,7 @@ fn a_config_that_does_not_load_is_a_problem_and_the_other_checks_still_run() {
     let lines = lines(&out);
     assert!(
         lines[0].starts_with(&format!(
-            "problem invalid config {}: unknown field `bogus`",
+            "problem invalid config {}: line 1: unknown key \"bogus\"",
             host.g.config.display()
         )) && lines[0].ends_with(&format!(
             "; the checks below use the defaults; fix: correct {}",

@@ -62,6 +62,45 @@ pub enum ForeignError {
     CreatedRule { index: usize, rule: String },
 }
 
+/// Whether anything in `spec` has to do with GPUs, read without a config or an inventory:
+/// a `gpupin.*` or `cdi.k8s.io/*` annotation, an env entry of NVIDIA's (`NVIDIA_*`,
+/// `CUDA_VERSION`) or gpupin's (`GPUPIN_*`), a device node that could be an NVIDIA one
+/// (`/dev/nvidia*`, `/dev/dri/*`, or the usual GPU major 195), a volume-mount request of
+/// NVIDIA's runtime, or NVIDIA's prestart hook. Only a spec with none of them may start
+/// when gpupin's config does not load (`gpupin-runtime`): whatever else could hand out
+/// a GPU around the ledger.
+pub fn mentions_gpus(spec: &Value) -> bool {
+    /// The major NVIDIA's driver registers; the inventory's number is not known here.
+    const USUAL_GPU_MAJOR: i64 = 195;
+    let annotation = annotations(spec).is_some_and(|map| {
+        map.keys()
+            .any(|k| k.starts_with("gpupin.") || k.starts_with(CDI_ANNOTATION_PREFIX))
+    });
+    let env = crate::admission::spec::process_env(spec).iter().any(|e| {
+        e.starts_with("NVIDIA_") || e.starts_with("GPUPIN_") || e.starts_with("CUDA_VERSION=")
+    });
+    let node = devices(spec).iter().any(|d| {
+        let path = d.get("path").and_then(Value::as_str).unwrap_or_default();
+        path.starts_with("/dev/nvidia")
+            || path.starts_with("/dev/dri/")
+            || (is_char_node(d) && number(d.get("major")) == Some(USUAL_GPU_MAJOR))
+    });
+    let rule = spec
+        .pointer("/linux/resources/devices")
+        .and_then(Value::as_array)
+        .is_some_and(|rules| {
+            rules
+                .iter()
+                .any(|r| allows(r) && number(r.get("major")) == Some(USUAL_GPU_MAJOR))
+        });
+    let volume = mounts(spec).iter().any(|m| volume_request(m).is_some());
+    let hook = spec
+        .pointer("/hooks/prestart")
+        .and_then(Value::as_array)
+        .is_some_and(|hooks| hooks.iter().any(is_runtime_hook));
+    annotation || env || node || rule || volume || hook
+}
+
 /// Which device numbers are the machine's GPUs: the GPU major and each GPU's minor (never
 /// the control nodes' 254 and 255).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -592,6 +631,49 @@ pub(crate) mod testing {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn mentions_gpus_sees_every_way_a_spec_can_reach_a_gpu_and_nothing_else() {
+        let plain = json!({"process": {"env": ["PATH=/bin", "HOME=/root"]},
+            "annotations": {"org.opencontainers.image.title": "web"},
+            "linux": {"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}],
+                "resources": {"devices": [{"allow": false, "access": "rwm"},
+                    {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}]}},
+            "mounts": [{"source": "/data", "destination": "/data"}],
+            "hooks": {"prestart": [{"path": "/usr/bin/true"}]}});
+        assert!(!mentions_gpus(&plain));
+        assert!(!mentions_gpus(&json!({})));
+        let each = [
+            ("/annotations/gpupin.count", json!("1")),
+            ("/annotations/cdi.k8s.io~1gpu", json!("nvidia.com/gpu=0")),
+            ("/process/env/0", json!("NVIDIA_VISIBLE_DEVICES=all")),
+            ("/process/env/0", json!("CUDA_VERSION=12.4")),
+            ("/process/env/0", json!("GPUPIN_COUNT=1")),
+            ("/linux/devices/0/path", json!("/dev/nvidia3")),
+            ("/linux/devices/0/path", json!("/dev/dri/renderD128")),
+            ("/linux/devices/0/major", json!(195)),
+            ("/linux/resources/devices/1/major", json!(195)),
+            (
+                "/mounts/0",
+                json!({"source": "/dev/null", "destination": "/var/run/nvidia-container-devices/all"}),
+            ),
+            (
+                "/hooks/prestart/0/path",
+                json!("/usr/bin/nvidia-container-runtime-hook"),
+            ),
+        ];
+        for (pointer, value) in each {
+            let mut spec = plain.clone();
+            match spec.pointer_mut(pointer) {
+                Some(slot) => *slot = value.clone(),
+                None => {
+                    let key = pointer.rsplit('/').next().unwrap().replace("~1", "/");
+                    spec["annotations"][key] = value.clone();
+                }
+            }
+            assert!(mentions_gpus(&spec), "{pointer} = {value}");
+        }
+    }
 
     /// Four GPUs (minors 0-3) on major 195, as the inventory gives them.
     fn machine() -> GpuNumbers {

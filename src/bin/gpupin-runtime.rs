@@ -2,6 +2,7 @@
 //! and hands every command to the real runtime (runc). Thin: the work, the runtime's
 //! child included, is in `gpupin::engines::runtime::run`; this only execs and exits.
 
+use gpupin::admission::entry::EntryError;
 use gpupin::base::binaries;
 use gpupin::engines::runtime::{self, Handover, argv, argv::Invocation};
 use gpupin::host::inventory::NvmlAccess;
@@ -31,7 +32,20 @@ fn main() -> ExitCode {
 fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
     let own_exe = std::env::current_exe()?;
     let flag = argv::config_path(inv.gpupin_config.as_deref(), std::env::var_os(CONFIG_ENV))?;
-    let mut config = runtime::load_config(flag.as_deref())?;
+    let mut config = match runtime::load_config(flag.as_deref()) {
+        Ok(config) => config,
+        Err(runtime::ShimError::Entry(EntryError::Config(error))) => {
+            let (handover, warning) = runtime::run_without_config(inv, &own_exe, error)?;
+            if let Some(warning) = warning {
+                warn(&warning);
+            }
+            return match handover {
+                Handover::Exec { runtime } => Err(exec(&runtime, &inv.runtime_args)),
+                Handover::Ran(status) => Ok(exit_code(status)),
+            };
+        }
+        Err(other) => return Err(other.into()),
+    };
     if let Some(real) = argv::runtime_override(inv.gpupin_runtime.as_deref())? {
         config.runtime = real;
     }
@@ -42,6 +56,12 @@ fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
         Handover::Exec { runtime } => Err(exec(&runtime, &inv.runtime_args)),
         Handover::Ran(status) => Ok(exit_code(status)),
     }
+}
+
+/// One `gpupin: ...` line on stderr (and nowhere else: the container starts).
+fn warn(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "gpupin: {line}");
 }
 
 /// Replaces this process with the real runtime; returns only on failure.

@@ -6,7 +6,7 @@ pub mod argv;
 pub mod create;
 mod shim;
 
-pub use shim::{Handover, release, run};
+pub use shim::{Handover, release, run, run_without_config};
 
 use crate::admission::entry::EntryError;
 use crate::admission::spec::SpecError;

@@ -5,7 +5,7 @@
 use super::argv::{Action, Invocation};
 use super::{ShimError, create, real_runtime};
 use crate::admission::edits::HookCommand;
-use crate::input::config::Config;
+use crate::input::config::{Config, ConfigError};
 use crate::model::holder::HolderId;
 use crate::state::ledger::Ledger;
 use std::ffi::OsString;
@@ -58,6 +58,57 @@ pub fn run(inv: &Invocation, config: &Config, own_exe: &Path) -> Result<Handover
             Ok(Handover::Ran(status))
         }
     }
+}
+
+/// gpupin's config did not load (`error`). One typo must not stop every container on
+/// the box: a `create` whose container has nothing to do with GPUs (`foreign::
+/// mentions_gpus`, and no gpupin label or `--gpus` of Docker's) goes to the real runtime
+/// (`--gpupin-runtime`, else `runc`) with a one-line warning for the caller to print, and
+/// so does every other command (a container created before the config broke must still
+/// stop and go). A create that has anything to do with GPUs fails with `error`: nothing
+/// may reach a GPU around the ledger.
+pub fn run_without_config(
+    inv: &Invocation,
+    own_exe: &Path,
+    error: ConfigError,
+) -> Result<(Handover, Option<String>), ShimError> {
+    let mut fallback = Config::default();
+    if let Some(real) = super::argv::runtime_override(inv.gpupin_runtime.as_deref())? {
+        fallback.runtime = real;
+    }
+    let runtime = real_runtime(&fallback, own_exe)?;
+    let Action::Create { bundle, id } = &inv.action else {
+        return Ok((Handover::Exec { runtime }, None));
+    };
+    if touches_gpus(bundle, id) {
+        return Err(error.into());
+    }
+    let warning = format!(
+        "{}; container {id} asks for no GPU and starts without gpupin",
+        crate::base::message::one_line(&error)
+    );
+    Ok((Handover::Exec { runtime }, Some(warning)))
+}
+
+/// Whether the container in `bundle` has anything to do with GPUs, read without a config:
+/// its spec (`foreign::mentions_gpus`), and Docker's labels and `--gpus` where the spec
+/// shows Docker's folder. What cannot be read counts as GPU-related.
+fn touches_gpus(bundle: &Path, id: &str) -> bool {
+    let Ok(spec) = crate::admission::spec::read(&bundle.join("config.json")) else {
+        return true;
+    };
+    if crate::admission::foreign::mentions_gpus(&spec) {
+        return true;
+    }
+    let Some(dir) = crate::engines::docker::container_dir(&spec, id) else {
+        return false;
+    };
+    let labels = match crate::engines::docker::DockerContainer::read(&dir) {
+        Ok(docker) => docker.labels(),
+        Err(_) => return true,
+    };
+    labels.keys().any(|k| k.starts_with("gpupin."))
+        || !matches!(crate::engines::docker::gpus_request(&dir), Ok(None))
 }
 
 fn run_child(runtime: &Path, args: &[OsString]) -> Result<ExitStatus, ShimError> {
@@ -226,5 +277,57 @@ mod tests {
             .unwrap();
         let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
         assert_eq!(ids, ["slurm-42"], "root's hold is still there");
+    }
+
+    /// The config does not load (a typo under [limits]), and the shim is run as Docker
+    /// runs it, with `--gpupin-runtime`.
+    fn broken(tmp: &Path, bundle: &Path, id: &str) -> (Invocation, ConfigError) {
+        let config = tmp.join("broken.toml");
+        std::fs::write(&config, "[limits]\npolcy = \"pack\"\n").unwrap();
+        let args = [
+            "--gpupin-config",
+            config.to_str().unwrap(),
+            "--gpupin-runtime",
+            "/bin/true",
+            "create",
+            "--bundle",
+        ]
+        .iter()
+        .map(OsString::from)
+        .chain([bundle.as_os_str().to_owned(), id.into()])
+        .collect();
+        let inv = argv::parse(args, bundle.to_path_buf()).unwrap();
+        let error = crate::input::config::Config::load(&config).unwrap_err();
+        (inv, error)
+    }
+
+    #[test]
+    fn a_broken_config_stops_only_containers_that_touch_gpus() {
+        let (tmp, _, bundle) = setup("/bin/true");
+        // The bundle asks for a GPU: the config's error, nothing run, nothing held.
+        let (inv, error) = broken(tmp.path(), &bundle, "c1");
+        let err =
+            run_without_config(&inv, Path::new("/usr/bin/gpupin-runtime"), error).unwrap_err();
+        let text = crate::base::message::one_line(&err);
+        assert!(text.contains("unknown key \"polcy\" in [limits]"), "{text}");
+        assert_eq!(held(tmp.path()), 0);
+        // A container that has nothing to do with GPUs is handed to the runtime, with a
+        // warning that says why gpupin is not there.
+        let spec = json!({"ociVersion": "1.0.2", "process": {"args": ["true"], "env": ["PATH=/bin"]},
+            "root": {"path": "rootfs"}});
+        std::fs::write(bundle.join("config.json"), spec.to_string()).unwrap();
+        let (inv, error) = broken(tmp.path(), &bundle, "web");
+        let (handover, warning) =
+            run_without_config(&inv, Path::new("/usr/bin/gpupin-runtime"), error).unwrap();
+        assert!(
+            matches!(handover, Handover::Exec { ref runtime } if runtime == Path::new("/bin/true")),
+            "{handover:?}"
+        );
+        let warning = warning.unwrap();
+        assert!(
+            warning.starts_with("invalid config ")
+                && warning.ends_with("; container web asks for no GPU and starts without gpupin"),
+            "{warning}"
+        );
     }
 }

@@ -4,6 +4,7 @@
 pub mod audit_log;
 pub mod driver;
 mod fields;
+mod located;
 pub mod serve;
 
 pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
@@ -278,7 +279,7 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Invalid {
             path: path.to_path_buf(),
-            reason: one_line(e.message()),
+            reason: located::explain(text, &e),
         })?;
         config.path = Some(path.to_path_buf());
         // Relative paths are relative to the config file, not to the cwd of whichever
@@ -389,7 +390,7 @@ mod tests {
         let err = parse("foreign = \"kill\"").unwrap_err().to_string();
         assert_eq!(
             err,
-            "invalid config /etc/gpupin/config.toml: foreign \"kill\": expected \"avoid\" or \"ignore\""
+            "invalid config /etc/gpupin/config.toml: line 1: foreign \"kill\": expected \"avoid\" or \"ignore\""
         );
         let err = parse("live_cache = \"soon\"").unwrap_err().to_string();
         assert!(
@@ -405,7 +406,7 @@ mod tests {
         let err = parse("log = \"loud\"").unwrap_err().to_string();
         assert_eq!(
             err,
-            "invalid config /etc/gpupin/config.toml: log \"loud\": expected one of error, warn, info, debug, trace, off"
+            "invalid config /etc/gpupin/config.toml: line 1: log \"loud\": expected one of error, warn, info, debug, trace, off"
         );
         let err = parse("log = \"de\\nbug\"").unwrap_err().to_string();
         assert!(
@@ -433,7 +434,7 @@ mod tests {
         let err = parse("driver = \"nvidia\"").unwrap_err().to_string();
         assert_eq!(
             err,
-            "invalid config /etc/gpupin/config.toml: driver \"nvidia\": expected one of auto, cdi, none"
+            "invalid config /etc/gpupin/config.toml: line 1: driver \"nvidia\": expected one of auto, cdi, none"
         );
     }
 
@@ -451,7 +452,7 @@ mod tests {
         let err = parse("unrequested = \"keep\"").unwrap_err().to_string();
         assert_eq!(
             err,
-            "invalid config /etc/gpupin/config.toml: unrequested \"keep\": expected request, strip or pass"
+            "invalid config /etc/gpupin/config.toml: line 1: unrequested \"keep\": expected request, strip or pass"
         );
     }
 
@@ -620,7 +621,10 @@ mod tests {
                 "cuda_visible_devices = \"bus\"",
                 "cuda_visible_devices \"bus\": expected",
             ),
-            ("[limits]\nmax_gpus = 1", "unknown field `max_gpus`"),
+            (
+                "[limits]\nmax_gpus = 1",
+                "line 2 in [limits]: unknown key \"max_gpus\" in [limits], whose keys are",
+            ),
             (
                 "[limits]\nmax_waiting_per_user = 0",
                 "limits.max_waiting_per_user 0: expected at least 1",
@@ -633,7 +637,10 @@ mod tests {
                 "[serve]\nrequest_timeout = \"soon\"",
                 "serve.request_timeout \"soon\": expected a duration",
             ),
-            ("[serve]\nmax_threads = 1", "unknown field `max_threads`"),
+            (
+                "[serve]\nmax_threads = 1",
+                "line 2 in [serve]: unknown key \"max_threads\"",
+            ),
         ] {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(wanted), "{text}: {err}");
