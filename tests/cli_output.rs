@@ -1,6 +1,6 @@
 //! The binaries as a shell sees them: output to a full disk or a closed pipe, errors that
 //! stay on one line, and config paths that stay valid wherever the hooks later run.
-//! Needs neither root nor runc.
+//! Needs neither root nor runc, but for the one test of a user stopped by root's permissions.
 
 use gpupin_sandbox::harness::{Gpupin, stderr, stdout};
 use serde_json::{Value, json};
@@ -147,8 +147,58 @@ fn a_usage_error_is_one_line() {
         let out = Command::new(GPUPIN).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let line = one_error_line(&out);
-        assert!(line.contains("gpupin --help"), "{line}");
+        assert!(line.ends_with(" --help)"), "{line}");
     }
+}
+
+/// A mistyped command or flag gets what was meant and the help of the command at hand;
+/// the request options' errors speak in flags; `--gpus` is `--count`.
+#[test]
+fn a_mistake_on_the_command_line_gets_a_hint_in_its_own_words() {
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
+    let run = |args: &[&str]| {
+        gpupin(
+            &g,
+            &args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            Stdio::piped(),
+        )
+    };
+    for (args, code, wanted) in [
+        (
+            &["stat"][..],
+            2,
+            "gpupin: unrecognized subcommand 'stat'; did you mean 'install' or 'status'? (see gpupin --help)",
+        ),
+        (
+            &["pick", "--cout", "1"],
+            2,
+            "gpupin: unexpected argument '--cout' found; did you mean '--count'? (see gpupin pick --help)",
+        ),
+        (
+            &["pick", "--count", "1", "--devices", "0"],
+            1,
+            "gpupin: --count and --devices exclude each other: give one of them",
+        ),
+        (
+            &["pick", "--memory", "4GiB"],
+            1,
+            "gpupin: --memory was given without --count or --devices",
+        ),
+        (
+            &["pick", "--count", "0"],
+            1,
+            "gpupin: invalid --count=\"0\": expected a positive integer or \"all\"",
+        ),
+    ] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+        assert_eq!(one_error_line(&out), wanted, "{args:?}");
+    }
+    let by_count: Value =
+        serde_json::from_str(&stdout(&run(&["pick", "--count", "2", "--json"]))).unwrap();
+    let by_gpus: Value =
+        serde_json::from_str(&stdout(&run(&["pick", "--gpus", "2", "--json"]))).unwrap();
+    assert_eq!(by_count, by_gpus);
 }
 
 /// A copy of `g`'s config as `cfg.toml` in a fresh working directory.
@@ -297,4 +347,56 @@ fn gpupin_runtime_refuses_a_relative_config() {
         spec.contains(&format!("{:?}", absolute.display().to_string())),
         "{spec}"
     );
+}
+
+/// A user who is not root, stopped by a permission only root has (the ledger, daemon.json),
+/// is told to use sudo rather than shown a bare "Permission denied" on a temp file.
+#[test]
+fn a_user_stopped_by_roots_permissions_is_told_to_use_sudo() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !gpupin_sandbox::harness::need_root(
+        "a_user_stopped_by_roots_permissions_is_told_to_use_sudo",
+    ) {
+        return;
+    }
+    let open = tempfile::Builder::new()
+        .prefix("gpupin-cli-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let closed = open.path().join("root-only");
+    std::fs::create_dir(&closed).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let config = open.path().join("gpupin.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "inventory = \"sim:nvswitch8\"\nstate_dir = {:?}\n",
+            closed.join("state").display().to_string()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let daemon_json = closed.join("daemon.json").display().to_string();
+    for args in [
+        &["gc"][..],
+        &["install", "docker", "--daemon-json", &daemon_json],
+    ] {
+        let out = Command::new(GPUPIN)
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let line = one_error_line(&out);
+        assert!(
+            line.starts_with("gpupin: this needs root: run it with sudo: ")
+                && line.contains("Permission denied"),
+            "{args:?}: {line}"
+        );
+    }
 }

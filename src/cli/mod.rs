@@ -120,10 +120,25 @@ pub fn main() -> ExitCode {
             if let Some(code) = out::broken_pipe_exit(&err) {
                 return code;
             }
-            report(&err);
+            if needs_root(&err) {
+                report(&err.context("this needs root: run it with sudo"));
+            } else {
+                report(&err);
+            }
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether a user who is not root was stopped by a permission the command needs root
+/// for (the ledger's lock, daemon.json, hooks.d): a bare "Permission denied" on a temp
+/// file says nothing about what to do.
+fn needs_root(err: &anyhow::Error) -> bool {
+    !rustix::process::geteuid().is_root()
+        && err.chain().any(|e| {
+            e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+        })
 }
 
 /// One line: runtimes fold hook stderr into their own error message.
@@ -152,10 +167,51 @@ fn usage_error(err: clap::Error) -> ExitCode {
     // clap lists missing arguments on lines of their own.
     let message: Vec<&str> = first.lines().map(str::trim).collect();
     report(&anyhow::anyhow!(
-        "{} (see gpupin --help)",
-        message.join(" ")
+        "{}{} (see {} --help)",
+        message.join(" "),
+        did_you_mean(&text),
+        help_command(&text)
     ));
     ExitCode::from(2)
+}
+
+/// `; did you mean 'status'?` from clap's tips of similar subcommands or flags.
+fn did_you_mean(rendered: &str) -> String {
+    let similar: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("tip: a similar") || l.starts_with("tip: some similar"))
+        .filter_map(|l| l.split_once(": ").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once("exist").map(|(_, names)| names))
+        .flat_map(|names| {
+            names
+                .split(',')
+                .map(|n| n.trim_start_matches(['s', ':', ' ']).trim())
+        })
+        .filter(|n| !n.is_empty())
+        .collect();
+    match similar.as_slice() {
+        [] => String::new(),
+        [one] => format!("; did you mean {one}?"),
+        [rest @ .., last] => format!("; did you mean {} or {last}?", rest.join(", ")),
+    }
+}
+
+/// The command whose help fits the mistake: `gpupin exec` from clap's `Usage: gpupin exec
+/// [OPTIONS] <CMD>...`, else `gpupin`.
+fn help_command(rendered: &str) -> String {
+    rendered
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Usage: "))
+        .map(|usage| {
+            usage
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['-', '[', '<']))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "gpupin".into())
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -5,8 +5,8 @@ use gpupin::input::request::Key;
 
 #[derive(clap::Args)]
 pub struct RequestArgs {
-    /// How many GPUs: a positive integer or "all"
-    #[arg(long)]
+    /// How many GPUs: a positive integer or "all" (--gpus, as Docker names it, is the same)
+    #[arg(long, visible_alias = "gpus")]
     pub count: Option<String>,
     /// GPUs by index, UUID or PCI bus id, comma-separated (instead of --count)
     #[arg(long)]

@@ -69,17 +69,39 @@ impl Key {
         self.names().1
     }
 
-    /// The name as a requester from `origin` writes it.
+    /// The option of `gpupin exec`, `pick` and `hold`: `--count`.
+    pub const fn flag(self) -> &'static str {
+        match self {
+            Key::Count => "--count",
+            Key::Devices => "--devices",
+            Key::Policy => "--policy",
+            Key::Memory => "--memory",
+            Key::Model => "--model",
+            Key::Share => "--share",
+            Key::Reserve => "--reserve",
+            Key::Wait => "--wait",
+            Key::Cpus => "--cpus",
+            Key::Within => "--within",
+        }
+    }
+
+    /// The name as a requester from `origin` writes it, so that an error speaks their
+    /// words: `--count` on the command line, `GPUPIN_COUNT` in env, else `gpupin.count`.
     pub fn name(self, origin: Origin) -> &'static str {
         match origin {
             Origin::Env => self.env(),
+            Origin::Cli => self.flag(),
             _ => self.as_str(),
         }
     }
 
-    /// The key named `name` as written from `origin`; `None` for an unknown key.
+    /// The key named `name` as written from `origin`; `None` for an unknown key. The
+    /// command line's pairs travel under annotation names (`gpupin serve`'s protocol),
+    /// so those are taken from it too.
     pub fn parse(name: &str, origin: Origin) -> Option<Key> {
-        Key::ALL.into_iter().find(|k| k.name(origin) == name)
+        Key::ALL
+            .into_iter()
+            .find(|k| k.name(origin) == name || (origin == Origin::Cli && k.as_str() == name))
     }
 }
 
@@ -463,7 +485,8 @@ fn parse<'a>(
             });
         };
         first_key.get_or_insert(known);
-        parse_one(&mut parts, known, key, value)?;
+        // Errors name the key as the requester wrote it in their terms (`--count`).
+        parse_one(&mut parts, known, known.name(origin), value)?;
     }
     match first_key {
         None => Ok(None),

@@ -17,13 +17,11 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error(
-        "cannot reach gpupin serve at {path}: {source} (is the daemon running, and may you use its socket?)"
-    )]
+    /// The OS error once, and what to do about it (`connect_hint`).
+    #[error("cannot reach gpupin serve at {path}: {}", connect_hint(.error))]
     Connect {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "gpupin serve at {path} took no connection within {after}: it is overloaded or stuck; try again, or ask an admin to look at its log"
@@ -39,6 +37,18 @@ pub enum ClientError {
     NoAnswer,
     #[error("{0}")]
     Refused(String),
+}
+
+/// Why a connection failed, in the words of whoever must act: a user cannot start the
+/// daemon, so each says who can and how.
+fn connect_hint(error: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match error.kind() {
+        ErrorKind::NotFound => "no such socket: gpupin serve is not running (an admin starts it: systemctl enable --now gpupin.socket)".into(),
+        ErrorKind::ConnectionRefused => "nothing listens there: gpupin serve stopped (an admin starts it again: systemctl restart gpupin.socket)".into(),
+        ErrorKind::PermissionDenied => "permission denied: the socket is for the group the config's socket_group names (ask an admin to add you to it)".into(),
+        _ => error.to_string(),
+    }
 }
 
 /// One connection to the daemon.
@@ -102,9 +112,9 @@ fn reply_timeout(request: &Request) -> Duration {
 /// EAGAIN then, and is tried again until `limit` has passed.
 fn connect_within(path: &Path, limit: Duration) -> Result<UnixStream, ClientError> {
     use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    let failed = |source: std::io::Error| ClientError::Connect {
+    let failed = |error: std::io::Error| ClientError::Connect {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let addr = SocketAddrUnix::new(path).map_err(|e| failed(e.into()))?;
     let fd = rustix::net::socket_with(
@@ -168,6 +178,30 @@ mod tests {
         assert!(
             err.starts_with("gpupin serve did not answer within 1m"),
             "{err}"
+        );
+    }
+
+    /// The line gave the OS error twice and no way out: a missing socket and a
+    /// stale one each say who starts the daemon and how, once.
+    #[test]
+    fn a_daemon_that_is_not_there_says_who_starts_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpupin.sock");
+        let text = |err: ClientError| crate::base::message::one_line(&err);
+        let missing = text(Client::connect(&path).err().unwrap());
+        assert_eq!(
+            missing,
+            format!(
+                "cannot reach gpupin serve at {}: no such socket: gpupin serve is not running (an admin starts it: systemctl enable --now gpupin.socket)",
+                path.display()
+            )
+        );
+        // A socket whose daemon died: nothing listens.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let stale = text(Client::connect(&path).err().unwrap());
+        assert!(
+            stale.ends_with("nothing listens there: gpupin serve stopped (an admin starts it again: systemctl restart gpupin.socket)"),
+            "{stale}"
         );
     }
 }
