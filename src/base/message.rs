@@ -7,12 +7,17 @@ use std::fmt::Write;
 /// `outer: inner: innermost`, with every control character escaped (`\n`, `\u{1b}`), so
 /// that text a container chose (an annotation key, a label) can neither start a second
 /// line nor steer a terminal, whatever message it ends up in.
+/// A source whose text its outer message already ends with (libraries that print their
+/// cause in their own message, as nvml-wrapper and libloading do) is said once.
 pub fn one_line(err: &dyn Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
+        let said = inner.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         source = inner.source();
     }
     escape_controls(&text)
@@ -62,6 +67,18 @@ mod tests {
             r"reading a\nb\rc\td\u{1b}[31me\u{7f}f: g\u{85}h\u{2028}i\nj"
         );
         assert!(!line.contains(|c: char| c.is_control()), "{line}");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot load: {0}")]
+    struct SaysItsCause(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_the_message_already_says_is_said_once() {
+        let err = Outer("/x", std::io::Error::other("gone"));
+        assert_eq!(one_line(&err), "reading /x: gone");
+        let err = SaysItsCause(std::io::Error::other("libnvidia-ml.so.1: no such file"));
+        assert_eq!(one_line(&err), "cannot load: libnvidia-ml.so.1: no such file");
     }
 
     #[test]
