@@ -1089,3 +1089,82 @@ fn evict_kills_a_job_that_ignores_term_and_frees_its_gpu() {
     );
     until_clean(&g);
 }
+
+/// `gpupin serve` as an admin runs it: it says where it listens; SIGHUP (the usual reload
+/// signal, which used to end it silently and leave a stale socket) re-reads the config,
+/// so a new limit applies to the next request while a job that runs keeps its GPU; a
+/// config that does not read is reported and the old one stays; SIGTERM stops it, exit
+/// 0, and its socket is gone.
+#[test]
+fn serve_reloads_on_sighup_and_stops_cleanly_on_sigterm() {
+    let test = "serve_reloads_on_sighup_and_stops_cleanly_on_sigterm";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let ann = User::create("hup");
+    let mut daemon = Daemon::start(&g);
+    let socket = g.state_dir.join("gpupin.sock");
+    let hup = |daemon: &Daemon| {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(daemon.pid(), libc::SIGHUP) };
+    };
+    assert!(
+        daemon.log().starts_with(&format!(
+            "gpupin serve: listening on {}, pid {}",
+            socket.display(),
+            daemon.pid()
+        )),
+        "{}",
+        daemon.log()
+    );
+    let mut first = Job::start(&g, Some(&ann), "before-hup", &["--count", "1"]);
+    first.ready();
+    let config = std::fs::read_to_string(&g.config).unwrap();
+    std::fs::write(
+        &g.config,
+        format!("{config}\n[limits]\nmax_gpus_per_user = 1\n"),
+    )
+    .unwrap();
+    hup(&daemon);
+    until("the reload is reported", || {
+        daemon
+            .log()
+            .contains("gpupin serve: reloaded ")
+            .then_some(())
+    });
+    assert!(daemon.running());
+    let line = refused(&g, Some(&ann), &["exec", "--count", "1", "--", "true"]);
+    assert!(line.contains("(limits.max_gpus_per_user)"), "{line}");
+    // A config with a typo is not taken: the one it had stays, and says why.
+    std::fs::write(&g.config, format!("{config}\npolcy = \"pack\"\n")).unwrap();
+    hup(&daemon);
+    until("the failed reload is reported", || {
+        daemon
+            .log()
+            .contains("gpupin serve: not reloaded, the config it had stays: invalid config ")
+            .then_some(())
+    });
+    // The client reads the same file for the socket: put the good one back, unreloaded.
+    std::fs::write(
+        &g.config,
+        format!("{config}\n[limits]\nmax_gpus_per_user = 1\n"),
+    )
+    .unwrap();
+    let line = refused(&g, Some(&ann), &["exec", "--count", "1", "--", "true"]);
+    assert!(line.contains("(limits.max_gpus_per_user)"), "{line}");
+    let (exit, stderr) = first.finish();
+    assert!(exit.success(), "{stderr}");
+    until_clean(&g);
+    // SIGTERM: a clean stop that takes its socket with it.
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(daemon.pid(), libc::SIGTERM) };
+    until("gpupin serve stops", || (!daemon.running()).then_some(()));
+    assert!(!socket.exists(), "the socket is removed");
+    assert!(
+        daemon.log().ends_with("gpupin serve: stopped\n"),
+        "{}",
+        daemon.log()
+    );
+    until_clean(&g);
+}

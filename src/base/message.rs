@@ -78,7 +78,10 @@ mod tests {
         let err = Outer("/x", std::io::Error::other("gone"));
         assert_eq!(one_line(&err), "reading /x: gone");
         let err = SaysItsCause(std::io::Error::other("libnvidia-ml.so.1: no such file"));
-        assert_eq!(one_line(&err), "cannot load: libnvidia-ml.so.1: no such file");
+        assert_eq!(
+            one_line(&err),
+            "cannot load: libnvidia-ml.so.1: no such file"
+        );
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! `gpupin serve`: the root daemon through which users who are not root run jobs on GPUs
 //! (`gpupin exec`), hold and release them. Started by systemd's gpupin.socket, or by hand.
+//! SIGHUP re-reads the config; SIGTERM (or Ctrl-C) stops it and removes the socket it made.
 
 use anyhow::Context;
+use gpupin::base::message::one_line;
 use gpupin::input::config::Config;
+use gpupin::jobs::serve::server::Reloaded;
 use gpupin::jobs::serve::{listen, server};
 use std::process::ExitCode;
 
@@ -19,12 +22,47 @@ pub fn run(config: &Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
     }
     // The ledger's directory first: the socket lives in it by default.
     gpupin::state::open_ledger(config)?;
-    let listener = match listen::from_systemd() {
-        Some(l) => l,
-        None => listen::bind(config)
-            .with_context(|| format!("listening on {}", config.socket_path().display()))?,
+    let socket = config.socket_path();
+    let (listener, ours) = match listen::from_systemd() {
+        Some(l) => (l, false),
+        None => {
+            let l = listen::bind(config)
+                .with_context(|| format!("listening on {}", socket.display()))?;
+            (l, true)
+        }
     };
-    tracing::info!(socket = ?config.socket_path(), "serving");
-    server::run(config.clone(), listener)?;
+    let from = if ours {
+        ""
+    } else {
+        " (the socket systemd gave it)"
+    };
+    super::out::note(format_args!(
+        "gpupin serve: listening on {}{from}, pid {}",
+        socket.display(),
+        std::process::id()
+    ));
+    let file = config
+        .path
+        .as_ref()
+        .map_or("the defaults".to_string(), |p| p.display().to_string());
+    let reloaded = move |outcome: &Reloaded| match outcome {
+        Reloaded::Applied { kept } if kept.is_empty() => {
+            super::out::note(format_args!("gpupin serve: reloaded {file}"));
+        }
+        Reloaded::Applied { kept } => super::out::note(format_args!(
+            "gpupin serve: reloaded {file}; {} changed, which needs a restart (systemctl restart gpupin.service): kept as it was",
+            kept.join(", ")
+        )),
+        Reloaded::Failed(err) => super::out::note(format_args!(
+            "gpupin serve: not reloaded, the config it had stays: {}",
+            one_line(err)
+        )),
+    };
+    server::run(config.clone(), listener, reloaded)?;
+    // Stopped by SIGTERM or SIGINT. A socket systemd made is systemd's to remove.
+    if ours {
+        let _ = std::fs::remove_file(&socket);
+    }
+    super::out::note(format_args!("gpupin serve: stopped"));
     Ok(ExitCode::SUCCESS)
 }

@@ -22,6 +22,7 @@ mod hardware;
 mod hooks;
 mod inventory;
 mod nodes;
+mod serve;
 pub mod smi;
 mod state;
 mod toolkit;
@@ -159,6 +160,7 @@ pub fn examine_with(setup: &Setup, hardware: &Hardware) -> Report {
     report.nvml_vs_nvidia_smi = driver::compare_with_smi(setup, hardware, findings);
     findings.extend(cgroups::check(setup));
     findings.extend(state::check(setup));
+    findings.push(serve::check(setup));
     findings.extend(docker::check(setup));
     findings.extend(hooks::check(setup));
     findings.extend(toolkit::check(setup, in_use.as_ref()));

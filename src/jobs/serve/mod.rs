@@ -8,6 +8,7 @@ pub mod listen;
 pub mod peer;
 pub mod protocol;
 pub mod server;
+mod signals;
 mod watch;
 
 pub use client::{Client, ClientError};

@@ -19,8 +19,8 @@ use super::watch::Watcher;
 use crate::base::message::one_line;
 use crate::host::confine::JobCgroup;
 use crate::host::users;
-use crate::input::config::Config;
 use crate::input::config::ServeSettings;
+use crate::input::config::{Config, ConfigError};
 use crate::jobs::exec::{self, JobGrant};
 use crate::jobs::hold::{self, Hold};
 use crate::model::holder::HolderId;
@@ -29,8 +29,10 @@ use crate::state::ledger::lookup::Match;
 use crate::state::ledger::{Ledger, Record, Released, Releaser, StillWanted};
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// How long a caller has to start its job after the GPUs were granted.
@@ -38,7 +40,8 @@ const BIND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What every connection's thread shares.
 struct Shared {
-    config: Config,
+    /// Replaced whole on SIGHUP; a connection keeps the one it started with.
+    config: RwLock<Arc<Config>>,
     watcher: Watcher,
     open: Mutex<Open>,
 }
@@ -70,10 +73,23 @@ impl Drop for Slot {
 }
 
 impl Shared {
+    fn new(config: Config, watcher: Watcher) -> Shared {
+        Shared {
+            config: RwLock::new(Arc::new(config)),
+            watcher,
+            open: Mutex::new(Open::default()),
+        }
+    }
+
+    /// The config as it is now.
+    fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.config.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// A slot for a connection of `uid`, or the one-line reason there is none. Root is
     /// not bounded: its connections are the Slurm prolog's and the admins'.
     fn admit(self: &Arc<Self>, uid: u32) -> Result<Slot, String> {
-        let limits = &self.config.serve;
+        let limits = self.config().serve;
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let mine = open.by_uid.get(&uid).copied().unwrap_or(0);
         if uid != 0 {
@@ -98,18 +114,52 @@ impl Shared {
     }
 }
 
-/// Serves `listener` until accept fails.
-pub fn run(config: Config, listener: UnixListener) -> std::io::Result<()> {
+/// What a SIGHUP did.
+#[derive(Debug)]
+pub enum Reloaded {
+    /// The file read; `kept` names the keys that need a restart and were left as they were.
+    Applied { kept: Vec<&'static str> },
+    /// The file did not read: the daemon goes on with the config it had.
+    Failed(ConfigError),
+}
+
+/// Serves `listener` until SIGTERM or SIGINT (then returns, so that the caller removes a
+/// socket it made) or until accept fails for good. On SIGHUP the config is read again
+/// from its file; `reloaded` is told how that went.
+pub fn run(
+    config: Config,
+    listener: UnixListener,
+    reloaded: impl Fn(&Reloaded) + Send + 'static,
+) -> std::io::Result<()> {
+    super::signals::block()?;
     let settings: ServeSettings = config.serve;
     let config_arc = Arc::new(config.clone());
     let watcher = Watcher::start(Arc::clone(&config_arc), settings.max_watched_per_user)?;
     watch_existing(&config, &watcher);
-    let shared = Arc::new(Shared {
-        config,
-        watcher,
-        open: Mutex::new(Open::default()),
-    });
+    let shared = Arc::new(Shared::new(config, watcher));
+    let stopping = Arc::new(AtomicBool::new(false));
+    {
+        let shared = Arc::clone(&shared);
+        let stopping = Arc::clone(&stopping);
+        let listening = listener.as_raw_fd();
+        std::thread::Builder::new()
+            .name("gpupin-signals".into())
+            .spawn(move || {
+                while let Ok(super::signals::Asked::Reload) = super::signals::wait() {
+                    reloaded(&reload(&shared));
+                }
+                stopping.store(true, Ordering::SeqCst);
+                // Wakes the accept below: a shut-down listening socket fails it.
+                // SAFETY: the listener outlives this thread's use of its fd (run returns
+                // only after accept fails, and the process ends after that).
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listening) };
+                let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
+            })?;
+    }
     for stream in listener.incoming() {
+        if stopping.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let stream = match stream {
             Ok(s) => s,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -155,6 +205,36 @@ pub fn run(config: Config, listener: UnixListener) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Reads the config file again and puts it in place for the connections that come next.
+/// Keys the daemon cannot change while it runs (where the ledger and the socket are, the
+/// socket's group) keep their old values, and are named.
+fn reload(shared: &Shared) -> Reloaded {
+    let old = shared.config();
+    let Some(path) = old.path.clone() else {
+        return Reloaded::Applied { kept: Vec::new() };
+    };
+    let mut new = match Config::load(&path) {
+        Ok(new) => new,
+        Err(error) => return Reloaded::Failed(error),
+    };
+    new.nvml = old.nvml.clone();
+    let mut kept = Vec::new();
+    if new.state_dir != old.state_dir {
+        new.state_dir = old.state_dir.clone();
+        kept.push("state_dir");
+    }
+    if new.socket != old.socket {
+        new.socket = old.socket.clone();
+        kept.push("socket");
+    }
+    if new.socket_group != old.socket_group {
+        new.socket_group = old.socket_group.clone();
+        kept.push("socket_group");
+    }
+    *shared.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
+    Reloaded::Applied { kept }
 }
 
 /// Answers a connection that is not served with `why`, without waiting on the caller.
@@ -270,7 +350,8 @@ fn still_open(stream: &UnixStream) -> bool {
 }
 
 fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result<()> {
-    let config = &shared.config;
+    let config = shared.config();
+    let config = &*config;
     let stream = Arc::new(stream);
     // Answers must not block the thread on a caller that reads nothing.
     stream.set_write_timeout(Some(config.serve.request_timeout))?;
@@ -372,7 +453,8 @@ fn exec_job(
     name: Option<String>,
     input: &mut BufReader<Deadline>,
 ) -> std::io::Result<()> {
-    let config = &shared.config;
+    let config = shared.config();
+    let config = &*config;
     let stream = Arc::clone(&input.get_ref().stream);
     let mut output = &*stream;
     // Before anything is held: a job the watcher could not take would have to go again.
@@ -510,7 +592,8 @@ struct HoldAsked {
 /// A hold for the caller; one with a process is watched, so that it goes when the
 /// process ends.
 fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Refusal> {
-    let config = &shared.config;
+    let config = shared.config();
+    let config = &*config;
     let me = users::owner_of(peer.uid).map_err(|e| Refusal::Failed(one_line(&e)))?;
     let root = peer.uid == 0;
     let owner = match &asked.user {
@@ -679,11 +762,7 @@ mod tests {
             ..Config::default()
         };
         let watcher = Watcher::start(Arc::new(config.clone()), serve.max_watched_per_user).unwrap();
-        Arc::new(Shared {
-            config,
-            watcher,
-            open: Mutex::new(Open::default()),
-        })
+        Arc::new(Shared::new(config, watcher))
     }
 
     /// A caller as SO_PEERCRED gives it: this process, as `uid`.
@@ -775,7 +854,8 @@ mod tests {
     fn only_a_holders_owner_or_root_has_its_key() {
         let tmp = tempfile::tempdir().unwrap();
         let shared = daemon(tmp.path(), ServeSettings::default());
-        let config = &shared.config;
+        let config = shared.config();
+        let config = &*config;
         alices_hold(config, "res", "0");
         let (record, key) = key_for(config, caller(1001), "res").unwrap();
         assert_eq!(record.id, "res");
@@ -796,7 +876,8 @@ mod tests {
     fn a_user_releases_only_their_own_holder_and_a_refusal_is_audited() {
         let tmp = tempfile::tempdir().unwrap();
         let shared = daemon(tmp.path(), ServeSettings::default());
-        let config = &shared.config;
+        let config = shared.config();
+        let config = &*config;
         alices_hold(config, "res", "0");
         let nobody = caller(NOBODY);
         let outcome = release_for(config, nobody, "res", false, Match::Shown);
@@ -864,7 +945,8 @@ mod tests {
         }
         let tmp = tempfile::tempdir().unwrap();
         let shared = daemon(tmp.path(), ServeSettings::default());
-        let config = &shared.config;
+        let config = shared.config();
+        let config = &*config;
         let me = caller(0);
         let pairs = [("gpupin.count".to_string(), "1".to_string())];
         let (request, holder) = exec::job_request(&pairs, Some("j1"), me.pid).unwrap();
@@ -918,12 +1000,10 @@ mod tests {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
-        let mut shared = daemon(tmp.path(), ServeSettings::default());
-        Arc::get_mut(&mut shared)
-            .unwrap()
-            .config
-            .limits
-            .max_gpus_per_user = Some(2);
+        let shared = daemon(tmp.path(), ServeSettings::default());
+        let mut limited = (*shared.config()).clone();
+        limited.limits.max_gpus_per_user = Some(2);
+        *shared.config.write().unwrap() = Arc::new(limited);
         let mut theirs = nobodys_process();
         let mut roots = std::process::Command::new("sleep")
             .arg("30")
@@ -1006,7 +1086,7 @@ mod tests {
                 .uid,
             NOBODY
         );
-        let ledger = Ledger::for_config(&shared.config).unwrap();
+        let ledger = Ledger::for_config(&shared.config()).unwrap();
         let mut held: Vec<String> = ledger
             .records()
             .unwrap()
