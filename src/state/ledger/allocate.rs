@@ -308,12 +308,29 @@ fn not_enough_error(
     let fitting = fit.iter().filter(|f| f.is_ok()).count();
     let mut detail = fit_detail(request, machine, fitting, scope);
     detail.push_str(&foreign_detail(machine, all, fit));
+    detail.push_str(&wait_hint(request));
     LedgerError::NotEnoughFree {
         id: holder.to_string(),
         wanted,
         held,
         total: gpus.len(),
         detail,
+    }
+}
+
+/// `; add gpupin.wait=10m to wait until they free up`, in the requester's words (the
+/// label or annotation, `GPUPIN_WAIT`, `--wait 10m`), for a request that did not ask to
+/// wait: a refusal for lack of GPUs is where people learn that they can.
+fn wait_hint(request: &GpuRequest) -> String {
+    if request.wait.is_some() {
+        return String::new();
+    }
+    let key = crate::input::request::Key::Wait.name(request.origin);
+    match request.origin {
+        crate::input::request::Origin::Cli => {
+            format!("; add {key} 10m to wait until they free up")
+        }
+        _ => format!("; add {key}=10m to wait until they free up"),
     }
 }
 

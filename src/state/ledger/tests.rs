@@ -63,7 +63,7 @@ fn allocates_distinct_gpus_until_none_is_free() {
         .to_string();
     assert_eq!(
         err,
-        "cannot allocate 2 GPUs for b: 3 of 4 GPUs held, 1 free"
+        "cannot allocate 2 GPUs for b: 3 of 4 GPUs held, 1 free; add gpupin.wait=10m to wait until they free up"
     );
     assert_eq!(
         snapshot(&l),
@@ -478,7 +478,9 @@ fn model_and_memory_filters_narrow_the_choice() {
     r.model = Some("H100".into());
     let err = l.allocate(&id("c"), &r, &m, me()).unwrap_err().to_string();
     assert!(
-        err.ends_with("0 free; 0 can take gpupin.model=H100"),
+        err.ends_with(
+            "0 free; 0 can take gpupin.model=H100; add gpupin.wait=10m to wait until they free up"
+        ),
         "{err}"
     );
 }

@@ -112,7 +112,7 @@ fn a_nested_request_takes_from_its_holders_gpus_not_the_free_pool() {
         .unwrap_err();
     assert_eq!(
         one_line(&err),
-        "cannot allocate 1 GPU for c3: 2 of 8 GPUs held, 6 free; 0 can take within slurm-42"
+        "cannot allocate 1 GPU for c3: 2 of 8 GPUs held, 6 free; 0 can take within slurm-42; add gpupin.wait=10m to wait until they free up"
     );
     // The free pool is untouched by the nested holders: the hold has 5 and 6 already.
     let free = l.allocate(&id("c4"), &count(6), &m, container()).unwrap();
@@ -399,7 +399,7 @@ fn a_groups_gpus_are_the_only_ones_its_members_get() {
         .unwrap_err();
     assert_eq!(
         one_line(&err),
-        "cannot allocate 1 GPU for s2: 2 of 8 GPUs held, 6 free; 0 can take the GPUs sue's groups may use"
+        "cannot allocate 1 GPU for s2: 2 of 8 GPUs held, 6 free; 0 can take the GPUs sue's groups may use; add --wait 10m to wait until they free up"
     );
     let err = l
         .allocate(
