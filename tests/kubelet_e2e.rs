@@ -31,6 +31,10 @@ use std::time::{Duration, Instant};
 
 const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 
+/// The plugin's `--reconcile-grace`: a holder is released once every PodResources `List`
+/// for this long has left it out.
+const GRACE: Duration = Duration::from_secs(10);
+
 /// The plugin process (`gpupin device-plugin`), SIGKILLed if still running when dropped.
 struct Plugin {
     child: Child,
@@ -45,10 +49,11 @@ impl Plugin {
             .arg("device-plugin")
             .arg("--pod-resources-socket")
             .arg(pod_resources)
-            // A pod's holder is released by the reconcile once the kubelet no longer
-            // lists it and it is older than the grace.
-            .args(["--poll-interval", "200ms", "--reconcile-interval", "1s"])
-            .args(["--reconcile-grace", "5s"])
+            // A pod's holder is released by the reconcile once the kubelet has not listed
+            // it for the grace.
+            .args(["--poll-interval", "200ms", "--reconcile-interval", "200ms"])
+            .arg("--reconcile-grace")
+            .arg(format!("{}s", GRACE.as_secs()))
             .env("GPUPIN_LOG", "debug")
             .stdin(Stdio::null())
             .stderr(
@@ -429,6 +434,7 @@ fn a_real_kubelet_gives_pods_the_gpus_gpupin_records() {
 
     // A pod asking for 4 gets exactly the 4 free healthy GPUs: never a held one.
     let (d, allocate_d) = start_pod(&mut world, "trainer-d", 4);
+    let d_started = Instant::now();
     let d_gpus = given(&world, &d, &minors);
     let expected: Vec<String> = healthy
         .iter()
@@ -455,6 +461,37 @@ fn a_real_kubelet_gives_pods_the_gpus_gpupin_records() {
     );
     let holders: BTreeSet<Vec<String>> = plugin_holders(&world).into_values().collect();
     assert_eq!(holders, BTreeSet::from([b_gpus.clone(), d_gpus.clone()]));
+    // The kubelet restarts (its pods run on): it finds the plugin again, lists the pods
+    // again, and the holders of the running pods stay: a kubelet coming back is not a
+    // pod going away.
+    // Every holder older than the grace first, so that the age of none protects it.
+    std::thread::sleep(
+        (d_started + GRACE + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
+    );
+    world.kubelet.restart();
+    world
+        .kubelet
+        .wait("registration of the plugin with the new kubelet", |k| {
+            k.metric("kubelet_device_plugin_registration_total") >= 1.0
+        });
+    let pods = PodResources::new(&pod_resources_socket);
+    let mut running_pods = vec![
+        b_entry.clone(),
+        (static_pod("trainer-d"), "main".to_string(), d_gpus.clone()),
+    ];
+    running_pods.sort();
+    wait_for(
+        "the new kubelet listing pods b and d",
+        || (pods.list() == running_pods).then_some(()),
+        || format!("{}\nplugin:\n{}", world.kubelet.tail(), plugin.log()),
+    );
+    let holders: BTreeSet<Vec<String>> = plugin_holders(&world).into_values().collect();
+    assert_eq!(
+        holders,
+        BTreeSet::from([b_gpus.clone(), d_gpus.clone()]),
+        "plugin log:\n{}",
+        plugin.log()
+    );
     let (e, allocate_e) = start_pod(&mut world, "trainer-e", 2);
     let e_gpus = given(&world, &e, &minors);
     assert_eq!(e_gpus, outside, "the only free GPUs");

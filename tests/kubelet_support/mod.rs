@@ -175,6 +175,8 @@ fn free_port() -> u16 {
 /// The kubelet process, killed when dropped.
 pub struct Kubelet {
     child: Child,
+    binary: PathBuf,
+    config_file: PathBuf,
     pub root: PathBuf,
     pub manifests: PathBuf,
     log: PathBuf,
@@ -207,7 +209,8 @@ impl Kubelet {
             "authorization": {"mode": "AlwaysAllow"},
             // This VM's cgroup layout is v1 (hybrid); the kubelet refuses it by default.
             "failCgroupV1": false,
-            // containerd 1.6's runc runtime uses cgroupfs unless told SystemdCgroup.
+            // containerd's runc runtime uses cgroupfs unless told SystemdCgroup (2.x
+            // also says so through the CRI's RuntimeConfig; 1.6 lacks it).
             "cgroupDriver": "cgroupfs",
             // No QoS cgroup tree of the kubelet's own on the host.
             "cgroupsPerQOS": false,
@@ -232,35 +235,36 @@ impl Kubelet {
         )
         .trim()
         .to_string();
-        let child = Command::new(binary)
-            .arg("--config")
-            .arg(&config_file)
-            .arg("--root-dir")
-            .arg(&root)
-            .arg("--cert-dir")
-            .arg(root.join("pki"))
-            .arg("--hostname-override")
-            .arg(NODE)
-            // Level 4: the device manager's GetPreferredAllocation and Allocate lines.
-            .arg("-v=4")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("starting the kubelet");
         let mut kubelet = Kubelet {
-            child,
+            child: spawn(binary, &config_file, &root, &log),
+            binary: binary.to_path_buf(),
+            config_file,
             root,
             manifests,
             log,
             read_only_port,
             version,
         };
-        kubelet.wait("its device manager and read-only port", |k| {
+        kubelet.wait_ready();
+        kubelet
+    }
+
+    /// Until its device manager serves `Registration` and its read-only port answers.
+    fn wait_ready(&mut self) {
+        self.wait("its device manager and read-only port", |k| {
             Path::new(PLUGIN_DIR).join("kubelet.sock").exists()
                 && k.get("/healthz").is_some_and(|h| h == "ok")
         });
-        kubelet
+    }
+
+    /// Stops the kubelet and starts it again with the same config, root dir and log, as
+    /// `systemctl restart kubelet` does; its pods' containers run on meanwhile.
+    pub fn restart(&mut self) {
+        self.stop();
+        // The new kubelet serves its own: waiting for it means waiting for that one.
+        let _ = std::fs::remove_file(Path::new(PLUGIN_DIR).join("kubelet.sock"));
+        self.child = spawn(&self.binary, &self.config_file, &self.root, &self.log);
+        self.wait_ready();
     }
 
     /// The kubelet's log (klog lines).
@@ -392,6 +396,31 @@ impl Drop for Kubelet {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The kubelet process, its log appended to `log`.
+fn spawn(binary: &Path, config_file: &Path, root: &Path, log: &Path) -> Child {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Command::new(binary)
+        .arg("--config")
+        .arg(config_file)
+        .arg("--root-dir")
+        .arg(root)
+        .arg("--cert-dir")
+        .arg(root.join("pki"))
+        .arg("--hostname-override")
+        .arg(NODE)
+        // Level 4: the device manager's GetPreferredAllocation and Allocate lines.
+        .arg("-v=4")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting the kubelet")
 }
 
 /// The full name of static pod `name` on this node.
