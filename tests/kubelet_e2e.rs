@@ -496,8 +496,51 @@ fn a_real_kubelet_gives_pods_the_gpus_gpupin_records() {
     let e_gpus = given(&world, &e, &minors);
     assert_eq!(e_gpus, outside, "the only free GPUs");
 
+    // Pods b and d deleted, and at once a pod asking for 3 (every other GPU is e's):
+    // the kubelet gives it GPUs of d before the reconcile has released d's holder (its
+    // grace has not passed); that Allocate releases the holders it overlaps, and the new
+    // pod's holder holds exactly its GPUs.
+    for pod in ["trainer-b", "trainer-d"] {
+        world.kubelet.remove_pod(pod);
+    }
+    for pod in ["trainer-b", "trainer-d"] {
+        wait_for(
+            &format!("pod {pod} stopped"),
+            || {
+                cri::sandboxes(&world.node.cri)
+                    .iter()
+                    .filter(|s| s.labels.get(cri::POD_NAME) == Some(&static_pod(pod)))
+                    .all(|s| s.state != cri::SANDBOX_READY)
+                    .then_some(())
+            },
+            || world.kubelet.tail(),
+        );
+    }
+    let (f, allocate_f) = start_pod(&mut world, "trainer-f", 3);
+    let f_gpus = given(&world, &f, &minors);
+    assert!(f_gpus.iter().all(|g| !e_gpus.contains(g)), "{f_gpus:?}");
+    let holders = plugin_holders(&world);
+    for (id, gpus) in &holders {
+        if gpus != &f_gpus && gpus != &e_gpus {
+            assert!(
+                gpus.iter().all(|g| !f_gpus.contains(g)),
+                "{id} still holds GPUs of pod f ({f_gpus:?}): {holders:#?}"
+            );
+        }
+    }
+    assert!(holders.values().any(|g| g == &f_gpus), "{holders:#?}");
+    // Which way the old holders went (a slow machine may let the reconcile come first).
+    let by_allocate = plugin
+        .log()
+        .lines()
+        .filter(|l| l.contains("the kubelet gives its GPUs to another container"))
+        .count();
+    harness::say(&format!(
+        "{test}: holders released at pod f's Allocate: {by_allocate}"
+    ));
+
     // Every pod gone: every holder of the plugin released.
-    for pod in ["trainer-b", "trainer-d", "trainer-e"] {
+    for pod in ["trainer-e", "trainer-f"] {
         world.kubelet.remove_pod(pod);
     }
     wait_for(
@@ -508,7 +551,7 @@ fn a_real_kubelet_gives_pods_the_gpus_gpupin_records() {
 
     // The latencies as the kubelet saw them.
     let preferred = preferred_allocation_latencies(&world.kubelet.log());
-    let allocate = [allocate_a, allocate_b, allocate_d, allocate_e];
+    let allocate = [allocate_a, allocate_b, allocate_d, allocate_e, allocate_f];
     harness::say(&format!(
         "{test}: kubelet GetPreferredAllocation (log lines, {} calls): {}",
         preferred.len(),
@@ -519,7 +562,7 @@ fn a_real_kubelet_gives_pods_the_gpus_gpupin_records() {
             .join(", ")
     ));
     harness::say(&format!(
-        "{test}: kubelet Allocate (kubelet_device_plugin_alloc_duration_seconds, pods a b d e): {}",
+        "{test}: kubelet Allocate (kubelet_device_plugin_alloc_duration_seconds, pods a b d e f): {}",
         allocate
             .iter()
             .map(|s| ms(*s))

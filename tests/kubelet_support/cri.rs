@@ -53,6 +53,7 @@ pub struct Container {
 }
 
 pub const CONTAINER_RUNNING: i32 = 1;
+pub const SANDBOX_READY: i32 = 0;
 
 pub fn sandboxes(cri: &Cri) -> Vec<PodSandbox> {
     let answer: ListPodSandboxResponse = cri
