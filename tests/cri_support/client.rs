@@ -38,7 +38,7 @@ impl Cri {
     }
 
     /// `/runtime.v1.RuntimeService/METHOD` with `request`.
-    fn call<Q, A>(&self, method: &str, request: Q) -> Result<A, tonic::Status>
+    pub fn call<Q, A>(&self, method: &str, request: Q) -> Result<A, tonic::Status>
     where
         Q: prost::Message + Send + Sync + 'static,
         A: prost::Message + Default + Send + Sync + 'static,

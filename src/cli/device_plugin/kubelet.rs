@@ -211,22 +211,31 @@ async fn poll(
 }
 
 /// At start and every `timing.reconcile`: releases the plugin's holders that no pod
-/// holds. A failed `List` releases nothing.
+/// has held in any `List` for `timing.grace`. A failed `List` releases nothing.
 async fn reconcile_loop(config: Arc<Config>, endpoints: Endpoints, timing: Timing) {
     // Said once until the kubelet answers again, not at every round.
     let mut failing = false;
+    // Since when each holder has been left out of every List (kept across rounds).
+    let mut unlisted = reconcile::Unlisted::default();
     loop {
         match assigned(&endpoints).await {
             Ok(assigned) => {
                 failing = false;
                 let config = config.clone();
+                let mut seen = unlisted.clone();
                 let released = tokio::task::spawn_blocking(move || {
                     let ledger = gpupin::state::open_ledger(&config)?;
-                    reconcile::release_unassigned(&ledger, &assigned, timing.grace)
+                    let released =
+                        reconcile::release_unassigned(&ledger, &assigned, timing.grace, &mut seen);
+                    released.map(|_| seen)
                 })
                 .await;
-                if let Ok(Err(err)) = released {
-                    tracing::warn!(error = %gpupin::base::message::one_line(&err), "reconcile");
+                match released {
+                    Ok(Ok(seen)) => unlisted = seen,
+                    Ok(Err(err)) => {
+                        tracing::warn!(error = %gpupin::base::message::one_line(&err), "reconcile")
+                    }
+                    Err(_) => {}
                 }
             }
             Err(_) if failing => {}

@@ -50,8 +50,9 @@ pub struct DevicePluginArgs {
     /// How often the kubelet is asked which GPUs its pods still hold
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration())]
     pub reconcile_interval: Duration,
-    /// How old a holder must be before the reconcile may release it (the kubelet lists a
-    /// container's devices only after Allocate returns)
+    /// How long every List must have left a holder out before the reconcile releases it
+    /// (the kubelet lists a container's devices only after Allocate returns, and a kubelet
+    /// that has just restarted lists none for a moment)
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = super::flag::grace())]
     pub reconcile_grace: Duration,
 }
