@@ -7,7 +7,7 @@ mod table;
 
 use crate::host::inventory::{Inventory, Live};
 use crate::host::whose::Seen;
-use crate::state::ledger::{Record, holders_of};
+use crate::state::ledger::{Record, Waiting, holders_of};
 use serde_json::{Value, json};
 use std::fmt::Write;
 use std::time::{Duration, SystemTime};
@@ -34,6 +34,62 @@ pub struct Status<'a> {
     pub processes: Option<&'a [Vec<Seen>]>,
     /// Why there are no live figures though a source has them, in one line.
     pub live_error: Option<&'a str>,
+    /// The requests waiting for GPUs, oldest first.
+    pub waiting: &'a [Waiting],
+}
+
+/// `gpupin queue` (and the queue in `gpupin status`): one row per waiting request, in
+/// the order they will be served: position, the name people know it by, whose it is,
+/// what it asked for, how long it has waited. A request held back only by its own user's
+/// limit is `parked` (nobody waits behind it).
+pub fn queue_table(waiting: &[Waiting], now: SystemTime, colour: bool) -> String {
+    let header = ["WAITING", "HOLDER", "USER", "REQUEST", "WAITED"];
+    let mut rows: Vec<Vec<Cell>> = vec![header.map(Cell::from).to_vec()];
+    for (position, w) in waiting.iter().enumerate() {
+        let place = match w.parked {
+            true => format!("{} parked", position + 1),
+            false => (position + 1).to_string(),
+        };
+        rows.push(vec![
+            Cell::from(place),
+            Cell::from(w.name.clone().unwrap_or_else(|| w.holder.clone())),
+            Cell::from(w.user.clone().unwrap_or_else(|| "-".into())),
+            Cell::from(w.request.clone()),
+            Cell::from(waited(w, now)),
+        ]);
+    }
+    let text = table::fitted(&rows, STATUS_WIDTH, &[(1, 16), (3, 12)]);
+    paint_if(colour, text, &[Style::Header])
+}
+
+/// The queue as JSON: the fields of `queue_table`, the wait in seconds.
+pub fn queue_json(waiting: &[Waiting], now: SystemTime) -> Value {
+    let list: Vec<Value> = waiting
+        .iter()
+        .enumerate()
+        .map(|(position, w)| {
+            json!({
+                "position": position + 1,
+                "holder": w.holder,
+                "name": w.name,
+                "user": w.user,
+                "request": w.request,
+                "waited_s": waited_secs(w, now),
+                "parked": w.parked,
+            })
+        })
+        .collect();
+    Value::Array(list)
+}
+
+fn waited_secs(w: &Waiting, now: SystemTime) -> u64 {
+    let since = std::time::UNIX_EPOCH + Duration::from_secs(w.queued_at);
+    now.duration_since(since).map_or(0, |d| d.as_secs())
+}
+
+/// `1m 20s`: how long a request has waited, to the second.
+fn waited(w: &Waiting, now: SystemTime) -> String {
+    humantime::format_duration(Duration::from_secs(waited_secs(w, now))).to_string()
 }
 
 /// `gpupin status --json` without live figures. `grace`: how long a holder may go
@@ -57,6 +113,7 @@ impl<'a> Status<'a> {
             live: None,
             processes: None,
             live_error: None,
+            waiting: &[],
         }
     }
 
@@ -120,6 +177,7 @@ impl<'a> Status<'a> {
             "holders": self.records.iter().map(|r| holder::json(r, now, self.grace)).collect::<Vec<_>>(),
             "foreign": self.foreign(&running),
             "live_error": self.live_error,
+            "waiting": queue_json(self.waiting, now),
         })
     }
 
@@ -166,7 +224,14 @@ impl<'a> Status<'a> {
                 live::FOREIGN
             );
         }
+        if !self.waiting.is_empty() {
+            let _ = write!(out, ", {} waiting", self.waiting.len());
+        }
         let _ = writeln!(out, " ({})", self.inventory.source);
+        if !self.waiting.is_empty() {
+            out.push('\n');
+            out.push_str(&queue_table(self.waiting, now, colour));
+        }
         if let Some(error) = self.live_error {
             let _ = writeln!(out, "no live figures: {error}");
         }

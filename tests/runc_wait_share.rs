@@ -64,6 +64,37 @@ fn waiting_containers_start_in_arrival_order_as_gpus_free_up() {
             !third.is_finished() && !fourth.is_finished(),
             "both wait while 2 of 2 GPUs are held"
         );
+        // The queue, as an admin sees it: in `gpupin queue` and in `gpupin status`.
+        let queue = gpupin_sandbox::harness::stdout(&sb.gpupin.run(&["queue"], ""));
+        let rows: Vec<Vec<&str>> = queue
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 2, "{queue}");
+        for (row, (position, name)) in rows.iter().zip([("1", "-third"), ("2", "-fourth")]) {
+            assert!(
+                row[0] == position && row[1].ends_with(name) && row[2..4] == ["-", "count=1"],
+                "{queue}"
+            );
+        }
+        let status = sb.gpupin.status();
+        let waiting: Vec<&str> = status["waiting"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["holder"].as_str().unwrap())
+            .collect();
+        assert!(
+            waiting.len() == 2 && waiting[0].ends_with("-third") && waiting[1].ends_with("-fourth"),
+            "{waiting:?}"
+        );
+        let table = gpupin_sandbox::harness::stdout(&sb.gpupin.run(&["status"], ""));
+        assert!(
+            table.contains("0 of 2 GPUs free, 2 holders, 2 waiting"),
+            "{table}"
+        );
+        assert!(table.contains("WAITING"), "{table}");
 
         first.stop().unwrap();
         let third = third

@@ -27,6 +27,7 @@ pub mod logging;
 mod metrics;
 mod nvml;
 mod pick;
+mod queue;
 mod release;
 mod request_args;
 mod serve;
@@ -61,6 +62,8 @@ pub enum Command {
     Inventory(inventory::InventoryArgs),
     /// Show which GPUs are held, by whom, since when
     Status(status::StatusArgs),
+    /// Show the requests waiting for GPUs, in the order they will be served
+    Queue(queue::QueueArgs),
     /// Show which GPUs a request would get now, without allocating
     Pick(pick::PickArgs),
     /// Run a command on GPUs of the ledger, confined to them, released when it ends
@@ -249,6 +252,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(&config, &args),
         Command::Inventory(args) => inventory::run(&config, &args),
         Command::Status(args) => status::run(&config, &args),
+        Command::Queue(args) => queue::run(&config, &args),
         Command::Pick(args) => pick::run(&config, &args),
         Command::Gc => gc::run(&config),
         Command::Release(args) => release::run(&config, &args),

@@ -84,6 +84,7 @@ struct Screen {
     grace: Duration,
     inventory: Inventory,
     records: Vec<gpupin::state::ledger::Record>,
+    waiting: Vec<gpupin::state::ledger::Waiting>,
     live: Option<Vec<Live>>,
     processes: Option<Vec<Vec<Seen>>>,
     live_error: Option<String>,
@@ -92,7 +93,9 @@ struct Screen {
 impl Screen {
     fn read(config: &Config) -> anyhow::Result<Screen> {
         let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
-        let records = Ledger::read_only_for_config(config)?.records()?;
+        let ledger = Ledger::read_only_for_config(config)?;
+        let records = ledger.records()?;
+        let waiting = ledger.waiting()?;
         // Fresh figures, not the allocations' snapshot cache: a person watching wants
         // now, and may not write the state dir.
         let file = config.live_file.as_deref();
@@ -106,6 +109,7 @@ impl Screen {
             grace: config.claim_grace,
             inventory,
             records,
+            waiting,
             live,
             processes,
             live_error,
@@ -117,6 +121,7 @@ impl Screen {
             live: self.live.as_deref(),
             processes: self.processes.as_deref(),
             live_error: self.live_error.as_deref(),
+            waiting: &self.waiting,
             ..Status::new(&self.inventory, &self.records, self.grace)
         }
     }

@@ -222,6 +222,35 @@ pub struct GpuRequest {
 }
 
 impl GpuRequest {
+    /// `count=2 policy=pack memory=40GiB`: the request in a few words, as `gpupin queue`
+    /// and `status` show what a waiter asked for.
+    pub fn summary(&self) -> String {
+        let mut words = vec![match &self.selection {
+            Selection::Count(n) => format!("count={n}"),
+            Selection::All => "count=all".to_string(),
+            Selection::Devices(list) => format!("devices={}", list.join(",")),
+        }];
+        if let Some(policy) = self.policy {
+            words.push(format!("policy={policy}"));
+        }
+        if let Some(memory) = self.memory {
+            words.push(format!(
+                "memory={}",
+                crate::base::units::format_size(memory)
+            ));
+        }
+        if let Some(model) = &self.model {
+            words.push(format!("model={model}"));
+        }
+        if self.share == Share::Shared {
+            words.push("shared".into());
+        }
+        if let Some(within) = &self.within {
+            words.push(format!("within={within}"));
+        }
+        words.join(" ")
+    }
+
     /// A request for `selection` with every option at its default.
     pub fn new(selection: Selection, origin: Origin) -> GpuRequest {
         GpuRequest {
@@ -678,6 +707,29 @@ fn parse_policy(key: &str, value: &str) -> Result<PolicyName, RequestError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_summary_names_what_was_asked_in_few_words() {
+        let pairs = [
+            ("gpupin.count", "2"),
+            ("gpupin.policy", "pack"),
+            ("gpupin.memory", "40GiB"),
+            ("gpupin.model", "H100"),
+        ];
+        let r = from_pairs(&pairs, Origin::Annotations).unwrap().unwrap();
+        assert_eq!(r.summary(), "count=2 policy=pack memory=40GiB model=H100");
+        let r = from_pairs(
+            &[("gpupin.devices", "0,3"), ("gpupin.share", "shared")],
+            Origin::Annotations,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.summary(), "devices=0,3 shared");
+        let r = from_pairs(&[("gpupin.count", "all")], Origin::Annotations)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.summary(), "count=all");
+    }
     use super::*;
 
     #[test]

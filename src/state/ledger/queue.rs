@@ -48,14 +48,30 @@ pub(super) struct Ticket {
     /// Held back only by its own user's limit: in no one's way (see the module's doc).
     #[serde(default)]
     pub parked: bool,
+    /// What `gpupin queue` and `status` show of the waiter: the name people know it by
+    /// (a container's), whose it is, and what it asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub request: String,
 }
 
-/// A request waiting in the queue, for `gpupin metrics` and `status`.
+/// A request waiting in the queue, for `gpupin queue`, `status` and `metrics`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waiting {
     pub holder: String,
     /// Seconds since the Unix epoch.
     pub queued_at: u64,
+    /// A container's name where its engine told it.
+    pub name: Option<String>,
+    /// The user it is for (containers have none).
+    pub user: Option<String>,
+    /// `GpuRequest::summary`.
+    pub request: String,
+    /// Held back only by its own user's limit: nobody waits behind it.
+    pub parked: bool,
 }
 
 impl Ticket {
@@ -150,6 +166,7 @@ fn anyone_ahead(dir: &Path, own: &Ticket) -> Result<bool, LedgerError> {
 pub(super) fn enqueue(
     dir: &Path,
     holder: &HolderId,
+    request: &GpuRequest,
     waiter: i32,
     meta: &HolderMeta,
     max_waiting: u32,
@@ -186,6 +203,9 @@ pub(super) fn enqueue(
         queued_at: super::record::unix_now(),
         uid,
         parked: false,
+        name: meta.container.as_ref().and_then(|c| c.name.clone()),
+        user: meta.owner.as_ref().map(|o| o.user.clone()),
+        request: request.summary(),
     };
     write_ticket(&qdir, &ticket)?;
     Ok(ticket)
@@ -269,6 +289,10 @@ impl Ledger {
             .map(|t| Waiting {
                 holder: t.id,
                 queued_at: t.queued_at,
+                name: t.name,
+                user: t.user,
+                request: t.request,
+                parked: t.parked,
             })
             .collect())
     }
@@ -301,7 +325,7 @@ impl Ledger {
             // The ticket lives as long as the process that waits (`gpupin serve` itself
             // for its callers, whose connection `still_wanted` watches).
             let waiter = std::process::id() as i32;
-            let mut ticket = enqueue(&self.dir, holder, waiter, &meta, max_waiting)?;
+            let mut ticket = enqueue(&self.dir, holder, request, waiter, &meta, max_waiting)?;
             // The first look under the same lock: a waiter held back by its own limit is
             // parked before anyone could count it as ahead.
             match self.look(&mut ticket, holder, request, machine, &meta) {

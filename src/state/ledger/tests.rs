@@ -730,7 +730,15 @@ fn every_file_and_directory_gets_its_mode_whatever_the_umask() {
     rustix::process::umask(rustix::fs::Mode::empty());
     let (_t, l) = ledger();
     alloc(&l, "a").unwrap();
-    let ticket = queue::enqueue(l.dir(), &id("w"), std::process::id() as i32, &me(), 4).unwrap();
+    let ticket = queue::enqueue(
+        l.dir(),
+        &id("w"),
+        &count(1),
+        std::process::id() as i32,
+        &me(),
+        4,
+    )
+    .unwrap();
     let d = l.dir();
     for (path, mode) in [
         (d.to_path_buf(), 0o755),

@@ -283,6 +283,9 @@ fn the_ticket_of_a_dead_waiter_blocks_no_one() {
         queued_at: 0,
         uid: None,
         parked: false,
+        name: None,
+        user: None,
+        request: String::new(),
     };
     let path = l.dir().join("queue").join(format!("{:020}-killed.json", 0));
     std::fs::write(&path, serde_json::to_vec(&ticket).unwrap()).unwrap();
@@ -298,8 +301,8 @@ fn each_ticket_sorts_after_every_earlier_one() {
     let me = std::process::id() as i32;
     let _lock = store::lock(l.dir()).unwrap();
     // Ids in reverse name order: only the seq can put "b" first.
-    let first = queue::enqueue(l.dir(), &id("b"), me, &container(), 4).unwrap();
-    let second = queue::enqueue(l.dir(), &id("a"), me, &container(), 4).unwrap();
+    let first = queue::enqueue(l.dir(), &id("b"), &count(1), me, &container(), 4).unwrap();
+    let second = queue::enqueue(l.dir(), &id("a"), &count(1), me, &container(), 4).unwrap();
     assert!(second.seq > first.seq, "{} then {}", first.seq, second.seq);
     let order: Vec<String> = queue::live_tickets(l.dir())
         .unwrap()
@@ -432,6 +435,11 @@ fn the_waiting_requests_are_listed_oldest_first() {
     let mut waiters = Vec::new();
     for (n, name) in ["first", "second"].into_iter().enumerate() {
         let mut meta = container();
+        meta.container = Some(crate::model::holder::ContainerInfo {
+            engine: Some("docker".into()),
+            name: Some(format!("web-{name}")),
+            image: None,
+        });
         hang_ups.push(caller(&mut meta));
         let limits = Limits::default();
         waiters.push(wait_in_thread(
@@ -447,6 +455,12 @@ fn the_waiting_requests_are_listed_oldest_first() {
     let waiting = l.waiting().unwrap();
     let holders: Vec<&str> = waiting.iter().map(|w| w.holder.as_str()).collect();
     assert_eq!(holders, ["first", "second"]);
+    let names: Vec<Option<&str>> = waiting.iter().map(|w| w.name.as_deref()).collect();
+    assert_eq!(names, [Some("web-first"), Some("web-second")]);
+    assert!(
+        waiting.iter().all(|w| w.request == "count=1" && !w.parked),
+        "{waiting:?}"
+    );
     assert!(waiting.iter().all(|w| w.queued_at >= before), "{waiting:?}");
     for open in &hang_ups {
         open.store(false, Ordering::SeqCst);
