@@ -10,11 +10,14 @@
 //! rewrite its slot's config (e.g. `runtime = wrapper`) without reloading dockerd.
 //!
 //! The skip rule, the rootfs, PATH lookups, status queries and the GPU-node filter are
-//! gpupin-sandbox's, shared with the other suites.
+//! gpupin-sandbox's, shared with the other suites; so is the engines' generation
+//! (`GPUPIN_ENGINES=modern`: dockerd 29, its containerd 2.x and runc 1.5, compose v5 from
+//! the peers' cache, see `harness::engines`), which every docker/dockerd/compose command
+//! here runs with.
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
-use gpupin_sandbox::harness::{self, status};
+use gpupin_sandbox::harness::{self, engines, status};
 #[allow(unused_imports)] // like dead_code above: not every test binary says something
 pub use gpupin_sandbox::harness::{gpu_nodes, say, text};
 use gpupin_sandbox::{build_busybox_rootfs, find_on_path, find_static_busybox, is_root};
@@ -76,6 +79,9 @@ pub fn missing(need: Need) -> Option<String> {
     if need == Need::Compose {
         tools.push("docker-compose");
     }
+    if let Err(reason) = engines::check(&tools) {
+        return Some(reason);
+    }
     let absent: Vec<_> = tools
         .into_iter()
         .filter(|t| find_on_path(t).is_none())
@@ -100,6 +106,7 @@ static DOCKERD: Mutex<Option<(Child, PathBuf)>> = Mutex::new(None);
 
 impl Harness {
     fn launch() -> Harness {
+        harness::announce_engines();
         reap_stale_instances();
         let dir = tempfile::Builder::new()
             .prefix(DIR_PREFIX)
@@ -180,9 +187,9 @@ impl Harness {
         let path = format!(
             "{}:{}",
             self.bin.display(),
-            std::env::var("PATH").unwrap_or_default()
+            engines::path().to_string_lossy()
         );
-        let child = Command::new("dockerd")
+        let child = engines::command("dockerd")
             .arg("--data-root")
             .arg(d.join("root"))
             .arg("--exec-root")
@@ -255,14 +262,14 @@ impl Harness {
 
     /// `docker` talking to this harness's dockerd.
     pub fn docker(&self) -> Command {
-        let mut cmd = Command::new("docker");
+        let mut cmd = engines::command("docker");
         cmd.env("DOCKER_HOST", &self.host);
         cmd
     }
 
     /// `docker-compose -p PROJECT -f FILE` against this dockerd.
     pub fn compose(&self, project: &str, file: &Path) -> Command {
-        let mut cmd = Command::new("docker-compose");
+        let mut cmd = engines::command("docker-compose");
         cmd.env("DOCKER_HOST", &self.host)
             .arg("-p")
             .arg(project)
@@ -533,7 +540,7 @@ extern "C" fn stop_dockerd() {
 }
 
 fn remove_all_containers(host: &str) {
-    let Ok(out) = Command::new("docker")
+    let Ok(out) = engines::command("docker")
         .env("DOCKER_HOST", host)
         .args(["ps", "-aq"])
         .output()
@@ -545,7 +552,7 @@ fn remove_all_containers(host: &str) {
         .map(String::from)
         .collect();
     if !ids.is_empty() {
-        let _ = Command::new("docker")
+        let _ = engines::command("docker")
             .env("DOCKER_HOST", host)
             .arg("rm")
             .arg("-f")
