@@ -146,6 +146,19 @@ impl Pod<'_> {
         env: &[(&str, &str)],
         command: &[&str],
     ) -> Result<String, tonic::Status> {
+        self.create_container_with(name, env, command, &[], &[])
+    }
+
+    /// `create_container` with the container's own annotations and CDI devices (the CRI
+    /// fields the kubelet fills from a device plugin's answer).
+    pub fn create_container_with(
+        &self,
+        name: &str,
+        env: &[(&str, &str)],
+        command: &[&str],
+        annotations: &[(&str, &str)],
+        cdi_devices: &[&str],
+    ) -> Result<String, tonic::Status> {
         let config = ContainerConfig {
             metadata: Some(ContainerMetadata {
                 name: name.into(),
@@ -167,7 +180,16 @@ impl Pod<'_> {
                     value: value.to_string(),
                 })
                 .collect(),
-            ..ContainerConfig::default()
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            cdi_devices: cdi_devices
+                .iter()
+                .map(|name| CdiDevice {
+                    name: name.to_string(),
+                })
+                .collect(),
         };
         self.node
             .cri
