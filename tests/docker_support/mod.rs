@@ -652,7 +652,14 @@ fn read_pid(file: &Path) -> Option<i32> {
 }
 
 /// The binaries that start a dockerd here: cargo names them `<target>-<hash>`.
-const OWNERS: [&str; 3] = ["docker_e2e", "docker_start", "cdi_docker"];
+const OWNERS: [&str; 6] = [
+    "docker_e2e",
+    "docker_start",
+    "cdi_docker",
+    "docker_cdi",
+    "docker_foreign",
+    "toolkit_runtime",
+];
 
 /// The pid in `file` is alive and is a test or bench binary, or dockerd (not a reused
 /// pid).
