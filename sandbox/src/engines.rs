@@ -46,10 +46,14 @@ pub fn generation() -> Generation {
 }
 
 fn asked() -> Result<Generation, String> {
-    match std::env::var(ENGINES_ENV).as_deref() {
-        Err(_) | Ok("") | Ok("debian") => Ok(Generation::Debian),
-        Ok("modern") => Ok(Generation::Modern),
-        Ok(other) => Err(format!(
+    parse(std::env::var(ENGINES_ENV).ok().as_deref())
+}
+
+fn parse(value: Option<&str>) -> Result<Generation, String> {
+    match value {
+        None | Some("") | Some("debian") => Ok(Generation::Debian),
+        Some("modern") => Ok(Generation::Modern),
+        Some(other) => Err(format!(
             "{ENGINES_ENV}={other:?} is not an engine generation: use `modern` or `debian` (or leave it unset)"
         )),
     }
@@ -164,4 +168,37 @@ pub fn describe() -> &'static str {
         .collect();
         format!("{generation}: {}", versions.join("; "))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_switch_takes_two_names_and_refuses_others_in_one_line() {
+        assert_eq!(parse(None), Ok(Generation::Debian));
+        assert_eq!(parse(Some("")), Ok(Generation::Debian));
+        assert_eq!(parse(Some("debian")), Ok(Generation::Debian));
+        assert_eq!(parse(Some("modern")), Ok(Generation::Modern));
+        let err = parse(Some("Modern")).unwrap_err();
+        assert!(
+            err.contains("GPUPIN_ENGINES=\"Modern\"") && !err.contains('\n'),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn each_modern_engine_binary_has_its_peer_and_other_programs_none() {
+        assert_eq!(modern_peer("runc"), Some("runc"));
+        assert_eq!(modern_peer("ctr"), Some("containerd"));
+        assert_eq!(
+            modern_peer("containerd-shim-runc-v2"),
+            Some("containerd-shim")
+        );
+        assert_eq!(modern_peer("dockerd"), Some("moby"));
+        assert_eq!(modern_peer("docker-compose"), Some("compose"));
+        // The CLI is the machine's: docker/cli v29 does not build from the proxy.
+        assert_eq!(modern_peer("docker"), None);
+        assert_eq!(modern_peer("busybox"), None);
+    }
 }
