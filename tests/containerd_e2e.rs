@@ -26,10 +26,15 @@ struct Ctr {
 
 impl Ctr {
     fn start(test: &str) -> Option<Ctr> {
-        // Only what ctr needs: no CRI plugin, whose start-up needs CNI and takes seconds.
-        let config = |_: &Path| {
-            "version = 2\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n".to_string()
+        // Only what ctr needs: no CRI plugin, whose start-up needs CNI and takes seconds
+        // (containerd 2.x splits it into the runtime and image plugins and the service).
+        let cri = if containerd_support::is_v2() {
+            r#"["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"]"#
+        } else {
+            r#"["io.containerd.grpc.v1.cri"]"#
         };
+        let config =
+            |_: &Path| containerd_support::config(&format!("disabled_plugins = {cri}\n"), "");
         let containerd = Containerd::start(test, &[], "", config)?;
         let rootfs = containerd.dir().join("rootfs");
         build_busybox_rootfs(&find_static_busybox().unwrap(), &rootfs).unwrap();

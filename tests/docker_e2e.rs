@@ -202,7 +202,9 @@ impl RuncBundle {
     fn new(h: &Harness, slot: &Slot, id: &str) -> RuncBundle {
         let dir = slot.dir.join("bundle");
         std::fs::create_dir_all(&dir).unwrap();
-        ok(Command::new("runc").args(["spec", "--bundle"]).arg(&dir));
+        ok(gpupin_sandbox::harness::engines::command("runc")
+            .args(["spec", "--bundle"])
+            .arg(&dir));
         let path = dir.join("config.json");
         let mut spec: Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -224,6 +226,8 @@ impl RuncBundle {
     fn shim(&self, args: &[&str]) {
         let log = std::fs::File::create(self.dir.join(format!("{}.log", args[0]))).unwrap();
         let status = Command::new(docker_support::runtime_bin())
+            // The runc it runs is the engines' generation's, as under containerd.
+            .env("PATH", gpupin_sandbox::harness::engines::path())
             .arg("--gpupin-config")
             .arg(&self.config)
             .arg("--root")
@@ -239,7 +243,7 @@ impl RuncBundle {
     }
 
     fn runc_cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("runc");
+        let mut cmd = gpupin_sandbox::harness::engines::command("runc");
         cmd.arg("--root").arg(&self.root).args(args);
         cmd
     }

@@ -12,6 +12,7 @@
 
 mod bundle;
 pub mod driver;
+pub mod engines;
 #[cfg(feature = "harness")]
 pub mod harness;
 mod requirements;

@@ -17,6 +17,7 @@ impl Requirements {
         if !is_root() {
             return Err("not running as root (runc and device nodes need it)".into());
         }
+        crate::engines::check(&["runc"])?;
         let runc = find_on_path("runc").ok_or("runc not found on PATH (install runc)")?;
         let busybox = find_static_busybox()?;
         Ok(Requirements { runc, busybox })
@@ -31,7 +32,16 @@ pub fn is_root() -> bool {
 
 /// The first executable file named `name` in `$PATH`, or in the sbin directories, which
 /// a non-login root shell may lack from PATH but where Debian installs runc.
+///
+/// Under `GPUPIN_ENGINES=modern` a modern engine (runc, containerd, ctr, the runc shim,
+/// dockerd, docker-proxy, docker-compose) is the peers' cache's build or nothing: a run
+/// on the modern generation must not pass on Debian's engines.
 pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    match crate::engines::modern(name) {
+        Ok(Some(modern)) => return Some(modern),
+        Ok(None) => {}
+        Err(_) => return None,
+    }
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/sbin", "/usr/local/sbin"].map(PathBuf::from))

@@ -1,11 +1,13 @@
 //! A private containerd for the containerd suites: its own root, state dir, socket and
 //! config in a gpupin temp dir, gpupin's config in its environment (GPUPIN_CONFIG), which
-//! the runc shim and so gpupin-runtime inherit. Stopped when dropped.
+//! the runc shim and so gpupin-runtime inherit. Stopped when dropped. Under
+//! `GPUPIN_ENGINES=modern` containerd, ctr, the shim and runc are the peers' cache's
+//! (containerd 2.x, runc 1.5; `harness::engines`), also for what containerd starts.
 
-use gpupin_sandbox::harness::{self, Gpupin, status};
+use gpupin_sandbox::harness::{self, Gpupin, engines, status};
 use gpupin_sandbox::{find_on_path, find_static_busybox, is_root};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
@@ -23,13 +25,14 @@ fn requirements(tools: &[&str]) -> Result<(), String> {
     if !is_root() {
         return Err("needs root (containerd, runc, device nodes)".into());
     }
-    for tool in ["containerd", "ctr", "runc", "containerd-shim-runc-v2"]
-        .iter()
-        .chain(tools)
-    {
+    let engines = ["containerd", "ctr", "runc", "containerd-shim-runc-v2"];
+    engines::check(&engines)?;
+    for tool in engines.iter().chain(tools) {
         find_on_path(tool).ok_or(format!("{tool} is not installed"))?;
     }
-    find_static_busybox().map(|_| ())
+    find_static_busybox()?;
+    harness::announce_engines();
+    Ok(())
 }
 
 impl Containerd {
@@ -49,7 +52,7 @@ impl Containerd {
         let config_file = dir.join("containerd.toml");
         std::fs::write(&config_file, config(dir)).unwrap();
         let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
+        let child = engines::command("containerd")
             .arg("--config")
             .arg(&config_file)
             .arg("--root")
@@ -93,7 +96,7 @@ impl Containerd {
 
     /// `ctr --address SOCKET ARGS`.
     pub fn ctr(&self, args: &[&str]) -> Output {
-        Command::new("ctr")
+        engines::command("ctr")
             .arg("--address")
             .arg(&self.socket)
             .args(args)
@@ -112,6 +115,26 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Whether the suites run on containerd 2.x (`GPUPIN_ENGINES=modern`), whose config is
+/// version 3, rather than Debian's 1.6 (version 2).
+pub fn is_v2() -> bool {
+    engines::generation() == engines::Generation::Modern
+}
+
+/// A config of this containerd's version: `top` (top-level keys) and `tables`. containerd
+/// 2.x's NRI plugin (on by default) serves one socket for the whole machine,
+/// /var/run/nri/nri.sock, which every private containerd of the parallel tests (and any
+/// other on the machine) would take over from the last: off, as gpupin does not use it.
+pub fn config(top: &str, tables: &str) -> String {
+    if is_v2() {
+        format!(
+            "version = 3\n{top}{tables}[plugins.'io.containerd.nri.v1.nri']\n  disable = true\n"
+        )
+    } else {
+        format!("version = 2\n{top}{tables}")
     }
 }
 

@@ -157,6 +157,17 @@ pub struct ContainerConfig {
     pub annotations: HashMap<String, String>,
     #[prost(message, optional, tag = "15")]
     pub linux: Option<LinuxContainerConfig>,
+    /// CDI devices by name (`nvidia.com/gpu=0`), which containerd 1.7+/2.x resolves from
+    /// its CDI spec dirs into the spec (`enable_cdi`), as the kubelet passes a device
+    /// plugin's CDI devices. containerd 1.6 does not know the field.
+    #[prost(message, repeated, tag = "17")]
+    pub cdi_devices: Vec<CdiDevice>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CdiDevice {
+    #[prost(string, tag = "1")]
+    pub name: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -1,5 +1,7 @@
 //! A Kubernetes node as far as gpupin can tell: a private containerd with its CRI plugin
-//! on and the runtime handler `gpupin` of k8s/containerd/gpupin-v2.toml, a busybox image
+//! on and the runtime handler `gpupin` of k8s/containerd/gpupin-v2.toml (containerd 1.6,
+//! Debian's) or, under `GPUPIN_ENGINES=modern`, k8s/containerd/gpupin-v3.toml (containerd
+//! 2.x, imported as the README says), a busybox image
 //! imported as the sandbox (pause) image and the containers' image, and a CRI client
 //! that drives pods the way the kubelet does (host-network pods, so no CNI is needed).
 
@@ -9,7 +11,7 @@ mod image;
 
 pub use client::Cri;
 
-use crate::containerd_support::{Containerd, START_WAIT, assert_ran, text};
+use crate::containerd_support::{Containerd, START_WAIT, assert_ran, is_v2, text};
 use api::*;
 use gpupin_sandbox::harness;
 use std::collections::HashMap;
@@ -22,6 +24,9 @@ pub const IMAGE: &str = "gpupin.test/busybox:1";
 pub const HANDLER: &str = "gpupin";
 /// The shipped containerd 1.6/1.7 config of the handler.
 const HANDLER_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/containerd/gpupin-v2.toml");
+/// The shipped containerd 2.x config of the handler, a drop-in for `imports`.
+const HANDLER_CONFIG_V3: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/containerd/gpupin-v3.toml");
 /// Where the shipped config expects gpupin-runtime; the test's own binary replaces it.
 const INSTALLED_RUNTIME: &str = "/usr/bin/gpupin-runtime";
 
@@ -141,6 +146,19 @@ impl Pod<'_> {
         env: &[(&str, &str)],
         command: &[&str],
     ) -> Result<String, tonic::Status> {
+        self.create_container_with(name, env, command, &[], &[])
+    }
+
+    /// `create_container` with the container's own annotations and CDI devices (the CRI
+    /// fields the kubelet fills from a device plugin's answer).
+    pub fn create_container_with(
+        &self,
+        name: &str,
+        env: &[(&str, &str)],
+        command: &[&str],
+        annotations: &[(&str, &str)],
+        cdi_devices: &[&str],
+    ) -> Result<String, tonic::Status> {
         let config = ContainerConfig {
             metadata: Some(ContainerMetadata {
                 name: name.into(),
@@ -162,7 +180,16 @@ impl Pod<'_> {
                     value: value.to_string(),
                 })
                 .collect(),
-            ..ContainerConfig::default()
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            cdi_devices: cdi_devices
+                .iter()
+                .map(|name| CdiDevice {
+                    name: name.to_string(),
+                })
+                .collect(),
         };
         self.node
             .cri
@@ -242,16 +269,24 @@ impl Drop for Pod<'_> {
 /// pods need none), the imported image as sandbox image, and the shipped handler config
 /// naming the gpupin-runtime under test.
 fn containerd_config(dir: &Path) -> String {
+    let shipped = if is_v2() {
+        HANDLER_CONFIG_V3
+    } else {
+        HANDLER_CONFIG
+    };
     let runtime = harness::binary(env!("CARGO_BIN_EXE_gpupin-runtime"));
-    let shipped = std::fs::read_to_string(HANDLER_CONFIG).unwrap();
+    let text = std::fs::read_to_string(shipped).unwrap();
     assert!(
-        shipped.contains(INSTALLED_RUNTIME),
-        "{HANDLER_CONFIG} names no {INSTALLED_RUNTIME}"
+        text.contains(INSTALLED_RUNTIME),
+        "{shipped} names no {INSTALLED_RUNTIME}"
     );
-    let handler = shipped.replace(INSTALLED_RUNTIME, runtime.to_str().unwrap());
+    let handler = text.replace(INSTALLED_RUNTIME, runtime.to_str().unwrap());
     let (cni_bin, cni_conf) = (dir.join("cni-bin"), dir.join("cni-conf"));
     for d in [&cni_bin, &cni_conf] {
         std::fs::create_dir_all(d).unwrap();
+    }
+    if is_v2() {
+        return containerd_config_v3(dir, &handler, &cni_bin, &cni_conf);
     }
     format!(
         "version = 2\n\
@@ -273,4 +308,38 @@ fn containerd_config(dir: &Path) -> String {
          {handler}",
         opt = dir.join("opt"),
     )
+}
+
+/// containerd 2.x's config (version 3): the same settings under the plugins 2.x splits
+/// the CRI into (`io.containerd.cri.v1.images`, `io.containerd.cri.v1.runtime`), and the
+/// shipped handler as the drop-in the README describes, in `imports`. CDI is on (2.x's
+/// default) with this temp dir's spec dir, so that a test can put NVIDIA's spec there.
+fn containerd_config_v3(dir: &Path, handler: &str, cni_bin: &Path, cni_conf: &Path) -> String {
+    let drop_in = dir.join("conf.d/gpupin.toml");
+    std::fs::create_dir_all(drop_in.parent().unwrap()).unwrap();
+    std::fs::write(&drop_in, handler).unwrap();
+    let cdi = cdi_dir(dir);
+    std::fs::create_dir_all(&cdi).unwrap();
+    crate::containerd_support::config(
+        &format!("imports = [{drop_in:?}]\n"),
+        &format!(
+            "[plugins.'io.containerd.cri.v1.images'.pinned_images]\n\
+             \x20 sandbox = \"{IMAGE}\"\n\
+             [plugins.'io.containerd.cri.v1.runtime']\n\
+             \x20 disable_apparmor = true\n\
+             \x20 restrict_oom_score_adj = true\n\
+             \x20 enable_cdi = true\n\
+             \x20 cdi_spec_dirs = [{cdi:?}]\n\
+             [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\n\
+             \x20 runtime_type = 'io.containerd.runc.v2'\n\
+             [plugins.'io.containerd.cri.v1.runtime'.cni]\n\
+             \x20 bin_dirs = [{cni_bin:?}]\n\
+             \x20 conf_dir = {cni_conf:?}\n"
+        ),
+    )
+}
+
+/// The CDI spec dir of containerd 2.x's CRI here (`enable_cdi`).
+pub fn cdi_dir(containerd_dir: &Path) -> std::path::PathBuf {
+    containerd_dir.join("cdi")
 }

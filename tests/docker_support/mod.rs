@@ -10,11 +10,15 @@
 //! rewrite its slot's config (e.g. `runtime = wrapper`) without reloading dockerd.
 //!
 //! The skip rule, the rootfs, PATH lookups, status queries and the GPU-node filter are
-//! gpupin-sandbox's, shared with the other suites.
+//! gpupin-sandbox's, shared with the other suites; so is the engines' generation
+//! (`GPUPIN_ENGINES=modern`: dockerd 29, its containerd 2.x and runc 1.5, compose v5 from
+//! the peers' cache, see `harness::engines`), which every docker/dockerd/compose command
+//! here runs with.
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
-use gpupin_sandbox::harness::{self, status};
+use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
+use gpupin_sandbox::harness::{self, engines, status};
 #[allow(unused_imports)] // like dead_code above: not every test binary says something
 pub use gpupin_sandbox::harness::{gpu_nodes, say, text};
 use gpupin_sandbox::{build_busybox_rootfs, find_on_path, find_static_busybox, is_root};
@@ -54,16 +58,49 @@ pub enum Need {
     Compose,
 }
 
+/// How a test binary's dockerd is set up (one flavor per binary).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Flavor {
+    /// No CDI spec: `--gpus` goes through NVIDIA's runtime hook (the stand-in).
+    Plain,
+    /// Docker's own CDI resolution (Docker 28+): see `cdi_harness`.
+    Cdi,
+}
+
 /// `Some(harness)`, or `None` after printing why the test is skipped. Under CI=true a
 /// missing requirement fails the test instead: CI must not pass by skipping.
 pub fn harness(test: &str, need: Need) -> Option<&'static Harness> {
+    launch_once(test, need, Flavor::Plain)
+}
+
+/// The harness with Docker's CDI device resolution, as on a GPU server with NVIDIA's
+/// toolkit 1.17+ and Docker 28.2+ (CDI on by default): daemon.json's `cdi-spec-dirs`
+/// names a dir holding the CDI spec of the simulated GPUs (a fake driver root's in
+/// nvidia-ctk's form, `harness::driver`), and `nvidia-cdi-hook` (that root's stand-in) is
+/// on dockerd's PATH, so dockerd resolves `--gpus N` as CDI devices nvidia.com/gpu=0..N-1
+/// (its daemon/devices_nvidia_linux.go tries CDI before the runtime hook) and
+/// `--device nvidia.com/gpu=...` from the spec. Docker 20.10 (Debian's) has no CDI: there
+/// the test says so and returns `None`; the modern pass (`GPUPIN_ENGINES=modern`) runs it.
+pub fn cdi_harness(test: &str, need: Need) -> Option<&'static Harness> {
+    if engines::generation() == engines::Generation::Debian {
+        say(&format!(
+            "{test}: not for Debian's dockerd 20.10, which has no CDI: it runs with GPUPIN_ENGINES=modern (dockerd 29)"
+        ));
+        return None;
+    }
+    launch_once(test, need, Flavor::Cdi)
+}
+
+fn launch_once(test: &str, need: Need, flavor: Flavor) -> Option<&'static Harness> {
     let found = match missing(need) {
         Some(reason) => Err(reason),
         None => Ok(()),
     };
     harness::required(test, found)?;
     static HARNESS: OnceLock<Harness> = OnceLock::new();
-    Some(HARNESS.get_or_init(Harness::launch))
+    let h = HARNESS.get_or_init(|| Harness::launch(flavor));
+    assert_eq!(h.flavor, flavor, "one dockerd flavor per test binary");
+    Some(h)
 }
 
 /// What the machine lacks for `need`, if anything. The bench asks this itself: it says
@@ -75,6 +112,9 @@ pub fn missing(need: Need) -> Option<String> {
     let mut tools = vec!["dockerd", "docker", "runc", "busybox", "tar"];
     if need == Need::Compose {
         tools.push("docker-compose");
+    }
+    if let Err(reason) = engines::check(&tools) {
+        return Some(reason);
     }
     let absent: Vec<_> = tools
         .into_iter()
@@ -91,6 +131,9 @@ pub struct Harness {
     pub host: String,
     pub rootfs: PathBuf,
     pub bin: PathBuf,
+    /// The simulated GPUs of the CDI spec dockerd resolves devices from (`cdi_harness`).
+    pub cdi_gpus: Vec<FakeGpu>,
+    flavor: Flavor,
     next_slot: AtomicUsize,
     compose_lock: Mutex<()>,
 }
@@ -99,7 +142,8 @@ pub struct Harness {
 static DOCKERD: Mutex<Option<(Child, PathBuf)>> = Mutex::new(None);
 
 impl Harness {
-    fn launch() -> Harness {
+    fn launch(flavor: Flavor) -> Harness {
+        harness::announce_engines();
         reap_stale_instances();
         let dir = tempfile::Builder::new()
             .prefix(DIR_PREFIX)
@@ -108,11 +152,13 @@ impl Harness {
             .keep();
         // Marks whose dockerd this is: a later run reaps it only once we are gone.
         write(&dir.join("owner.pid"), &std::process::id().to_string());
-        let harness = Harness {
+        let mut harness = Harness {
             host: format!("unix://{}", dir.join("docker.sock").display()),
             rootfs: dir.join("rootfs"),
             bin: dir.join("bin"),
             dir,
+            cdi_gpus: Vec::new(),
+            flavor,
             next_slot: AtomicUsize::new(0),
             compose_lock: Mutex::new(()),
         };
@@ -122,7 +168,7 @@ impl Harness {
         harness
     }
 
-    fn write_files(&self) {
+    fn write_files(&mut self) {
         let busybox = find_static_busybox().expect("checked by harness()");
         build_busybox_rootfs(&busybox, &self.rootfs).expect("building the image's rootfs");
         std::fs::create_dir_all(&self.bin).unwrap();
@@ -170,8 +216,26 @@ impl Harness {
         let compose = self.slot_named("compose");
         compose.reset_config(None);
         runtimes.insert("gpupin".into(), json!({ "path": runtime }));
-        let daemon_json = json!({ "runtimes": runtimes });
+        let mut daemon_json = json!({ "runtimes": runtimes });
+        if self.flavor == Flavor::Cdi {
+            let cdi = self.write_cdi_spec();
+            daemon_json["cdi-spec-dirs"] = json!([cdi]);
+        }
         write(&self.dir.join("daemon.json"), &daemon_json.to_string());
+    }
+
+    /// The simulated machine's CDI spec (every slot has the same `sim:nvswitch8`), in a
+    /// dir of its own, and the fake driver root's stand-in `nvidia-cdi-hook` on dockerd's
+    /// PATH; the spec dir.
+    fn write_cdi_spec(&mut self) -> PathBuf {
+        let gpus = FakeGpu::from_status(&self.slot_named("compose").status());
+        let root = DriverRoot::create(&self.dir.join("driver"), &gpus).unwrap();
+        let cdi = self.dir.join("cdi");
+        std::fs::create_dir_all(&cdi).unwrap();
+        root.write_cdi_spec(&cdi, &gpus).unwrap();
+        std::os::unix::fs::symlink(&root.hook, self.bin.join("nvidia-cdi-hook")).unwrap();
+        self.cdi_gpus = gpus;
+        cdi
     }
 
     fn start_dockerd(&self) {
@@ -180,9 +244,9 @@ impl Harness {
         let path = format!(
             "{}:{}",
             self.bin.display(),
-            std::env::var("PATH").unwrap_or_default()
+            engines::path().to_string_lossy()
         );
-        let child = Command::new("dockerd")
+        let child = engines::command("dockerd")
             .arg("--data-root")
             .arg(d.join("root"))
             .arg("--exec-root")
@@ -255,14 +319,14 @@ impl Harness {
 
     /// `docker` talking to this harness's dockerd.
     pub fn docker(&self) -> Command {
-        let mut cmd = Command::new("docker");
+        let mut cmd = engines::command("docker");
         cmd.env("DOCKER_HOST", &self.host);
         cmd
     }
 
     /// `docker-compose -p PROJECT -f FILE` against this dockerd.
     pub fn compose(&self, project: &str, file: &Path) -> Command {
-        let mut cmd = Command::new("docker-compose");
+        let mut cmd = engines::command("docker-compose");
         cmd.env("DOCKER_HOST", &self.host)
             .arg("-p")
             .arg(project)
@@ -533,7 +597,7 @@ extern "C" fn stop_dockerd() {
 }
 
 fn remove_all_containers(host: &str) {
-    let Ok(out) = Command::new("docker")
+    let Ok(out) = engines::command("docker")
         .env("DOCKER_HOST", host)
         .args(["ps", "-aq"])
         .output()
@@ -545,7 +609,7 @@ fn remove_all_containers(host: &str) {
         .map(String::from)
         .collect();
     if !ids.is_empty() {
-        let _ = Command::new("docker")
+        let _ = engines::command("docker")
             .env("DOCKER_HOST", host)
             .arg("rm")
             .arg("-f")
@@ -588,7 +652,14 @@ fn read_pid(file: &Path) -> Option<i32> {
 }
 
 /// The binaries that start a dockerd here: cargo names them `<target>-<hash>`.
-const OWNERS: [&str; 3] = ["docker_e2e", "docker_start", "cdi_docker"];
+const OWNERS: [&str; 6] = [
+    "docker_e2e",
+    "docker_start",
+    "cdi_docker",
+    "docker_cdi",
+    "docker_foreign",
+    "toolkit_runtime",
+];
 
 /// The pid in `file` is alive and is a test or bench binary, or dockerd (not a reused
 /// pid).

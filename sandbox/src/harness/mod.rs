@@ -17,6 +17,7 @@ mod setup;
 pub mod status;
 pub mod toolkit;
 
+pub use crate::engines;
 pub use check::{assert_one_gpupin_line, gpupin_line_problem, refusal_problem};
 pub use fake::{DEVICES_CGROUP, FakeContainer, Sleeper};
 pub use nodes::{
@@ -71,6 +72,13 @@ pub fn need_root(test: &str) -> bool {
         .then_some(())
         .ok_or_else(|| "not running as root".to_string());
     required(test, root).is_some()
+}
+
+/// Says once per test binary, on stderr, which engines the suites run on
+/// (`GPUPIN_ENGINES`), with each one's version.
+pub fn announce_engines() {
+    static SAID: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    SAID.get_or_init(|| say(&format!("engines: {}", engines::describe())));
 }
 
 /// A line on stderr that libtest does not capture: a skip must be seen without

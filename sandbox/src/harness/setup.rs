@@ -107,6 +107,7 @@ impl Sandbox {
         extra: &str,
     ) -> Option<Sandbox> {
         let reqs = super::required(test, Requirements::check())?;
+        super::announce_engines();
         let gpupin = Gpupin::with_extra(bin, machine, extra);
         let root = gpupin.dir.path().join("runc-root");
         let rootfs = gpupin.dir.path().join("rootfs");
