@@ -315,6 +315,47 @@ fn one_line(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The commented config the package ships as /etc/gpupin/config.toml.
+    const SHIPPED: &str = include_str!("../../../packaging/config.toml");
+
+    /// The shipped file behaves as no file; with every key uncommented it still parses,
+    /// and the values it shows as defaults are the defaults.
+    #[test]
+    fn the_shipped_config_is_the_defaults_and_says_them_truly() {
+        let path = Path::new("/etc/gpupin/config.toml");
+        let shipped = Config::parse(SHIPPED, path).unwrap();
+        let defaults = Config {
+            path: Some(path.to_path_buf()),
+            ..Config::default()
+        };
+        assert_eq!(shipped, defaults);
+        let uncommented: String = SHIPPED
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest) if rest.starts_with('[') || rest.contains(" = ") => rest,
+                _ => line,
+            })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let all = Config::parse(&uncommented, path).unwrap();
+        // The examples (socket_group, metrics_file, [limits]) aside, each shown value is
+        // the default; `log = "off"` is what no log key means.
+        let expected = Config {
+            socket_group: all.socket_group.clone(),
+            metrics_file: all.metrics_file.clone(),
+            limits: all.limits.clone(),
+            log: Some(Level::Off),
+            ..defaults.clone()
+        };
+        let shown = Config {
+            socket: None,
+            ..all.clone()
+        };
+        assert_eq!(shown, expected);
+        assert_eq!(all.socket_path(), defaults.socket_path());
+        assert_eq!(all.limits.max_waiting(), defaults.limits.max_waiting());
+    }
+
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("/etc/gpupin/config.toml"))
     }
