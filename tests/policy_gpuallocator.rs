@@ -109,7 +109,7 @@ fn a_case_past_the_limit_is_reported_timed_out() {
     let Some(peer) = required(test, gpuallocator::peer()) else {
         return;
     };
-    // 2 of 48 free GPUs: BestEffort ranks every pairing of all 48 (47!! ~ 2.6e29).
+    // 2 of 48 free GPUs: BestEffort ranks every pairing of all 48 (47!!, about 1.2e30).
     let n = 48;
     let gpus: Vec<String> = (0..n)
         .map(|i| {

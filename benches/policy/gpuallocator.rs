@@ -367,7 +367,7 @@ pub fn table(rows: &[Row]) -> String {
         let gpupin = r.gpupin_ns.map_or("n/a".into(), human);
         let (peer, ratio) = match (&r.answer, r.gpupin_ns) {
             (Answer::Chosen { ns_per_call, .. }, Some(ours)) => {
-                (human(*ns_per_call), format!("{:.1}", ns_per_call / ours))
+                (human(*ns_per_call), ratio(ns_per_call / ours))
             }
             (Answer::Chosen { ns_per_call, .. }, None) => (human(*ns_per_call), "n/a".into()),
             (Answer::TimedOut { timeout_s }, _) => {
@@ -401,6 +401,16 @@ pub fn tally(rows: &[Row]) -> (usize, usize, usize, usize) {
         }
     }
     t
+}
+
+/// Two significant digits below 10 (0.034, 0.71, 3.4), whole numbers above.
+fn ratio(r: f64) -> String {
+    if r >= 10.0 {
+        format!("{r:.0}")
+    } else {
+        let decimals = (1.0 - r.log10().floor()).clamp(1.0, 6.0) as usize;
+        format!("{r:.decimals$}")
+    }
 }
 
 /// Nanoseconds as the bench's own table writes them.
