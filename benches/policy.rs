@@ -8,6 +8,13 @@
 //! After the runs it prints a Markdown table of medians (docs/policy-benchmarks.md), read
 //! back from criterion's estimates. Before timing, every topology answer is checked to be
 //! exact (search finished within its node budget) and, up to 16, equal to the brute force.
+//!
+//! Then, when tests/peers/build has built it, NVIDIA's go-gpuallocator (BestEffort) runs on
+//! the same machines, counts and held GPUs, and a second table puts its time beside
+//! `topology`'s and compares the two sets by gpupin's ranking ([`gpuallocator`]). A case
+//! that takes it over 60 s is killed and reported as timed out (the 64-GPU machines'
+//! counts above 1). `GPUPIN_BENCH_GPUALLOCATOR=0` leaves the comparison out;
+//! `GPUPIN_BENCH_GPUALLOCATOR_TIMEOUT=<seconds>` sets another limit for a quicker look.
 
 use criterion::{BenchmarkId, Criterion};
 use gpupin::host::inventory::Live;
@@ -16,6 +23,9 @@ use gpupin::policy::{PolicyInput, PolicyName, reference, topology};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+#[path = "policy/gpuallocator.rs"]
+mod gpuallocator;
 
 struct Machine {
     name: &'static str,
@@ -34,6 +44,72 @@ fn main() {
     let nodes: Vec<Vec<u64>> = machines.iter().map(|m| bench_machine(&mut c, m)).collect();
     c.final_summary();
     println!("{}", table(&machines, &nodes));
+    side_by_side(&machines);
+}
+
+/// gpupin's `topology` beside go-gpuallocator's BestEffort, from the same run.
+fn side_by_side(machines: &[Machine]) {
+    if std::env::var_os("GPUPIN_BENCH_GPUALLOCATOR").is_some_and(|v| v == "0") {
+        println!("\nNo side-by-side with go-gpuallocator: GPUPIN_BENCH_GPUALLOCATOR=0");
+        return;
+    }
+    let peer = match gpuallocator::peer() {
+        Ok(peer) => peer,
+        Err(why) => {
+            println!("\nNo side-by-side with go-gpuallocator: {why}");
+            return;
+        }
+    };
+    let timeout = match std::env::var("GPUPIN_BENCH_GPUALLOCATOR_TIMEOUT") {
+        Ok(s) => Duration::from_secs_f64(s.parse().unwrap_or_else(|_| {
+            panic!("GPUPIN_BENCH_GPUALLOCATOR_TIMEOUT={s:?}: expected seconds, such as 60")
+        })),
+        Err(_) => gpuallocator::TIMEOUT,
+    };
+    let cases: Vec<gpuallocator::Case> = machines
+        .iter()
+        .flat_map(|m| {
+            m.counts.iter().map(|&count| gpuallocator::Case {
+                machine: m.name,
+                inventory: &m.inventory,
+                free: free_set(m.inventory.gpus.len(), count),
+                count,
+            })
+        })
+        .collect();
+    // The inventory files and cases stay for a look or a rerun of the peer by hand.
+    let dir = target_dir().join("policy-gpuallocator");
+    std::fs::create_dir_all(&dir).expect("target dir is writable");
+    let version = gpuallocator::version(&peer);
+    gpuallocator::say(&format!(
+        "go-gpuallocator {version} BestEffort on {} cases, {} s limit each (inventories in {})",
+        cases.len(),
+        timeout.as_secs_f64(),
+        dir.display()
+    ));
+    let answers = gpuallocator::run(&peer, &dir, &cases, timeout, |case, answer| {
+        gpuallocator::say(&format!(
+            "go-gpuallocator {} count {}: {answer:?}",
+            case.machine, case.count
+        ))
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let crit = criterion_dir();
+    let rows: Vec<gpuallocator::Row> = cases
+        .iter()
+        .zip(&answers)
+        .map(|(case, answer)| {
+            let ours = median(&crit, case.machine, "topology", case.count);
+            gpuallocator::row(case, ours, answer)
+        })
+        .collect();
+    let (equal, ours, theirs, timed_out) = gpuallocator::tally(&rows);
+    println!(
+        "\ngpupin topology beside go-gpuallocator {version} BestEffort:\n\n{}\n\n\
+         {equal} of equal worth, {ours} where gpupin's set ranks higher, {theirs} where \
+         BestEffort's does, {timed_out} timed out",
+        gpuallocator::table(&rows)
+    );
 }
 
 fn machines(quick: bool) -> Vec<Machine> {
@@ -312,10 +388,12 @@ fn table(machines: &[Machine], nodes: &[Vec<u64>]) -> String {
     out
 }
 
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from)
+}
+
 fn criterion_dir() -> PathBuf {
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
-    std::env::var_os("CRITERION_HOME").map_or_else(|| target.join("criterion"), PathBuf::from)
+    std::env::var_os("CRITERION_HOME").map_or_else(|| target_dir().join("criterion"), PathBuf::from)
 }
 
 /// Nanoseconds, or `None` when that benchmark did not run (brute force at 64, a filter).
