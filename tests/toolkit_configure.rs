@@ -6,11 +6,14 @@
 //!   lists both.
 //! - containerd 1.6/1.7: `--runtime=containerd` and k8s/containerd/gpupin-v2.toml
 //!   appended to config.toml (README, "The runtime handler"): `containerd config dump`
-//!   shows both runtime handlers, and a real containerd loads its CRI plugin with them.
+//!   shows both runtime handlers, and a real containerd loads its CRI plugin with them;
+//!   with `GPUPIN_ENGINES=modern`, containerd 2.x with gpupin-v3.toml in the conf.d its
+//!   config.toml imports, and dockerd 29 for the Docker cases.
 //!
 //! Root, dockerd, containerd and the peers are needed; elsewhere the test says why it
 //! skips (under CI=true it fails instead).
 
+use gpupin_sandbox::engines::{self, Generation};
 use gpupin_sandbox::harness::toolkit::Peers;
 use gpupin_sandbox::harness::{binary, need_root, required};
 use serde_json::{Value, json};
@@ -28,7 +31,7 @@ fn setup(test: &str) -> Option<(Peers, tempfile::TempDir)> {
         return None;
     }
     let peers = required(test, Peers::find())?;
-    let dockerd = Command::new("dockerd")
+    let dockerd = engines::command("dockerd")
         .arg("--version")
         .output()
         .map_err(|e| format!("dockerd: {e}"));
@@ -100,7 +103,7 @@ fn nvidias() -> Value {
 fn dockerd_with(dir: &Path, daemon_json: &Path) -> (Vec<String>, String) {
     let sock = format!("unix://{}", dir.join("docker.sock").display());
     let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
-    let mut child = Command::new("dockerd")
+    let mut child = engines::command("dockerd")
         .arg("--data-root")
         .arg(dir.join("root"))
         .arg("--exec-root")
@@ -221,13 +224,22 @@ fn gpupin_install_first_then_nvidia_ctk_keeps_both_and_a_reinstall_hands_over() 
 
 /// The shipped containerd 1.6/1.7 handler, appended to config.toml as the README says.
 const HANDLER_V2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/containerd/gpupin-v2.toml");
+/// The shipped containerd 2.x handler, a file in conf.d that config.toml imports.
+const HANDLER_V3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/containerd/gpupin-v3.toml");
+
+/// Whether this run's containerd is 2.x (`GPUPIN_ENGINES=modern`): its config is version
+/// 3 (or later), its CRI runtime plugin `io.containerd.cri.v1.runtime`, and it merges an
+/// imported file's plugin sections key by key.
+fn containerd2() -> bool {
+    engines::generation() == Generation::Modern
+}
 
 fn containerd_setup(test: &str) -> Option<(Peers, tempfile::TempDir)> {
     if !need_root(test) {
         return None;
     }
     let peers = required(test, Peers::find())?;
-    let containerd = Command::new("containerd")
+    let containerd = engines::command("containerd")
         .arg("--version")
         .output()
         .map_err(|e| format!("containerd: {e}"));
@@ -240,17 +252,43 @@ fn containerd_setup(test: &str) -> Option<(Peers, tempfile::TempDir)> {
 }
 
 /// config.toml as an admin starts from: `containerd config default`, which defines the
-/// default runtime (runc) the CRI plugin needs.
+/// default runtime (runc) the CRI plugin needs. containerd 2.x's imports
+/// /etc/containerd/conf.d/*.toml: the test's conf.d beside it instead.
 fn containerd_default_config(config: &Path) {
-    let out = Command::new("containerd")
+    let out = engines::command("containerd")
         .args(["config", "default"])
         .output()
         .unwrap();
     assert!(out.status.success(), "containerd config default: {out:?}");
-    std::fs::write(config, out.stdout).unwrap();
+    let mut text = String::from_utf8(out.stdout).unwrap();
+    if containerd2() {
+        let conf_d = config.parent().unwrap().join("conf.d");
+        std::fs::create_dir_all(&conf_d).unwrap();
+        let imports = format!("imports = ['{}/*.toml']", conf_d.display());
+        text = text
+            .lines()
+            .map(|l| match l.starts_with("imports = ") {
+                true => imports.clone(),
+                false => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            text.contains(&imports),
+            "containerd 2's default imports conf.d: {text}"
+        );
+    }
+    std::fs::write(config, text).unwrap();
 }
 
+/// gpupin's handler as the README says: 1.6/1.7 append gpupin-v2.toml to config.toml,
+/// 2.x save gpupin-v3.toml in the conf.d config.toml imports.
 fn append_gpupin_handler(config: &Path) {
+    if containerd2() {
+        let file = config.parent().unwrap().join("conf.d/gpupin.toml");
+        std::fs::copy(HANDLER_V3, file).unwrap();
+        return;
+    }
     let handler = std::fs::read_to_string(HANDLER_V2).unwrap();
     let mut text = std::fs::read_to_string(config).unwrap();
     text.push('\n');
@@ -278,7 +316,7 @@ fn nvidia_ctk_containerd(peers: &Peers, config: &Path) {
 /// The CRI plugin's runtime handlers in containerd's merged config (`containerd config
 /// dump`, imports applied), each with the binary its runc shim runs ("" for runc).
 fn handlers(config: &Path) -> Vec<(String, String)> {
-    let out = Command::new("containerd")
+    let out = engines::command("containerd")
         .arg("--config")
         .arg(config)
         .args(["config", "dump"])
@@ -286,7 +324,11 @@ fn handlers(config: &Path) -> Vec<(String, String)> {
         .unwrap();
     assert!(out.status.success(), "containerd config dump: {out:?}");
     let dump: toml::Table = toml::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
-    let runtimes = dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    let plugin = match containerd2() {
+        true => "io.containerd.cri.v1.runtime",
+        false => "io.containerd.grpc.v1.cri",
+    };
+    let runtimes = dump["plugins"][plugin]["containerd"]["runtimes"]
         .as_table()
         .unwrap();
     runtimes
@@ -315,7 +357,7 @@ fn both_handlers() -> Vec<(String, String)> {
 fn cri_plugin_loads(dir: &Path, config: &Path) -> bool {
     let socket = dir.join("containerd.sock");
     let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-    let mut child = Command::new("containerd")
+    let mut child = engines::command("containerd")
         .arg("--config")
         .arg(config)
         .arg("--root")
@@ -331,7 +373,7 @@ fn cri_plugin_loads(dir: &Path, config: &Path) -> bool {
         .expect("starting containerd");
     let start = Instant::now();
     let plugins = loop {
-        let out = Command::new("ctr")
+        let out = engines::command("ctr")
             .arg("--address")
             .arg(&socket)
             .args(["plugins", "ls"])
@@ -351,9 +393,23 @@ fn cri_plugin_loads(dir: &Path, config: &Path) -> bool {
     };
     let _ = child.kill();
     let _ = child.wait();
-    plugins.lines().any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        fields.len() >= 4 && fields[1] == "cri" && fields[fields.len() - 1] == "ok"
+    // The CRI plugin (`io.containerd.grpc.v1 cri`), and on 2.x the runtime plugin the
+    // handlers live in (`io.containerd.cri.v1 runtime`): each must be `ok`.
+    let wanted: &[(&str, &str)] = match containerd2() {
+        true => &[
+            ("io.containerd.grpc.v1", "cri"),
+            ("io.containerd.cri.v1", "runtime"),
+        ],
+        false => &[("io.containerd.grpc.v1", "cri")],
+    };
+    wanted.iter().all(|(kind, id)| {
+        plugins.lines().any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.len() >= 4
+                && fields[0] == *kind
+                && fields[1] == *id
+                && fields[fields.len() - 1] == "ok"
+        })
     })
 }
 
@@ -371,9 +427,10 @@ fn gpupin_handler_first_then_nvidia_ctk_containerd_keeps_both() {
     assert!(cri_plugin_loads(dir.path(), &config));
 }
 
-/// The other order loses gpupin's handler: containerd 1.6/1.7 let the drop-in nvidia-ctk
-/// imports replace config.toml's whole CRI section. Running nvidia-ctk again (README, "The
-/// runtime handler") copies gpupin's handler into its drop-in, and both are there.
+/// The other order. On containerd 1.6/1.7 it loses gpupin's handler: they let the
+/// drop-in nvidia-ctk imports replace config.toml's whole CRI section; running nvidia-ctk
+/// again (README, "The runtime handler") copies gpupin's handler into its drop-in, and
+/// both are there. containerd 2.x merges the two files key by key: both at once.
 #[test]
 fn nvidia_ctk_containerd_first_needs_it_again_after_gpupins_handler() {
     let test = "nvidia_ctk_containerd_first_needs_it_again_after_gpupins_handler";
@@ -384,6 +441,11 @@ fn nvidia_ctk_containerd_first_needs_it_again_after_gpupins_handler() {
     containerd_default_config(&config);
     nvidia_ctk_containerd(&peers, &config);
     append_gpupin_handler(&config);
+    if containerd2() {
+        assert_eq!(handlers(&config), both_handlers());
+        assert!(cri_plugin_loads(dir.path(), &config));
+        return;
+    }
     let names: Vec<String> = handlers(&config).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["nvidia", "runc"], "gpupin's handler is lost");
     nvidia_ctk_containerd(&peers, &config);
