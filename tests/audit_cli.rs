@@ -56,14 +56,18 @@ impl Trail {
     }
 
     fn gpupin(&self, args: &[&str]) -> Output {
-        Command::new(binary(GPUPIN))
-            .env_remove("GPUPIN_CONFIG")
+        self.command(args).output().unwrap()
+    }
+
+    /// `gpupin --config <the trail's> ARGS`, not started yet.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(binary(GPUPIN));
+        cmd.env_remove("GPUPIN_CONFIG")
             .arg("--config")
             .arg(&self.config)
             .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+            .stdin(Stdio::null());
+        cmd
     }
 
     /// stdout of a command that must succeed.
@@ -183,18 +187,64 @@ fn log_of_one_user_by_name_or_uid() {
             ("reap j1 bob 4", "held for 1h30m")
         ])
     );
-    // Containers have no user: they go by their engine, as `usage --by user` lists them.
+    // Containers have no user: they go by their engine, as `usage --by user` lists them;
+    // HOLDER is the container's name, as docker ps shows it, DETAIL its image.
     let docker = t.ok(&["log", "--user", "docker"]);
-    assert_eq!(
-        rows(&docker),
-        pairs(&[
-            ("allocate c-train docker 0,1", "train (pytorch:24.05)"),
-            (
-                "release c-train docker 0,1",
-                "held for 2h00m; train (pytorch:24.05)"
-            ),
-        ])
-    );
+    let container = pairs(&[
+        ("allocate train docker 0,1", "pytorch:24.05"),
+        ("release train docker 0,1", "held for 2h00m; pytorch:24.05"),
+    ]);
+    assert_eq!(rows(&docker), container);
+    // --holder takes the name or the id, as people know either.
+    assert_eq!(rows(&t.ok(&["log", "--holder", "train"])), container);
+    assert_eq!(rows(&t.ok(&["log", "--holder", "c-train"])), container);
+}
+
+/// `gpupin log --follow`: the events so far, then each new one as it is written (here a
+/// hold and its release through the CLI), with the filters applied to both.
+#[test]
+fn log_follow_prints_new_events_as_they_are_written() {
+    use std::io::{BufRead, BufReader};
+    // Holds until released are root's.
+    if !gpupin_sandbox::harness::need_root("log_follow_prints_new_events_as_they_are_written") {
+        return;
+    }
+    let t = Trail::new();
+    write_history(&t);
+    let mut follow = t
+        .command(&["log", "--follow", "--holder", "maint"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Not a timed assertion: a bound, so that a follower that prints nothing fails the
+    // test (its stdout closes) instead of hanging it.
+    let (done, watchdog) = std::sync::mpsc::channel::<()>();
+    let pid = follow.id() as i32;
+    std::thread::spawn(move || {
+        if watchdog.recv_timeout(Duration::from_secs(120)).is_err() {
+            // SAFETY: a signal to our own child, which has not been waited for.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let mut lines = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let header = lines.next().unwrap().unwrap();
+    assert!(header.starts_with("TIME"), "{header}");
+    t.ok(&["hold", "other", "--devices", "5", "--until-release"]);
+    t.ok(&["hold", "maint", "--devices", "6", "--until-release"]);
+    t.ok(&["release", "maint"]);
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        seen.push(words[1..=4].join(" "));
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    let _ = done.send(());
+    let _ = follow.kill();
+    let _ = follow.wait();
+    assert_eq!(seen, ["hold maint root 6", "release maint root 6"]);
 }
 
 #[test]

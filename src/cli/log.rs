@@ -17,9 +17,17 @@ pub struct LogArgs {
     /// Only events about this GPU, by index or UUID
     #[arg(long, value_name = "GPU", value_parser = Parsed(GpuSelector::parse))]
     pub gpu: Option<GpuSelector>,
+    /// Only events of this holder: a container's name, a holder id, or the first 12
+    /// characters of a container's id, as gpupin status and gpupin log show them
+    #[arg(long, value_name = "HOLDER")]
+    pub holder: Option<String>,
     /// Print the matching JSON lines as the log holds them instead of a table
     #[arg(long)]
     pub json: bool,
+    /// After the events so far, print each new one as it is written, until interrupted
+    /// (as tail -F: a rotated log is followed into the new file)
+    #[arg(long, short = 'f')]
+    pub follow: bool,
 }
 
 pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
@@ -27,6 +35,13 @@ pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
         since: args.since.map(|w| w.resolve(SystemTime::now())),
         user: args.user.clone(),
         gpu: args.gpu.clone(),
+        holder: args.holder.clone(),
+    };
+    // Followed from where the log ends now, before it is read: nothing written in
+    // between is lost.
+    let mut tail = match args.follow {
+        true => Some(config.audit().tail()?),
+        false => None,
     };
     let mut events = config.audit().events();
     let mut table: Vec<Entry> = Vec::new();
@@ -46,8 +61,25 @@ pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
         out!("{}", audit::log_table(&table))?;
     }
     note_unreadable(events.unreadable());
-    Ok(ExitCode::SUCCESS)
+    let Some(tail) = &mut tail else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    loop {
+        std::thread::sleep(FOLLOW_EVERY);
+        for entry in tail.poll()? {
+            if !filter.matches(entry.at, &entry.event) {
+                continue;
+            }
+            match args.json {
+                true => outln!("{}", entry.line)?,
+                false => out!("{}", audit::log_row(&entry))?,
+            }
+        }
+    }
 }
+
+/// How often `--follow` looks for new lines.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One line on stderr, after the output, where lines of the log were no event.
 pub fn note_unreadable(count: usize) {

@@ -101,6 +101,12 @@ pub struct ContainerInfo {
     pub image: Option<String>,
 }
 
+/// A holder id cut to 12 characters, as docker shows container ids (64 hex digits): how
+/// people know a container that has no name; shorter ids stay whole.
+pub fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
 /// Hex digits of a holder's key: 128 bits, beyond guessing while a holder lives.
 pub const KEY_HEX: usize = 32;
 

@@ -139,6 +139,9 @@ pub struct Filter {
     pub user: Option<String>,
     /// Events about this GPU.
     pub gpu: Option<GpuSelector>,
+    /// Events of this holder, named as `gpupin status` and `gpupin log` show it: its id,
+    /// a container's name, or a prefix of a container's id (4 hex digits or more).
+    pub holder: Option<String>,
 }
 
 impl Filter {
@@ -149,7 +152,23 @@ impl Filter {
                 event.who() == user || event.uid.is_some_and(|uid| uid.to_string() == user)
             })
             && self.gpu.as_ref().is_none_or(|gpu| gpu.matches(event))
+            && self
+                .holder
+                .as_deref()
+                .is_none_or(|holder| names_holder(holder, event))
     }
+}
+
+fn names_holder(given: &str, event: &Event) -> bool {
+    let hex = given.len() >= 4
+        && given
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    event.holder == given
+        || event.container.name.as_deref() == Some(given)
+        || (hex
+            && event.kind == Some(crate::model::holder::HolderKind::Container)
+            && event.holder.starts_with(given))
 }
 
 #[cfg(test)]
@@ -267,5 +286,30 @@ mod tests {
         };
         assert!(!since.matches(at(49), &e));
         assert!(since.matches(at(50), &e));
+    }
+
+    #[test]
+    fn a_holder_is_matched_by_id_name_or_a_containers_id_prefix() {
+        let mut web = event(None, None, Some("docker"));
+        web.holder = "3f2a1b2c3d4e5f60718293a4b5c6d7e8".into();
+        web.kind = Some(crate::model::holder::HolderKind::Container);
+        web.container.name = Some("web".into());
+        let mut slurm = event(Some("alice"), Some(1000), None);
+        slurm.holder = "slurm-421".into();
+        slurm.kind = Some(crate::model::holder::HolderKind::Hold);
+        let holder = |h: &str| Filter {
+            holder: Some(h.into()),
+            ..Filter::default()
+        };
+        assert!(holder("web").matches(at(0), &web));
+        assert!(holder("3f2a1b2c3d4e").matches(at(0), &web));
+        assert!(holder("3f2a1b2c3d4e5f60718293a4b5c6d7e8").matches(at(0), &web));
+        assert!(!holder("3f2").matches(at(0), &web));
+        assert!(!holder("db").matches(at(0), &web));
+        assert!(holder("slurm-421").matches(at(0), &slurm));
+        assert!(
+            !holder("slurm-42").matches(at(0), &slurm),
+            "a prefix of a hold is another job"
+        );
     }
 }

@@ -8,12 +8,14 @@
 mod filter;
 mod read;
 mod show;
+mod tail;
 mod write;
 
 pub use filter::{BadValue, Filter, GpuSelector, When, parse_time, parse_user};
 pub use read::{Entry, Events, ReadError};
-pub use show::log_table;
 pub(crate) use show::table as text_table;
+pub use show::{log_row, log_table};
+pub use tail::Tail;
 pub use write::{REFUSALS_PER_MINUTE, WriteError};
 
 use crate::input::request::{GpuRequest, Selection};

@@ -127,7 +127,7 @@ impl Stream {
             match reader.read_until(b'\n', &mut self.line) {
                 Ok(0) => return None,
                 Ok(_) if self.line.trim_ascii().is_empty() => {}
-                Ok(_) => match parse(&self.line) {
+                Ok(_) => match parse_line(&self.line) {
                     Some(entry) => return Some(Ok(entry)),
                     None => self.unreadable += 1,
                 },
@@ -153,7 +153,7 @@ impl Iterator for Stream {
                 return Some(item);
             }
             let path = self.files.pop_front()?;
-            match open(&path) {
+            match open_log(&path) {
                 Ok(Some(file)) => self.open = Some((path, BufReader::new(file))),
                 Ok(None) => self.open = None,
                 Err(err) => {
@@ -167,7 +167,7 @@ impl Iterator for Stream {
 }
 
 /// The file at `path`, or `None` where there is none.
-fn open(path: &std::path::Path) -> Result<Option<File>, ReadError> {
+pub(super) fn open_log(path: &std::path::Path) -> Result<Option<File>, ReadError> {
     match safe_open::open(path, Links::Refuse) {
         Ok(file) => Ok(Some(file)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -182,7 +182,8 @@ fn open(path: &std::path::Path) -> Result<Option<File>, ReadError> {
     }
 }
 
-fn parse(bytes: &[u8]) -> Option<Entry> {
+/// One line of the log as an event; `None` for a line that is none.
+pub(super) fn parse_line(bytes: &[u8]) -> Option<Entry> {
     let line = std::str::from_utf8(bytes)
         .ok()?
         .trim_end_matches(['\n', '\r']);

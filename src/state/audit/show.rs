@@ -7,16 +7,38 @@ use std::fmt::Write;
 /// `gpupin log`: one row per event, oldest first.
 pub fn log_table(entries: &[Entry]) -> String {
     let mut rows = vec![["TIME", "EVENT", "HOLDER", "USER", "GPUS", "DETAIL"].map(String::from)];
-    for Entry { event, .. } in entries {
-        rows.push([
-            event.time.clone(),
-            event.event.as_str().to_string(),
-            event.holder.clone(),
-            event.who().to_string(),
-            gpus(event),
-            detail(event),
-        ]);
+    rows.extend(entries.iter().map(|e| cells(&e.event)));
+    render(&rows)
+}
+
+/// One event as a line of `log_table` without the header or the column widths of the
+/// others: what `gpupin log --follow` prints as each event comes.
+pub fn log_row(entry: &Entry) -> String {
+    render(&[cells(&entry.event)])
+}
+
+/// TIME, EVENT, HOLDER (a container's name where its engine told it, as people know it;
+/// else the id, a container's cut to 12 characters as docker shows it), USER, GPUS, DETAIL.
+fn cells(event: &Event) -> [String; 6] {
+    [
+        event.time.clone(),
+        event.event.as_str().to_string(),
+        holder(event),
+        event.who().to_string(),
+        gpus(event),
+        detail(event),
+    ]
+}
+
+/// How people know the holder of an event.
+pub(crate) fn holder(event: &Event) -> String {
+    match &event.container.name {
+        Some(name) => name.clone(),
+        None => crate::model::holder::short_id(&event.holder).to_string(),
     }
+}
+
+fn render(rows: &[[String; 6]]) -> String {
     // Names and reasons come from containers and engines: none may start a line of its own.
     let rows: Vec<Vec<String>> = rows
         .iter()
@@ -52,13 +74,8 @@ fn detail(event: &Event) -> String {
     if let Some(reason) = &event.reason {
         parts.push(reason.clone());
     }
-    let container = match (&event.container.name, &event.container.image) {
-        (Some(name), Some(image)) => Some(format!("{name} ({image})")),
-        (Some(one), None) | (None, Some(one)) => Some(one.clone()),
-        (None, None) => None,
-    };
-    // Container ids are 64 hex digits: the name is how people know which one it was.
-    parts.extend(container);
+    // The name is in HOLDER; the image says what ran.
+    parts.extend(event.container.image.clone());
     if let Some(within) = &event.within {
         parts.push(format!("within {within}"));
     }
@@ -158,16 +175,25 @@ mod tests {
             event: EventKind::Release,
             ..release
         };
-        let text = log_table(&[entry(allocate), entry(release)]);
+        let text = log_table(&[entry(allocate.clone()), entry(release)]);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text}");
+        // The container's name is the HOLDER people know; its image says what ran.
         assert_eq!(
             lines[1],
-            "2024-05-01T12:00:00Z  allocate  c1      docker  0,GPU-x  train (pytorch:24)"
+            "2024-05-01T12:00:00Z  allocate  train   docker  0,GPU-x  pytorch:24"
         );
         assert_eq!(
             lines[2],
-            "2024-05-01T12:00:00Z  release   c1      docker  0,GPU-x  held for 1h02m; a\\nb; train (pytorch:24)"
+            "2024-05-01T12:00:00Z  release   train   docker  0,GPU-x  held for 1h02m; a\\nb; pytorch:24"
+        );
+        // --follow's rows: the same cells, one event at a time.
+        let mut unnamed = entry(allocate);
+        unnamed.event.container.name = None;
+        unnamed.event.holder = "0123456789abcdef0123".into();
+        assert_eq!(
+            log_row(&unnamed),
+            "2024-05-01T12:00:00Z  allocate  0123456789ab  docker  0,GPU-x  pytorch:24\n"
         );
     }
 }

@@ -75,10 +75,7 @@ pub fn candidates(fits: &[&Record]) -> String {
         .join(", ")
 }
 
-/// An id cut to 12 characters, as docker shows container ids.
-pub fn short_id(id: &str) -> &str {
-    id.get(..12).unwrap_or(id)
-}
+pub use crate::model::holder::short_id;
 
 #[cfg(test)]
 mod tests {
