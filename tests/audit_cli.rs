@@ -342,11 +342,12 @@ fn usage_table_has_two_decimals_and_a_total() {
     assert_eq!(
         lines[..5],
         [
-            "HOLDER   GPU-HOURS  HOLDERS",
-            "res           6.00        1",
-            "c-train       4.00        1",
-            "j1            1.50        1",
-            "total        11.50        3",
+            "HOLDER  GPU-HOURS  HOLDERS",
+            "res          6.00        1",
+            // The container by its name, as status and log show it.
+            "train        4.00        1",
+            "j1           1.50        1",
+            "total       11.50        3",
         ]
     );
     assert!(lines[5].starts_with("from "), "{table}");

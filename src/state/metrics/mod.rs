@@ -25,6 +25,14 @@ pub struct FileSink {
     pub config: Config,
 }
 
+/// How `gpupin status` and `gpupin log` name a holder.
+fn shown_name(r: &Record) -> String {
+    match r.container.as_ref().and_then(|c| c.name.as_deref()) {
+        Some(name) => name.to_string(),
+        None => crate::model::holder::short_id(&r.id).to_string(),
+    }
+}
+
 /// The holdings of `records`: one per GPU a record holds.
 pub fn holdings(records: &[Record], stale: impl Fn(&Record) -> bool) -> Vec<Holding> {
     records
@@ -33,7 +41,9 @@ pub fn holdings(records: &[Record], stale: impl Fn(&Record) -> bool) -> Vec<Hold
             let gone = stale(r);
             r.gpus.iter().map(move |uuid| Holding {
                 uuid: uuid.clone(),
-                holder: r.id.clone(),
+                // As people know it: a container's name, else its id (a container's
+                // cut to 12 characters, as docker shows it).
+                holder: shown_name(r),
                 kind: r.kind.as_str().to_string(),
                 user: r.owner.as_ref().map(|o| o.user.clone()),
                 engine: r.container.as_ref().and_then(|c| c.engine.clone()),
@@ -115,5 +125,32 @@ impl FileSink {
         if let Err(error) = written {
             tracing::warn!(file = ?self.file, error, "could not rewrite the metrics file");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::holder::{ContainerInfo, HolderKind};
+
+    /// The `holder` label names holders as `gpupin status` does, not by 64-digit ids.
+    #[test]
+    fn the_holder_label_is_the_name_people_know() {
+        let id = "3f2a1b2c3d4e5f60718293a4b5c6d7e8091a2b3c4d5e6f708192a3b4c5d6e7f8";
+        let mut named = crate::state::ledger::testing::record(id, &["GPU-0"]);
+        named.kind = HolderKind::Container;
+        named.container = Some(ContainerInfo {
+            engine: Some("docker".into()),
+            name: Some("web-1".into()),
+            image: None,
+        });
+        let mut unnamed = named.clone();
+        unnamed.container = None;
+        let hold = crate::state::ledger::testing::record("maint-7", &["GPU-1"]);
+        let labels: Vec<String> = holdings(&[named, unnamed, hold], |_| false)
+            .into_iter()
+            .map(|h| h.holder)
+            .collect();
+        assert_eq!(labels, ["web-1", "3f2a1b2c3d4e", "maint-7"]);
     }
 }

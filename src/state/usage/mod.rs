@@ -15,6 +15,7 @@
 
 mod show;
 
+use crate::model::holder::HolderKind;
 use crate::state::audit::{BadValue, Event, EventKind};
 use crate::state::ledger::Record;
 pub use show::{usage_json, usage_table};
@@ -81,6 +82,9 @@ pub struct Usage {
 /// One holding: who, which GPUs, from when to when (Unix seconds), and inside whose.
 struct Span<'a> {
     holder: &'a str,
+    /// The row `--by holder` puts it in: a container's name, else the id (a container's
+    /// cut to 12 characters), as `gpupin status` and `gpupin log` show it.
+    shown: &'a str,
     who: &'a str,
     gpus: Vec<Gpu<'a>>,
     start: u64,
@@ -150,7 +154,7 @@ pub fn usage(
             }
             let key = match by {
                 By::User => span.who,
-                By::Holder => span.holder,
+                By::Holder => span.shown,
                 By::Gpu => gpu.key.as_str(),
             };
             let row = rows.entry(key.to_string()).or_default();
@@ -243,8 +247,14 @@ fn event_span(event: &Event) -> Option<Span<'_>> {
         return None;
     }
     let end = unix(event.at()?);
+    let shown = match (&event.container.name, event.kind) {
+        (Some(name), _) => name.as_str(),
+        (None, Some(HolderKind::Container)) => crate::model::holder::short_id(&event.holder),
+        (None, _) => &event.holder,
+    };
     Some(Span {
         holder: &event.holder,
+        shown,
         who: event.who(),
         gpus: event
             .gpus
@@ -263,8 +273,17 @@ fn event_span(event: &Event) -> Option<Span<'_>> {
 fn record_span(record: &Record, now: u64) -> Span<'_> {
     let user = record.owner.as_ref().map(|o| o.user.as_str());
     let engine = record.container.as_ref().and_then(|c| c.engine.as_deref());
+    let shown = match (
+        record.container.as_ref().and_then(|c| c.name.as_deref()),
+        record.kind,
+    ) {
+        (Some(name), _) => name,
+        (None, HolderKind::Container) => crate::model::holder::short_id(&record.id),
+        (None, _) => &record.id,
+    };
     Span {
         holder: &record.id,
+        shown,
         who: crate::state::audit::who(user, engine),
         gpus: record
             .gpus
