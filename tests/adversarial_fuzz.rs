@@ -609,6 +609,14 @@ fn fuzz_runtime_argv() {
     hold_one(&env);
     let bundle = env.bundle("argv", &[("gpupin.count", "1")]);
     let log = env.path("runc-log.json");
+    let fake_bin = env.path("fake-bin");
+    std::fs::create_dir(&fake_bin).unwrap();
+    std::os::unix::fs::symlink(&env.fake_runtime, fake_bin.join("runc")).unwrap();
+    let inherited = std::env::var_os("PATH").unwrap_or_default();
+    let fake_path = std::env::join_paths(
+        std::iter::once(fake_bin.clone()).chain(std::env::split_paths(&inherited)),
+    )
+    .unwrap();
     fuzz("argv", 1500, argv_case(), |i, case, what| {
         let id = format!("argv{i}");
         let word = |t: &Token| -> OsString {
@@ -634,11 +642,14 @@ fn fuzz_runtime_argv() {
             args.extend(case.middle.iter().map(word));
         }
         args.extend(case.suffix.iter().map(word));
-        // Whatever the argv, the config comes from this test: never the host's.
+        // Whatever the argv, the config comes from this test: never the host's. Where the
+        // argv names a config that does not load, gpupin-runtime hands a container that
+        // asks for no GPU to `runc` on PATH: here the same quiet fake as the config's.
         let mut cmd = Command::new(RUNTIME);
         cmd.args(&args)
             .current_dir(env.dir.path())
-            .env("GPUPIN_CONFIG", &env.config);
+            .env("GPUPIN_CONFIG", &env.config)
+            .env("PATH", &fake_path);
         let before = env.ledger();
         let run = run_bounded(&mut cmd, b"", LIMIT);
         check_against(&env, &run, &before, &format!("{what}\nargv {args:?}"));
