@@ -581,3 +581,91 @@ fn a_full_audit_disk_refuses_the_allocation_or_warns_as_configured() {
         "{metrics}"
     );
 }
+
+/// `gpupin hold --count N --reason TEXT` and `--for DURATION`, as an admin takes GPUs out
+/// of service: the policy chooses the GPUs, status shows why and how long is left, the
+/// log keeps the reason, and a hold whose time is up is released by gc (a `reap` line).
+#[test]
+fn holds_by_count_with_a_reason_and_for_a_while() {
+    if !gpupin_sandbox::harness::need_root("holds_by_count_with_a_reason_and_for_a_while") {
+        return;
+    }
+    let t = Trail::new();
+    let said = t.ok(&[
+        "hold",
+        "maint",
+        "--count",
+        "2",
+        "--reason",
+        "firmware update",
+        "--until-release",
+    ]);
+    assert!(
+        said.starts_with("maint holds GPUs ") && said.trim_end().ends_with("until released"),
+        "{said}"
+    );
+    let said = t.ok(&["hold", "brief", "--devices", "7", "--for", "1s"]);
+    assert_eq!(
+        said.trim_end(),
+        "brief holds GPU 7 for 1s, or until released"
+    );
+    let status: Value = serde_json::from_str(&t.ok(&["status", "--json"])).unwrap();
+    let holders = status["holders"].as_array().unwrap();
+    let maint = holders.iter().find(|h| h["id"] == "maint").unwrap();
+    assert_eq!(maint["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(maint["reason"], "firmware update");
+    let table = t.ok(&["status"]);
+    assert!(table.contains("maint (root, firmware update)"), "{table}");
+    let log = t.ok(&["log", "--holder", "maint"]);
+    assert!(log.contains("firmware update"), "{log}");
+    // Once its time is up, gc releases the hold for a while; the other stays.
+    std::thread::sleep(Duration::from_millis(2100));
+    let gc = t.ok(&["gc"]);
+    assert!(gc.contains("released brief"), "{gc}");
+    let status: Value = serde_json::from_str(&t.ok(&["status", "--json"])).unwrap();
+    let ids: Vec<&str> = status["holders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["maint"]);
+    // Bad input: one line each, nothing held.
+    for (args, wanted) in [
+        (
+            &[
+                "hold",
+                "x",
+                "--count",
+                "1",
+                "--reason",
+                " ",
+                "--until-release",
+            ][..],
+            "gpupin: invalid --reason: it is empty; say why the GPUs are held",
+        ),
+        (
+            &["hold", "x", "--count", "0", "--until-release"],
+            "gpupin: invalid --count \"0\": expected a positive integer, such as 2 (see gpupin hold --help)",
+        ),
+    ] {
+        let out = t.gpupin(args);
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert_eq!(stderr(&out).trim_end(), wanted, "{args:?}");
+    }
+    let out = t.gpupin(&[
+        "hold",
+        "x",
+        "--count",
+        "1",
+        "--devices",
+        "2",
+        "--until-release",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("cannot be used with"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -54,3 +54,11 @@ pub fn grace() -> Parsed<std::time::Duration, String> {
             .map_err(|_| format!("{text:?}: expected a duration, such as 60s or 0s"))
     })
 }
+
+/// A count of GPUs: a positive integer.
+pub fn positive() -> Parsed<u32, String> {
+    Parsed(|text| match text.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{text:?}: expected a positive integer, such as 2")),
+    })
+}

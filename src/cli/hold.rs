@@ -10,12 +10,23 @@ use gpupin::model::holder::HolderId;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["devices", "count"])))]
 pub struct HoldArgs {
     /// The holder id, e.g. slurm-$SLURM_JOB_ID or maintenance-gpu7
     pub id: String,
     /// GPUs by index, UUID or PCI bus id, comma-separated
-    #[arg(long, required = true)]
-    pub devices: String,
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// How many GPUs, chosen by the policy as for a container (--gpus is the same)
+    #[arg(long, visible_alias = "gpus", conflicts_with_all = ["by_minor", "by_slurm_index"], value_parser = super::flag::positive())]
+    pub count: Option<u32>,
+    /// Why the GPUs are held: shown in gpupin status and written to the audit log
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// End the hold by itself after this long (2h, 30m); gc and the next allocation
+    /// release it then. Without --pid, root only, as --until-release
+    #[arg(long = "for", value_name = "DURATION", value_parser = super::flag::grace())]
+    pub for_: Option<std::time::Duration>,
     /// --devices are device minors (/dev/nvidia<N>)
     #[arg(long)]
     pub by_minor: bool,
@@ -40,10 +51,12 @@ pub struct HoldArgs {
 }
 
 pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
+    let listed = args.devices.clone().unwrap_or_default();
     let (devices, by_minor) = match args.by_slurm_index {
-        true => (slurm_minors(&args.devices)?, true),
-        false => (args.devices.clone(), args.by_minor),
+        true => (slurm_minors(&listed)?, true),
+        false => (listed, args.by_minor),
     };
+    let for_secs = args.for_.map(|d| d.as_secs().max(1));
     let euid = rustix::process::geteuid().as_raw();
     let (id, gpus) = if euid == 0 {
         let owner = match &args.user {
@@ -59,6 +72,9 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             owner,
             limited: false,
             within: args.within.clone(),
+            count: args.count,
+            reason: args.reason.clone(),
+            expires_at: for_secs.map(|s| gpupin::state::ledger::unix_now().saturating_add(s)),
         };
         let record = hold::hold(config, &spec, "cli")?;
         let indices: Vec<String> = record.indices.iter().map(u32::to_string).collect();
@@ -72,6 +88,9 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             until_release: args.until_release,
             user: args.user.clone(),
             within: args.within.clone(),
+            count: args.count,
+            reason: args.reason.clone(),
+            for_secs,
         })?;
         let indices = reply
             .gpus
@@ -80,9 +99,14 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             .collect();
         (reply.holder.unwrap_or_default(), indices)
     };
-    let until = match args.pid {
-        Some(pid) => format!("while pid {pid} runs"),
-        None => "until released".to_string(),
+    let until = match (args.pid, args.for_) {
+        (Some(pid), None) => format!("while pid {pid} runs"),
+        (Some(pid), Some(d)) => format!(
+            "while pid {pid} runs, for {} at most",
+            humantime::format_duration(d)
+        ),
+        (None, Some(d)) => format!("for {}, or until released", humantime::format_duration(d)),
+        (None, None) => "until released".to_string(),
     };
     outln!(
         "{id} holds GPU{} {} {until}",

@@ -214,7 +214,29 @@ fn help_command(rendered: &str) -> String {
                 .join(" ")
         })
         .filter(|c| !c.is_empty())
+        .or_else(subcommand_typed)
         .unwrap_or_else(|| "gpupin".into())
+}
+
+/// `gpupin hold` for a value error, whose rendering has no usage line: the first word
+/// on the command line that is a subcommand of gpupin's.
+fn subcommand_typed() -> Option<String> {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--config" {
+            args.next();
+            continue;
+        }
+        if cli.find_subcommand(&arg).is_some() {
+            return Some(format!("gpupin {arg}"));
+        }
+        if !arg.starts_with('-') {
+            return None;
+        }
+    }
+    None
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -24,9 +24,13 @@ pub enum HoldError {
     )]
     UnknownMinor { minor: u32, known: String },
     #[error(
-        "a hold lasts as long as a process or until it is released: give --pid P or --until-release"
+        "a hold lasts as long as a process, for a while, or until it is released: give --pid P, --for DURATION or --until-release"
     )]
     NoLifetime,
+    #[error("give --devices LIST or --count N, not both")]
+    DevicesAndCount,
+    #[error("invalid --reason: {0}")]
+    BadReason(&'static str),
 }
 
 /// What to hold.
@@ -43,14 +47,71 @@ pub struct Hold {
     /// Whether the limits apply (a hold a user asks for; not one root makes).
     pub limited: bool,
     pub within: Option<String>,
+    /// How many GPUs, chosen by the policy, instead of `devices`.
+    pub count: Option<u32>,
+    /// Why, for status and the audit log (one line, at most `MAX_REASON` characters).
+    pub reason: Option<String>,
+    /// Seconds since the Unix epoch at which the hold ends by itself (`--for`).
+    pub expires_at: Option<u64>,
 }
+
+/// The longest reason a hold keeps: it is shown in status and written to the audit log.
+pub const MAX_REASON: usize = 200;
 
 const DEVICES_EXPECTED: &str = "expected a comma-separated list of GPU indices, UUIDs or bus ids (device minors with --by-minor)";
 
 pub fn hold(config: &Config, hold: &Hold, source: &str) -> Result<Record, HoldError> {
-    if hold.pid.is_none() && !hold.until_release {
+    if hold.pid.is_none() && !hold.until_release && hold.expires_at.is_none() {
         return Err(HoldError::NoLifetime);
     }
+    if let Some(reason) = &hold.reason {
+        check_reason(reason)?;
+    }
+    let selection = match (hold.count, hold.devices.trim().is_empty()) {
+        (Some(_), false) => return Err(HoldError::DevicesAndCount),
+        (Some(n), true) => Selection::Count(n),
+        (None, _) => Selection::Devices(device_keys(config, hold)?),
+    };
+    let request = GpuRequest {
+        within: hold.within.clone(),
+        ..GpuRequest::new(selection, Origin::Cli)
+    };
+    let meta = HolderMeta {
+        source: source.to_string(),
+        pid: hold.pid,
+        kind: HolderKind::Hold,
+        owner: Some(hold.owner.clone()),
+        // A hold for a while without a process lasts until released or its time is up.
+        until_release: hold.until_release || (hold.pid.is_none() && hold.expires_at.is_some()),
+        limited: hold.limited,
+        expires_at: hold.expires_at,
+        reason: hold.reason.clone(),
+        ..HolderMeta::default()
+    };
+    let (_, record) = grant::allocate(config, &hold.id, &request, meta)?;
+    Ok(record)
+}
+
+/// A reason is one line of what a person wrote: shown in tables and logs as it is.
+fn check_reason(reason: &str) -> Result<(), HoldError> {
+    if reason.trim().is_empty() {
+        return Err(HoldError::BadReason(
+            "it is empty; say why the GPUs are held",
+        ));
+    }
+    if reason.chars().count() > MAX_REASON {
+        return Err(HoldError::BadReason("it is longer than 200 characters"));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err(HoldError::BadReason(
+            "it holds a control character; write it on one line",
+        ));
+    }
+    Ok(())
+}
+
+/// The GPUs `--devices` names, as UUIDs where they were device minors.
+fn device_keys(config: &Config, hold: &Hold) -> Result<Vec<String>, HoldError> {
     let keys: Vec<String> = hold
         .devices
         .split(',')
@@ -63,29 +124,13 @@ pub fn hold(config: &Config, hold: &Hold, source: &str) -> Result<Record, HoldEr
             expected: DEVICES_EXPECTED,
         });
     }
-    let keys = if hold.by_minor {
-        let inventory =
-            crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)
-                .map_err(GrantError::from)?;
-        by_minor(&keys, &inventory, &hold.devices)?
-    } else {
-        keys
-    };
-    let request = GpuRequest {
-        within: hold.within.clone(),
-        ..GpuRequest::new(Selection::Devices(keys), Origin::Cli)
-    };
-    let meta = HolderMeta {
-        source: source.to_string(),
-        pid: hold.pid,
-        kind: HolderKind::Hold,
-        owner: Some(hold.owner.clone()),
-        until_release: hold.until_release,
-        limited: hold.limited,
-        ..HolderMeta::default()
-    };
-    let (_, record) = grant::allocate(config, &hold.id, &request, meta)?;
-    Ok(record)
+    if !hold.by_minor {
+        return Ok(keys);
+    }
+    let inventory =
+        crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)
+            .map_err(GrantError::from)?;
+    by_minor(&keys, &inventory, &hold.devices)
 }
 
 /// Device minors as the UUIDs of the GPUs that have them.
@@ -134,6 +179,9 @@ pub(crate) mod testing {
             },
             limited: false,
             within: None,
+            count: None,
+            reason: None,
+            expires_at: None,
         };
         hold(config, &spec, "test").unwrap()
     }
@@ -170,6 +218,9 @@ mod tests {
             owner: root(),
             limited: false,
             within: None,
+            count: None,
+            reason: None,
+            expires_at: None,
         }
     }
 
@@ -217,7 +268,21 @@ mod tests {
                 "invalid --devices \"x\": expected comma-separated device minors",
             ),
             (spec("9", true), "no GPU has device minor 9 (/dev/nvidia9)"),
-            (no_life, "give --pid P or --until-release"),
+            (no_life, "give --pid P, --for DURATION or --until-release"),
+            (
+                Hold {
+                    count: Some(1),
+                    ..spec("1", false)
+                },
+                "give --devices LIST or --count N, not both",
+            ),
+            (
+                Hold {
+                    reason: Some("two\nlines".into()),
+                    ..spec("1", false)
+                },
+                "invalid --reason: it holds a control character; write it on one line",
+            ),
         ] {
             let err = crate::base::message::one_line(&hold(&config, &h, "test").unwrap_err());
             assert!(err.contains(wanted), "{err}");

@@ -59,6 +59,14 @@ fn tags(r: &Record, now: SystemTime, grace: Duration) -> String {
         tags.push("shared".into());
         tags.extend(r.request.reserve.map(crate::base::units::format_size));
     }
+    if let Some(end) = r.expires_at {
+        let end = std::time::UNIX_EPOCH + Duration::from_secs(end);
+        let left = end.duration_since(now).unwrap_or_default().as_secs();
+        tags.push(format!("{} left", short_duration(left)));
+    }
+    if let Some(reason) = &r.reason {
+        tags.push(reason.clone());
+    }
     if r.is_stale(now, grace) {
         tags.push("gone".into());
     }
@@ -75,6 +83,11 @@ fn age(now: SystemTime, r: &Record) -> String {
         .duration_since(r.created())
         .unwrap_or_default()
         .as_secs();
+    short_duration(s)
+}
+
+/// `42s`, `12m`, `3h05m`, `2d04h`.
+fn short_duration(s: u64) -> String {
     match s {
         0..60 => format!("{s}s"),
         60..3600 => format!("{}m", s / 60),
@@ -105,6 +118,10 @@ pub fn json(r: &Record, now: SystemTime, grace: Duration) -> Value {
         "source": r.source,
         "state": if r.is_stale(now, grace) { "gone" } else { "running" },
         "request": r.request,
+        "reason": r.reason,
+        "expires_at": r.expires_at.map(|s| humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + Duration::from_secs(s)
+        ).to_string()),
     })
 }
 
@@ -119,6 +136,8 @@ mod tests {
         let r = Record {
             created_at: 1_000_000,
             cgroups: Vec::new(),
+            expires_at: None,
+            reason: None,
             ..r
         };
         let at = |s: u64| age(created + Duration::from_secs(s), &r);

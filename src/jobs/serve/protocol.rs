@@ -38,6 +38,15 @@ pub enum Request {
         /// The holder it nests in.
         #[serde(default)]
         within: Option<String>,
+        /// How many GPUs the policy chooses, instead of `devices` (then empty).
+        #[serde(default)]
+        count: Option<u32>,
+        /// Why, for status and the audit log.
+        #[serde(default)]
+        reason: Option<String>,
+        /// How long it lasts at most, in seconds (the daemon's clock starts it).
+        #[serde(default)]
+        for_secs: Option<u64>,
     },
     /// Releases one of the caller's holders, named as `gpupin status` shows it; one that
     /// still runs only with `force`.

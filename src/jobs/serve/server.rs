@@ -379,6 +379,9 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
             until_release,
             user,
             within,
+            count,
+            reason,
+            for_secs,
         } => {
             let asked = HoldAsked {
                 id,
@@ -388,6 +391,9 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
                 until_release,
                 user,
                 within,
+                count,
+                reason,
+                for_secs,
             };
             let id = asked.id.clone();
             let outcome = hold_for(shared, peer, asked);
@@ -587,6 +593,9 @@ struct HoldAsked {
     until_release: bool,
     user: Option<String>,
     within: Option<String>,
+    count: Option<u32>,
+    reason: Option<String>,
+    for_secs: Option<u64>,
 }
 
 /// A hold for the caller; one with a process is watched, so that it goes when the
@@ -607,7 +616,7 @@ fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Ref
         }
         _ => me,
     };
-    if asked.until_release && !root {
+    if (asked.until_release || asked.pid.is_none()) && !root {
         return Err(Refusal::Denied(
             "only root may hold GPUs until released: give --pid with a process of yours".into(),
         ));
@@ -643,6 +652,11 @@ fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Ref
         limited: !root,
         owner,
         within: asked.within,
+        count: asked.count,
+        reason: asked.reason,
+        expires_at: asked
+            .for_secs
+            .map(|secs| crate::state::ledger::unix_now().saturating_add(secs)),
     };
     // A refused allocation is audited by grant::allocate.
     let record = hold::hold(config, &hold, "serve").map_err(|e| Refusal::Failed(one_line(&e)))?;
@@ -789,6 +803,9 @@ mod tests {
             owner: alice,
             limited: false,
             within: None,
+            count: None,
+            reason: None,
+            expires_at: None,
         };
         hold::hold(config, &asked, "test").unwrap()
     }
@@ -1017,6 +1034,9 @@ mod tests {
             until_release: false,
             user: user.map(String::from),
             within: None,
+            count: None,
+            reason: None,
+            for_secs: None,
         };
         let nobody = caller(NOBODY);
         let by_name = hold_for(

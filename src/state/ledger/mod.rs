@@ -560,13 +560,19 @@ impl Ledger {
             salt: within::new_salt()?,
             created_at: record::unix_now(),
             cgroups: Vec::new(),
+            expires_at: meta.expires_at,
+            reason: meta.reason,
         };
         store::write_record(&self.dir, &holder.file_name(), &record)?;
         let event = match record.kind {
             HolderKind::Hold => EventKind::Hold,
             HolderKind::Container | HolderKind::Exec => EventKind::Allocate,
         };
-        if let Err(source) = self.audit.append(&Event::for_record(event, &record)) {
+        let mut audited = Event::for_record(event, &record);
+        if let Some(reason) = &record.reason {
+            audited = audited.because(reason.clone());
+        }
+        if let Err(source) = self.audit.append(&audited) {
             self.audit_failed(&source);
             // Under "refuse" nothing is held that the trail does not show: the record
             // goes again, and the requester is told which log and which key.

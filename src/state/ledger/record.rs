@@ -60,6 +60,13 @@ pub struct Record {
     /// finds them here, and removes them at the job's end). Empty in older records.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cgroups: Vec<PathBuf>,
+    /// Seconds since the Unix epoch at which a hold ends by itself (`gpupin hold --for`):
+    /// from then on it is stale, and gc or the next allocation reaps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+    /// Why the GPUs are held, as `gpupin hold --reason` said (status and the audit log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// What an allocation knows about the holder besides its id.
@@ -75,6 +82,10 @@ pub struct HolderMeta {
     pub container: Option<ContainerInfo>,
     /// See `Record::until_release`.
     pub until_release: bool,
+    /// See `Record::expires_at`.
+    pub expires_at: Option<u64>,
+    /// See `Record::reason`.
+    pub reason: Option<String>,
     /// Polled while the request waits in the queue: `false` once whoever asked has gone
     /// (`gpupin serve`: the caller closed its connection). The ticket itself lives as long
     /// as the process that waits (for `gpupin serve`, the daemon).
@@ -101,7 +112,7 @@ impl Record {
     /// creation, before or after: see below). The cgroups are read only once the pid is
     /// gone, so the usual check stays one read of /proc.
     pub fn is_stale(&self, now: SystemTime, grace: Duration) -> bool {
-        if self.from_an_earlier_boot() {
+        if self.from_an_earlier_boot() || self.expired(now) {
             return true;
         }
         match (self.pid, self.start_time) {
@@ -128,6 +139,12 @@ impl Record {
                 age > grace
             }
         }
+    }
+
+    /// A hold whose time (`gpupin hold --for`) is up.
+    pub fn expired(&self, now: SystemTime) -> bool {
+        let now = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        self.expires_at.is_some_and(|end| now >= end)
     }
 
     /// Made before this boot: its process is gone, whatever its pid says now (a pid and

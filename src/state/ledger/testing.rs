@@ -23,6 +23,8 @@ pub(crate) fn record(id: &str, gpus: &[&str]) -> Record {
         until_release: false,
         salt: String::new(),
         cgroups: Vec::new(),
+        expires_at: None,
+        reason: None,
         // After this boot (2100-01-01), so that the holder counts as running.
         created_at: 4_102_444_800,
     }
