@@ -107,6 +107,13 @@ pub fn short_id(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
 }
 
+/// `id` as a message shows it: an engine's long hex id (32 digits or more: Docker's,
+/// containerd's, podman's) cut as `short_id` cuts it, any other id whole.
+pub fn shown_id(id: &str) -> &str {
+    let engine_id = id.len() >= 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
+    if engine_id { short_id(id) } else { id }
+}
+
 /// Hex digits of a holder's key: 128 bits, beyond guessing while a holder lives.
 pub const KEY_HEX: usize = 32;
 

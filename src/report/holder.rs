@@ -13,7 +13,7 @@ pub const UNTIL_RELEASED: &str = "until released";
 
 /// How people know a holder: a container's name where its engine told it, else its id.
 pub fn label(r: &Record) -> String {
-    r.display_name().to_string()
+    r.shown_name().to_string()
 }
 
 /// A holder's row after the GPU index: HOLDER, KIND, IMAGE, PID, AGE.

@@ -310,7 +310,7 @@ fn not_enough_error(
     detail.push_str(&foreign_detail(machine, all, fit));
     detail.push_str(&wait_hint(request));
     LedgerError::NotEnoughFree {
-        id: holder.to_string(),
+        id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         wanted,
         held,
         total: gpus.len(),
@@ -447,13 +447,13 @@ fn device_unfit(
         ),
         // The message names the holders in every case; the log tells the three apart.
         Unfit::Held | Unfit::SharedFull | Unfit::NoRoom => {
-            let holders: Vec<&str> = holders_of(&gpu.uuid, all).map(|r| r.id.as_str()).collect();
+            let holders: Vec<&str> = holders_of(&gpu.uuid, all).map(Record::shown_name).collect();
             format!("it is held by {}", holders.join(", "))
         }
         Unfit::Foreign(pid) => format!("it runs {}", foreign_text(machine, all, position, *pid)),
     };
     LedgerError::DeviceUnavailable {
-        id: holder.to_string(),
+        id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         index: gpu.index,
         uuid: gpu.uuid.clone(),
         reason,

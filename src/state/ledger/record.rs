@@ -157,6 +157,15 @@ impl Record {
         UNIX_EPOCH + Duration::from_secs(self.created_at)
     }
 
+    /// How tables and messages name the holder: a container's name where its engine told
+    /// it, else its id, an engine's long hex id cut to 12 characters (`shown_id`).
+    pub fn shown_name(&self) -> &str {
+        match self.container.as_ref().and_then(|c| c.name.as_deref()) {
+            Some(name) if self.kind == HolderKind::Container => name,
+            _ => crate::model::holder::shown_id(&self.id),
+        }
+    }
+
     /// How people know the holder: a container's name where its engine told it (what
     /// `docker ps` shows), else its id.
     pub fn display_name(&self) -> &str {

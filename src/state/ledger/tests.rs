@@ -195,6 +195,55 @@ fn pid_reuse_is_detected_by_start_time() {
     assert_eq!(l.gc().unwrap().released.len(), 1);
 }
 
+/// Refusals name holders as status shows them: a container by its name, an engine's
+/// 64-digit id cut to 12 characters (the issue: Docker refusals said `held by
+/// fa77a28418dba1ac...` while status said `pinned`).
+#[test]
+fn refusals_name_holders_as_status_does() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let web = "fa77a28418dba1ac3f2a1b2c3d4e5f60718293a4b5c6d7e8091a2b3c4d5e6f70";
+    let meta = HolderMeta {
+        kind: HolderKind::Container,
+        container: Some(crate::model::holder::ContainerInfo {
+            engine: Some("docker".into()),
+            name: Some("pinned".into()),
+            image: None,
+        }),
+        ..me()
+    };
+    l.allocate(
+        &id(web),
+        &request(Selection::Devices(vec!["2".into()])),
+        &m,
+        meta,
+    )
+    .unwrap();
+    let other = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let err = l
+        .allocate(
+            &id(other),
+            &request(Selection::Devices(vec!["2".into()])),
+            &m,
+            me(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "cannot allocate GPU 2 (GPU-test-2) for 0123456789ab: it is held by pinned"
+    );
+    let err = l
+        .allocate(&id(other), &count(4), &m, me())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("cannot allocate 4 GPUs for 0123456789ab: "),
+        "{err}"
+    );
+}
+
 #[test]
 fn explicit_devices_are_checked_against_holders() {
     let (_t, l) = ledger();

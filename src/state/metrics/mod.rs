@@ -25,14 +25,6 @@ pub struct FileSink {
     pub config: Config,
 }
 
-/// How `gpupin status` and `gpupin log` name a holder.
-fn shown_name(r: &Record) -> String {
-    match r.container.as_ref().and_then(|c| c.name.as_deref()) {
-        Some(name) => name.to_string(),
-        None => crate::model::holder::short_id(&r.id).to_string(),
-    }
-}
-
 /// The holdings of `records`: one per GPU a record holds.
 pub fn holdings(records: &[Record], stale: impl Fn(&Record) -> bool) -> Vec<Holding> {
     records
@@ -43,7 +35,7 @@ pub fn holdings(records: &[Record], stale: impl Fn(&Record) -> bool) -> Vec<Hold
                 uuid: uuid.clone(),
                 // As people know it: a container's name, else its id (a container's
                 // cut to 12 characters, as docker shows it).
-                holder: shown_name(r),
+                holder: r.shown_name().to_string(),
                 kind: r.kind.as_str().to_string(),
                 user: r.owner.as_ref().map(|o| o.user.clone()),
                 engine: r.container.as_ref().and_then(|c| c.engine.clone()),
