@@ -400,3 +400,61 @@ fn a_user_stopped_by_roots_permissions_is_told_to_use_sudo() {
         );
     }
 }
+
+/// `gpupin config check FILE`: a good file is printed whole as gpupin uses it (the
+/// defaults included, as TOML that reads back the same: here through check itself), a bad
+/// one is one line with its line and the key meant, exit 1.
+#[test]
+fn config_check_prints_the_configuration_or_the_one_line_that_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "policy = \"spread\"\n[limits]\nmax_gpus_per_user = 2\n",
+    )
+    .unwrap();
+    let check = |file: &Path| {
+        Command::new(GPUPIN)
+            .env_remove("GPUPIN_CONFIG")
+            .args(["config", "check"])
+            .arg(file)
+            .output()
+            .unwrap()
+    };
+    let out = check(&good);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = stdout(&out);
+    assert!(
+        printed.starts_with(&format!("# {} is valid;", good.display())),
+        "{printed}"
+    );
+    for line in [
+        "policy = \"spread\"",
+        "state_dir = \"/run/gpupin\"",
+        "max_gpus_per_user = 2",
+        "max_waiting_per_user = 4",
+    ] {
+        assert!(
+            printed.lines().any(|l| l == line),
+            "{line} not in {printed}"
+        );
+    }
+    let again = dir.path().join("again.toml");
+    std::fs::write(&again, &printed).unwrap();
+    let reprinted = stdout(&check(&again));
+    assert_eq!(
+        reprinted.lines().skip(1).collect::<Vec<_>>(),
+        printed.lines().skip(1).collect::<Vec<_>>()
+    );
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[limits]\nmax_gpus_per_user = 2\npolcy = \"pack\"\n").unwrap();
+    let out = check(&bad);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        one_error_line(&out),
+        format!(
+            "gpupin: invalid config {}: line 3 in [limits]: unknown key \"polcy\" in [limits]; did you mean the top-level \"policy\"? Top-level keys go above the first [table]",
+            bad.display()
+        )
+    );
+}

@@ -5,6 +5,7 @@
 mod out;
 
 mod completions;
+mod config;
 #[cfg(feature = "demo")]
 mod demo;
 #[cfg(feature = "device-plugin")]
@@ -96,6 +97,8 @@ pub enum Command {
     Uninstall(install::UninstallArgs),
     /// Check this host: driver, inventory, device nodes, cgroups, state dir, engines; how to fix what is wrong
     Doctor(doctor::DoctorArgs),
+    /// Check a config file and print the configuration gpupin uses
+    Config(config::ConfigArgs),
     /// NVML's answers as JSON, for gpupin-hook and gpupin-runtime
     #[command(hide = true)]
     Nvml(nvml::NvmlArgs),
@@ -252,6 +255,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Manpage(args) => return completions::manpages(args),
         // A config that does not load is one of doctor's findings, not the end of it.
         Command::Doctor(args) => return doctor::run(cli.config.as_deref(), args),
+        // Checking a config is reading it.
+        Command::Config(args) => return config::run(cli.config.as_deref(), args),
         // Modelling a machine from nvidia-smi's text needs no config either.
         Command::Inventory(inventory::InventoryArgs {
             action: Some(action),
@@ -266,7 +271,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::ExecGate(_)
         | Command::Completions(_)
         | Command::Manpage(_)
-        | Command::Doctor(_) => unreachable!("handled above"),
+        | Command::Doctor(_)
+        | Command::Config(_) => unreachable!("handled above"),
         Command::Exec(args) => exec::run(&config, &args),
         Command::Metrics(args) => metrics::run(&config, &args),
         Command::Hold(args) => hold::run(&config, &args),

@@ -3,9 +3,12 @@
 
 pub mod audit_log;
 pub mod driver;
+mod effective;
 mod fields;
 mod located;
 pub mod serve;
+
+pub use effective::effective_toml;
 
 pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
 pub use driver::{DEFAULT_CDI_SPEC_DIRS, Driver, Unrequested};
