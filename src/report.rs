@@ -13,6 +13,11 @@ use std::fmt::Write;
 use std::time::{Duration, SystemTime};
 use table::{Cell, Style, table};
 
+/// `H100 80GB HBM3` of `NVIDIA H100 80GB HBM3`: the vendor is the same on every line.
+fn short_model(name: &str) -> String {
+    name.strip_prefix("NVIDIA ").unwrap_or(name).to_string()
+}
+
 /// Bytes as the GiB figure nvidia-smi users expect.
 fn gib(bytes: u64) -> String {
     format!("{:.0}GiB", bytes as f64 / (1u64 << 30) as f64)
@@ -36,6 +41,9 @@ pub struct Status<'a> {
     pub live_error: Option<&'a str>,
     /// The requests waiting for GPUs, oldest first.
     pub waiting: &'a [Waiting],
+    /// The GPUs (positions in the inventory) to show; `None`: all (`status --gpu`,
+    /// `--user`, `--free`).
+    pub shown: Option<&'a [usize]>,
 }
 
 /// `gpupin queue` (and the queue in `gpupin status`): one row per waiting request, in
@@ -114,6 +122,7 @@ impl<'a> Status<'a> {
             processes: None,
             live_error: None,
             waiting: &[],
+            shown: None,
         }
     }
 
@@ -147,6 +156,7 @@ impl<'a> Status<'a> {
             .gpus
             .iter()
             .enumerate()
+            .filter(|(position, _)| self.shows(*position))
             .map(|(position, g)| {
                 let holders: Vec<Value> = holders_of(&g.uuid, self.records)
                     .map(|r| holder::json(r, now, self.grace))
@@ -198,18 +208,105 @@ impl<'a> Status<'a> {
             .count()
     }
 
-    /// `gpupin status`: one row per GPU and holder, a summary line, then, where live
-    /// figures are known, one row of figures per GPU and one per process on a GPU. Rows
-    /// fit `STATUS_WIDTH`: long names, images and commands are cut with `…` (the JSON
-    /// has them whole, and the GPUs' UUIDs, which `gpupin inventory` lists too).
-    /// `colour`: headers bold, gone holders red, processes of no holder yellow.
-    pub fn table(&self, colour: bool) -> String {
+    /// Whether the GPU at `position` is one to show.
+    fn shows(&self, position: usize) -> bool {
+        self.shown.is_none_or(|shown| shown.contains(&position))
+    }
+
+    /// `gpupin status`: one line per GPU, as gpustat and nvitop give it: its model, what
+    /// it does now where live figures are known, who holds it (a holder's name, its user,
+    /// since when), and `busy` for a GPU no holder has but a process runs on. Then the
+    /// summary line and the queue, as in `table`.
+    pub fn compact(&self, colour: bool) -> String {
         let now = SystemTime::now();
         let running = self.running(now);
-        let mut out = self.holders_table(now, colour);
+        let header = ["GPU", "MODEL", "UTIL", "MEMORY", "HOLDER", "USER", "SINCE"];
+        let mut rows: Vec<Vec<Cell>> = vec![header.map(Cell::from).to_vec()];
+        let mut styles = vec![Style::Header];
+        for (position, g) in self.inventory.gpus.iter().enumerate() {
+            if !self.shows(position) {
+                continue;
+            }
+            let (figures, processes) = self.live_of(position);
+            let (util, memory) = match figures {
+                Some(l) => (
+                    l.utilization.map_or("-".into(), |u| format!("{u}%")),
+                    live::memory(g, l),
+                ),
+                None => ("-".into(), gib(g.memory_bytes)),
+            };
+            let holders: Vec<&Record> = holders_of(&g.uuid, self.records).collect();
+            let foreign: Vec<&Seen> = processes
+                .unwrap_or_default()
+                .iter()
+                .filter(|seen| matches!(live::whose(seen, &running), live::Whose::Foreign))
+                .collect();
+            let mut who: Vec<String> = holders
+                .iter()
+                .map(|r| match r.is_stale(now, self.grace) {
+                    true => format!("{} (gone)", holder::label(r)),
+                    false => holder::label(r),
+                })
+                .collect();
+            if let Some(first) = foreign.first() {
+                let user = first
+                    .process
+                    .as_ref()
+                    .map_or("?".into(), |p| p.user_or_uid());
+                who.push(format!("busy: pid {} ({user})", first.pid));
+            }
+            let mut users: Vec<String> = holders
+                .iter()
+                .filter_map(|r| r.owner.as_ref().map(|o| o.user.clone()))
+                .collect();
+            users.dedup();
+            let since = holders.iter().map(|r| r.created_at).min().map(|oldest| {
+                let r = holders.iter().find(|r| r.created_at == oldest).unwrap();
+                holder::age_of(now, r)
+            });
+            rows.push(vec![
+                Cell::from(g.index.to_string()),
+                Cell::from(short_model(&g.name)),
+                Cell::from(util),
+                Cell::from(memory),
+                Cell::from(if who.is_empty() {
+                    "-".into()
+                } else {
+                    who.join(", ")
+                }),
+                Cell::from(if users.is_empty() {
+                    "-".into()
+                } else {
+                    users.join(",")
+                }),
+                Cell::from(since.unwrap_or_else(|| "-".into())),
+            ]);
+            styles.push(
+                match (
+                    foreign.is_empty(),
+                    holders.iter().any(|r| r.is_stale(now, self.grace)),
+                ) {
+                    (_, true) => Style::Bad,
+                    (false, false) => Style::Warn,
+                    (true, false) => Style::Plain,
+                },
+            );
+        }
+        // MODEL and HOLDER give way; the figures and the user are short already.
+        let mut out = paint_if(
+            colour,
+            table::fitted(&rows, STATUS_WIDTH, &[(1, 8), (4, 12)]),
+            &styles,
+        );
+        self.summary(&mut out, &running, now, colour);
+        out
+    }
+
+    /// The line under the GPUs, the live error and the queue.
+    fn summary(&self, out: &mut String, running: &[Record], now: SystemTime, colour: bool) {
         let total = self.inventory.gpus.len();
         let holders = self.records.len();
-        let foreign = self.foreign(&running);
+        let foreign = self.foreign(running);
         let _ = write!(
             out,
             "{} of {total} GPUs free, {holders} holder{}",
@@ -228,13 +325,25 @@ impl<'a> Status<'a> {
             let _ = write!(out, ", {} waiting", self.waiting.len());
         }
         let _ = writeln!(out, " ({})", self.inventory.source);
+        if let Some(error) = self.live_error {
+            let _ = writeln!(out, "no live figures: {error}");
+        }
         if !self.waiting.is_empty() {
             out.push('\n');
             out.push_str(&queue_table(self.waiting, now, colour));
         }
-        if let Some(error) = self.live_error {
-            let _ = writeln!(out, "no live figures: {error}");
-        }
+    }
+
+    /// `gpupin status`: one row per GPU and holder, a summary line, then, where live
+    /// figures are known, one row of figures per GPU and one per process on a GPU. Rows
+    /// fit `STATUS_WIDTH`: long names, images and commands are cut with `…` (the JSON
+    /// has them whole, and the GPUs' UUIDs, which `gpupin inventory` lists too).
+    /// `colour`: headers bold, gone holders red, processes of no holder yellow.
+    pub fn table(&self, colour: bool) -> String {
+        let now = SystemTime::now();
+        let running = self.running(now);
+        let mut out = self.holders_table(now, colour);
+        self.summary(&mut out, &running, now, colour);
         if self.live.is_some() {
             out.push('\n');
             out.push_str(&self.figures_table(colour));
@@ -253,7 +362,10 @@ impl<'a> Status<'a> {
         let header = ["GPU", "HOLDER", "KIND", "IMAGE", "PID", "AGE"];
         let mut rows: Vec<Vec<Cell>> = vec![header.map(Cell::from).to_vec()];
         let mut styles = vec![Style::Header];
-        for g in &self.inventory.gpus {
+        for (position, g) in self.inventory.gpus.iter().enumerate() {
+            if !self.shows(position) {
+                continue;
+            }
             let index = Cell::from(g.index.to_string());
             let holders: Vec<&Record> = holders_of(&g.uuid, self.records).collect();
             if holders.is_empty() {
@@ -279,6 +391,9 @@ impl<'a> Status<'a> {
     fn figures_table(&self, colour: bool) -> String {
         let mut rows: Vec<Vec<Cell>> = vec![live::FIGURES_HEADER.map(Cell::from).to_vec()];
         for (position, g) in self.inventory.gpus.iter().enumerate() {
+            if !self.shows(position) {
+                continue;
+            }
             let mut row = vec![Cell::from(g.index.to_string())];
             if let (Some(figures), _) = self.live_of(position) {
                 row.extend(live::figures(g, figures));
@@ -296,6 +411,9 @@ impl<'a> Status<'a> {
         let mut rows: Vec<Vec<Cell>> = vec![live::PROCESSES_HEADER.map(Cell::from).to_vec()];
         let mut styles = vec![Style::Header];
         for (position, g) in self.inventory.gpus.iter().enumerate() {
+            if !self.shows(position) {
+                continue;
+            }
             let (_, processes) = self.live_of(position);
             for seen in processes.unwrap_or_default() {
                 let whose = live::whose(seen, running);

@@ -614,8 +614,29 @@ fn holds_by_count_with_a_reason_and_for_a_while() {
     let maint = holders.iter().find(|h| h["id"] == "maint").unwrap();
     assert_eq!(maint["gpus"].as_array().unwrap().len(), 2);
     assert_eq!(maint["reason"], "firmware update");
-    let table = t.ok(&["status"]);
+    let table = t.ok(&["status", "--long"]);
     assert!(table.contains("maint (root, firmware update)"), "{table}");
+    // The filters of the one-line-per-GPU view: a user's GPUs, some GPUs, the free ones.
+    let indices = |args: &[&str]| -> Vec<u64> {
+        let mut all = vec!["status", "--json"];
+        all.extend_from_slice(args);
+        let status: Value = serde_json::from_str(&t.ok(&all)).unwrap();
+        status["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["index"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(indices(&["--user", "root"]).len(), 3);
+    assert_eq!(indices(&["--gpu", "7,1"]), [1, 7]);
+    assert_eq!(indices(&["--free"]).len(), 5);
+    let compact = t.ok(&["status", "--gpu", "7"]);
+    let row = compact.lines().nth(1).unwrap();
+    assert!(
+        row.starts_with("7 ") && row.contains(" brief ") && row.contains(" root "),
+        "{compact}"
+    );
     let log = t.ok(&["log", "--holder", "maint"]);
     assert!(log.contains("firmware update"), "{log}");
     // Once its time is up, gc releases the hold for a while; the other stays.

@@ -400,7 +400,7 @@ fn live_figures_come_from_nvml_and_follow_the_mock() {
     ] {
         assert!(shown.contains(wanted), "{wanted} not in {gpu2:#}");
     }
-    let table = host.ok(&["status"]);
+    let table = host.ok(&["status", "--long"]);
     assert!(
         table.lines().any(|l| l.starts_with("2 ")
             && l.contains("97%")
@@ -464,7 +464,7 @@ fn a_gpu_without_utilization_keeps_the_other_figures() {
     assert_eq!(live["gpus"][1]["memory_free"], total - GIB, "{live:#}");
     assert_eq!(live["gpus"][6]["utilization"], 10, "{live:#}");
 
-    let table = host.ok(&["status"]);
+    let table = host.ok(&["status", "--long"]);
     assert!(!table.contains("no live figures"), "{table}");
     let row = |i: usize| {
         table

@@ -87,7 +87,7 @@ fn status_and_audit_name_podman_as_the_engine_and_no_more_than_it_tells() {
         .find(|l| l["event"] == "allocate")
         .unwrap_or_else(|| panic!("no allocate line: {}", podman.audit_log()));
     assert_eq!(allocation["engine"], "podman", "{allocation}");
-    let table = podman.gpupin(&["status"]);
+    let table = podman.gpupin(&["status", "--long"]);
     assert_success("gpupin status", &table);
     let table = String::from_utf8(table.stdout).unwrap();
     let row = table

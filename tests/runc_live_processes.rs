@@ -131,7 +131,7 @@ fn processes_map_to_their_container_and_a_foreign_one_keeps_its_gpu() {
     assert_eq!(status["foreign"], 1);
     assert_eq!(status["gpus"][1]["live"]["temperature"], 40);
 
-    let table = sb.gpupin.run(&["status"], "");
+    let table = sb.gpupin.run(&["status", "--long"], "");
     let table = String::from_utf8_lossy(&table.stdout);
     let row = table
         .lines()
@@ -144,6 +144,34 @@ fn processes_map_to_their_container_and_a_foreign_one_keeps_its_gpu() {
     assert!(row.ends_with("sleep 1000"), "{table}");
     assert!(table.contains("1 process not gpupin's"), "{table}");
     assert!(!table.contains('\x1b'), "no colour into a pipe:\n{table}");
+    // One line per GPU by default: GPU 0 is the container's, GPU 1 busy with the foreign
+    // sleep though nobody holds it, and --free leaves both out.
+    let compact = sb.gpupin.run(&["status"], "");
+    let compact = String::from_utf8_lossy(&compact.stdout).to_string();
+    let line = |index: &str| {
+        compact
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(index))
+            .unwrap_or_else(|| panic!("no line for GPU {index}:\n{compact}"))
+            .to_string()
+    };
+    assert!(
+        line("0").contains(a.id()) && line("1").contains(" 10% "),
+        "{compact}"
+    );
+    assert!(
+        line("1").contains(&format!("busy: pid {} (root)", outside.pid())),
+        "{compact}"
+    );
+    let free = sb.gpupin.run(&["status", "--free", "--json"], "");
+    let free: Value = serde_json::from_slice(&free.stdout).unwrap();
+    let indices: Vec<u64> = free["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, [2, 3, 4, 5, 6, 7], "{free:#}");
 
     // Pack would take GPU 1: the foreign sleep keeps it.
     let b = start_one(&sb, "b");

@@ -185,7 +185,7 @@ fn shared_holders_coexist_within_limit_and_memory_and_exclusive_ones_skip_them()
         "{msg}"
     );
 
-    let table = sb.gpupin.run(&["status"], "");
+    let table = sb.gpupin.run(&["status", "--long"], "");
     let table = harness::stdout(&table);
     assert!(
         table.contains(&format!("{} (shared, 30GiB)", s1.id())),

@@ -120,7 +120,7 @@ fn watch_redraws_in_80_columns_with_colour_on_a_terminal() {
     let outside = Sleeper::start();
     write_live(&live, 87, outside.pid());
     let command = format!(
-        "env -u NO_COLOR -u GPUPIN_CONFIG {} --config {} status --watch 0.5; sleep 600",
+        "env -u NO_COLOR -u GPUPIN_CONFIG {} --config {} status --long --watch 0.5; sleep 600",
         shell_quote(&g.bin.display().to_string()),
         shell_quote(&g.config.display().to_string()),
     );

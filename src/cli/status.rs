@@ -26,6 +26,19 @@ pub struct StatusArgs {
     /// Redraw every SECS seconds until interrupted, as `watch` does
     #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", value_parser = period)]
     pub watch: Option<Duration>,
+    /// The detailed tables: one row per GPU and holder (kind, image, pid, age), then the
+    /// GPUs' figures and their processes, instead of one line per GPU
+    #[arg(long)]
+    pub long: bool,
+    /// Only these GPUs, by index, comma-separated
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub gpu: Vec<u32>,
+    /// Only the GPUs a holder of this user holds
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Only the GPUs nobody holds and no process runs on
+    #[arg(long)]
+    pub free: bool,
 }
 
 fn period(text: &str) -> Result<Duration, String> {
@@ -40,10 +53,11 @@ fn period(text: &str) -> Result<Duration, String> {
 pub fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<ExitCode> {
     let Some(every) = args.watch else {
         let screen = Screen::read(config)?;
-        let status = screen.status();
+        let shown = screen.shown(args);
+        let status = screen.status(shown.as_deref());
         match args.json {
             true => outln!("{:#}", status.json())?,
-            false => out!("{}", status.table(colour()))?,
+            false => out!("{}", render(&status, args))?,
         }
         return Ok(ExitCode::SUCCESS);
     };
@@ -52,8 +66,11 @@ pub fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<ExitCode> {
         // A bad moment (a record half-written by hand, NVML busy) is shown, not fatal:
         // the next refresh may be fine.
         let body = match Screen::read(config) {
-            Ok(screen) if args.json => screen.status().json().to_string(),
-            Ok(screen) => screen.status().table(colour()),
+            Ok(screen) if args.json => screen
+                .status(screen.shown(args).as_deref())
+                .json()
+                .to_string(),
+            Ok(screen) => render(&screen.status(screen.shown(args).as_deref()), args),
             Err(err) if args.json => serde_json::json!({"error": one_line(&*err)}).to_string(),
             Err(err) => format!("gpupin: {}\n", one_line(&*err)),
         };
@@ -69,6 +86,14 @@ pub fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<ExitCode> {
             outln!("{body}")?;
         }
         std::thread::sleep(every);
+    }
+}
+
+/// The one-line-per-GPU view, or the detailed tables with `--long`.
+fn render(status: &Status, args: &StatusArgs) -> String {
+    match args.long {
+        true => status.table(colour()),
+        false => status.compact(colour()),
     }
 }
 
@@ -116,14 +141,56 @@ impl Screen {
         })
     }
 
-    fn status(&self) -> Status<'_> {
+    fn status<'s>(&'s self, shown: Option<&'s [usize]>) -> Status<'s> {
         Status {
             live: self.live.as_deref(),
             processes: self.processes.as_deref(),
             live_error: self.live_error.as_deref(),
             waiting: &self.waiting,
+            shown,
             ..Status::new(&self.inventory, &self.records, self.grace)
         }
+    }
+
+    /// The positions of the GPUs the filters let through; `None` without filters.
+    fn shown(&self, args: &StatusArgs) -> Option<Vec<usize>> {
+        if args.gpu.is_empty() && args.user.is_none() && !args.free {
+            return None;
+        }
+        let now = SystemTime::now();
+        let holders = |uuid: &str| {
+            self.records
+                .iter()
+                .filter(|r| r.gpus.iter().any(|g| g == uuid))
+                .collect::<Vec<_>>()
+        };
+        let busy = |position: usize| {
+            self.processes
+                .as_ref()
+                .and_then(|p| p.get(position))
+                .is_some_and(|seen| !seen.is_empty())
+        };
+        let shown = self
+            .inventory
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| args.gpu.is_empty() || args.gpu.contains(&g.index))
+            .filter(|(_, g)| {
+                args.user.as_ref().is_none_or(|user| {
+                    holders(&g.uuid)
+                        .iter()
+                        .any(|r| r.owner.as_ref().is_some_and(|o| &o.user == user))
+                })
+            })
+            .filter(|(position, g)| {
+                !args.free
+                    || (holders(&g.uuid).iter().all(|r| r.is_stale(now, self.grace))
+                        && !busy(*position))
+            })
+            .map(|(position, _)| position)
+            .collect();
+        Some(shown)
     }
 }
 

@@ -79,6 +79,11 @@ fn tags(r: &Record, now: SystemTime, grace: Duration) -> String {
 /// How long the holder has held its GPUs: `42s`, `12m`, `3h05m`, `2d04h`. A record from
 /// the future (a clock stepped back) is `0s` old.
 fn age(now: SystemTime, r: &Record) -> String {
+    age_of(now, r)
+}
+
+/// `age`, for the one-line-per-GPU view's SINCE.
+pub fn age_of(now: SystemTime, r: &Record) -> String {
     let s = now
         .duration_since(r.created())
         .unwrap_or_default()

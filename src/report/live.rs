@@ -40,7 +40,7 @@ pub fn size(bytes: u64) -> String {
 }
 
 /// Used of total, `61.2/80.0GiB`; with the total unknown (procfs), what is free.
-fn memory(gpu: &Gpu, live: &Live) -> String {
+pub fn memory(gpu: &Gpu, live: &Live) -> String {
     const GIB: f64 = (1u64 << 30) as f64;
     if gpu.memory_bytes == 0 {
         return format!("{} free", size(live.memory_free));
