@@ -103,3 +103,35 @@ fn other_policies_say_there_is_nothing_to_rank() {
         "{v}"
     );
 }
+
+/// One GPU has no pairs: the explanation shows the one term that applies and says why,
+/// not a table of dashes.
+#[test]
+fn one_gpu_is_explained_by_what_it_leaves_free() {
+    let g = Gpupin::new(GPUPIN, "sim:cubemesh8");
+    let out = g.run(
+        &["pick", "--policy", "topology", "--count", "1", "--explain"],
+        "",
+    );
+    assert!(out.status.success(), "{out:?}");
+    let text = stdout(&out);
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("term"))
+        .skip(1)
+        .collect();
+    assert!(
+        table[0]
+            .trim_start()
+            .starts_with("to free GPUs (less wins)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(" -\n") && !text.lines().any(|l| l.trim_end().ends_with(" -")),
+        "{text}"
+    );
+    assert!(
+        text.contains("(one GPU has no pairs: it is chosen for what it leaves the free GPUs)"),
+        "{text}"
+    );
+}

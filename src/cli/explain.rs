@@ -64,6 +64,10 @@ pub fn table(why: &Why, inventory: &Inventory) -> String {
     }
     out += &format!("  {:<26}{:<18}{}\n", "term", "chosen", "runner-up");
     for (term, label) in TERMS {
+        // A single GPU has no pairs: their terms would be rows of dashes.
+        if !pairs && term != Term::Left {
+            continue;
+        }
         let chosen = cell(term, &e.chosen.terms, pairs);
         let runner = e
             .runner_up
@@ -76,6 +80,9 @@ pub fn table(why: &Why, inventory: &Inventory) -> String {
         };
         out += format!("  {label:<26}{chosen:<18}{runner:<18}{mark}").trim_end();
         out += "\n";
+    }
+    if !pairs {
+        out += "  (one GPU has no pairs: it is chosen for what it leaves the free GPUs)\n";
     }
     if e.decided_by == Some(Term::Position) {
         out += "  every term ties: the lower indices win\n";
