@@ -23,13 +23,25 @@ pub struct ManpageArgs {
     pub dir: std::path::PathBuf,
 }
 
-/// gpupin(1) and a page per command, in roff, from the clap definitions.
+/// gpupin(1) and a page per command, in roff, from the clap definitions (a command's
+/// `after_long_help` is its EXAMPLES); gpupin.toml(5) from the commented config the
+/// package ships; gpupin-hook(8) and gpupin-runtime(8), which have no clap definitions.
 pub fn manpages(args: &ManpageArgs) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
-    let top = super::Cli::command();
+    // `gpupin help` is clap's, and would be a gpupin-help(1) no page is written for.
+    let top = super::Cli::command().disable_help_subcommand(true);
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     let mut written = vec![write_page(&args.dir, "gpupin", top.clone())?];
+    for (name, section, roff) in [
+        ("gpupin.toml", "5", config_page()),
+        ("gpupin-hook", "8", HOOK_PAGE.to_string()),
+        ("gpupin-runtime", "8", RUNTIME_PAGE.to_string()),
+    ] {
+        let path = args.dir.join(format!("{name}.{section}"));
+        std::fs::write(&path, roff).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
     for sub in top.get_subcommands().filter(|s| !s.is_hide_set()) {
         let name = format!("gpupin-{}", sub.get_name());
         let page = sub
@@ -52,7 +64,109 @@ fn write_page(
     use anyhow::Context;
     let mut roff = Vec::new();
     clap_mangen::Man::new(command).render(&mut roff)?;
+    let roff = examples_section(&String::from_utf8(roff)?);
     let path = dir.join(format!("{name}.1"));
     std::fs::write(&path, roff).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
+
+/// clap_mangen renders `after_long_help` as an EXTRA section of filled text; gpupin's is
+/// examples (`Examples:` and one command a line): an EXAMPLES section, lines kept.
+fn examples_section(roff: &str) -> String {
+    let Some(start) = roff.find(".SH EXTRA\n") else {
+        return roff.to_string();
+    };
+    let body_start = start + ".SH EXTRA\n".len();
+    let body_end = roff[body_start..]
+        .find("\n.SH ")
+        .map_or(roff.len(), |i| body_start + i + 1);
+    let body: Vec<&str> = roff[body_start..body_end]
+        .lines()
+        .filter(|l| *l != "Examples:")
+        .collect();
+    format!(
+        "{}.SH EXAMPLES\n.nf\n{}\n.fi\n{}",
+        &roff[..start],
+        body.join("\n"),
+        &roff[body_end..]
+    )
+}
+
+/// The commented config the package ships as /etc/gpupin/config.toml.
+const SHIPPED_CONFIG: &str = include_str!("../../packaging/config.toml");
+
+/// gpupin.toml(5): the shipped config, every key with its default and what it does.
+fn config_page() -> String {
+    let mut roff = String::from(
+        ".TH gpupin.toml 5 \"\" \"gpupin\" \"File Formats\"\n\
+         .SH NAME\ngpupin.toml \\- gpupin's configuration file\n\
+         .SH SYNOPSIS\n/etc/gpupin/config.toml, or the file \\fB\\-\\-config\\fR or \\fB$GPUPIN_CONFIG\\fR names\n\
+         .SH DESCRIPTION\n\
+         TOML. A missing default file means the defaults. Relative paths are relative to the file. \
+         A file that does not parse is one line naming its line, its table and the key meant; \
+         \\fBgpupin config check\\fR prints that line, or every key as gpupin uses it. \
+         The file the package installs, below, has every key commented out at its default.\n\
+         .SH FILE\n.nf\n",
+    );
+    for line in SHIPPED_CONFIG.lines() {
+        roff.push_str(&roff_literal(line));
+        roff.push('\n');
+    }
+    roff.push_str(".fi\n.SH SEE ALSO\ngpupin(1), gpupin\\-config(1), gpupin\\-doctor(1)\n");
+    roff
+}
+
+/// A line of text as roff shows it verbatim: backslashes escaped, and a leading `.` or
+/// `'` kept from reading as a request.
+fn roff_literal(line: &str) -> String {
+    let escaped = line.replace('\\', "\\e");
+    match escaped.starts_with(['.', '\'']) {
+        true => format!("\\&{escaped}"),
+        false => escaped,
+    }
+}
+
+const HOOK_PAGE: &str = r#".TH gpupin-hook 8 "" "gpupin" "System Administration"
+.SH NAME
+gpupin\-hook \- the OCI hook that gives containers the GPUs gpupin chose
+.SH SYNOPSIS
+\fBgpupin\-hook\fR [\fB\-\-config\fR \fIFILE\fR] \fISTAGE\fR
+.SH DESCRIPTION
+Runtimes start it for containers: podman and CRI\-O through hooks.d files (precreate, prestart,
+poststop), runc through the hooks of a spec gpupin edited. The container's state is on stdin (for
+precreate: its spec, written back edited on stdout). STAGE is precreate, prestart, createRuntime or
+poststop. A container that asks for no GPU costs little more than the exec; one that asks gets the
+GPUs gpupin chose under its lock, recorded in its ledger, and given back at poststop. A refusal is
+one line on stderr, which the runtime shows.
+.SH OPTIONS
+.TP
+\fB\-\-config\fR \fIFILE\fR
+gpupin's configuration; default: $GPUPIN_CONFIG, else /etc/gpupin/config.toml (runtimes start hooks
+with an empty environment: hooks.d files name it)
+.SH SEE ALSO
+gpupin(1), gpupin\-runtime(8), gpupin\-install(1), gpupin.toml(5)
+"#;
+
+const RUNTIME_PAGE: &str = r#".TH gpupin-runtime 8 "" "gpupin" "System Administration"
+.SH NAME
+gpupin\-runtime \- an OCI runtime for Docker and compose that pins GPUs, then runs runc
+.SH SYNOPSIS
+\fBgpupin\-runtime\fR [\fB\-\-gpupin\-config\fR \fI/ABSOLUTE/FILE\fR] [\fB\-\-gpupin\-runtime\fR \fIRUNTIME\fR] \fIrunc arguments\fR
+.SH DESCRIPTION
+Named in Docker's daemon.json (\fBgpupin install docker\fR), or as containerd's runc binary for the
+CRI runtime handler \fBgpupin\fR. On \fBcreate\fR it reads the container's request (labels,
+annotations, env, Docker's \fB\-\-gpus\fR), chooses GPUs under gpupin's lock, records them and
+edits the bundle's spec (device nodes, cgroup rules, NVIDIA_VISIBLE_DEVICES, the driver through
+CDI), then hands over to the real runtime; every other command goes to the real runtime unchanged.
+While gpupin's config does not load, a container that has nothing to do with GPUs still starts,
+with a warning; any other is refused.
+.SH OPTIONS
+.TP
+\fB\-\-gpupin\-config\fR \fIFILE\fR
+gpupin's configuration (absolute); default: $GPUPIN_CONFIG, else /etc/gpupin/config.toml
+.TP
+\fB\-\-gpupin\-runtime\fR \fIRUNTIME\fR
+the runtime to hand over to (a path, or a name on PATH), instead of the config's \fBruntime\fR
+.SH SEE ALSO
+gpupin(1), gpupin\-hook(8), gpupin\-install(1), gpupin.toml(5)
+"#;

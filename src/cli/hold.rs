@@ -36,7 +36,7 @@ pub struct HoldArgs {
     #[arg(long, conflicts_with = "by_minor")]
     pub by_slurm_index: bool,
     /// Whose hold it is (root only) [default: you]
-    #[arg(long)]
+    #[arg(long, value_hint = clap::ValueHint::Username)]
     pub user: Option<String>,
     /// Hold while this process lives
     #[arg(long, conflicts_with = "until_release")]

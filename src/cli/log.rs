@@ -12,7 +12,7 @@ pub struct LogArgs {
     #[arg(long, value_name = "WHEN", value_parser = Parsed(When::parse))]
     pub since: Option<When>,
     /// Only events of this user, by name or uid (containers without one: their engine, e.g. docker)
-    #[arg(long, value_name = "USER", value_parser = Parsed(audit::parse_user))]
+    #[arg(long, value_name = "USER", value_parser = Parsed(audit::parse_user), value_hint = clap::ValueHint::Username)]
     pub user: Option<String>,
     /// Only events about this GPU, by index or UUID
     #[arg(long, value_name = "GPU", value_parser = Parsed(GpuSelector::parse))]

@@ -62,14 +62,29 @@ pub enum Command {
     /// Show the machine's GPUs and how they are linked
     Inventory(inventory::InventoryArgs),
     /// Show which GPUs are held, by whom, since when
+    #[command(
+        after_long_help = "Examples:\n  gpupin status                 one line per GPU: who holds it, since when\n  gpupin status --free          the GPUs nobody holds and nothing runs on\n  gpupin status --user alice    alice's GPUs\n  gpupin status --long --watch  the detailed tables, redrawn every 2 s"
+    )]
     Status(status::StatusArgs),
     /// Show the requests waiting for GPUs, in the order they will be served
+    #[command(
+        after_long_help = "Examples:\n  gpupin queue                  who waits for GPUs, and for what\n  gpupin queue --json"
+    )]
     Queue(queue::QueueArgs),
     /// Show which GPUs a request would get now, without allocating
+    #[command(
+        after_long_help = "Examples:\n  gpupin pick --count 2 --explain       what a request would get now, and why\n  gpupin pick --count 1 --memory 40GiB  with a memory filter"
+    )]
     Pick(pick::PickArgs),
     /// Run a command on GPUs of the ledger, confined to them, released when it ends
+    #[command(
+        after_long_help = "Examples:\n  gpupin exec --count 2 -- python train.py           two GPUs, released when it ends\n  gpupin exec --count 1 --wait 30m -- ./job.sh      wait up to 30 minutes for a GPU\n  gpupin exec --within slurm-42 -- python eval.py  a GPU of a Slurm job's"
+    )]
     Exec(exec::ExecArgs),
     /// Set GPUs aside with no container: for a Slurm job, for maintenance
+    #[command(
+        after_long_help = "Examples:\n  gpupin hold maint-7 --devices 7 --until-release --reason \"fan replaced\"\n  gpupin hold demo --count 2 --for 3h --reason \"customer demo\"\n  gpupin release maint-7"
+    )]
     Hold(hold::HoldArgs),
     /// Print the key that lets a container or another user take GPUs from inside a holder
     Key(key::KeyArgs),
@@ -78,12 +93,24 @@ pub enum Command {
     /// Release GPUs held by containers and processes that are gone; clear what no holder owns
     Gc,
     /// Show the audit trail: who was given, held and gave back which GPUs, and what was refused
+    #[command(
+        after_long_help = "Examples:\n  gpupin log --since 2h              the last two hours\n  gpupin log --holder web-1         one container's history, by its name\n  gpupin log --follow --user alice  alice's events as they come"
+    )]
     Log(log::LogArgs),
     /// Show GPU-hours by user, holder or GPU over a period
+    #[command(
+        after_long_help = "Examples:\n  gpupin usage --since 7d              GPU-hours by user, last week\n  gpupin usage --by holder --since 1d"
+    )]
     Usage(usage::UsageArgs),
     /// Release the GPUs of one holder that has ended (a name or id as status shows it), or remove one entry of the ledger
+    #[command(
+        after_long_help = "Examples:\n  gpupin release maint-7                      a hold, or a holder that has ended\n  gpupin release 3f2a1b2c3d4e                 a container by its short id\n  gpupin release --exact --ignore-missing slurm-42   as a script (the Slurm epilog)"
+    )]
     Release(release::ReleaseArgs),
     /// Stop a holder that still runs (its engine, or SIGTERM then SIGKILL) and release its GPUs
+    #[command(
+        after_long_help = "Examples:\n  sudo gpupin evict web-1              docker stop, then its GPUs are released\n  sudo gpupin evict train --grace 30s  SIGTERM, SIGKILL after 30 s"
+    )]
     Evict(evict::EvictArgs),
     /// Start real containers on a simulated machine and show gpupin at work
     #[cfg(feature = "demo")]
@@ -98,6 +125,9 @@ pub enum Command {
     /// Check this host: driver, inventory, device nodes, cgroups, state dir, engines; how to fix what is wrong
     Doctor(doctor::DoctorArgs),
     /// Check a config file and print the configuration gpupin uses
+    #[command(
+        after_long_help = "Examples:\n  gpupin config check                          the config gpupin would read\n  gpupin config check /etc/gpupin/config.toml"
+    )]
     Config(config::ConfigArgs),
     /// NVML's answers as JSON, for gpupin-hook and gpupin-runtime
     #[command(hide = true)]

@@ -12,7 +12,7 @@ pub struct RequestArgs {
     #[arg(long)]
     pub devices: Option<String>,
     /// Selection policy (default: the configured one)
-    #[arg(long)]
+    #[arg(long, value_parser = ["topology", "pack", "spread", "least-loaded", "most-free"])]
     pub policy: Option<String>,
     /// Only GPUs with at least this much (free) memory, e.g. 40GiB
     #[arg(long)]

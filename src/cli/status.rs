@@ -34,7 +34,7 @@ pub struct StatusArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub gpu: Vec<u32>,
     /// Only the GPUs a holder of this user holds
-    #[arg(long, value_name = "USER")]
+    #[arg(long, value_name = "USER", value_hint = clap::ValueHint::Username)]
     pub user: Option<String>,
     /// Only the GPUs nobody holds and no process runs on
     #[arg(long)]
