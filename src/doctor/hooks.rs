@@ -14,7 +14,11 @@ pub(super) const CHECK: &str = "hooks";
 
 /// Where podman reads hooks.d files (packages', then the administrator's, which wins for
 /// a file of the same name); CRI-O's default `hooks_dir` is the first.
-pub const DEFAULT_HOOKS_DIRS: [&str; 2] = ["/usr/share/containers/oci/hooks.d", podman::HOOKS_DIR];
+pub const DEFAULT_HOOKS_DIRS: [&str; 2] = [VENDOR_HOOKS_DIR, podman::HOOKS_DIR];
+
+/// Where packages put hooks: the gpupin package's files there are dpkg's, and a file of the
+/// same name in podman::HOOKS_DIR takes their place.
+const VENDOR_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
 
 /// One of gpupin's file names in a dir, as found.
 enum Found {
@@ -88,7 +92,17 @@ fn read(path: &Path, stage: &str) -> Found {
     }
 }
 
+/// How to put gpupin's hooks right in `dir`. Never by writing into the packages' dir: its
+/// files are dpkg's (the issue: doctor told admins to overwrite them); files of the same
+/// name in /etc/containers/oci/hooks.d take their place instead.
 fn install_command(setup: &Setup, dir: &Path) -> String {
+    if dir == Path::new(VENDOR_HOOKS_DIR) {
+        return format!(
+            "{} (its files in {} take the place of the package's of the same name)",
+            setup.gpupin("install podman"),
+            podman::HOOKS_DIR
+        );
+    }
     let mut args = "install podman".to_string();
     if dir != Path::new(podman::HOOKS_DIR) {
         args.push_str(&format!(" --dir {}", dir.display()));
@@ -223,5 +237,34 @@ fn missing_stage(stage: &str) -> &'static str {
         _ => {
             "GPUs are not released when a container stops, only when gpupin gc or the next allocation reaps them"
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packages' hooks dir is dpkg's: the fix never writes into it.
+    #[test]
+    fn the_fix_for_the_packages_hooks_dir_writes_to_etc() {
+        let setup = Setup::host(
+            crate::input::config::Config::default(),
+            "/usr/bin/gpupin".into(),
+        );
+        let vendor = install_command(&setup, Path::new(VENDOR_HOOKS_DIR));
+        assert!(!vendor.contains("--dir"), "{vendor}");
+        assert!(
+            vendor.ends_with(
+                "(its files in /etc/containers/oci/hooks.d take the place of the package's of the same name)"
+            ),
+            "{vendor}"
+        );
+        let elsewhere = install_command(&setup, Path::new("/opt/hooks.d"));
+        assert!(
+            elsewhere.contains("install podman --dir /opt/hooks.d"),
+            "{elsewhere}"
+        );
+        let etc = install_command(&setup, Path::new(podman::HOOKS_DIR));
+        assert!(etc.ends_with("install podman"), "{etc}");
     }
 }
