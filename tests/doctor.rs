@@ -143,6 +143,14 @@ fn a_host_set_up_by_gpupin_install_has_no_problem() {
             host.dir().join("bin/runc").display()
         ),
     );
+    // Installed without --default: a container started without --runtime gpupin would
+    // get no GPU and no word from gpupin; doctor says how to close that.
+    assert_has_line(
+        &out,
+        &format!(
+            "warn    docker: \"gpupin\" is not Docker's default runtime: a container started without --runtime gpupin (docker run -l gpupin.count=1 ...) gets no GPU, and gpupin never sees it to say so; fix: gpupin --config {config} install docker --default"
+        ),
+    );
     assert_has_line(
         &out,
         &format!(

@@ -158,9 +158,10 @@ fn entry_findings(setup: &Setup, doc: &Value, entry: &Value) -> Vec<Finding> {
         );
     }
     if findings.iter().all(|f| f.status == super::Status::Ok) {
-        let default = match daemon::default_runtime(doc) {
-            Some(RUNTIME_NAME) => ", the default runtime",
-            _ => "",
+        let is_default = daemon::default_runtime(doc) == Some(RUNTIME_NAME);
+        let default = match is_default {
+            true => ", the default runtime",
+            false => "",
         };
         findings.push(Finding::ok(
             CHECK,
@@ -171,6 +172,19 @@ fn entry_findings(setup: &Setup, doc: &Value, entry: &Value) -> Vec<Finding> {
                 found_real.unwrap_or(real).display()
             ),
         ));
+        // gpupin cannot see a container started without its runtime: a gpupin label on
+        // it asks for a GPU that never comes, without a word.
+        if !is_default {
+            findings.push(
+                Finding::warn(
+                    CHECK,
+                    format!(
+                        "docker: \"{RUNTIME_NAME}\" is not Docker's default runtime: a container started without --runtime {RUNTIME_NAME} (docker run -l gpupin.count=1 ...) gets no GPU, and gpupin never sees it to say so"
+                    ),
+                )
+                .fix(setup.gpupin("install docker --default")),
+            );
+        }
     }
     findings
 }
