@@ -1,6 +1,6 @@
 //! `gpupin status --watch` on a real pseudo-terminal (a tmux pane of 80 columns): the
 //! screen is redrawn when the live figures change, fits the width, and is coloured only
-//! there. Needs tmux, not root.
+//! there; and `gpupin exec --wait`'s line while it waits. Needs tmux; the exec test root.
 
 use gpupin_sandbox::find_on_path;
 use gpupin_sandbox::harness::{Gpupin, Sleeper, required};
@@ -222,4 +222,42 @@ fn a_bad_watch_period_is_one_line() {
             "{bad}: {err}"
         );
     }
+}
+
+/// `gpupin exec --wait` on a terminal (root: it allocates itself): while every GPU is
+/// held, one line says what it waits for and its place in the queue, redrawn in place;
+/// when a GPU frees up the line goes and the job runs.
+#[test]
+fn exec_wait_shows_its_place_in_the_queue_on_a_terminal() {
+    let test = "exec_wait_shows_its_place_in_the_queue_on_a_terminal";
+    if !gpupin_sandbox::harness::need_root(test) {
+        return;
+    }
+    let found = find_on_path("tmux").ok_or_else(|| "tmux is not installed".to_string());
+    let Some(tmux_bin) = required(test, found) else {
+        return;
+    };
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
+    let held = g.run(
+        &["hold", "everything", "--count", "8", "--until-release"],
+        "",
+    );
+    assert!(held.status.success(), "{held:?}");
+    let command = format!(
+        "env -u GPUPIN_CONFIG {} --config {} exec --count 1 --wait 120s -- echo JOB-RAN; sleep 600",
+        shell_quote(&g.bin.display().to_string()),
+        shell_quote(&g.config.display().to_string()),
+    );
+    let tmux = Tmux::start(tmux_bin, g.dir.path().join("tmux.sock"), &command);
+    let screen = tmux.wait_for("the waiting line", |s| {
+        s.contains("gpupin: waiting for count=1 (first in the queue), ")
+    });
+    assert!(!screen.contains("JOB-RAN"), "{screen}");
+    let released = g.run(&["release", "everything"], "");
+    assert!(released.status.success(), "{released:?}");
+    let screen = tmux.wait_for("the job", |s| s.contains("JOB-RAN"));
+    assert!(
+        !screen.contains("waiting for"),
+        "the line is cleared:\n{screen}"
+    );
 }

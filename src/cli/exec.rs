@@ -3,6 +3,7 @@
 //! `gpupin serve`. Either way the job's pid holds the GPUs, signals sent to gpupin reach
 //! the job, and gpupin ends with the job's status.
 
+use super::exec_progress::Progress;
 use super::request_args::RequestArgs;
 use anyhow::Context;
 use gpupin::input::config::Config;
@@ -91,7 +92,10 @@ fn as_root(
         gpupin::host::confine::require_caps()?;
     }
     let owner = gpupin::host::users::owner_of(0)?;
-    let grant = exec::grant(config, holder, &request, owner, me, "exec")?;
+    let progress = Progress::start(config, holder.to_string(), request.wait.is_some());
+    let grant = exec::grant(config, holder, &request, owner, me, "exec");
+    progress.stop();
+    let grant = grant?;
     exec::block_signals()?;
     let mut gated = match exec::spawn_gated(gpupin, &args.command, &grant.env, true) {
         Ok(g) => g,
@@ -167,10 +171,18 @@ fn through_daemon(
     gpupin: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
     let mut client = Client::connect(&config.socket_path())?;
+    // The daemon names an unnamed job after the process that asks: this one.
+    let holder = args
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("exec-{}", std::process::id()));
+    let progress = Progress::start(config, holder, args.wait.is_some());
     let granted = client.ask(&Request::Exec {
         request: pairs,
         name: args.name.clone(),
-    })?;
+    });
+    progress.stop();
+    let granted = granted?;
     exec::block_signals()?;
     // An unprivileged job has no capabilities to drop.
     let mut gated = exec::spawn_gated(gpupin, &args.command, &granted.env, false)

@@ -14,6 +14,7 @@ mod doctor;
 mod evict;
 mod exec;
 mod exec_gate;
+mod exec_progress;
 mod explain;
 mod flag;
 mod gc;
