@@ -245,9 +245,14 @@ fn shorten(text: &mut String, max: usize) -> bool {
 }
 
 /// See `Event::who`; for a ledger record, `usage` asks the same of its owner and container.
+/// A container that no engine named (plain runc, a runtime gpupin does not know) is
+/// `(no engine)`, not a bare `-` that `gpupin usage` would list unexplained.
 pub(crate) fn who<'a>(user: Option<&'a str>, engine: Option<&'a str>) -> &'a str {
-    user.or(engine).unwrap_or("-")
+    user.or(engine).unwrap_or(NO_ENGINE)
 }
+
+/// Whom `who` names when neither a user nor an engine is known.
+pub const NO_ENGINE: &str = "(no engine)";
 
 #[cfg(test)]
 mod tests {

@@ -619,6 +619,16 @@ mod tests {
         assert_eq!(total, 200);
     }
 
+    /// A container no engine named is summed under a name that says so, not a bare `-`.
+    #[test]
+    fn a_holder_of_no_user_and_no_engine_is_named_so() {
+        let mut released = ended(EventKind::Release, "c9", "-", &[0], NOW - HOUR, HOUR);
+        released.user = None;
+        released.container.engine = None;
+        let u = sums(&[released], &[], 0, By::User);
+        assert_eq!(rows(&u), [("(no engine)", HOUR, 1)]);
+    }
+
     #[test]
     fn a_record_released_while_being_read_counts_once() {
         let records = [record("web", &[0], NOW - 2 * HOUR)];
