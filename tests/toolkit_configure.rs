@@ -26,18 +26,20 @@ const RUNTIME: &str = env!("CARGO_BIN_EXE_gpupin-runtime");
 /// How long dockerd may take to answer (a readiness wait, no assertion).
 const START_WAIT: Duration = Duration::from_secs(90);
 
-fn setup(test: &str) -> Option<(Peers, tempfile::TempDir)> {
+/// The peers, `daemon` (dockerd or containerd) answering `--version`, and a temp dir with
+/// a gpupin config; `None` (after saying why) where one is missing.
+fn setup_with(test: &str, daemon: &str) -> Option<(Peers, tempfile::TempDir)> {
     if !need_root(test) {
         return None;
     }
     let peers = required(test, Peers::find())?;
-    let dockerd = engines::command("dockerd")
+    let version = engines::command(daemon)
         .arg("--version")
         .output()
-        .map_err(|e| format!("dockerd: {e}"));
-    required(test, dockerd)?;
+        .map_err(|e| format!("{daemon}: {e}"));
+    required(test, version)?;
     let dir = tempfile::Builder::new()
-        .prefix("gpupin-toolkit-configure-")
+        .prefix(&format!("gpupin-toolkit-{daemon}-"))
         .tempdir()
         .unwrap();
     std::fs::write(
@@ -46,6 +48,10 @@ fn setup(test: &str) -> Option<(Peers, tempfile::TempDir)> {
     )
     .unwrap();
     Some((peers, dir))
+}
+
+fn setup(test: &str) -> Option<(Peers, tempfile::TempDir)> {
+    setup_with(test, "dockerd")
 }
 
 fn nvidia_ctk_configure(peers: &Peers, daemon_json: &Path, extra: &[&str]) {
@@ -235,20 +241,7 @@ fn containerd2() -> bool {
 }
 
 fn containerd_setup(test: &str) -> Option<(Peers, tempfile::TempDir)> {
-    if !need_root(test) {
-        return None;
-    }
-    let peers = required(test, Peers::find())?;
-    let containerd = engines::command("containerd")
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("containerd: {e}"));
-    required(test, containerd)?;
-    let dir = tempfile::Builder::new()
-        .prefix("gpupin-toolkit-containerd-")
-        .tempdir()
-        .unwrap();
-    Some((peers, dir))
+    setup_with(test, "containerd")
 }
 
 /// config.toml as an admin starts from: `containerd config default`, which defines the
