@@ -100,7 +100,7 @@ fn status_and_audit_name_the_docker_container_and_its_image() {
     let table = ok(Command::new(docker_support::gpupin_bin())
         .arg("--config")
         .arg(&slot.config)
-        .arg("status")
+        .args(["status", "--long"])
         .env_remove("GPUPIN_CONFIG"));
     let row = table
         .lines()
