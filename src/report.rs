@@ -260,10 +260,10 @@ impl<'a> Status<'a> {
                 .filter_map(|r| r.owner.as_ref().map(|o| o.user.clone()))
                 .collect();
             users.dedup();
-            let since = holders.iter().map(|r| r.created_at).min().map(|oldest| {
-                let r = holders.iter().find(|r| r.created_at == oldest).unwrap();
-                holder::age_of(now, r)
-            });
+            let since = holders
+                .iter()
+                .min_by_key(|r| r.created_at)
+                .map(|r| holder::age_of(now, r));
             rows.push(vec![
                 Cell::from(g.index.to_string()),
                 Cell::from(short_model(&g.name)),
