@@ -81,9 +81,10 @@ fn assert_refused(g: &Gpupin, input: &str, needles: &[&str]) -> Output {
     out
 }
 
-/// Empties the ledger between cases, through the CLI as an operator would.
+/// Empties the ledger between cases, through the CLI as an operator would: the holder's
+/// process still runs, so with --force.
 fn release_all(g: &Gpupin) {
-    let out = g.run(&["release", "holder"], "");
+    let out = g.run(&["release", "--force", "holder"], "");
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
