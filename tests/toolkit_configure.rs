@@ -18,7 +18,7 @@ use gpupin_sandbox::harness::toolkit::Peers;
 use gpupin_sandbox::harness::{binary, need_root, required};
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
@@ -104,12 +104,40 @@ fn nvidias() -> Value {
     json!({"args": [], "path": "nvidia-container-runtime"})
 }
 
+/// The first successful answer of `ask` (its stdout) from the daemon `child` just
+/// started, which is stopped then. A daemon that exits, or has not answered within
+/// START_WAIT (a readiness wait, no assertion), fails the test with its `log`.
+fn first_answer(
+    mut child: Child,
+    what: &str,
+    log: &Path,
+    mut ask: impl FnMut() -> Output,
+) -> String {
+    let start = Instant::now();
+    loop {
+        let out = ask();
+        if out.status.success() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return String::from_utf8(out.stdout).unwrap();
+        }
+        let exited = child.try_wait().unwrap();
+        if exited.is_some() || start.elapsed() > START_WAIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("{what} did not come up ({exited:?}): {log}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// A dockerd of its own started with `daemon_json`: its runtimes and default runtime, as
 /// `docker info` reports them.
 fn dockerd_with(dir: &Path, daemon_json: &Path) -> (Vec<String>, String) {
     let sock = format!("unix://{}", dir.join("docker.sock").display());
     let log = std::fs::File::create(dir.join("dockerd.log")).unwrap();
-    let mut child = engines::command("dockerd")
+    let child = engines::command("dockerd")
         .arg("--data-root")
         .arg(dir.join("root"))
         .arg("--exec-root")
@@ -131,30 +159,14 @@ fn dockerd_with(dir: &Path, daemon_json: &Path) -> (Vec<String>, String) {
         .stderr(log)
         .spawn()
         .expect("starting dockerd");
-    let start = Instant::now();
-    let info = loop {
-        let out = Command::new("docker")
+    let what = format!("dockerd with {}", daemon_json.display());
+    let info = first_answer(child, &what, &dir.join("dockerd.log"), || {
+        Command::new("docker")
             .args(["-H", &sock, "info", "--format"])
             .arg("{{json .Runtimes}}\t{{.DefaultRuntime}}")
             .output()
-            .unwrap();
-        if out.status.success() {
-            break String::from_utf8(out.stdout).unwrap();
-        }
-        let exited = child.try_wait().unwrap();
-        if exited.is_some() || start.elapsed() > START_WAIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(dir.join("dockerd.log")).unwrap_or_default();
-            panic!(
-                "dockerd did not come up with {} ({exited:?}): {log}",
-                daemon_json.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let _ = child.kill();
-    let _ = child.wait();
+            .unwrap()
+    });
     let (runtimes, default) = info.trim().split_once('\t').unwrap();
     let runtimes: Value = serde_json::from_str(runtimes).unwrap();
     let mut names: Vec<String> = runtimes.as_object().unwrap().keys().cloned().collect();
@@ -350,7 +362,7 @@ fn both_handlers() -> Vec<(String, String)> {
 fn cri_plugin_loads(dir: &Path, config: &Path) -> bool {
     let socket = dir.join("containerd.sock");
     let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-    let mut child = engines::command("containerd")
+    let child = engines::command("containerd")
         .arg("--config")
         .arg(config)
         .arg("--root")
@@ -364,28 +376,14 @@ fn cri_plugin_loads(dir: &Path, config: &Path) -> bool {
         .stderr(log)
         .spawn()
         .expect("starting containerd");
-    let start = Instant::now();
-    let plugins = loop {
-        let out = engines::command("ctr")
+    let plugins = first_answer(child, "containerd", &dir.join("containerd.log"), || {
+        engines::command("ctr")
             .arg("--address")
             .arg(&socket)
             .args(["plugins", "ls"])
             .output()
-            .unwrap();
-        if out.status.success() {
-            break String::from_utf8(out.stdout).unwrap();
-        }
-        let exited = child.try_wait().unwrap();
-        if exited.is_some() || start.elapsed() > START_WAIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
-            panic!("containerd did not come up ({exited:?}): {log}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let _ = child.kill();
-    let _ = child.wait();
+            .unwrap()
+    });
     // The CRI plugin (`io.containerd.grpc.v1 cri`), and on 2.x the runtime plugin the
     // handlers live in (`io.containerd.cri.v1 runtime`): each must be `ok`.
     let wanted: &[(&str, &str)] = match containerd2() {
