@@ -1012,6 +1012,21 @@ fn a_restarted_daemon_waits_for_the_jobs_cgroup_and_removes_it() {
     // A request answered: the daemon serves once it watches what the ledger holds.
     let out = run(&g, Some(&alice), &["release", "nothing-held-here"]);
     assert!(!out.status.success(), "{}", harness::stderr(&out));
+    // A script's release of what is not there, through the daemon, is no error.
+    let said = ok(
+        &g,
+        Some(&alice),
+        &[
+            "release",
+            "--exact",
+            "--ignore-missing",
+            "nothing-held-here",
+        ],
+    );
+    assert_eq!(
+        said.trim_end(),
+        "no holder \"nothing-held-here\": nothing to release"
+    );
 
     job.go();
     until("the job's main process ends", || {

@@ -26,7 +26,7 @@ use crate::jobs::hold::{self, Hold};
 use crate::model::holder::HolderId;
 use crate::state::audit::GpuRef;
 use crate::state::ledger::lookup::Match;
-use crate::state::ledger::{Ledger, Record, Released, Releaser, StillWanted};
+use crate::state::ledger::{Ledger, LedgerError, Record, Released, Releaser, StillWanted};
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
 use std::os::fd::AsRawFd;
@@ -406,12 +406,9 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
             ignore_missing,
         } => {
             let how = if exact { Match::Exact } else { Match::Shown };
-            let outcome = release_for(config, peer, &id, force, how);
-            let reply = match outcome {
-                Err(Refusal::Failed(_)) if ignore_missing && missing(config, peer, &id, how) => {
-                    Reply::default()
-                }
-                outcome => reply_for(config, peer, &id, outcome),
+            let reply = match release_named_for(config, peer, &id, force, how) {
+                Err(LedgerError::NoSuchHolder { .. }) if ignore_missing => Reply::default(),
+                released => reply_for(config, peer, &id, refusal_of(&id, released)),
             };
             protocol::send(&mut output, &reply)
         }
@@ -712,15 +709,16 @@ fn key_for(config: &Config, peer: Peer, id: &str) -> Result<(Record, String), Re
     }
 }
 
-/// A user's `gpupin release`: among their own holders, by the name status shows.
-fn release_for(
+/// A user's `gpupin release`: `Ledger::release_named` among their own holders, by the
+/// name status shows, as themselves.
+fn release_named_for(
     config: &Config,
     peer: Peer,
     id: &str,
     force: bool,
     how: Match,
-) -> Result<Record, Refusal> {
-    let ledger = crate::state::open_ledger(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
+) -> Result<Released, LedgerError> {
+    let ledger = crate::state::open_ledger(config)?;
     let user = crate::host::users::owner_of(peer.uid)
         .map(|o| o.user)
         .unwrap_or_else(|_| format!("uid {}", peer.uid));
@@ -731,34 +729,34 @@ fn release_for(
         how,
         command: "release",
     };
-    match ledger.release_named(std::ffi::OsStr::new(id), &by) {
-        Ok(Released::Holder(record)) => Ok(*record),
-        Ok(_) => Err(Refusal::Failed(format!("{id} holds nothing"))),
-        Err(e @ crate::state::ledger::LedgerError::NotYours { .. }) => {
-            Err(Refusal::Denied(one_line(&e)))
-        }
-        Err(e) => Err(Refusal::Failed(one_line(&e))),
-    }
+    ledger.release_named(std::ffi::OsStr::new(id), &by)
 }
 
-/// Whether none of the caller's holders is `id` (for `release --ignore-missing`).
-fn missing(config: &Config, peer: Peer, id: &str, how: Match) -> bool {
-    let Ok(records) = crate::state::open_ledger(config).and_then(|l| l.records()) else {
-        return false;
-    };
-    let theirs: Vec<Record> = records
-        .into_iter()
-        .filter(|r| peer.uid == 0 || r.owner.as_ref().is_some_and(|o| o.uid == peer.uid))
-        .collect();
-    matches!(
-        crate::state::ledger::lookup::find(&theirs, id, how),
-        crate::state::ledger::lookup::Lookup::NotFound
-    )
+/// A release's outcome as the reply says it: taking another's holder is a refusal the
+/// audit log keeps, anything else a failure.
+fn refusal_of(id: &str, released: Result<Released, LedgerError>) -> Result<Record, Refusal> {
+    match released {
+        Ok(Released::Holder(record)) => Ok(*record),
+        Ok(_) => Err(Refusal::Failed(format!("{id} holds nothing"))),
+        Err(e @ LedgerError::NotYours { .. }) => Err(Refusal::Denied(one_line(&e))),
+        Err(e) => Err(Refusal::Failed(one_line(&e))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A user's `gpupin release` as the daemon answers it: among their own holders, by the name status shows.
+    fn release_for(
+        config: &Config,
+        peer: Peer,
+        id: &str,
+        force: bool,
+        how: Match,
+    ) -> Result<Record, Refusal> {
+        refusal_of(id, release_named_for(config, peer, id, force, how))
+    }
     use crate::model::holder::Owner;
     use std::io::{BufRead, Write};
     use std::os::unix::process::CommandExt;
