@@ -103,7 +103,7 @@ pub struct ContainerInfo {
 
 /// A holder id cut to 12 characters, as docker shows container ids (64 hex digits): how
 /// people know a container that has no name; shorter ids stay whole.
-pub fn short_id(id: &str) -> &str {
+fn short_id(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
 }
 

@@ -224,6 +224,16 @@ impl Event {
 
     /// Whose it is, as `gpupin log` and `gpupin usage --by user` name them: the user, else
     /// (a container) the engine that started it, else `-`.
+    /// How people know the event's holder, as `Record::shown_name` names a record: a
+    /// container's name where its engine told it, else the id (an engine's long hex id
+    /// cut to 12 characters).
+    pub fn shown_holder(&self) -> &str {
+        match &self.container.name {
+            Some(name) => name,
+            None => crate::model::holder::shown_id(&self.holder),
+        }
+    }
+
     pub fn who(&self) -> &str {
         who(self.user.as_deref(), self.container.engine.as_deref())
     }

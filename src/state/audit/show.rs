@@ -23,19 +23,11 @@ fn cells(event: &Event) -> [String; 6] {
     [
         event.time.clone(),
         event.event.as_str().to_string(),
-        holder(event),
+        event.shown_holder().to_string(),
         event.who().to_string(),
         gpus(event),
         detail(event),
     ]
-}
-
-/// How people know the holder of an event.
-pub(crate) fn holder(event: &Event) -> String {
-    match &event.container.name {
-        Some(name) => name.clone(),
-        None => crate::model::holder::short_id(&event.holder).to_string(),
-    }
 }
 
 fn render(rows: &[[String; 6]]) -> String {
@@ -188,12 +180,20 @@ mod tests {
             "2024-05-01T12:00:00Z  release   train   docker  0,GPU-x  held for 1h02m; a\\nb; pytorch:24"
         );
         // --follow's rows: the same cells, one event at a time.
+        // An unnamed container by its engine's id cut as docker cuts it; any other id,
+        // however long, whole.
         let mut unnamed = entry(allocate);
         unnamed.event.container.name = None;
-        unnamed.event.holder = "0123456789abcdef0123".into();
+        unnamed.event.holder = "0123456789abcdef".repeat(4);
         assert_eq!(
             log_row(&unnamed),
             "2024-05-01T12:00:00Z  allocate  0123456789ab  docker  0,GPU-x  pytorch:24\n"
+        );
+        unnamed.event.holder = "maintenance-gpu7".into();
+        assert!(
+            log_row(&unnamed).contains("  maintenance-gpu7  "),
+            "{}",
+            log_row(&unnamed)
         );
     }
 }

@@ -70,12 +70,12 @@ fn one(mut fits: Vec<&Record>) -> Lookup<'_> {
 /// with its id shortened as docker shortens it, so that the next try can be exact.
 pub fn candidates(fits: &[&Record]) -> String {
     fits.iter()
-        .map(|r| format!("{} ({})", r.display_name(), short_id(&r.id)))
+        .map(|r| format!("{} ({})", r.display_name(), shown_id(&r.id)))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
-pub use crate::model::holder::short_id;
+use crate::model::holder::shown_id;
 
 #[cfg(test)]
 mod tests {
@@ -176,7 +176,8 @@ mod tests {
         hold.kind = HolderKind::Hold;
         let records = vec![hold];
         assert_eq!(find(&records, "web", Match::Shown), Lookup::NotFound);
-        assert_eq!(short_id("0123456789abcdef"), "0123456789ab");
-        assert_eq!(short_id("h1"), "h1");
+        assert_eq!(shown_id(&"0123456789abcdef".repeat(4)), "0123456789ab");
+        assert_eq!(shown_id("maintenance-gpu7"), "maintenance-gpu7");
+        assert_eq!(shown_id("h1"), "h1");
     }
 }

@@ -15,7 +15,6 @@
 
 mod show;
 
-use crate::model::holder::HolderKind;
 use crate::state::audit::{BadValue, Event, EventKind};
 use crate::state::ledger::Record;
 pub use show::{usage_json, usage_table};
@@ -247,14 +246,9 @@ fn event_span(event: &Event) -> Option<Span<'_>> {
         return None;
     }
     let end = unix(event.at()?);
-    let shown = match (&event.container.name, event.kind) {
-        (Some(name), _) => name.as_str(),
-        (None, Some(HolderKind::Container)) => crate::model::holder::short_id(&event.holder),
-        (None, _) => &event.holder,
-    };
     Some(Span {
         holder: &event.holder,
-        shown,
+        shown: event.shown_holder(),
         who: event.who(),
         gpus: event
             .gpus
@@ -273,17 +267,9 @@ fn event_span(event: &Event) -> Option<Span<'_>> {
 fn record_span(record: &Record, now: u64) -> Span<'_> {
     let user = record.owner.as_ref().map(|o| o.user.as_str());
     let engine = record.container.as_ref().and_then(|c| c.engine.as_deref());
-    let shown = match (
-        record.container.as_ref().and_then(|c| c.name.as_deref()),
-        record.kind,
-    ) {
-        (Some(name), _) => name,
-        (None, HolderKind::Container) => crate::model::holder::short_id(&record.id),
-        (None, _) => &record.id,
-    };
     Span {
         holder: &record.id,
-        shown,
+        shown: record.shown_name(),
         who: crate::state::audit::who(user, engine),
         gpus: record
             .gpus
