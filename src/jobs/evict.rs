@@ -7,7 +7,7 @@
 //! and the release after it.
 
 use crate::input::config::Config;
-use crate::state::ledger::lookup::{self, Lookup, Match};
+use crate::state::ledger::lookup::{self, Match};
 use crate::state::ledger::{Ledger, LedgerError, Record, Released, Releaser};
 use rustix::process::Signal;
 use std::ffi::OsStr;
@@ -66,22 +66,7 @@ pub fn evict(
 ) -> Result<Eviction, EvictError> {
     let ledger = crate::state::open_ledger(config)?;
     let records = ledger.records()?;
-    let record = match lookup::find(&records, given, Match::Shown) {
-        Lookup::Found(record) => record.clone(),
-        Lookup::Ambiguous(fits) => {
-            return Err(LedgerError::AmbiguousHolder {
-                given: given.into(),
-                candidates: lookup::candidates(&fits),
-            }
-            .into());
-        }
-        Lookup::NotFound => {
-            return Err(LedgerError::NoSuchHolder {
-                given: given.into(),
-            }
-            .into());
-        }
-    };
+    let record = lookup::the_one(&records, given, Match::Shown)?.clone();
     let name = record.display_name().to_string();
     if !record.runs(SystemTime::now(), ledger.unbound_grace()) {
         release(&ledger, &record, by)?;

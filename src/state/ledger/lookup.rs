@@ -5,7 +5,7 @@
 //! Scripts name holders by their exact id (`Match::Exact`): a container a user named
 //! `slurm-43` must not be what the epilog of job 43 releases.
 
-use super::Record;
+use super::{LedgerError, Record};
 use crate::model::holder::HolderKind;
 
 /// The shortest id prefix taken: shorter ones fit too many holders to be meant.
@@ -56,6 +56,25 @@ pub fn find<'r>(records: &'r [Record], given: &str, how: Match) -> Lookup<'r> {
         .iter()
         .filter(|r| r.kind == HolderKind::Container && r.id.starts_with(given))
         .collect())
+}
+
+/// The one holder `given` names, else the error a person reads: no such holder, or the
+/// candidates of an ambiguous name.
+pub fn the_one<'r>(
+    records: &'r [Record],
+    given: &str,
+    how: Match,
+) -> Result<&'r Record, LedgerError> {
+    match find(records, given, how) {
+        Lookup::Found(record) => Ok(record),
+        Lookup::Ambiguous(fits) => Err(LedgerError::AmbiguousHolder {
+            given: given.to_string(),
+            candidates: candidates(&fits),
+        }),
+        Lookup::NotFound => Err(LedgerError::NoSuchHolder {
+            given: given.to_string(),
+        }),
+    }
 }
 
 fn one(mut fits: Vec<&Record>) -> Lookup<'_> {

@@ -2,7 +2,7 @@
 //! owner, named as `gpupin status` shows it (`lookup`), never a holder that still runs
 //! unless forced: its GPUs would go to the next request while it uses them.
 
-use super::lookup::{self, Lookup, Match};
+use super::lookup::{self, Match};
 use super::{Ledger, LedgerError, Record, Released, entry, store};
 use crate::state::audit::{Event, EventKind};
 use std::ffi::OsStr;
@@ -46,15 +46,9 @@ impl Ledger {
             .into_iter()
             .filter(|r| by.uid == 0 || owned_by(r, by.uid))
             .collect();
-        let record = match lookup::find(&mine, text, by.how) {
-            Lookup::Found(record) => record,
-            Lookup::Ambiguous(fits) => {
-                return Err(LedgerError::AmbiguousHolder {
-                    given: text.to_string(),
-                    candidates: lookup::candidates(&fits),
-                });
-            }
-            Lookup::NotFound if by.uid == 0 => {
+        let record = match lookup::the_one(&mine, text, by.how) {
+            Ok(record) => record,
+            Err(LedgerError::NoSuchHolder { .. }) if by.uid == 0 => {
                 for name in entry::release_names(given)? {
                     if let Some(released) = self.remove_entry(&name, None)? {
                         return Ok(released);
@@ -62,7 +56,8 @@ impl Ledger {
                 }
                 return Err(no_such(given));
             }
-            Lookup::NotFound => return Err(no_such(given)),
+            Err(LedgerError::NoSuchHolder { .. }) => return Err(no_such(given)),
+            Err(other) => return Err(other),
         };
         let runs = record.runs(SystemTime::now(), self.unbound_grace);
         if runs && !by.force {
