@@ -255,11 +255,15 @@ impl<'a> Status<'a> {
                     .map_or("?".into(), |p| p.user_or_uid());
                 who.push(format!("busy: pid {} ({user})", first.pid));
             }
-            let mut users: Vec<String> = holders
+            let mut users: Vec<String> = Vec::new();
+            for user in holders
                 .iter()
-                .filter_map(|r| r.owner.as_ref().map(|o| o.user.clone()))
-                .collect();
-            users.dedup();
+                .filter_map(|r| r.owner.as_ref().map(|o| &o.user))
+            {
+                if !users.contains(user) {
+                    users.push(user.clone());
+                }
+            }
             let since = holders
                 .iter()
                 .min_by_key(|r| r.created_at)
@@ -586,6 +590,30 @@ mod tests {
         assert_eq!(hold["until_release"], true);
         assert_eq!(hold["pid"], Value::Null);
         assert_eq!(hold["state"], "running");
+    }
+
+    /// The one-line view: a GPU shared by three holders of two users names each holder
+    /// and each user once.
+    #[test]
+    fn the_one_line_view_names_each_user_once() {
+        let inv = machine(2);
+        let records = [
+            job("a1", "GPU-test-0", HolderKind::Exec, "alice"),
+            job("b1", "GPU-test-0", HolderKind::Exec, "bob"),
+            job("a2", "GPU-test-0", HolderKind::Exec, "alice"),
+        ];
+        let status = Status::new(&inv, &records, UNBOUND_GRACE);
+        let text = status.compact(false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            words(lines[0]),
+            ["GPU", "MODEL", "UTIL", "MEMORY", "HOLDER", "USER", "SINCE"]
+        );
+        assert!(
+            lines[1].contains("a1, b1, a2") && lines[1].contains(" alice,bob "),
+            "{text}"
+        );
+        assert_eq!(words(lines[2])[4..], ["-", "-", "-"], "{text}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use gpupin::host::inventory::{self, Inventory, Live};
 use gpupin::host::whose::{self, Seen};
 use gpupin::input::config::Config;
 use gpupin::report::Status;
-use gpupin::state::ledger::Ledger;
+use gpupin::state::ledger::{Ledger, holders_of};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -158,12 +158,7 @@ impl Screen {
             return None;
         }
         let now = SystemTime::now();
-        let holders = |uuid: &str| {
-            self.records
-                .iter()
-                .filter(|r| r.gpus.iter().any(|g| g == uuid))
-                .collect::<Vec<_>>()
-        };
+        let holders = |uuid: &str| holders_of(uuid, &self.records).collect::<Vec<_>>();
         let busy = |position: usize| {
             self.processes
                 .as_ref()
