@@ -29,6 +29,8 @@ pub enum HoldError {
     NoLifetime,
     #[error("give --devices LIST or --count N, not both")]
     DevicesAndCount,
+    #[error("invalid --count 0: expected a positive integer, such as 2")]
+    ZeroCount,
     #[error("invalid --reason: {0}")]
     BadReason(&'static str),
 }
@@ -69,6 +71,8 @@ pub fn hold(config: &Config, hold: &Hold, source: &str) -> Result<Record, HoldEr
     }
     let selection = match (hold.count, hold.devices.trim().is_empty()) {
         (Some(_), false) => return Err(HoldError::DevicesAndCount),
+        // The CLI takes no 0; a request to gpupin serve may say anything.
+        (Some(0), true) => return Err(HoldError::ZeroCount),
         (Some(n), true) => Selection::Count(n),
         (None, _) => Selection::Devices(device_keys(config, hold)?),
     };
@@ -275,6 +279,13 @@ mod tests {
                     ..spec("1", false)
                 },
                 "give --devices LIST or --count N, not both",
+            ),
+            (
+                Hold {
+                    count: Some(0),
+                    ..spec("", false)
+                },
+                "invalid --count 0: expected a positive integer, such as 2",
             ),
             (
                 Hold {
