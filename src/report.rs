@@ -475,6 +475,30 @@ pub fn inventory_table(inventory: &Inventory) -> String {
                 .unwrap_or_else(|| "-".into()),
             g.local_cpus.clone().unwrap_or_else(|| "-".into()),
         ]);
+        if let Some(row) = rows.last_mut() {
+            match g.mig.as_deref() {
+                Some([]) => row[2].push_str(" [MIG mode, no instances]"),
+                Some(_) => row[2].push_str(" [MIG mode]"),
+                None => {}
+            }
+        }
+        // Instances under their parent: the units a MIG-mode GPU is handed out as.
+        for m in g.mig_instances() {
+            let caps = match m.access {
+                Some(a) => format!("nvidia-cap{},{}", a.gi_minor, a.ci_minor),
+                None => "- (no gi/ci)".into(),
+            };
+            rows.push([
+                format!(" {}", m.address()),
+                m.uuid.clone(),
+                format!("MIG {}", m.profile_name()),
+                gib(m.memory_bytes),
+                "-".into(),
+                caps,
+                "-".into(),
+                "-".into(),
+            ]);
+        }
     }
     let mut out = table(&rows);
     if let Some(links) = &inventory.links {
@@ -491,7 +515,17 @@ pub fn inventory_table(inventory: &Inventory) -> String {
         }
         out.push_str(&table(&matrix));
     }
-    let _ = writeln!(out, "{} GPUs ({})", inventory.gpus.len(), inventory.source);
+    let instances = inventory.mig_instances().count();
+    match inventory.has_mig() {
+        true => writeln!(
+            out,
+            "{} GPUs, {instances} MIG instances ({})",
+            inventory.gpus.len(),
+            inventory.source
+        ),
+        false => writeln!(out, "{} GPUs ({})", inventory.gpus.len(), inventory.source),
+    }
+    .ok();
     out
 }
 

@@ -207,6 +207,7 @@ pub(crate) mod testing {
                     minor: i,
                     numa_node: None,
                     local_cpus: None,
+                    mig: None,
                 })
                 .collect(),
             control_nodes: vec![],

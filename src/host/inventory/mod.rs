@@ -10,11 +10,13 @@ pub mod import;
 mod link;
 pub mod live;
 mod live_cache;
+mod mig_file;
 mod nvml;
 pub mod nvml_helper;
 mod procfs;
 pub(crate) mod sim;
 
+pub use crate::model::mig::{MigAccess, MigInstance};
 pub use file::{from_json, to_json};
 pub use link::Link;
 pub use live::{GpuProcess, Live};
@@ -58,6 +60,21 @@ pub struct Gpu {
     pub numa_node: Option<u32>,
     /// Host CPUs local to the GPU, as a cpulist (`0-15,32-47`).
     pub local_cpus: Option<String>,
+    /// `None`: not in MIG mode, the GPU is a unit. `Some`: in MIG mode, never handed out
+    /// whole; its instances (sorted by their index, maybe none) are the units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<Vec<MigInstance>>,
+}
+
+impl Gpu {
+    pub fn in_mig_mode(&self) -> bool {
+        self.mig.is_some()
+    }
+
+    /// The GPU's MIG instances; none when it is not in MIG mode.
+    pub fn mig_instances(&self) -> &[MigInstance] {
+        self.mig.as_deref().unwrap_or(&[])
+    }
 }
 
 /// A character device node a container needs, with its path inside the container.
@@ -116,6 +133,29 @@ impl Inventory {
             .filter_map(|u| self.gpus.iter().find(|g| &g.uuid == u))
             .map(|g| self.gpu_node(g));
         gpus.chain(self.control_nodes.iter().cloned()).collect()
+    }
+
+    /// Every MIG instance, parents in index order.
+    pub fn mig_instances(&self) -> impl Iterator<Item = &MigInstance> {
+        self.gpus.iter().flat_map(|g| g.mig_instances())
+    }
+
+    /// Finds a MIG instance by address (`0:1`, GPU index and MIG index) or UUID
+    /// (`MIG-...`, case-insensitive).
+    pub fn find_mig(&self, key: &str) -> Option<&MigInstance> {
+        let key = key.trim();
+        if let Some((gpu, mig)) = crate::model::mig::parse_address(key) {
+            return self
+                .mig_instances()
+                .find(|m| m.parent_index == gpu && m.index == mig);
+        }
+        self.mig_instances()
+            .find(|m| m.uuid.eq_ignore_ascii_case(key))
+    }
+
+    /// Whether any GPU is in MIG mode.
+    pub fn has_mig(&self) -> bool {
+        self.gpus.iter().any(Gpu::in_mig_mode)
     }
 
     /// Position of a GPU in `gpus` by UUID.

@@ -203,6 +203,7 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<Gpu, InventoryError> {
             .map_err(query_error(&what("minor number")))?,
         numa_node: None,
         local_cpus: None,
+        mig: None,
     })
 }
 
