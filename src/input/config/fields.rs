@@ -144,6 +144,10 @@ pub(super) fn foreign<'de, D: Deserializer<'de>>(d: D) -> Result<Foreign, D::Err
     keyed(d, "foreign", Foreign::EXPECTED)
 }
 
+pub(super) fn mig<'de, D: Deserializer<'de>>(d: D) -> Result<super::MigUnits, D::Error> {
+    keyed(d, "mig", super::MigUnits::EXPECTED)
+}
+
 pub(super) fn audit_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     let text = String::deserialize(d)?;
     match crate::base::units::parse_size(&text) {

@@ -147,6 +147,38 @@ pub struct Config {
     /// `gpupin serve`'s bounds (`[serve]`).
     #[serde(default, deserialize_with = "fields::serve")]
     pub serve: ServeSettings,
+    /// Whether a plain count may take MIG instances (`MigUnits`).
+    #[serde(default, deserialize_with = "fields::mig")]
+    pub mig: MigUnits,
+}
+
+/// What a plain `gpupin.count=N` may get where GPUs are cut into MIG instances. Whole
+/// GPUs only, by default: a job that asks for a GPU and gets a `1g.10gb` slice (a
+/// seventh of the compute, a tenth of the memory) fails late or runs slowly, with
+/// nothing telling it why; instances are asked for by name (`gpupin.mig`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MigUnits {
+    #[default]
+    WholeOnly,
+    /// A count whole GPUs cannot meet takes MIG instances, the largest first: for
+    /// machines whose GPUs are all cut, where every job fits in an instance.
+    InstancesToo,
+}
+
+impl MigUnits {
+    pub const EXPECTED: &str = "expected \"whole-only\" or \"instances-too\"";
+}
+
+impl std::str::FromStr for MigUnits {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "whole-only" => Ok(MigUnits::WholeOnly),
+            "instances-too" => Ok(MigUnits::InstancesToo),
+            _ => Err(()),
+        }
+    }
 }
 
 /// What allocation makes of a process on a GPU that no holder owns (one started

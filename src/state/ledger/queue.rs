@@ -258,7 +258,10 @@ fn dequeue(dir: &Path, ticket: &Ticket) {
 /// Errors that can go away when other holders leave.
 fn retryable(err: &LedgerError) -> bool {
     match err {
-        LedgerError::NotEnoughFree { .. } | LedgerError::DeviceUnavailable { .. } => true,
+        LedgerError::NotEnoughFree { .. }
+        | LedgerError::DeviceUnavailable { .. }
+        | LedgerError::NotEnoughMig(_)
+        | LedgerError::MigUnavailable(_) => true,
         // The requester's other holders may end; a request over the limit by itself never fits.
         LedgerError::LimitReached(r) => r.wanted <= r.limit as usize,
         _ => false,
@@ -448,7 +451,10 @@ impl Ledger {
                 let parked = match &err {
                     LedgerError::LimitReached(_) => true,
                     // No plan came about: would the limit have let it through?
-                    LedgerError::NotEnoughFree { .. } | LedgerError::DeviceUnavailable { .. } => {
+                    LedgerError::NotEnoughFree { .. }
+                    | LedgerError::DeviceUnavailable { .. }
+                    | LedgerError::NotEnoughMig(_)
+                    | LedgerError::MigUnavailable(_) => {
                         self.over_limit(request, machine, meta, &live)
                     }
                     _ => ticket.parked,
