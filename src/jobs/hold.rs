@@ -5,7 +5,7 @@
 use crate::admission::grant::{self, GrantError};
 use crate::host::inventory::Inventory;
 use crate::input::config::Config;
-use crate::input::request::{GpuRequest, Origin, Selection};
+use crate::input::request::{self, GpuRequest, Key, Origin, Selection};
 use crate::model::holder::{HolderId, HolderKind, Owner};
 use crate::state::ledger::{HolderMeta, Record};
 
@@ -29,6 +29,10 @@ pub enum HoldError {
     NoLifetime,
     #[error("give --devices LIST or --count N, not both")]
     DevicesAndCount,
+    #[error("give --mig PROFILE (with --count N) or --devices LIST, not both")]
+    MigAndDevices,
+    #[error(transparent)]
+    Request(request::RequestError),
     #[error("invalid --count 0: expected a positive integer, such as 2")]
     ZeroCount,
     #[error("invalid --reason: {0}")]
@@ -51,6 +55,8 @@ pub struct Hold {
     pub within: Option<String>,
     /// How many GPUs, chosen by the policy, instead of `devices`.
     pub count: Option<u32>,
+    /// MIG instances of this profile, or `any` (`gpupin.mig`), `count` of them.
+    pub mig: Option<String>,
     /// Why, for status and the audit log (one line, at most `MAX_REASON` characters).
     pub reason: Option<String>,
     /// Seconds since the Unix epoch at which the hold ends by itself (`--for`).
@@ -69,6 +75,9 @@ pub fn hold(config: &Config, hold: &Hold, source: &str) -> Result<Record, HoldEr
     if let Some(reason) = &hold.reason {
         check_reason(reason)?;
     }
+    if let Some(mig) = &hold.mig {
+        return hold_instances(config, hold, mig, source);
+    }
     let selection = match (hold.count, hold.devices.trim().is_empty()) {
         (Some(_), false) => return Err(HoldError::DevicesAndCount),
         // The CLI takes no 0; a request to gpupin serve may say anything.
@@ -80,6 +89,42 @@ pub fn hold(config: &Config, hold: &Hold, source: &str) -> Result<Record, HoldEr
         within: hold.within.clone(),
         ..GpuRequest::new(selection, Origin::Cli)
     };
+    grant_hold(config, hold, &request, source)
+}
+
+/// `--mig PROFILE [--count N]`: checked as `gpupin.mig` is everywhere.
+fn hold_instances(
+    config: &Config,
+    hold: &Hold,
+    mig: &str,
+    source: &str,
+) -> Result<Record, HoldError> {
+    if !hold.devices.trim().is_empty() || hold.by_minor {
+        return Err(HoldError::MigAndDevices);
+    }
+    let count = hold.count.unwrap_or(1);
+    if count == 0 {
+        return Err(HoldError::ZeroCount);
+    }
+    let count = count.to_string();
+    let pairs = [
+        (Key::Mig.as_str(), mig),
+        (Key::Count.as_str(), count.as_str()),
+    ];
+    let Some(mut request) = request::from_pairs(&pairs, Origin::Cli).map_err(HoldError::Request)?
+    else {
+        return Err(HoldError::MigAndDevices);
+    };
+    request.within = hold.within.clone();
+    grant_hold(config, hold, &request, source)
+}
+
+fn grant_hold(
+    config: &Config,
+    hold: &Hold,
+    request: &GpuRequest,
+    source: &str,
+) -> Result<Record, HoldError> {
     let meta = HolderMeta {
         source: source.to_string(),
         pid: hold.pid,
@@ -92,7 +137,7 @@ pub fn hold(config: &Config, hold: &Hold, source: &str) -> Result<Record, HoldEr
         reason: hold.reason.clone(),
         ..HolderMeta::default()
     };
-    let (_, record) = grant::allocate(config, &hold.id, &request, meta)?;
+    let (_, record) = grant::allocate(config, &hold.id, request, meta)?;
     Ok(record)
 }
 
@@ -184,6 +229,7 @@ pub(crate) mod testing {
             limited: false,
             within: None,
             count: None,
+            mig: None,
             reason: None,
             expires_at: None,
         };
@@ -223,6 +269,7 @@ mod tests {
             limited: false,
             within: None,
             count: None,
+            mig: None,
             reason: None,
             expires_at: None,
         }
@@ -242,6 +289,44 @@ mod tests {
         let path = dir.join("inventory.json");
         std::fs::write(&path, format!("{{\"gpus\": [{}]}}", gpus.join(","))).unwrap();
         path.display().to_string()
+    }
+
+    #[test]
+    fn mig_holds_instances_of_a_profile_and_is_checked_in_one_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path(), "sim:nvswitch8mig");
+        let asked = Hold {
+            mig: Some("1g.10gb".into()),
+            count: Some(3),
+            ..spec("", false)
+        };
+        let record = hold(&config, &asked, "test").unwrap();
+        assert_eq!(record.gpus.len(), 3);
+        assert!(
+            record.gpus.iter().all(|u| u.starts_with("MIG-")),
+            "{record:?}"
+        );
+        assert_eq!(record.indices, [0, 0, 0]);
+        let bad = Hold {
+            id: HolderId::new("m2").unwrap(),
+            mig: Some("10gb".into()),
+            ..spec("", false)
+        };
+        let err = hold(&config, &bad, "test").unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid --mig=\"10gb\": expected a MIG profile"),
+            "{err}"
+        );
+        let both = Hold {
+            id: HolderId::new("m3").unwrap(),
+            mig: Some("any".into()),
+            ..spec("1", false)
+        };
+        let err = hold(&config, &both, "test").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "give --mig PROFILE (with --count N) or --devices LIST, not both"
+        );
     }
 
     #[test]

@@ -380,6 +380,7 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
             user,
             within,
             count,
+            mig,
             reason,
             for_secs,
         } => {
@@ -392,6 +393,7 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
                 user,
                 within,
                 count,
+                mig,
                 reason,
                 for_secs,
             };
@@ -591,6 +593,7 @@ struct HoldAsked {
     user: Option<String>,
     within: Option<String>,
     count: Option<u32>,
+    mig: Option<String>,
     reason: Option<String>,
     for_secs: Option<u64>,
 }
@@ -650,6 +653,7 @@ fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Ref
         owner,
         within: asked.within,
         count: asked.count,
+        mig: asked.mig,
         reason: asked.reason,
         expires_at: asked
             .for_secs
@@ -802,6 +806,7 @@ mod tests {
             limited: false,
             within: None,
             count: None,
+            mig: None,
             reason: None,
             expires_at: None,
         };
@@ -1033,6 +1038,7 @@ mod tests {
             user: user.map(String::from),
             within: None,
             count: None,
+            mig: None,
             reason: None,
             for_secs: None,
         };
