@@ -256,6 +256,7 @@ fn synthetic(n: usize, gpu: &str, link: fn(usize, usize) -> Link) -> Inventory {
         gpus,
         control_nodes: vec![],
         links: Some(links),
+        caps_major: None,
     }
 }
 

@@ -212,6 +212,7 @@ pub(crate) mod testing {
                 .collect(),
             control_nodes: vec![],
             links: None,
+            caps_major: None,
         }
     }
 }

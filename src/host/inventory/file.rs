@@ -38,6 +38,9 @@
 //!   - `numa_node` (optional): the NUMA node the GPU is attached to;
 //!   - `local_cpus` (optional): the host CPUs near the GPU as a cpulist, `0-15,32-47`;
 //!   - `mig` (optional): present when the GPU is in MIG mode, its instances (`mig_file`).
+//! - `caps_major` (optional): major of the MIG capability nodes (`nvidia-caps` in
+//!   `/proc/devices`, assigned dynamically). Default where a GPU is in MIG mode: 511, a
+//!   stand-in as the uvm major is; none otherwise.
 //! - `topology` (optional): an n x n matrix in `nvidia-smi topo -m` notation (`X`, `NVS`,
 //!   `NV<n>`, `PIX`, `PXB`, `PHB`, `NODE`, `SYS`), rows and columns in the order of `gpus` in
 //!   the file. `X` on the diagonal and only there; the matrix must be symmetric.
@@ -60,6 +63,8 @@ use std::path::Path;
 pub(super) const DEFAULT_GPU_MAJOR: u32 = 195;
 /// A stand-in for the dynamically assigned `nvidia-uvm` major (see the module docs).
 pub(super) const DEFAULT_UVM_MAJOR: u32 = 510;
+/// A stand-in for the dynamically assigned `nvidia-caps` major (see the module docs).
+pub(super) const DEFAULT_CAPS_MAJOR: u32 = 511;
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,6 +76,8 @@ struct Doc {
     gpus: Vec<DocGpu>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     topology: Option<Vec<Vec<Link>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    caps_major: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -189,12 +196,14 @@ fn build(doc: Doc, source: String) -> Result<Inventory, String> {
         check_topology(matrix, gpus.len())?;
     }
     let (gpus, links) = sort_by_index(gpus, doc.topology);
+    let has_mig = gpus.iter().any(Gpu::in_mig_mode);
     Ok(Inventory {
         source,
         gpu_major: doc.gpu_major,
         gpus,
         control_nodes,
         links,
+        caps_major: doc.caps_major.or(has_mig.then_some(DEFAULT_CAPS_MAJOR)),
     })
 }
 
@@ -383,6 +392,7 @@ fn to_doc(inv: &Inventory) -> Doc {
         ),
         gpus: inv.gpus.iter().map(to_doc_gpu).collect(),
         topology: inv.links.clone(),
+        caps_major: inv.caps_major,
     }
 }
 

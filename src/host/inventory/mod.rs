@@ -99,6 +99,10 @@ pub struct Inventory {
     pub control_nodes: Vec<DeviceNode>,
     /// Pairwise links, `links[a][b]` for positions a, b in `gpus`; `None` when unknown.
     pub links: Option<Vec<Vec<Link>>>,
+    /// Major of the MIG capability nodes `/dev/nvidia-caps/nvidia-cap<N>` (`nvidia-caps`
+    /// in /proc/devices, assigned dynamically); `None` where the driver has none, and
+    /// then no MIG instance can be given.
+    pub caps_major: Option<u32>,
 }
 
 impl Inventory {
@@ -125,14 +129,59 @@ impl Inventory {
         })
     }
 
-    /// The nodes a container holding `uuids` needs: its GPUs' nodes, then the control
+    /// The nodes a container holding `uuids` needs: its GPUs' nodes (for a MIG instance,
+    /// its GPU's node once and the instance's two capability nodes), then the control
     /// nodes every CUDA process opens.
     pub fn nodes_for(&self, uuids: &[String]) -> Vec<DeviceNode> {
-        let gpus = uuids
-            .iter()
-            .filter_map(|u| self.gpus.iter().find(|g| &g.uuid == u))
-            .map(|g| self.gpu_node(g));
-        gpus.chain(self.control_nodes.iter().cloned()).collect()
+        let mut nodes: Vec<DeviceNode> = Vec::new();
+        for uuid in uuids {
+            let unit = match self.gpus.iter().find(|g| &g.uuid == uuid) {
+                Some(g) => vec![self.gpu_node(g)],
+                None => match self.mig_instances().find(|m| &m.uuid == uuid) {
+                    Some(m) => self.mig_nodes(m),
+                    None => continue,
+                },
+            };
+            for node in unit {
+                if !nodes.contains(&node) {
+                    nodes.push(node);
+                }
+            }
+        }
+        nodes.extend(self.control_nodes.iter().cloned());
+        nodes
+    }
+
+    /// The nodes of one MIG instance: its GPU's, then its GPU instance's and its compute
+    /// instance's capability nodes (none where their minors or major are unknown).
+    pub fn mig_nodes(&self, instance: &MigInstance) -> Vec<DeviceNode> {
+        let parent = DeviceNode {
+            path: format!("/dev/nvidia{}", instance.parent_minor),
+            major: self.gpu_major,
+            minor: instance.parent_minor,
+        };
+        let caps = self.mig_cap_nodes(instance);
+        std::iter::once(parent).chain(caps).collect()
+    }
+
+    /// An instance's two capability nodes; none where their minors or major are unknown.
+    pub fn mig_cap_nodes(&self, instance: &MigInstance) -> Vec<DeviceNode> {
+        match (instance.access, self.caps_major) {
+            (Some(a), Some(major)) => [a.gi_minor, a.ci_minor]
+                .into_iter()
+                .map(|minor| DeviceNode {
+                    path: crate::model::mig::cap_path(minor),
+                    major,
+                    minor,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether gpupin can give `instance`: it knows its capability nodes.
+    pub fn can_give(&self, instance: &MigInstance) -> bool {
+        instance.access.is_some() && self.caps_major.is_some()
     }
 
     /// Every MIG instance, parents in index order.

@@ -68,6 +68,7 @@ fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryErro
         gpus,
         control_nodes,
         links,
+        caps_major: super::procfs::caps_major(roots)?,
     })
 }
 

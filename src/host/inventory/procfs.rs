@@ -84,6 +84,7 @@ pub(super) fn probe_at(roots: &Roots) -> Result<Inventory, InventoryError> {
         gpus,
         control_nodes,
         links,
+        caps_major: caps_major(roots)?,
     })
 }
 
@@ -361,6 +362,16 @@ fn access_minor(
     })
 }
 
+/// The major of the MIG capability nodes: `nvidia-caps` in /proc/devices, where the
+/// driver registered it (drivers with MIG support do, MIG mode or not).
+pub(super) fn caps_major(roots: &Roots) -> Result<Option<u32>, InventoryError> {
+    let path = roots.proc.join("devices");
+    let text = std::fs::read_to_string(&path).map_err(|source| procfs_error(&path, source))?;
+    Ok(char_majors(&text)
+        .get(crate::model::mig::CAPS_DEVICE_NAME)
+        .copied())
+}
+
 /// Name to major of the `Character devices:` section.
 pub(crate) fn char_majors(text: &str) -> HashMap<&str, u32> {
     text.lines()
@@ -451,7 +462,7 @@ mod tests {
     }
 
     const DEVICES: &str = "Character devices:\n  1 mem\n195 nvidia\n195 nvidiactl\n\
-        234 nvidia-uvm\n\nBlock devices:\n  7 loop\n";
+        234 nvidia-uvm\n237 nvidia-caps\n\nBlock devices:\n  7 loop\n";
 
     impl Fixture {
         /// A GPU at `bus` (`0000:17:00.0`) under the sysfs `path` of bridges.
@@ -657,7 +668,21 @@ mod tests {
                 (3, 9, 0, 84, 85)
             ]
         );
+        assert_eq!(inv.caps_major, Some(237));
         let m = inv.find_mig("1:3").unwrap();
+        let nodes: Vec<_> = inv
+            .mig_nodes(m)
+            .into_iter()
+            .map(|n| (n.path, n.major, n.minor))
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                ("/dev/nvidia1".to_string(), 195, 1),
+                ("/dev/nvidia-caps/nvidia-cap84".to_string(), 237, 84),
+                ("/dev/nvidia-caps/nvidia-cap85".to_string(), 237, 85),
+            ]
+        );
         assert_eq!(m.uuid, format!("MIG-{}/9/0", parent.uuid));
         assert_eq!((m.parent_minor, m.profile_name()), (1, "unknown"));
         // The cache keeps what procfs found.

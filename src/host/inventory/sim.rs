@@ -51,7 +51,7 @@
 //! half; all of them for both with a single CPU), so cpusets built from `local_cpus` are
 //! valid on the host that runs the simulation.
 
-use super::file::{DEFAULT_GPU_MAJOR, default_control_nodes};
+use super::file::{DEFAULT_CAPS_MAJOR, DEFAULT_GPU_MAJOR, default_control_nodes};
 use super::{Gpu, Inventory, InventoryError, Link, MigAccess, MigInstance, cpulist};
 
 /// The names of the simulated machines; `machine` accepts exactly these.
@@ -315,6 +315,7 @@ impl Spec {
             gpus,
             control_nodes: default_control_nodes(DEFAULT_GPU_MAJOR),
             links: Some(links),
+            caps_major: (!self.mig.is_empty()).then_some(DEFAULT_CAPS_MAJOR),
         }
     }
 

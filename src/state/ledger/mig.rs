@@ -12,7 +12,7 @@ use super::machine::Machine;
 use super::scope::Scope;
 use super::{HolderId, LedgerError, Record, holders_of};
 use crate::base::units::format_size;
-use crate::host::inventory::{Gpu, MigInstance};
+use crate::host::inventory::{Gpu, Inventory, MigInstance};
 use crate::input::config::MigUnits;
 use crate::input::request::{GpuRequest, MigWant, Selection};
 use crate::policy::PolicyName;
@@ -33,7 +33,7 @@ pub(super) enum Unfit {
 impl Unfit {
     fn reason(self, instance: &MigInstance, request: &GpuRequest, holders: &str) -> String {
         match self {
-            Unfit::NoAccess => "the inventory names no GPU and compute instance ids for it (add gi and ci to the inventory file, or use NVML or procfs)".into(),
+            Unfit::NoAccess => "gpupin does not know its capability nodes: the inventory names no GPU and compute instance ids for it or no nvidia-caps major (add gi and ci to the inventory file, or use NVML or procfs)".into(),
             Unfit::Profile => format!(
                 "its profile {} is not gpupin.mig={}",
                 instance.profile_name(),
@@ -75,7 +75,9 @@ fn blockers<'r>(
 
 /// Whether `instance` of `parent` (at `position`) can take `request`; `by_profile`: the
 /// request's profile applies (not for instances named one by one).
+#[allow(clippy::too_many_arguments)]
 fn fits(
+    inventory: &Inventory,
     instance: &MigInstance,
     parent: &Gpu,
     position: usize,
@@ -84,7 +86,7 @@ fn fits(
     scope: &Scope,
     by_profile: bool,
 ) -> Result<(), Unfit> {
-    if instance.access.is_none() {
+    if !inventory.can_give(instance) {
         return Err(Unfit::NoAccess);
     }
     if by_profile
@@ -139,7 +141,9 @@ pub(super) fn choose(
     let mut free_per_parent: BTreeMap<u32, usize> = BTreeMap::new();
     for (position, parent) in inventory.gpus.iter().enumerate() {
         for instance in parent.mig_instances() {
-            let fit = fits(instance, parent, position, request, others, scope, true);
+            let fit = fits(
+                inventory, instance, parent, position, request, others, scope, true,
+            );
             if fit != Err(Unfit::Profile) {
                 matching += 1;
             }
@@ -260,7 +264,9 @@ pub(super) fn named(
     let position = inventory.position_of(&instance.parent_uuid)?;
     let parent = &inventory.gpus[position];
     Some(
-        match fits(instance, parent, position, request, others, scope, false) {
+        match fits(
+            inventory, instance, parent, position, request, others, scope, false,
+        ) {
             Ok(()) => Ok(instance.uuid.clone()),
             Err(unfit) => {
                 let holders: Vec<&str> = blockers(instance, all).map(Record::shown_name).collect();

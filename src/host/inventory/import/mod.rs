@@ -86,6 +86,8 @@ pub fn import(topo: &str, list: Option<&str>, origin: &Path) -> Result<Inventory
         gpus,
         control_nodes: default_control_nodes(DEFAULT_GPU_MAJOR),
         links: Some(links),
+        // The file format's default where there is MIG.
+        caps_major: None,
     };
     // Through the file format and back: its checks (a symmetric matrix, X on the
     // diagonal only, unique UUIDs and bus ids) and its order (by index).
