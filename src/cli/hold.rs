@@ -145,10 +145,11 @@ fn slurm_minors(numbers: &str) -> anyhow::Result<String> {
         Some(node) => node,
         None => slurm::short_hostname().context("reading this host's name")?,
     };
-    let minors = slurm::minors(&gres_conf, &node, numbers)?;
-    Ok(minors
+    // A MIG instance (a MultipleFiles= line) as `gpu/cap/cap`, which --by-minor takes.
+    let units = slurm::units(&gres_conf, &node, numbers)?;
+    Ok(units
         .iter()
-        .map(u32::to_string)
+        .map(slurm::SlurmUnit::key)
         .collect::<Vec<_>>()
         .join(","))
 }
