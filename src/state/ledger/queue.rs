@@ -260,8 +260,10 @@ fn retryable(err: &LedgerError) -> bool {
     match err {
         LedgerError::NotEnoughFree { .. }
         | LedgerError::DeviceUnavailable { .. }
-        | LedgerError::NotEnoughMig(_)
         | LedgerError::MigUnavailable(_) => true,
+        // More instances of a profile than the machine has never fit (the geometry
+        // changes only with a new inventory, which a new request reads).
+        LedgerError::NotEnoughMig(e) => e.wanted <= e.matching,
         // The requester's other holders may end; a request over the limit by itself never fits.
         LedgerError::LimitReached(r) => r.wanted <= r.limit as usize,
         _ => false,

@@ -223,6 +223,24 @@ fn a_plain_count_takes_instances_only_under_instances_too() {
 }
 
 #[test]
+fn a_wait_for_more_instances_than_the_machine_has_is_refused_at_once() {
+    let (_t, l) = ledger();
+    let inv = a100();
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let pairs = [
+        ("gpupin.mig", "1g.10gb"),
+        ("gpupin.count", "3"),
+        ("gpupin.wait", "1h"),
+    ];
+    let err = take(&l, &m, "w", &pairs).unwrap_err();
+    assert!(
+        err.starts_with("cannot allocate 3 MIG instances of 1g.10gb for w: 2 of the 2"),
+        "{err}"
+    );
+    assert!(l.waiting().unwrap().is_empty());
+}
+
+#[test]
 fn mig_requests_are_checked_in_one_line() {
     let err = |pairs: &[(&str, &str)]| {
         from_pairs(pairs, Origin::Annotations)
