@@ -274,6 +274,42 @@ pub struct LimitReached {
 }
 
 impl LedgerError {
+    /// The refusal naming the holder as people know it, where its engine told a name:
+    /// the container they started, not the id gpupin filed it under (a podman container
+    /// is refused while it is still a claim, `claim-...`).
+    fn naming(self, meta: &HolderMeta) -> LedgerError {
+        let Some(name) = meta.container.as_ref().and_then(|c| c.name.clone()) else {
+            return self;
+        };
+        match self {
+            LedgerError::NotEnoughFree {
+                wanted,
+                held,
+                total,
+                detail,
+                ..
+            } => LedgerError::NotEnoughFree {
+                id: name,
+                wanted,
+                held,
+                total,
+                detail,
+            },
+            LedgerError::DeviceUnavailable {
+                index,
+                uuid,
+                reason,
+                ..
+            } => LedgerError::DeviceUnavailable {
+                id: name,
+                index,
+                uuid,
+                reason,
+            },
+            other => other,
+        }
+    }
+
     /// A short, fixed name for why an allocation was refused: the `code` of audit lines
     /// and the `reason` label of `gpupin_refusals_total`.
     pub fn code(&self) -> &'static str {
@@ -532,7 +568,8 @@ impl Ledger {
             Ok(secret.as_ref().is_some_and(|s| s.opens(parent, key)))
         };
         let scope = scope::scope(holder, request, machine, &meta, live, &mut opens)?;
-        let plan = allocate::plan(holder, request, machine, live, cursor, &scope)?;
+        let plan = allocate::plan(holder, request, machine, live, cursor, &scope)
+            .map_err(|e| e.naming(&meta))?;
         scope::check(&meta, machine, live, &plan.uuids)?;
         let record = Record {
             id: holder.to_string(),
