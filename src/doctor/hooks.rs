@@ -188,7 +188,10 @@ fn check_dir(setup: &Setup, dir: &Path, files: &[(&str, PathBuf, Found)]) -> Vec
             .map(|(_, _, c)| c["when"].get("always").is_some())
         {
             Some(true) => "every container",
-            _ => "containers with a gpupin.* annotation",
+            // The one way a request goes unseen: say it where the admin looks.
+            _ => {
+                "containers with a gpupin.* annotation (podman --label and -e GPUPIN_* never reach it: use --annotation, or `gpupin install podman --always` for env requests)"
+            }
         };
         let shown: Vec<String> = programs.iter().map(|p| p.display().to_string()).collect();
         findings.push(Finding::ok(
