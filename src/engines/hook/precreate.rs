@@ -97,6 +97,8 @@ fn claim(
             container,
             ..HolderMeta::default()
         },
+        // Podman's labels never reach the spec: its annotations are all there is.
+        labels: Default::default(),
     };
     let (record, bytes) = before_create::edit_spec(step, spec_value, to_bytes)?;
     Ok(Some(Outcome::Spec {

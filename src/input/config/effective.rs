@@ -97,6 +97,9 @@ pub fn effective_toml(config: &Config) -> String {
         key("metrics_file", path(file));
     }
     key("slurm_containers", config.slurm_containers.to_string());
+    if let Some(label) = &config.trusted_user_label {
+        key("trusted_user_label", quoted(label));
+    }
     let limits = &config.limits;
     let _ = writeln!(out, "\n[limits]");
     if let Some(max) = limits.max_gpus_per_user {

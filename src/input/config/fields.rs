@@ -113,6 +113,33 @@ pub(super) fn live_cache_age<'de, D: Deserializer<'de>>(d: D) -> Result<Duration
     )
 }
 
+/// A label or annotation key: what Docker, podman and Kubernetes accept, on one line.
+/// Of gpupin's own keys only `gpupin.user` may be it: the others are requests.
+pub(super) fn trusted_user_label<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    let key = String::deserialize(d)?;
+    let fits = !key.is_empty()
+        && key.len() <= 253
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/'));
+    if !fits {
+        return Err(D::Error::custom(format!(
+            "trusted_user_label {:?}: expected a label key such as \"gpupin.user\" or \"hub.example.org/user\" (letters, digits, '.', '-', '_', '/')",
+            crate::base::message::escape_controls(&key)
+        )));
+    }
+    if key.starts_with(crate::input::request::ANNOTATION_PREFIX)
+        && key != crate::input::request::USER_LABEL
+    {
+        return Err(D::Error::custom(format!(
+            "trusted_user_label {key:?}: gpupin.* keys are requests; use \"gpupin.user\" or your platform's own key"
+        )));
+    }
+    Ok(Some(key))
+}
+
 pub(super) fn max_shared_count<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     match u32::deserialize(d)? {
         0 => Err(D::Error::custom("max_shared 0: expected at least 1")),

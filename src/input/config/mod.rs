@@ -135,6 +135,11 @@ pub struct Config {
     /// always follows the rule, since the daemon knows who asks.
     #[serde(default)]
     pub slurm_containers: bool,
+    /// The label or annotation whose value names the user a container is for, set by a
+    /// spawner or platform the admin trusts (`admission::trusted_user`); `None`:
+    /// containers belong to no user and `[limits]` do not apply to them.
+    #[serde(default, deserialize_with = "fields::trusted_user_label")]
+    pub trusted_user_label: Option<String>,
     /// Whether an exclusive request may get a GPU that runs a process no holder owns.
     #[serde(default, deserialize_with = "fields::foreign")]
     pub foreign: Foreign,
@@ -341,10 +346,11 @@ mod tests {
             .map(|line| format!("{line}\n"))
             .collect();
         let all = Config::parse(&uncommented, path).unwrap();
-        // The examples (socket_group, metrics_file, [limits]) aside, each shown value is
-        // the default; `log = "off"` is what no log key means.
+        // The examples (socket_group, metrics_file, trusted_user_label, [limits]) aside,
+        // each shown value is the default; `log = "off"` is what no log key means.
         let expected = Config {
             socket_group: all.socket_group.clone(),
+            trusted_user_label: all.trusted_user_label.clone(),
             metrics_file: all.metrics_file.clone(),
             limits: all.limits.clone(),
             log: Some(Level::Off),
