@@ -754,6 +754,12 @@ fn hold_for(
         .map_err(|e| Refusal::Failed(one_line(&e)))?;
     if let (Some(pinned), Ok(holder)) = (pinned, HolderId::new(&record.id)) {
         let pid = pinned.pid;
+        if let Err(why) = still_the_pinned(&pinned, &record) {
+            if let Ok(ledger) = crate::state::open_ledger(config) {
+                let _ = ledger.release_job(&holder, pid);
+            }
+            return Err(Refusal::Failed(why));
+        }
         if let Err(e) = shared
             .watcher
             .watch(peer.uid, holder.clone(), pinned, None, true)
@@ -767,6 +773,24 @@ fn hold_for(
         }
     }
     Ok(record)
+}
+
+/// Whether the process `record` names is still the one pinned when the hold was asked
+/// for: it ran when the record was written (the record's start time is of a live
+/// process) and the pidfd says it runs now. A process that ended in between, its pid
+/// taken by another since, must not have the hold: the ledger would take that other
+/// process for the holder (same pid, a start time of a live process), and nothing would
+/// watch it.
+fn still_the_pinned(pinned: &Pinned, record: &Record) -> Result<(), String> {
+    let recorded = record.start_time;
+    let now = crate::base::procinfo::start_time(pinned.pid);
+    if recorded.is_some() && recorded == now && pinned.alive() {
+        return Ok(());
+    }
+    Err(format!(
+        "pid {} ended before its hold was recorded: nothing is held (hold again with a running process)",
+        pinned.pid
+    ))
 }
 
 /// Why the daemon said no: the caller may not do this (audited here), or it could not be
@@ -1219,6 +1243,91 @@ mod tests {
             child.kill().unwrap();
             child.wait().unwrap();
         }
+    }
+
+    /// A process that ended while its hold waited in the queue, its pid taken since by
+    /// another process of the same user: the hold is not that other process's. Before the
+    /// record was checked against the pidfd, the reply said it was held (for the recycled
+    /// pid, until the watcher saw the pidfd end).
+    #[test]
+    fn a_hold_never_passes_to_a_process_that_took_its_pid() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: recycling a pid (ns_last_pid) needs root (CI runs as root)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = daemon(tmp.path(), ServeSettings::default());
+        let config = shared.config();
+        hold::testing::roots(&config, "full", "0,1,2,3,4,5,6,7");
+        let mut first = nobodys_process();
+        let pid = first.id() as i32;
+        let asked = HoldAsked {
+            id: "py".into(),
+            devices: String::new(),
+            by_minor: false,
+            pid: Some(pid),
+            until_release: false,
+            user: None,
+            within: None,
+            count: None,
+            reason: None,
+            for_secs: None,
+            request: vec![
+                ("gpupin.count".into(), "1".into()),
+                ("gpupin.wait".into(), "2m".into()),
+            ],
+        };
+        let waiting = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || hold_for(&shared, caller(NOBODY), asked, None))
+        };
+        let ledger = Ledger::for_config(&config).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ledger.waiting().unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "the hold never queued");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let mut second = recycled(pid);
+        ledger.release(&HolderId::new("full").unwrap()).unwrap();
+        let outcome = waiting.join().unwrap();
+        if let Some(second) = second.as_mut() {
+            second.kill().unwrap();
+            second.wait().unwrap();
+        }
+        assert_eq!(
+            failed(outcome),
+            format!(
+                "pid {pid} ended before its hold was recorded: nothing is held (hold again with a running process)"
+            )
+        );
+        let held: Vec<String> = ledger
+            .records()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert!(held.is_empty(), "{held:?}");
+        assert!(
+            second.is_some(),
+            "the pid was never taken again: the test showed less"
+        );
+    }
+
+    /// Nobody's process with `pid`, made by setting the kernel's last pid just below it
+    /// (other processes may take it first: a few tries).
+    fn recycled(pid: i32) -> Option<std::process::Child> {
+        for _ in 0..50 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+            let mut child = nobodys_process();
+            if child.id() as i32 == pid {
+                return Some(child);
+            }
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        None
     }
 
     #[test]
