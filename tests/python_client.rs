@@ -1,0 +1,135 @@
+//! The Python client (python/gpupin) against a real `gpupin serve`: pytest's suite
+//! (python/tests) run as a throwaway user, with the daemon as root on a simulated machine
+//! of which root holds all but three GPUs, and a limit of two GPUs per user. Acquire, exit,
+//! kill -9, the limit, waiting, the refusal after CUDA started, and a user's hold for
+//! another user's process (adversarial) are the Python suite's cases; this file sets the
+//! stage, then checks from outside what the suite left.
+//!
+//! With CI=true it fails when python3 or pytest are missing; elsewhere it says why it is
+//! skipped.
+
+#[allow(dead_code)]
+mod exec_support;
+
+use exec_support::{Daemon, User, gpupin, ok, requirements, scratch, until_clean};
+use gpupin_sandbox::harness;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// GPUs the test's users may have: root holds the other five. One more than the limit
+/// lets one user have: a limit is reached before the GPUs run out (a refusal by the
+/// limit), and a holder at the limit leaves too few for another as big (a wait).
+const FREE: usize = 3;
+/// limits.max_gpus_per_user.
+const LIMIT: usize = 2;
+
+/// A python3 other users can run that has pytest: Debian's first (python3-pytest), then
+/// the ones on PATH.
+fn python_with_pytest() -> Result<PathBuf, String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut candidates = vec![PathBuf::from("/usr/bin/python3")];
+    candidates.extend(std::env::split_paths(&path).map(|d| d.join("python3")));
+    let mut seen = Vec::new();
+    for python in candidates.into_iter().filter(|p| p.is_file()) {
+        let works = Command::new(&python)
+            .args(["-m", "pytest", "--version"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if works && others_may_run(&python) {
+            return Ok(python);
+        }
+        seen.push(python.display().to_string());
+    }
+    Err(format!(
+        "no python3 with pytest that other users may run (tried {}): apt-get install python3-pytest",
+        if seen.is_empty() {
+            "none found".to_string()
+        } else {
+            seen.join(", ")
+        }
+    ))
+}
+
+/// Whether every directory above `path` lets others through (a pyenv under /root does not).
+fn others_may_run(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    path.ancestors()
+        .skip(1)
+        .all(|d| std::fs::metadata(d).is_ok_and(|m| m.mode() & 0o001 != 0))
+}
+
+/// The repository's python/ copied where the test's user can read it.
+fn python_tree(dest: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let out = Command::new("cp")
+        .arg("-r")
+        .arg(&src)
+        .arg(dest)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cp: {}", harness::stderr(&out));
+    let copy = dest.join("python");
+    let out = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "chmod: {}", harness::stderr(&out));
+    copy
+}
+
+#[test]
+fn the_python_client_acquires_releases_waits_and_is_refused_as_the_daemon_says() {
+    let test = "the_python_client";
+    if !requirements(test) {
+        return;
+    }
+    let Some(python) = harness::required(test, python_with_pytest()) else {
+        return;
+    };
+    let g = gpupin(&format!("[limits]\nmax_gpus_per_user = {LIMIT}"));
+    let user = User::create("py");
+    let _daemon = Daemon::start(&g);
+    let reserved: Vec<String> = (FREE..8).map(|i| i.to_string()).collect();
+    ok(
+        &g,
+        None,
+        &[
+            "hold",
+            "reserved",
+            "--devices",
+            &reserved.join(","),
+            "--until-release",
+        ],
+    );
+    let tree = python_tree(g.dir.path());
+    let work = scratch(&g);
+    let mut cmd = Command::new(&python);
+    cmd.args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "-rs"])
+        .arg(tree.join("tests"))
+        .current_dir(&work)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", &work)
+        .env("GPUPIN_SOCKET", g.state_dir.join("gpupin.sock"))
+        .env("GPUPIN_BIN", &g.bin)
+        .env("GPUPIN_CONFIG", &g.config)
+        .env("GPUPIN_TEST_FREE", FREE.to_string())
+        .env("GPUPIN_TEST_LIMIT", LIMIT.to_string());
+    user.owns(&mut cmd);
+    let out = cmd.output().unwrap();
+    let report = format!("{}{}", harness::stdout(&out), harness::stderr(&out));
+    harness::say(&report);
+    assert!(out.status.success(), "pytest failed:\n{report}");
+    assert!(
+        !report.contains("SKIPPED"),
+        "every case ran against the daemon:\n{report}"
+    );
+
+    // What the suite left: nothing of the user's; root's reservation as it was.
+    let status = g.status();
+    let ids = exec_support::holder_ids(&status);
+    assert_eq!(ids, ["reserved"], "{status}");
+    ok(&g, None, &["release", "reserved"]);
+    until_clean(&g);
+}
