@@ -6,13 +6,15 @@
 //! stage, then checks from outside what the suite left.
 //!
 //! With CI=true it fails when python3 or pytest are missing; elsewhere it says why it is
-//! skipped.
+//! skipped. The distributed example (examples/distributed) runs here too, with a stub
+//! rank.
 
 #[allow(dead_code)]
 mod exec_support;
 
 use exec_support::{Daemon, User, gpupin, ok, requirements, scratch, until_clean};
 use gpupin_sandbox::harness;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -131,5 +133,70 @@ fn the_python_client_acquires_releases_waits_and_is_refused_as_the_daemon_says()
     let ids = exec_support::holder_ids(&status);
     assert_eq!(ids, ["reserved"], "{status}");
     ok(&g, None, &["release", "reserved"]);
+    until_clean(&g);
+}
+
+/// examples/distributed/launch.py under `gpupin exec --count 4`: one rank per GPU, each
+/// picking its device by LOCAL_RANK among the pinned CUDA_VISIBLE_DEVICES, run with a
+/// stub rank that prints what it would use.
+#[test]
+fn the_distributed_example_runs_one_rank_per_pinned_gpu() {
+    let test = "the_distributed_example";
+    if !requirements(test) {
+        return;
+    }
+    let Some(python) = harness::required(test, python_with_pytest()) else {
+        return;
+    };
+    let g = gpupin("");
+    let user = User::create("dist");
+    let _daemon = Daemon::start(&g);
+    // Four GPUs taken first: the job gets the other four, not 0-3.
+    ok(
+        &g,
+        None,
+        &["hold", "taken", "--devices", "0,2,5,7", "--until-release"],
+    );
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/distributed");
+    let dest = g.dir.path().join("distributed");
+    std::fs::create_dir_all(&dest).unwrap();
+    for file in ["launch.py", "stub_rank.py"] {
+        std::fs::copy(examples.join(file), dest.join(file)).unwrap();
+        std::fs::set_permissions(dest.join(file), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let python = python.to_str().unwrap();
+    let launch = dest.join("launch.py");
+    let stub = dest.join("stub_rank.py");
+    let out = exec_support::run(
+        &g,
+        Some(&user),
+        &[
+            "exec",
+            "--count",
+            "4",
+            "--",
+            python,
+            launch.to_str().unwrap(),
+            "--",
+            python,
+            stub.to_str().unwrap(),
+        ],
+    );
+    let stdout = harness::stdout(&out);
+    assert!(out.status.success(), "{stdout}{}", harness::stderr(&out));
+    let mut lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("rank ")).collect();
+    lines.sort();
+    // The free GPUs in bus order are 1,3,4,6: rank N uses the Nth, as cuda:N.
+    assert_eq!(
+        lines,
+        [
+            "rank 0 of 4: LOCAL_RANK=0 CUDA_VISIBLE_DEVICES=1,3,4,6 device cuda:0 = GPU 1",
+            "rank 1 of 4: LOCAL_RANK=1 CUDA_VISIBLE_DEVICES=1,3,4,6 device cuda:1 = GPU 3",
+            "rank 2 of 4: LOCAL_RANK=2 CUDA_VISIBLE_DEVICES=1,3,4,6 device cuda:2 = GPU 4",
+            "rank 3 of 4: LOCAL_RANK=3 CUDA_VISIBLE_DEVICES=1,3,4,6 device cuda:3 = GPU 6",
+        ],
+        "{stdout}"
+    );
+    ok(&g, None, &["release", "taken"]);
     until_clean(&g);
 }
