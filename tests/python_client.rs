@@ -14,9 +14,10 @@ mod exec_support;
 
 use exec_support::{Daemon, User, gpupin, ok, requirements, scratch, until_clean};
 use gpupin_sandbox::harness;
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// GPUs the test's users may have: root holds the other five. One more than the limit
 /// lets one user have: a limit is reached before the GPUs run out (a refusal by the
@@ -133,6 +134,93 @@ fn the_python_client_acquires_releases_waits_and_is_refused_as_the_daemon_says()
     let ids = exec_support::holder_ids(&status);
     assert_eq!(ids, ["reserved"], "{status}");
     ok(&g, None, &["release", "reserved"]);
+    until_clean(&g);
+}
+
+/// Adversarial: bob, through the Python client's requests, holds GPUs for alice's Python
+/// process (whose GPUs would then go with it), as alice, or releases her holder: each is
+/// refused in one line, and her holder and the ledger stay as they were.
+#[test]
+fn adversarial_a_user_cannot_acquire_for_another_users_python_process() {
+    let test = "adversarial_a_user_cannot_acquire_for_another_users_python_process";
+    if !requirements(test) {
+        return;
+    }
+    let Some(python) = harness::required(test, python_with_pytest()) else {
+        return;
+    };
+    let g = gpupin("");
+    let alice = User::create("pya");
+    let bob = User::create("pyb");
+    let _daemon = Daemon::start(&g);
+    let tree = python_tree(g.dir.path());
+    let socket = g.state_dir.join("gpupin.sock");
+    let as_user = |user: &User, script: &str| {
+        let mut cmd = Command::new(&python);
+        cmd.args(["-c", script])
+            .current_dir(scratch(&g))
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("PYTHONPATH", &tree)
+            .env("GPUPIN_SOCKET", &socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        user.owns(&mut cmd);
+        cmd
+    };
+    let mut alices = as_user(
+        &alice,
+        "import gpupin, sys\nprint(gpupin.acquire(count=1).holder, flush=True)\nsys.stdin.read()\n",
+    )
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(alices.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let holder = line.trim().to_string();
+    assert!(!holder.is_empty(), "alice's acquire printed no holder");
+    let before = g.ledger_snapshot();
+    let pid = alices.id();
+    let script = format!(
+        r#"import gpupin, json
+ask = {{"op": "hold", "id": "bobs", "devices": "", "request": [["gpupin.count", "1"]]}}
+lines = []
+for request in [dict(ask, pid={pid}), dict(ask, pid={pid}, user={alice:?}), {{"op": "release", "id": {holder:?}, "exact": True}}]:
+    try:
+        gpupin._ask(request)
+        lines.append(None)
+    except gpupin.Error as e:
+        lines.append(str(e))
+print(json.dumps(lines))
+"#,
+        alice = alice.name
+    );
+    let out = as_user(&bob, &script).output().unwrap();
+    assert!(out.status.success(), "{}", harness::stderr(&out));
+    let lines: Vec<Option<String>> = serde_json::from_str(&harness::stdout(&out)).unwrap();
+    assert_eq!(
+        lines,
+        [
+            Some(format!("pid {pid} is not a process of uid {}", bob.uid)),
+            Some(format!(
+                "only root may hold GPUs for another user ({})",
+                alice.name
+            )),
+            Some(format!(
+                "holder {holder} is not held by uid {}: only its owner or root may release it",
+                bob.uid
+            )),
+        ]
+    );
+    assert_eq!(g.ledger_snapshot(), before, "nothing changed");
+    assert_eq!(
+        exec_support::holder_ids(&g.status()),
+        std::slice::from_ref(&holder)
+    );
+    drop(alices.stdin.take());
+    alices.wait().unwrap();
     until_clean(&g);
 }
 
