@@ -91,6 +91,7 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             count: args.count,
             reason: args.reason.clone(),
             for_secs,
+            request: Vec::new(),
         })?;
         let indices = reply
             .gpus

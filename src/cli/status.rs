@@ -89,6 +89,15 @@ pub fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// What `gpupin serve` answers its `status` op with (the Python client's
+/// `gpupin.status()`): this command's JSON, read by the daemon, without the GPUs'
+/// processes: whose they are is for each user's own `gpupin status` to read from /proc,
+/// not for the root daemon to hand to anyone who asks.
+pub fn served(config: &Config) -> Result<serde_json::Value, String> {
+    let screen = Screen::read_with(config, false).map_err(|e| one_line(&*e))?;
+    Ok(screen.status(None).json())
+}
+
 /// The one-line-per-GPU view, or the detailed tables with `--long`.
 fn render(status: &Status, args: &StatusArgs) -> String {
     match args.long {
@@ -117,6 +126,11 @@ struct Screen {
 
 impl Screen {
     fn read(config: &Config) -> anyhow::Result<Screen> {
+        Screen::read_with(config, true)
+    }
+
+    /// `processes`: whether to say what runs on each GPU, and whose.
+    fn read_with(config: &Config, processes: bool) -> anyhow::Result<Screen> {
         let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
         let ledger = Ledger::read_only_for_config(config)?;
         let records = ledger.records()?;
@@ -129,7 +143,10 @@ impl Screen {
             Err(err) => (None, Some(one_line(&err))),
         };
         let names = user_names();
-        let processes = live.as_deref().map(|l| whose::observe(l, &names));
+        let processes = match processes {
+            true => live.as_deref().map(|l| whose::observe(l, &names)),
+            false => None,
+        };
         Ok(Screen {
             grace: config.claim_grace,
             inventory,
