@@ -116,9 +116,10 @@ fn jupyterhub_gives_each_users_server_its_own_gpu_within_the_users_limit() {
 
     // The first user's second server asks for a second GPU: gpupin refuses it at create
     // (limits.max_gpus_per_user = 1), and the Hub shows gpupin's line as the spawn's
-    // failure, the message its spawn page shows the user. (JupyterHub 6.1.1 answers this
-    // POST itself with a bare 500, an upstream bug in spawn_single_user, so the test reads
-    // the failure where the Hub's page does: the server's progress events.)
+    // failure, the message its spawn page shows the user. (A spawn that fails within the
+    // Hub's slow_spawn_timeout fails this POST with the spawner's own exception, which
+    // JupyterHub 6.1.1 lets through as a bare 500, so the test reads the failure where
+    // the Hub's page does: the server's progress events.)
     let first = names[0];
     let (code, body) = hub.api("POST", &format!("/users/{first}/servers/second"));
     assert!(!(200..300).contains(&code), "{code} {body}");
