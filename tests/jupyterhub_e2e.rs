@@ -43,8 +43,8 @@ const PINS: &str = include_str!("jupyterhub/requirements.txt");
 
 /// Three users' servers get three distinct GPUs, each its user's in `gpupin status` and
 /// in the container's NVIDIA_VISIBLE_DEVICES; a user's second (named) server is refused
-/// by gpupin's limit, and the Hub shows gpupin's line; stopping a server through the Hub
-/// releases its GPU.
+/// by gpupin's limit, and the Hub shows gpupin's line, as it does for a Hub user who is
+/// no user of the host; stopping a server through the Hub releases its GPU.
 #[test]
 fn jupyterhub_gives_each_users_server_its_own_gpu_within_the_users_limit() {
     let test = "jupyterhub_gives_each_users_server_its_own_gpu_within_the_users_limit";
@@ -76,7 +76,10 @@ fn jupyterhub_gives_each_users_server_its_own_gpu_within_the_users_limit() {
     write(&slot.config, &config);
     import_singleuser_image(h);
     let names: Vec<&str> = users.iter().map(|u| u.name.as_str()).collect();
-    let hub = Hub::start(h, &install, &slot.runtime, &names);
+    // A Hub user with no account on the host (never created).
+    let ghost = format!("gpt-jhg-{}", std::process::id());
+    let hub_users: Vec<&str> = names.iter().copied().chain([ghost.as_str()]).collect();
+    let hub = Hub::start(h, &install, &slot.runtime, &hub_users);
 
     // Three users' servers, started through the Hub's REST API as an admin would.
     for user in &names {
@@ -116,27 +119,24 @@ fn jupyterhub_gives_each_users_server_its_own_gpu_within_the_users_limit() {
 
     // The first user's second server asks for a second GPU: gpupin refuses it at create
     // (limits.max_gpus_per_user = 1), and the Hub shows gpupin's line as the spawn's
-    // failure, the message its spawn page shows the user. (A spawn that fails within the
-    // Hub's slow_spawn_timeout fails this POST with the spawner's own exception, which
-    // JupyterHub 6.1.1 lets through as a bare 500, so the test reads the failure where
-    // the Hub's page does: the server's progress events.)
+    // failure, the message its spawn page shows the user.
     let first = names[0];
-    let (code, body) = hub.api("POST", &format!("/users/{first}/servers/second"));
-    assert!(!(200..300).contains(&code), "{code} {body}");
-    let (code, events) = hub.api("GET", &format!("/users/{first}/servers/second/progress"));
-    assert_eq!(code, 200, "{events}");
-    let failed = events
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
-        .find(|e| e["failed"] == true)
-        .unwrap_or_else(|| panic!("no failed event in the progress: {events}"));
-    let message = failed["message"].as_str().unwrap();
+    let message = hub.spawn_failure(first, "second");
     let line = format!(
         "gpupin: {first} holds 1 GPU and {first} asks for 1 more; their limit is 1 (limits.max_gpus_per_user)"
     );
     assert!(
-        message.starts_with("Spawn failed: ") && message.contains(&line),
+        message.contains(&line),
+        "the Hub shows {message:?}, not gpupin's line {line:?}"
+    );
+    // A Hub user who is no user of this host: the trusted label names nobody gpupin
+    // knows, and the server is refused rather than started as nobody's.
+    let message = hub.spawn_failure(&ghost, "");
+    let line = format!(
+        "gpupin: label gpupin.user=\"{ghost}\" names no user of this host: expected a user name in /etc/passwd; fix the label, or add the user"
+    );
+    assert!(
+        message.contains(&line),
         "the Hub shows {message:?}, not gpupin's line {line:?}"
     );
     let status = slot.status();
@@ -355,6 +355,31 @@ impl Hub {
             .and_then(|c| c.parse().ok())
             .unwrap_or_else(|| panic!("{method} {path}: no status in {head:?}"));
         (code, body.to_string())
+    }
+
+    /// Starts `user`'s server `name` ("" for the default one), which must fail; the
+    /// message the Hub gives for it. A spawn that fails within the Hub's
+    /// slow_spawn_timeout fails the POST with the spawner's own exception, which JupyterHub
+    /// 6.1.1 lets through as a bare 500, so the message is read where the Hub's spawn page
+    /// reads it: the server's progress events.
+    fn spawn_failure(&self, user: &str, name: &str) -> String {
+        let server = match name {
+            "" => format!("/users/{user}/server"),
+            name => format!("/users/{user}/servers/{name}"),
+        };
+        let (code, body) = self.api("POST", &server);
+        assert!(!(200..300).contains(&code), "{server}: {code} {body}");
+        let (code, events) = self.api("GET", &format!("{server}/progress"));
+        assert_eq!(code, 200, "{events}");
+        let failed = events
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .find(|e| e["failed"] == true)
+            .unwrap_or_else(|| panic!("no failed event in {server}'s progress: {events}"));
+        let message = failed["message"].as_str().unwrap().to_string();
+        assert!(message.starts_with("Spawn failed: "), "{message}");
+        message
     }
 
     /// The user's default server, as the Hub's API shows it.
