@@ -40,9 +40,9 @@ c.DockerSpawner.extra_create_kwargs = {
     }
 }
 
-# Remove the container when the server stops, which releases its GPU at once; a stopped
-# container that is kept holds nothing either (gpupin releases on stop), but would be
-# restarted with its old environment.
+# Remove the container when the server stops. Its GPU is free as soon as it stops
+# either way: gpupin releases when a container stops, and allocates again if a kept
+# container is started again.
 c.DockerSpawner.remove = True
 
 # Users may start named servers; each one asks for its own GPU, so with
