@@ -468,6 +468,93 @@ fn waiting_containers_and_jobs_get_gpus_in_arrival_order() {
     until_clean(g);
 }
 
+/// `queue = "fair"` (the default) with real processes: alice queues three jobs, then bob
+/// one, each through `gpupin serve`. `gpupin queue` numbers bob's second, and as GPUs are
+/// given back one at a time bob's job is the second to get one, ahead of alice's two
+/// that came before it.
+#[test]
+fn fair_waiting_serves_bobs_one_job_before_alices_second() {
+    let test = "fair_waiting_serves_bob_second";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let alice = User::create("fair");
+    let bob = User::create("fairb");
+    let _daemon = Daemon::start(&g);
+    for (id, devices) in [
+        ("rest", "0,1,2,3"),
+        ("g4", "4"),
+        ("g5", "5"),
+        ("g6", "6"),
+        ("g7", "7"),
+    ] {
+        ok(
+            &g,
+            None,
+            &["hold", id, "--devices", devices, "--until-release"],
+        );
+    }
+    let wait = ["--count", "1", "--wait", "120s"];
+    let mut jobs = Vec::new();
+    for (n, (user, name)) in [(&alice, "a1"), (&alice, "a2"), (&alice, "a3"), (&bob, "b1")]
+        .into_iter()
+        .enumerate()
+    {
+        jobs.push(Job::start(&g, Some(user), name, &wait));
+        until(&format!("{name} waits"), || {
+            (queued(&g) == n + 1).then_some(())
+        });
+    }
+    let holder = |i: usize| jobs[i].holder();
+    let listed: Value = serde_json::from_str(&ok(&g, None, &["queue", "--json"])).unwrap();
+    let shown: Vec<(u64, String)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["position"].as_u64().unwrap(),
+                w["holder"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (1, holder(0)),
+            (2, holder(3)),
+            (3, holder(1)),
+            (4, holder(2))
+        ],
+        "{listed}"
+    );
+
+    // One GPU given back at a time: the next in that order, and only it, gets it.
+    let mut started: Vec<usize> = Vec::new();
+    for hold in ["g4", "g5", "g6", "g7"] {
+        ok(&g, None, &["release", hold]);
+        let next = until(&format!("a job starts on {hold}'s GPU"), || {
+            (0..jobs.len()).find(|&i| !started.contains(&i) && jobs[i].has_started())
+        });
+        started.push(next);
+    }
+    let names: Vec<&str> = started.iter().map(|&i| jobs[i].name.as_str()).collect();
+    assert_eq!(names, ["a1", "b1", "a2", "a3"]);
+    let allocated: Vec<String> = audit(&g)
+        .into_iter()
+        .filter(|e| e["event"] == "allocate")
+        .map(|e| e["holder"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(allocated, [holder(0), holder(3), holder(1), holder(2)]);
+    for job in &mut jobs {
+        let (exit, stderr) = job.finish();
+        assert!(exit.success(), "{stderr}");
+    }
+    ok(&g, None, &["release", "rest"]);
+    until_clean(&g);
+}
+
 #[test]
 fn a_hold_shares_its_gpus_with_a_container_and_its_users_job_only() {
     let test = "a_hold_shares_its_gpus";

@@ -5,7 +5,7 @@
 use super::{
     AuditFailure, CudaIds, DEFAULT_AUDIT_LOG, DEFAULT_CDI_SPEC_DIRS, DEFAULT_CLAIM_GRACE,
     DEFAULT_KEEP, DEFAULT_LIVE_CACHE, DEFAULT_MAX_BYTES, DEFAULT_STATE_DIR, Driver, Foreign,
-    ServeSettings, Unrequested,
+    QueueOrder, ServeSettings, Unrequested,
 };
 use crate::base::log::Level;
 use crate::host::confine::{Confine, Leftovers};
@@ -169,6 +169,10 @@ pub(super) fn leftovers<'de, D: Deserializer<'de>>(d: D) -> Result<Leftovers, D:
 
 pub(super) fn foreign<'de, D: Deserializer<'de>>(d: D) -> Result<Foreign, D::Error> {
     keyed(d, "foreign", Foreign::EXPECTED)
+}
+
+pub(super) fn queue_order<'de, D: Deserializer<'de>>(d: D) -> Result<QueueOrder, D::Error> {
+    keyed(d, "queue", QueueOrder::EXPECTED)
 }
 
 pub(super) fn audit_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {

@@ -152,6 +152,48 @@ pub struct Config {
     /// `gpupin serve`'s bounds (`[serve]`).
     #[serde(default, deserialize_with = "fields::serve")]
     pub serve: ServeSettings,
+    /// In which order waiting requests are served (`QueueOrder`).
+    #[serde(default, deserialize_with = "fields::queue_order")]
+    pub queue: QueueOrder,
+}
+
+/// In which order the requests waiting for GPUs (`gpupin.wait`, `exec --wait`) are
+/// served. Either way a request that does not wait never overtakes them, and a waiter
+/// held back only by its own user's limit is in no one's way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum QueueOrder {
+    /// Arrival order.
+    Fifo,
+    /// Round-robin by user: a user's second waiting request goes behind every other
+    /// user's first, then by arrival. The default: with one user (or only containers)
+    /// waiting it is arrival order, and with several, one user's batch of requests no
+    /// longer keeps everyone else waiting until all of it is served.
+    #[default]
+    Fair,
+}
+
+impl QueueOrder {
+    pub const EXPECTED: &str =
+        "expected \"fair\" (round-robin by user) or \"fifo\" (arrival order)";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueOrder::Fifo => "fifo",
+            QueueOrder::Fair => "fair",
+        }
+    }
+}
+
+impl std::str::FromStr for QueueOrder {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "fifo" => Ok(QueueOrder::Fifo),
+            "fair" => Ok(QueueOrder::Fair),
+            _ => Err(()),
+        }
+    }
 }
 
 /// What allocation makes of a process on a GPU that no holder owns (one started
@@ -408,6 +450,15 @@ mod tests {
             err.contains("\"soon\"") && err.contains("duration"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn queue_defaults_to_fair_and_names_a_bad_value() {
+        assert_eq!(parse("").unwrap().queue, QueueOrder::Fair);
+        assert_eq!(parse("queue = \"fifo\"").unwrap().queue, QueueOrder::Fifo);
+        let err = parse("queue = \"lifo\"").unwrap_err().to_string();
+        assert!(err.contains("queue \"lifo\": expected \"fair\""), "{err}");
+        assert!(!err.contains('\n'), "{err}");
     }
 
     #[test]
