@@ -155,6 +155,19 @@ pub struct Config {
     /// In which order waiting requests are served (`QueueOrder`).
     #[serde(default, deserialize_with = "fields::queue_order")]
     pub queue: QueueOrder,
+    /// A holder whose GPUs all stay under this utilization, in percent, for `idle_after`
+    /// is idle (`state::ledger::idle`).
+    #[serde(
+        default = "fields::idle_utilization",
+        deserialize_with = "fields::idle_percent"
+    )]
+    pub idle_utilization: u32,
+    /// How long a holder's GPUs stay under `idle_utilization` before it is idle.
+    #[serde(
+        default = "fields::idle_after",
+        deserialize_with = "fields::idle_after_duration"
+    )]
+    pub idle_after: Duration,
 }
 
 /// In which order the requests waiting for GPUs (`gpupin.wait`, `exec --wait`) are
@@ -195,6 +208,13 @@ impl std::str::FromStr for QueueOrder {
         }
     }
 }
+
+/// Utilization under which a GPU counts as doing nothing, by default, in percent.
+pub const DEFAULT_IDLE_UTILIZATION: u32 = 5;
+/// How long a holder's GPUs do nothing before it is idle, by default: long enough that
+/// a job loading data or between epochs is not called idle, short enough that a
+/// forgotten notebook is found the same morning.
+pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(3600);
 
 /// What allocation makes of a process on a GPU that no holder owns (one started
 /// without gpupin).
@@ -453,12 +473,38 @@ mod tests {
     }
 
     #[test]
-    fn queue_defaults_to_fair_and_names_a_bad_value() {
-        assert_eq!(parse("").unwrap().queue, QueueOrder::Fair);
-        assert_eq!(parse("queue = \"fifo\"").unwrap().queue, QueueOrder::Fifo);
-        let err = parse("queue = \"lifo\"").unwrap_err().to_string();
-        assert!(err.contains("queue \"lifo\": expected \"fair\""), "{err}");
-        assert!(!err.contains('\n'), "{err}");
+    fn queue_and_idle_keys_have_defaults_and_name_a_bad_value() {
+        let c = parse("").unwrap();
+        assert_eq!(c.queue, QueueOrder::Fair);
+        assert_eq!(c.idle_utilization, 5);
+        assert_eq!(c.idle_after, Duration::from_secs(3600));
+        let c = parse("queue = \"fifo\"\nidle_utilization = 10\nidle_after = \"30m\"").unwrap();
+        assert_eq!(c.queue, QueueOrder::Fifo);
+        assert_eq!(c.idle_utilization, 10);
+        assert_eq!(c.idle_after, Duration::from_secs(1800));
+        for (text, said) in [
+            ("queue = \"lifo\"", "queue \"lifo\": expected \"fair\""),
+            (
+                "idle_utilization = 0",
+                "idle_utilization 0: expected a percentage from 1 to 100",
+            ),
+            (
+                "idle_utilization = 101",
+                "idle_utilization 101: expected a percentage",
+            ),
+            (
+                "idle_after = \"0s\"",
+                "idle_after \"0s\": expected a duration of at least 1s",
+            ),
+            (
+                "idle_after = \"soon\"",
+                "idle_after \"soon\": expected a duration",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(said), "{text}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod bind;
 mod claim;
 mod entry;
 mod failures;
+mod idle;
 mod job;
 pub mod lookup;
 mod machine;
@@ -23,6 +24,7 @@ pub use allocate::{Allocation, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
 pub use entry::release_arg;
 pub use failures::{AUDIT_FAILURES_FILE, audit_write_failures};
+pub use idle::{IDLE_FILE, Idle, IdleLook, IdleRule, look_every};
 pub use machine::Machine;
 pub use queue::Waiting;
 pub use record::{
