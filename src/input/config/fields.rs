@@ -5,7 +5,8 @@
 use super::{
     AuditFailure, CudaIds, DEFAULT_AUDIT_LOG, DEFAULT_CDI_SPEC_DIRS, DEFAULT_CLAIM_GRACE,
     DEFAULT_IDLE_AFTER, DEFAULT_IDLE_UTILIZATION, DEFAULT_KEEP, DEFAULT_LIVE_CACHE,
-    DEFAULT_MAX_BYTES, DEFAULT_STATE_DIR, Driver, Foreign, QueueOrder, ServeSettings, Unrequested,
+    DEFAULT_MAX_BYTES, DEFAULT_STATE_DIR, Driver, Foreign, IdleAction, QueueOrder, ServeSettings,
+    Unrequested,
 };
 use crate::base::log::Level;
 use crate::host::confine::{Confine, Leftovers};
@@ -181,6 +182,10 @@ pub(super) fn foreign<'de, D: Deserializer<'de>>(d: D) -> Result<Foreign, D::Err
 
 pub(super) fn queue_order<'de, D: Deserializer<'de>>(d: D) -> Result<QueueOrder, D::Error> {
     keyed(d, "queue", QueueOrder::EXPECTED)
+}
+
+pub(super) fn idle_action<'de, D: Deserializer<'de>>(d: D) -> Result<IdleAction, D::Error> {
+    keyed(d, "idle_action", IdleAction::EXPECTED)
 }
 
 /// A percentage a GPU's utilization can be under: 0 would call nothing idle.

@@ -168,6 +168,9 @@ pub struct Config {
         deserialize_with = "fields::idle_after_duration"
     )]
     pub idle_after: Duration,
+    /// What happens to a holder found idle (`IdleAction`).
+    #[serde(default, deserialize_with = "fields::idle_action")]
+    pub idle_action: IdleAction,
 }
 
 /// In which order the requests waiting for GPUs (`gpupin.wait`, `exec --wait`) are
@@ -215,6 +218,40 @@ pub const DEFAULT_IDLE_UTILIZATION: u32 = 5;
 /// a job loading data or between epochs is not called idle, short enough that a
 /// forgotten notebook is found the same morning.
 pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(3600);
+
+/// What happens to a holder found idle. Never more than releasing a hold: a container or
+/// a job that runs is not stopped for it (`gpupin evict` is for that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum IdleAction {
+    /// Shown in status and metrics and audited once; nothing else.
+    #[default]
+    Report,
+    /// As `Report`, and an idle hold (`gpupin hold`, kind hold) is released.
+    ReleaseHolds,
+}
+
+impl IdleAction {
+    pub const EXPECTED: &str = "expected \"report\" or \"release-holds\" (idle holds are released; containers and jobs never are)";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleAction::Report => "report",
+            IdleAction::ReleaseHolds => "release-holds",
+        }
+    }
+}
+
+impl std::str::FromStr for IdleAction {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "report" => Ok(IdleAction::Report),
+            "release-holds" => Ok(IdleAction::ReleaseHolds),
+            _ => Err(()),
+        }
+    }
+}
 
 /// What allocation makes of a process on a GPU that no holder owns (one started
 /// without gpupin).
@@ -478,10 +515,12 @@ mod tests {
         assert_eq!(c.queue, QueueOrder::Fair);
         assert_eq!(c.idle_utilization, 5);
         assert_eq!(c.idle_after, Duration::from_secs(3600));
-        let c = parse("queue = \"fifo\"\nidle_utilization = 10\nidle_after = \"30m\"").unwrap();
+        assert_eq!(c.idle_action, IdleAction::Report);
+        let c = parse("queue = \"fifo\"\nidle_utilization = 10\nidle_after = \"30m\"\nidle_action = \"release-holds\"").unwrap();
         assert_eq!(c.queue, QueueOrder::Fifo);
         assert_eq!(c.idle_utilization, 10);
         assert_eq!(c.idle_after, Duration::from_secs(1800));
+        assert_eq!(c.idle_action, IdleAction::ReleaseHolds);
         for (text, said) in [
             ("queue = \"lifo\"", "queue \"lifo\": expected \"fair\""),
             (
@@ -499,6 +538,10 @@ mod tests {
             (
                 "idle_after = \"soon\"",
                 "idle_after \"soon\": expected a duration",
+            ),
+            (
+                "idle_action = \"kill\"",
+                "idle_action \"kill\": expected \"report\" or \"release-holds\"",
             ),
         ] {
             let err = parse(text).unwrap_err().to_string();

@@ -40,8 +40,14 @@ fn look(config: &Config, rule: &IdleRule) -> Result<(), String> {
         return Ok(());
     };
     let ledger = crate::state::open_ledger(config).map_err(|e| one_line(&e))?;
-    ledger
+    let look = ledger
         .look_for_idle(&inventory, &live, rule)
         .map_err(|e| one_line(&e))?;
+    for holder in &look.released {
+        tracing::info!(
+            holder,
+            "released an idle hold (idle_action = \"release-holds\")"
+        );
+    }
     Ok(())
 }

@@ -14,6 +14,8 @@
 use super::{Ledger, LedgerError, Record, store};
 use crate::base::safe_open::{self, Links};
 use crate::host::inventory::{Inventory, Live};
+use crate::input::config::IdleAction;
+use crate::model::holder::HolderKind;
 use crate::state::audit::{Event, EventKind};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -24,13 +26,14 @@ pub const IDLE_FILE: &str = "idle.json";
 /// two (a busy machine, a slow NVML) keeps the streaks; a daemon that stopped does not.
 const FRESH_FOR: u64 = 3;
 
-/// What makes a holder idle (the config's `idle_*` keys).
+/// What makes a holder idle, and what then happens (the config's `idle_*` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdleRule {
     /// Utilization, in percent, that every GPU of the holder stays under.
     pub utilization: u32,
     /// For how long.
     pub after: Duration,
+    pub action: IdleAction,
     /// How often the looks come (`look_every`).
     pub every: Duration,
 }
@@ -41,6 +44,7 @@ impl IdleRule {
         IdleRule {
             utilization: config.idle_utilization,
             after: config.idle_after,
+            action: config.idle_action,
             every: look_every(config.idle_after),
         }
     }
@@ -86,6 +90,8 @@ pub struct Idle {
 pub struct IdleLook {
     /// Holders found idle at this look (audited `idle`).
     pub became_idle: Vec<String>,
+    /// Idle holds released (`idle_action = "release-holds"`).
+    pub released: Vec<String>,
 }
 
 /// Whether every GPU of `record` is known to be under `utilization` percent: a GPU
@@ -101,6 +107,21 @@ fn quiet(record: &Record, inventory: &Inventory, live: &[Live], utilization: u32
                 .and_then(|l| l.utilization)
                 .is_some_and(|u| u < utilization)
         })
+}
+
+/// Whether `idle_action = "release-holds"` may release `record`: a hold set aside by
+/// `gpupin hold` with no process of its own and nothing running inside it. Not one bound
+/// to a process (the Python client's, `hold --pid`: that process runs on the GPUs), not
+/// the Kubernetes plugin's (a pod's, which names its engine), and not one a container
+/// or job took its GPUs from (`within`): a running container or job never loses its
+/// GPUs to this.
+fn releasable(record: &Record, live: &[Record]) -> bool {
+    record.kind == HolderKind::Hold
+        && record.pid.is_none()
+        && record.container.is_none()
+        && !live
+            .iter()
+            .any(|r| r.request.within.as_deref() == Some(record.id.as_str()))
 }
 
 fn read_file(dir: &std::path::Path) -> IdleFile {
@@ -123,7 +144,8 @@ impl Ledger {
     /// One look (`gpupin serve`'s, every `rule.every`): for each live holder whether its
     /// GPUs are all quiet in `live` (figures per inventory position), since when, and
     /// whether that makes it idle; `idle.json` rewritten; each holder that becomes idle
-    /// audited once (`idle`).
+    /// audited once (`idle`); under `release-holds` each idle hold that `releasable` lets
+    /// go released, audited as a release that says why.
     pub fn look_for_idle(
         &self,
         inventory: &Inventory,
@@ -173,6 +195,14 @@ impl Ledger {
                 tracing::info!(holder = %record.id, "holder idle");
                 look.became_idle.push(record.id.clone());
             }
+            if idle
+                && rule.action == IdleAction::ReleaseHolds
+                && releasable(record, &running)
+                && self.release_idle(record, rule)?
+            {
+                look.released.push(record.id.clone());
+                continue;
+            }
             after.holders.insert(
                 record.id.clone(),
                 Quiet {
@@ -187,6 +217,13 @@ impl Ledger {
         // The metrics file shows how long each has been idle: it moves on each look.
         self.changed();
         Ok(look)
+    }
+
+    /// Releases the idle hold `record` (caller holds the lock); `false`: it was gone.
+    fn release_idle(&self, record: &Record, rule: &IdleRule) -> Result<bool, LedgerError> {
+        let reason = format!("idle: {} (idle_action = \"release-holds\")", why(rule));
+        let name = format!("{}.json", record.id);
+        Ok(self.remove_entry(name.as_bytes(), Some(&reason))?.is_some())
     }
 
     /// The holders the last look found idle, with their records as they are now (a
@@ -223,25 +260,38 @@ impl Ledger {
 mod tests {
     use super::*;
     use crate::input::request::{GpuRequest, Origin, Selection};
+    use crate::model::holder::ContainerInfo;
     use crate::policy::PolicyName;
     use crate::policy::testing::machine;
-    use crate::state::ledger::Machine;
     use crate::state::ledger::tests::{id, ledger};
     use crate::state::ledger::tests_jobs::{container, job};
+    use crate::state::ledger::{HolderMeta, Machine};
 
     const T: u64 = 1_800_000_000;
     const HOUR: u64 = 3600;
 
-    fn rule() -> IdleRule {
+    fn rule(action: IdleAction) -> IdleRule {
         IdleRule {
             utilization: 5,
             after: Duration::from_secs(HOUR),
+            action,
             every: look_every(Duration::from_secs(HOUR)),
         }
     }
 
     fn on(gpu: &str) -> GpuRequest {
         GpuRequest::new(Selection::Devices(vec![gpu.into()]), Origin::Cli)
+    }
+
+    /// A hold made by `gpupin hold` without a process (`pid`: with one).
+    fn hold(pid: Option<i32>) -> HolderMeta {
+        HolderMeta {
+            source: "test".into(),
+            kind: HolderKind::Hold,
+            until_release: true,
+            pid,
+            ..HolderMeta::default()
+        }
     }
 
     /// Live figures with these utilizations, by position.
@@ -284,7 +334,7 @@ mod tests {
         l.allocate(&id("quiet"), &on("0"), &m, container()).unwrap();
         l.allocate(&id("busy"), &on("1"), &m, job("alice", 1001, &[]))
             .unwrap();
-        let r = rule();
+        let r = rule(IdleAction::Report);
         let figures = live(&[0, 50, 0, 0]);
         let every = r.every.as_secs();
         let mut at = T;
@@ -303,6 +353,7 @@ mod tests {
         at += every;
         let look = l.look_at(&inv, &figures, &r, at).unwrap();
         assert_eq!(look.became_idle, ["quiet"]);
+        assert_eq!(look.released, Vec::<String>::new());
         assert_eq!(idle_ids(&l, at), [("quiet".to_string(), T)]);
         // Later looks say so again, but the audit log once.
         at += every;
@@ -318,7 +369,7 @@ mod tests {
                 "GPUs under 5% utilization for 1h".to_string()
             )]
         );
-        // Found idle is only said: nothing was released.
+        // Nothing was released: a report is a report.
         assert_eq!(l.records().unwrap().len(), 2);
         // Its GPU works again: no longer idle, and a new streak starts from there.
         at += every;
@@ -339,7 +390,7 @@ mod tests {
         let inv = machine(4);
         let m = Machine::new(&inv, PolicyName::Pack);
         l.allocate(&id("quiet"), &on("0"), &m, container()).unwrap();
-        let r = rule();
+        let r = rule(IdleAction::Report);
         let figures = live(&[0, 0, 0, 0]);
         l.look_at(&inv, &figures, &r, T).unwrap();
         // The daemon was down for an hour and a half: what happened meanwhile is unknown.
@@ -356,7 +407,7 @@ mod tests {
         let inv = machine(4);
         let m = Machine::new(&inv, PolicyName::Pack);
         l.allocate(&id("mig"), &on("0"), &m, container()).unwrap();
-        let r = rule();
+        let r = rule(IdleAction::Report);
         let mut figures = live(&[0, 0, 0, 0]);
         figures[0].utilization = None;
         let every = r.every.as_secs();
@@ -368,5 +419,95 @@ mod tests {
             );
             at += every;
         }
+    }
+
+    /// `release-holds` releases an idle hold made without a process, audited as a
+    /// release that says why, and nothing else: not a container, a job, a hold bound to
+    /// a process, the Kubernetes plugin's hold of a pod, nor a hold a container runs in.
+    #[test]
+    fn release_holds_releases_idle_holds_only() {
+        let (_t, l) = ledger();
+        let inv = machine(8);
+        let m = Machine::new(&inv, PolicyName::Pack);
+        l.allocate(&id("notebook"), &on("0"), &m, container())
+            .unwrap();
+        l.allocate(&id("train"), &on("1"), &m, job("alice", 1001, &[]))
+            .unwrap();
+        l.allocate(&id("forgotten"), &on("2"), &m, hold(None))
+            .unwrap();
+        let me = Some(std::process::id() as i32);
+        l.allocate(&id("python"), &on("3"), &m, hold(me)).unwrap();
+        let pod = HolderMeta {
+            container: Some(ContainerInfo {
+                engine: Some("kubernetes".into()),
+                ..ContainerInfo::default()
+            }),
+            ..hold(None)
+        };
+        l.allocate(&id("gpupin-k8s-x"), &on("4"), &m, pod).unwrap();
+        l.allocate(&id("slurm-42"), &on("5"), &m, hold(None))
+            .unwrap();
+        let inside = GpuRequest {
+            within: Some("slurm-42".into()),
+            ..GpuRequest::new(Selection::Count(1), Origin::Cli)
+        };
+        // A container started inside the hold (as with its key; the scope is not what
+        // this test is about, so the request is made as root makes it).
+        let within_key = l.key(&id("slurm-42")).unwrap().map(|(_, k)| k);
+        let inside = GpuRequest {
+            within_key,
+            ..inside
+        };
+        l.allocate(&id("inner"), &inside, &m, container()).unwrap();
+        let r = rule(IdleAction::ReleaseHolds);
+        let figures = live(&[0; 8]);
+        l.look_at(&inv, &figures, &r, T).unwrap();
+        let mut at = T;
+        let mut look = IdleLook::default();
+        while at < T + HOUR {
+            at += r.every.as_secs();
+            let this = l.look_at(&inv, &figures, &r, at).unwrap();
+            look.became_idle.extend(this.became_idle);
+            look.released.extend(this.released);
+        }
+        assert_eq!(look.released, ["forgotten"]);
+        let mut became = look.became_idle.clone();
+        became.sort();
+        assert_eq!(
+            became,
+            [
+                "forgotten",
+                "gpupin-k8s-x",
+                "inner",
+                "notebook",
+                "python",
+                "slurm-42",
+                "train"
+            ]
+        );
+        let mut left: Vec<String> = l.records().unwrap().into_iter().map(|r| r.id).collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "gpupin-k8s-x",
+                "inner",
+                "notebook",
+                "python",
+                "slurm-42",
+                "train"
+            ]
+        );
+        let released = audited(&l, "release");
+        assert_eq!(released.len(), 1, "{released:?}");
+        assert_eq!(released[0].0, "forgotten");
+        assert_eq!(
+            released[0].1,
+            "idle: GPUs under 5% utilization for 1h (idle_action = \"release-holds\")"
+        );
+        // The idle ones left are still shown idle; the released one is not.
+        let shown: Vec<String> = idle_ids(&l, at).into_iter().map(|(h, _)| h).collect();
+        assert!(!shown.contains(&"forgotten".to_string()), "{shown:?}");
+        assert_eq!(shown.len(), 6, "{shown:?}");
     }
 }
