@@ -510,4 +510,42 @@ mod tests {
         assert!(!shown.contains(&"forgotten".to_string()), "{shown:?}");
         assert_eq!(shown.len(), 6, "{shown:?}");
     }
+
+    /// A FIFO or a symlink where idle.json goes (anyone who could write the state dir
+    /// could put one there) blocks neither a look under the lock nor `gpupin status`, and
+    /// a symlink is not followed: the look replaces it with a file of its own.
+    #[test]
+    fn a_fifo_or_symlink_as_the_idle_file_blocks_nothing_and_is_replaced() {
+        for kind in ["fifo", "symlink"] {
+            let (t, l) = ledger();
+            let inv = machine(4);
+            let m = Machine::new(&inv, PolicyName::Pack);
+            l.allocate(&id("quiet"), &on("0"), &m, container()).unwrap();
+            let path = l.dir().join(IDLE_FILE);
+            let elsewhere = t.path().join("elsewhere");
+            std::fs::write(&elsewhere, "kept").unwrap();
+            match kind {
+                "fifo" => crate::state::ledger::tests::mkfifo(&path),
+                _ => std::os::unix::fs::symlink(&elsewhere, &path).unwrap(),
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            let dir = l.dir().to_path_buf();
+            std::thread::spawn(move || {
+                let l = Ledger::open(&dir).unwrap();
+                let records = l.records().unwrap();
+                let shown = l.idle(&records);
+                let inv = machine(4);
+                let looked = l.look_at(&inv, &live(&[0, 0, 0, 0]), &rule(IdleAction::Report), T);
+                let _ = tx.send((shown, looked.map_err(|e| e.to_string())));
+            });
+            let (shown, looked) = rx
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("{kind} as {IDLE_FILE} blocked"));
+            assert_eq!(shown, [], "{kind}");
+            assert_eq!(looked, Ok(IdleLook::default()), "{kind}");
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            assert!(meta.file_type().is_file(), "{kind}: {meta:?}");
+            assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "kept");
+        }
+    }
 }
