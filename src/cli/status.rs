@@ -119,6 +119,7 @@ struct Screen {
     inventory: Inventory,
     records: Vec<gpupin::state::ledger::Record>,
     waiting: Vec<gpupin::state::ledger::Waiting>,
+    idle: Vec<gpupin::state::ledger::Idle>,
     live: Option<Vec<Live>>,
     processes: Option<Vec<Vec<Seen>>>,
     live_error: Option<String>,
@@ -135,6 +136,9 @@ impl Screen {
         let ledger = Ledger::read_only_for_config(config)?;
         let records = ledger.records()?;
         let waiting = ledger.waiting()?;
+        // What gpupin serve's looks found (the figures read here are one moment: they
+        // cannot say how long a holder has been quiet).
+        let idle = ledger.idle(&records);
         // Fresh figures, not the allocations' snapshot cache: a person watching wants
         // now, and may not write the state dir.
         let file = config.live_file.as_deref();
@@ -152,6 +156,7 @@ impl Screen {
             inventory,
             records,
             waiting,
+            idle,
             live,
             processes,
             live_error,
@@ -164,6 +169,7 @@ impl Screen {
             processes: self.processes.as_deref(),
             live_error: self.live_error.as_deref(),
             waiting: &self.waiting,
+            idle: &self.idle,
             shown,
             ..Status::new(&self.inventory, &self.records, self.grace)
         }

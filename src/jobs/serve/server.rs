@@ -172,6 +172,13 @@ pub fn run(
                 let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
             })?;
     }
+    {
+        let shared = Arc::clone(&shared);
+        let stopping = Arc::clone(&stopping);
+        std::thread::Builder::new()
+            .name("gpupin-idle".into())
+            .spawn(move || super::idle::looks(|| shared.config(), &stopping))?;
+    }
     for stream in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {
             return Ok(());

@@ -6,6 +6,7 @@ mod bind;
 mod claim;
 mod entry;
 mod failures;
+mod idle;
 mod job;
 pub mod lookup;
 mod machine;
@@ -23,6 +24,7 @@ pub use allocate::{Allocation, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
 pub use entry::release_arg;
 pub use failures::{AUDIT_FAILURES_FILE, audit_write_failures};
+pub use idle::{IDLE_FILE, Idle, IdleLook, IdleRule, look_every};
 pub use machine::Machine;
 pub use queue::Waiting;
 pub use record::{
@@ -34,7 +36,7 @@ pub use within::SECRET_FILE as WITHIN_SECRET_FILE;
 
 use crate::base::safe_open::Links;
 use crate::input::config::Config;
-use crate::input::config::{AuditFailure, AuditLog};
+use crate::input::config::{AuditFailure, AuditLog, QueueOrder};
 use crate::input::request::{GpuRequest, Share};
 use crate::model::holder::{BadHolderId, HolderId, HolderKind, WithinKey};
 use crate::state::audit::{Event, EventKind};
@@ -388,6 +390,8 @@ pub struct Ledger {
     audit: AuditLog,
     /// Told after every change, under the lock (`metrics_file`).
     observer: Option<Box<dyn ChangeObserver>>,
+    /// In which order waiters are served (`queue`).
+    queue_order: QueueOrder,
 }
 
 impl Ledger {
@@ -399,6 +403,7 @@ impl Ledger {
             unbound_grace: UNBOUND_GRACE,
             audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
             observer: None,
+            queue_order: QueueOrder::default(),
         })
     }
 
@@ -412,6 +417,7 @@ impl Ledger {
             unbound_grace: UNBOUND_GRACE,
             audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
             observer: None,
+            queue_order: QueueOrder::default(),
         })
     }
 
@@ -420,7 +426,15 @@ impl Ledger {
     pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
         Ok(Ledger::open(&config.state_dir)?
             .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit()))
+            .with_audit(config.audit())
+            .with_queue_order(config.queue))
+    }
+
+    /// In which order waiters are served, and `waiting` lists them (`queue`). Every
+    /// waiter of one ledger should use the same: each decides by its own.
+    pub fn with_queue_order(mut self, order: QueueOrder) -> Ledger {
+        self.queue_order = order;
+        self
     }
 
     /// Who is told after each change (the metrics file).
@@ -441,7 +455,8 @@ impl Ledger {
     pub fn read_only_for_config(config: &Config) -> Result<Ledger, LedgerError> {
         Ok(Ledger::open_read_only(&config.state_dir)?
             .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit()))
+            .with_audit(config.audit())
+            .with_queue_order(config.queue))
     }
 
     /// Where this ledger's audit lines go (by default `audit.log` in its directory).

@@ -713,7 +713,7 @@ fn alloc(l: &Ledger, name: &str) -> Result<Allocation, LedgerError> {
     )
 }
 
-fn mkfifo(path: &Path) {
+pub(super) fn mkfifo(path: &Path) {
     use rustix::fs::{FileType, Mode};
     rustix::fs::mknodat(
         rustix::fs::CWD,
