@@ -7,7 +7,7 @@ mod table;
 
 use crate::host::inventory::{Inventory, Live};
 use crate::host::whose::Seen;
-use crate::state::ledger::{Record, Waiting, holders_of};
+use crate::state::ledger::{Idle, Record, Waiting, holders_of};
 use serde_json::{Value, json};
 use std::fmt::Write;
 use std::time::{Duration, SystemTime};
@@ -44,6 +44,8 @@ pub struct Status<'a> {
     /// The GPUs (positions in the inventory) to show; `None`: all (`status --gpu`,
     /// `--user`, `--free`).
     pub shown: Option<&'a [usize]>,
+    /// The holders `gpupin serve`'s last look found idle (`Ledger::idle`).
+    pub idle: &'a [Idle],
 }
 
 /// `gpupin queue` (and the queue in `gpupin status`): one row per waiting request, in
@@ -123,7 +125,13 @@ impl<'a> Status<'a> {
             live_error: None,
             waiting: &[],
             shown: None,
+            idle: &[],
         }
+    }
+
+    /// Since when `r` has been idle (seconds since the Unix epoch), if it is.
+    fn idle_since(&self, r: &Record) -> Option<u64> {
+        self.idle.iter().find(|i| i.holder == r.id).map(|i| i.since)
     }
 
     /// The holders that still run: only they can own a process (a gone holder's pid may
@@ -159,7 +167,7 @@ impl<'a> Status<'a> {
             .filter(|(position, _)| self.shows(*position))
             .map(|(position, g)| {
                 let holders: Vec<Value> = holders_of(&g.uuid, self.records)
-                    .map(|r| holder::json(r, now, self.grace))
+                    .map(|r| holder::json(r, now, self.grace, self.idle_since(r)))
                     .collect();
                 let (figures, processes) = self.live_of(position);
                 let processes = processes.map(|list| {
@@ -187,7 +195,7 @@ impl<'a> Status<'a> {
                                 "profile": m.profile,
                                 "memory": m.memory_bytes,
                                 "holders": holders_of(&m.uuid, self.records)
-                                    .map(|r| holder::json(r, now, self.grace))
+                                    .map(|r| holder::json(r, now, self.grace, self.idle_since(r)))
                                     .collect::<Vec<_>>(),
                             })
                         })
@@ -205,7 +213,7 @@ impl<'a> Status<'a> {
             "mig_total": mig_total,
             "mig_free": mig_free,
             "gpus": gpus,
-            "holders": self.records.iter().map(|r| holder::json(r, now, self.grace)).collect::<Vec<_>>(),
+            "holders": self.records.iter().map(|r| holder::json(r, now, self.grace, self.idle_since(r))).collect::<Vec<_>>(),
             "foreign": self.foreign(&running),
             "live_error": self.live_error,
             "waiting": queue_json(self.waiting, now),
@@ -296,12 +304,27 @@ impl<'a> Status<'a> {
                 .iter()
                 .filter(|seen| matches!(live::whose(seen, &running), live::Whose::Foreign))
                 .collect();
+            // An idle holder alone on its GPU keeps its marker when the name is cut
+            // (the cell's tail); beside others each says so in the text.
+            let alone_idle = match holders.as_slice() {
+                [r] if !r.is_stale(now, self.grace) => self.idle_since(r),
+                _ => None,
+            };
             let mut who: Vec<String> = holders
                 .iter()
-                .map(|r| match r.is_stale(now, self.grace) {
-                    true => format!("{} (gone)", holder::label(r)),
-                    false => holder::label(r),
-                })
+                .map(
+                    |r| match (r.is_stale(now, self.grace), self.idle_since(r)) {
+                        (true, _) => format!("{} (gone)", holder::label(r)),
+                        (false, Some(since)) if alone_idle.is_none() => {
+                            format!(
+                                "{} (idle {})",
+                                holder::label(r),
+                                holder::idle_for(now, since)
+                            )
+                        }
+                        (false, _) => holder::label(r),
+                    },
+                )
                 .collect();
             if let Some(first) = foreign.first() {
                 let user = first
@@ -331,11 +354,17 @@ impl<'a> Status<'a> {
                 Cell::from(short_model(&g.name)),
                 Cell::from(util),
                 Cell::from(memory),
-                Cell::from(if who.is_empty() {
-                    "-".into()
-                } else {
-                    who.join(", ")
-                }),
+                Cell {
+                    text: if who.is_empty() {
+                        "-".into()
+                    } else {
+                        who.join(", ")
+                    },
+                    tail: alone_idle.map_or(String::new(), |since| {
+                        format!(" (idle {})", holder::idle_for(now, since))
+                    }),
+                    keep_end: false,
+                },
                 Cell::from(if users.is_empty() {
                     "-".into()
                 } else {
@@ -489,7 +518,7 @@ impl<'a> Status<'a> {
                 }
                 for r in holders {
                     let mut row = vec![index.clone()];
-                    row.extend(holder::cells(r, now, self.grace));
+                    row.extend(holder::cells(r, now, self.grace, self.idle_since(r)));
                     rows.push(row);
                     styles.push(match r.is_stale(now, self.grace) {
                         true => Style::Bad,
@@ -760,6 +789,52 @@ mod tests {
             "{text}"
         );
         assert_eq!(words(lines[2])[4..], ["-", "-", "-"], "{text}");
+    }
+
+    /// An idle holder (`gpupin serve`'s looks) is marked in the one-line view, in
+    /// `--long` and in the JSON; a busy one is not.
+    #[test]
+    fn an_idle_holder_is_marked_in_each_view() {
+        let inv = machine(2);
+        let records = [
+            job("nb", "GPU-test-0", HolderKind::Exec, "alice"),
+            job("train", "GPU-test-1", HolderKind::Exec, "bob"),
+        ];
+        let since = crate::state::ledger::unix_now() - (3600 + 5 * 60 + 30);
+        let idle = [Idle {
+            holder: "nb".into(),
+            since,
+        }];
+        let status = Status {
+            idle: &idle,
+            ..Status::new(&inv, &records, UNBOUND_GRACE)
+        };
+        let compact = status.compact(false);
+        let lines: Vec<&str> = compact.lines().collect();
+        assert!(lines[1].contains("nb (idle 1h05m)"), "{compact}");
+        assert!(!lines[2].contains("idle"), "{compact}");
+        let long = status.table(false);
+        assert!(long.contains("nb (alice, idle 1h05m)"), "{long}");
+        assert!(long.contains("train (bob)"), "{long}");
+        let json = status.json();
+        let holder = |id: &str| {
+            json["holders"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|h| h["id"] == id)
+                .unwrap()
+                .clone()
+        };
+        let nb = holder("nb");
+        assert!(nb["idle"]["seconds"].as_u64().unwrap() >= 3930, "{nb}");
+        assert_eq!(
+            nb["idle"]["since"],
+            humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(since))
+                .to_string()
+        );
+        assert!(holder("train")["idle"].is_null());
+        assert_eq!(json["gpus"][0]["holders"][0]["idle"], nb["idle"]);
     }
 
     #[test]

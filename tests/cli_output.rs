@@ -458,3 +458,102 @@ fn config_check_prints_the_configuration_or_the_one_line_that_is_wrong() {
         )
     );
 }
+
+/// What bash offers after `words` (the last one is being completed), with gpupin's
+/// completion script loaded and the test's gpupin first on PATH.
+fn bash_completes(g: &Gpupin, words: &[&str]) -> Vec<String> {
+    let script = g.dir.path().join("gpupin.bash");
+    let out = gpupin(g, &["completions".into(), "bash".into()], Stdio::piped());
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::write(&script, &out.stdout).unwrap();
+    let mut line = vec!["gpupin", "--config"];
+    let config = g.config.display().to_string();
+    line.push(&config);
+    line.extend_from_slice(words);
+    let quoted: Vec<String> = line.iter().map(|w| format!("'{w}'")).collect();
+    let program = format!(
+        "source '{}'; COMP_WORDS=({}); COMP_CWORD={}; \
+         _gpupin_holders_or_clap gpupin \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display(),
+        quoted.join(" "),
+        line.len() - 1
+    );
+    let bin_dir = Path::new(GPUPIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("bash")
+        .args(["-c", &program])
+        .env("PATH", path)
+        .env_remove("GPUPIN_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut offered: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
+    offered.retain(|w| !w.is_empty());
+    offered
+}
+
+#[test]
+fn tab_after_release_evict_key_and_log_holder_offers_the_holders_status_shows() {
+    if !gpupin_sandbox::harness::need_root(
+        "tab_after_release_evict_key_and_log_holder_offers_the_holders_status_shows",
+    ) {
+        return;
+    }
+    let g = Gpupin::new(GPUPIN, "sim:nvswitch8");
+    for (id, device) in [("maint-gpu7", "7"), ("alpha", "0")] {
+        let args: Vec<String> = ["hold", id, "--devices", device, "--until-release"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let out = gpupin(&g, &args, Stdio::piped());
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    for command in ["release", "evict", "key"] {
+        assert_eq!(
+            bash_completes(&g, &[command, ""]),
+            ["alpha", "maint-gpu7"],
+            "{command}"
+        );
+    }
+    assert_eq!(
+        bash_completes(&g, &["release", "--force", "m"]),
+        ["maint-gpu7"]
+    );
+    assert_eq!(
+        bash_completes(&g, &["log", "--holder", ""]),
+        ["alpha", "maint-gpu7"]
+    );
+    // Flags stay clap's, and hold's new id is not an existing holder's.
+    assert_eq!(
+        bash_completes(&g, &["release", "--ig"]),
+        ["--ignore-missing"]
+    );
+    assert!(!bash_completes(&g, &["hold", ""]).contains(&"alpha".to_string()));
+    // The same arguments in zsh and fish ask `gpupin holders`; hold's id does not.
+    let script = |shell: &str| {
+        let out = gpupin(&g, &["completions".into(), shell.into()], Stdio::piped());
+        stdout(&out)
+    };
+    let zsh = script("zsh");
+    assert!(zsh.starts_with("#compdef gpupin\n"), "{zsh}");
+    let asking: Vec<&str> = zsh
+        .lines()
+        .filter(|l| l.ends_with(":_gpupin_holders' \\"))
+        .collect();
+    assert_eq!(
+        asking.len(),
+        4,
+        "release, evict, key, log --holder: {asking:#?}"
+    );
+    assert!(asking.iter().all(|l| !l.contains("slurm-")), "{asking:#?}");
+    let fish = script("fish");
+    assert!(
+        fish.contains("complete -c gpupin -n \"__fish_seen_subcommand_from release evict key\" -f -a \"(gpupin holders 2>/dev/null)\""),
+        "{fish}"
+    );
+}

@@ -113,7 +113,7 @@ fn a_pod_holds_exactly_its_request_and_its_sandbox_nothing() {
     let exec_env = pod.exec(&trainer, &["env"]);
     assert!(
         !exec_env.contains("NVIDIA_VISIBLE_DEVICES="),
-        "an exec'd process got NVIDIA_VISIBLE_DEVICES: update README (Kubernetes)\n{exec_env}"
+        "an exec'd process got NVIDIA_VISIBLE_DEVICES: update docs/integrations.md (Kubernetes)\n{exec_env}"
     );
 
     released(pod, &node);

@@ -19,7 +19,20 @@ fn assert_demo_story(out: &Output) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    // The commands it prints read as an admin types them here: the binary relative to the
+    // current directory (cargo runs tests in the checkout), never an absolute path into it.
+    let checkout = env!("CARGO_MANIFEST_DIR");
+    assert!(
+        !stdout.contains(&format!("{checkout}/")),
+        "an absolute path into the checkout in:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("$ target/debug/gpupin --config ")
+            || stdout.contains("$ target/release/gpupin --config "),
+        "the status command as typed here missing from:\n{stdout}"
+    );
     for needle in [
+        "status --long",
         "train",
         "GPUs 0,1",
         "env GPUPIN_COUNT=1",

@@ -856,6 +856,87 @@ fn a_config_typo_stops_only_gpu_containers_and_says_where() {
     assert!(!slot.state.join("holders").exists() || slot.holders().is_empty());
 }
 
+/// A spawner that sets `gpupin.user` on the containers it starts (JupyterHub's
+/// DockerSpawner, a portal), on a host whose admin trusts that label: the container is
+/// that user's in status, and `[limits]` apply to it as to the user's own jobs. Where the
+/// label is not trusted, a container carrying it is refused in one line, never started
+/// as nobody's (issue 23 item 4, issue 25 item 3).
+#[test]
+fn a_trusted_user_label_makes_a_container_the_users_and_limits_apply() {
+    let Some(h) = harness(
+        "a_trusted_user_label_makes_a_container_the_users_and_limits_apply",
+        Need::Docker,
+    ) else {
+        return;
+    };
+    let slot = h.slot();
+    slot.reset_config(None);
+    // Untrusted: refused, nothing held.
+    let out = h.run_detached(
+        &slot.runtime,
+        &["-l", "gpupin.count=1", "-l", "gpupin.user=nobody"],
+    );
+    assert!(!out.status.success(), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("gpupin: label gpupin.user=\"nobody\" is not trusted on this host (trusted_user_label is not set): remove the label, or ask the admin to trust it"),
+        "{err}"
+    );
+    assert!(slot.holders().is_empty());
+
+    let mut config = std::fs::read_to_string(&slot.config).unwrap();
+    config.push_str("trusted_user_label = \"gpupin.user\"\n[limits]\nmax_gpus_per_user = 1\n");
+    std::fs::write(&slot.config, config).unwrap();
+    let first = h.start(
+        &slot.runtime,
+        &["-l", "gpupin.count=1", "-l", "gpupin.user=nobody"],
+    );
+    let status = slot.status();
+    let holder = status["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["holders"].as_array().unwrap())
+        .find(|r| r["id"] == first.id.as_str())
+        .unwrap_or_else(|| panic!("{status:#}"));
+    assert_eq!(holder["owner"]["user"], "nobody", "{status:#}");
+    let table = text(&gpupin_at(h, &slot.config, &["status"]).stdout);
+    let row = table
+        .lines()
+        .find(|l| l.contains(&first.id[..12]) || l.contains("nobody"));
+    assert!(row.is_some_and(|r| r.contains("nobody")), "{table}");
+
+    // The user's second container is over the limit; another user's is not.
+    let out = h.run_detached(
+        &slot.runtime,
+        &["-l", "gpupin.count=1", "-l", "gpupin.user=nobody"],
+    );
+    assert!(!out.status.success(), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("nobody holds 1 GPU and nobody asks for 1 more; their limit is 1 (limits.max_gpus_per_user)"),
+        "{err}"
+    );
+    let root = h.start(
+        &slot.runtime,
+        &["-l", "gpupin.count=1", "-l", "gpupin.user=root"],
+    );
+    assert_eq!(slot.holders().len(), 2);
+    // A name that is no user of this host is refused, not taken as nobody's.
+    let out = h.run_detached(
+        &slot.runtime,
+        &["-l", "gpupin.count=1", "-l", "gpupin.user=no-such-user"],
+    );
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("label gpupin.user=\"no-such-user\" names no user of this host"),
+        "{}",
+        text(&out.stderr)
+    );
+    drop(root);
+    drop(first);
+}
+
 /// `docker run --runtime gpupin -l gpupin.mig=1g.10gb` on the simulated A100 with MIG:
 /// the shim gives the container its instance's GPU node and exactly its two capability
 /// nodes, and NVIDIA_VISIBLE_DEVICES names the instance; `--gpus device=MIG-...` takes

@@ -154,7 +154,7 @@ fn a_host_set_up_by_gpupin_install_has_no_problem() {
     assert_has_line(
         &out,
         &format!(
-            "ok      hooks: {}: precreate, prestart and poststop run {} for containers with a gpupin.* annotation",
+            "ok      hooks: {}: precreate, prestart and poststop run {} for containers with a gpupin.* annotation (podman --label and -e GPUPIN_* never reach it: use --annotation, or `gpupin install podman --always` for env requests)",
             host.hooks.display(),
             host.sibling("gpupin-hook").display()
         ),

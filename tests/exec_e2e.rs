@@ -468,6 +468,213 @@ fn waiting_containers_and_jobs_get_gpus_in_arrival_order() {
     until_clean(g);
 }
 
+/// `queue = "fair"` (the default) with real processes: alice queues three jobs, then bob
+/// one, each through `gpupin serve`. `gpupin queue` numbers bob's second, and as GPUs are
+/// given back one at a time bob's job is the second to get one, ahead of alice's two
+/// that came before it.
+#[test]
+fn fair_waiting_serves_bobs_one_job_before_alices_second() {
+    let test = "fair_waiting_serves_bob_second";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let alice = User::create("fair");
+    let bob = User::create("fairb");
+    let _daemon = Daemon::start(&g);
+    for (id, devices) in [
+        ("rest", "0,1,2,3"),
+        ("g4", "4"),
+        ("g5", "5"),
+        ("g6", "6"),
+        ("g7", "7"),
+    ] {
+        ok(
+            &g,
+            None,
+            &["hold", id, "--devices", devices, "--until-release"],
+        );
+    }
+    let wait = ["--count", "1", "--wait", "120s"];
+    let mut jobs = Vec::new();
+    for (n, (user, name)) in [(&alice, "a1"), (&alice, "a2"), (&alice, "a3"), (&bob, "b1")]
+        .into_iter()
+        .enumerate()
+    {
+        jobs.push(Job::start(&g, Some(user), name, &wait));
+        until(&format!("{name} waits"), || {
+            (queued(&g) == n + 1).then_some(())
+        });
+    }
+    let holder = |i: usize| jobs[i].holder();
+    let listed: Value = serde_json::from_str(&ok(&g, None, &["queue", "--json"])).unwrap();
+    let shown: Vec<(u64, String)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["position"].as_u64().unwrap(),
+                w["holder"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (1, holder(0)),
+            (2, holder(3)),
+            (3, holder(1)),
+            (4, holder(2))
+        ],
+        "{listed}"
+    );
+
+    // One GPU given back at a time: the next in that order, and only it, gets it.
+    let mut started: Vec<usize> = Vec::new();
+    for hold in ["g4", "g5", "g6", "g7"] {
+        ok(&g, None, &["release", hold]);
+        let next = until(&format!("a job starts on {hold}'s GPU"), || {
+            (0..jobs.len()).find(|&i| !started.contains(&i) && jobs[i].has_started())
+        });
+        started.push(next);
+    }
+    let names: Vec<&str> = started.iter().map(|&i| jobs[i].name.as_str()).collect();
+    assert_eq!(names, ["a1", "b1", "a2", "a3"]);
+    let allocated: Vec<String> = audit(&g)
+        .into_iter()
+        .filter(|e| e["event"] == "allocate")
+        .map(|e| e["holder"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(allocated, [holder(0), holder(3), holder(1), holder(2)]);
+    for job in &mut jobs {
+        let (exit, stderr) = job.finish();
+        assert!(exit.success(), "{stderr}");
+    }
+    ok(&g, None, &["release", "rest"]);
+    until_clean(&g);
+}
+
+/// Writes the live file of `g` (`live_file = "live.json"`): GPU i at `utilization[i]`%.
+fn write_live(g: &gpupin_sandbox::harness::Gpupin, utilization: [u32; 8]) {
+    let gpus: Vec<Value> = utilization
+        .iter()
+        .enumerate()
+        .map(|(i, u)| serde_json::json!({"index": i, "utilization": u, "memory_free": "40GiB"}))
+        .collect();
+    let text = serde_json::json!({ "gpus": gpus }).to_string();
+    // Renamed into place: the daemon never reads half a file.
+    let tmp = g.dir.path().join("live.json.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, g.dir.path().join("live.json")).unwrap();
+}
+
+/// Idle holders found by `gpupin serve` from the live figures (the live file drives
+/// utilization): a forgotten hold and a user's job that both sit on quiet GPUs are
+/// marked idle in status, metrics and the audit log (once each); under `idle_action =
+/// "release-holds"` the hold is released and the job keeps running with its GPU; a
+/// hold on a busy GPU is neither; and the job's GPU busy again ends its idleness.
+#[test]
+fn idle_holders_are_found_and_only_idle_holds_are_released() {
+    let test = "idle_holders_are_found";
+    if !requirements(test) {
+        return;
+    }
+    let g =
+        gpupin("live_file = \"live.json\"\nidle_after = \"3s\"\nidle_action = \"release-holds\"\n");
+    write_live(&g, [0, 0, 80, 0, 0, 0, 0, 0]);
+    let alice = User::create("idle");
+    let _daemon = Daemon::start(&g);
+    ok(
+        &g,
+        None,
+        &["hold", "forgotten", "--devices", "0", "--until-release"],
+    );
+    ok(
+        &g,
+        None,
+        &["hold", "working", "--devices", "2", "--until-release"],
+    );
+    let mut job = Job::start(&g, Some(&alice), "quiet", &["--devices", "1"]);
+    job.ready();
+    let holder = job.holder();
+
+    until("the forgotten hold is released", || {
+        status::holder(&g.status(), "forgotten")
+            .is_none()
+            .then_some(())
+    });
+    until("the job is shown idle", || {
+        let h = status::holder(&g.status(), &holder)?;
+        (!h["idle"].is_null()).then_some(h)
+    });
+    let st = g.status();
+    assert!(
+        status::holder(&st, "working").unwrap()["idle"].is_null(),
+        "{st}"
+    );
+    assert!(!job.has_ended(), "a job is never stopped for being idle");
+    assert_eq!(status::held_minors(&st, &holder).len(), 1, "{st}");
+    // The one-line view: GPU 1's line says idle, even with the holder's name cut.
+    let screen = ok(&g, None, &["status"]);
+    let line = screen.lines().find(|l| l.starts_with("1 ")).unwrap();
+    assert!(
+        line.contains("exec-") && line.contains(" (idle "),
+        "{screen}"
+    );
+    assert!(!screen.contains("working (idle"), "{screen}");
+    let metrics = ok(&g, None, &["metrics"]);
+    let sample = format!(
+        "gpupin_holder_idle_seconds{{holder=\"{holder}\",kind=\"exec\",user=\"{}\"}} ",
+        alice.name
+    );
+    assert!(metrics.contains(&sample), "{metrics}");
+    assert!(
+        !metrics.contains("gpupin_holder_idle_seconds{holder=\"working\""),
+        "{metrics}"
+    );
+
+    // A few looks later, still one idle line each in the audit log.
+    let looks = || std::fs::read_to_string(g.state_dir.join("idle.json")).unwrap();
+    let first = looks();
+    until("two more looks", || {
+        let now = looks();
+        (now != first).then_some(now)
+    });
+    let second = looks();
+    until("one more look", || (looks() != second).then_some(()));
+    let events = audit(&g);
+    let idle: Vec<&str> = events
+        .iter()
+        .filter(|e| e["event"] == "idle")
+        .map(|e| e["holder"].as_str().unwrap())
+        .collect();
+    let mut idle_sorted = idle.clone();
+    idle_sorted.sort();
+    let mut expected = vec!["forgotten", holder.as_str()];
+    expected.sort();
+    assert_eq!(idle_sorted, expected, "{events:?}");
+    let released: Vec<&Value> = events.iter().filter(|e| e["event"] == "release").collect();
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert_eq!(released[0]["holder"], "forgotten");
+    assert_eq!(
+        released[0]["reason"],
+        "idle: GPUs under 5% utilization for 3s (idle_action = \"release-holds\")"
+    );
+
+    // Its GPU busy again: no longer idle.
+    write_live(&g, [0, 60, 80, 0, 0, 0, 0, 0]);
+    until("the job is no longer idle", || {
+        status::holder(&g.status(), &holder)?["idle"]
+            .is_null()
+            .then_some(())
+    });
+    let (exit, stderr) = job.finish();
+    assert!(exit.success(), "{stderr}");
+    ok(&g, None, &["release", "working"]);
+    until_clean(&g);
+}
+
 #[test]
 fn a_hold_shares_its_gpus_with_a_container_and_its_users_job_only() {
     let test = "a_hold_shares_its_gpus";

@@ -51,6 +51,7 @@ fn hold_one_gpu(g: &Gpupin) -> Sleeper {
         },
         claim: None,
         slurm_job: None,
+        labels: Default::default(),
     };
     let config = Config::load(&g.config).unwrap();
     let (record, ()) = admit::admit(&config, admission, |_| {

@@ -59,9 +59,9 @@ fn annotated_container_sees_exactly_its_two_gpus() {
 }
 
 #[test]
-fn status_and_audit_name_podman_as_the_engine_and_no_more_than_it_tells() {
+fn status_and_audit_name_a_podman_container_by_its_name_and_image() {
     let Some(podman) = setup(
-        "status_and_audit_name_podman_as_the_engine_and_no_more_than_it_tells",
+        "status_and_audit_name_a_podman_container_by_its_name_and_image",
         Options::default(),
     ) else {
         return;
@@ -74,11 +74,11 @@ fn status_and_audit_name_podman_as_the_engine_and_no_more_than_it_tells() {
     let holder = &podman.holders()[0];
     assert_eq!(holder["id"], id.as_str(), "{status:#}");
     assert_eq!(holder["kind"], "container", "{status:#}");
-    // Podman (4.3 here) puts its mark into the spec, but neither the container's name
-    // nor its image: gpupin shows what the engine told, and its id.
+    // Podman (4.3 here) puts only its mark into the spec; the name and the image come
+    // from containers/storage, whose entry the spec's root names.
     assert_eq!(
         holder["container"],
-        serde_json::json!({"engine": "podman", "name": null, "image": null}),
+        serde_json::json!({"engine": "podman", "name": name, "image": image}),
         "{status:#}"
     );
     let allocation = podman
@@ -94,7 +94,16 @@ fn status_and_audit_name_podman_as_the_engine_and_no_more_than_it_tells() {
         .lines()
         .find(|l| l.contains(" podman "))
         .unwrap_or_else(|| panic!("no podman row: {table}"));
-    assert!(row.contains(&id[..12]), "{table}");
+    // The long table cuts names to its column.
+    assert!(row.contains(&name[..20]), "{table}");
+    assert!(
+        !table.contains(&id[..16]),
+        "a long id in the table: {table}"
+    );
+    let short = podman.gpupin(&["status"]);
+    let short = String::from_utf8(short.stdout).unwrap();
+    assert!(short.contains(&name[..20]), "{short}");
+    assert_eq!(allocation["name"], name.as_str(), "{allocation}");
     assert!(table.lines().all(|l| l.chars().count() <= 80), "{table}");
     podman.remove(&name);
 }
@@ -255,6 +264,32 @@ fn failed_allocation_fails_the_run_with_gpupins_message() {
     assert!(!out.status.success());
     let output = combined(&out);
     assert!(output.contains("8 of 8 GPUs held, 0 free"), "{output}");
+    // Refused while it is still a claim, a container from an image is named as podman
+    // named it (containers/storage tells; a `--rootfs` container has no entry there).
+    let image = "localhost/gpupin-test:refused";
+    podman.import_image(image);
+    let out = podman
+        .podman()
+        .args([
+            "run",
+            "--rm",
+            "--name",
+            &podman.name(3),
+            "--network",
+            "none",
+        ])
+        .args(["--annotation", "gpupin.count=1", image, "true"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let output = combined(&out);
+    assert!(
+        output.contains(&format!(
+            "gpupin: cannot allocate 1 GPU for {}: 8 of 8 GPUs held",
+            podman.name(3)
+        )),
+        "{output}"
+    );
     let holders = podman.holders();
     assert_eq!(holders.len(), 1, "{holders:?}");
     assert_eq!(holders[0]["id"], holder.as_str());

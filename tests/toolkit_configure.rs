@@ -5,7 +5,7 @@
 //!   once gpupin's install has seen it, and a real dockerd starts with the result and
 //!   lists both.
 //! - containerd 1.6/1.7: `--runtime=containerd` and k8s/containerd/gpupin-v2.toml
-//!   appended to config.toml (README, "The runtime handler"): `containerd config dump`
+//!   appended to config.toml (docs/integrations.md, "The runtime handler"): `containerd config dump`
 //!   shows both runtime handlers, and a real containerd loads its CRI plugin with them;
 //!   with `GPUPIN_ENGINES=modern`, containerd 2.x with gpupin-v3.toml in the conf.d its
 //!   config.toml imports, and dockerd 29 for the Docker cases.
@@ -201,7 +201,7 @@ fn nvidia_ctk_first_then_gpupin_install_keeps_both_and_hands_over() {
 
 /// The other order: nvidia-ctk keeps gpupin's entry as it was, which hands over to runc
 /// (gpupin installed before NVIDIA's runtime was there); running `gpupin install docker`
-/// again (README, "Through NVIDIA's runtime or hook") makes it hand over to NVIDIA's.
+/// again (docs/integrations.md, "Through NVIDIA's runtime or hook") makes it hand over to NVIDIA's.
 #[test]
 fn gpupin_install_first_then_nvidia_ctk_keeps_both_and_a_reinstall_hands_over() {
     let test = "gpupin_install_first_then_nvidia_ctk_keeps_both_and_a_reinstall_hands_over";
@@ -240,7 +240,7 @@ fn gpupin_install_first_then_nvidia_ctk_keeps_both_and_a_reinstall_hands_over() 
     assert_eq!(default, "nvidia");
 }
 
-/// The shipped containerd 1.6/1.7 handler, appended to config.toml as the README says.
+/// The shipped containerd 1.6/1.7 handler, appended to config.toml as docs/integrations.md says.
 const HANDLER_V2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/containerd/gpupin-v2.toml");
 /// The shipped containerd 2.x handler, a file in conf.d that config.toml imports.
 const HANDLER_V3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/containerd/gpupin-v3.toml");
@@ -286,7 +286,7 @@ fn containerd_default_config(config: &Path) {
     std::fs::write(config, text).unwrap();
 }
 
-/// gpupin's handler as the README says: 1.6/1.7 append gpupin-v2.toml to config.toml,
+/// gpupin's handler as docs/integrations.md says: 1.6/1.7 append gpupin-v2.toml to config.toml,
 /// 2.x save gpupin-v3.toml in the conf.d config.toml imports.
 fn append_gpupin_handler(config: &Path) {
     if containerd2() {
@@ -420,7 +420,7 @@ fn gpupin_handler_first_then_nvidia_ctk_containerd_keeps_both() {
 
 /// The other order. On containerd 1.6/1.7 it loses gpupin's handler: they let the
 /// drop-in nvidia-ctk imports replace config.toml's whole CRI section; running nvidia-ctk
-/// again (README, "The runtime handler") copies gpupin's handler into its drop-in, and
+/// again (docs/integrations.md, "The runtime handler") copies gpupin's handler into its drop-in, and
 /// both are there. containerd 2.x merges the two files key by key: both at once.
 #[test]
 fn nvidia_ctk_containerd_first_needs_it_again_after_gpupins_handler() {

@@ -8,7 +8,7 @@
 //! containerd, the shims, runc under gpupin-runtime): `command` hands every child the
 //! same PATH. A modern engine that was not built is then missing (the test skips, or
 //! fails under CI=true); it never falls back to Debian's. The docker CLI stays the
-//! machine's (see README: docker/cli v29 does not build from the module proxy).
+//! machine's (see docs/internals.md: docker/cli v29 does not build from the module proxy).
 //!
 //! Outside the `harness` feature too, since `find_on_path` asks it; the harness
 //! re-exports it as `harness::engines` and says the generation (`harness::announce_engines`).

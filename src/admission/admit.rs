@@ -13,10 +13,12 @@
 use crate::admission::driver::{self, DriverError};
 use crate::admission::edits::{ApplyError, ContainerEdits, EditsError, HookCommand};
 use crate::admission::grant::{self, GrantError};
+use crate::admission::trusted_user::{self, TrustedUserError};
 use crate::input::config::Config;
 use crate::input::request::GpuRequest;
 use crate::model::holder::HolderId;
 use crate::state::ledger::{ClaimToken, HolderMeta, Ledger, LedgerError, Record};
+use std::collections::HashMap;
 
 /// One container's admission.
 pub struct Admission<'a> {
@@ -29,6 +31,9 @@ pub struct Admission<'a> {
     /// The Slurm job the container's env names (`request::slurm_job`): its request takes
     /// from that job's hold where the config trusts containers with it (`in_slurm_job`).
     pub slurm_job: Option<HolderId>,
+    /// The container's annotations and, for Docker, its labels: a trusted one names
+    /// whose it is (`trusted_user`), and then `[limits]` apply.
+    pub labels: HashMap<String, String>,
 }
 
 pub struct Claim<'a> {
@@ -50,6 +55,8 @@ where
     Edits(#[from] EditsError),
     #[error(transparent)]
     Driver(#[from] DriverError),
+    #[error(transparent)]
+    User(#[from] TrustedUserError),
     #[error("giving container {id} its GPUs")]
     Apply {
         id: String,
@@ -92,8 +99,14 @@ pub fn admit<T, E: std::error::Error + 'static>(
         mut meta,
         claim,
         slurm_job,
+        labels,
     } = admission;
     let request = &in_slurm_job(config, request, slurm_job.as_ref());
+    if let Some(owner) = trusted_user::owner(config, &labels)? {
+        // Root's containers, like root's own requests, are not limited.
+        meta.limited = owner.uid != 0;
+        meta.owner = Some(owner);
+    }
     if let Some(claim) = &claim {
         meta.claim_digest = Some(claim.token.digest());
     }
@@ -202,6 +215,7 @@ mod tests {
             meta: HolderMeta::default(),
             claim: None,
             slurm_job: None,
+            labels: Default::default(),
         }
     }
 
@@ -230,6 +244,7 @@ mod tests {
         request.within_key = Some(key);
         let admission = Admission {
             slurm_job: crate::input::request::slurm_job(&["SLURM_JOB_ID=42"]),
+            labels: Default::default(),
             ..admission(&holder, &request)
         };
         let (record, ()) = admit(&config, admission, |_| Ok::<_, ApplyError>(())).unwrap();
@@ -249,6 +264,7 @@ mod tests {
         let (holder, request) = in_job_42(&config);
         let admission = Admission {
             slurm_job: crate::input::request::slurm_job(&["SLURM_JOB_ID=42"]),
+            labels: Default::default(),
             ..admission(&holder, &request)
         };
         let err = admit(&config, admission, |_| Ok::<_, ApplyError>(())).unwrap_err();
@@ -274,6 +290,7 @@ mod tests {
         let (holder, request) = in_job_42(&config);
         let admission = Admission {
             slurm_job: crate::input::request::slurm_job(&["SLURM_JOB_ID=42"]),
+            labels: Default::default(),
             ..admission(&holder, &request)
         };
         let (record, ()) = admit(&config, admission, |_| Ok::<_, ApplyError>(())).unwrap();
@@ -292,6 +309,7 @@ mod tests {
         let request = GpuRequest::new(Selection::Count(1), Origin::Env);
         let admission = Admission {
             slurm_job: crate::input::request::slurm_job(&["SLURM_JOB_ID=43"]),
+            labels: Default::default(),
             ..admission(&holder, &request)
         };
         let (record, ()) = admit(&config, admission, |_| Ok::<_, ApplyError>(())).unwrap();

@@ -160,6 +160,9 @@ pub struct BeforeCreate<'a> {
     /// How the runtime calls gpupin back (bind at prestart, release at poststop).
     pub hook: &'a HookCommand,
     pub meta: HolderMeta,
+    /// The engine's labels beyond the annotations (Docker's): one may name the
+    /// container's user (`trusted_user`).
+    pub labels: HashMap<String, String>,
 }
 
 /// Admits the request and edits `spec_value` (the GPUs' nodes, cgroup rules, env, the
@@ -183,6 +186,13 @@ pub fn edit_spec<T>(
             hook: step.hook,
         }),
         slurm_job: request::slurm_job(&spec::process_env(spec_value)),
+        // The engine's labels over the annotations: Docker's are what a spawner sets.
+        labels: step
+            .annotations
+            .clone()
+            .into_iter()
+            .chain(step.labels)
+            .collect(),
     };
     Ok(admit::admit(step.config, admission, |edits| {
         edits::spec::apply(edits, spec_value)?;

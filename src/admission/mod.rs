@@ -8,3 +8,4 @@ pub mod entry;
 pub mod foreign;
 pub mod grant;
 pub mod spec;
+pub mod trusted_user;

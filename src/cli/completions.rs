@@ -13,9 +13,99 @@ pub struct CompletionsArgs {
 pub fn completions(args: &CompletionsArgs) -> anyhow::Result<ExitCode> {
     let mut out = Vec::new();
     clap_complete::generate(args.shell, &mut super::Cli::command(), "gpupin", &mut out);
-    out!("{}", String::from_utf8_lossy(&out))?;
+    let script = with_holders(args.shell, &String::from_utf8_lossy(&out));
+    out!("{script}")?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// The commands whose argument is a holder as `gpupin status` shows it.
+const HOLDER_COMMANDS: [&str; 3] = ["release", "evict", "key"];
+
+/// clap's script, plus completing holders (`gpupin holders`, asked when the user presses
+/// tab: the ledger changes every minute) after `release`, `evict`, `key` and `log
+/// --holder`. clap's static scripts cannot list them, so each shell gets a small addition
+/// in its own idiom; `--config` on the command line is passed on, so the list is that
+/// ledger's.
+fn with_holders(shell: clap_complete::Shell, script: &str) -> String {
+    use clap_complete::Shell;
+    let commands = HOLDER_COMMANDS.join(" ");
+    match shell {
+        Shell::Bash => format!(
+            "{script}\n{}",
+            BASH_HOLDERS
+                .replace("@COMMANDS@", &HOLDER_COMMANDS.join("|"))
+                .trim_start()
+        ),
+        Shell::Fish => format!(
+            "{script}\n# Holders as gpupin status shows them, from the ledger.\n\
+             complete -c gpupin -n \"__fish_seen_subcommand_from {commands}\" -f -a \"(gpupin holders 2>/dev/null)\"\n\
+             complete -c gpupin -n \"__fish_seen_subcommand_from log\" -l holder -r -f -a \"(gpupin holders 2>/dev/null)\"\n"
+        ),
+        Shell::Zsh => {
+            // clap gives these arguments `_default` (files); they name holders.
+            let lines: Vec<String> = script
+                .lines()
+                .map(
+                    |line| match ZSH_HOLDER_ARGS.iter().any(|a| line.starts_with(a)) {
+                        true => line.replace(":_default' \\", ":_gpupin_holders' \\"),
+                        false => line.to_string(),
+                    },
+                )
+                .collect();
+            let script = lines.join("\n") + "\n";
+            match script.split_once('\n') {
+                Some((compdef, rest)) => format!("{compdef}\n{ZSH_HOLDERS}{rest}"),
+                None => script,
+            }
+        }
+        _ => script.to_string(),
+    }
+}
+
+/// Replaces clap's `complete -F _gpupin gpupin` with a function that answers holders
+/// itself and hands everything else to clap's.
+const BASH_HOLDERS: &str = r#"
+# Holders as gpupin status shows them, from the ledger (gpupin holders).
+_gpupin_holders_or_clap() {
+    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
+    local i word sub="" config=()
+    for (( i = 1; i < COMP_CWORD; i++ )); do
+        word="${COMP_WORDS[i]}"
+        case "${word}" in
+            --config) config=(--config "${COMP_WORDS[i+1]}"); (( i++ )) ;;
+            --config=*) config=("${word}") ;;
+            -*) ;;
+            *) [[ -z "${sub}" ]] && sub="${word}" ;;
+        esac
+    done
+    if [[ "${cur}" != -* ]] && { [[ "${sub}" == log && "${prev}" == --holder ]] ||
+        [[ "${sub}" == @(@COMMANDS@) && "${prev}" != @(--config|--grace) ]]; }; then
+        COMPREPLY=( $(compgen -W "$(gpupin "${config[@]}" holders 2>/dev/null)" -- "${cur}") )
+        return 0
+    fi
+    _gpupin "$@"
+}
+complete -F _gpupin_holders_or_clap -o nosort -o bashdefault -o default gpupin
+"#;
+
+/// How the zsh argument specs that name a holder begin, as clap writes them from the
+/// arguments' help (hold's `id`, a new holder's, is not among them).
+const ZSH_HOLDER_ARGS: [&str; 4] = [
+    "':id -- The holder id, as `gpupin status` shows it",
+    "':id -- The holder as `gpupin status` shows it",
+    "':holder -- The holder as `gpupin status` shows it",
+    "'--holder=[Only events of this holder",
+];
+
+const ZSH_HOLDERS: &str = r#"
+# Holders as gpupin status shows them, from the ledger (gpupin holders).
+_gpupin_holders() {
+    local -a holders
+    holders=(${(f)"$(gpupin holders 2>/dev/null)"})
+    compadd -a holders
+}
+
+"#;
 
 #[derive(clap::Args)]
 pub struct ManpageArgs {

@@ -16,8 +16,8 @@ pub struct DoctorArgs {
     /// Docker's daemon.json to check
     #[arg(long, default_value = DEFAULT_DAEMON_JSON, value_name = "FILE")]
     pub daemon_json: PathBuf,
-    /// A hooks.d directory of podman or CRI-O to check; repeatable
-    /// [default: /usr/share/containers/oci/hooks.d and /etc/containers/oci/hooks.d]
+    /// A hooks.d directory of podman or CRI-O to check; repeatable, in the order the
+    /// engine reads them [default: podman's, from containers.conf's hooks_dir]
     #[arg(long = "hooks-dir", value_name = "DIR")]
     pub hooks_dirs: Vec<PathBuf>,
     /// The nvidia-smi whose `-q -x` readings NVML's are checked against
@@ -61,6 +61,7 @@ pub fn run(config_flag: Option<&Path>, args: &DoctorArgs) -> anyhow::Result<Exit
     setup.daemon_json = args.daemon_json.clone();
     if !args.hooks_dirs.is_empty() {
         setup.hooks_dirs = args.hooks_dirs.clone();
+        setup.hooks_source = gpupin::doctor::HooksSource::Given;
     }
     setup.nvidia_smi = args.nvidia_smi.clone();
     setup.proc = args.proc.clone();

@@ -105,6 +105,7 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             mig: args.mig.clone(),
             reason: args.reason.clone(),
             for_secs,
+            request: Vec::new(),
         })?;
         let indices = reply
             .gpus

@@ -19,6 +19,7 @@ mod explain;
 mod flag;
 mod gc;
 mod hold;
+mod holders;
 mod hook;
 mod hook_stage;
 mod install;
@@ -37,7 +38,7 @@ mod status;
 mod usage;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use gpupin::input::config::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -143,6 +144,9 @@ pub enum Command {
     /// Write the man pages (roff) into a directory, for packagers
     #[command(hide = true)]
     Manpage(completions::ManpageArgs),
+    /// Each holder as gpupin status shows it, one a line: for the shell completions
+    #[command(hide = true)]
+    Holders,
 }
 
 pub fn main() -> ExitCode {
@@ -226,6 +230,13 @@ fn did_you_mean(rendered: &str) -> String {
                 .map(|n| n.trim_start_matches(['s', ':', ' ']).trim())
         })
         .filter(|n| !n.is_empty())
+        // clap suggests hidden commands too (`holds`: `holders`); they are not for people.
+        .filter(|n| {
+            let name = n.trim_matches('\'');
+            !Cli::command()
+                .get_subcommands()
+                .any(|s| s.is_hide_set() && s.get_name() == name)
+        })
         .collect();
     match similar.as_slice() {
         [] => String::new(),
@@ -255,7 +266,6 @@ fn help_command(rendered: &str) -> String {
 /// `gpupin hold` for a value error, whose rendering has no usage line: the first word
 /// on the command line that is a subcommand of gpupin's.
 fn subcommand_typed() -> Option<String> {
-    use clap::CommandFactory;
     let cli = Cli::command();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -314,6 +324,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Queue(args) => queue::run(&config, &args),
         Command::Pick(args) => pick::run(&config, &args),
         Command::Gc => gc::run(&config),
+        Command::Holders => holders::run(&config),
         Command::Release(args) => release::run(&config, &args),
         Command::Evict(args) => evict::run(&config, &args),
         Command::Log(args) => log::run(&config, &args),

@@ -58,7 +58,7 @@ pub fn run(config: &Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
             one_line(err)
         )),
     };
-    server::run(config.clone(), listener, reloaded)?;
+    server::run(config.clone(), listener, reloaded, super::status::served)?;
     // Stopped by SIGTERM or SIGINT. A socket systemd made is systemd's to remove.
     if ours {
         let _ = std::fs::remove_file(&socket);

@@ -89,6 +89,15 @@ pub fn run(config: &Config, args: &StatusArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// What `gpupin serve` answers its `status` op with (the Python client's
+/// `gpupin.status()`): this command's JSON, read by the daemon, without the GPUs'
+/// processes: whose they are is for each user's own `gpupin status` to read from /proc,
+/// not for the root daemon to hand to anyone who asks.
+pub fn served(config: &Config) -> Result<serde_json::Value, String> {
+    let screen = Screen::read_with(config, false).map_err(|e| one_line(&*e))?;
+    Ok(screen.status(None).json())
+}
+
 /// The one-line-per-GPU view, or the detailed tables with `--long`.
 fn render(status: &Status, args: &StatusArgs) -> String {
     match args.long {
@@ -110,6 +119,7 @@ struct Screen {
     inventory: Inventory,
     records: Vec<gpupin::state::ledger::Record>,
     waiting: Vec<gpupin::state::ledger::Waiting>,
+    idle: Vec<gpupin::state::ledger::Idle>,
     live: Option<Vec<Live>>,
     processes: Option<Vec<Vec<Seen>>>,
     live_error: Option<String>,
@@ -117,10 +127,18 @@ struct Screen {
 
 impl Screen {
     fn read(config: &Config) -> anyhow::Result<Screen> {
+        Screen::read_with(config, true)
+    }
+
+    /// `processes`: whether to say what runs on each GPU, and whose.
+    fn read_with(config: &Config, processes: bool) -> anyhow::Result<Screen> {
         let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
         let ledger = Ledger::read_only_for_config(config)?;
         let records = ledger.records()?;
         let waiting = ledger.waiting()?;
+        // What gpupin serve's looks found (the figures read here are one moment: they
+        // cannot say how long a holder has been quiet).
+        let idle = ledger.idle(&records);
         // Fresh figures, not the allocations' snapshot cache: a person watching wants
         // now, and may not write the state dir.
         let file = config.live_file.as_deref();
@@ -129,12 +147,16 @@ impl Screen {
             Err(err) => (None, Some(one_line(&err))),
         };
         let names = user_names();
-        let processes = live.as_deref().map(|l| whose::observe(l, &names));
+        let processes = match processes {
+            true => live.as_deref().map(|l| whose::observe(l, &names)),
+            false => None,
+        };
         Ok(Screen {
             grace: config.claim_grace,
             inventory,
             records,
             waiting,
+            idle,
             live,
             processes,
             live_error,
@@ -147,6 +169,7 @@ impl Screen {
             processes: self.processes.as_deref(),
             live_error: self.live_error.as_deref(),
             waiting: &self.waiting,
+            idle: &self.idle,
             shown,
             ..Status::new(&self.inventory, &self.records, self.grace)
         }

@@ -3,18 +3,15 @@
 //! NVIDIA prestart hook sorted before gpupin's.
 
 use super::docker::{config_finding, flag_value, same_file};
-use super::{Finding, Setup, Status, not_runnable};
+use super::{Finding, HooksSource, Setup, Status, not_runnable};
 use crate::base::binaries;
 use crate::base::safe_open::{self, Links};
+use crate::engines::install::containers_conf;
 use crate::engines::install::podman::{self, STAGES};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 pub(super) const CHECK: &str = "hooks";
-
-/// Where podman reads hooks.d files (packages', then the administrator's, which wins for
-/// a file of the same name); CRI-O's default `hooks_dir` is the first.
-pub const DEFAULT_HOOKS_DIRS: [&str; 2] = [VENDOR_HOOKS_DIR, podman::HOOKS_DIR];
 
 /// Where packages put hooks: the gpupin package's files there are dpkg's, and a file of the
 /// same name in podman::HOOKS_DIR takes their place.
@@ -31,21 +28,33 @@ enum Found {
 
 pub(super) fn check(setup: &Setup) -> Vec<Finding> {
     let mut findings = Vec::new();
-    let mut any = false;
+    if let HooksSource::Conf { error: Some(error) } = &setup.hooks_source {
+        findings.push(Finding::problem(CHECK, format!("hooks: {error}")));
+    }
+    // Podman reads the dirs in order, a later file of a name taking the place of an
+    // earlier one: what runs is the last of each name.
+    let last = setup.hooks_dirs.last().cloned().unwrap_or_default();
+    let mut files: Vec<(&str, PathBuf, Found)> = STAGES
+        .iter()
+        .map(|stage| (*stage, last.join(podman::file_name(stage)), Found::Absent))
+        .collect();
     for dir in &setup.hooks_dirs {
-        let files: Vec<(&str, PathBuf, Found)> = STAGES
-            .iter()
-            .map(|stage| {
-                let path = dir.join(podman::file_name(stage));
-                let found = read(&path, stage);
-                (*stage, path, found)
-            })
-            .collect();
-        if files.iter().all(|(_, _, f)| matches!(f, Found::Absent)) {
-            continue;
+        for (stage, path, found) in files.iter_mut() {
+            let here = dir.join(podman::file_name(stage));
+            let read = read_file(&here, stage);
+            if !matches!(read, Found::Absent) {
+                *path = here;
+                *found = read;
+            }
         }
-        any = true;
-        findings.extend(check_dir(setup, dir, &files));
+    }
+    if setup.hooks_source != HooksSource::Given {
+        findings.extend(unread_dirs(setup));
+        findings.extend(crio_refuses_precreate(setup));
+    }
+    let any = files.iter().any(|(_, _, f)| !matches!(f, Found::Absent));
+    if any {
+        findings.extend(check_dir(setup, &files));
     }
     if !any {
         let dirs: Vec<String> = setup
@@ -80,7 +89,7 @@ pub(super) fn check(setup: &Setup) -> Vec<Finding> {
     findings
 }
 
-fn read(path: &Path, stage: &str) -> Found {
+fn read_file(path: &Path, stage: &str) -> Found {
     // Admins link hooks into place: a link is followed, a FIFO refused rather than read.
     match safe_open::read(path, Links::Follow) {
         Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
@@ -110,8 +119,71 @@ fn install_command(setup: &Setup, dir: &Path) -> String {
     setup.gpupin(&args)
 }
 
-fn check_dir(setup: &Setup, dir: &Path, files: &[(&str, PathBuf, Found)]) -> Vec<Finding> {
-    let install = install_command(setup, dir);
+/// gpupin's hooks in a dir of gpupin's that podman does not read: podman 4.3 reads only
+/// /usr/share/containers/oci/hooks.d unless containers.conf's hooks_dir says otherwise
+/// (`containers_conf`), so files there do nothing without the drop-in.
+fn unread_dirs(setup: &Setup) -> Vec<Finding> {
+    let read: Vec<String> = setup
+        .hooks_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
+    [containers_conf::ADMIN_HOOKS_DIR, containers_conf::PACKAGE_HOOKS_DIR]
+        .into_iter()
+        .map(|dir| setup.root.join(dir.trim_start_matches('/')))
+        .filter(|dir| !setup.hooks_dirs.contains(dir))
+        .filter(|dir| {
+            STAGES.iter().any(|stage| {
+                matches!(read_file(&dir.join(podman::file_name(stage)), stage), Found::Ours(_))
+            })
+        })
+        .map(|dir| {
+            Finding::problem(
+                CHECK,
+                format!(
+                    "hooks: gpupin's hooks in {} never run: podman reads {} (containers.conf hooks_dir)",
+                    dir.display(),
+                    read.join(", ")
+                ),
+            )
+            .fix(format!(
+                "{} (writes {} naming it)",
+                setup.gpupin("install podman"),
+                containers_conf::ContainersConf::at(&setup.root).drop_in().display()
+            ))
+        })
+        .collect()
+}
+
+/// gpupin's precreate file in CRI-O's default hooks dir: CRI-O refuses a dir with a hook
+/// for a stage it does not know, and with it every hook there.
+fn crio_refuses_precreate(setup: &Setup) -> Option<Finding> {
+    setup.find_program(Path::new("crio"))?;
+    let dir = setup
+        .root
+        .join(containers_conf::PODMAN_DEFAULT.trim_start_matches('/'));
+    let path = dir.join(podman::file_name("precreate"));
+    matches!(read_file(&path, "precreate"), Found::Ours(_)).then(|| {
+        Finding::warn(
+            CHECK,
+            format!(
+                "hooks: {} is gpupin's precreate hook in CRI-O's hooks dir: CRI-O refuses a dir with a stage it does not know",
+                path.display()
+            ),
+        )
+        .fix(format!(
+            "{}, then remove it (podman reads {} through the drop-in)",
+            setup.gpupin("install podman"),
+            containers_conf::ADMIN_HOOKS_DIR
+        ))
+    })
+}
+
+fn check_dir(setup: &Setup, files: &[(&str, PathBuf, Found)]) -> Vec<Finding> {
+    let install = match setup.hooks_dirs.as_slice() {
+        [dir] if setup.hooks_source == HooksSource::Given => install_command(setup, dir),
+        _ => setup.gpupin("install podman"),
+    };
     let mut findings = Vec::new();
     let mut ours = Vec::new();
     for (stage, path, found) in files {
@@ -170,17 +242,19 @@ fn check_dir(setup: &Setup, dir: &Path, files: &[(&str, PathBuf, Found)]) -> Vec
             &install,
         ));
     }
-    for name in podman::nvidia_hooks_before_gpupin(dir) {
-        findings.push(
-            Finding::warn(
-                CHECK,
-                format!(
-                    "hooks: {} runs NVIDIA's hook at prestart before gpupin's, so on the prestart path (CRI-O) it cannot see gpupin's choice",
-                    dir.join(&name).display()
-                ),
-            )
-            .fix("rename it to sort after gpupin-prestart.json (the toolkit's name is oci-nvidia-hook.json)"),
-        );
+    for dir in &setup.hooks_dirs {
+        for name in podman::nvidia_hooks_before_gpupin(dir) {
+            findings.push(
+                Finding::warn(
+                    CHECK,
+                    format!(
+                        "hooks: {} runs NVIDIA's hook at prestart before gpupin's, so on the prestart path (CRI-O) it cannot see gpupin's choice",
+                        dir.join(&name).display()
+                    ),
+                )
+                .fix("rename it to sort after gpupin-prestart.json (the toolkit's name is oci-nvidia-hook.json)"),
+            );
+        }
     }
     if findings.iter().all(|f| f.status == Status::Ok) {
         let trigger = match ours
@@ -188,14 +262,24 @@ fn check_dir(setup: &Setup, dir: &Path, files: &[(&str, PathBuf, Found)]) -> Vec
             .map(|(_, _, c)| c["when"].get("always").is_some())
         {
             Some(true) => "every container",
-            _ => "containers with a gpupin.* annotation",
+            // The one way a request goes unseen: say it where the admin looks.
+            _ => {
+                "containers with a gpupin.* annotation (podman --label and -e GPUPIN_* never reach it: use --annotation, or `gpupin install podman --always` for env requests)"
+            }
         };
         let shown: Vec<String> = programs.iter().map(|p| p.display().to_string()).collect();
+        let mut dirs: Vec<String> = Vec::new();
+        for (_, path, _) in files {
+            let dir = path.parent().unwrap_or(path).display().to_string();
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
         findings.push(Finding::ok(
             CHECK,
             format!(
                 "hooks: {}: precreate, prestart and poststop run {} for {trigger}",
-                dir.display(),
+                dirs.join(" and "),
                 shown.join(", ")
             ),
         ));
@@ -243,6 +327,129 @@ fn missing_stage(stage: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host under `root` with gpupin's files in `dirs` (relative) and its hook binary.
+    fn host_with_hooks(root: &Path, dirs: &[&str]) -> Setup {
+        let bin = root.join("usr/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let exe = bin.join("gpupin-hook");
+        std::fs::write(&exe, "#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(bin.join("gpupin"), "").unwrap();
+        let hook = crate::admission::edits::HookCommand {
+            exe: exe.clone(),
+            config: None,
+        };
+        for dir in dirs {
+            let files = podman::hook_files(&hook, podman::Trigger::Annotation);
+            podman::install(&root.join(dir), &files, false).unwrap();
+        }
+        let (hooks_dirs, hooks_source) = super::super::podman_hooks_dirs(root);
+        Setup {
+            hooks_dirs,
+            hooks_source,
+            root: root.to_path_buf(),
+            path: bin.as_os_str().to_owned(),
+            ..Setup::host(crate::input::config::Config::default(), bin.join("gpupin"))
+        }
+    }
+
+    fn lines(findings: &[Finding]) -> Vec<String> {
+        findings
+            .iter()
+            .map(|f| format!("{:?} {}", f.status, f.what))
+            .collect()
+    }
+
+    /// Podman 4.3 reads /etc/containers/oci/hooks.d only where containers.conf names it:
+    /// gpupin's files there without the drop-in never run, and doctor says so.
+    #[test]
+    fn hooks_podman_does_not_read_are_a_problem_until_the_drop_in_names_their_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let setup = host_with_hooks(tmp.path(), &["etc/containers/oci/hooks.d"]);
+        let found = lines(&check(&setup));
+        let etc = tmp.path().join("etc/containers/oci/hooks.d");
+        assert!(
+            found.iter().any(|l| l.starts_with(&format!(
+                "Problem hooks: gpupin's hooks in {} never run: podman reads {}",
+                etc.display(),
+                tmp.path()
+                    .join("usr/share/containers/oci/hooks.d")
+                    .display()
+            ))),
+            "{found:#?}"
+        );
+        containers_conf::ContainersConf::at(tmp.path())
+            .install(false)
+            .unwrap();
+        let setup = host_with_hooks(tmp.path(), &[]);
+        let found = lines(&check(&setup));
+        assert!(found.iter().all(|l| l.starts_with("Ok ")), "{found:#?}");
+        assert!(
+            found.iter().any(|l| l.contains(&format!(
+                "hooks: {}: precreate, prestart and poststop run",
+                etc.display()
+            ))),
+            "{found:#?}"
+        );
+    }
+
+    /// The package's files and an admin's precreate for another config: what podman runs
+    /// is the last file of each name, and both dirs are named.
+    #[test]
+    fn the_admins_file_takes_the_place_of_the_packages_of_the_same_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        containers_conf::ContainersConf::at(tmp.path())
+            .install(false)
+            .unwrap();
+        let setup = host_with_hooks(tmp.path(), &["usr/share/gpupin/hooks.d"]);
+        let found = lines(&check(&setup));
+        let package = tmp.path().join("usr/share/gpupin/hooks.d");
+        assert!(
+            found
+                .iter()
+                .any(|l| l.starts_with(&format!("Ok hooks: {}: precreate", package.display()))),
+            "{found:#?}"
+        );
+        let etc = tmp.path().join("etc/containers/oci/hooks.d");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::copy(
+            package.join("gpupin-precreate.json"),
+            etc.join("gpupin-precreate.json"),
+        )
+        .unwrap();
+        let found = lines(&check(&setup));
+        assert!(
+            found.iter().any(|l| l.starts_with(&format!(
+                "Ok hooks: {} and {}: precreate",
+                etc.display(),
+                package.display()
+            ))),
+            "{found:#?}"
+        );
+    }
+
+    /// CRI-O refuses a hooks dir with a precreate hook: gpupin's there is a warning where
+    /// crio is installed.
+    #[test]
+    fn a_precreate_hook_in_crios_dir_is_a_warning_where_crio_runs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let setup = host_with_hooks(tmp.path(), &["usr/share/containers/oci/hooks.d"]);
+        assert!(
+            lines(&check(&setup))
+                .iter()
+                .all(|l| !l.contains("CRI-O refuses"))
+        );
+        let crio = tmp.path().join("usr/bin/crio");
+        std::fs::copy(tmp.path().join("usr/bin/gpupin-hook"), &crio).unwrap();
+        let found = lines(&check(&setup));
+        assert!(
+            found.iter().any(|l| l.starts_with("Warn hooks: ")
+                && l.contains("CRI-O refuses a dir with a stage it does not know")),
+            "{found:#?}"
+        );
+    }
 
     /// The packages' hooks dir is dpkg's: the fix never writes into it.
     #[test]

@@ -91,7 +91,7 @@ fn in_use(setup: &Setup, hw: &Hardware) -> (Finding, Option<Inventory>) {
                 ),
                 Err(err) => (
                     Finding::problem(CHECK, format!("inventory: {}", one_line(&err))).fix(format!(
-                        "correct {} (README: Inventory file format)",
+                        "correct {} (docs/reference.md: Inventory file format)",
                         path.display()
                     )),
                     None,

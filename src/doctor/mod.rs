@@ -30,7 +30,6 @@ pub mod xml;
 
 pub use finding::{Finding, Report, Status};
 pub use hardware::{Hardware, NvmlReading};
-pub use hooks::DEFAULT_HOOKS_DIRS;
 
 use crate::base::binaries;
 use crate::input::config::{Config, DEFAULT_CONFIG_PATH};
@@ -55,8 +54,12 @@ pub struct Setup {
     /// The gpupin binary running doctor: its siblings are the ones engines should run.
     pub exe: PathBuf,
     pub daemon_json: PathBuf,
-    /// hooks.d directories of podman and CRI-O.
+    /// hooks.d directories of podman and CRI-O, in the order podman reads them.
     pub hooks_dirs: Vec<PathBuf>,
+    /// Where `hooks_dirs` came from.
+    pub hooks_source: HooksSource,
+    /// The host's root: containers.conf and gpupin's own hooks dirs are under it.
+    pub root: PathBuf,
     pub proc: PathBuf,
     pub sys: PathBuf,
     pub dev: PathBuf,
@@ -66,16 +69,48 @@ pub struct Setup {
     pub path: OsString,
 }
 
+/// Where doctor's hooks dirs came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HooksSource {
+    /// Podman's own list, from containers.conf under the root; `error`: it could not be
+    /// read (podman's default is checked then).
+    Conf { error: Option<String> },
+    /// Named on the command line (`--hooks-dir`): checked as given.
+    Given,
+}
+
+/// The hooks dirs podman reads on the host under `root`, as containers.conf says.
+pub fn podman_hooks_dirs(root: &Path) -> (Vec<PathBuf>, HooksSource) {
+    use crate::engines::install::containers_conf::{ContainersConf, PODMAN_DEFAULT};
+    match ContainersConf::at(root).hooks_dirs(false) {
+        Ok(dirs) => (
+            dirs.iter()
+                .map(|d| root.join(d.strip_prefix("/").unwrap_or(d)))
+                .collect(),
+            HooksSource::Conf { error: None },
+        ),
+        Err(err) => (
+            vec![root.join(PODMAN_DEFAULT.trim_start_matches('/'))],
+            HooksSource::Conf {
+                error: Some(crate::base::message::one_line(&err)),
+            },
+        ),
+    }
+}
+
 impl Setup {
     /// This host's default places, for `config` and the binary `exe`.
     pub fn host(config: Config, exe: PathBuf) -> Setup {
+        let (hooks_dirs, hooks_source) = podman_hooks_dirs(Path::new("/"));
         Setup {
             config,
             config_error: None,
             config_arg: None,
             exe,
             daemon_json: PathBuf::from(DEFAULT_DAEMON_JSON),
-            hooks_dirs: DEFAULT_HOOKS_DIRS.iter().map(PathBuf::from).collect(),
+            hooks_dirs,
+            hooks_source,
+            root: PathBuf::from("/"),
             proc: PathBuf::from("/proc"),
             sys: PathBuf::from("/sys"),
             dev: PathBuf::from("/dev"),
@@ -272,6 +307,7 @@ mod tests {
         Setup {
             daemon_json: dir.join("daemon.json"),
             hooks_dirs: vec![dir.join("hooks.d")],
+            hooks_source: HooksSource::Given,
             nvidia_smi: smi,
             path: dir.as_os_str().to_owned(),
             ..Setup::host(config, dir.join("gpupin"))

@@ -4,4 +4,5 @@ pub(crate) mod docker;
 pub(crate) mod engine;
 pub mod hook;
 pub mod install;
+pub(crate) mod podman;
 pub mod runtime;

@@ -7,7 +7,7 @@ use crate::host::inventory::Inventory;
 use crate::input::config::Config;
 use crate::input::request::{self, GpuRequest, Key, Origin, Selection};
 use crate::model::holder::{HolderId, HolderKind, Owner};
-use crate::state::ledger::{HolderMeta, Record};
+use crate::state::ledger::{HolderMeta, Record, StillWanted};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -73,36 +73,52 @@ pub const MAX_REASON: usize = 200;
 const DEVICES_EXPECTED: &str = "expected a comma-separated list of GPU indices, UUIDs or bus ids (device minors with --by-minor)";
 
 pub fn hold(config: &Config, hold: &Hold, source: &str) -> Result<Record, HoldError> {
+    hold_with(config, hold, None, None, source)
+}
+
+/// `hold`, with the whole request given (`gpupin serve`'s hold with request keys: a
+/// policy, memory, a wait in the queue), instead of `hold.devices` or `hold.count`; a
+/// wait ends once `still_wanted` says no.
+pub fn hold_with(
+    config: &Config,
+    hold: &Hold,
+    request: Option<GpuRequest>,
+    still_wanted: Option<StillWanted>,
+    source: &str,
+) -> Result<Record, HoldError> {
     if hold.pid.is_none() && !hold.until_release && hold.expires_at.is_none() {
         return Err(HoldError::NoLifetime);
     }
     if let Some(reason) = &hold.reason {
         check_reason(reason)?;
     }
-    if let Some(mig) = &hold.mig {
-        return hold_instances(config, hold, mig, source);
-    }
-    let selection = match (hold.count, hold.devices.trim().is_empty()) {
-        (Some(_), false) => return Err(HoldError::DevicesAndCount),
-        // The CLI takes no 0; a request to gpupin serve may say anything.
-        (Some(0), true) => return Err(HoldError::ZeroCount),
-        (Some(n), true) => Selection::Count(n),
-        (None, _) => Selection::Devices(device_keys(config, hold)?),
+    let request = match request {
+        Some(request) => GpuRequest {
+            within: request.within.or_else(|| hold.within.clone()),
+            ..request
+        },
+        None => match &hold.mig {
+            Some(mig) => mig_request(hold, mig)?,
+            None => {
+                let selection = match (hold.count, hold.devices.trim().is_empty()) {
+                    (Some(_), false) => return Err(HoldError::DevicesAndCount),
+                    // The CLI takes no 0; a request to gpupin serve may say anything.
+                    (Some(0), true) => return Err(HoldError::ZeroCount),
+                    (Some(n), true) => Selection::Count(n),
+                    (None, _) => Selection::Devices(device_keys(config, hold)?),
+                };
+                GpuRequest {
+                    within: hold.within.clone(),
+                    ..GpuRequest::new(selection, Origin::Cli)
+                }
+            }
+        },
     };
-    let request = GpuRequest {
-        within: hold.within.clone(),
-        ..GpuRequest::new(selection, Origin::Cli)
-    };
-    grant_hold(config, hold, &request, source)
+    grant_hold(config, hold, &request, still_wanted, source)
 }
 
 /// `--mig PROFILE [--count N]`: checked as `gpupin.mig` is everywhere.
-fn hold_instances(
-    config: &Config,
-    hold: &Hold,
-    mig: &str,
-    source: &str,
-) -> Result<Record, HoldError> {
+fn mig_request(hold: &Hold, mig: &str) -> Result<GpuRequest, HoldError> {
     if !hold.devices.trim().is_empty() || hold.by_minor {
         return Err(HoldError::MigAndDevices);
     }
@@ -120,13 +136,14 @@ fn hold_instances(
         return Err(HoldError::MigAndDevices);
     };
     request.within = hold.within.clone();
-    grant_hold(config, hold, &request, source)
+    Ok(request)
 }
 
 fn grant_hold(
     config: &Config,
     hold: &Hold,
     request: &GpuRequest,
+    still_wanted: Option<StillWanted>,
     source: &str,
 ) -> Result<Record, HoldError> {
     let meta = HolderMeta {
@@ -139,6 +156,7 @@ fn grant_hold(
         limited: hold.limited,
         expires_at: hold.expires_at,
         reason: hold.reason.clone(),
+        still_wanted,
         ..HolderMeta::default()
     };
     let (_, record) = grant::allocate(config, &hold.id, request, meta)?;

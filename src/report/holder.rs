@@ -16,8 +16,9 @@ pub fn label(r: &Record) -> String {
     r.shown_name().to_string()
 }
 
-/// A holder's row after the GPU index: HOLDER, KIND, IMAGE, PID, AGE.
-pub fn cells(r: &Record, now: SystemTime, grace: Duration) -> [Cell; 5] {
+/// A holder's row after the GPU index: HOLDER, KIND, IMAGE, PID, AGE. `idle`: since when
+/// it is idle (`Ledger::idle`), if it is.
+pub fn cells(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> [Cell; 5] {
     let container = r.container.as_ref();
     let kind = match r.kind {
         HolderKind::Container => container
@@ -34,7 +35,7 @@ pub fn cells(r: &Record, now: SystemTime, grace: Duration) -> [Cell; 5] {
     [
         Cell {
             text: label(r),
-            tail: tags(r, now, grace),
+            tail: tags(r, now, grace, idle),
             keep_end: false,
         },
         Cell::from(kind),
@@ -48,9 +49,9 @@ pub fn cells(r: &Record, now: SystemTime, grace: Duration) -> [Cell; 5] {
     ]
 }
 
-/// ` (alice, shared, 20GiB, gone)`: the person a job or hold is for, how it shares its
-/// GPUs, whether it is gone; nothing for a running exclusive container.
-fn tags(r: &Record, now: SystemTime, grace: Duration) -> String {
+/// ` (alice, shared, 20GiB, idle 1h05m)`: the person a job or hold is for, how it shares
+/// its GPUs, whether it is idle or gone; nothing for a busy running exclusive container.
+fn tags(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> String {
     let mut tags: Vec<String> = Vec::new();
     if let Some(owner) = &r.owner {
         tags.push(owner.user.clone());
@@ -69,6 +70,8 @@ fn tags(r: &Record, now: SystemTime, grace: Duration) -> String {
     }
     if r.is_stale(now, grace) {
         tags.push("gone".into());
+    } else if let Some(since) = idle {
+        tags.push(format!("idle {}", idle_for(now, since)));
     }
     match tags.is_empty() {
         true => String::new(),
@@ -91,6 +94,17 @@ pub fn age_of(now: SystemTime, r: &Record) -> String {
     short_duration(s)
 }
 
+/// How long a holder idle since `since` (seconds since the Unix epoch) has been: `1h05m`.
+pub fn idle_for(now: SystemTime, since: u64) -> String {
+    short_duration(idle_seconds(now, since))
+}
+
+/// Seconds from `since` (since the Unix epoch) to `now`; 0 for a time ahead of it.
+pub fn idle_seconds(now: SystemTime, since: u64) -> u64 {
+    now.duration_since(std::time::UNIX_EPOCH + Duration::from_secs(since))
+        .map_or(0, |d| d.as_secs())
+}
+
 /// `42s`, `12m`, `3h05m`, `2d04h`.
 fn short_duration(s: u64) -> String {
     match s {
@@ -106,8 +120,9 @@ pub fn since(record: &Record) -> String {
 }
 
 /// A holder in `gpupin status --json`. `owner` and `container` are null where unknown,
-/// and so are the container's engine, name and image each.
-pub fn json(r: &Record, now: SystemTime, grace: Duration) -> Value {
+/// and so are the container's engine, name and image each; `idle` is null but for a
+/// holder found idle: since when, and for how many seconds.
+pub fn json(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> Value {
     json!({
         "id": r.id,
         "kind": r.kind,
@@ -127,6 +142,12 @@ pub fn json(r: &Record, now: SystemTime, grace: Duration) -> Value {
         "expires_at": r.expires_at.map(|s| humantime::format_rfc3339_seconds(
             std::time::UNIX_EPOCH + Duration::from_secs(s)
         ).to_string()),
+        "idle": idle.map(|since| json!({
+            "since": humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + Duration::from_secs(since)
+            ).to_string(),
+            "seconds": idle_seconds(now, since),
+        })),
     })
 }
 

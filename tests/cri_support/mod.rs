@@ -1,7 +1,7 @@
 //! A Kubernetes node as far as gpupin can tell: a private containerd with its CRI plugin
 //! on and the runtime handler `gpupin` of k8s/containerd/gpupin-v2.toml (containerd 1.6,
 //! Debian's) or, under `GPUPIN_ENGINES=modern`, k8s/containerd/gpupin-v3.toml (containerd
-//! 2.x, imported as the README says), a busybox image
+//! 2.x, imported as docs/integrations.md says), a busybox image
 //! imported as the sandbox (pause) image and the containers' image, and a CRI client
 //! that drives pods the way the kubelet does (host-network pods, so no CNI is needed).
 
@@ -312,7 +312,7 @@ fn containerd_config(dir: &Path) -> String {
 
 /// containerd 2.x's config (version 3): the same settings under the plugins 2.x splits
 /// the CRI into (`io.containerd.cri.v1.images`, `io.containerd.cri.v1.runtime`), and the
-/// shipped handler as the drop-in the README describes, in `imports`. CDI is on (2.x's
+/// shipped handler as the drop-in docs/integrations.md describes, in `imports`. CDI is on (2.x's
 /// default) with this temp dir's spec dir, so that a test can put NVIDIA's spec there.
 fn containerd_config_v3(dir: &Path, handler: &str, cni_bin: &Path, cni_conf: &Path) -> String {
     let drop_in = dir.join("conf.d/gpupin.toml");

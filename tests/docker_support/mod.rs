@@ -593,7 +593,25 @@ extern "C" fn stop_dockerd() {
     // SAFETY: kill on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
+    unmount_netns(&dir);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// dockerd bind-mounts the host's network namespace at `exec/netns/default` once a
+/// container has used `--network host` (tests/jupyterhub_e2e.rs), and leaves it mounted
+/// when it stops: detach it, or the directory cannot be removed (EBUSY).
+fn unmount_netns(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir.join("exec/netns")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(path) = std::ffi::CString::new(entry.path().into_os_string().into_encoded_bytes())
+        else {
+            continue;
+        };
+        // SAFETY: umount2(2) on a NUL-terminated path; failure (not a mount) is harmless.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
 }
 
 fn remove_all_containers(host: &str) {
@@ -644,6 +662,7 @@ fn reap(dir: &Path) {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    unmount_netns(dir);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -652,8 +671,9 @@ fn read_pid(file: &Path) -> Option<i32> {
 }
 
 /// The binaries that start a dockerd here: cargo names them `<target>-<hash>`.
-const OWNERS: [&str; 6] = [
+const OWNERS: [&str; 7] = [
     "docker_e2e",
+    "jupyterhub_e2e",
     "docker_start",
     "cdi_docker",
     "docker_cdi",

@@ -202,7 +202,7 @@ impl MockDriver {
         self.root.join(container_path.trim_start_matches('/'))
     }
 
-    /// A gpupin inventory file (README, "Inventory file format") with the mock's GPUs,
+    /// A gpupin inventory file (docs/reference.md, "Inventory file format") with the mock's GPUs,
     /// so that gpupin hands out the GPUs the spec describes, under their own UUIDs.
     pub fn write_inventory(&self, path: &Path) -> Result<(), String> {
         let gpus: Vec<Value> = self.served["gpus"]

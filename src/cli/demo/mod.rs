@@ -138,6 +138,8 @@ struct Setup {
     config: Config,
     config_file: PathBuf,
     inventory: Inventory,
+    /// This gpupin as the commands the demo prints name it (`typed_program`).
+    program: String,
 }
 
 pub fn run(
@@ -188,12 +190,49 @@ fn setup(work: &Path, machine: &str) -> anyhow::Result<Setup> {
         .with_context(|| format!("writing {}", config_file.display()))?;
     let config = Config::load(&config_file)?;
     let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+    let exe = std::env::current_exe().context("finding the gpupin binary")?;
     Ok(Setup {
         work: work.to_path_buf(),
         config,
         config_file,
         inventory,
+        program: typed_program(&exe),
     })
+}
+
+/// A path as an admin would type it here: relative to the current directory when it is
+/// under it (`target/release/gpupin` after `cargo run --release`), else as it is.
+fn typed_path(path: &Path) -> String {
+    let relative = std::env::current_dir()
+        .ok()
+        .filter(|cwd| cwd != Path::new("/"))
+        .and_then(|cwd| path.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .filter(|rel| !rel.as_os_str().is_empty());
+    match relative {
+        // A bare file name would be looked up on PATH: `./gpupin` runs this one.
+        Some(rel) if rel.parent() == Some(Path::new("")) => format!("./{}", rel.display()),
+        Some(rel) => rel.display().to_string(),
+        None => path.display().to_string(),
+    }
+}
+
+/// This gpupin as an admin would type it: `gpupin` where the first `gpupin` on PATH is
+/// this binary (the package's /usr/bin/gpupin), else its path (`typed_path`), so that
+/// the commands the demo prints run as shown.
+fn typed_program(exe: &Path) -> String {
+    let first_on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("gpupin"))
+            .find(|candidate| candidate.is_file())
+    });
+    let same = |other: &Path| match (other.canonicalize(), exe.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    match first_on_path {
+        Some(found) if same(&found) => "gpupin".to_string(),
+        _ => typed_path(exe),
+    }
 }
 
 fn print_fallback_notice(reason: &str) -> anyhow::Result<()> {
@@ -212,7 +251,12 @@ fn setup_records(setup: &Setup) -> anyhow::Result<Vec<Record>> {
 }
 
 fn print_status(setup: &Setup) -> anyhow::Result<()> {
-    outln!("\n$ gpupin --config {} status", setup.config_file.display())?;
+    // The detailed table (`status --long`): the demo's point is each container's record.
+    outln!(
+        "\n$ {} --config {} status --long",
+        setup.program,
+        setup.config_file.display()
+    )?;
     let records = setup_records(setup)?;
     out!(
         "{}",
@@ -267,8 +311,8 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
         // `cargo run -- demo` builds only this binary: the CLI runs the same hook.
         outln!(
             "(no {} beside {}: the containers' hooks run `gpupin hook STAGE`)",
-            hook.exe.display(),
-            exe.display()
+            typed_path(&hook.exe),
+            typed_path(&exe)
         )?;
         hook.exe = exe.clone();
     }
@@ -319,7 +363,9 @@ fn start_script(setup: &Setup, exe: &Path) -> anyhow::Result<Option<Child>> {
                    GPUPIN_HOLDER=$GPUPIN_HOLDER\"; exec sleep 1000";
     outln!(
         "\nAnd a script outside any container, in the same ledger:\n  \
-         gpupin exec --count 1 --name script -- sh -c '...; exec sleep 1000'"
+         $ {} --config {} exec --count 1 --name script -- sh -c '...; exec sleep 1000'",
+        setup.program,
+        setup.config_file.display()
     )?;
     let mut child = Command::new(exe)
         .arg("--config")

@@ -56,6 +56,7 @@ pub fn prestart_without_container(
         claim: None,
         // The demo shows gpupin's own requests; Slurm jobs have their own test.
         slurm_job: None,
+        labels: annotations.clone(),
     };
     // No consumer: there is no container to give the GPUs to.
     let (record, ()) = admit::admit(config, admission, |_| Ok::<_, ApplyError>(()))?;

@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use gpupin::admission::edits::HookCommand;
+use gpupin::engines::install::containers_conf::ContainersConf;
 use gpupin::engines::install::podman::{self, Change, Step, Trigger};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -38,6 +39,22 @@ pub fn install(config_flag: Option<&Path>, args: &PodmanArgs) -> anyhow::Result<
             outln!("{:#}", file.content)?;
         }
     }
+    let conf = ContainersConf::host();
+    if args.dir == Path::new(podman::HOOKS_DIR) {
+        // Podman reads this dir only where containers.conf says so: the drop-in does.
+        let step = conf.install(args.dry_run)?;
+        outln!("{}", describe(&step, args.dry_run))?;
+    } else if let Ok(read) = conf.hooks_dirs(false)
+        && !read.contains(&args.dir)
+    {
+        let read: Vec<String> = read.iter().map(|d| d.display().to_string()).collect();
+        crate::cli::out::note(format_args!(
+            "note: podman reads hooks from {} (containers.conf hooks_dir), not {}: run podman with --hooks-dir {}, or add it to hooks_dir",
+            read.join(", "),
+            args.dir.display(),
+            args.dir.display()
+        ));
+    }
     for name in podman::nvidia_hooks_before_gpupin(&args.dir) {
         crate::cli::out::note(format_args!(
             "warning: {name} runs NVIDIA's hook at prestart before gpupin's, so without precreate (CRI-O) it cannot see gpupin's choice; rename it to sort after gpupin-prestart.json (the toolkit's name is oci-nvidia-hook.json)"
@@ -50,6 +67,10 @@ pub fn uninstall(args: &PodmanArgs) -> anyhow::Result<ExitCode> {
     for step in podman::uninstall(&args.dir, args.dry_run)? {
         outln!("{}", describe(&step, args.dry_run))?;
     }
+    if args.dir == Path::new(podman::HOOKS_DIR) {
+        let step = ContainersConf::host().uninstall(args.dry_run)?;
+        outln!("{}", describe(&step, args.dry_run))?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -60,6 +81,7 @@ fn describe(step: &Step, dry_run: bool) -> String {
         (Change::Removed, false) => "removed",
         (Change::Removed, true) => "would remove",
         (Change::Unchanged, _) => "unchanged",
+        (Change::Kept, _) => "kept (the package's hooks need it)",
         (Change::Absent, _) => "absent",
         (Change::Foreign, _) => "left alone (not written by gpupin)",
     };

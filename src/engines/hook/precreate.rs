@@ -9,7 +9,7 @@ use crate::admission::before_create::{self, BeforeCreate, LoadOnce, NoEngine, Sp
 use crate::admission::edits::{self, HookCommand};
 use crate::admission::foreign;
 use crate::admission::spec;
-use crate::engines::engine;
+use crate::engines::{engine, podman};
 use crate::input::config::{Config, ConfigError};
 use crate::input::request::{self, ERROR_ANNOTATION};
 use crate::state::ledger::{ClaimToken, HolderMeta};
@@ -67,8 +67,17 @@ fn claim(
     let Some(request) = found else {
         return void(spec_value, config);
     };
-    // Podman marks its specs; the container's name and image are not in them.
-    let container = engine::from_annotations(&annotations);
+    // Podman marks its specs; the container's name and image are not in them, but in
+    // containers/storage, found from the spec's root.
+    let container = match engine::from_annotations(&annotations) {
+        Some(info) if info.engine.as_deref() == Some(engine::PODMAN) => {
+            match spec_value.pointer("/root/path").and_then(Value::as_str) {
+                Some(root) if root.starts_with('/') => Some(podman::container_at(Path::new(root))),
+                _ => Some(info),
+            }
+        }
+        other => other,
+    };
     let config = config.into_config()?;
     let token = ClaimToken::new_claim()?;
     // No container id yet: the claim's holder id stands for it until prestart binds it.
@@ -88,6 +97,8 @@ fn claim(
             container,
             ..HolderMeta::default()
         },
+        // Podman's labels never reach the spec: its annotations are all there is.
+        labels: Default::default(),
     };
     let (record, bytes) = before_create::edit_spec(step, spec_value, to_bytes)?;
     Ok(Some(Outcome::Spec {

@@ -58,6 +58,7 @@ pub(super) fn prestart(
         },
         claim: None,
         slurm_job: crate::input::request::slurm_job(&spec::process_env(&spec_value)),
+        labels: spec::annotations(&spec_value),
     };
     let (record, ()) = admit::admit(config, admission, |edits| {
         let target = Target {

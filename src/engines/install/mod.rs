@@ -4,8 +4,10 @@
 //! Docker: the JSON edits of daemon.json are pure functions (docker.rs); reading, backing
 //! up and rewriting the file (file.rs) and asking dockerd to reload (reload.rs) are kept
 //! apart so the CLI can show a dry run without touching anything. Podman and CRI-O: the
-//! hooks.d files (podman.rs).
+//! hooks.d files (podman.rs), and the containers.conf drop-in through which podman reads
+//! them (containers_conf.rs).
 
+pub mod containers_conf;
 pub mod docker;
 pub mod file;
 pub mod podman;

@@ -49,6 +49,8 @@ pub enum Change {
     Absent,
     /// Uninstall: a file of that name that gpupin did not write; left alone.
     Foreign,
+    /// Uninstall: gpupin's, but the package's hooks still need it; left alone.
+    Kept,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +77,15 @@ pub enum InstallError {
     },
     #[error("installing podman hook")]
     Write(#[source] SpecError),
+    #[error("writing {path}")]
+    WriteFile {
+        path: PathBuf,
+        #[source]
+        source: crate::base::atomic::WriteError,
+    },
+    /// containers.conf (`containers_conf::ConfError`, as text: that module builds on this).
+    #[error("reading {path}: {reason}; podman would not start either: fix that file")]
+    Conf { path: PathBuf, reason: String },
     #[error("removing {path}")]
     Remove {
         path: PathBuf,

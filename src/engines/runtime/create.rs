@@ -30,6 +30,15 @@ impl DockerSources {
         Ok(self.container.as_ref())
     }
 
+    /// The Docker container's labels (none outside Docker): a spawner's, where the
+    /// config trusts one to name the user.
+    fn docker_labels(&mut self) -> Result<HashMap<String, String>, ShimError> {
+        Ok(self
+            .docker()?
+            .map(DockerContainer::labels)
+            .unwrap_or_default())
+    }
+
     /// What the engine tells about the container: Docker's folder, else the spec's
     /// annotations, else the runtime root containerd gives runc. config.v2.json that
     /// cannot be read leaves only the engine: it labels the holder, it decides nothing.
@@ -148,6 +157,13 @@ fn edit_spec(
             bundle: Some(bundle.to_path_buf()),
             container: docker.container_info(&annotations, runc_root),
             ..HolderMeta::default()
+        },
+        // A broken config.v2.json beside an annotation request fails the start only
+        // where a label is trusted to name the user (else see `container_info`).
+        labels: match (docker.docker_labels(), &config.trusted_user_label) {
+            (Ok(labels), _) => labels,
+            (Err(_), None) => HashMap::new(),
+            (Err(err), Some(_)) => return Err(err),
         },
     };
     let (record, ()) = before_create::edit_spec(step, &mut spec_value, |spec| {

@@ -236,7 +236,7 @@ pub enum InventorySource {
     Procfs,
     /// A built-in simulated machine, by name (`sim::names`: nvswitch8, pcie8, ...).
     Sim(String),
-    /// A JSON inventory file (format in README.md).
+    /// A JSON inventory file (format in docs/reference.md).
     File(PathBuf),
 }
 

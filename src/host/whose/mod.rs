@@ -10,7 +10,7 @@ mod passwd;
 mod proc;
 
 pub use cgroup::names_container;
-pub use passwd::passwd_name;
+pub use passwd::{files_owner, passwd_name};
 pub use proc::{Process, read, read_in};
 
 use crate::host::inventory::Live;

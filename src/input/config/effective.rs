@@ -104,6 +104,13 @@ pub fn effective_toml(config: &Config) -> String {
         key("metrics_file", path(file));
     }
     key("slurm_containers", config.slurm_containers.to_string());
+    if let Some(label) = &config.trusted_user_label {
+        key("trusted_user_label", quoted(label));
+    }
+    key("queue", quoted(config.queue.as_str()));
+    key("idle_utilization", config.idle_utilization.to_string());
+    key("idle_after", duration(config.idle_after));
+    key("idle_action", quoted(config.idle_action.as_str()));
     let limits = &config.limits;
     let _ = writeln!(out, "\n[limits]");
     if let Some(max) = limits.max_gpus_per_user {
@@ -168,6 +175,7 @@ mod tests {
         for text in [
             "",
             "policy = \"spread\"\nlive_cache = \"0s\"\nconfine = \"v1\"\nlog = \"debug\"\nsocket_group = \"gpu\"\n\
+             queue = \"fifo\"\nidle_utilization = 10\nidle_after = \"90m\"\nidle_action = \"release-holds\"\n\
              [limits]\nmax_gpus_per_user = 2\n[limits.users.alice]\nmax_gpus = 4\n\
              [limits.groups.vision]\nmax_gpus = 4\ngpus = [0, \"GPU-x\"]\n[serve]\nrequest_timeout = \"1m\"\n",
         ] {

@@ -4,8 +4,9 @@
 
 use super::{
     AuditFailure, CudaIds, DEFAULT_AUDIT_LOG, DEFAULT_CDI_SPEC_DIRS, DEFAULT_CLAIM_GRACE,
-    DEFAULT_KEEP, DEFAULT_LIVE_CACHE, DEFAULT_MAX_BYTES, DEFAULT_STATE_DIR, Driver, Foreign,
-    ServeSettings, Unrequested,
+    DEFAULT_IDLE_AFTER, DEFAULT_IDLE_UTILIZATION, DEFAULT_KEEP, DEFAULT_LIVE_CACHE,
+    DEFAULT_MAX_BYTES, DEFAULT_STATE_DIR, Driver, Foreign, IdleAction, QueueOrder, ServeSettings,
+    Unrequested,
 };
 use crate::base::log::Level;
 use crate::host::confine::{Confine, Leftovers};
@@ -61,6 +62,14 @@ pub(super) fn live_cache() -> Duration {
     DEFAULT_LIVE_CACHE
 }
 
+pub(super) fn idle_utilization() -> u32 {
+    DEFAULT_IDLE_UTILIZATION
+}
+
+pub(super) fn idle_after() -> Duration {
+    DEFAULT_IDLE_AFTER
+}
+
 /// A string value parsed by its type: `KEY "VALUE": EXPECTED` when it does not parse.
 fn keyed<'de, D: Deserializer<'de>, T: FromStr>(
     d: D,
@@ -113,6 +122,33 @@ pub(super) fn live_cache_age<'de, D: Deserializer<'de>>(d: D) -> Result<Duration
     )
 }
 
+/// A label or annotation key: what Docker, podman and Kubernetes accept, on one line.
+/// Of gpupin's own keys only `gpupin.user` may be it: the others are requests.
+pub(super) fn trusted_user_label<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    let key = String::deserialize(d)?;
+    let fits = !key.is_empty()
+        && key.len() <= 253
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/'));
+    if !fits {
+        return Err(D::Error::custom(format!(
+            "trusted_user_label {:?}: expected a label key such as \"gpupin.user\" or \"hub.example.org/user\" (letters, digits, '.', '-', '_', '/')",
+            crate::base::message::escape_controls(&key)
+        )));
+    }
+    if key.starts_with(crate::input::request::ANNOTATION_PREFIX)
+        && key != crate::input::request::USER_LABEL
+    {
+        return Err(D::Error::custom(format!(
+            "trusted_user_label {key:?}: gpupin.* keys are requests; use \"gpupin.user\" or your platform's own key"
+        )));
+    }
+    Ok(Some(key))
+}
+
 pub(super) fn max_shared_count<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     match u32::deserialize(d)? {
         0 => Err(D::Error::custom("max_shared 0: expected at least 1")),
@@ -142,6 +178,35 @@ pub(super) fn leftovers<'de, D: Deserializer<'de>>(d: D) -> Result<Leftovers, D:
 
 pub(super) fn foreign<'de, D: Deserializer<'de>>(d: D) -> Result<Foreign, D::Error> {
     keyed(d, "foreign", Foreign::EXPECTED)
+}
+
+pub(super) fn queue_order<'de, D: Deserializer<'de>>(d: D) -> Result<QueueOrder, D::Error> {
+    keyed(d, "queue", QueueOrder::EXPECTED)
+}
+
+pub(super) fn idle_action<'de, D: Deserializer<'de>>(d: D) -> Result<IdleAction, D::Error> {
+    keyed(d, "idle_action", IdleAction::EXPECTED)
+}
+
+/// A percentage a GPU's utilization can be under: 0 would call nothing idle.
+pub(super) fn idle_percent<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    match i64::deserialize(d)? {
+        n @ 1..=100 => Ok(n as u32),
+        n => Err(D::Error::custom(format!(
+            "idle_utilization {n}: expected a percentage from 1 to 100, such as 5"
+        ))),
+    }
+}
+
+/// A duration of at least a second: the daemon looks at the GPUs once a second at most.
+pub(super) fn idle_after_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    match humantime::parse_duration(&text) {
+        Ok(after) if after >= Duration::from_secs(1) => Ok(after),
+        _ => Err(D::Error::custom(format!(
+            "idle_after {text:?}: expected a duration of at least 1s, such as \"1h\" or \"30m\""
+        ))),
+    }
 }
 
 pub(super) fn mig<'de, D: Deserializer<'de>>(d: D) -> Result<super::MigUnits, D::Error> {

@@ -68,7 +68,9 @@ fn unknown_key(key: &str, expected: &[String], table: Option<&str>) -> String {
             expected.join(", ")
         ),
         None => {
-            format!("unknown key {key:?}; the keys are listed in the README, section Configuration")
+            format!(
+                "unknown key {key:?}; the keys are listed in docs/reference.md, section Configuration"
+            )
         }
     }
 }
@@ -160,7 +162,7 @@ mod tests {
         );
         assert_eq!(
             explained("zebra = 1\n"),
-            "line 1: unknown key \"zebra\"; the keys are listed in the README, section Configuration"
+            "line 1: unknown key \"zebra\"; the keys are listed in docs/reference.md, section Configuration"
         );
     }
 

@@ -135,6 +135,11 @@ pub struct Config {
     /// always follows the rule, since the daemon knows who asks.
     #[serde(default)]
     pub slurm_containers: bool,
+    /// The label or annotation whose value names the user a container is for, set by a
+    /// spawner or platform the admin trusts (`admission::trusted_user`); `None`:
+    /// containers belong to no user and `[limits]` do not apply to them.
+    #[serde(default, deserialize_with = "fields::trusted_user_label")]
+    pub trusted_user_label: Option<String>,
     /// Whether an exclusive request may get a GPU that runs a process no holder owns.
     #[serde(default, deserialize_with = "fields::foreign")]
     pub foreign: Foreign,
@@ -147,9 +152,108 @@ pub struct Config {
     /// `gpupin serve`'s bounds (`[serve]`).
     #[serde(default, deserialize_with = "fields::serve")]
     pub serve: ServeSettings,
+    /// In which order waiting requests are served (`QueueOrder`).
+    #[serde(default, deserialize_with = "fields::queue_order")]
+    pub queue: QueueOrder,
+    /// A holder whose GPUs all stay under this utilization, in percent, for `idle_after`
+    /// is idle (`state::ledger::idle`).
+    #[serde(
+        default = "fields::idle_utilization",
+        deserialize_with = "fields::idle_percent"
+    )]
+    pub idle_utilization: u32,
+    /// How long a holder's GPUs stay under `idle_utilization` before it is idle.
+    #[serde(
+        default = "fields::idle_after",
+        deserialize_with = "fields::idle_after_duration"
+    )]
+    pub idle_after: Duration,
+    /// What happens to a holder found idle (`IdleAction`).
+    #[serde(default, deserialize_with = "fields::idle_action")]
+    pub idle_action: IdleAction,
     /// Whether a plain count may take MIG instances (`MigUnits`).
     #[serde(default, deserialize_with = "fields::mig")]
     pub mig: MigUnits,
+}
+
+/// In which order the requests waiting for GPUs (`gpupin.wait`, `exec --wait`) are
+/// served. Either way a request that does not wait never overtakes them, and a waiter
+/// held back only by its own user's limit is in no one's way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum QueueOrder {
+    /// Arrival order.
+    Fifo,
+    /// Round-robin by user: a user's second waiting request goes behind every other
+    /// user's first, then by arrival. The default: with one user (or only containers)
+    /// waiting it is arrival order, and with several, one user's batch of requests no
+    /// longer keeps everyone else waiting until all of it is served.
+    #[default]
+    Fair,
+}
+
+impl QueueOrder {
+    pub const EXPECTED: &str =
+        "expected \"fair\" (round-robin by user) or \"fifo\" (arrival order)";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueOrder::Fifo => "fifo",
+            QueueOrder::Fair => "fair",
+        }
+    }
+}
+
+impl std::str::FromStr for QueueOrder {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "fifo" => Ok(QueueOrder::Fifo),
+            "fair" => Ok(QueueOrder::Fair),
+            _ => Err(()),
+        }
+    }
+}
+
+/// Utilization under which a GPU counts as doing nothing, by default, in percent.
+pub const DEFAULT_IDLE_UTILIZATION: u32 = 5;
+/// How long a holder's GPUs do nothing before it is idle, by default: long enough that
+/// a job loading data or between epochs is not called idle, short enough that a
+/// forgotten notebook is found the same morning.
+pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(3600);
+
+/// What happens to a holder found idle. Never more than releasing a hold: a container or
+/// a job that runs is not stopped for it (`gpupin evict` is for that).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum IdleAction {
+    /// Shown in status and metrics and audited once; nothing else.
+    #[default]
+    Report,
+    /// As `Report`, and an idle hold (`gpupin hold`, kind hold) is released.
+    ReleaseHolds,
+}
+
+impl IdleAction {
+    pub const EXPECTED: &str = "expected \"report\" or \"release-holds\" (idle holds are released; containers and jobs never are)";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleAction::Report => "report",
+            IdleAction::ReleaseHolds => "release-holds",
+        }
+    }
+}
+
+impl std::str::FromStr for IdleAction {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "report" => Ok(IdleAction::Report),
+            "release-holds" => Ok(IdleAction::ReleaseHolds),
+            _ => Err(()),
+        }
+    }
 }
 
 /// What a plain `gpupin.count=N` may get where GPUs are cut into MIG instances. Whole
@@ -373,10 +477,11 @@ mod tests {
             .map(|line| format!("{line}\n"))
             .collect();
         let all = Config::parse(&uncommented, path).unwrap();
-        // The examples (socket_group, metrics_file, [limits]) aside, each shown value is
-        // the default; `log = "off"` is what no log key means.
+        // The examples (socket_group, metrics_file, trusted_user_label, [limits]) aside,
+        // each shown value is the default; `log = "off"` is what no log key means.
         let expected = Config {
             socket_group: all.socket_group.clone(),
+            trusted_user_label: all.trusted_user_label.clone(),
             metrics_file: all.metrics_file.clone(),
             limits: all.limits.clone(),
             log: Some(Level::Off),
@@ -434,6 +539,47 @@ mod tests {
             err.contains("\"soon\"") && err.contains("duration"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn queue_and_idle_keys_have_defaults_and_name_a_bad_value() {
+        let c = parse("").unwrap();
+        assert_eq!(c.queue, QueueOrder::Fair);
+        assert_eq!(c.idle_utilization, 5);
+        assert_eq!(c.idle_after, Duration::from_secs(3600));
+        assert_eq!(c.idle_action, IdleAction::Report);
+        let c = parse("queue = \"fifo\"\nidle_utilization = 10\nidle_after = \"30m\"\nidle_action = \"release-holds\"").unwrap();
+        assert_eq!(c.queue, QueueOrder::Fifo);
+        assert_eq!(c.idle_utilization, 10);
+        assert_eq!(c.idle_after, Duration::from_secs(1800));
+        assert_eq!(c.idle_action, IdleAction::ReleaseHolds);
+        for (text, said) in [
+            ("queue = \"lifo\"", "queue \"lifo\": expected \"fair\""),
+            (
+                "idle_utilization = 0",
+                "idle_utilization 0: expected a percentage from 1 to 100",
+            ),
+            (
+                "idle_utilization = 101",
+                "idle_utilization 101: expected a percentage",
+            ),
+            (
+                "idle_after = \"0s\"",
+                "idle_after \"0s\": expected a duration of at least 1s",
+            ),
+            (
+                "idle_after = \"soon\"",
+                "idle_after \"soon\": expected a duration",
+            ),
+            (
+                "idle_action = \"kill\"",
+                "idle_action \"kill\": expected \"report\" or \"release-holds\"",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(said), "{text}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
     }
 
     #[test]

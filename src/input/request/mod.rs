@@ -132,6 +132,9 @@ pub const ERROR_ANNOTATION: &str = "gpupin.error";
 /// Keys gpupin writes, not users: ignored when reading a request, so that a retried
 /// create of an already edited spec reads the same request again.
 pub const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, ERROR_ANNOTATION];
+/// The label a spawner sets to say whose a container is: not a request key, but read by
+/// admission where the config trusts it (`trusted_user_label`), refused where it does not.
+pub const USER_LABEL: &str = "gpupin.user";
 pub const ENV_PREFIX: &str = "GPUPIN_";
 /// The longest `gpupin.wait` accepted: a runtime blocked for longer is a stuck host.
 pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
@@ -398,6 +401,7 @@ fn from_keys(
         .filter(|(k, _)| {
             k.starts_with(ANNOTATION_PREFIX)
                 && !WRITTEN_BY_GPUPIN.contains(&k.as_str())
+                && k.as_str() != USER_LABEL
                 && k.as_str() != crate::input::request::pod::CONTAINERS_ANNOTATION
         })
         .map(|(k, v)| (k.as_str(), v.as_str()))

@@ -4,7 +4,7 @@
 //! instead of a hang: connecting, and each answer (for an exec that waits in the queue,
 //! its wait and a margin).
 
-use super::protocol::{self, Reply, Request};
+use super::protocol::{self, Envelope, Reply, Request};
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -78,7 +78,8 @@ impl Client {
             )
         };
         let after = || humantime::format_duration(within).to_string();
-        protocol::send(&mut self.output, request).map_err(|e| match timed_out(&e) {
+        let message = Envelope::new(request.clone());
+        protocol::send(&mut self.output, &message).map_err(|e| match timed_out(&e) {
             true => ClientError::ReplyTimeout { after: after() },
             false => ClientError::Io(e),
         })?;
@@ -99,7 +100,7 @@ impl Client {
 /// its wait besides.
 fn reply_timeout(request: &Request) -> Duration {
     let wait = match request {
-        Request::Exec { request, .. } => request
+        Request::Exec { request, .. } | Request::Hold { request, .. } => request
             .iter()
             .find(|(k, _)| k == crate::input::request::Key::Wait.as_str())
             .and_then(|(_, v)| humantime::parse_duration(v.trim()).ok()),

@@ -4,6 +4,7 @@
 //! moment the job's process ends (pidfd).
 
 pub mod client;
+mod idle;
 pub mod listen;
 pub mod peer;
 pub mod protocol;

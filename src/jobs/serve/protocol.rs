@@ -1,12 +1,25 @@
-//! What `gpupin exec`, `hold` and `release` say to `gpupin serve`, and its answers: one
-//! JSON object a line, each way. The daemon reads a request's keys as `gpupin pick`'s
-//! (`gpupin.count` ...), so that all validation stays in `request`.
+//! What `gpupin exec`, `hold` and `release` (and the Python client) say to `gpupin serve`,
+//! and its answers: one JSON object a line, each way. The daemon reads a request's keys as
+//! `gpupin pick`'s (`gpupin.count` ...), so that all validation stays in `request`.
+//!
+//! The protocol is versioned (docs/protocol.md): a request may say `"v": N` (absent: 1);
+//! a version the daemon does not speak is refused in one line before anything else is
+//! read, and every reply says the daemon's `v`. New fields and ops keep the version;
+//! only a change an old client or daemon would misread takes a new one.
 
 use crate::state::audit::GpuRef;
 use serde::{Deserialize, Serialize};
 
 /// The most one message may take: requests are a few hundred bytes.
 pub const MAX_MESSAGE: u64 = 64 << 10;
+
+/// The protocol version this daemon and its clients speak.
+pub const VERSION: u32 = 1;
+
+/// The version a request that names none speaks: every client before versions did.
+fn first_version() -> u32 {
+    1
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -50,6 +63,11 @@ pub enum Request {
         /// How long it lasts at most, in seconds (the daemon's clock starts it).
         #[serde(default)]
         for_secs: Option<u64>,
+        /// The whole request as `gpupin pick`'s keys (`gpupin.count`, `gpupin.policy`,
+        /// `gpupin.memory`, `gpupin.wait` ...), instead of `devices` and `count` (then
+        /// empty): the Python client's `acquire`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        request: Vec<(String, String)>,
     },
     /// Releases one of the caller's holders, named as `gpupin status` shows it; one that
     /// still runs only with `force`.
@@ -66,10 +84,35 @@ pub enum Request {
     },
     /// The key to one of the caller's holders (`gpupin key`).
     Key { id: String },
+    /// The daemon's protocol version and gpupin version, changing nothing.
+    Hello,
+    /// The ledger as `gpupin status --json` shows it, without the GPUs' processes.
+    Status,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A request with its protocol version, as it travels: `{"v":1,"op":"hold",...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    #[serde(default = "first_version")]
+    pub v: u32,
+    #[serde(flatten)]
+    pub request: Request,
+}
+
+impl Envelope {
+    pub fn new(request: Request) -> Envelope {
+        Envelope {
+            v: VERSION,
+            request,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reply {
+    /// The protocol version of the daemon that answered (a daemon before versions: 1).
+    #[serde(default = "first_version")]
+    pub v: u32,
     /// One line, when the request was refused or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -83,6 +126,27 @@ pub struct Reply {
     /// For `Key`: `HOLDER:KEY`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// For `Hello`: the daemon's gpupin version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// For `Status`: the status JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+}
+
+impl Default for Reply {
+    fn default() -> Reply {
+        Reply {
+            v: VERSION,
+            error: None,
+            holder: None,
+            gpus: Vec::new(),
+            env: Vec::new(),
+            key: None,
+            version: None,
+            status: None,
+        }
+    }
 }
 
 impl Reply {
@@ -100,6 +164,28 @@ pub fn send<T: Serialize>(out: &mut impl std::io::Write, message: &T) -> std::io
     line.push(b'\n');
     out.write_all(&line)?;
     out.flush()
+}
+
+/// Reads one request: `Ok(None)` when the peer closed the connection, `Err` when the line
+/// is no request this daemon reads, with the one line that says why (a version it does
+/// not speak first, whatever else the line holds).
+pub fn receive_request(input: &mut impl std::io::BufRead) -> Result<Option<Request>, String> {
+    let unreadable = |e: &dyn std::fmt::Display| format!("unreadable request: {e}");
+    let Some(line) = receive::<serde_json::Value>(input).map_err(|e| unreadable(&e))? else {
+        return Ok(None);
+    };
+    match line.get("v") {
+        None => {}
+        Some(v) if v.as_u64() == Some(u64::from(VERSION)) => {}
+        Some(v) => {
+            return Err(format!(
+                "protocol version {v} is not one this gpupin serve speaks (it speaks {VERSION}): use a client of the same gpupin release, or leave \"v\" out for version 1"
+            ));
+        }
+    }
+    serde_json::from_value::<Envelope>(line)
+        .map(|e| Some(e.request))
+        .map_err(|e| unreadable(&e))
 }
 
 /// Reads one line (at most `MAX_MESSAGE` bytes) as a `T`. `Ok(None)`: the peer closed the
@@ -148,6 +234,50 @@ mod tests {
             Some(Request::Bind { pid: 7 })
         );
         assert_eq!(receive::<Request>(&mut input).unwrap(), None);
+    }
+
+    /// A request of a client before versions (no `v`) is version 1; `v` 1 is read the
+    /// same; any other version is refused in one line whatever the rest says, and a reply
+    /// always says the daemon's version.
+    #[test]
+    fn a_request_is_version_1_unless_it_names_another_which_is_refused() {
+        let read = |line: &str| receive_request(&mut std::io::BufReader::new(line.as_bytes()));
+        let bind = Some(Request::Bind { pid: 7 });
+        assert_eq!(read("{\"op\":\"bind\",\"pid\":7}\n"), Ok(bind.clone()));
+        assert_eq!(read("{\"v\":1,\"op\":\"bind\",\"pid\":7}\n"), Ok(bind));
+        assert_eq!(
+            read("{\"v\":1,\"op\":\"hello\"}\n"),
+            Ok(Some(Request::Hello))
+        );
+        let refused = "protocol version 2 is not one this gpupin serve speaks (it speaks 1): use a client of the same gpupin release, or leave \"v\" out for version 1";
+        assert_eq!(
+            read("{\"v\":2,\"op\":\"bind\",\"pid\":7}\n"),
+            Err(refused.into())
+        );
+        assert_eq!(read("{\"v\":2,\"op\":\"teleport\"}\n"), Err(refused.into()));
+        let odd = read("{\"v\":\"1\",\"op\":\"hello\"}\n").unwrap_err();
+        assert!(
+            odd.starts_with("protocol version \"1\" is not one"),
+            "{odd}"
+        );
+        let unknown = read("{\"v\":1,\"op\":\"teleport\"}\n").unwrap_err();
+        assert!(
+            unknown.starts_with("unreadable request: unknown variant `teleport`"),
+            "{unknown}"
+        );
+        assert!(!unknown.contains('\n'));
+        assert_eq!(read(""), Ok(None));
+
+        // What the Rust client sends says its version; a reply too, and one without (a
+        // daemon before versions) reads as 1.
+        let mut buf = Vec::new();
+        send(&mut buf, &Envelope::new(Request::Hello)).unwrap();
+        assert_eq!(buf, b"{\"v\":1,\"op\":\"hello\"}\n");
+        let mut buf = Vec::new();
+        send(&mut buf, &Reply::refused("no")).unwrap();
+        assert_eq!(buf, b"{\"v\":1,\"error\":\"no\"}\n");
+        let old: Reply = serde_json::from_str("{\"holder\":\"h\"}").unwrap();
+        assert_eq!((old.v, old.holder.as_deref()), (1, Some("h")));
     }
 
     #[test]

@@ -21,6 +21,7 @@ use crate::host::confine::JobCgroup;
 use crate::host::users;
 use crate::input::config::ServeSettings;
 use crate::input::config::{Config, ConfigError};
+use crate::input::request::Origin;
 use crate::jobs::exec::{self, JobGrant};
 use crate::jobs::hold::{self, Hold};
 use crate::model::holder::HolderId;
@@ -38,12 +39,22 @@ use std::time::{Duration, Instant};
 /// How long a caller has to start its job after the GPUs were granted.
 const BIND_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What the daemon answers the `status` op with: `gpupin status --json`'s JSON, which the
+/// report layer (above this one) makes, so the command that starts the daemon gives it.
+pub type StatusReader = fn(&Config) -> Result<serde_json::Value, String>;
+
 /// What every connection's thread shares.
 struct Shared {
     /// Replaced whole on SIGHUP; a connection keeps the one it started with.
     config: RwLock<Arc<Config>>,
     watcher: Watcher,
     open: Mutex<Open>,
+    status: StatusReader,
+}
+
+/// Without a status reader: the op is refused in one line.
+fn no_status(_: &Config) -> Result<serde_json::Value, String> {
+    Err("this gpupin serve gives no status: run gpupin status --json".into())
 }
 
 /// Open connections: in all, and by uid.
@@ -78,6 +89,7 @@ impl Shared {
             config: RwLock::new(Arc::new(config)),
             watcher,
             open: Mutex::new(Open::default()),
+            status: no_status,
         }
     }
 
@@ -125,18 +137,22 @@ pub enum Reloaded {
 
 /// Serves `listener` until SIGTERM or SIGINT (then returns, so that the caller removes a
 /// socket it made) or until accept fails for good. On SIGHUP the config is read again
-/// from its file; `reloaded` is told how that went.
+/// from its file; `reloaded` is told how that went. `status` answers the `status` op.
 pub fn run(
     config: Config,
     listener: UnixListener,
     reloaded: impl Fn(&Reloaded) + Send + 'static,
+    status: StatusReader,
 ) -> std::io::Result<()> {
     super::signals::block()?;
     let settings: ServeSettings = config.serve;
     let config_arc = Arc::new(config.clone());
     let watcher = Watcher::start(Arc::clone(&config_arc), settings.max_watched_per_user)?;
     watch_existing(&config, &watcher);
-    let shared = Arc::new(Shared::new(config, watcher));
+    let shared = Arc::new(Shared {
+        status,
+        ..Shared::new(config, watcher)
+    });
     let stopping = Arc::new(AtomicBool::new(false));
     {
         let shared = Arc::clone(&shared);
@@ -155,6 +171,13 @@ pub fn run(
                 let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(listening) };
                 let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
             })?;
+    }
+    {
+        let shared = Arc::clone(&shared);
+        let stopping = Arc::clone(&stopping);
+        std::thread::Builder::new()
+            .name("gpupin-idle".into())
+            .spawn(move || super::idle::looks(|| shared.config(), &stopping))?;
     }
     for stream in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {
@@ -360,13 +383,10 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
         config.serve.request_timeout,
     ));
     let mut output = &*stream;
-    let request = match protocol::receive::<Request>(&mut input) {
+    let request = match protocol::receive_request(&mut input) {
         Ok(Some(r)) => r,
         Ok(None) => return Ok(()),
-        Err(e) => {
-            let reply = Reply::refused(format!("unreadable request: {}", one_line(&e)));
-            return protocol::send(&mut output, &reply);
-        }
+        Err(why) => return protocol::send(&mut output, &Reply::refused(why)),
     };
     tracing::debug!(pid = peer.pid, uid = peer.uid, request = ?request, "request");
     match request {
@@ -383,6 +403,7 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
             mig,
             reason,
             for_secs,
+            request,
         } => {
             let asked = HoldAsked {
                 id,
@@ -396,10 +417,19 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
                 mig,
                 reason,
                 for_secs,
+                request,
             };
             let id = asked.id.clone();
-            let outcome = hold_for(shared, peer, asked);
-            protocol::send(&mut output, &reply_for(config, peer, &id, outcome))
+            let outcome = hold_for(shared, peer, asked, Some(&stream));
+            let env = outcome
+                .as_ref()
+                .map(|r| hold_env(config, r))
+                .unwrap_or_default();
+            let reply = Reply {
+                env,
+                ..reply_for(config, peer, &id, outcome)
+            };
+            protocol::send(&mut output, &reply)
         }
         Request::Release {
             id,
@@ -426,6 +456,32 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
         Request::Bind { .. } => {
             protocol::send(&mut output, &Reply::refused("bind without an exec first"))
         }
+        Request::Hello => {
+            let reply = Reply {
+                version: Some(env!("CARGO_PKG_VERSION").to_string()),
+                ..Reply::default()
+            };
+            protocol::send(&mut output, &reply)
+        }
+        Request::Status => {
+            let reply = match (shared.status)(config) {
+                Ok(status) => Reply {
+                    status: Some(status),
+                    ..Reply::default()
+                },
+                Err(why) => Reply::refused(why),
+            };
+            protocol::send(&mut output, &reply)
+        }
+    }
+}
+
+/// The environment that tells a held process's CUDA which GPUs are its own, as a job's
+/// (`exec::job_env`): the Python client sets it in the process that holds them.
+fn hold_env(config: &Config, record: &Record) -> Vec<(String, String)> {
+    match crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml) {
+        Ok(inventory) => exec::job_env(&inventory, record, config.cuda_visible_devices),
+        Err(_) => Vec::new(),
     }
 }
 
@@ -486,7 +542,7 @@ fn exec_job(
         return Ok(());
     }
     input.get_mut().restart(BIND_TIMEOUT);
-    let job = match protocol::receive::<Request>(input) {
+    let job = match protocol::receive_request(input) {
         Ok(Some(Request::Bind { pid })) => pid,
         // The caller went away, or never started its job: its GPUs go back now.
         _ => {
@@ -596,11 +652,18 @@ struct HoldAsked {
     mig: Option<String>,
     reason: Option<String>,
     for_secs: Option<u64>,
+    /// The whole request as `gpupin pick`'s keys, instead of `devices` and `count`.
+    request: Vec<(String, String)>,
 }
 
 /// A hold for the caller; one with a process is watched, so that it goes when the
-/// process ends.
-fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Refusal> {
+/// process ends. `caller`: the connection, whose hang-up ends a wait in the queue.
+fn hold_for(
+    shared: &Shared,
+    peer: Peer,
+    asked: HoldAsked,
+    caller: Option<&Arc<UnixStream>>,
+) -> Result<Record, Refusal> {
     let config = shared.config();
     let config = &*config;
     let me = users::owner_of(peer.uid).map_err(|e| Refusal::Failed(one_line(&e)))?;
@@ -621,6 +684,26 @@ fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Ref
             "only root may hold GPUs until released: give --pid with a process of yours".into(),
         ));
     }
+    let request = match asked.request.is_empty() {
+        true => None,
+        false if asked.count.is_some() || !asked.devices.trim().is_empty() => {
+            return Err(Refusal::Failed(
+                "a hold gives request keys, or devices or count, not both".into(),
+            ));
+        }
+        false => {
+            let pairs: Vec<(&str, &str)> = asked
+                .request
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let parsed = crate::input::request::from_pairs(&pairs, Origin::Cli)
+                .map_err(|e| Refusal::Failed(one_line(&e)))?;
+            Some(parsed.ok_or_else(|| {
+                Refusal::Failed("the request keys ask for no GPUs: give gpupin.count".into())
+            })?)
+        }
+    };
     let pinned = match asked.pid {
         Some(pid) => {
             let pinned = Pinned::open(pid)
@@ -659,10 +742,35 @@ fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Ref
             .for_secs
             .map(|secs| crate::state::ledger::unix_now().saturating_add(secs)),
     };
+    // A wait in the queue ends when the caller hangs up or its process ends.
+    let still_wanted = match (caller, &pinned) {
+        (Some(caller), Some(pinned)) => {
+            let caller = Arc::clone(caller);
+            let fd = pinned
+                .fd
+                .try_clone()
+                .map_err(|e| Refusal::Failed(one_line(&e)))?;
+            let process = Pinned {
+                pid: pinned.pid,
+                fd,
+            };
+            Some(StillWanted(Arc::new(move || {
+                still_open(&caller) && process.alive()
+            })))
+        }
+        _ => None,
+    };
     // A refused allocation is audited by grant::allocate.
-    let record = hold::hold(config, &hold, "serve").map_err(|e| Refusal::Failed(one_line(&e)))?;
+    let record = hold::hold_with(config, &hold, request, still_wanted, "serve")
+        .map_err(|e| Refusal::Failed(one_line(&e)))?;
     if let (Some(pinned), Ok(holder)) = (pinned, HolderId::new(&record.id)) {
         let pid = pinned.pid;
+        if let Err(why) = still_the_pinned(&pinned, &record) {
+            if let Ok(ledger) = crate::state::open_ledger(config) {
+                let _ = ledger.release_job(&holder, pid);
+            }
+            return Err(Refusal::Failed(why));
+        }
         if let Err(e) = shared
             .watcher
             .watch(peer.uid, holder.clone(), pinned, None, true)
@@ -676,6 +784,24 @@ fn hold_for(shared: &Shared, peer: Peer, asked: HoldAsked) -> Result<Record, Ref
         }
     }
     Ok(record)
+}
+
+/// Whether the process `record` names is still the one pinned when the hold was asked
+/// for: it ran when the record was written (the record's start time is of a live
+/// process) and the pidfd says it runs now. A process that ended in between, its pid
+/// taken by another since, must not have the hold: the ledger would take that other
+/// process for the holder (same pid, a start time of a live process), and nothing would
+/// watch it.
+fn still_the_pinned(pinned: &Pinned, record: &Record) -> Result<(), String> {
+    let recorded = record.start_time;
+    let now = crate::base::procinfo::start_time(pinned.pid);
+    if recorded.is_some() && recorded == now && pinned.alive() {
+        return Ok(());
+    }
+    Err(format!(
+        "pid {} ended before its hold was recorded: nothing is held (hold again with a running process)",
+        pinned.pid
+    ))
 }
 
 /// Why the daemon said no: the caller may not do this (audited here), or it could not be
@@ -1041,12 +1167,14 @@ mod tests {
             mig: None,
             reason: None,
             for_secs: None,
+            request: Vec::new(),
         };
         let nobody = caller(NOBODY);
         let by_name = hold_for(
             &shared,
             nobody,
             ask("h1", "1", Some(theirs.id()), Some("nobody")),
+            None,
         );
         let record = by_name.unwrap();
         assert_eq!(record.owner.as_ref().map(|o| o.uid), Some(NOBODY));
@@ -1055,6 +1183,7 @@ mod tests {
             &shared,
             nobody,
             ask("h2", "2", Some(theirs.id()), Some("65534")),
+            None,
         );
         assert_eq!(by_uid.unwrap().owner.unwrap().user, "nobody");
         // Their limit applies to them (2 GPUs): not to root's holds for them below.
@@ -1062,7 +1191,8 @@ mod tests {
             failed(hold_for(
                 &shared,
                 nobody,
-                ask("h3", "3", Some(theirs.id()), None)
+                ask("h3", "3", Some(theirs.id()), None),
+                None,
             ))
             .ends_with("(limits.max_gpus_per_user)")
         );
@@ -1070,7 +1200,8 @@ mod tests {
             denied(hold_for(
                 &shared,
                 nobody,
-                ask("h4", "4", Some(theirs.id()), Some("root"))
+                ask("h4", "4", Some(theirs.id()), Some("root")),
+                None,
             )),
             "only root may hold GPUs for another user (root)"
         );
@@ -1079,14 +1210,15 @@ mod tests {
             ..ask("h5", "5", None, None)
         };
         assert_eq!(
-            denied(hold_for(&shared, nobody, until_release)),
+            denied(hold_for(&shared, nobody, until_release, None)),
             "only root may hold GPUs until released: give --pid with a process of yours"
         );
         assert_eq!(
             denied(hold_for(
                 &shared,
                 nobody,
-                ask("h6", "6", Some(roots.id()), None)
+                ask("h6", "6", Some(roots.id()), None),
+                None,
             )),
             format!("pid {} is not a process of uid {NOBODY}", roots.id())
         );
@@ -1096,6 +1228,7 @@ mod tests {
             &shared,
             root,
             ask("r1", "3", Some(theirs.id()), Some("nobody")),
+            None,
         );
         assert_eq!(for_nobody.unwrap().owner.unwrap().uid, NOBODY);
         let until_release = HoldAsked {
@@ -1103,7 +1236,7 @@ mod tests {
             ..ask("r2", "4", None, Some("nobody"))
         };
         assert_eq!(
-            hold_for(&shared, root, until_release)
+            hold_for(&shared, root, until_release, None)
                 .unwrap()
                 .owner
                 .unwrap()
@@ -1123,6 +1256,92 @@ mod tests {
             child.kill().unwrap();
             child.wait().unwrap();
         }
+    }
+
+    /// A process that ended while its hold waited in the queue, its pid taken since by
+    /// another process of the same user: the hold is not that other process's. Before the
+    /// record was checked against the pidfd, the reply said it was held (for the recycled
+    /// pid, until the watcher saw the pidfd end).
+    #[test]
+    fn a_hold_never_passes_to_a_process_that_took_its_pid() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: recycling a pid (ns_last_pid) needs root (CI runs as root)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = daemon(tmp.path(), ServeSettings::default());
+        let config = shared.config();
+        hold::testing::roots(&config, "full", "0,1,2,3,4,5,6,7");
+        let mut first = nobodys_process();
+        let pid = first.id() as i32;
+        let asked = HoldAsked {
+            id: "py".into(),
+            devices: String::new(),
+            by_minor: false,
+            pid: Some(pid),
+            until_release: false,
+            user: None,
+            within: None,
+            count: None,
+            mig: None,
+            reason: None,
+            for_secs: None,
+            request: vec![
+                ("gpupin.count".into(), "1".into()),
+                ("gpupin.wait".into(), "2m".into()),
+            ],
+        };
+        let waiting = {
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || hold_for(&shared, caller(NOBODY), asked, None))
+        };
+        let ledger = Ledger::for_config(&config).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ledger.waiting().unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "the hold never queued");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let mut second = recycled(pid);
+        ledger.release(&HolderId::new("full").unwrap()).unwrap();
+        let outcome = waiting.join().unwrap();
+        if let Some(second) = second.as_mut() {
+            second.kill().unwrap();
+            second.wait().unwrap();
+        }
+        assert_eq!(
+            failed(outcome),
+            format!(
+                "pid {pid} ended before its hold was recorded: nothing is held (hold again with a running process)"
+            )
+        );
+        let held: Vec<String> = ledger
+            .records()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert!(held.is_empty(), "{held:?}");
+        assert!(
+            second.is_some(),
+            "the pid was never taken again: the test showed less"
+        );
+    }
+
+    /// Nobody's process with `pid`, made by setting the kernel's last pid just below it
+    /// (other processes may take it first: a few tries).
+    fn recycled(pid: i32) -> Option<std::process::Child> {
+        for _ in 0..50 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+            let mut child = nobodys_process();
+            if child.id() as i32 == pid {
+                return Some(child);
+            }
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        None
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! What one link between two GPUs carries, per direction, as an estimate: the one table
 //! the ranking takes its figures from. Sources and reasoning are in the module docs of
-//! [`super`] and in the README's "Policies" section.
+//! [`super`] and in docs/reference.md, section "Policies".
 //!
 //! - NVLink: the per-link rate of the GPU's NVLink generation times the number of links
 //!   `nvidia-smi topo -m` shows (`NV<k>`); `NVS` (an NVSwitch) as every link of the GPU.

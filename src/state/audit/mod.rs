@@ -44,6 +44,10 @@ pub enum EventKind {
     Clear,
     /// A running holder stopped by an operator (`gpupin evict`); its release follows.
     Evict,
+    /// A holder whose GPUs stayed under `idle_utilization` for `idle_after`, found by
+    /// `gpupin serve`: once per holder (an idle hold's release under `idle_action =
+    /// "release-holds"` follows as a `release` that says why).
+    Idle,
 }
 
 impl EventKind {
@@ -58,6 +62,7 @@ impl EventKind {
             EventKind::Refuse => "refuse",
             EventKind::Clear => "clear",
             EventKind::Evict => "evict",
+            EventKind::Idle => "idle",
         }
     }
 }

@@ -6,6 +6,7 @@ mod bind;
 mod claim;
 mod entry;
 mod failures;
+mod idle;
 mod job;
 pub mod lookup;
 mod machine;
@@ -24,6 +25,7 @@ pub use allocate::{Allocation, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
 pub use entry::release_arg;
 pub use failures::{AUDIT_FAILURES_FILE, audit_write_failures};
+pub use idle::{IDLE_FILE, Idle, IdleLook, IdleRule, look_every};
 pub use machine::Machine;
 pub use queue::Waiting;
 pub use record::{
@@ -35,7 +37,7 @@ pub use within::SECRET_FILE as WITHIN_SECRET_FILE;
 
 use crate::base::safe_open::Links;
 use crate::input::config::Config;
-use crate::input::config::{AuditFailure, AuditLog};
+use crate::input::config::{AuditFailure, AuditLog, QueueOrder};
 use crate::input::request::{GpuRequest, Share};
 use crate::model::holder::{BadHolderId, HolderId, HolderKind, WithinKey};
 use crate::state::audit::{Event, EventKind};
@@ -317,6 +319,42 @@ pub struct NotEnoughMig {
 }
 
 impl LedgerError {
+    /// The refusal naming the holder as people know it, where its engine told a name:
+    /// the container they started, not the id gpupin filed it under (a podman container
+    /// is refused while it is still a claim, `claim-...`).
+    fn naming(self, meta: &HolderMeta) -> LedgerError {
+        let Some(name) = meta.container.as_ref().and_then(|c| c.name.clone()) else {
+            return self;
+        };
+        match self {
+            LedgerError::NotEnoughFree {
+                wanted,
+                held,
+                total,
+                detail,
+                ..
+            } => LedgerError::NotEnoughFree {
+                id: name,
+                wanted,
+                held,
+                total,
+                detail,
+            },
+            LedgerError::DeviceUnavailable {
+                index,
+                uuid,
+                reason,
+                ..
+            } => LedgerError::DeviceUnavailable {
+                id: name,
+                index,
+                uuid,
+                reason,
+            },
+            other => other,
+        }
+    }
+
     /// A short, fixed name for why an allocation was refused: the `code` of audit lines
     /// and the `reason` label of `gpupin_refusals_total`.
     pub fn code(&self) -> &'static str {
@@ -397,6 +435,8 @@ pub struct Ledger {
     audit: AuditLog,
     /// Told after every change, under the lock (`metrics_file`).
     observer: Option<Box<dyn ChangeObserver>>,
+    /// In which order waiters are served (`queue`).
+    queue_order: QueueOrder,
 }
 
 impl Ledger {
@@ -408,6 +448,7 @@ impl Ledger {
             unbound_grace: UNBOUND_GRACE,
             audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
             observer: None,
+            queue_order: QueueOrder::default(),
         })
     }
 
@@ -421,6 +462,7 @@ impl Ledger {
             unbound_grace: UNBOUND_GRACE,
             audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
             observer: None,
+            queue_order: QueueOrder::default(),
         })
     }
 
@@ -429,7 +471,15 @@ impl Ledger {
     pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
         Ok(Ledger::open(&config.state_dir)?
             .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit()))
+            .with_audit(config.audit())
+            .with_queue_order(config.queue))
+    }
+
+    /// In which order waiters are served, and `waiting` lists them (`queue`). Every
+    /// waiter of one ledger should use the same: each decides by its own.
+    pub fn with_queue_order(mut self, order: QueueOrder) -> Ledger {
+        self.queue_order = order;
+        self
     }
 
     /// Who is told after each change (the metrics file).
@@ -450,7 +500,8 @@ impl Ledger {
     pub fn read_only_for_config(config: &Config) -> Result<Ledger, LedgerError> {
         Ok(Ledger::open_read_only(&config.state_dir)?
             .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit()))
+            .with_audit(config.audit())
+            .with_queue_order(config.queue))
     }
 
     /// Where this ledger's audit lines go (by default `audit.log` in its directory).
@@ -577,7 +628,8 @@ impl Ledger {
             Ok(secret.as_ref().is_some_and(|s| s.opens(parent, key)))
         };
         let scope = scope::scope(holder, request, machine, &meta, live, &mut opens)?;
-        let plan = allocate::plan(holder, request, machine, live, cursor, &scope)?;
+        let plan = allocate::plan(holder, request, machine, live, cursor, &scope)
+            .map_err(|e| e.naming(&meta))?;
         scope::check(&meta, machine, live, &plan.uuids)?;
         let record = Record {
             id: holder.to_string(),

@@ -1,6 +1,7 @@
 //! The wait queue for `gpupin.wait`: a ticket file per waiting request, served in arrival
-//! order. A waiter holds no lock while it sleeps; under the lock it only checks whether
-//! it is at the head and whether its request fits now. A ticket whose process is gone (a
+//! order (`queue = "fifo"`) or round-robin by user (`"fair"`, `served_order`). A waiter
+//! holds no lock while it sleeps; under the lock it only checks whether it is at the head
+//! and whether its request fits now. A ticket whose process is gone (a
 //! runtime killed the hook at its timeout) is stale and dropped.
 //!
 //! A waiter held back only by its own user's limit is *parked*: its ticket says so, and
@@ -13,6 +14,7 @@ use super::store;
 use super::{Allocation, HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
 use crate::base::procinfo;
 use crate::base::safe_open::{self, Links};
+use crate::input::config::QueueOrder;
 use crate::input::request::{GpuRequest, Selection};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 pub(super) const QUEUE_DIR: &str = "queue";
 const SEQ_FILE: &str = "queue-seq";
+/// The last turn served (`next_turn`'s round). Lost with the state dir at boot, when
+/// nothing waits anyway; a round read as 0 only lets new tickets in early, never starves.
+const ROUND_FILE: &str = "queue-round";
 /// How often a waiter looks again. Short enough that a freed GPU is taken well within a
 /// second, long enough that a few waiters cost nothing.
 const POLL: Duration = Duration::from_millis(200);
@@ -48,6 +53,11 @@ pub(super) struct Ticket {
     /// Held back only by its own user's limit: in no one's way (see the module's doc).
     #[serde(default)]
     pub parked: bool,
+    /// Its turn under `queue = "fair"` (`next_turn`); set whatever the order, so that a
+    /// change of `queue` finds every ticket with one. A ticket from before turns reads 0:
+    /// first, as it was already.
+    #[serde(default)]
+    pub turn: u64,
     /// What `gpupin queue` and `status` show of the waiter: the name people know it by
     /// (a container's), whose it is, and what it asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,11 +139,53 @@ fn live_ticket(path: &Path) -> Option<Ticket> {
         .filter(|t| t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)))
 }
 
-/// Whether a live ticket that is not parked is ahead of `own`. Reads tickets in name
-/// (arrival) order and stops at the first such one, so that a look of a waiter deep in
-/// a long queue costs one ticket, not all of them; stale tickets on the way are removed.
-/// Caller holds the lock.
-fn anyone_ahead(dir: &Path, own: &Ticket) -> Result<bool, LedgerError> {
+/// The order `tickets` (in arrival order) are served in. `Fifo`: as they are. `Fair`: by
+/// turn (`next_turn`), then arrival.
+pub(super) fn served_order(mut tickets: Vec<Ticket>, order: QueueOrder) -> Vec<Ticket> {
+    if order == QueueOrder::Fair {
+        // Stable, and the tickets came in arrival order: within a turn, arrival.
+        tickets.sort_by_key(|t| t.turn);
+    }
+    tickets
+}
+
+/// The turn of a new ticket of `party` under `fair`: one after the later of the round
+/// (the last turn served) and the party's last turn among `waiting`. So each party's
+/// first waiting request is served in the next round, its second in the one after, and
+/// so on: a user's second request goes behind every other user's first, and a user who
+/// queues again the moment one request is served does not go ahead of another's second
+/// (a turn of its own counted afresh would, and could keep it waiting for ever). A party
+/// is a user (by uid); the requests that have none (containers without a trusted user
+/// label) are one party together, so that a flood of them counts as one user, and a node
+/// that only runs containers serves them in arrival order.
+pub(super) fn next_turn(round: u64, waiting: &[Ticket], party: Option<u32>) -> u64 {
+    let last = waiting
+        .iter()
+        .filter(|t| t.uid == party)
+        .map(|t| t.turn)
+        .max()
+        .unwrap_or(0);
+    round.max(last) + 1
+}
+
+/// Whether a live ticket that is not parked is ahead of `own` in `order`. Caller holds
+/// the lock.
+fn anyone_ahead(dir: &Path, own: &Ticket, order: QueueOrder) -> Result<bool, LedgerError> {
+    match order {
+        QueueOrder::Fifo => anyone_ahead_fifo(dir, own),
+        // A later ticket of another user can be ahead, so every ticket is read: one small
+        // file each, and only when the queue or the holders changed, or every few seconds
+        // (`LOOK_AGAIN`).
+        QueueOrder::Fair => Ok(live_tickets(dir)?
+            .iter()
+            .any(|t| !t.parked && (t.turn, t.seq) < (own.turn, own.seq))),
+    }
+}
+
+/// `anyone_ahead` in arrival order. Reads tickets in name (arrival) order and stops at
+/// the first such one, so that a look of a waiter deep in a long queue costs one ticket,
+/// not all of them; stale tickets on the way are removed.
+fn anyone_ahead_fifo(dir: &Path, own: &Ticket) -> Result<bool, LedgerError> {
     let Some(qdir) = store::existing_subdir(dir, QUEUE_DIR)? else {
         return Ok(false);
     };
@@ -194,6 +246,7 @@ pub(super) fn enqueue(
         .max(last_ticket)
         + 1;
     store::write_atomic(dir, SEQ_FILE, format!("{seq}\n").as_bytes())?;
+    let round = store::read_number::<u64>(&dir.join(ROUND_FILE)).unwrap_or(0);
     let pid = waiter;
     let ticket = Ticket {
         seq,
@@ -203,6 +256,7 @@ pub(super) fn enqueue(
         queued_at: super::record::unix_now(),
         uid,
         parked: false,
+        turn: next_turn(round, &tickets, uid),
         name: meta.container.as_ref().and_then(|c| c.name.clone()),
         user: meta.owner.as_ref().map(|o| o.user.clone()),
         request: request.summary(),
@@ -249,6 +303,16 @@ fn count_of(request: &GpuRequest) -> Option<usize> {
     }
 }
 
+/// Moves the round on to `ticket`'s turn, now that it is served (caller holds the lock).
+/// Best effort: the allocation stands, and a round left behind only lets the next new
+/// tickets in a turn early.
+fn served(dir: &Path, ticket: &Ticket) {
+    let round = store::read_number::<u64>(&dir.join(ROUND_FILE)).unwrap_or(0);
+    if ticket.turn > round {
+        let _ = store::write_atomic(dir, ROUND_FILE, format!("{}\n", ticket.turn).as_bytes());
+    }
+}
+
 fn dequeue(dir: &Path, ticket: &Ticket) {
     if let Ok(Some(qdir)) = store::existing_subdir(dir, QUEUE_DIR) {
         let _ = fs::remove_file(qdir.join(ticket.file_name()));
@@ -271,8 +335,9 @@ fn retryable(err: &LedgerError) -> bool {
 }
 
 impl Ledger {
-    /// The requests waiting now, oldest first. Read without the lock: tickets are renamed
-    /// into place, and one that goes meanwhile is simply not counted.
+    /// The requests waiting now, in the order they are served (`served_order`: oldest
+    /// first, or round-robin by user). Read without the lock: tickets are renamed into
+    /// place, and one that goes meanwhile is simply not counted.
     pub fn waiting(&self) -> Result<Vec<Waiting>, LedgerError> {
         let Some(qdir) = store::existing_subdir(&self.dir, QUEUE_DIR)? else {
             return Ok(Vec::new());
@@ -289,7 +354,7 @@ impl Ledger {
             .filter(|t| t.start_time.is_some_and(|s| procinfo::is_alive(t.pid, s)))
             .collect();
         tickets.sort_by_key(|t| t.seq);
-        Ok(tickets
+        Ok(served_order(tickets, self.queue_order)
             .into_iter()
             .map(|t| Waiting {
                 holder: t.id,
@@ -303,7 +368,7 @@ impl Ledger {
     }
 
     /// As `allocate`, but waits up to `wait` for the request to fit, behind every request
-    /// that started waiting earlier and is not parked.
+    /// ahead of it in the queue's order that is not parked.
     pub fn allocate_waiting(
         &self,
         holder: &HolderId,
@@ -438,7 +503,7 @@ impl Ledger {
         machine: &Machine,
         meta: &HolderMeta,
     ) -> Result<Option<Allocation>, LedgerError> {
-        if anyone_ahead(&self.dir, ticket)? {
+        if anyone_ahead(&self.dir, ticket, self.queue_order)? {
             tracing::trace!(holder = %holder, "others are ahead in the queue");
             return Ok(None);
         }
@@ -447,6 +512,7 @@ impl Ledger {
         match self.commit(holder, request, machine, meta.clone(), &live) {
             Ok(allocation) => {
                 dequeue(&self.dir, ticket);
+                served(&self.dir, ticket);
                 Ok(Some(allocation))
             }
             Err(err) => {

@@ -39,6 +39,39 @@ fn snapshot(l: &Ledger) -> Vec<Record> {
 }
 
 #[test]
+fn a_refusal_names_the_container_as_its_engine_named_it() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    let machine = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("a"), &count(2), &machine, me()).unwrap();
+    let named = |name: &str| HolderMeta {
+        container: Some(crate::model::holder::ContainerInfo {
+            engine: Some("podman".into()),
+            name: Some(name.into()),
+            image: None,
+        }),
+        ..me()
+    };
+    let err = l
+        .allocate(&id("claim-3f0c1d2e"), &count(1), &machine, named("mybox"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("cannot allocate 1 GPU for mybox: 2 of 2"),
+        "{err}"
+    );
+    let exact = request(Selection::Devices(vec!["0".into()]));
+    let err = l
+        .allocate(&id("claim-3f0c1d2e"), &exact, &machine, named("mybox"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("cannot allocate GPU 0 (GPU-test-0) for mybox: it is held by a"),
+        "{err}"
+    );
+}
+
+#[test]
 fn allocates_distinct_gpus_until_none_is_free() {
     let (_t, l) = ledger();
     let inv = machine(4);
@@ -680,7 +713,7 @@ fn alloc(l: &Ledger, name: &str) -> Result<Allocation, LedgerError> {
     )
 }
 
-fn mkfifo(path: &Path) {
+pub(super) fn mkfifo(path: &Path) {
     use rustix::fs::{FileType, Mode};
     rustix::fs::mknodat(
         rustix::fs::CWD,

@@ -283,6 +283,7 @@ fn the_ticket_of_a_dead_waiter_blocks_no_one() {
         queued_at: 0,
         uid: None,
         parked: false,
+        turn: 0,
         name: None,
         user: None,
         request: String::new(),
@@ -606,4 +607,166 @@ fn a_waiter_within_a_holder_that_goes_away_is_told_at_once() {
         "cannot allocate for j2: gpupin.within=res names no holder in the ledger"
     );
     assert_eq!(tickets(&l), 0);
+}
+
+/// A waiter for one GPU in a thread of its own, on a ledger that serves in `order`.
+fn ordered_in_thread(
+    dir: &std::path::Path,
+    name: &'static str,
+    meta: HolderMeta,
+    order: QueueOrder,
+) -> std::thread::JoinHandle<Result<Allocation, LedgerError>> {
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let l = Ledger::open(&dir).unwrap().with_queue_order(order);
+        let inv = machine(4);
+        let limits = Limits::default();
+        let m = Machine {
+            limits: Some(&limits),
+            ..Machine::new(&inv, PolicyName::Pack)
+        };
+        l.allocate_waiting(&id(name), &count(1), &m, meta, Duration::from_secs(60))
+    })
+}
+
+/// Alice queues three requests, then bob one, then a container (no user): what `waiting`
+/// lists (what `gpupin queue` numbers) and who gets each GPU given back, one at a time.
+/// Returns (listed, served).
+fn alice_three_bob_one(order: QueueOrder) -> (Vec<String>, Vec<String>) {
+    let (_t, l) = ledger();
+    let l = l.with_queue_order(order);
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let holds = ["h0", "h1", "h2", "h3"];
+    for h in holds {
+        l.allocate(&id(h), &count(1), &m, container()).unwrap();
+    }
+    let alice = || job("alice", 1001, &[]);
+    let bob = || job("bob", 1002, &[]);
+    let mut hang_ups = Vec::new();
+    let mut waiters = Vec::new();
+    let queued: [(&'static str, HolderMeta); 5] = [
+        ("a1", alice()),
+        ("a2", alice()),
+        ("a3", alice()),
+        ("b1", bob()),
+        ("c1", container()),
+    ];
+    for (n, (name, meta)) in queued.into_iter().enumerate() {
+        let mut meta = meta;
+        hang_ups.push(caller(&mut meta));
+        waiters.push(ordered_in_thread(l.dir(), name, meta, order));
+        until(name, || tickets(&l) == n + 1);
+    }
+    let listed: Vec<String> = l.waiting().unwrap().into_iter().map(|w| w.holder).collect();
+    // A request that does not wait never overtakes them, in either order: not even one of
+    // a user with nothing queued, who would be first among the waiters' turns.
+    let err = l
+        .allocate(&id("carol"), &count(1), &m, job("carol", 1003, &[]))
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::QueueAhead { .. }), "{err}");
+    let mut served = Vec::new();
+    for (n, h) in holds.into_iter().enumerate() {
+        let holders = |l: &Ledger| -> Vec<String> {
+            let mut ids: Vec<String> = l.records().unwrap().into_iter().map(|r| r.id).collect();
+            ids.retain(|i| !holds.contains(&i.as_str()));
+            ids
+        };
+        let before = holders(&l);
+        l.release(&id(h)).unwrap();
+        until("a waiter is served", || tickets(&l) == 4 - n);
+        let after = holders(&l);
+        let new: Vec<String> = after.into_iter().filter(|i| !before.contains(i)).collect();
+        assert_eq!(
+            new.len(),
+            1,
+            "one GPU given back, one waiter served: {new:?}"
+        );
+        served.extend(new);
+    }
+    for open in &hang_ups {
+        open.store(false, Ordering::SeqCst);
+    }
+    for w in waiters {
+        let _ = w.join().unwrap();
+    }
+    (listed, served)
+}
+
+#[test]
+fn fair_serves_each_users_first_request_before_anyones_second() {
+    let (listed, served) = alice_three_bob_one(QueueOrder::Fair);
+    assert_eq!(listed, ["a1", "b1", "c1", "a2", "a3"]);
+    // Bob's one request is served second, ahead of alice's two that came before it.
+    assert_eq!(served, ["a1", "b1", "c1", "a2"]);
+}
+
+#[test]
+fn fifo_serves_in_arrival_order() {
+    let (listed, served) = alice_three_bob_one(QueueOrder::Fifo);
+    assert_eq!(listed, ["a1", "a2", "a3", "b1", "c1"]);
+    assert_eq!(served, ["a1", "a2", "a3", "b1"]);
+}
+
+/// Turns as `enqueue` gives them and a served ticket moves the round on: each user's
+/// first waiting request comes before anyone's second, and a user who queues again the
+/// moment one request is served never goes ahead of another's older second.
+#[test]
+fn fair_turns_go_round_the_users_and_starve_no_one() {
+    let ticket = |seq: u64, uid: Option<u32>, turn: u64| queue::Ticket {
+        seq,
+        id: format!("t{seq}"),
+        pid: 1,
+        start_time: None,
+        queued_at: 0,
+        uid,
+        parked: false,
+        turn,
+        name: None,
+        user: None,
+        request: String::new(),
+    };
+    let (alice, bob, carol) = (Some(1001), Some(1002), Some(1003));
+    let mut waiting: Vec<queue::Ticket> = Vec::new();
+    let mut round = 0;
+    let mut seq = 0;
+    let mut queue_for = |waiting: &mut Vec<queue::Ticket>, round: u64, uid: Option<u32>| {
+        seq += 1;
+        let turn = queue::next_turn(round, waiting, uid);
+        waiting.push(ticket(seq, uid, turn));
+        seq
+    };
+    let order = |waiting: &[queue::Ticket]| -> Vec<u64> {
+        queue::served_order(waiting.to_vec(), QueueOrder::Fair)
+            .into_iter()
+            .map(|t| t.seq)
+            .collect()
+    };
+    // Alice's 1, 2, 3; bob's 4; two containers (5, 6: one party, no user); carol's 7.
+    for uid in [alice, alice, alice, bob, None, None, carol] {
+        queue_for(&mut waiting, round, uid);
+    }
+    assert_eq!(order(&waiting), [1, 4, 5, 7, 2, 6, 3]);
+    assert_eq!(
+        queue::served_order(waiting.clone(), QueueOrder::Fifo)
+            .iter()
+            .map(|t| t.seq)
+            .collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5, 6, 7]
+    );
+    // Serve the head each time; bob queues again each time one of his is served, and
+    // still alice's second (2) and third (3) are served in their rounds.
+    let mut served = Vec::new();
+    for _ in 0..9 {
+        let head = queue::served_order(waiting.clone(), QueueOrder::Fair).remove(0);
+        waiting.retain(|t| t.seq != head.seq);
+        round = round.max(head.turn);
+        served.push(head.seq);
+        if head.uid == bob {
+            queue_for(&mut waiting, round, bob);
+        }
+    }
+    // 8 is bob's second (queued when 4 was served: the second round, after the
+    // containers' 6 that came first), 9 his third, in the third round after alice's 3.
+    assert_eq!(served, [1, 4, 5, 7, 2, 6, 8, 3, 9]);
 }

@@ -68,7 +68,7 @@ impl Tally {
             EventKind::Release | EventKind::Reap => {
                 bump(&mut self.releases, event.event.as_str(), 1);
             }
-            EventKind::Bind | EventKind::Clear | EventKind::Evict => {}
+            EventKind::Bind | EventKind::Clear | EventKind::Evict | EventKind::Idle => {}
         }
     }
 

@@ -7,7 +7,7 @@ mod counters;
 mod render;
 
 pub use counters::{Counters, update, update_saved};
-pub use render::{Holding, Snapshot, render};
+pub use render::{Holding, IdleHolder, Snapshot, render};
 
 use crate::host::inventory::{self, Inventory, Live};
 use crate::input::config::Config;
@@ -60,6 +60,19 @@ pub fn snapshot_text(
     let mut counters = update_saved(&config.audit(), cursor);
     counters.audit_write_failures = crate::state::ledger::audit_write_failures(&config.state_dir);
     let now = crate::state::ledger::unix_now();
+    let idle = ledger
+        .idle(&records)
+        .into_iter()
+        .filter_map(|i| {
+            let r = records.iter().find(|r| r.id == i.holder)?;
+            Some(IdleHolder {
+                holder: r.shown_name().to_string(),
+                kind: r.kind.as_str().to_string(),
+                user: r.owner.as_ref().map(|o| o.user.clone()),
+                seconds: now.saturating_sub(i.since),
+            })
+        })
+        .collect();
     let snapshot = Snapshot {
         inventory,
         holdings: holdings(&records, |r| ledger.is_stale(r)),
@@ -71,6 +84,7 @@ pub fn snapshot_text(
             .max(),
         counters: &counters,
         live,
+        idle,
     };
     Ok(render(&snapshot))
 }

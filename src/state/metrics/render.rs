@@ -30,6 +30,20 @@ pub struct Snapshot<'a> {
     pub oldest_wait_seconds: Option<u64>,
     pub counters: &'a Counters,
     pub live: Option<&'a [Live]>,
+    /// Holders found idle: how people know each, and for how many seconds
+    /// (`IdleHolder`).
+    pub idle: Vec<IdleHolder>,
+}
+
+/// A holder `gpupin serve` found idle, as the metrics label it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdleHolder {
+    /// As `Holding::holder`: the name people know.
+    pub holder: String,
+    pub kind: String,
+    pub user: Option<String>,
+    /// How long its GPUs have all been under `idle_utilization`.
+    pub seconds: u64,
 }
 
 struct Family<'a> {
@@ -174,6 +188,21 @@ pub fn render(s: &Snapshot) -> String {
 
     let mut f = Family::start(
         &mut out,
+        "gpupin_holder_idle_seconds",
+        "gauge",
+        "How long a holder found idle (its GPUs all under idle_utilization for idle_after) has been; only idle holders have a sample.",
+    );
+    for i in &s.idle {
+        let labels = [
+            ("holder", i.holder.as_str()),
+            ("kind", &i.kind),
+            ("user", i.user.as_deref().unwrap_or("")),
+        ];
+        f.sample("gpupin_holder_idle_seconds", &labels, i.seconds);
+    }
+
+    let mut f = Family::start(
+        &mut out,
         "gpupin_queue_length",
         "gauge",
         "Requests waiting for GPUs (gpupin.wait), containers and jobs alike.",
@@ -309,6 +338,12 @@ mod tests {
             oldest_wait_seconds: None,
             counters: &counters,
             live: None,
+            idle: vec![IdleHolder {
+                holder: "notebook-7".into(),
+                kind: "container".into(),
+                user: Some("alice".into()),
+                seconds: 4000,
+            }],
         };
         let text = render(&snapshot);
         assert!(
@@ -316,6 +351,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("holder=\"we\\\"ird\\\\name\\n\""), "{text}");
+        assert!(
+            text.contains(
+                "gpupin_holder_idle_seconds{holder=\"notebook-7\",kind=\"container\",user=\"alice\"} 4000"
+            ),
+            "{text}"
+        );
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
             assert!(text.contains(&format!("# TYPE {name} ")), "{name}: {text}");
@@ -349,6 +390,7 @@ mod tests {
             oldest_wait_seconds: None,
             counters: &counters,
             live: None,
+            idle: vec![],
         };
         let text = render(&snapshot);
         let held = format!(

@@ -1,0 +1,308 @@
+"""GPUs for this Python process from ``gpupin serve``.
+
+``acquire()`` asks the daemon to hold GPUs for the calling process: the daemon checks
+with the kernel (SO_PEERCRED, a pidfd) that the process is the caller's own, and
+releases the GPUs the moment it ends, however it ends (``kill -9`` included). The
+environment that tells CUDA which GPUs are this process's (``CUDA_VISIBLE_DEVICES``,
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``) is set in ``os.environ``, which CUDA reads once, when
+it starts: so ``acquire()`` refuses, with ``CudaInitialized``, in a process where CUDA
+already runs.
+
+The wire protocol is docs/protocol.md in the gpupin repository (version 1).
+"""
+
+import json
+import math
+import os
+import secrets
+import socket
+
+__all__ = [
+    "Allocation",
+    "CudaInitialized",
+    "Error",
+    "Gpu",
+    "acquire",
+    "cuda_in_use",
+    "hello",
+    "socket_path",
+    "status",
+]
+
+__version__ = "0.1.0"
+
+#: The protocol version this client speaks (docs/protocol.md).
+PROTOCOL = 1
+#: Where the daemon listens unless ``GPUPIN_SOCKET`` says otherwise.
+DEFAULT_SOCKET = "/run/gpupin/gpupin.sock"
+#: The longest message either side sends, newline included.
+MAX_MESSAGE = 64 << 10
+#: Seconds connecting may take (the daemon's listen backlog may be full).
+CONNECT_TIMEOUT = 10.0
+#: Seconds an answer may take, besides a wait in the queue the request asks for.
+REPLY_TIMEOUT = 60.0
+
+
+class Error(Exception):
+    """A request gpupin serve refused or that failed: ``str(e)`` is its one line."""
+
+
+class CudaInitialized(Error):
+    """CUDA already runs in this process: a CUDA_VISIBLE_DEVICES set now would not count."""
+
+
+class Gpu(tuple):
+    """One GPU held: its ``index`` (as nvidia-smi numbers it; None where unknown) and ``uuid``."""
+
+    __slots__ = ()
+
+    def __new__(cls, index, uuid):
+        return tuple.__new__(cls, (index, uuid))
+
+    @property
+    def index(self):
+        return self[0]
+
+    @property
+    def uuid(self):
+        return self[1]
+
+    def __repr__(self):
+        return "Gpu(index={!r}, uuid={!r})".format(self[0], self[1])
+
+
+def socket_path():
+    """The daemon's socket: ``$GPUPIN_SOCKET``, else /run/gpupin/gpupin.sock."""
+    return os.environ.get("GPUPIN_SOCKET") or DEFAULT_SOCKET
+
+
+def _connect_hint(path, error):
+    """Why connecting failed, in the words of whoever must act (as the gpupin command says it)."""
+    if isinstance(error, FileNotFoundError):
+        why = "no such socket: gpupin serve is not running (an admin starts it: systemctl enable --now gpupin.socket)"
+    elif isinstance(error, ConnectionRefusedError):
+        why = "nothing listens there: gpupin serve stopped (an admin starts it again: systemctl restart gpupin.socket)"
+    elif isinstance(error, PermissionError):
+        why = "permission denied: the socket is for the group the config's socket_group names (ask an admin to add you to it)"
+    else:
+        why = str(error)
+    return "cannot reach gpupin serve at {}: {}".format(path, why)
+
+
+def _read_line(sock):
+    """One reply line, at most MAX_MESSAGE bytes; b"" when the daemon closed without one."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(MAX_MESSAGE + 1 - len(data))
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_MESSAGE:
+            raise Error("gpupin serve sent a reply longer than {} bytes".format(MAX_MESSAGE))
+    return data
+
+
+def _ask(request, timeout=REPLY_TIMEOUT):
+    """Sends one request (a dict with ``op``) and returns the daemon's reply; a refusal raises Error."""
+    path = socket_path()
+    message = dict(request)
+    message["v"] = PROTOCOL
+    line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    # Python's sockets are close-on-exec: a child started later never holds this one.
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT)
+        try:
+            sock.connect(path)
+        except socket.timeout:
+            raise Error(
+                "gpupin serve at {} took no connection within {:g}s: it is overloaded or stuck; try again, or ask an admin to look at its log".format(
+                    path, CONNECT_TIMEOUT
+                )
+            ) from None
+        except OSError as e:
+            raise Error(_connect_hint(path, e)) from None
+        sock.settimeout(timeout)
+        try:
+            sock.sendall(line)
+            data = _read_line(sock)
+        except socket.timeout:
+            raise Error(
+                "gpupin serve did not answer within {:g}s: it is overloaded or stuck; try again, or ask an admin to look at its log".format(
+                    timeout
+                )
+            ) from None
+        except OSError as e:
+            raise Error("talking to gpupin serve: {}".format(e)) from None
+    finally:
+        sock.close()
+    if not data:
+        raise Error("gpupin serve closed the connection without an answer")
+    try:
+        reply = json.loads(data)
+    except ValueError as e:
+        raise Error("gpupin serve sent a reply that is no JSON: {}".format(e)) from None
+    if not isinstance(reply, dict):
+        raise Error("gpupin serve sent a reply that is no JSON object")
+    if reply.get("error"):
+        raise Error(reply["error"])
+    return reply
+
+
+def hello():
+    """The daemon's versions: ``{"v": protocol, "version": gpupin release}``."""
+    reply = _ask({"op": "hello"})
+    return {"v": reply.get("v", 1), "version": reply.get("version")}
+
+
+def status():
+    """What ``gpupin status --json`` shows (GPUs, holders and their owners, the queue),
+    read by the daemon; without the processes on each GPU."""
+    return _ask({"op": "status"})["status"]
+
+
+def cuda_in_use(proc="/proc/self"):
+    """Why CUDA counts as started in this process, or None: an open /dev/nvidia* device
+    (a CUDA context holds /dev/nvidiactl and its GPUs' nodes open) or libcuda mapped in
+    (the driver API loaded: torch, tensorflow and cupy load it when they start CUDA).
+    Read from the process itself, not from which modules were imported."""
+    fd_dir = os.path.join(proc, "fd")
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            return "this process has {} open".format(target)
+    try:
+        with open(os.path.join(proc, "maps")) as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) < 6:
+                    continue
+                mapped = fields[5].strip()
+                if os.path.basename(mapped).startswith("libcuda.so"):
+                    return "{} is loaded in this process".format(mapped)
+    except OSError:
+        pass
+    return None
+
+
+def _duration(name, seconds):
+    """Seconds as the daemon's durations (``1500ms``), or a ValueError naming the value."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(
+            "invalid {}={!r}: expected seconds as a number >= 0, such as 600".format(name, seconds)
+        )
+    return "{}ms".format(int(math.ceil(seconds * 1000)))
+
+
+class Allocation:
+    """GPUs held for this process: ``.holder`` (as ``gpupin status`` names it),
+    ``.gpus`` (``Gpu(index, uuid)`` in bus order), ``.env`` (the whole environment the
+    daemon gave), ``.release()``; a context manager that releases on exit. The GPUs go
+    by themselves when the process ends."""
+
+    def __init__(self, holder, gpus, env, previous):
+        self.holder = holder
+        self.gpus = gpus
+        self.env = env
+        self._previous = previous
+        self.released = False
+
+    @property
+    def visible_devices(self):
+        """What CUDA_VISIBLE_DEVICES was set to."""
+        return self.env.get("CUDA_VISIBLE_DEVICES", "")
+
+    def release(self):
+        """Gives the GPUs back now and restores CUDA_VISIBLE_DEVICES and
+        CUDA_DEVICE_ORDER as they were; a second call does nothing."""
+        if self.released:
+            return
+        _ask({"op": "release", "id": self.holder, "exact": True, "ignore_missing": True})
+        self.released = True
+        for key, value in self._previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def __repr__(self):
+        return "Allocation(holder={!r}, gpus={!r})".format(self.holder, self.gpus)
+
+
+#: What acquire() sets in os.environ.
+_SET = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES")
+
+
+def acquire(count=1, policy=None, memory=None, wait=None):
+    """Holds ``count`` GPUs for this process until it ends (or ``release()``), and sets
+    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in ``os.environ``.
+
+    ``policy``: a placement policy (``pack``, ``spread`` ...; the daemon's default when
+    None). ``memory``: only GPUs with at least this much (``"40GiB"``, or bytes as an
+    int). ``wait``: seconds to wait in the daemon's queue for GPUs to free up, in arrival
+    order with everyone else's requests; without it a busy machine refuses at once.
+
+    Raises CudaInitialized if CUDA already runs in this process, Error with the daemon's
+    one line if it refuses (a limit, too few GPUs, a wait that ran out), ValueError for
+    a bad argument.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError("invalid count={!r}: expected a positive integer, such as 2".format(count))
+    evidence = cuda_in_use()
+    if evidence:
+        raise CudaInitialized(
+            "CUDA is already initialised in this process ({}): CUDA_VISIBLE_DEVICES would no longer count; call gpupin.acquire() before torch, tensorflow or cupy start CUDA".format(
+                evidence
+            )
+        )
+    pairs = [["gpupin.count", str(count)]]
+    if policy is not None:
+        if not isinstance(policy, str) or not policy:
+            raise ValueError("invalid policy={!r}: expected a policy name, such as \"pack\"".format(policy))
+        pairs.append(["gpupin.policy", policy])
+    if memory is not None:
+        if isinstance(memory, bool) or not isinstance(memory, (int, str)) or memory == "":
+            raise ValueError("invalid memory={!r}: expected a size, such as \"40GiB\", or bytes".format(memory))
+        pairs.append(["gpupin.memory", str(memory)])
+    timeout = REPLY_TIMEOUT
+    if wait is not None:
+        pairs.append(["gpupin.wait", _duration("wait", wait)])
+        timeout += wait
+    holder = "py-{}-{}".format(os.getpid(), secrets.token_hex(4))
+    reply = _ask(
+        {
+            "op": "hold",
+            "id": holder,
+            "devices": "",
+            "pid": os.getpid(),
+            "request": pairs,
+        },
+        timeout=timeout,
+    )
+    gpus = [Gpu(g.get("index"), g.get("uuid")) for g in reply.get("gpus", [])]
+    gpus.sort(key=lambda g: (g.index is None, g.index or 0))
+    env = dict(reply.get("env") or [])
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        # A daemon that gives no environment: indices in bus order, as gpupin exec's default.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(
+            str(i) for i in sorted(g.index for g in gpus if g.index is not None)
+        )
+    previous = {key: os.environ.get(key) for key in _SET}
+    for key in _SET:
+        os.environ[key] = env[key]
+    return Allocation(reply.get("holder", holder), gpus, env, previous)

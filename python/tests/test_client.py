@@ -1,0 +1,190 @@
+"""gpupin.acquire, release and status against a real gpupin serve (see conftest.py)."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import threading
+
+import pytest
+
+import gpupin
+from conftest import until
+
+
+def test_acquire_sets_the_environment_and_status_shows_the_holder_under_the_user(daemon, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    with gpupin.acquire(count=1) as held:
+        assert len(held.gpus) == 1
+        assert os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == str(held.gpus[0].index)
+        assert held.visible_devices == os.environ["CUDA_VISIBLE_DEVICES"]
+        shown = daemon.holder(held.holder)
+        assert shown is not None, "gpupin status shows the holder"
+        assert shown["owner"]["user"] == daemon.me
+        assert shown["owner"]["uid"] == os.getuid()
+        assert shown["pid"] == os.getpid(), "held for this very process"
+        assert shown["gpus"] == [held.gpus[0].uuid]
+        # The daemon's status op says the same.
+        assert gpupin.status()["holders"] == daemon.cli_status()["holders"]
+    assert held.released
+    assert daemon.holder(held.holder) is None
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert os.environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
+    held.release()  # a second release does nothing
+
+
+def test_the_gpus_go_when_the_process_exits(daemon):
+    child = daemon.python("import gpupin\nprint(gpupin.acquire(count=1).holder)\n")
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    holder = out.strip()
+    daemon.until_gone(holder)
+    assert daemon.mine() == []
+
+
+def test_the_gpus_go_when_the_process_is_killed_with_sigkill(daemon):
+    child, holder = daemon.holding_child(1)
+    assert daemon.holder(holder)["pid"] == child.pid
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    daemon.until_gone(holder)
+    assert daemon.mine() == []
+
+
+def test_a_limit_refuses_with_the_daemons_one_line_and_nothing_is_held(daemon, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    child, holder = daemon.holding_child(1)
+    try:
+        with pytest.raises(gpupin.Error) as refused:
+            gpupin.acquire(count=daemon.limit)
+        line = str(refused.value)
+        assert "\n" not in line
+        assert line == "{me} holds 1 GPU and {me} asks for {n} more; their limit is {n} (limits.max_gpus_per_user)".format(
+            me=daemon.me, n=daemon.limit
+        )
+        assert daemon.mine() == [holder], "nothing more is held"
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    daemon.until_gone(holder)
+
+
+def test_wait_gets_the_gpu_once_another_holder_releases(daemon, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # The child holds as many as the limit lets one user have, and more than are left
+    # free: a request for as many waits both for GPUs and for the user's limit.
+    assert daemon.limit > daemon.free - daemon.limit
+    child, holder = daemon.holding_child(daemon.limit)
+    try:
+        with pytest.raises(gpupin.Error):
+            gpupin.acquire(count=daemon.limit)  # no wait: refused at once
+        # Once this request waits in the queue, the other holder ends.
+        def release_when_queued():
+            until("the request waits in the queue", lambda: gpupin.status()["waiting"])
+            child.stdin.close()
+
+        releaser = threading.Thread(target=release_when_queued)
+        releaser.start()
+        with gpupin.acquire(count=daemon.limit, wait=120) as held:
+            assert daemon.holder(holder) is None, "it came after the other holder went"
+            assert len(held.gpus) == daemon.limit
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == ",".join(str(g.index) for g in held.gpus)
+        releaser.join()
+    finally:
+        if child.poll() is None:
+            child.stdin.close()
+        child.wait(timeout=60)
+
+
+def test_acquire_refuses_in_a_process_where_cuda_runs(daemon, tmp_path):
+    # A library named libcuda.so.1 mapped into the process, as the CUDA driver is once
+    # torch, tensorflow or cupy start CUDA: a copy of libm, which loads anywhere.
+    libm = next(
+        line.split()[5]
+        for line in open("/proc/self/maps")
+        if len(line.split()) == 6 and os.path.basename(line.split()[5]).startswith("libm.so")
+    )
+    fake = tmp_path / "libcuda.so.1"
+    shutil.copy(libm, str(fake))
+    child = daemon.python(
+        "import ctypes, gpupin, sys\n"
+        "ctypes.CDLL(sys.argv[1])\n".replace("sys.argv[1]", repr(str(fake)))
+        + "try:\n"
+        "    gpupin.acquire(count=1)\n"
+        "except gpupin.CudaInitialized as e:\n"
+        "    assert isinstance(e, gpupin.Error)\n"
+        "    print(e)\n"
+        "else:\n"
+        "    print('acquired')\n"
+    )
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert out.strip() == (
+        "CUDA is already initialised in this process ({} is loaded in this process): "
+        "CUDA_VISIBLE_DEVICES would no longer count; call gpupin.acquire() before torch, "
+        "tensorflow or cupy start CUDA".format(fake)
+    )
+    assert daemon.mine() == []
+
+
+def test_an_open_nvidia_device_counts_as_cuda_started(tmp_path):
+    fd = tmp_path / "fd"
+    fd.mkdir()
+    (tmp_path / "maps").write_text("7f00-7f01 r-xp 00000000 00:00 0 /usr/lib/libm.so.6\n")
+    os.symlink("/dev/null", str(fd / "0"))
+    assert gpupin.cuda_in_use(str(tmp_path)) is None
+    os.symlink("/dev/nvidiactl", str(fd / "5"))
+    assert gpupin.cuda_in_use(str(tmp_path)) == "this process has /dev/nvidiactl open"
+    assert gpupin.cuda_in_use() is None, "this test process has no CUDA"
+
+
+def test_a_user_cannot_hold_for_another_users_process(daemon):
+    ask = {"op": "hold", "id": "py-theirs", "devices": "", "request": [["gpupin.count", "1"]]}
+    with pytest.raises(gpupin.Error) as refused:
+        gpupin._ask(dict(ask, pid=1))  # init: root's
+    assert str(refused.value) == "pid 1 is not a process of uid {}".format(os.getuid())
+    with pytest.raises(gpupin.Error) as refused:
+        gpupin._ask(dict(ask, pid=os.getpid(), user="root"))
+    assert str(refused.value) == "only root may hold GPUs for another user (root)"
+    with pytest.raises(gpupin.Error) as refused:
+        gpupin._ask(dict(ask, until_release=True))
+    assert str(refused.value).startswith("only root may hold GPUs until released")
+    assert daemon.holder("py-theirs") is None
+    assert daemon.mine() == []
+
+
+def test_the_protocol_version_is_named_and_another_is_refused(daemon):
+    assert gpupin.hello()["v"] == 1
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(60)
+    sock.connect(os.environ["GPUPIN_SOCKET"])
+    sock.sendall(b'{"v":2,"op":"hello"}\n')
+    reply = json.loads(sock.makefile().readline())
+    sock.close()
+    assert reply["v"] == 1
+    assert reply["error"].startswith("protocol version 2 is not one this gpupin serve speaks (it speaks 1)")
+
+
+def test_bad_arguments_name_the_value():
+    for bad in (0, -1, True, "2", 1.5):
+        with pytest.raises(ValueError) as e:
+            gpupin.acquire(count=bad)
+        assert str(e.value).startswith("invalid count={!r}: expected".format(bad))
+    with pytest.raises(ValueError) as e:
+        gpupin.acquire(wait=-1)
+    assert str(e.value) == "invalid wait=-1: expected seconds as a number >= 0, such as 600"
+
+
+def test_no_daemon_is_one_line_saying_who_starts_it(tmp_path, monkeypatch):
+    path = str(tmp_path / "gpupin.sock")
+    monkeypatch.setenv("GPUPIN_SOCKET", path)
+    with pytest.raises(gpupin.Error) as e:
+        gpupin.status()
+    assert str(e.value) == (
+        "cannot reach gpupin serve at {}: no such socket: gpupin serve is not running "
+        "(an admin starts it: systemctl enable --now gpupin.socket)".format(path)
+    )

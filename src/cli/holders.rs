@@ -1,0 +1,20 @@
+//! `gpupin holders` (hidden): each holder as `gpupin status` shows it, one a line, for the
+//! shell completions of `release`, `evict`, `key` and `log --holder`.
+
+use gpupin::input::config::Config;
+use gpupin::state::ledger::Ledger;
+use std::process::ExitCode;
+
+pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
+    let mut names: Vec<String> = Ledger::read_only_for_config(config)?
+        .records()?
+        .iter()
+        .map(|r| r.shown_name().to_string())
+        .collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        outln!("{name}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
