@@ -240,6 +240,7 @@ fn synthetic(n: usize, gpu: &str, link: fn(usize, usize) -> Link) -> Inventory {
             minor: i as u32,
             numa_node: None,
             local_cpus: None,
+            mig: None,
         })
         .collect();
     let links = (0..n)
@@ -255,6 +256,7 @@ fn synthetic(n: usize, gpu: &str, link: fn(usize, usize) -> Link) -> Inventory {
         gpus,
         control_nodes: vec![],
         links: Some(links),
+        caps_major: None,
     }
 }
 

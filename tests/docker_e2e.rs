@@ -936,3 +936,48 @@ fn a_trusted_user_label_makes_a_container_the_users_and_limits_apply() {
     drop(root);
     drop(first);
 }
+
+/// `docker run --runtime gpupin -l gpupin.mig=1g.10gb` on the simulated A100 with MIG:
+/// the shim gives the container its instance's GPU node and exactly its two capability
+/// nodes, and NVIDIA_VISIBLE_DEVICES names the instance; `--gpus device=MIG-...` takes
+/// the named instance.
+#[test]
+fn the_shim_gives_a_mig_instance_its_capability_nodes_and_uuid() {
+    let Some(h) = harness(
+        "the_shim_gives_a_mig_instance_its_capability_nodes_and_uuid",
+        Need::Docker,
+    ) else {
+        return;
+    };
+    let slot = h.slot();
+    slot.reset_config(None);
+    let text_config = std::fs::read_to_string(&slot.config).unwrap();
+    write(
+        &slot.config,
+        &text_config.replace("sim:nvswitch8", "sim:dgxa100mig"),
+    );
+    let c = h.start(&slot.runtime, &["-l", "gpupin.mig=1g.10gb"]);
+    let held = slot.holders()[&c.id].clone();
+    assert_eq!(held.len(), 1);
+    assert!(held[0].starts_with("MIG-"), "{held:?}");
+    assert_eq!(c.visible(), held, "NVIDIA_VISIBLE_DEVICES vs gpupin status");
+    let caps: BTreeSet<String> = c
+        .exec(&["ls", "/dev/nvidia-caps"])
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        caps,
+        BTreeSet::from(["nvidia-cap84".to_string(), "nvidia-cap85".to_string()])
+    );
+    assert_eq!(c.gpu_nodes(), ["nvidia0"]);
+    // Docker's own --gpus with a MIG UUID: that instance, by the same rules.
+    let named = "MIG-5a1e000a-0000-4000-8000-000000000000";
+    let d = h.start(&slot.runtime, &["--gpus", &format!("\"device={named}\"")]);
+    assert_eq!(slot.holders()[&d.id], [named]);
+    let caps = d.exec(&["ls", "/dev/nvidia-caps"]);
+    assert_eq!(
+        caps.split_whitespace().collect::<Vec<_>>(),
+        ["nvidia-cap21", "nvidia-cap22"]
+    );
+}

@@ -91,6 +91,68 @@ fn dash_l_gives_names_and_uuids_but_no_memory_or_bus() {
     }
 }
 
+/// `nvidia-smi -L` on a GPU cut into MIG instances lists them indented under it: the
+/// import gives the instances of `sim:dgxa100mig` (UUIDs, profiles, addresses), without
+/// the GI and CI ids the list does not print.
+#[test]
+fn dash_l_with_mig_devices_gives_the_instances_under_their_gpu() {
+    let got = import(&[
+        &fixture("dgxa100.topo.txt"),
+        Path::new("--gpus"),
+        &fixture("dgxa100mig.gpus.txt"),
+    ]);
+    let sim = sim("dgxa100mig");
+    let shown = |inv: &Inventory| -> Vec<(String, String, String)> {
+        inv.mig_instances()
+            .map(|m| (m.address(), m.uuid.clone(), m.profile_name().to_string()))
+            .collect()
+    };
+    assert_eq!(shown(&got), shown(&sim));
+    assert!(got.mig_instances().all(|m| m.access.is_none()));
+    assert_eq!(got.gpus[0].uuid, sim.gpus[0].uuid);
+    assert!(!got.gpus[1].in_mig_mode());
+    // `gpupin inventory` on the imported file shows them under their parent.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("machine.json");
+    std::fs::write(&file, inventory::to_json(&got)).unwrap();
+    let config = dir.path().join("gpupin.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "inventory = {:?}\nstate_dir = {:?}\n",
+            file.display().to_string(),
+            dir.path().join("state").display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(GPUPIN)
+        .env("GPUPIN_CONFIG", &config)
+        .arg("inventory")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[1].contains("NVIDIA A100-SXM4-80GB [MIG mode]"),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with(" 0:0") && lines[2].contains("MIG 3g.40gb"),
+        "{text}"
+    );
+    assert!(
+        lines[5].contains("MIG 1g.10gb") && lines[5].contains("(no gi/ci)"),
+        "{text}"
+    );
+    assert!(lines[6].starts_with("1 "), "{text}");
+    assert!(text.contains("8 GPUs, 4 MIG instances"), "{text}");
+}
+
 #[test]
 fn an_old_driver_without_a_list_keeps_the_links() {
     let got = import(&[&fixture("cubemesh8-legacy.topo.txt")]);

@@ -88,6 +88,7 @@ pub fn machine<'a>(config: &'a Config, loaded: &'a Loaded) -> Machine<'a> {
         live: loaded.live.as_deref(),
         default_policy: config.policy,
         max_shared: config.max_shared,
+        mig_units: config.mig,
         limits: Some(&config.limits),
         processes: loaded.processes.as_deref(),
     }

@@ -10,7 +10,7 @@ use gpupin::model::holder::HolderId;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["devices", "count"])))]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(true).args(["devices", "count", "mig"])))]
 pub struct HoldArgs {
     /// The holder id, e.g. slurm-$SLURM_JOB_ID or maintenance-gpu7
     pub id: String,
@@ -18,8 +18,11 @@ pub struct HoldArgs {
     #[arg(long)]
     pub devices: Option<String>,
     /// How many GPUs, chosen by the policy as for a container (--gpus is the same)
-    #[arg(long, visible_alias = "gpus", conflicts_with_all = ["by_minor", "by_slurm_index"], value_parser = super::flag::positive())]
+    #[arg(long, visible_alias = "gpus", conflicts_with_all = ["devices", "by_minor", "by_slurm_index"], value_parser = super::flag::positive())]
     pub count: Option<u32>,
+    /// MIG instances of this profile (e.g. 1g.10gb), or "any"; --count says how many
+    #[arg(long, conflicts_with_all = ["devices", "by_minor", "by_slurm_index"])]
+    pub mig: Option<String>,
     /// Why the GPUs are held: shown in gpupin status and written to the audit log
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
@@ -73,11 +76,21 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             limited: false,
             within: args.within.clone(),
             count: args.count,
+            mig: args.mig.clone(),
             reason: args.reason.clone(),
             expires_at: for_secs.map(|s| gpupin::state::ledger::unix_now().saturating_add(s)),
         };
         let record = hold::hold(config, &spec, "cli")?;
-        let indices: Vec<String> = record.indices.iter().map(u32::to_string).collect();
+        // A MIG instance by its UUID: its index is its GPU's.
+        let indices: Vec<String> = record
+            .gpus
+            .iter()
+            .zip(&record.indices)
+            .map(|(uuid, i)| match uuid.starts_with("MIG-") {
+                true => uuid.clone(),
+                false => i.to_string(),
+            })
+            .collect();
         (record.id, indices)
     } else {
         let reply = Client::connect(&config.socket_path())?.ask(&Request::Hold {
@@ -89,6 +102,7 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             user: args.user.clone(),
             within: args.within.clone(),
             count: args.count,
+            mig: args.mig.clone(),
             reason: args.reason.clone(),
             for_secs,
             request: Vec::new(),
@@ -96,7 +110,10 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
         let indices = reply
             .gpus
             .iter()
-            .map(|g| g.index.map_or(g.uuid.clone(), |i| i.to_string()))
+            .map(|g| match (g.index, g.uuid.starts_with("MIG-")) {
+                (Some(i), false) => i.to_string(),
+                _ => g.uuid.clone(),
+            })
             .collect();
         (reply.holder.unwrap_or_default(), indices)
     };
@@ -129,10 +146,11 @@ fn slurm_minors(numbers: &str) -> anyhow::Result<String> {
         Some(node) => node,
         None => slurm::short_hostname().context("reading this host's name")?,
     };
-    let minors = slurm::minors(&gres_conf, &node, numbers)?;
-    Ok(minors
+    // A MIG instance (a MultipleFiles= line) as `gpu/cap/cap`, which --by-minor takes.
+    let units = slurm::units(&gres_conf, &node, numbers)?;
+    Ok(units
         .iter()
-        .map(u32::to_string)
+        .map(slurm::SlurmUnit::key)
         .collect::<Vec<_>>()
         .join(","))
 }

@@ -26,6 +26,9 @@ pub struct RequestArgs {
     /// Memory a shared holder reserves per GPU, e.g. 20GiB
     #[arg(long)]
     pub reserve: Option<String>,
+    /// MIG instances of this profile (e.g. 1g.10gb), or "any" (the smallest that fits --memory); --count says how many
+    #[arg(long)]
+    pub mig: Option<String>,
 }
 
 impl RequestArgs {
@@ -38,6 +41,7 @@ impl RequestArgs {
             (Key::Model, &self.model),
             (Key::Share, &self.share),
             (Key::Reserve, &self.reserve),
+            (Key::Mig, &self.mig),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.as_deref().map(|v| (k.as_str(), v)))

@@ -318,6 +318,7 @@ mod tests {
             minor,
             numa_node: None,
             local_cpus: None,
+            mig: None,
         }
     }
 

@@ -5,7 +5,7 @@
 use crate::admission::grant::{self, GrantError};
 use crate::host::inventory::Inventory;
 use crate::input::config::Config;
-use crate::input::request::{GpuRequest, Origin, Selection};
+use crate::input::request::{self, GpuRequest, Key, Origin, Selection};
 use crate::model::holder::{HolderId, HolderKind, Owner};
 use crate::state::ledger::{HolderMeta, Record, StillWanted};
 
@@ -29,6 +29,14 @@ pub enum HoldError {
     NoLifetime,
     #[error("give --devices LIST or --count N, not both")]
     DevicesAndCount,
+    #[error(
+        "no MIG instance of /dev/nvidia{gpu} has capability minors {caps}: gres.conf and the MIG geometry differ (gpupin inventory lists the instances)"
+    )]
+    UnknownMigMinors { gpu: u32, caps: String },
+    #[error("give --mig PROFILE (with --count N) or --devices LIST, not both")]
+    MigAndDevices,
+    #[error(transparent)]
+    Request(request::RequestError),
     #[error("invalid --count 0: expected a positive integer, such as 2")]
     ZeroCount,
     #[error("invalid --reason: {0}")]
@@ -51,6 +59,8 @@ pub struct Hold {
     pub within: Option<String>,
     /// How many GPUs, chosen by the policy, instead of `devices`.
     pub count: Option<u32>,
+    /// MIG instances of this profile, or `any` (`gpupin.mig`), `count` of them.
+    pub mig: Option<String>,
     /// Why, for status and the audit log (one line, at most `MAX_REASON` characters).
     pub reason: Option<String>,
     /// Seconds since the Unix epoch at which the hold ends by itself (`--for`).
@@ -87,20 +97,55 @@ pub fn hold_with(
             within: request.within.or_else(|| hold.within.clone()),
             ..request
         },
-        None => {
-            let selection = match (hold.count, hold.devices.trim().is_empty()) {
-                (Some(_), false) => return Err(HoldError::DevicesAndCount),
-                // The CLI takes no 0; a request to gpupin serve may say anything.
-                (Some(0), true) => return Err(HoldError::ZeroCount),
-                (Some(n), true) => Selection::Count(n),
-                (None, _) => Selection::Devices(device_keys(config, hold)?),
-            };
-            GpuRequest {
-                within: hold.within.clone(),
-                ..GpuRequest::new(selection, Origin::Cli)
+        None => match &hold.mig {
+            Some(mig) => mig_request(hold, mig)?,
+            None => {
+                let selection = match (hold.count, hold.devices.trim().is_empty()) {
+                    (Some(_), false) => return Err(HoldError::DevicesAndCount),
+                    // The CLI takes no 0; a request to gpupin serve may say anything.
+                    (Some(0), true) => return Err(HoldError::ZeroCount),
+                    (Some(n), true) => Selection::Count(n),
+                    (None, _) => Selection::Devices(device_keys(config, hold)?),
+                };
+                GpuRequest {
+                    within: hold.within.clone(),
+                    ..GpuRequest::new(selection, Origin::Cli)
+                }
             }
-        }
+        },
     };
+    grant_hold(config, hold, &request, still_wanted, source)
+}
+
+/// `--mig PROFILE [--count N]`: checked as `gpupin.mig` is everywhere.
+fn mig_request(hold: &Hold, mig: &str) -> Result<GpuRequest, HoldError> {
+    if !hold.devices.trim().is_empty() || hold.by_minor {
+        return Err(HoldError::MigAndDevices);
+    }
+    let count = hold.count.unwrap_or(1);
+    if count == 0 {
+        return Err(HoldError::ZeroCount);
+    }
+    let count = count.to_string();
+    let pairs = [
+        (Key::Mig.as_str(), mig),
+        (Key::Count.as_str(), count.as_str()),
+    ];
+    let Some(mut request) = request::from_pairs(&pairs, Origin::Cli).map_err(HoldError::Request)?
+    else {
+        return Err(HoldError::MigAndDevices);
+    };
+    request.within = hold.within.clone();
+    Ok(request)
+}
+
+fn grant_hold(
+    config: &Config,
+    hold: &Hold,
+    request: &GpuRequest,
+    still_wanted: Option<StillWanted>,
+    source: &str,
+) -> Result<Record, HoldError> {
     let meta = HolderMeta {
         source: source.to_string(),
         pid: hold.pid,
@@ -114,7 +159,7 @@ pub fn hold_with(
         still_wanted,
         ..HolderMeta::default()
     };
-    let (_, record) = grant::allocate(config, &hold.id, &request, meta)?;
+    let (_, record) = grant::allocate(config, &hold.id, request, meta)?;
     Ok(record)
 }
 
@@ -163,6 +208,9 @@ fn device_keys(config: &Config, hold: &Hold) -> Result<Vec<String>, HoldError> {
 fn by_minor(keys: &[String], inventory: &Inventory, value: &str) -> Result<Vec<String>, HoldError> {
     keys.iter()
         .map(|k| {
+            if k.contains('/') {
+                return mig_by_minors(k, inventory, value);
+            }
             let minor: u32 = k.parse().map_err(|_| HoldError::BadDevices {
                 value: value.to_string(),
                 expected: "expected comma-separated device minors, such as 0,1 (the N of /dev/nvidiaN)",
@@ -183,6 +231,40 @@ fn by_minor(keys: &[String], inventory: &Inventory, value: &str) -> Result<Vec<S
                 })
         })
         .collect()
+}
+
+/// A MIG instance by its GPU's minor and its capability minors (`0/84/85`, what
+/// `--by-slurm-index` makes of a gres.conf `MultipleFiles=` line).
+fn mig_by_minors(key: &str, inventory: &Inventory, value: &str) -> Result<String, HoldError> {
+    let bad = || HoldError::BadDevices {
+        value: value.to_string(),
+        expected: "expected device minors such as 0,1, a MIG instance as GPU/CAP/CAP (0/84/85)",
+    };
+    let numbers = key
+        .split('/')
+        .map(|n| n.parse::<u32>().ok())
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(bad)?;
+    let (gpu, mut caps) = match numbers.split_first() {
+        Some((gpu, caps)) if caps.len() == 2 => (*gpu, caps.to_vec()),
+        _ => return Err(bad()),
+    };
+    caps.sort_unstable();
+    inventory
+        .mig_instances()
+        .find(|m| {
+            m.parent_minor == gpu
+                && m.access.is_some_and(|a| {
+                    let mut own = [a.gi_minor, a.ci_minor];
+                    own.sort_unstable();
+                    own == caps.as_slice()
+                })
+        })
+        .map(|m| m.uuid.clone())
+        .ok_or_else(|| HoldError::UnknownMigMinors {
+            gpu,
+            caps: format!("{} and {}", caps[0], caps[1]),
+        })
 }
 
 /// Test fixtures: holds as root's tools make them.
@@ -206,6 +288,7 @@ pub(crate) mod testing {
             limited: false,
             within: None,
             count: None,
+            mig: None,
             reason: None,
             expires_at: None,
         };
@@ -245,6 +328,7 @@ mod tests {
             limited: false,
             within: None,
             count: None,
+            mig: None,
             reason: None,
             expires_at: None,
         }
@@ -264,6 +348,69 @@ mod tests {
         let path = dir.join("inventory.json");
         std::fs::write(&path, format!("{{\"gpus\": [{}]}}", gpus.join(","))).unwrap();
         path.display().to_string()
+    }
+
+    #[test]
+    fn mig_holds_instances_of_a_profile_and_is_checked_in_one_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path(), "sim:nvswitch8mig");
+        let asked = Hold {
+            mig: Some("1g.10gb".into()),
+            count: Some(3),
+            ..spec("", false)
+        };
+        let record = hold(&config, &asked, "test").unwrap();
+        assert_eq!(record.gpus.len(), 3);
+        assert!(
+            record.gpus.iter().all(|u| u.starts_with("MIG-")),
+            "{record:?}"
+        );
+        assert_eq!(record.indices, [0, 0, 0]);
+        let bad = Hold {
+            id: HolderId::new("m2").unwrap(),
+            mig: Some("10gb".into()),
+            ..spec("", false)
+        };
+        let err = hold(&config, &bad, "test").unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid --mig=\"10gb\": expected a MIG profile"),
+            "{err}"
+        );
+        let both = Hold {
+            id: HolderId::new("m3").unwrap(),
+            mig: Some("any".into()),
+            ..spec("1", false)
+        };
+        let err = hold(&config, &both, "test").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "give --mig PROFILE (with --count N) or --devices LIST, not both"
+        );
+    }
+
+    #[test]
+    fn by_minor_takes_a_mig_instance_as_gpu_and_cap_minors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path(), "sim:dgxa100mig");
+        let record = hold(&config, &spec("0/85/84,3", true), "test").unwrap();
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let mut want = vec![
+            inv.find_mig("0:2").unwrap().uuid.clone(),
+            inv.gpus[3].uuid.clone(),
+        ];
+        want.sort();
+        let mut got = record.gpus.clone();
+        got.sort();
+        assert_eq!(got, want);
+        let other = Hold {
+            id: HolderId::new("slurm-43").unwrap(),
+            ..spec("0/84/99", true)
+        };
+        let err = hold(&config, &other, "test").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "no MIG instance of /dev/nvidia0 has capability minors 84 and 99: gres.conf and the MIG geometry differ (gpupin inventory lists the instances)"
+        );
     }
 
     #[test]

@@ -207,10 +207,12 @@ pub(crate) mod testing {
                     minor: i,
                     numa_node: None,
                     local_cpus: None,
+                    mig: None,
                 })
                 .collect(),
             control_nodes: vec![],
             links: None,
+            caps_major: None,
         }
     }
 }

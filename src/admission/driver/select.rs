@@ -5,7 +5,7 @@
 use super::cdi::{self, ALL, Device, Found};
 use crate::admission::edits::{self, ContainerEdits};
 use crate::admission::foreign::VISIBLE_DEVICES;
-use crate::host::inventory::{DeviceNode, Gpu, Inventory};
+use crate::host::inventory::{DeviceNode, Gpu, Inventory, MigInstance};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -50,6 +50,14 @@ pub enum SelectError {
         uuid: String,
         minor: u32,
     },
+    #[error(
+        "no entry for MIG instance {address} ({uuid}) in CDI spec {files}: neither its UUID nor {address} is there; regenerate the spec (nvidia-ctk cdi generate)"
+    )]
+    MigNoEntry {
+        address: String,
+        uuid: String,
+        files: String,
+    },
     #[error("CDI specs {first} and {second} both have entry {name} for GPU {uuid}; remove one")]
     Duplicate {
         name: String,
@@ -77,11 +85,11 @@ pub fn edits_for(
     uuids: &[String],
 ) -> Result<CdiEdits, SelectError> {
     let mut chosen: Vec<(&Found, &Device)> = Vec::new();
-    for gpu in uuids
-        .iter()
-        .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
-    {
-        let entry = entry_for(found, gpu)?;
+    for uuid in uuids {
+        let entry = match unit_entry(found, inventory, uuid) {
+            Some(entry) => entry?,
+            None => continue,
+        };
         if !chosen
             .iter()
             .any(|(f, d)| f.path == entry.0.path && d.name == entry.1.name)
@@ -113,11 +121,11 @@ pub fn qualified_names(
     uuids: &[String],
 ) -> Result<Vec<String>, SelectError> {
     let mut names: Vec<String> = Vec::new();
-    for gpu in uuids
-        .iter()
-        .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
-    {
-        let (file, device) = entry_for(found, gpu)?;
+    for uuid in uuids {
+        let (file, device) = match unit_entry(found, inventory, uuid) {
+            Some(entry) => entry?,
+            None => continue,
+        };
         let name = format!("{}={}", file.spec.kind, device.name);
         if !names.contains(&name) {
             names.push(name);
@@ -154,6 +162,70 @@ fn others_nodes(
         }
     }
     withheld
+}
+
+/// The entry of the GPU or MIG instance `uuid`; `None` when the inventory has neither.
+fn unit_entry<'a>(
+    found: &'a [Found],
+    inventory: &Inventory,
+    uuid: &str,
+) -> Option<Result<(&'a Found, &'a Device), SelectError>> {
+    if let Some(gpu) = inventory.gpus.iter().find(|g| g.uuid == uuid) {
+        return Some(entry_for(found, gpu));
+    }
+    let instance = inventory.mig_instances().find(|m| m.uuid == uuid)?;
+    Some(mig_entry_for(found, instance))
+}
+
+/// The entry of one MIG instance, as `nvidia-ctk cdi generate` names it: by its UUID,
+/// else `<gpu index>:<mig index>`. An entry holding another GPU's node is stale.
+fn mig_entry_for<'a>(
+    found: &'a [Found],
+    instance: &MigInstance,
+) -> Result<(&'a Found, &'a Device), SelectError> {
+    let address = instance.address();
+    let entries = || {
+        found.iter().flat_map(|f| {
+            f.spec
+                .devices
+                .iter()
+                .filter(|d| d.name != ALL)
+                .map(move |d| (f, d))
+        })
+    };
+    let by_uuid: Vec<_> = entries()
+        .filter(|(_, d)| d.name.eq_ignore_ascii_case(&instance.uuid))
+        .collect();
+    let candidates = match by_uuid.is_empty() {
+        true => entries().filter(|(_, d)| d.name == address).collect(),
+        false => by_uuid,
+    };
+    let no_entry = || SelectError::MigNoEntry {
+        address: address.clone(),
+        uuid: instance.uuid.clone(),
+        files: files(found),
+    };
+    let best = candidates
+        .iter()
+        .map(|(f, _)| f.rank)
+        .max()
+        .ok_or_else(no_entry)?;
+    let (file, device) = *candidates
+        .iter()
+        .find(|(f, _)| f.rank == best)
+        .ok_or_else(no_entry)?;
+    let node = format!("/dev/nvidia{}", instance.parent_minor);
+    if let Some(other) = gpu_nodes(device).find(|n| *n != node) {
+        return Err(SelectError::Stale {
+            path: file.path.clone(),
+            name: device.name.clone(),
+            node: other.to_string(),
+            index: instance.parent_index,
+            uuid: instance.uuid.clone(),
+            minor: instance.parent_minor,
+        });
+    }
+    Ok((file, device))
 }
 
 /// The entry of one GPU: named by its UUID, else the one holding `/dev/nvidia<minor>`
@@ -580,6 +652,55 @@ mod tests {
         let e = edits_for(&specs, &machine(4), &uuids(&["GPU-test-3"])).unwrap();
         assert!(node_paths(&e).contains(&"/dev/nvidia3"), "{e:?}");
         assert!(!node_paths(&e).contains(&"/dev/nvidia0"), "{e:?}");
+    }
+
+    /// nvidia-ctk's MIG entries: `<gpu>:<mig>` and the MIG UUID, each with the GPU's node
+    /// and the instance's two capability nodes.
+    #[test]
+    fn a_mig_instance_gets_its_entry_by_uuid_or_address() {
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let instance = inv.find_mig("0:2").unwrap();
+        let gpus: Vec<(u32, String, u32)> = inv
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.clone(), g.minor))
+            .collect();
+        let refs: Vec<(u32, &str, u32)> =
+            gpus.iter().map(|(i, u, m)| (*i, u.as_str(), *m)).collect();
+        let mig_entry = |name: &str| {
+            format!(
+                "  - name: \"{name}\"\n    containerEdits:\n      deviceNodes:\n        - {{path: /dev/nvidia0, major: 195, minor: 0}}\n        - {{path: /dev/nvidia-caps/nvidia-cap84, major: 237, minor: 84}}\n        - {{path: /dev/nvidia-caps/nvidia-cap85, major: 237, minor: 85}}\n"
+            )
+        };
+        let base = spec_text(&refs);
+        let (head, tail) = base.split_at(base.find("  - name: all").unwrap());
+        for name in ["0:2", instance.uuid.as_str()] {
+            let text = format!("{head}{}{tail}", mig_entry(name));
+            let specs = [found("/etc/cdi/nvidia.yaml", 0, &text)];
+            let e = edits_for(&specs, &inv, &uuids(&[instance.uuid.as_str()])).unwrap();
+            assert_eq!(
+                node_paths(&e),
+                [
+                    "/dev/nvidiactl",
+                    "/dev/nvidia-uvm",
+                    "/dev/nvidia0",
+                    "/dev/nvidia-caps/nvidia-cap84",
+                    "/dev/nvidia-caps/nvidia-cap85"
+                ],
+                "{name}"
+            );
+            let names = qualified_names(&specs, &inv, &uuids(&[instance.uuid.as_str()])).unwrap();
+            assert_eq!(names, [format!("nvidia.com/gpu={name}")]);
+        }
+        let specs = [found("/etc/cdi/nvidia.yaml", 0, &base)];
+        let err = edits_for(&specs, &inv, &uuids(&[instance.uuid.as_str()]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("no entry for MIG instance 0:2 (MIG-")
+                && err.ends_with("regenerate the spec (nvidia-ctk cdi generate)"),
+            "{err}"
+        );
     }
 
     #[test]

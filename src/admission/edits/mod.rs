@@ -122,14 +122,23 @@ impl ContainerEdits {
     /// its GPUs is read from here (a container's edits, a pod's `Allocate` answer, a
     /// job's device rules), so that they cannot differ.
     pub fn gpus_of(inventory: &Inventory, record: &Record) -> Self {
+        let nodes = inventory.nodes_for(&record.gpus);
+        // Every other GPU's node, and every other MIG instance's capability nodes: the
+        // node of a GPU whose instance the record holds is given, not withheld.
         let withheld = inventory
             .gpus
             .iter()
-            .filter(|g| !record.gpus.contains(&g.uuid))
             .map(|g| inventory.gpu_node(g))
+            .chain(
+                inventory
+                    .mig_instances()
+                    .filter(|m| !record.gpus.contains(&m.uuid))
+                    .flat_map(|m| inventory.mig_cap_nodes(m)),
+            )
+            .filter(|n| !nodes.contains(n))
             .collect();
         ContainerEdits {
-            nodes: inventory.nodes_for(&record.gpus),
+            nodes,
             withheld,
             env: vec![(VISIBLE_DEVICES.to_string(), record.gpus.join(","))],
             ..ContainerEdits::default()
@@ -186,6 +195,45 @@ mod tests {
             created_at: 0,
             ..crate::state::ledger::testing::record("c1", gpus)
         }
+    }
+
+    #[test]
+    fn a_mig_instance_gives_its_gpus_node_and_its_two_capability_nodes() {
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let instance = inv.find_mig("0:2").unwrap();
+        let edits = ContainerEdits::gpus_of(&inv, &record(&[instance.uuid.as_str()]));
+        let paths = |nodes: &[DeviceNode]| -> Vec<String> {
+            nodes.iter().map(|n| n.path.clone()).collect()
+        };
+        assert_eq!(
+            paths(&edits.nodes)[..3],
+            [
+                "/dev/nvidia0",
+                "/dev/nvidia-caps/nvidia-cap84",
+                "/dev/nvidia-caps/nvidia-cap85"
+            ]
+        );
+        assert_eq!(edits.nodes[1].major, 511);
+        assert_eq!(
+            edits.env,
+            [(VISIBLE_DEVICES.to_string(), instance.uuid.clone())]
+        );
+        // The other GPUs and the other instances' capability nodes are withheld; the
+        // instance's own GPU is not.
+        let withheld = paths(&edits.withheld);
+        assert!(!withheld.contains(&"/dev/nvidia0".to_string()));
+        assert!(withheld.contains(&"/dev/nvidia1".to_string()));
+        for other in ["21", "22", "30", "31", "93", "94"] {
+            assert!(
+                withheld.contains(&format!("/dev/nvidia-caps/nvidia-cap{other}")),
+                "{withheld:?}"
+            );
+        }
+        assert!(
+            !withheld
+                .iter()
+                .any(|p| p.ends_with("cap84") || p.ends_with("cap85"))
+        );
     }
 
     #[test]

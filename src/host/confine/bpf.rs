@@ -74,23 +74,27 @@ pub(super) fn attach(dir: &Path, rules: &DeviceRules) -> Result<(), ConfineError
     })
 }
 
-/// Denies char devices of `gpu_major` with a denied minor, allows everything else.
-/// 32-bit compares (JMP32, Linux 5.1) match the u32 fields exactly, whatever the value.
+/// Denies char devices with a denied (major, minor): the other GPUs' nodes and the other
+/// MIG instances' capability nodes; allows everything else. 32-bit compares (JMP32,
+/// Linux 5.1) match the u32 fields exactly, whatever the value.
 pub(super) fn program(rules: &DeviceRules) -> Vec<Insn> {
-    let denied = &rules.denied_minors;
+    let denied = rules.denied_nodes();
     // r1 = struct bpf_cgroup_dev_ctx { u32 access_type; u32 major; u32 minor; }
-    let allow = 6 + denied.len(); // index of the allow exit
+    // r3 = major, r2 = minor; each denied node is two compares: a major that differs
+    // skips its minor's compare.
+    let allow = 5 + 2 * denied.len(); // index of the allow exit
     let to = |from: usize, target: usize| (target - from - 1) as i16;
     let mut prog = vec![
         insn(LDX_MEM_W, 2, 1, 0, 0),
         insn(ALU32_AND_K, 2, 0, 0, 0xffff),
         insn(JMP32_JNE_K, 2, 0, to(2, allow), BPF_DEVCG_DEV_CHAR),
-        insn(LDX_MEM_W, 2, 1, 4, 0),
-        insn(JMP32_JNE_K, 2, 0, to(4, allow), rules.gpu_major as i32),
+        insn(LDX_MEM_W, 3, 1, 4, 0),
         insn(LDX_MEM_W, 2, 1, 8, 0),
     ];
-    for (i, &minor) in denied.iter().enumerate() {
-        prog.push(insn(JMP32_JEQ_K, 2, 0, to(6 + i, allow + 2), minor as i32));
+    for (i, &(major, minor)) in denied.iter().enumerate() {
+        let at = 5 + 2 * i;
+        prog.push(insn(JMP32_JNE_K, 3, 0, 1, major as i32));
+        prog.push(insn(JMP32_JEQ_K, 2, 0, to(at + 1, allow + 2), minor as i32));
     }
     prog.extend([
         insn(ALU64_MOV_K, 0, 0, 0, 1),
@@ -215,10 +219,7 @@ mod tests {
 
     #[test]
     fn denies_exactly_the_other_gpus_char_nodes() {
-        let rules = DeviceRules {
-            gpu_major: 195,
-            denied_minors: vec![1, 3, 0x8000_0001],
-        };
+        let rules = DeviceRules::deny(195, [1, 3, 0x8000_0001]);
         let prog = program(&rules);
         assert!(!run(&prog, CHAR, 195, 1));
         assert!(!run(&prog, CHAR, 195, 3));
@@ -230,11 +231,24 @@ mod tests {
     }
 
     #[test]
+    fn denies_the_other_mig_instances_capability_nodes_by_their_own_major() {
+        // A job on GPU 0's instance with caps 84 and 85: GPU 1 and the other instances'
+        // caps are denied; its own caps, and GPU minors equal to a denied cap, are not.
+        let rules = DeviceRules::deny(195, [1]).with_caps(237, [21, 22, 93, 94]);
+        let prog = program(&rules);
+        assert!(!run(&prog, CHAR, 195, 1));
+        assert!(!run(&prog, CHAR, 237, 21));
+        assert!(!run(&prog, CHAR, 237, 94));
+        assert!(run(&prog, CHAR, 237, 84), "its own GI's cap");
+        assert!(run(&prog, CHAR, 237, 85), "its own CI's cap");
+        assert!(run(&prog, CHAR, 195, 0), "its own GPU");
+        assert!(run(&prog, CHAR, 195, 21), "a GPU minor is not a cap minor");
+        assert!(run(&prog, CHAR, 237, 1), "a cap minor is not a GPU minor");
+    }
+
+    #[test]
     fn no_denied_minor_allows_everything() {
-        let prog = program(&DeviceRules {
-            gpu_major: 195,
-            denied_minors: vec![],
-        });
+        let prog = program(&DeviceRules::deny(195, []));
         assert!(run(&prog, CHAR, 195, 3));
         assert!(run(&prog, BLOCK, 8, 0));
     }

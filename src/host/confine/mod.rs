@@ -81,11 +81,16 @@ impl fmt::Display for Confine {
     }
 }
 
-/// Which NVIDIA GPU nodes a job may NOT open: every GPU of the machine but its own.
+/// Which NVIDIA GPU nodes a job may NOT open: every GPU of the machine but its own, and
+/// every MIG capability node but those of its own instances.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceRules {
     pub gpu_major: u32,
     pub denied_minors: Vec<u32>,
+    /// Major of `/dev/nvidia-caps/nvidia-cap<N>` (`nvidia-caps`); 0 with no denied caps.
+    pub caps_major: u32,
+    /// Capability minors of the MIG instances the job does not hold.
+    pub denied_caps: Vec<u32>,
 }
 
 impl DeviceRules {
@@ -102,7 +107,26 @@ impl DeviceRules {
         DeviceRules {
             gpu_major,
             denied_minors,
+            caps_major: 0,
+            denied_caps: Vec::new(),
         }
+    }
+
+    /// These rules, also denying the MIG capability nodes `minors` of major `caps_major`.
+    pub fn with_caps(mut self, caps_major: u32, minors: impl IntoIterator<Item = u32>) -> Self {
+        let mut denied: Vec<u32> = minors.into_iter().collect();
+        denied.sort_unstable();
+        denied.dedup();
+        self.caps_major = caps_major;
+        self.denied_caps = denied;
+        self
+    }
+
+    /// Every denied node as (major, minor): the GPUs', then the capability nodes'.
+    fn denied_nodes(&self) -> Vec<(u32, u32)> {
+        let gpus = self.denied_minors.iter().map(|&m| (self.gpu_major, m));
+        let caps = self.denied_caps.iter().map(|&m| (self.caps_major, m));
+        gpus.chain(caps).collect()
     }
 
     fn denies(&self, minor: u32) -> bool {

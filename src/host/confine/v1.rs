@@ -22,7 +22,7 @@ const DRIVER_MINORS: std::ops::RangeInclusive<u32> = 0..=255;
 
 pub(super) fn apply(dir: &Path, rules: &DeviceRules) -> Result<(), ConfineError> {
     let major = rules.gpu_major;
-    for minor in &rules.denied_minors {
+    for (major, minor) in rules.denied_nodes() {
         dir::write(dir, "devices.deny", &format!("c {major}:{minor} rwm"))?;
     }
     let list = read_list(dir)?;
@@ -46,23 +46,23 @@ pub(super) fn apply(dir: &Path, rules: &DeviceRules) -> Result<(), ConfineError>
     verify(dir, rules)
 }
 
-/// Fails when an entry of `dir`'s devices.list still opens a denied GPU; an entry that
-/// does not parse counts as one that does.
+/// Fails when an entry of `dir`'s devices.list still opens a denied node (a GPU, or a
+/// MIG capability node, whose wildcards are not rewritten: such a parent fails closed);
+/// an entry that does not parse counts as one that does.
 fn verify(dir: &Path, rules: &DeviceRules) -> Result<(), ConfineError> {
     let path = dir.join("devices.list");
     let text = read(&path)?;
+    let denied_nodes = rules.denied_nodes();
     for line in text.lines() {
         let entry = Entry::parse(line);
-        let denied = rules.denied_minors.iter().find(|&&minor| {
-            entry
-                .as_ref()
-                .is_none_or(|e| e.opens(rules.gpu_major, minor))
-        });
-        if let Some(&minor) = denied {
+        let denied = denied_nodes
+            .iter()
+            .find(|&&(major, minor)| entry.as_ref().is_none_or(|e| e.opens(major, minor)));
+        if let Some(&(major, minor)) = denied {
             return Err(ConfineError::RuleNotTaken {
                 path,
                 entry: line.to_owned(),
-                major: rules.gpu_major,
+                major,
                 minor,
             });
         }
@@ -161,10 +161,7 @@ mod tests {
 
     #[test]
     fn an_entry_still_opening_a_denied_gpu_is_reported() {
-        let rules = DeviceRules {
-            gpu_major: 195,
-            denied_minors: vec![2, 3],
-        };
+        let rules = DeviceRules::deny(195, [2, 3]).with_caps(237, [30]);
         let tmp = fake_list("c 1:3 rwm\nc 195:1 rwm\nc 195:3 rw\n");
         let err = verify(tmp.path(), &rules).unwrap_err();
         assert!(
@@ -173,6 +170,19 @@ mod tests {
         );
         let tmp = fake_list("c 1:3 rwm\nc 195:1 rwm\nc *:* m\n");
         verify(tmp.path(), &rules).unwrap();
+        let tmp = fake_list("c 195:1 rwm\nc 237:* rw\n");
+        let err = verify(tmp.path(), &rules).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfineError::RuleNotTaken {
+                    major: 237,
+                    minor: 30,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         let tmp = fake_list("c 195:1 rwm\nsomething new\n");
         assert!(
             verify(tmp.path(), &rules).is_err(),

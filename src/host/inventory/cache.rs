@@ -7,7 +7,11 @@
 //! `source` is the configured source (`auto`, `nvml`, `procfs`), `backend` the one that
 //! answered. The cache is used only when both the boot id
 //! (/proc/sys/kernel/random/boot_id) and `source` match: GPUs, minors and majors can change
-//! across reboots, and another source must probe again. An unreadable or invalid cache is
+//! across reboots, and another source must probe again. Where GPUs are cut into MIG
+//! instances, `boot_id` also names the MIG geometry (`procfs::mig_geometry`: which
+//! compute instances the driver's capabilities tree shows), since an admin creates and
+//! destroys instances without a reboot: a changed geometry is probed again, and an
+//! instance that is gone is no longer in the inventory. An unreadable or invalid cache is
 //! probed over. It is not written
 //! - when the state dir does not exist: the ledger owns and creates it;
 //! - when the boot id is unreadable: the cache could never be validated;
@@ -54,9 +58,19 @@ pub fn probe_and_store(
     })
 }
 
+/// The boot id, with the MIG geometry after it where there is one (the module docs say why).
 fn boot_id() -> Option<String> {
     let id = std::fs::read_to_string(BOOT_ID).ok()?;
-    Some(id.trim().to_string()).filter(|id| !id.is_empty())
+    let id = Some(id.trim().to_string()).filter(|id| !id.is_empty())?;
+    Some(with_geometry(id, &procfs::mig_geometry(Path::new("/proc"))))
+}
+
+/// Without MIG the stamp stays the bare boot id, so caches written before MIG stay valid.
+fn with_geometry(boot_id: String, geometry: &str) -> String {
+    match geometry.is_empty() {
+        true => boot_id,
+        false => format!("{boot_id} mig:{geometry}"),
+    }
 }
 
 fn probe(source: &InventorySource, access: &NvmlAccess) -> Result<Inventory, InventoryError> {
@@ -215,6 +229,30 @@ mod tests {
         // The last probe replaced the cache: nvml on b2 is now cached.
         load_or_probe_with(&nvml, dir.path(), Some("b2"), counting(&calls, &inv)).unwrap();
         assert_eq!(calls.get(), 3);
+    }
+
+    #[test]
+    fn a_new_mig_geometry_probes_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        let caps = proc.join("driver/nvidia/capabilities/gpu0/mig");
+        let stamp = || with_geometry("b1".into(), &procfs::mig_geometry(&proc));
+        assert_eq!(stamp(), "b1");
+        std::fs::create_dir_all(caps.join("gi1/ci0")).unwrap();
+        assert_eq!(stamp(), "b1 mig:gpu0/gi1/ci0");
+        let (calls, inv) = (Cell::new(0), machine("procfs"));
+        let procfs = InventorySource::Procfs;
+        let first = stamp();
+        load_or_probe_with(&procfs, dir.path(), Some(&first), counting(&calls, &inv)).unwrap();
+        load_or_probe_with(&procfs, dir.path(), Some(&stamp()), counting(&calls, &inv)).unwrap();
+        assert_eq!(calls.get(), 1);
+        // An admin destroys GI 1 and creates GI 2 with two compute instances.
+        std::fs::remove_dir_all(caps.join("gi1")).unwrap();
+        std::fs::create_dir_all(caps.join("gi2/ci0")).unwrap();
+        std::fs::create_dir_all(caps.join("gi2/ci1")).unwrap();
+        assert_eq!(stamp(), "b1 mig:gpu0/gi2/ci0,gpu0/gi2/ci1");
+        load_or_probe_with(&procfs, dir.path(), Some(&stamp()), counting(&calls, &inv)).unwrap();
+        assert_eq!(calls.get(), 2);
     }
 
     #[test]

@@ -36,7 +36,11 @@
 //!   - `pci_bus_id` (required): in NVML's form, `00000000:17:00.0`;
 //!   - `minor` (required): the device minor, `/dev/nvidia<minor>`; need not equal `index`;
 //!   - `numa_node` (optional): the NUMA node the GPU is attached to;
-//!   - `local_cpus` (optional): the host CPUs near the GPU as a cpulist, `0-15,32-47`.
+//!   - `local_cpus` (optional): the host CPUs near the GPU as a cpulist, `0-15,32-47`;
+//!   - `mig` (optional): present when the GPU is in MIG mode, its instances (`mig_file`).
+//! - `caps_major` (optional): major of the MIG capability nodes (`nvidia-caps` in
+//!   `/proc/devices`, assigned dynamically). Default where a GPU is in MIG mode: 511, a
+//!   stand-in as the uvm major is; none otherwise.
 //! - `topology` (optional): an n x n matrix in `nvidia-smi topo -m` notation (`X`, `NVS`,
 //!   `NV<n>`, `PIX`, `PXB`, `PHB`, `NODE`, `SYS`), rows and columns in the order of `gpus` in
 //!   the file. `X` on the diagonal and only there; the matrix must be symmetric.
@@ -46,7 +50,7 @@
 //! load. `to_json` writes this format with memory in bytes; the `source` of an inventory
 //! is not part of it: `from_json` takes it from the file's path.
 
-use super::{DeviceNode, Gpu, Inventory, InventoryError, Link, cpulist};
+use super::{DeviceNode, Gpu, Inventory, InventoryError, Link, cpulist, mig_file};
 use crate::base::safe_open::{self, Links};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -59,6 +63,8 @@ use std::path::Path;
 pub(super) const DEFAULT_GPU_MAJOR: u32 = 195;
 /// A stand-in for the dynamically assigned `nvidia-uvm` major (see the module docs).
 pub(super) const DEFAULT_UVM_MAJOR: u32 = 510;
+/// A stand-in for the dynamically assigned `nvidia-caps` major (see the module docs).
+pub(super) const DEFAULT_CAPS_MAJOR: u32 = 511;
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,6 +76,8 @@ struct Doc {
     gpus: Vec<DocGpu>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     topology: Option<Vec<Vec<Link>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    caps_major: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -95,6 +103,9 @@ struct DocGpu {
     numa_node: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     local_cpus: Option<String>,
+    /// Present when the GPU is in MIG mode (`mig_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mig: Option<Vec<mig_file::DocMig>>,
 }
 
 fn default_gpu_major() -> u32 {
@@ -172,6 +183,7 @@ fn build(doc: Doc, source: String) -> Result<Inventory, String> {
     check_unique(&gpus, "uuid", |g| g.uuid.to_ascii_lowercase())?;
     check_unique(&gpus, "minor", |g| g.minor)?;
     check_unique(&gpus, "pci_bus_id", |g| g.pci_bus_id.to_ascii_lowercase())?;
+    mig_file::check_unique(&gpus)?;
     let control_nodes = match doc.control_nodes {
         Some(nodes) => nodes
             .into_iter()
@@ -184,12 +196,14 @@ fn build(doc: Doc, source: String) -> Result<Inventory, String> {
         check_topology(matrix, gpus.len())?;
     }
     let (gpus, links) = sort_by_index(gpus, doc.topology);
+    let has_mig = gpus.iter().any(Gpu::in_mig_mode);
     Ok(Inventory {
         source,
         gpu_major: doc.gpu_major,
         gpus,
         control_nodes,
         links,
+        caps_major: doc.caps_major.or(has_mig.then_some(DEFAULT_CAPS_MAJOR)),
     })
 }
 
@@ -210,7 +224,7 @@ fn convert_gpu(i: usize, g: DocGpu) -> Result<Gpu, String> {
     }
     let memory_bytes =
         memory_bytes(&g.memory).map_err(|why| format!("gpus[{i}].memory {}: {why}", g.memory))?;
-    Ok(Gpu {
+    let mut gpu = Gpu {
         index: g.index,
         uuid: g.uuid,
         name: g.name,
@@ -219,7 +233,12 @@ fn convert_gpu(i: usize, g: DocGpu) -> Result<Gpu, String> {
         minor: g.minor,
         numa_node: g.numa_node,
         local_cpus: g.local_cpus,
-    })
+        mig: None,
+    };
+    if let Some(docs) = g.mig {
+        gpu.mig = Some(mig_file::convert(i, &gpu, docs, self::memory_bytes)?);
+    }
+    Ok(gpu)
 }
 
 /// UUIDs end up in NVIDIA_VISIBLE_DEVICES, a comma-separated list where a `GPU-` prefix
@@ -373,6 +392,7 @@ fn to_doc(inv: &Inventory) -> Doc {
         ),
         gpus: inv.gpus.iter().map(to_doc_gpu).collect(),
         topology: inv.links.clone(),
+        caps_major: inv.caps_major,
     }
 }
 
@@ -386,6 +406,10 @@ fn to_doc_gpu(g: &Gpu) -> DocGpu {
         minor: g.minor,
         numa_node: g.numa_node,
         local_cpus: g.local_cpus.clone(),
+        mig: g
+            .mig
+            .as_ref()
+            .map(|list| list.iter().map(mig_file::to_doc).collect()),
     }
 }
 
@@ -463,6 +487,7 @@ impl serde_json::ser::Formatter for RowFormatter {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::host::inventory::MigAccess;
 
     const ORIGIN: &str = "/etc/gpupin/machine.json";
 
@@ -549,6 +574,82 @@ pub(super) mod tests {
         assert!(written.contains(r#"["X", "NV12"]"#), "{written}");
         let value = to_value(&inv);
         assert_eq!(from_value(value, Path::new(ORIGIN)).unwrap(), inv);
+    }
+
+    fn with_mig(mig: &str) -> String {
+        two_gpus("").replace(r#""minor":7}"#, &format!(r#""minor":7,"mig":{mig}}}"#))
+    }
+
+    const MIG_1G: &str =
+        r#"{"index":1,"uuid":"MIG-b","profile":"1g.10gb","memory":"9728MiB","gi":9,"ci":0}"#;
+    const MIG_3G: &str = r#"{"index":0,"uuid":"MIG-a","profile":"3g.40gb","gi":2,"ci":0,"gi_minor":500,"ci_minor":501}"#;
+
+    #[test]
+    fn mig_instances_sit_under_their_parent_and_round_trip() {
+        let inv = parse(&with_mig(&format!("[{MIG_1G},{MIG_3G}]"))).unwrap();
+        let parent = &inv.gpus[0];
+        assert_eq!((parent.index, parent.minor), (0, 7));
+        let mig = parent.mig_instances();
+        assert_eq!(mig[0].profile_name(), "3g.40gb");
+        assert_eq!(mig[0].access.unwrap().gi_minor, 500);
+        // Minors left out come from the driver's table, for the parent's minor 7.
+        assert_eq!(mig[1].access, Some(MigAccess::standard(7, 9, 0)));
+        assert_eq!(mig[1].memory_bytes, 9728 << 20);
+        assert_eq!((mig[1].parent_index, mig[1].parent_minor), (0, 7));
+        assert_eq!(mig[1].parent_uuid, "GPU-0");
+        assert!(!inv.gpus[1].in_mig_mode());
+        assert_eq!(inv.find_mig("0:1").unwrap().uuid, "MIG-b");
+        assert_eq!(parse(&to_json(&inv)).unwrap(), inv);
+        // MIG mode with no instances is kept as such.
+        let empty = parse(&with_mig("[]")).unwrap();
+        assert!(empty.gpus[0].in_mig_mode());
+        assert_eq!(parse(&to_json(&empty)).unwrap(), empty);
+        // An instance without ids: modelled, not given.
+        let bare = parse(&with_mig(r#"[{"index":0,"uuid":"MIG-c"}]"#)).unwrap();
+        assert_eq!(bare.gpus[0].mig_instances()[0].access, None);
+        assert_eq!(bare.gpus[0].mig_instances()[0].profile_name(), "unknown");
+    }
+
+    #[test]
+    fn rejects_bad_mig_instances() {
+        assert_err(
+            &with_mig(r#"[{"index":0,"uuid":"GPU-x"}]"#),
+            "gpus[1].mig[0].uuid \"GPU-x\": expected MIG-",
+        );
+        assert_err(
+            &with_mig(r#"[{"index":0,"uuid":"MIG-x","profile":"big"}]"#),
+            "gpus[1].mig[0].profile \"big\": expected a MIG profile such as 1g.10gb",
+        );
+        assert_err(
+            &with_mig(r#"[{"index":0,"uuid":"MIG-x","gi":1}]"#),
+            "gpus[1].mig[0]: gi and ci go together",
+        );
+        assert_err(
+            &with_mig(&format!("[{MIG_1G},{}]", MIG_1G.replace("MIG-b", "MIG-c"))),
+            "MIG instance 0:1: index 1 is listed twice under GPU index 0",
+        );
+        assert_err(
+            &with_mig(&format!("[{MIG_1G},{}]", MIG_3G.replace("MIG-a", "MIG-B"))),
+            "MIG instance 0:1: uuid \"MIG-b\" is also used by MIG instance 0:0",
+        );
+        assert_err(
+            &with_mig(&format!(
+                "[{MIG_3G},{}]",
+                MIG_1G.replace("\"gi\":9", "\"gi\":2")
+            )),
+            "MIG instance 0:1: gi 2 ci 0 is also used by MIG instance 0:0",
+        );
+        assert_err(
+            &with_mig(&format!(
+                "[{MIG_3G},{}]",
+                MIG_1G.replace("\"ci\":0", "\"ci\":0,\"gi_minor\":9,\"ci_minor\":501")
+            )),
+            "capability minor 501 is also used by MIG instance 0:0",
+        );
+        assert_err(
+            &with_mig(r#"[{"index":0,"uuid":"MIG-x","size":1}]"#),
+            "unknown field `size`",
+        );
     }
 
     #[test]

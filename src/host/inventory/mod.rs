@@ -10,11 +10,13 @@ pub mod import;
 mod link;
 pub mod live;
 mod live_cache;
+mod mig_file;
 mod nvml;
 pub mod nvml_helper;
 mod procfs;
 pub(crate) mod sim;
 
+pub use crate::model::mig::{MigAccess, MigInstance};
 pub use file::{from_json, to_json};
 pub use link::Link;
 pub use live::{GpuProcess, Live};
@@ -58,6 +60,21 @@ pub struct Gpu {
     pub numa_node: Option<u32>,
     /// Host CPUs local to the GPU, as a cpulist (`0-15,32-47`).
     pub local_cpus: Option<String>,
+    /// `None`: not in MIG mode, the GPU is a unit. `Some`: in MIG mode, never handed out
+    /// whole; its instances (sorted by their index, maybe none) are the units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<Vec<MigInstance>>,
+}
+
+impl Gpu {
+    pub fn in_mig_mode(&self) -> bool {
+        self.mig.is_some()
+    }
+
+    /// The GPU's MIG instances; none when it is not in MIG mode.
+    pub fn mig_instances(&self) -> &[MigInstance] {
+        self.mig.as_deref().unwrap_or(&[])
+    }
 }
 
 /// A character device node a container needs, with its path inside the container.
@@ -82,6 +99,10 @@ pub struct Inventory {
     pub control_nodes: Vec<DeviceNode>,
     /// Pairwise links, `links[a][b]` for positions a, b in `gpus`; `None` when unknown.
     pub links: Option<Vec<Vec<Link>>>,
+    /// Major of the MIG capability nodes `/dev/nvidia-caps/nvidia-cap<N>` (`nvidia-caps`
+    /// in /proc/devices, assigned dynamically); `None` where the driver has none, and
+    /// then no MIG instance can be given.
+    pub caps_major: Option<u32>,
 }
 
 impl Inventory {
@@ -108,14 +129,82 @@ impl Inventory {
         })
     }
 
-    /// The nodes a container holding `uuids` needs: its GPUs' nodes, then the control
+    /// The nodes a container holding `uuids` needs: its GPUs' nodes (for a MIG instance,
+    /// its GPU's node once and the instance's two capability nodes), then the control
     /// nodes every CUDA process opens.
     pub fn nodes_for(&self, uuids: &[String]) -> Vec<DeviceNode> {
-        let gpus = uuids
-            .iter()
-            .filter_map(|u| self.gpus.iter().find(|g| &g.uuid == u))
-            .map(|g| self.gpu_node(g));
-        gpus.chain(self.control_nodes.iter().cloned()).collect()
+        let mut nodes: Vec<DeviceNode> = Vec::new();
+        for uuid in uuids {
+            let unit = match self.gpus.iter().find(|g| &g.uuid == uuid) {
+                Some(g) => vec![self.gpu_node(g)],
+                None => match self.mig_instances().find(|m| &m.uuid == uuid) {
+                    Some(m) => self.mig_nodes(m),
+                    None => continue,
+                },
+            };
+            for node in unit {
+                if !nodes.contains(&node) {
+                    nodes.push(node);
+                }
+            }
+        }
+        nodes.extend(self.control_nodes.iter().cloned());
+        nodes
+    }
+
+    /// The nodes of one MIG instance: its GPU's, then its GPU instance's and its compute
+    /// instance's capability nodes (none where their minors or major are unknown).
+    pub fn mig_nodes(&self, instance: &MigInstance) -> Vec<DeviceNode> {
+        let parent = DeviceNode {
+            path: format!("/dev/nvidia{}", instance.parent_minor),
+            major: self.gpu_major,
+            minor: instance.parent_minor,
+        };
+        let caps = self.mig_cap_nodes(instance);
+        std::iter::once(parent).chain(caps).collect()
+    }
+
+    /// An instance's two capability nodes; none where their minors or major are unknown.
+    pub fn mig_cap_nodes(&self, instance: &MigInstance) -> Vec<DeviceNode> {
+        match (instance.access, self.caps_major) {
+            (Some(a), Some(major)) => [a.gi_minor, a.ci_minor]
+                .into_iter()
+                .map(|minor| DeviceNode {
+                    path: crate::model::mig::cap_path(minor),
+                    major,
+                    minor,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether gpupin can give `instance`: it knows its capability nodes.
+    pub fn can_give(&self, instance: &MigInstance) -> bool {
+        instance.access.is_some() && self.caps_major.is_some()
+    }
+
+    /// Every MIG instance, parents in index order.
+    pub fn mig_instances(&self) -> impl Iterator<Item = &MigInstance> {
+        self.gpus.iter().flat_map(|g| g.mig_instances())
+    }
+
+    /// Finds a MIG instance by address (`0:1`, GPU index and MIG index) or UUID
+    /// (`MIG-...`, case-insensitive).
+    pub fn find_mig(&self, key: &str) -> Option<&MigInstance> {
+        let key = key.trim();
+        if let Some((gpu, mig)) = crate::model::mig::parse_address(key) {
+            return self
+                .mig_instances()
+                .find(|m| m.parent_index == gpu && m.index == mig);
+        }
+        self.mig_instances()
+            .find(|m| m.uuid.eq_ignore_ascii_case(key))
+    }
+
+    /// Whether any GPU is in MIG mode.
+    pub fn has_mig(&self) -> bool {
+        self.gpus.iter().any(Gpu::in_mig_mode)
     }
 
     /// Position of a GPU in `gpus` by UUID.

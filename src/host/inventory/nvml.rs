@@ -68,6 +68,7 @@ fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryErro
         gpus,
         control_nodes,
         links,
+        caps_major: super::procfs::caps_major(roots)?,
     })
 }
 
@@ -203,6 +204,7 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<Gpu, InventoryError> {
             .map_err(query_error(&what("minor number")))?,
         numa_node: None,
         local_cpus: None,
+        mig: None,
     })
 }
 

@@ -15,11 +15,21 @@
 //!   otherwise. procfs shows no NVLink, so NVLink machines look like PCIe ones here; the
 //!   matrix is left out when any GPU's position is unreadable.
 //!
+//! - MIG instances, as NVIDIA's toolkit finds them (`internal/nvcaps`): a compute instance
+//!   exists where `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<X>/ci<Y>/access`
+//!   does; that file and its GPU instance's `gi<X>/access` say the capability minors
+//!   (`DeviceFileMinor: <n>`), else `/proc/driver/nvidia-caps/mig-minors` does
+//!   (`gpu<minor>/gi<X>/ci<Y>/access <n>`). A GPU with such a GPU instance is in MIG mode.
+//!   procfs names no MIG UUID, profile or memory: an instance gets the legacy UUID
+//!   `MIG-<GPU uuid>/<gi>/<ci>`, which CUDA and NVIDIA's runtime also accept, an unknown
+//!   profile, and indexes in GI, CI order. A GPU in MIG mode with no GPU instance looks
+//!   whole here; NVML tells them apart.
+//!
 //! Memory is not in procfs: `memory_bytes` is 0 (unknown). Indexes follow PCI bus id order,
 //! as NVML enumerates by default.
 
 use super::file::node;
-use super::{DeviceNode, Gpu, Inventory, InventoryError, Link, cpulist};
+use super::{DeviceNode, Gpu, Inventory, InventoryError, Link, MigAccess, MigInstance, cpulist};
 use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -59,9 +69,11 @@ pub(super) fn probe_at(roots: &Roots) -> Result<Inventory, InventoryError> {
     // NVML's default enumeration order; the normalized ids sort like the numbers.
     found.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
     let mut gpus = Vec::with_capacity(found.len());
+    let mig_minors = read_mig_minors(roots)?;
     for (index, mut gpu) in found.into_iter().enumerate() {
         gpu.index = index as u32;
         add_sysfs_locality(roots, &mut gpu)?;
+        gpu.mig = read_mig(roots, &gpu, &mig_minors)?;
         gpus.push(gpu);
     }
     let (gpu_major, control_nodes) = device_nodes(roots)?;
@@ -72,6 +84,7 @@ pub(super) fn probe_at(roots: &Roots) -> Result<Inventory, InventoryError> {
         gpus,
         control_nodes,
         links,
+        caps_major: caps_major(roots)?,
     })
 }
 
@@ -139,6 +152,7 @@ fn parse_information(text: &str) -> Result<Gpu, String> {
             .map_err(|_| format!("bad Device Minor {minor:?}"))?,
         numa_node: None,
         local_cpus: None,
+        mig: None,
     })
 }
 
@@ -224,6 +238,138 @@ pub(super) fn device_nodes(roots: &Roots) -> Result<(u32, Vec<DeviceNode>), Inve
         nodes.push(node(super::UVM_TOOLS_NODE, uvm, 1));
     }
     Ok((gpu_major, nodes))
+}
+
+/// `/proc/driver/nvidia-caps/mig-minors`: `gpu0/gi1/ci0/access 13` lines as a map;
+/// empty where the file does not exist (no MIG-capable driver). Other lines (`config 1`,
+/// `monitor 2`) are skipped, as NVIDIA's toolkit skips them.
+fn read_mig_minors(roots: &Roots) -> Result<HashMap<String, u32>, InventoryError> {
+    let path = roots.proc.join("driver/nvidia-caps/mig-minors");
+    let Some(text) = read_optional(&path)? else {
+        return Ok(HashMap::new());
+    };
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let (cap, minor) = line.trim().split_once(' ')?;
+            Some((cap.to_string(), minor.trim().parse().ok()?))
+        })
+        .filter(|(cap, _)| cap.starts_with("gpu"))
+        .collect())
+}
+
+/// The GPU's MIG instances from its capabilities tree; `None` when it has no GPU instance.
+fn read_mig(
+    roots: &Roots,
+    gpu: &Gpu,
+    mig_minors: &HashMap<String, u32>,
+) -> Result<Option<Vec<MigInstance>>, InventoryError> {
+    let dir = roots
+        .proc
+        .join(format!("driver/nvidia/capabilities/gpu{}/mig", gpu.minor));
+    let gis = numbered_dirs(&dir, "gi")?;
+    if gis.is_empty() {
+        return Ok(None);
+    }
+    let mut instances = Vec::new();
+    for gi in gis {
+        let gi_dir = dir.join(format!("gi{gi}"));
+        let cap = format!("gpu{}/gi{gi}/access", gpu.minor);
+        let gi_minor = access_minor(&gi_dir.join("access"), &cap, mig_minors)?;
+        for ci in numbered_dirs(&gi_dir, "ci")? {
+            let cap = format!("gpu{}/gi{gi}/ci{ci}/access", gpu.minor);
+            let path = gi_dir.join(format!("ci{ci}/access"));
+            let ci_minor = access_minor(&path, &cap, mig_minors)?;
+            instances.push(MigInstance {
+                index: instances.len() as u32,
+                uuid: format!("MIG-{}/{gi}/{ci}", gpu.uuid),
+                profile: None,
+                memory_bytes: 0,
+                access: Some(MigAccess {
+                    gi,
+                    ci,
+                    gi_minor,
+                    ci_minor,
+                }),
+                parent_index: gpu.index,
+                parent_uuid: gpu.uuid.clone(),
+                parent_minor: gpu.minor,
+            });
+        }
+    }
+    Ok(Some(instances))
+}
+
+/// The compute instances the capabilities tree under `proc` shows, as
+/// `gpu0/gi1/ci0,gpu0/gi2/ci0` (sorted); empty without MIG or when unreadable. A few
+/// directory reads, no NVML: cheap enough for every cache check.
+pub(super) fn mig_geometry(proc: &Path) -> String {
+    let caps = proc.join("driver/nvidia/capabilities");
+    let mut found = Vec::new();
+    for gpu in numbered_dirs(&caps, "gpu").unwrap_or_default() {
+        let mig = caps.join(format!("gpu{gpu}/mig"));
+        for gi in numbered_dirs(&mig, "gi").unwrap_or_default() {
+            for ci in numbered_dirs(&mig.join(format!("gi{gi}")), "ci").unwrap_or_default() {
+                found.push(format!("gpu{gpu}/gi{gi}/ci{ci}"));
+            }
+        }
+    }
+    found.join(",")
+}
+
+/// The numbers of `<prefix><n>` subdirectories, sorted; none when `dir` does not exist.
+fn numbered_dirs(dir: &Path, prefix: &str) -> Result<Vec<u32>, InventoryError> {
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        other => other.map_err(|source| procfs_error(dir, source))?,
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| procfs_error(dir, source))?;
+        let name = entry.file_name();
+        let number = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|n| n.parse().ok());
+        if let Some(n) = number
+            && entry.path().is_dir()
+        {
+            found.push(n);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// A capability's minor: `DeviceFileMinor` of its `access` file, else its mig-minors line.
+fn access_minor(
+    path: &Path,
+    cap: &str,
+    mig_minors: &HashMap<String, u32>,
+) -> Result<u32, InventoryError> {
+    if let Some(text) = read_optional(path)?
+        && let Some(value) = field(&text, "DeviceFileMinor")
+    {
+        return value
+            .parse()
+            .map_err(|_| format_error(path, format!("bad DeviceFileMinor {value:?}")));
+    }
+    mig_minors.get(cap).copied().ok_or_else(|| {
+        format_error(
+            path,
+            format!("no DeviceFileMinor, and no {cap} line in /proc/driver/nvidia-caps/mig-minors"),
+        )
+    })
+}
+
+/// The major of the MIG capability nodes: `nvidia-caps` in /proc/devices, where the
+/// driver registered it (drivers with MIG support do, MIG mode or not).
+pub(super) fn caps_major(roots: &Roots) -> Result<Option<u32>, InventoryError> {
+    let path = roots.proc.join("devices");
+    let text = std::fs::read_to_string(&path).map_err(|source| procfs_error(&path, source))?;
+    Ok(char_majors(&text)
+        .get(crate::model::mig::CAPS_DEVICE_NAME)
+        .copied())
 }
 
 /// Name to major of the `Character devices:` section.
@@ -316,7 +462,7 @@ mod tests {
     }
 
     const DEVICES: &str = "Character devices:\n  1 mem\n195 nvidia\n195 nvidiactl\n\
-        234 nvidia-uvm\n\nBlock devices:\n  7 loop\n";
+        234 nvidia-uvm\n237 nvidia-caps\n\nBlock devices:\n  7 loop\n";
 
     impl Fixture {
         /// A GPU at `bus` (`0000:17:00.0`) under the sysfs `path` of bridges.
@@ -464,6 +610,98 @@ mod tests {
         let err = probe_at(&empty.roots).unwrap_err();
         assert!(
             matches!(err, InventoryError::NoGpusInProcfs { .. }),
+            "{err}"
+        );
+    }
+
+    impl Fixture {
+        /// A compute instance in the capabilities tree, in the driver's format.
+        fn mig(&self, gpu_minor: u32, gi: u32, ci: u32, minors: Option<(u32, u32)>) {
+            let gi_dir = self.roots.proc.join(format!(
+                "driver/nvidia/capabilities/gpu{gpu_minor}/mig/gi{gi}"
+            ));
+            fs::create_dir_all(gi_dir.join(format!("ci{ci}"))).unwrap();
+            if let Some((gi_minor, ci_minor)) = minors {
+                let access = |minor| {
+                    format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+                };
+                fs::write(gi_dir.join("access"), access(gi_minor)).unwrap();
+                fs::write(gi_dir.join(format!("ci{ci}/access")), access(ci_minor)).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn mig_instances_come_from_the_capabilities_tree() {
+        let f = fixture(DEVICES);
+        f.gpu("0000:17:00.0", 0, None, "pci0000:16");
+        f.gpu("0000:18:00.0", 1, None, "pci0000:16");
+        f.mig(1, 2, 0, Some((21, 22)));
+        f.mig(1, 1, 0, Some((12, 13)));
+        f.mig(1, 1, 1, Some((12, 14)));
+        // A monitor and a config line, as the real file starts, then the fixed table.
+        let caps = f.roots.proc.join("driver/nvidia-caps");
+        fs::create_dir_all(&caps).unwrap();
+        fs::write(
+            caps.join("mig-minors"),
+            "config 1\nmonitor 2\ngpu1/gi9/access 84\ngpu1/gi9/ci0/access 85\n",
+        )
+        .unwrap();
+        f.mig(1, 9, 0, None);
+        let inv = probe_at(&f.roots).unwrap();
+        assert!(!inv.gpus[0].in_mig_mode());
+        let parent = &inv.gpus[1];
+        let found: Vec<_> = parent
+            .mig_instances()
+            .iter()
+            .map(|m| {
+                let a = m.access.unwrap();
+                (m.index, a.gi, a.ci, a.gi_minor, a.ci_minor)
+            })
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (0, 1, 0, 12, 13),
+                (1, 1, 1, 12, 14),
+                (2, 2, 0, 21, 22),
+                (3, 9, 0, 84, 85)
+            ]
+        );
+        assert_eq!(inv.caps_major, Some(237));
+        let m = inv.find_mig("1:3").unwrap();
+        let nodes: Vec<_> = inv
+            .mig_nodes(m)
+            .into_iter()
+            .map(|n| (n.path, n.major, n.minor))
+            .collect();
+        assert_eq!(
+            nodes,
+            [
+                ("/dev/nvidia1".to_string(), 195, 1),
+                ("/dev/nvidia-caps/nvidia-cap84".to_string(), 237, 84),
+                ("/dev/nvidia-caps/nvidia-cap85".to_string(), 237, 85),
+            ]
+        );
+        assert_eq!(m.uuid, format!("MIG-{}/9/0", parent.uuid));
+        assert_eq!((m.parent_minor, m.profile_name()), (1, "unknown"));
+        // The cache keeps what procfs found.
+        let back = crate::host::inventory::from_json(
+            &crate::host::inventory::to_json(&inv),
+            Path::new("cache"),
+        )
+        .unwrap();
+        assert_eq!(back.gpus, inv.gpus);
+    }
+
+    #[test]
+    fn a_compute_instance_without_a_minor_is_an_error() {
+        let f = fixture(DEVICES);
+        f.gpu("0000:17:00.0", 0, None, "pci0000:16");
+        f.mig(0, 3, 0, None);
+        let err = probe_at(&f.roots).unwrap_err().to_string();
+        assert!(
+            err.contains("no gpu0/gi3/access line in /proc/driver/nvidia-caps/mig-minors"),
             "{err}"
         );
     }

@@ -32,6 +32,16 @@
 //! - `nvbridge4`: four `NVIDIA RTX A6000` (49140 MiB) with NVLink bridges in pairs, 0-1
 //!   and 2-3 (`NV4`), one pair per socket: `SYS` between the pairs.
 //!
+//! - `dgxa100mig`: `dgxa100` with MIG: GPU 0 in MIG mode cut into `3g.40gb` (GI 2),
+//!   `2g.20gb` (GI 3) and two `1g.10gb` (GI 9 and 10), GPU 7 in MIG mode with no
+//!   instances yet, the others whole.
+//! - `nvswitch8mig`: `nvswitch8` with GPUs 0 and 1 each in MIG mode cut into seven
+//!   `1g.10gb` (GI 7 to 13), the others whole.
+//!
+//! MIG instances have compute instance 0 of their GPU instance, capability minors from
+//! the driver's fixed table (`MigAccess::standard`) and UUIDs
+//! `MIG-5a1e<machine>-<gpu>-4000-8000-<mig index>`.
+//!
 //! All use GPU major 195, minors equal to indexes, and the default control nodes of the
 //! file format (nvidiactl 195:255, nvidia-uvm 510:0, nvidia-uvm-tools 510:1). These are
 //! fake: a container gets nodes with these numbers, nothing on the host is touched. UUIDs
@@ -41,8 +51,8 @@
 //! half; all of them for both with a single CPU), so cpusets built from `local_cpus` are
 //! valid on the host that runs the simulation.
 
-use super::file::{DEFAULT_GPU_MAJOR, default_control_nodes};
-use super::{Gpu, Inventory, InventoryError, Link, cpulist};
+use super::file::{DEFAULT_CAPS_MAJOR, DEFAULT_GPU_MAJOR, default_control_nodes};
+use super::{Gpu, Inventory, InventoryError, Link, MigAccess, MigInstance, cpulist};
 
 /// The names of the simulated machines; `machine` accepts exactly these.
 pub fn names() -> &'static [&'static str] {
@@ -56,6 +66,8 @@ pub fn names() -> &'static [&'static str] {
         "gh200pair",
         "pcie8pxb",
         "nvbridge4",
+        "dgxa100mig",
+        "nvswitch8mig",
     ]
 }
 
@@ -80,7 +92,26 @@ struct Spec {
     /// PCI bus numbers, one per GPU; domain 0, device 0, function 0.
     buses: &'static [u8],
     link: fn(usize, usize) -> Link,
+    /// GPUs in MIG mode, with their instances (maybe none).
+    mig: &'static [SimMig],
 }
+
+/// A GPU of a simulated machine in MIG mode.
+struct SimMig {
+    gpu: usize,
+    /// Profile, GPU instance id, memory in MiB, in MIG index order.
+    instances: &'static [(&'static str, u32, u64)],
+}
+
+const H100_7X1G: &[(&str, u32, u64)] = &[
+    ("1g.10gb", 7, 9856),
+    ("1g.10gb", 8, 9856),
+    ("1g.10gb", 9, 9856),
+    ("1g.10gb", 10, 9856),
+    ("1g.10gb", 11, 9856),
+    ("1g.10gb", 12, 9856),
+    ("1g.10gb", 13, 9856),
+];
 
 const MACHINES: &[Spec] = &[
     Spec {
@@ -91,6 +122,7 @@ const MACHINES: &[Spec] = &[
         // The bus numbers of a DGX H100.
         buses: &[0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb],
         link: |_, _| Link::NvSwitch,
+        mig: &[],
     },
     Spec {
         name: "pcie8",
@@ -99,6 +131,7 @@ const MACHINES: &[Spec] = &[
         memory_mib: 46068,
         buses: &[0x1b, 0x1c, 0x3d, 0x3e, 0x89, 0x8a, 0xb1, 0xb2],
         link: pcie_link,
+        mig: &[],
     },
     Spec {
         name: "cubemesh8",
@@ -108,6 +141,7 @@ const MACHINES: &[Spec] = &[
         // A DGX-1's first socket; the second moved off 0x89/0x8a, which pcie8 uses.
         buses: &[0x06, 0x07, 0x0a, 0x0b, 0x85, 0x86, 0x8c, 0x8d],
         link: cube_mesh_link,
+        mig: &[],
     },
     Spec {
         name: "nvswitch16",
@@ -120,6 +154,7 @@ const MACHINES: &[Spec] = &[
             0xe5, 0xe7,
         ],
         link: |_, _| Link::NvSwitch,
+        mig: &[],
     },
     Spec {
         name: "dgxa100",
@@ -129,6 +164,7 @@ const MACHINES: &[Spec] = &[
         // A DGX A100's, but for two that other machines here use.
         buses: &[0x0f, 0x15, 0x47, 0x4e, 0x87, 0x90, 0xb6, 0xbd],
         link: |_, _| Link::NvLink(12),
+        mig: &[],
     },
     Spec {
         name: "hgxh200",
@@ -137,6 +173,7 @@ const MACHINES: &[Spec] = &[
         memory_mib: 143771,
         buses: &[0x19, 0x3c, 0x4c, 0x5b, 0x9b, 0xbb, 0xcb, 0xdc],
         link: |_, _| Link::NvLink(18),
+        mig: &[],
     },
     Spec {
         name: "gh200pair",
@@ -145,6 +182,7 @@ const MACHINES: &[Spec] = &[
         memory_mib: 97871,
         buses: &[0x01, 0x81],
         link: |_, _| Link::NvLink(18),
+        mig: &[],
     },
     Spec {
         name: "pcie8pxb",
@@ -153,6 +191,7 @@ const MACHINES: &[Spec] = &[
         memory_mib: 49140,
         buses: &[0x16, 0x17, 0x1e, 0x1f, 0x96, 0x97, 0x9e, 0x9f],
         link: pxb_link,
+        mig: &[],
     },
     Spec {
         name: "nvbridge4",
@@ -167,6 +206,48 @@ const MACHINES: &[Spec] = &[
                 Link::CrossSocket
             }
         },
+        mig: &[],
+    },
+    Spec {
+        name: "dgxa100mig",
+        id: 10,
+        gpu_name: "NVIDIA A100-SXM4-80GB",
+        memory_mib: 81920,
+        buses: &[0x0e, 0x14, 0x46, 0x4d, 0x88, 0x8f, 0xb5, 0xc3],
+        link: |_, _| Link::NvLink(12),
+        mig: &[
+            SimMig {
+                gpu: 0,
+                instances: &[
+                    ("3g.40gb", 2, 40192),
+                    ("2g.20gb", 3, 19968),
+                    ("1g.10gb", 9, 9728),
+                    ("1g.10gb", 10, 9728),
+                ],
+            },
+            SimMig {
+                gpu: 7,
+                instances: &[],
+            },
+        ],
+    },
+    Spec {
+        name: "nvswitch8mig",
+        id: 11,
+        gpu_name: "NVIDIA H100 80GB HBM3",
+        memory_mib: 81559,
+        buses: &[0x1a, 0x2b, 0x3f, 0x5f, 0x9c, 0xac, 0xbf, 0xdd],
+        link: |_, _| Link::NvSwitch,
+        mig: &[
+            SimMig {
+                gpu: 0,
+                instances: H100_7X1G,
+            },
+            SimMig {
+                gpu: 1,
+                instances: H100_7X1G,
+            },
+        ],
     },
 ];
 
@@ -234,6 +315,7 @@ impl Spec {
             gpus,
             control_nodes: default_control_nodes(DEFAULT_GPU_MAJOR),
             links: Some(links),
+            caps_major: (!self.mig.is_empty()).then_some(DEFAULT_CAPS_MAJOR),
         }
     }
 
@@ -247,7 +329,29 @@ impl Spec {
             minor: i as u32,
             numa_node: Some(node as u32),
             local_cpus: node_cpus[node].clone(),
+            mig: self
+                .mig
+                .iter()
+                .find(|m| m.gpu == i)
+                .map(|m| self.instances(i, m)),
         }
+    }
+
+    fn instances(&self, gpu: usize, mig: &SimMig) -> Vec<MigInstance> {
+        mig.instances
+            .iter()
+            .enumerate()
+            .map(|(n, &(profile, gi, memory_mib))| MigInstance {
+                index: n as u32,
+                uuid: format!("MIG-5a1e{:04x}-{gpu:04x}-4000-8000-{n:012x}", self.id),
+                profile: Some(profile.to_string()),
+                memory_bytes: memory_mib << 20,
+                access: Some(MigAccess::standard(gpu as u32, gi, 0)),
+                parent_index: gpu as u32,
+                parent_uuid: format!("GPU-5a1e{:04x}-0000-4000-8000-{gpu:012x}", self.id),
+                parent_minor: gpu as u32,
+            })
+            .collect()
     }
 }
 
@@ -424,6 +528,40 @@ mod tests {
         let bridges = machine("nvbridge4").unwrap();
         assert_eq!(bridges.link(2, 3), Some(Link::NvLink(4)));
         assert_eq!(bridges.link(1, 2), Some(Link::CrossSocket));
+    }
+
+    #[test]
+    fn mig_machines_cut_their_gpus() {
+        let a100 = machine("dgxa100mig").unwrap();
+        let profiles: Vec<_> = a100.gpus[0]
+            .mig_instances()
+            .iter()
+            .map(|m| m.profile_name())
+            .collect();
+        assert_eq!(profiles, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]);
+        assert!(a100.gpus[7].in_mig_mode());
+        assert!(a100.gpus[7].mig_instances().is_empty());
+        assert!(!a100.gpus[1].in_mig_mode());
+        let third = a100.find_mig("0:2").unwrap();
+        assert_eq!(third.parent_uuid, a100.gpus[0].uuid);
+        assert_eq!(third.access, Some(MigAccess::standard(0, 9, 0)));
+        assert_eq!(
+            third.cap_paths().unwrap(),
+            [
+                "/dev/nvidia-caps/nvidia-cap84",
+                "/dev/nvidia-caps/nvidia-cap85"
+            ]
+        );
+        assert_eq!(a100.find_mig(&third.uuid.to_lowercase()), Some(third));
+        let h100 = machine("nvswitch8mig").unwrap();
+        assert_eq!(h100.mig_instances().count(), 14);
+        let uuids: std::collections::HashSet<_> = h100
+            .mig_instances()
+            .map(|m| m.uuid.as_str())
+            .chain(h100.gpus.iter().map(|g| g.uuid.as_str()))
+            .collect();
+        assert_eq!(uuids.len(), 14 + 8);
+        assert_eq!(h100.find_mig("1:6").unwrap().parent_minor, 1);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! default), as a TOML file that reads back to the same configuration: what `gpupin
 //! config check` prints.
 
-use super::{AuditFailure, Config, CudaIds, Driver, Foreign, Unrequested};
+use super::{AuditFailure, Config, CudaIds, Driver, Foreign, MigUnits, Unrequested};
 use crate::base::log::Level;
 use crate::host::confine::Leftovers;
 use std::fmt::Write;
@@ -25,6 +25,13 @@ pub fn effective_toml(config: &Config) -> String {
         quoted(match config.foreign {
             Foreign::Avoid => "avoid",
             Foreign::Ignore => "ignore",
+        }),
+    );
+    key(
+        "mig",
+        quoted(match config.mig {
+            MigUnits::WholeOnly => "whole-only",
+            MigUnits::InstancesToo => "instances-too",
         }),
     );
     key("live_cache", duration(config.live_cache));

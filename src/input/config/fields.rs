@@ -209,6 +209,10 @@ pub(super) fn idle_after_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Dur
     }
 }
 
+pub(super) fn mig<'de, D: Deserializer<'de>>(d: D) -> Result<super::MigUnits, D::Error> {
+    keyed(d, "mig", super::MigUnits::EXPECTED)
+}
+
 pub(super) fn audit_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     let text = String::deserialize(d)?;
     match crate::base::units::parse_size(&text) {

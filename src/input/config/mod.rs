@@ -171,6 +171,9 @@ pub struct Config {
     /// What happens to a holder found idle (`IdleAction`).
     #[serde(default, deserialize_with = "fields::idle_action")]
     pub idle_action: IdleAction,
+    /// Whether a plain count may take MIG instances (`MigUnits`).
+    #[serde(default, deserialize_with = "fields::mig")]
+    pub mig: MigUnits,
 }
 
 /// In which order the requests waiting for GPUs (`gpupin.wait`, `exec --wait`) are
@@ -248,6 +251,35 @@ impl std::str::FromStr for IdleAction {
         match s {
             "report" => Ok(IdleAction::Report),
             "release-holds" => Ok(IdleAction::ReleaseHolds),
+            _ => Err(()),
+        }
+    }
+}
+
+/// What a plain `gpupin.count=N` may get where GPUs are cut into MIG instances. Whole
+/// GPUs only, by default: a job that asks for a GPU and gets a `1g.10gb` slice (a
+/// seventh of the compute, a tenth of the memory) fails late or runs slowly, with
+/// nothing telling it why; instances are asked for by name (`gpupin.mig`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MigUnits {
+    #[default]
+    WholeOnly,
+    /// A count whole GPUs cannot meet takes MIG instances, the largest first: for
+    /// machines whose GPUs are all cut, where every job fits in an instance.
+    InstancesToo,
+}
+
+impl MigUnits {
+    pub const EXPECTED: &str = "expected \"whole-only\" or \"instances-too\"";
+}
+
+impl std::str::FromStr for MigUnits {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "whole-only" => Ok(MigUnits::WholeOnly),
+            "instances-too" => Ok(MigUnits::InstancesToo),
             _ => Err(()),
         }
     }

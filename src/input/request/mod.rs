@@ -26,11 +26,12 @@ pub enum Key {
     Wait,
     Cpus,
     Within,
+    Mig,
 }
 
 impl Key {
     /// Every key, in the order messages list them.
-    pub const ALL: [Key; 10] = [
+    pub const ALL: [Key; 11] = [
         Key::Count,
         Key::Devices,
         Key::Policy,
@@ -41,6 +42,7 @@ impl Key {
         Key::Wait,
         Key::Cpus,
         Key::Within,
+        Key::Mig,
     ];
 
     /// The annotation name and the env name.
@@ -56,6 +58,7 @@ impl Key {
             Key::Wait => ("gpupin.wait", "GPUPIN_WAIT"),
             Key::Cpus => ("gpupin.cpus", "GPUPIN_CPUS"),
             Key::Within => ("gpupin.within", "GPUPIN_WITHIN"),
+            Key::Mig => ("gpupin.mig", "GPUPIN_MIG"),
         }
     }
 
@@ -82,6 +85,7 @@ impl Key {
             Key::Wait => "--wait",
             Key::Cpus => "--cpus",
             Key::Within => "--within",
+            Key::Mig => "--mig",
         }
     }
 
@@ -155,6 +159,25 @@ pub enum Selection {
     Devices(Vec<String>),
 }
 
+/// Which MIG instances a request wants (`gpupin.mig`), `count` of them.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigWant {
+    /// Instances of this profile (`1g.10gb`).
+    Profile(String),
+    /// The smallest instances that pass the memory filter.
+    Any,
+}
+
+impl std::fmt::Display for MigWant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MigWant::Profile(p) => f.write_str(p),
+            MigWant::Any => f.write_str("any"),
+        }
+    }
+}
+
 /// Whether a holder has its GPUs to itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -221,6 +244,9 @@ pub struct GpuRequest {
     /// (`model::holder::WithinKey`). Never stored: records and audit lines are readable by all.
     #[serde(skip)]
     pub within_key: Option<WithinKey>,
+    /// MIG instances instead of whole GPUs (`gpupin.mig`); the selection is their count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigWant>,
     pub origin: Origin,
 }
 
@@ -251,6 +277,9 @@ impl GpuRequest {
         if let Some(within) = &self.within {
             words.push(format!("within={within}"));
         }
+        if let Some(mig) = &self.mig {
+            words.push(format!("mig={mig}"));
+        }
         words.join(" ")
     }
 
@@ -267,6 +296,7 @@ impl GpuRequest {
             cpus: None,
             within: None,
             within_key: None,
+            mig: None,
             origin,
         }
     }
@@ -294,6 +324,19 @@ pub enum RequestError {
         count_key: &'static str,
         devices_key: &'static str,
     },
+    #[error(
+        "{mig_key} asks for MIG instances, which are never shared: leave out {share_key}=shared"
+    )]
+    MigShared {
+        mig_key: &'static str,
+        share_key: &'static str,
+    },
+    #[error("{mig_key} takes a number of instances: give {count_key}=N (default 1), not {other}")]
+    MigSelection {
+        mig_key: &'static str,
+        count_key: &'static str,
+        other: String,
+    },
     #[error("{reserve_key} needs {share_key}=shared: an exclusive holder has the whole GPU")]
     ReserveWithoutSharing {
         reserve_key: &'static str,
@@ -310,14 +353,15 @@ fn known_keys(origin: Origin) -> String {
 }
 
 const COUNT_EXPECTED: &str = "expected a positive integer or \"all\"";
-const DEVICES_EXPECTED: &str =
-    "expected a comma-separated list of GPU indices, GPU UUIDs or PCI bus ids";
+const DEVICES_EXPECTED: &str = "expected a comma-separated list of GPU indices, GPU UUIDs, PCI bus ids or MIG instances (0:1 or MIG-...)";
 const SIZE_EXPECTED: &str = "expected a size such as 40GiB or 512MiB (binary units)";
 const MODEL_EXPECTED: &str =
     "expected part of a GPU name, such as H100 (letters, digits, space, -, _)";
 const SHARE_EXPECTED: &str = "expected exclusive or shared";
 const WAIT_EXPECTED: &str = "expected a duration of at most 24h, such as 90s or 5m";
 const CPUS_EXPECTED: &str = "expected numa";
+const MIG_EXPECTED: &str =
+    "expected a MIG profile such as 1g.10gb (gpupin inventory lists them) or any";
 const TOO_LONG: &str = "expected a value of at most 256 bytes";
 const TOO_MANY_DEVICES: &str =
     "expected at most 1024 comma-separated GPUs (name each GPU once, no more than the machine has)";
@@ -502,6 +546,7 @@ struct Parts {
     cpus: Option<CpuBinding>,
     within: Option<String>,
     within_key: Option<WithinKey>,
+    mig: Option<MigWant>,
 }
 
 fn parse<'a>(
@@ -569,6 +614,13 @@ fn parse_one(p: &mut Parts, known: Key, key: &str, value: &str) -> Result<(), Re
             "numa" => p.cpus = Some(CpuBinding::Numa),
             _ => return Err(invalid(key, value, CPUS_EXPECTED)),
         },
+        Key::Mig => {
+            p.mig = Some(match v {
+                "any" => MigWant::Any,
+                _ if crate::model::mig::is_profile_name(v) => MigWant::Profile(v.to_string()),
+                _ => return Err(invalid(key, value, MIG_EXPECTED)),
+            })
+        }
         Key::Within => {
             let (name, key_text) = match v.split_once(':') {
                 Some((name, key)) => (name, Some(key)),
@@ -595,6 +647,27 @@ fn parse_one(p: &mut Parts, known: Key, key: &str, value: &str) -> Result<(), Re
 fn assemble(p: Parts, origin: Origin, some_key: Key) -> Result<GpuRequest, RequestError> {
     let count_key = Key::Count.name(origin);
     let devices_key = Key::Devices.name(origin);
+    let mig_key = Key::Mig.name(origin);
+    if p.mig.is_some() {
+        let other = match (&p.count, &p.devices) {
+            (Some(Selection::All), _) => Some(format!("{count_key}=all")),
+            (_, Some(_)) => Some(devices_key.to_string()),
+            _ => None,
+        };
+        if let Some(other) = other {
+            return Err(RequestError::MigSelection {
+                mig_key,
+                count_key,
+                other,
+            });
+        }
+        if p.share == Some(Share::Shared) {
+            return Err(RequestError::MigShared {
+                mig_key,
+                share_key: Key::Share.name(origin),
+            });
+        }
+    }
     let selection = match (p.count, p.devices) {
         (Some(_), Some(_)) => {
             return Err(RequestError::CountAndDevices {
@@ -602,6 +675,8 @@ fn assemble(p: Parts, origin: Origin, some_key: Key) -> Result<GpuRequest, Reque
                 devices_key,
             });
         }
+        // `gpupin.mig=1g.10gb` alone: one instance.
+        (None, None) if p.mig.is_some() => Selection::Count(1),
         (Some(c), None) => c,
         (None, Some(d)) => d,
         // All of the enclosing holder's GPUs (ledger::allocate narrows `All` to them).
@@ -632,6 +707,7 @@ fn assemble(p: Parts, origin: Origin, some_key: Key) -> Result<GpuRequest, Reque
         cpus: p.cpus,
         within: p.within,
         within_key: p.within_key,
+        mig: p.mig,
         origin,
     })
 }
@@ -690,7 +766,8 @@ fn parse_devices(key: &str, value: &str) -> Result<Selection, RequestError> {
             && item.len() <= 64
             && item
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b':' || b == b'.');
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b':' || b == b'.')
+            || is_legacy_mig_uuid(item);
         if !well_formed {
             return Err(invalid(key, value, DEVICES_EXPECTED));
         }
@@ -699,6 +776,20 @@ fn parse_devices(key: &str, value: &str) -> Result<Selection, RequestError> {
         }
     }
     Ok(Selection::Devices(list))
+}
+
+/// `MIG-GPU-<uuid>/<gi>/<ci>`, the MIG UUID of older drivers and of the procfs inventory:
+/// the one form with a `/`, which must not let a path through.
+fn is_legacy_mig_uuid(item: &str) -> bool {
+    let mut parts = item.split('/');
+    let head = parts.next().unwrap_or("");
+    let numbers: Vec<&str> = parts.collect();
+    head.strip_prefix("MIG-GPU-")
+        .is_some_and(|u| !u.is_empty() && u.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        && numbers.len() == 2
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn parse_policy(key: &str, value: &str) -> Result<PolicyName, RequestError> {
@@ -803,6 +894,23 @@ mod tests {
                 "00000000:17:00.0".into()
             ])
         );
+    }
+
+    #[test]
+    fn legacy_mig_uuids_are_the_only_devices_with_a_slash() {
+        let ok = from_pairs(&[("gpupin.devices", "MIG-GPU-5a1e-0001/1/0")], Origin::Cli)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            ok.selection,
+            Selection::Devices(vec!["MIG-GPU-5a1e-0001/1/0".into()])
+        );
+        for bad in ["MIG-GPU-x/../y", "MIG-GPU-x/1", "GPU-x/1/0", "MIG-GPU-/1/0"] {
+            assert!(
+                from_pairs(&[("gpupin.devices", bad)], Origin::Cli).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

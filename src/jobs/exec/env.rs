@@ -19,14 +19,25 @@ pub fn job_env(inventory: &Inventory, record: &Record, ids: CudaIds) -> Vec<(Str
         .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
         .collect();
     gpus.sort_by_key(|g| g.index);
+    // MIG instances by their UUID whatever `ids` says: CUDA has no index for them.
+    let mut instances: Vec<_> = inventory
+        .mig_instances()
+        .filter(|m| record.gpus.contains(&m.uuid))
+        .collect();
+    instances.sort_by_key(|m| (m.parent_index, m.index));
     let cuda: Vec<String> = gpus
         .iter()
         .map(|g| match ids {
             CudaIds::Index => g.index.to_string(),
             CudaIds::Uuid => g.uuid.clone(),
         })
+        .chain(instances.iter().map(|m| m.uuid.clone()))
         .collect();
-    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let uuids: Vec<&str> = gpus
+        .iter()
+        .map(|g| g.uuid.as_str())
+        .chain(instances.iter().map(|m| m.uuid.as_str()))
+        .collect();
     vec![
         ("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()),
         ("CUDA_VISIBLE_DEVICES".into(), cuda.join(",")),
@@ -77,5 +88,29 @@ mod tests {
         );
         let env = job_env(&inv, &record, CudaIds::Uuid);
         assert_eq!(env[1].1, "GPU-test-2,GPU-test-5");
+    }
+
+    #[test]
+    fn a_mig_instance_is_named_by_its_uuid() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(tmp.path()).unwrap();
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let request = GpuRequest::new(
+            Selection::Devices(vec!["0:1".into(), "3".into()]),
+            Origin::Cli,
+        );
+        let record = ledger
+            .allocate(
+                &HolderId::new("j1").unwrap(),
+                &request,
+                &Machine::new(&inv, PolicyName::Pack),
+                HolderMeta::default(),
+            )
+            .unwrap()
+            .record;
+        let mig = inv.find_mig("0:1").unwrap().uuid.clone();
+        let env = job_env(&inv, &record, CudaIds::Index);
+        assert_eq!(env[1].1, format!("3,{mig}"));
+        assert_eq!(env[2].1, format!("{},{mig}", inv.gpus[3].uuid));
     }
 }

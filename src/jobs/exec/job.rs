@@ -3,7 +3,7 @@
 //! the record moved to the job and the job confined; at its end, the release.
 
 use crate::admission::grant::GrantError;
-use crate::host::confine::{self, ConfineError, DeviceRules, JobCgroup, Leftovers};
+use crate::host::confine::{self, ConfineError, JobCgroup, Leftovers};
 use crate::host::inventory::Inventory;
 use crate::input::config::Config;
 use crate::input::request::GpuRequest;
@@ -88,10 +88,7 @@ pub fn start(
         .adopt(&grant.holder, asker, job, job_fd)
         .map_err(JobError::from)
         .and_then(|record| {
-            let rules = DeviceRules::deny(
-                grant.inventory.gpu_major,
-                super::denied_minors(&grant.inventory, &record),
-            );
+            let rules = super::denied_nodes(&grant.inventory, &record);
             confine::confine(job, job_fd, grant.holder.as_str(), config.confine, &rules)
                 .map_err(JobError::Confine)
         })

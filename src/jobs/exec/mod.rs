@@ -20,10 +20,12 @@ pub use wait::{
 
 use crate::admission::edits::ContainerEdits;
 use crate::admission::grant::{self, GrantError};
-use crate::host::inventory::Inventory;
+use crate::host::confine::DeviceRules;
+use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::config::Config;
 use crate::input::request::{self, GpuRequest, Origin, RequestError};
 use crate::model::holder::{HolderId, HolderKind, Owner};
+use crate::model::mig::CAPS_DIR;
 use crate::state::ledger::{HolderMeta, Record, StillWanted};
 
 /// Allocates `request` for a job of `owner`'s, recorded under `pid` (the process that
@@ -53,13 +55,31 @@ pub fn allocate(
 }
 
 /// The device numbers a job holding `record` must not open: the nodes a container
-/// holding it is kept from (`ContainerEdits::withheld`, every other GPU's).
-pub fn denied_minors(inventory: &Inventory, record: &Record) -> Vec<u32> {
-    ContainerEdits::gpus_of(inventory, record)
-        .withheld
+/// holding it is kept from (`ContainerEdits::withheld`), every other GPU's and every other
+/// MIG instance's capability nodes, as the rules the job's cgroup gets.
+pub fn denied_nodes(inventory: &Inventory, record: &Record) -> DeviceRules {
+    let withheld = ContainerEdits::gpus_of(inventory, record).withheld;
+    let is_cap = |n: &&DeviceNode| n.path.starts_with(CAPS_DIR);
+    let gpus = withheld
         .iter()
-        .map(|node| node.minor)
-        .collect()
+        .filter(|n| !is_cap(n) && n.major == inventory.gpu_major)
+        .map(|n| n.minor);
+    let rules = DeviceRules::deny(inventory.gpu_major, gpus);
+    match inventory.caps_major {
+        Some(major) => rules.with_caps(
+            major,
+            withheld
+                .iter()
+                .filter(|n| is_cap(n) && n.major == major)
+                .map(|n| n.minor),
+        ),
+        None => rules,
+    }
+}
+
+/// The GPU minors of `denied_nodes`.
+pub fn denied_minors(inventory: &Inventory, record: &Record) -> Vec<u32> {
+    denied_nodes(inventory, record).denied_minors
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,5 +125,25 @@ mod tests {
         let edits = ContainerEdits::for_record(&inv, &record).unwrap();
         let withheld: Vec<u32> = edits.withheld.iter().map(|n| n.minor).collect();
         assert_eq!(denied_minors(&inv, &record), withheld);
+    }
+
+    /// A job on a MIG instance keeps its GPU's node and its own capability nodes; every
+    /// other GPU and every other instance's capability nodes are denied, each under its
+    /// own major, so a capability minor never denies a GPU minor of the same number.
+    #[test]
+    fn a_job_on_a_mig_instance_is_denied_the_other_instances() {
+        let inv = crate::host::inventory::sim::machine("nvswitch8mig").unwrap();
+        let own = inv.find_mig("0:0").unwrap();
+        let record = crate::state::ledger::testing::record("j1", &[own.uuid.as_str()]);
+        let rules = denied_nodes(&inv, &record);
+        assert_eq!(rules.denied_minors, [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(rules.caps_major, 511);
+        let own_caps = own.cap_paths().unwrap();
+        assert_eq!(own_caps[0], "/dev/nvidia-caps/nvidia-cap66");
+        assert!(!rules.denied_caps.contains(&66) && !rules.denied_caps.contains(&67));
+        // 13 other instances, two nodes each.
+        assert_eq!(rules.denied_caps.len(), 26, "{:?}", rules.denied_caps);
+        let other = inv.find_mig("1:6").unwrap().access.unwrap();
+        assert!(rules.denied_caps.contains(&other.ci_minor));
     }
 }

@@ -54,6 +54,9 @@ pub enum Request {
         /// How many GPUs the policy chooses, instead of `devices` (then empty).
         #[serde(default)]
         count: Option<u32>,
+        /// MIG instances of this profile (or `any`), `count` of them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mig: Option<String>,
         /// Why, for status and the audit log.
         #[serde(default)]
         reason: Option<String>,

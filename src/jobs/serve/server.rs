@@ -400,6 +400,7 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
             user,
             within,
             count,
+            mig,
             reason,
             for_secs,
             request,
@@ -413,6 +414,7 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
                 user,
                 within,
                 count,
+                mig,
                 reason,
                 for_secs,
                 request,
@@ -647,6 +649,7 @@ struct HoldAsked {
     user: Option<String>,
     within: Option<String>,
     count: Option<u32>,
+    mig: Option<String>,
     reason: Option<String>,
     for_secs: Option<u64>,
     /// The whole request as `gpupin pick`'s keys, instead of `devices` and `count`.
@@ -733,6 +736,7 @@ fn hold_for(
         owner,
         within: asked.within,
         count: asked.count,
+        mig: asked.mig,
         reason: asked.reason,
         expires_at: asked
             .for_secs
@@ -928,6 +932,7 @@ mod tests {
             limited: false,
             within: None,
             count: None,
+            mig: None,
             reason: None,
             expires_at: None,
         };
@@ -1159,6 +1164,7 @@ mod tests {
             user: user.map(String::from),
             within: None,
             count: None,
+            mig: None,
             reason: None,
             for_secs: None,
             request: Vec::new(),
@@ -1277,6 +1283,7 @@ mod tests {
             user: None,
             within: None,
             count: None,
+            mig: None,
             reason: None,
             for_secs: None,
             request: vec![

@@ -3,7 +3,7 @@
 
 use super::machine::Machine;
 use super::scope::Scope;
-use super::{HolderId, LedgerError, Record, holder_of, holders_of};
+use super::{HolderId, LedgerError, Record, holder_of, holders_of, mig};
 use crate::base::units::format_size;
 use crate::host::inventory::{Gpu, Inventory};
 use crate::host::whose::Seen;
@@ -51,6 +51,8 @@ enum Unfit {
     NoRoom,
     /// Not held, but this process, which no holder of it owns, runs on it.
     Foreign(i32),
+    /// In MIG mode: handed out as its instances, never whole.
+    MigMode,
 }
 
 impl Unfit {
@@ -63,6 +65,7 @@ impl Unfit {
             Unfit::SharedFull => "shared-full",
             Unfit::NoRoom => "no-room-to-reserve",
             Unfit::Foreign(_) => "foreign-process",
+            Unfit::MigMode => "mig-mode",
         }
     }
 }
@@ -86,6 +89,10 @@ pub(super) fn plan(
         .filter(|r| !scope.enclosing.contains(&r.id))
         .cloned()
         .collect();
+    if request.mig.is_some() {
+        let uuids = mig::choose(holder, request, machine, &others, scope)?;
+        return Ok(mig_plan(uuids, machine, &others, cursor));
+    }
     let fit: Vec<Result<(), Unfit>> = (0..total)
         .map(|p| {
             if scope.allows(p) {
@@ -100,18 +107,38 @@ pub(super) fn plan(
     log_fit(holder, request, machine, &fit);
     let not_enough =
         |wanted: usize| not_enough_error(holder, request, machine, live, &fit, wanted, scope);
+    let mut mig_named: Vec<String> = Vec::new();
     let positions = match &request.selection {
         Selection::Devices(keys) => {
             // Before any key is looked at: a list longer than the machine names some GPU
             // twice or one it does not have, and its refusal should say so in one short
             // line rather than quote one of a thousand names.
-            if keys.len() > total {
+            let units = total + inventory.mig_instances().count();
+            if keys.len() > units {
                 return Err(LedgerError::TooManyDevices {
                     listed: keys.len(),
-                    total,
+                    total: units,
                 });
             }
-            let positions = resolve_devices(keys, inventory)?;
+            // MIG instances named among them (`0:1`, `MIG-...`) are checked one by one.
+            let mut instances = Vec::new();
+            let mut gpu_keys = Vec::new();
+            for key in keys {
+                match mig::named(holder, key, request, machine, live, &others, scope) {
+                    Some(found) => {
+                        let uuid = found?;
+                        if !instances.contains(&uuid) {
+                            instances.push(uuid);
+                        }
+                    }
+                    None => gpu_keys.push(key.clone()),
+                }
+            }
+            if gpu_keys.is_empty() {
+                return Ok(mig_plan(instances, machine, &others, cursor));
+            }
+            mig_named = instances;
+            let positions = resolve_devices(&gpu_keys, inventory)?;
             for &p in &positions {
                 if let Err(unfit) = &fit[p] {
                     return Err(device_unfit(
@@ -153,7 +180,16 @@ pub(super) fn plan(
                 cursor,
                 live: machine.live,
             };
-            policy.choose(&input).ok_or_else(|| not_enough(count))?
+            match policy.choose(&input) {
+                Some(positions) => positions,
+                // `mig = "instances-too"`: a count whole GPUs cannot meet takes instances.
+                None if mig::count_may_take_instances(request, machine) => {
+                    let uuids = mig::choose(holder, request, machine, &others, scope)
+                        .map_err(|_| not_enough(count))?;
+                    return Ok(mig_plan(uuids, machine, &others, cursor));
+                }
+                None => return Err(not_enough(count)),
+            }
         }
     };
     let next_cursor = positions.last().map_or(cursor, |p| (p + 1) % total);
@@ -168,10 +204,27 @@ pub(super) fn plan(
         uuids: sorted
             .into_iter()
             .map(|p| inventory.gpus[p].uuid.clone())
+            .chain(mig_named)
             .collect(),
         next_cursor,
         free,
     })
+}
+
+/// The plan of MIG instances: `free` says which GPUs have an instance no one holds.
+fn mig_plan(mut uuids: Vec<String>, machine: &Machine, others: &[Record], cursor: usize) -> Plan {
+    uuids.sort();
+    let free = machine
+        .inventory
+        .gpus
+        .iter()
+        .map(|g| g.mig_instances().iter().any(|m| !mig::is_held(m, others)))
+        .collect();
+    Plan {
+        uuids,
+        next_cursor: cursor,
+        free,
+    }
 }
 
 /// What the choice starts from: the GPUs that can take the request, and why each other
@@ -241,6 +294,9 @@ fn fits(
     in_the_way: Option<&Seen>,
 ) -> Result<(), Unfit> {
     let gpu = &machine.inventory.gpus[position];
+    if gpu.in_mig_mode() {
+        return Err(Unfit::MigMode);
+    }
     if let Some(model) = &request.model
         && !gpu
             .name
@@ -451,6 +507,13 @@ fn device_unfit(
             format!("it is held by {}", holders.join(", "))
         }
         Unfit::Foreign(pid) => format!("it runs {}", foreign_text(machine, all, position, *pid)),
+        Unfit::MigMode => match gpu.mig_instances() {
+            [] => "it is in MIG mode with no instances: it has nothing to give until an admin creates some".into(),
+            list => format!(
+                "it is in MIG mode and handed out as its instances ({}): name one, or ask for gpupin.mig=PROFILE",
+                list.iter().map(|m| m.address()).collect::<Vec<_>>().join(", ")
+            ),
+        },
     };
     LedgerError::DeviceUnavailable {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),

@@ -19,6 +19,8 @@ pub struct Machine<'a> {
     /// The processes on each GPU, by position, where they are to be avoided (`foreign =
     /// "avoid"`, and a source that lists them); `None`: processes are not looked at.
     pub processes: Option<&'a [Vec<Seen>]>,
+    /// Whether a plain count may take MIG instances (the `mig` key).
+    pub mig_units: crate::input::config::MigUnits,
 }
 
 impl<'a> Machine<'a> {
@@ -31,6 +33,7 @@ impl<'a> Machine<'a> {
             max_shared: 4,
             limits: None,
             processes: None,
+            mig_units: crate::input::config::MigUnits::WholeOnly,
         }
     }
 }

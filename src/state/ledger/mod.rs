@@ -10,6 +10,7 @@ mod idle;
 mod job;
 pub mod lookup;
 mod machine;
+pub mod mig;
 mod queue;
 mod record;
 mod release;
@@ -99,6 +100,13 @@ pub enum LedgerError {
         uuid: String,
         reason: String,
     },
+    #[error("cannot allocate MIG instance {} ({}) for {}: {}", .0.address, .0.uuid, .0.id, .0.reason)]
+    MigUnavailable(Box<MigUnavailable>),
+    #[error(
+        "cannot allocate {} MIG instance{} of {} for {}: {} of the {} instances of {} can take it{}",
+        .0.wanted, if .0.wanted == 1 { "" } else { "s" }, .0.what, .0.id, .0.fitting, .0.matching, .0.what, .0.detail
+    )]
+    NotEnoughMig(Box<NotEnoughMig>),
     #[error(
         "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {free} free{detail}",
         s = if *wanted == 1 { "" } else { "s" },
@@ -233,12 +241,22 @@ fn reserved_for_gpupin(holder: &HolderId, meta: &HolderMeta) -> Result<(), Ledge
     })
 }
 
+/// The index of the GPU `uuid` is, or whose MIG instance it is.
+fn unit_index(inventory: &crate::host::inventory::Inventory, uuid: &str) -> Option<u32> {
+    match inventory.gpus.iter().find(|g| g.uuid == uuid) {
+        Some(g) => Some(g.index),
+        None => inventory
+            .mig_instances()
+            .find(|m| m.uuid == uuid)
+            .map(|m| m.parent_index),
+    }
+}
+
 /// GPU indices of `uuids` as people name them, comma-separated.
 fn index_list(machine: &Machine, uuids: &[String]) -> String {
     let mut indices: Vec<u32> = uuids
         .iter()
-        .filter_map(|u| machine.inventory.gpus.iter().find(|g| &g.uuid == u))
-        .map(|g| g.index)
+        .filter_map(|u| unit_index(machine.inventory, u))
         .collect();
     indices.sort_unstable();
     indices
@@ -273,6 +291,31 @@ pub struct LimitReached {
     pub limit: u32,
     /// The config key that sets the limit.
     pub key: String,
+}
+
+/// A MIG instance named in a request that cannot be given (`LedgerError::MigUnavailable`).
+#[derive(Debug)]
+pub struct MigUnavailable {
+    pub id: String,
+    /// `0:1`.
+    pub address: String,
+    pub uuid: String,
+    pub reason: String,
+}
+
+/// Too few MIG instances for a request (`LedgerError::NotEnoughMig`).
+#[derive(Debug)]
+pub struct NotEnoughMig {
+    pub id: String,
+    pub wanted: usize,
+    /// `1g.10gb`, or `any profile`.
+    pub what: String,
+    /// Instances of that profile on the machine.
+    pub matching: usize,
+    /// Of those, the ones free and passing every filter.
+    pub fitting: usize,
+    /// What else narrowed the choice, starting with "; ".
+    pub detail: String,
 }
 
 impl LedgerError {
@@ -316,8 +359,10 @@ impl LedgerError {
     /// and the `reason` label of `gpupin_refusals_total`.
     pub fn code(&self) -> &'static str {
         match self {
-            LedgerError::NotEnoughFree { .. } => "not_enough_free",
-            LedgerError::DeviceUnavailable { .. } => "device_unavailable",
+            LedgerError::NotEnoughFree { .. } | LedgerError::NotEnoughMig(_) => "not_enough_free",
+            LedgerError::DeviceUnavailable { .. } | LedgerError::MigUnavailable(_) => {
+                "device_unavailable"
+            }
             LedgerError::CountTooLarge { .. } | LedgerError::TooManyDevices { .. } => {
                 "count_too_large"
             }
@@ -588,11 +633,12 @@ impl Ledger {
         scope::check(&meta, machine, live, &plan.uuids)?;
         let record = Record {
             id: holder.to_string(),
+            // One per UUID; a MIG instance's is its GPU's, so that the audit trail names
+            // the parent beside the instance's UUID.
             indices: plan
                 .uuids
                 .iter()
-                .filter_map(|u| machine.inventory.gpus.iter().find(|g| &g.uuid == u))
-                .map(|g| g.index)
+                .filter_map(|u| unit_index(machine.inventory, u))
                 .collect(),
             gpus: plan.uuids.clone(),
             kind: meta.kind,
@@ -1043,3 +1089,6 @@ mod tests_foreign;
 
 #[cfg(test)]
 mod tests_queue;
+
+#[cfg(test)]
+mod tests_mig;

@@ -322,7 +322,12 @@ fn dequeue(dir: &Path, ticket: &Ticket) {
 /// Errors that can go away when other holders leave.
 fn retryable(err: &LedgerError) -> bool {
     match err {
-        LedgerError::NotEnoughFree { .. } | LedgerError::DeviceUnavailable { .. } => true,
+        LedgerError::NotEnoughFree { .. }
+        | LedgerError::DeviceUnavailable { .. }
+        | LedgerError::MigUnavailable(_) => true,
+        // More instances of a profile than the machine has never fit (the geometry
+        // changes only with a new inventory, which a new request reads).
+        LedgerError::NotEnoughMig(e) => e.wanted <= e.matching,
         // The requester's other holders may end; a request over the limit by itself never fits.
         LedgerError::LimitReached(r) => r.wanted <= r.limit as usize,
         _ => false,
@@ -514,7 +519,10 @@ impl Ledger {
                 let parked = match &err {
                     LedgerError::LimitReached(_) => true,
                     // No plan came about: would the limit have let it through?
-                    LedgerError::NotEnoughFree { .. } | LedgerError::DeviceUnavailable { .. } => {
+                    LedgerError::NotEnoughFree { .. }
+                    | LedgerError::DeviceUnavailable { .. }
+                    | LedgerError::NotEnoughMig(_)
+                    | LedgerError::MigUnavailable(_) => {
                         self.over_limit(request, machine, meta, &live)
                     }
                     _ => ticket.parked,

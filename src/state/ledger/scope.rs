@@ -17,11 +17,22 @@ pub(super) struct Scope {
     pub enclosing: Vec<String>,
     /// What narrowed `allowed`, for messages: `within slurm-42`.
     pub what: Vec<String>,
+    /// The enclosing holder's units (GPU and MIG UUIDs), for a nested request: a MIG
+    /// instance is inside it only when it holds that instance.
+    pub within_gpus: Option<Vec<String>>,
 }
 
 impl Scope {
     pub fn allows(&self, position: usize) -> bool {
         self.allowed.as_ref().is_none_or(|a| a[position])
+    }
+
+    /// Whether a nested request's enclosing holder holds the unit `uuid` (true when the
+    /// request is not nested).
+    pub fn within_has(&self, uuid: &str) -> bool {
+        self.within_gpus
+            .as_ref()
+            .is_none_or(|gpus| gpus.iter().any(|u| u == uuid))
     }
 
     fn narrow(&mut self, positions: Vec<bool>, what: String) {
@@ -67,7 +78,18 @@ pub(super) fn scope(
                 .as_ref()
                 .and_then(|w| live.iter().find(|l| &l.id == w));
         }
-        let positions = gpus.iter().map(|g| parent.gpus.contains(&g.uuid)).collect();
+        // A GPU is inside the holder when it holds it, or one of its MIG instances
+        // (`within_has` then says which).
+        let positions = gpus
+            .iter()
+            .map(|g| {
+                parent.gpus.contains(&g.uuid)
+                    || g.mig_instances()
+                        .iter()
+                        .any(|m| parent.gpus.contains(&m.uuid))
+            })
+            .collect();
+        scope.within_gpus = Some(parent.gpus.clone());
         scope.narrow(positions, format!("within {within}"));
     }
     if meta.limited

@@ -1,7 +1,8 @@
 //! The GPU list beside the matrix: `nvidia-smi -L` (index, name, UUID) or the CSV of
 //! `nvidia-smi --query-gpu=index,uuid,name,memory.total,pci.bus_id --format=csv` (with
 //! its header; `nounits` or not; other columns are ignored, and only `index` and `uuid`
-//! are required).
+//! are required). In `nvidia-smi -L`, the MIG devices indented under a GPU in MIG mode
+//! (`  MIG 1g.10gb     Device  0: (UUID: MIG-...)`) are that GPU's instances.
 
 use super::ImportError;
 
@@ -13,6 +14,16 @@ pub(super) struct Listed {
     pub name: Option<String>,
     pub memory_bytes: Option<u64>,
     pub pci_bus_id: Option<String>,
+    /// The MIG devices listed under it (`nvidia-smi -L` only).
+    pub mig: Vec<ListedMig>,
+}
+
+/// One `  MIG <profile> Device <n>: (UUID: MIG-...)` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ListedMig {
+    pub index: u32,
+    pub profile: String,
+    pub uuid: String,
 }
 
 pub(super) fn parse(text: &str) -> Result<Vec<Listed>, ImportError> {
@@ -25,12 +36,18 @@ pub(super) fn parse(text: &str) -> Result<Vec<Listed>, ImportError> {
         return Ok(Vec::new());
     };
     if first.starts_with("GPU ") {
-        std::iter::once((first_no, first))
-            .chain(lines)
+        let mut listed: Vec<Listed> = Vec::new();
+        for (n, l) in std::iter::once((first_no, first)).chain(lines) {
             // MIG devices are listed indented under their GPU.
-            .filter(|(_, l)| !l.starts_with(char::is_whitespace))
-            .map(|(n, l)| dash_l(l).ok_or_else(|| bad_line(n, l)))
-            .collect()
+            if l.starts_with(char::is_whitespace) {
+                let mig = dash_l_mig(l).ok_or_else(|| bad_line(n, l))?;
+                let parent = listed.last_mut().ok_or_else(|| bad_line(n, l))?;
+                parent.mig.push(mig);
+            } else {
+                listed.push(dash_l(l).ok_or_else(|| bad_line(n, l))?);
+            }
+        }
+        Ok(listed)
     } else {
         let header: Vec<String> = first.split(',').map(|c| c.trim().to_string()).collect();
         let column = |name: &'static str| {
@@ -70,6 +87,18 @@ fn dash_l(line: &str) -> Option<Listed> {
         name: Some(name.trim().to_string()),
         memory_bytes: None,
         pci_bus_id: None,
+        mig: Vec::new(),
+    })
+}
+
+/// `  MIG 1g.10gb     Device  0: (UUID: MIG-...)`
+fn dash_l_mig(line: &str) -> Option<ListedMig> {
+    let (profile, rest) = line.trim().strip_prefix("MIG ")?.split_once(" Device ")?;
+    let (index, uuid) = rest.split_once(": (UUID: ")?;
+    Some(ListedMig {
+        index: index.trim().parse().ok()?,
+        profile: profile.trim().to_string(),
+        uuid: uuid.strip_suffix(')')?.trim().to_string(),
     })
 }
 
@@ -95,6 +124,7 @@ fn csv_row(line: &str, c: &Columns) -> Option<Listed> {
         name: text(c.name).map(str::to_string),
         memory_bytes,
         pci_bus_id: text(c.bus).map(str::to_string),
+        mig: Vec::new(),
     })
 }
 
@@ -109,13 +139,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_dash_l_and_skips_mig_devices() {
-        let text = "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaaa)\n  MIG 1g.10gb     Device  0: (UUID: MIG-bbbb)\nGPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-cccc)\n";
+    fn reads_dash_l_with_mig_devices_under_their_gpu() {
+        let text = "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-aaaa)\n  MIG 3g.40gb     Device  0: (UUID: MIG-bbbb)\n  MIG 1g.10gb     Device  1: (UUID: MIG-dddd)\nGPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-cccc)\n";
         let list = parse(text).unwrap();
         assert_eq!(list.len(), 2);
         assert_eq!(list[1].index, 1);
         assert_eq!(list[1].uuid, "GPU-cccc");
         assert_eq!(list[1].name.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
+        assert!(list[1].mig.is_empty());
+        let mig = &list[0].mig;
+        assert_eq!(
+            mig[1],
+            ListedMig {
+                index: 1,
+                profile: "1g.10gb".into(),
+                uuid: "MIG-dddd".into()
+            }
+        );
+        assert_eq!(mig[0].profile, "3g.40gb");
+        let err = parse("GPU 0: A (UUID: GPU-a)\n  MIG 1g.10gb Device x\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2"), "{err}");
     }
 
     #[test]

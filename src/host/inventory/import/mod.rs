@@ -8,12 +8,18 @@
 //! `unknown` (the bandwidth table's defaults), memory 0 (unknown), bus id
 //! `00000000:<index + 1>:00.0`. The device minor is taken to be the index, as it is on
 //! most machines; edit the file where it is not.
+//!
+//! The MIG devices `nvidia-smi -L` lists under a GPU make it a GPU in MIG mode with
+//! those instances (index, profile, UUID). That list names no GPU or compute instance
+//! ids, so the instances can be modelled (`gpupin pick`) but not given to anyone until
+//! `gi` and `ci` are added from `nvidia-smi mig -lgi` and `-lci` (or the inventory comes
+//! from NVML or procfs). A GPU in MIG mode with no instances is not told apart there.
 
 mod listing;
 mod topo;
 
 use super::file::{DEFAULT_GPU_MAJOR, default_control_nodes};
-use super::{Gpu, Inventory, Link};
+use super::{Gpu, Inventory, Link, MigInstance};
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +86,8 @@ pub fn import(topo: &str, list: Option<&str>, origin: &Path) -> Result<Inventory
         gpus,
         control_nodes: default_control_nodes(DEFAULT_GPU_MAJOR),
         links: Some(links),
+        // The file format's default where there is MIG.
+        caps_major: None,
     };
     // Through the file format and back: its checks (a symmetric matrix, X on the
     // diagonal only, unique UUIDs and bus ids) and its order (by index).
@@ -91,7 +99,7 @@ pub fn import(topo: &str, list: Option<&str>, origin: &Path) -> Result<Inventory
 
 fn gpu(index: u32, row: &topo::Row, listed: Option<&listing::Listed>) -> Gpu {
     let stand_in_bus = format!("00000000:{:02X}:00.0", index + 1);
-    Gpu {
+    let mut gpu = Gpu {
         index,
         uuid: listed.map_or_else(
             || format!("GPU-1e0a0000-0000-4000-8000-{index:012x}"),
@@ -107,7 +115,26 @@ fn gpu(index: u32, row: &topo::Row, listed: Option<&listing::Listed>) -> Gpu {
         minor: index,
         numa_node: row.numa,
         local_cpus: row.cpus.clone(),
+        mig: None,
+    };
+    let listed_mig = listed.map(|l| l.mig.as_slice()).unwrap_or_default();
+    if !listed_mig.is_empty() {
+        let instances = listed_mig
+            .iter()
+            .map(|m| MigInstance {
+                index: m.index,
+                uuid: m.uuid.clone(),
+                profile: Some(m.profile.clone()),
+                memory_bytes: 0,
+                access: None,
+                parent_index: gpu.index,
+                parent_uuid: gpu.uuid.clone(),
+                parent_minor: gpu.minor,
+            })
+            .collect();
+        gpu.mig = Some(instances);
     }
+    gpu
 }
 
 #[cfg(test)]
@@ -128,6 +155,26 @@ mod tests {
         assert_eq!(inv.gpus[1].numa_node, Some(1));
         assert_eq!(inv.gpus[1].local_cpus.as_deref(), Some("8-15"));
         assert_eq!(inv.link(0, 1), Some(Link::NvLink(4)));
+    }
+
+    #[test]
+    fn mig_devices_of_the_list_become_instances() {
+        let list = "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-a)\n  MIG 3g.40gb     Device  0: (UUID: MIG-b)\n  MIG 1g.10gb     Device  1: (UUID: MIG-c)\nGPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-d)\n";
+        let inv = import(TOPO, Some(list), Path::new("t")).unwrap();
+        let mig = inv.gpus[0].mig_instances();
+        assert_eq!(mig.len(), 2);
+        assert_eq!(
+            (mig[1].address(), mig[1].profile_name()),
+            ("0:1".into(), "1g.10gb")
+        );
+        assert_eq!((mig[1].uuid.as_str(), mig[1].access), ("MIG-c", None));
+        assert_eq!(mig[1].parent_uuid, "GPU-a");
+        assert!(!inv.gpus[1].in_mig_mode());
+        let bad = list.replace("1g.10gb ", "10gb ");
+        let err = import(TOPO, Some(&bad), Path::new("t"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gpus[0].mig[1].profile \"10gb\""), "{err}");
     }
 
     #[test]
