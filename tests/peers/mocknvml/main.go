@@ -8,15 +8,22 @@
 // (its Func is nil, and it panics) answers NVML_ERROR_NOT_SUPPORTED, as a real driver
 // does for a feature a board lacks.
 //
-// Left out on purpose: nvmlDeviceGetMigMode. NVIDIA's toolkit (go-nvlib, in `nvidia-ctk
-// cdi generate`) treats a library without it as "no MIG" and makes full-GPU devices; with
-// it, the mock's GPUs are MIG-capable and nvidia-ctk goes on to nvmlDeviceGetMaxMigDeviceCount
-// and nvmlDeviceGetMigDeviceHandleByIndex, which go-nvml's mock server does not implement
-// (tried: nvidia-ctk then fails). Answers for those would be made up here, so the symbol
-// stays out, and the toolkit sees what a driver without MIG shows it.
+// MIG: GPUs are put into MIG mode, and their GPU and compute instances created, through
+// the mock's own calls at initialisation (GPUPIN_MOCK_MIG, see package profile). go-nvml's
+// mock server models GPU and compute instances but not MIG device handles, which NVML
+// gives for each compute instance: this bridge makes one per compute instance
+// (profile.MigDevice: UUID, name, memory from the GPU's MIG profile table) and answers
+// for it nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetMaxMigDeviceCount,
+// nvmlDeviceGetDeviceHandleFromMigDeviceHandle, nvmlDeviceIsMigDeviceHandle,
+// nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId, and UUID, name, memory and
+// lookup by UUID. A GPU not in MIG mode has no MIG devices (count 0), as NVIDIA's
+// toolkit then sees only whole GPUs.
 //
 // Environment:
 //   - GPUPIN_MOCK_NVML_PROFILE: dgxa100 (default), dgxh100 or a30pcie (see package profile).
+//   - GPUPIN_MOCK_MIG: the MIG geometry, e.g. "0:3g.40gb,2g.20gb,1g.10gb,1g.10gb;7:"
+//     (profile names as nvidia-smi prints them for the profile's GPU; "7:" is MIG mode
+//     with no instances). Unset: no GPU in MIG mode.
 //   - GPUPIN_MOCK_NVML_LIVE: optional JSON of live figures per GPU index (what a test sets,
 //     as it would edit a profile of NVIDIA's YAML mock); read when NVML is initialised.
 //     {"gpus": [{"index": 0, "utilization": 35, "memory_used": 1073741824,
@@ -26,8 +33,8 @@
 //     temperature, power and processes not supported.
 //
 // Where a variable is unset (runc runs hooks with an empty environment), the files
-// mock-nvml.profile (the profile's name) and mock-nvml-live.json beside the loaded
-// library stand in for them.
+// mock-nvml.profile (the profile's name), mock-nvml-mig (the geometry) and
+// mock-nvml-live.json beside the loaded library stand in for them.
 package main
 
 /*
@@ -56,6 +63,9 @@ var (
 	srv     *server.Server
 	handles []unsafe.Pointer // C memory, one byte per GPU: the opaque nvmlDevice_t
 	inits   int
+	// MIG devices per GPU index, and their handles (C memory as for GPUs).
+	migs       map[int][]*profile.MigDevice
+	migHandles map[unsafe.Pointer]*profile.MigDevice
 )
 
 type liveFile struct {
@@ -133,10 +143,27 @@ func load() nvml.Return {
 			return nvml.ERROR_UNKNOWN
 		}
 	}
+	spec, err := profile.MigSpec(besideLibrary("mock-nvml-mig"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mock libnvidia-ml:", err)
+		return nvml.ERROR_UNKNOWN
+	}
+	devices, err := profile.ApplyMig(s, spec)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mock libnvidia-ml:", err)
+		return nvml.ERROR_UNKNOWN
+	}
 	srv = s
 	handles = make([]unsafe.Pointer, len(s.Devices))
 	for i := range handles {
 		handles[i] = C.malloc(1)
+	}
+	migs = devices
+	migHandles = map[unsafe.Pointer]*profile.MigDevice{}
+	for _, list := range devices {
+		for _, m := range list {
+			migHandles[C.malloc(1)] = m
+		}
 	}
 	return nvml.SUCCESS
 }
@@ -206,6 +233,25 @@ func device(h unsafe.Pointer) (*server.Device, nvml.Return) {
 		}
 	}
 	return nil, nvml.ERROR_INVALID_ARGUMENT
+}
+
+// migDevice is the MIG device of handle h; nil when h is not one.
+func migDevice(h unsafe.Pointer) *profile.MigDevice {
+	mu.Lock()
+	defer mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	return migHandles[h]
+}
+
+func migHandleOf(m *profile.MigDevice) unsafe.Pointer {
+	for h, candidate := range migHandles {
+		if candidate == m {
+			return h
+		}
+	}
+	return nil
 }
 
 func handleOf(d nvml.Device) unsafe.Pointer {
@@ -358,7 +404,17 @@ func nvmlDeviceGetHandleByUUID(uuid *C.char, handle *unsafe.Pointer) (out C.int)
 	if r != nvml.SUCCESS {
 		return ret(r)
 	}
-	d, r := s.DeviceGetHandleByUUID(C.GoString(uuid))
+	want := C.GoString(uuid)
+	mu.Lock()
+	for h, m := range migHandles {
+		if m.UUID == want {
+			*handle = h
+			mu.Unlock()
+			return ret(nvml.SUCCESS)
+		}
+	}
+	mu.Unlock()
+	d, r := s.DeviceGetHandleByUUID(want)
 	if r == nvml.SUCCESS {
 		*handle = handleOf(d)
 	} else if r == nvml.ERROR_INVALID_ARGUMENT {
@@ -371,6 +427,9 @@ func nvmlDeviceGetHandleByUUID(uuid *C.char, handle *unsafe.Pointer) (out C.int)
 //export nvmlDeviceGetUUID
 func nvmlDeviceGetUUID(h unsafe.Pointer, buf *C.char, length C.uint) (out C.int) {
 	defer guard(&out)
+	if m := migDevice(h); m != nil {
+		return ret(cString(m.UUID, buf, length))
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
@@ -385,6 +444,9 @@ func nvmlDeviceGetUUID(h unsafe.Pointer, buf *C.char, length C.uint) (out C.int)
 //export nvmlDeviceGetName
 func nvmlDeviceGetName(h unsafe.Pointer, buf *C.char, length C.uint) (out C.int) {
 	defer guard(&out)
+	if m := migDevice(h); m != nil {
+		return ret(cString(m.Name, buf, length))
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
@@ -425,19 +487,22 @@ func nvmlDeviceGetMinorNumber(h unsafe.Pointer, minor *C.uint) (out C.int) {
 }
 
 // nvmlDeviceIsMigDeviceHandle: NVIDIA's runtime in jit-cdi mode asks it of every GPU it is
-// given. The mock's own answer when it has one; go-nvml's mock server leaves it out, and then
-// the answer is the handle's kind, which this bridge owns: every handle it gives out is one
-// of the mock's whole GPUs (it exports no MIG device handles), so none is a MIG device.
+// given. The mock server leaves it out, and the answer is the handle's kind, which this
+// bridge owns: a MIG device handle of its table, or one of the mock's whole GPUs.
 //
 //export nvmlDeviceIsMigDeviceHandle
 func nvmlDeviceIsMigDeviceHandle(h unsafe.Pointer, isMig *C.uint) (out C.int) {
 	defer guard(&out)
+	if isMig == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	if migDevice(h) != nil {
+		*isMig = 1
+		return ret(nvml.SUCCESS)
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
-	}
-	if isMig == nil {
-		return ret(nvml.ERROR_INVALID_ARGUMENT)
 	}
 	mig := false
 	if d.IsMigDeviceHandleFunc != nil {
@@ -449,6 +514,108 @@ func nvmlDeviceIsMigDeviceHandle(h unsafe.Pointer, isMig *C.uint) (out C.int) {
 	if mig {
 		*isMig = 1
 	}
+	return ret(nvml.SUCCESS)
+}
+
+// nvmlDeviceGetMigMode: the mock's mode (current and pending alike).
+//
+//export nvmlDeviceGetMigMode
+func nvmlDeviceGetMigMode(h unsafe.Pointer, current, pending *C.uint) (out C.int) {
+	defer guard(&out)
+	if current == nil || pending == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	if migDevice(h) != nil {
+		return ret(nvml.ERROR_NOT_SUPPORTED)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	c, p, r := d.GetMigMode()
+	if r == nvml.SUCCESS {
+		*current, *pending = C.uint(c), C.uint(p)
+	}
+	return ret(r)
+}
+
+// nvmlDeviceGetMaxMigDeviceCount: as many as the GPU has 1-slice instances of its
+// smallest profile (7 on an A100) in MIG mode; 0 otherwise, so that a caller looks for no
+// MIG device on a whole GPU.
+//
+//export nvmlDeviceGetMaxMigDeviceCount
+func nvmlDeviceGetMaxMigDeviceCount(h unsafe.Pointer, count *C.uint) (out C.int) {
+	defer guard(&out)
+	if count == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	*count = 0
+	if mode, _, r := d.GetMigMode(); r == nvml.SUCCESS && mode == nvml.DEVICE_MIG_ENABLE {
+		info := d.Config.MIGProfiles.GpuInstanceProfiles[nvml.GPU_INSTANCE_PROFILE_1_SLICE]
+		*count = C.uint(info.InstanceCount)
+	}
+	return ret(nvml.SUCCESS)
+}
+
+// nvmlDeviceGetMigDeviceHandleByIndex: NOT_FOUND for an index below the maximum with no
+// MIG device, as a driver answers.
+//
+//export nvmlDeviceGetMigDeviceHandleByIndex
+func nvmlDeviceGetMigDeviceHandleByIndex(h unsafe.Pointer, index C.uint, mig *unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if mig == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	list := migs[d.Index]
+	if int(index) >= len(list) {
+		return ret(nvml.ERROR_NOT_FOUND)
+	}
+	*mig = migHandleOf(list[index])
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetDeviceHandleFromMigDeviceHandle
+func nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h unsafe.Pointer, parent *unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	m := migDevice(h)
+	if m == nil || parent == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	*parent = handleOf(m.Parent)
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetGpuInstanceId
+func nvmlDeviceGetGpuInstanceId(h unsafe.Pointer, id *C.uint) (out C.int) {
+	defer guard(&out)
+	m := migDevice(h)
+	if m == nil || id == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	*id = C.uint(m.GiID)
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetComputeInstanceId
+func nvmlDeviceGetComputeInstanceId(h unsafe.Pointer, id *C.uint) (out C.int) {
+	defer guard(&out)
+	m := migDevice(h)
+	if m == nil || id == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	*id = C.uint(m.CiID)
 	return ret(nvml.SUCCESS)
 }
 
@@ -493,6 +660,11 @@ func nvmlDeviceGetPciInfo_v3(h unsafe.Pointer, pci unsafe.Pointer) (out C.int) {
 //export nvmlDeviceGetMemoryInfo
 func nvmlDeviceGetMemoryInfo(h unsafe.Pointer, mem unsafe.Pointer) (out C.int) {
 	defer guard(&out)
+	if m := migDevice(h); m != nil {
+		total := m.MemoryMB << 20
+		*(*nvml.Memory)(mem) = nvml.Memory{Total: total, Free: total}
+		return ret(nvml.SUCCESS)
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
@@ -507,6 +679,12 @@ func nvmlDeviceGetMemoryInfo(h unsafe.Pointer, mem unsafe.Pointer) (out C.int) {
 //export nvmlDeviceGetMemoryInfo_v2
 func nvmlDeviceGetMemoryInfo_v2(h unsafe.Pointer, mem unsafe.Pointer) (out C.int) {
 	defer guard(&out)
+	if m := migDevice(h); m != nil {
+		v2 := (*nvml.Memory_v2)(mem)
+		total := m.MemoryMB << 20
+		v2.Total, v2.Reserved, v2.Free, v2.Used = total, 0, total, 0
+		return ret(nvml.SUCCESS)
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
