@@ -167,7 +167,7 @@ impl<'a> Status<'a> {
                         .map(|seen| live::process_json(seen, &live::whose(seen, &running)))
                         .collect::<Vec<_>>()
                 });
-                json!({
+                let mut gpu = json!({
                     "index": g.index,
                     "uuid": g.uuid,
                     "name": g.name,
@@ -175,14 +175,35 @@ impl<'a> Status<'a> {
                     "holders": holders,
                     "live": figures.map(|l| live::figures_json(g, l)),
                     "processes": processes,
-                })
+                });
+                // A GPU in MIG mode: its instances, each with its holders.
+                if let Some(list) = &g.mig {
+                    gpu["mig"] = list
+                        .iter()
+                        .map(|m| {
+                            json!({
+                                "address": m.address(),
+                                "uuid": m.uuid,
+                                "profile": m.profile,
+                                "memory": m.memory_bytes,
+                                "holders": holders_of(&m.uuid, self.records)
+                                    .map(|r| holder::json(r, now, self.grace))
+                                    .collect::<Vec<_>>(),
+                            })
+                        })
+                        .collect();
+                }
+                gpu
             })
             .collect();
-        let total = self.inventory.gpus.len();
+        let total = self.whole_gpus();
+        let (mig_total, mig_free) = self.mig_counts();
         json!({
             "inventory": self.inventory.source,
             "total": total,
             "free": total - self.held(),
+            "mig_total": mig_total,
+            "mig_free": mig_free,
             "gpus": gpus,
             "holders": self.records.iter().map(|r| holder::json(r, now, self.grace)).collect::<Vec<_>>(),
             "foreign": self.foreign(&running),
@@ -191,11 +212,45 @@ impl<'a> Status<'a> {
         })
     }
 
+    /// Whole GPUs held; a GPU in MIG mode is no unit of its own and not counted.
     fn held(&self) -> usize {
         let gpus = &self.inventory.gpus;
         gpus.iter()
+            .filter(|g| !g.in_mig_mode())
             .filter(|g| holders_of(&g.uuid, self.records).next().is_some())
             .count()
+    }
+
+    /// The GPUs that are units: those not in MIG mode.
+    fn whole_gpus(&self) -> usize {
+        self.inventory
+            .gpus
+            .iter()
+            .filter(|g| !g.in_mig_mode())
+            .count()
+    }
+
+    /// MIG instances in all, and those no one holds.
+    fn mig_counts(&self) -> (usize, usize) {
+        let all: Vec<_> = self.inventory.mig_instances().collect();
+        let free = all
+            .iter()
+            .filter(|m| holders_of(&m.uuid, self.records).next().is_none())
+            .count();
+        (all.len(), free)
+    }
+
+    /// `MIG: 2 of 4 free`, or `MIG mode, no instances`, for a GPU in MIG mode.
+    fn mig_summary(&self, g: &crate::host::inventory::Gpu) -> Option<String> {
+        let list = g.mig.as_ref()?;
+        if list.is_empty() {
+            return Some("MIG mode, no instances".into());
+        }
+        let free = list
+            .iter()
+            .filter(|m| holders_of(&m.uuid, self.records).next().is_none())
+            .count();
+        Some(format!("MIG: {free} of {} free", list.len()))
     }
 
     /// How many processes on the GPUs no holder owns.
@@ -268,6 +323,9 @@ impl<'a> Status<'a> {
                 .iter()
                 .min_by_key(|r| r.created_at)
                 .map(|r| holder::age_of(now, r));
+            if let Some(summary) = self.mig_summary(g) {
+                who.insert(0, summary);
+            }
             rows.push(vec![
                 Cell::from(g.index.to_string()),
                 Cell::from(short_model(&g.name)),
@@ -295,6 +353,42 @@ impl<'a> Status<'a> {
                     (true, false) => Style::Plain,
                 },
             );
+            // Its MIG instances under it, one row each with its holder.
+            for m in g.mig_instances() {
+                let holders: Vec<&Record> = holders_of(&m.uuid, self.records).collect();
+                let who: Vec<String> = holders
+                    .iter()
+                    .map(|r| match r.is_stale(now, self.grace) {
+                        true => format!("{} (gone)", holder::label(r)),
+                        false => holder::label(r),
+                    })
+                    .collect();
+                let users: Vec<String> = holders
+                    .iter()
+                    .filter_map(|r| r.owner.as_ref().map(|o| o.user.clone()))
+                    .collect();
+                let since = holders
+                    .iter()
+                    .min_by_key(|r| r.created_at)
+                    .map(|r| holder::age_of(now, r));
+                let dash = |list: Vec<String>, sep: &str| match list.is_empty() {
+                    true => "-".to_string(),
+                    false => list.join(sep),
+                };
+                rows.push(vec![
+                    Cell::from(format!(" {}", m.address())),
+                    Cell::from(format!("MIG {}", m.profile_name())),
+                    Cell::from("-"),
+                    Cell::from(gib(m.memory_bytes)),
+                    Cell::from(dash(who, ", ")),
+                    Cell::from(dash(users, ",")),
+                    Cell::from(since.unwrap_or_else(|| "-".into())),
+                ]);
+                styles.push(match holders.iter().any(|r| r.is_stale(now, self.grace)) {
+                    true => Style::Bad,
+                    false => Style::Plain,
+                });
+            }
         }
         // MODEL and HOLDER give way; the figures and the user are short already.
         let mut out = paint_if(
@@ -308,13 +402,17 @@ impl<'a> Status<'a> {
 
     /// The line under the GPUs, the live error and the queue.
     fn summary(&self, out: &mut String, running: &[Record], now: SystemTime, colour: bool) {
-        let total = self.inventory.gpus.len();
+        let total = self.whole_gpus();
         let holders = self.records.len();
         let foreign = self.foreign(running);
+        let _ = write!(out, "{} of {total} GPUs free", total - self.held());
+        if self.inventory.has_mig() {
+            let (all, free) = self.mig_counts();
+            let _ = write!(out, ", {free} of {all} MIG instances free");
+        }
         let _ = write!(
             out,
-            "{} of {total} GPUs free, {holders} holder{}",
-            total - self.held(),
+            ", {holders} holder{}",
             if holders == 1 { "" } else { "s" },
         );
         if foreign > 0 {
@@ -370,21 +468,34 @@ impl<'a> Status<'a> {
             if !self.shows(position) {
                 continue;
             }
-            let index = Cell::from(g.index.to_string());
-            let holders: Vec<&Record> = holders_of(&g.uuid, self.records).collect();
-            if holders.is_empty() {
-                rows.push(vec![index, Cell::from("-")]);
+            // A GPU in MIG mode: a line saying so, then its instances' lines.
+            let mut units = vec![(g.index.to_string(), g.uuid.as_str())];
+            if let Some(summary) = self.mig_summary(g) {
+                rows.push(vec![Cell::from(g.index.to_string()), Cell::from(summary)]);
                 styles.push(Style::Plain);
-                continue;
+                units = g
+                    .mig_instances()
+                    .iter()
+                    .map(|m| (format!(" {}", m.address()), m.uuid.as_str()))
+                    .collect();
             }
-            for r in holders {
-                let mut row = vec![index.clone()];
-                row.extend(holder::cells(r, now, self.grace));
-                rows.push(row);
-                styles.push(match r.is_stale(now, self.grace) {
-                    true => Style::Bad,
-                    false => Style::Plain,
-                });
+            for (name, uuid) in units {
+                let index = Cell::from(name);
+                let holders: Vec<&Record> = holders_of(uuid, self.records).collect();
+                if holders.is_empty() {
+                    rows.push(vec![index, Cell::from("-")]);
+                    styles.push(Style::Plain);
+                    continue;
+                }
+                for r in holders {
+                    let mut row = vec![index.clone()];
+                    row.extend(holder::cells(r, now, self.grace));
+                    rows.push(row);
+                    styles.push(match r.is_stale(now, self.grace) {
+                        true => Style::Bad,
+                        false => Style::Plain,
+                    });
+                }
             }
         }
         // HOLDER and IMAGE give way; GPU, KIND, PID and AGE are short already.
@@ -690,6 +801,46 @@ mod tests {
             row(4),
             ["4", "big-run (alice)", "hold", holder::UNTIL_RELEASED, "0s"]
         );
+    }
+
+    #[test]
+    fn status_shows_mig_instances_under_their_gpu() {
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let instance = inv.find_mig("0:2").unwrap().uuid.clone();
+        let mut r = crate::state::ledger::testing::record("c1", &[instance.as_str()]);
+        r.indices = vec![0];
+        let records = [r];
+        let status = Status::new(&inv, &records, Duration::from_secs(60));
+        let text = status.compact(false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[1].starts_with("0 ") && lines[1].contains("MIG: 3 of 4 free"),
+            "{text}"
+        );
+        assert!(
+            lines[4].starts_with(" 0:2") && lines[4].contains("MIG 1g.10gb"),
+            "{text}"
+        );
+        assert!(lines[4].contains("c1"), "{text}");
+        assert!(lines[12].contains("MIG mode, no instances"), "{text}");
+        assert!(
+            text.contains("6 of 6 GPUs free, 3 of 4 MIG instances free, 1 holder"),
+            "{text}"
+        );
+        assert!(
+            text.lines().all(|l| l.chars().count() <= STATUS_WIDTH),
+            "{text}"
+        );
+        let long = status.table(false);
+        assert!(long.contains(" 0:2  c1"), "{long}");
+        let json = status.json();
+        assert_eq!(json["mig_total"], 4);
+        assert_eq!(json["mig_free"], 3);
+        assert_eq!(json["total"], 6);
+        assert_eq!(json["gpus"][0]["mig"][2]["address"], "0:2");
+        assert_eq!(json["gpus"][0]["mig"][2]["holders"][0]["id"], "c1");
+        assert_eq!(json["gpus"][7]["mig"], serde_json::json!([]));
+        assert!(json["gpus"][1].get("mig").is_none());
     }
 
     #[test]

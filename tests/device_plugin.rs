@@ -394,3 +394,126 @@ async fn a_fake_kubelet_sees_gpupins_holders_and_allocates_through_the_ledger() 
     assert!(exit.success(), "{exit}; log:\n{}", plugin.log());
     assert!(!socket.exists(), "the socket is left after SIGTERM");
 }
+
+/// `--mig-strategy mixed` on the simulated A100 with MIG: one registration per resource
+/// (whole GPUs, then `gpupin.io/mig-<profile>`), each on its own socket; the 1g.10gb
+/// plugin lists the two 1g.10gb instances, and Allocate of one returns its GPU's node and
+/// its two capability nodes with NVIDIA_VISIBLE_DEVICES = its UUID. Needs no root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mixed_strategy_serves_each_mig_profile_as_a_resource() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let state = dir.join("state");
+    let config = dir.join("gpupin.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "state_dir = {:?}\naudit_log = {:?}\ninventory = \"sim:dgxa100mig\"\n",
+            state,
+            dir.join("audit.log")
+        ),
+    )
+    .unwrap();
+    let plugin_dir = dir.join("device-plugins");
+    std::fs::create_dir(&plugin_dir).unwrap();
+    let mut registered = serve_registration(&plugin_dir);
+    let pods = FakePods::default();
+    let pod_resources = dir.join("pod-resources.sock");
+    let lister = PodResourcesListerServer::new(pods.clone());
+    tokio::spawn(Server::builder().serve_with_incoming(lister, listen(&pod_resources)));
+    let log = dir.join("device-plugin.log");
+    let plugin = PluginProcess {
+        child: Command::new(harness::binary(GPUPIN))
+            .arg("--config")
+            .arg(&config)
+            .arg("device-plugin")
+            .arg("--plugin-dir")
+            .arg(&plugin_dir)
+            .arg("--pod-resources-socket")
+            .arg(&pod_resources)
+            .args(["--mig-strategy", "mixed", "--poll-interval", "200ms"])
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        log,
+    };
+    let mut requests = Vec::new();
+    for _ in 0..4 {
+        let request = tokio::time::timeout(PATIENCE, registered.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the plugin never registered; its log:\n{}", plugin.log()))
+            .unwrap();
+        requests.push((request.resource_name, request.endpoint));
+    }
+    requests.sort();
+    assert_eq!(
+        requests,
+        [
+            ("gpupin.io/gpu".to_string(), "gpupin.sock".to_string()),
+            (
+                "gpupin.io/mig-1g.10gb".into(),
+                "gpupin-mig-1g.10gb.sock".into()
+            ),
+            (
+                "gpupin.io/mig-2g.20gb".into(),
+                "gpupin-mig-2g.20gb.sock".into()
+            ),
+            (
+                "gpupin.io/mig-3g.40gb".into(),
+                "gpupin-mig-3g.40gb.sock".into()
+            ),
+        ]
+    );
+    let mig: Vec<(String, String)> = status(&config)["gpus"][0]["mig"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["profile"].as_str().unwrap().to_string(),
+                m["uuid"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let small: Vec<String> = mig
+        .iter()
+        .filter(|(p, _)| p == "1g.10gb")
+        .map(|(_, u)| u.clone())
+        .collect();
+    let socket = plugin_dir.join("gpupin-mig-1g.10gb.sock");
+    let mut client = DevicePluginClient::new(connect(&socket).await);
+    let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let first = next_list(&mut stream, &plugin, |_| true).await;
+    assert_eq!(healthy(&first), small);
+    // The whole-GPU resource leaves out GPUs 0 and 7, which are in MIG mode.
+    let mut whole = DevicePluginClient::new(connect(&plugin_dir.join("gpupin.sock")).await);
+    let mut whole_stream = whole.list_and_watch(Empty {}).await.unwrap().into_inner();
+    let whole_list = next_list(&mut whole_stream, &plugin, |_| true).await;
+    assert_eq!(whole_list.devices.len(), 6);
+
+    let answer = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![small[1].clone()],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &answer.container_responses[0];
+    let paths: Vec<&str> = c
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert_eq!(
+        paths[..3],
+        [
+            "/dev/nvidia0",
+            "/dev/nvidia-caps/nvidia-cap93",
+            "/dev/nvidia-caps/nvidia-cap94"
+        ]
+    );
+    assert_eq!(c.envs.get("NVIDIA_VISIBLE_DEVICES"), Some(&small[1]));
+}

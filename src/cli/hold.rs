@@ -10,7 +10,7 @@ use gpupin::model::holder::HolderId;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["devices", "count"])))]
+#[command(group(clap::ArgGroup::new("which").required(true).multiple(true).args(["devices", "count", "mig"])))]
 pub struct HoldArgs {
     /// The holder id, e.g. slurm-$SLURM_JOB_ID or maintenance-gpu7
     pub id: String,
@@ -18,7 +18,7 @@ pub struct HoldArgs {
     #[arg(long)]
     pub devices: Option<String>,
     /// How many GPUs, chosen by the policy as for a container (--gpus is the same)
-    #[arg(long, visible_alias = "gpus", conflicts_with_all = ["by_minor", "by_slurm_index"], value_parser = super::flag::positive())]
+    #[arg(long, visible_alias = "gpus", conflicts_with_all = ["devices", "by_minor", "by_slurm_index"], value_parser = super::flag::positive())]
     pub count: Option<u32>,
     /// MIG instances of this profile (e.g. 1g.10gb), or "any"; --count says how many
     #[arg(long, conflicts_with_all = ["devices", "by_minor", "by_slurm_index"])]
@@ -145,10 +145,11 @@ fn slurm_minors(numbers: &str) -> anyhow::Result<String> {
         Some(node) => node,
         None => slurm::short_hostname().context("reading this host's name")?,
     };
-    let minors = slurm::minors(&gres_conf, &node, numbers)?;
-    Ok(minors
+    // A MIG instance (a MultipleFiles= line) as `gpu/cap/cap`, which --by-minor takes.
+    let units = slurm::units(&gres_conf, &node, numbers)?;
+    Ok(units
         .iter()
-        .map(u32::to_string)
+        .map(slurm::SlurmUnit::key)
         .collect::<Vec<_>>()
         .join(","))
 }

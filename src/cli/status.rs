@@ -158,7 +158,13 @@ impl Screen {
             return None;
         }
         let now = SystemTime::now();
-        let holders = |uuid: &str| holders_of(uuid, &self.records).collect::<Vec<_>>();
+        // A GPU's holders, or for a GPU in MIG mode its instances'.
+        let holders = |g: &gpupin::host::inventory::Gpu| {
+            std::iter::once(g.uuid.as_str())
+                .chain(g.mig_instances().iter().map(|m| m.uuid.as_str()))
+                .flat_map(|uuid| holders_of(uuid, &self.records))
+                .collect::<Vec<_>>()
+        };
         let busy = |position: usize| {
             self.processes
                 .as_ref()
@@ -173,15 +179,14 @@ impl Screen {
             .filter(|(_, g)| args.gpu.is_empty() || args.gpu.contains(&g.index))
             .filter(|(_, g)| {
                 args.user.as_ref().is_none_or(|user| {
-                    holders(&g.uuid)
+                    holders(g)
                         .iter()
                         .any(|r| r.owner.as_ref().is_some_and(|o| &o.user == user))
                 })
             })
             .filter(|(position, g)| {
                 !args.free
-                    || (holders(&g.uuid).iter().all(|r| r.is_stale(now, self.grace))
-                        && !busy(*position))
+                    || (holders(g).iter().all(|r| r.is_stale(now, self.grace)) && !busy(*position))
             })
             .map(|(position, _)| position)
             .collect();

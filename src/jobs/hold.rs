@@ -29,6 +29,10 @@ pub enum HoldError {
     NoLifetime,
     #[error("give --devices LIST or --count N, not both")]
     DevicesAndCount,
+    #[error(
+        "no MIG instance of /dev/nvidia{gpu} has capability minors {caps}: gres.conf and the MIG geometry differ (gpupin inventory lists the instances)"
+    )]
+    UnknownMigMinors { gpu: u32, caps: String },
     #[error("give --mig PROFILE (with --count N) or --devices LIST, not both")]
     MigAndDevices,
     #[error(transparent)]
@@ -186,6 +190,9 @@ fn device_keys(config: &Config, hold: &Hold) -> Result<Vec<String>, HoldError> {
 fn by_minor(keys: &[String], inventory: &Inventory, value: &str) -> Result<Vec<String>, HoldError> {
     keys.iter()
         .map(|k| {
+            if k.contains('/') {
+                return mig_by_minors(k, inventory, value);
+            }
             let minor: u32 = k.parse().map_err(|_| HoldError::BadDevices {
                 value: value.to_string(),
                 expected: "expected comma-separated device minors, such as 0,1 (the N of /dev/nvidiaN)",
@@ -206,6 +213,40 @@ fn by_minor(keys: &[String], inventory: &Inventory, value: &str) -> Result<Vec<S
                 })
         })
         .collect()
+}
+
+/// A MIG instance by its GPU's minor and its capability minors (`0/84/85`, what
+/// `--by-slurm-index` makes of a gres.conf `MultipleFiles=` line).
+fn mig_by_minors(key: &str, inventory: &Inventory, value: &str) -> Result<String, HoldError> {
+    let bad = || HoldError::BadDevices {
+        value: value.to_string(),
+        expected: "expected device minors such as 0,1, a MIG instance as GPU/CAP/CAP (0/84/85)",
+    };
+    let numbers = key
+        .split('/')
+        .map(|n| n.parse::<u32>().ok())
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(bad)?;
+    let (gpu, mut caps) = match numbers.split_first() {
+        Some((gpu, caps)) if caps.len() == 2 => (*gpu, caps.to_vec()),
+        _ => return Err(bad()),
+    };
+    caps.sort_unstable();
+    inventory
+        .mig_instances()
+        .find(|m| {
+            m.parent_minor == gpu
+                && m.access.is_some_and(|a| {
+                    let mut own = [a.gi_minor, a.ci_minor];
+                    own.sort_unstable();
+                    own == caps.as_slice()
+                })
+        })
+        .map(|m| m.uuid.clone())
+        .ok_or_else(|| HoldError::UnknownMigMinors {
+            gpu,
+            caps: format!("{} and {}", caps[0], caps[1]),
+        })
 }
 
 /// Test fixtures: holds as root's tools make them.
@@ -326,6 +367,31 @@ mod tests {
         assert_eq!(
             err,
             "give --mig PROFILE (with --count N) or --devices LIST, not both"
+        );
+    }
+
+    #[test]
+    fn by_minor_takes_a_mig_instance_as_gpu_and_cap_minors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path(), "sim:dgxa100mig");
+        let record = hold(&config, &spec("0/85/84,3", true), "test").unwrap();
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let mut want = vec![
+            inv.find_mig("0:2").unwrap().uuid.clone(),
+            inv.gpus[3].uuid.clone(),
+        ];
+        want.sort();
+        let mut got = record.gpus.clone();
+        got.sort();
+        assert_eq!(got, want);
+        let other = Hold {
+            id: HolderId::new("slurm-43").unwrap(),
+            ..spec("0/84/99", true)
+        };
+        let err = hold(&config, &other, "test").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "no MIG instance of /dev/nvidia0 has capability minors 84 and 99: gres.conf and the MIG geometry differ (gpupin inventory lists the instances)"
         );
     }
 

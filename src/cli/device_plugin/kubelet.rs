@@ -42,9 +42,18 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let config = Arc::new(config);
     let inventory = Arc::new(inventory);
-    let (tx, devices) = watch::channel(read_devices(&config, &inventory).await?);
-    tokio::spawn(poll(config.clone(), inventory.clone(), tx, timing.poll));
-    tokio::spawn(reconcile_loop(config.clone(), endpoints.clone(), timing));
+    let unit = endpoints.unit.clone();
+    let (tx, devices) = watch::channel(read_devices(&config, &inventory, &unit).await?);
+    tokio::spawn(poll(
+        config.clone(),
+        inventory.clone(),
+        unit,
+        tx,
+        timing.poll,
+    ));
+    if endpoints.reconciles {
+        tokio::spawn(reconcile_loop(config.clone(), endpoints.clone(), timing));
+    }
     let plugin = Arc::new(Plugin {
         config,
         inventory,
@@ -171,11 +180,16 @@ fn remove_socket(path: &Path) -> anyhow::Result<()> {
 async fn read_devices(
     config: &Arc<Config>,
     inventory: &Arc<Inventory>,
+    unit: &devices::Unit,
 ) -> anyhow::Result<Vec<DeviceState>> {
-    let (config, inventory) = (config.clone(), inventory.clone());
+    let (config, inventory, unit) = (config.clone(), inventory.clone(), unit.clone());
     tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<DeviceState>> {
         let ledger = Ledger::read_only_for_config(&config)?;
-        Ok(devices::states(&inventory, &kube::live_records(&ledger)?))
+        Ok(devices::states_of(
+            &inventory,
+            &kube::live_records(&ledger)?,
+            &unit,
+        ))
     })
     .await?
 }
@@ -184,12 +198,13 @@ async fn read_devices(
 async fn poll(
     config: Arc<Config>,
     inventory: Arc<Inventory>,
+    unit: devices::Unit,
     tx: watch::Sender<Vec<DeviceState>>,
     period: Duration,
 ) {
     loop {
         tokio::time::sleep(period).await;
-        match read_devices(&config, &inventory).await {
+        match read_devices(&config, &inventory, &unit).await {
             Ok(states) => {
                 tx.send_if_modified(|old| {
                     let changed = *old != states;
@@ -252,7 +267,8 @@ async fn reconcile_loop(config: Arc<Config>, endpoints: Endpoints, timing: Timin
     }
 }
 
-/// The device ids of our resource that the kubelet's containers hold.
+/// The device ids of our resources that the kubelet's containers hold: every resource
+/// this plugin registers, since a MIG profile's holders are released by this list too.
 async fn assigned(endpoints: &Endpoints) -> anyhow::Result<BTreeSet<String>> {
     let channel = connect(&endpoints.pod_resources_socket).await?;
     let pods = PodResourcesListerClient::new(channel)
@@ -265,7 +281,7 @@ async fn assigned(endpoints: &Endpoints) -> anyhow::Result<BTreeSet<String>> {
         .iter()
         .flat_map(|p| &p.containers)
         .flat_map(|c| &c.devices)
-        .filter(|d| d.resource_name == endpoints.resource_name)
+        .filter(|d| endpoints.all_resources.contains(&d.resource_name))
         .flat_map(|d| d.device_ids.iter().cloned())
         .collect())
 }

@@ -18,6 +18,7 @@ mod service;
 
 use gpupin::input::config::Config;
 use gpupin::jobs::kube::DEFAULT_RESOURCE;
+use gpupin::jobs::kube::devices::{self, MigStrategy, Unit};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -44,6 +45,11 @@ pub struct DevicePluginArgs {
     /// The resource pods ask for in their limits
     #[arg(long, value_name = "NAME", default_value = DEFAULT_RESOURCE)]
     pub resource_name: String,
+    /// MIG instances as NVIDIA's plugin offers them: none (whole GPUs only), single (every
+    /// GPU in MIG mode with one profile: instances under --resource-name), mixed (each
+    /// profile as <domain>/mig-<profile>, e.g. nvidia.com/mig-1g.10gb, beside whole GPUs)
+    #[arg(long, value_name = "STRATEGY", default_value = "none", value_parser = ["none", "single", "mixed"])]
+    pub mig_strategy: String,
     /// How often the ledger is read for GPUs taken or given back outside Kubernetes
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration())]
     pub poll_interval: Duration,
@@ -75,6 +81,12 @@ pub struct Endpoints {
     pub kubelet_socket: PathBuf,
     pub pod_resources_socket: PathBuf,
     pub resource_name: String,
+    /// What this resource advertises.
+    pub unit: Unit,
+    /// Every resource the plugin registers (the reconcile reads them all).
+    pub all_resources: Vec<String>,
+    /// Whether this resource's plugin runs the reconcile: one does, for all of them.
+    pub reconciles: bool,
 }
 
 pub fn run(config: &Config, args: &DevicePluginArgs) -> anyhow::Result<ExitCode> {
@@ -86,13 +98,13 @@ pub fn run(config: &Config, args: &DevicePluginArgs) -> anyhow::Result<ExitCode>
     gpupin::state::open_ledger(config)?;
     let inventory =
         gpupin::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
-    let endpoints = Endpoints {
-        plugin_socket: args.plugin_dir.join(&args.socket_name),
-        socket_name: args.socket_name.clone(),
-        kubelet_socket: args.plugin_dir.join("kubelet.sock"),
-        pod_resources_socket: args.pod_resources_socket.clone(),
-        resource_name: args.resource_name.clone(),
+    let strategy = match args.mig_strategy.as_str() {
+        "single" => MigStrategy::Single,
+        "mixed" => MigStrategy::Mixed,
+        _ => MigStrategy::None,
     };
+    let resources = devices::resources(&inventory, strategy, &args.resource_name)?;
+    let all_resources: Vec<String> = resources.iter().map(|r| r.name.clone()).collect();
     let timing = kubelet::Timing {
         poll: args.poll_interval,
         reconcile: args.reconcile_interval,
@@ -103,6 +115,41 @@ pub fn run(config: &Config, args: &DevicePluginArgs) -> anyhow::Result<ExitCode>
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(kubelet::run(config.clone(), inventory, endpoints, timing))?;
+    // One plugin (socket, registration, device list) per resource, as the kubelet wants.
+    runtime.block_on(async {
+        let mut plugins = tokio::task::JoinSet::new();
+        for (i, resource) in resources.into_iter().enumerate() {
+            let socket_name = match &resource.unit {
+                Unit::Profile(profile) => {
+                    let stem = args
+                        .socket_name
+                        .strip_suffix(".sock")
+                        .unwrap_or(&args.socket_name);
+                    format!("{stem}-mig-{profile}.sock")
+                }
+                Unit::Whole | Unit::AllInstances => args.socket_name.clone(),
+            };
+            let endpoints = Endpoints {
+                plugin_socket: args.plugin_dir.join(&socket_name),
+                socket_name,
+                kubelet_socket: args.plugin_dir.join("kubelet.sock"),
+                pod_resources_socket: args.pod_resources_socket.clone(),
+                resource_name: resource.name,
+                unit: resource.unit,
+                all_resources: all_resources.clone(),
+                reconciles: i == 0,
+            };
+            plugins.spawn(kubelet::run(
+                config.clone(),
+                inventory.clone(),
+                endpoints,
+                timing,
+            ));
+        }
+        while let Some(done) = plugins.join_next().await {
+            done??;
+        }
+        anyhow::Ok(())
+    })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,7 @@
 //! Slurm's gres.conf, as far as gpupin reads it: a node's GPU device files in the order
-//! Slurm numbers them. A job's `SLURM_JOB_GPUS` are positions in that order: the `File=`
+//! Slurm numbers them. A `MultipleFiles=` line is one GPU with several files: a MIG
+//! instance, as Slurm's docs write it, its GPU's `/dev/nvidia<N>` and its two
+//! `/dev/nvidia-caps/nvidia-cap<N>`. A job's `SLURM_JOB_GPUS` are positions in that order: the `File=`
 //! entries of the `Name=gpu` lines that apply to the node, line after line, each list
 //! expanded as written. Not the number in a file's name: under Slurm 22.05, with
 //! `File=/dev/nvidia3` on the first line and `/dev/nvidia1,/dev/nvidia0` and
@@ -37,9 +39,9 @@ pub enum GresError {
         node: String,
     },
     #[error(
-        "gres.conf line {line} sets MultipleFiles= (several files for one GPU): gpupin expects one File= entry per GPU"
+        "gres.conf line {line} sets both File= and MultipleFiles=: give one (MultipleFiles= for the files of one MIG instance)"
     )]
-    MultipleFiles { line: usize },
+    FileAndMultipleFiles { line: usize },
 }
 
 /// One line: its number (from 1) and its `KEY=VALUE` pairs, keys lowercased (Slurm reads
@@ -70,8 +72,18 @@ impl Line {
     }
 }
 
-/// The GPU device files of `node` in Slurm's order, from gres.conf `text`.
+/// The GPU device files of `node` in Slurm's order, from gres.conf `text` (one file per
+/// GPU: the first file of a MultipleFiles= line stands for it).
 pub fn gpu_files(text: &str, node: &str) -> Result<Vec<String>, GresError> {
+    Ok(gpu_units(text, node)?
+        .into_iter()
+        .filter_map(|files| files.into_iter().next())
+        .collect())
+}
+
+/// The GPUs of `node` in Slurm's order, each as its device files: one for a `File=`
+/// entry, all of a `MultipleFiles=` line (a MIG instance).
+pub fn gpu_units(text: &str, node: &str) -> Result<Vec<Vec<String>>, GresError> {
     let lines = parse(text)?;
     refuse_autodetect(&lines, node)?;
     let mut files = Vec::new();
@@ -82,10 +94,11 @@ pub fn gpu_files(text: &str, node: &str) -> Result<Vec<String>, GresError> {
         if !is_gpu || !line.applies_to(node)? {
             continue;
         }
-        if line.get("multiplefiles").is_some() {
-            return Err(GresError::MultipleFiles { line: line.number });
+        let multiple = line.get("multiplefiles");
+        if multiple.is_some() && line.get("file").is_some() {
+            return Err(GresError::FileAndMultipleFiles { line: line.number });
         }
-        let Some(list) = line.get("file") else {
+        let Some(list) = line.get("file").or(multiple) else {
             return Err(GresError::NoFile {
                 line: line.number,
                 node: node.to_string(),
@@ -95,20 +108,32 @@ pub fn gpu_files(text: &str, node: &str) -> Result<Vec<String>, GresError> {
             line: line.number,
             source,
         })?;
-        for file in listed {
+        for file in &listed {
             // Slurm refuses a file listed twice; counting it twice would shift every
-            // later number.
-            if files.contains(&file) {
+            // later number. A GPU's node shared by its MIG instances' lines is no repeat.
+            let is_gpu_node = multiple.is_some() && !is_cap_file(file);
+            if !is_gpu_node && files.iter().flatten().any(|f: &String| f == file) {
                 return Err(GresError::Duplicate {
                     line: line.number,
-                    file,
+                    file: file.clone(),
                     node: node.to_string(),
                 });
             }
-            files.push(file);
+        }
+        match multiple {
+            Some(_) => files.push(listed),
+            None => files.extend(listed.into_iter().map(|f| vec![f])),
         }
     }
     Ok(files)
+}
+
+/// Whether a device file is a MIG capability node (`/dev/nvidia-caps/nvidia-cap<N>`).
+pub fn is_cap_file(file: &str) -> bool {
+    std::path::Path::new(file)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("nvidia-cap"))
 }
 
 /// With AutoDetect, Slurm numbers the GPUs NVML finds, which gres.conf does not list. A
@@ -222,6 +247,30 @@ NodeName=gpu02 Name=mps Count=100 File=/dev/nvidia[0-3]
     }
 
     #[test]
+    fn a_multiple_files_line_is_one_mig_instance() {
+        let text = "Name=gpu Type=a100 File=/dev/nvidia1\n\
+            Name=gpu Type=1g.10gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap[84-85]\n\
+            Name=gpu Type=1g.10gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap93,/dev/nvidia-caps/nvidia-cap94\n";
+        let units = gpu_units(text, "n1").unwrap();
+        assert_eq!(units.len(), 3);
+        assert_eq!(units[0], ["/dev/nvidia1"]);
+        assert_eq!(
+            units[1],
+            [
+                "/dev/nvidia0",
+                "/dev/nvidia-caps/nvidia-cap84",
+                "/dev/nvidia-caps/nvidia-cap85"
+            ]
+        );
+        let again =
+            format!("{text}Name=gpu MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap84\n");
+        assert!(matches!(
+            gpu_units(&again, "n1").unwrap_err(),
+            GresError::Duplicate { line: 4, .. }
+        ));
+    }
+
+    #[test]
     fn keys_in_any_case_quotes_and_continued_lines() {
         let conf = "nodename=n1 NAME=GPU \\\n  file=\"/dev/nvidia[4-5]\"\n";
         assert_eq!(
@@ -266,7 +315,8 @@ NodeName=gpu02 Name=mps Count=100 File=/dev/nvidia[0-3]
             err.starts_with("gres.conf line 1: invalid hostlist"),
             "{err}"
         );
-        let err = gpu_files("Name=gpu MultipleFiles=/dev/a,/dev/b\n", "n1").unwrap_err();
-        assert_eq!(err, GresError::MultipleFiles { line: 1 });
+        let err =
+            gpu_files("Name=gpu File=/dev/a MultipleFiles=/dev/a,/dev/b\n", "n1").unwrap_err();
+        assert_eq!(err, GresError::FileAndMultipleFiles { line: 1 });
     }
 }

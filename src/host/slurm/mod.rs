@@ -52,6 +52,14 @@ pub enum SlurmError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "MultipleFiles={files} of node {node} in {path}: expected one GPU node (/dev/nvidia<N>) beside the nvidia-cap nodes"
+    )]
+    NotOneGpu {
+        files: String,
+        node: String,
+        path: PathBuf,
+    },
     #[error("GPU file {file} of node {node} in {path} is not a character device")]
     NotDevice {
         file: String,
@@ -92,6 +100,34 @@ pub fn short_hostname() -> std::io::Result<String> {
 /// position in gres.conf's list of the node's GPU files (`gres`), and the minor is that
 /// file's, read from the file itself as Slurm reads it (stat, links followed).
 pub fn minors(gres_conf: &Path, node: &str, numbers: &str) -> Result<Vec<u32>, SlurmError> {
+    units(gres_conf, node, numbers)?
+        .into_iter()
+        .map(|unit| Ok(unit.gpu_minor))
+        .collect()
+}
+
+/// One of Slurm's GPUs by its device minors: a GPU's, or a MIG instance's GPU and
+/// capability nodes (a `MultipleFiles=` line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmUnit {
+    pub gpu_minor: u32,
+    /// The capability minors, sorted; empty for a whole GPU.
+    pub cap_minors: Vec<u32>,
+}
+
+impl SlurmUnit {
+    /// `3`, or `0/84/85` for a MIG instance: how `gpupin hold --by-minor` takes it.
+    pub fn key(&self) -> String {
+        std::iter::once(self.gpu_minor)
+            .chain(self.cap_minors.iter().copied())
+            .map(|m| m.to_string())
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+}
+
+/// Slurm's GPU numbers of `node` as units (`minors`, MIG instances included).
+pub fn units(gres_conf: &Path, node: &str, numbers: &str) -> Result<Vec<SlurmUnit>, SlurmError> {
     let positions = numbers
         .split(',')
         .map(|n| n.trim().parse::<usize>().ok())
@@ -105,20 +141,37 @@ pub fn minors(gres_conf: &Path, node: &str, numbers: &str) -> Result<Vec<u32>, S
             path: gres_conf.to_path_buf(),
             source,
         })?;
-    let files = gres::gpu_files(&text, node).map_err(|source| SlurmError::Gres {
+    let units = gres::gpu_units(&text, node).map_err(|source| SlurmError::Gres {
         path: gres_conf.to_path_buf(),
         source,
     })?;
     positions
         .into_iter()
         .map(|number| {
-            let file = files.get(number).ok_or_else(|| SlurmError::NoSuchNumber {
+            let files = units.get(number).ok_or_else(|| SlurmError::NoSuchNumber {
                 number,
                 node: node.to_string(),
                 path: gres_conf.to_path_buf(),
-                count: files.len(),
+                count: units.len(),
             })?;
-            minor_of(file, node, gres_conf)
+            let (caps, gpus): (Vec<&String>, Vec<&String>) =
+                files.iter().partition(|f| gres::is_cap_file(f));
+            let [gpu] = gpus.as_slice() else {
+                return Err(SlurmError::NotOneGpu {
+                    files: files.join(","),
+                    node: node.to_string(),
+                    path: gres_conf.to_path_buf(),
+                });
+            };
+            let mut cap_minors = caps
+                .iter()
+                .map(|f| minor_of(f, node, gres_conf))
+                .collect::<Result<Vec<_>, _>>()?;
+            cap_minors.sort_unstable();
+            Ok(SlurmUnit {
+                gpu_minor: minor_of(gpu, node, gres_conf)?,
+                cap_minors,
+            })
         })
         .collect()
 }
@@ -175,6 +228,36 @@ mod tests {
         let err = minors(&conf, "n1", "0,x").unwrap_err().to_string();
         assert!(
             err.starts_with(r#"invalid Slurm GPU numbers "0,x""#),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_multiple_files_line_is_a_mig_instance_by_its_gpu_and_cap_minors() {
+        let tmp = tempfile::tempdir().unwrap();
+        // /dev/null (1:3) stands in for the GPU, /dev/full (1:7) and /dev/zero (1:5) for
+        // the capability nodes, linked under the names Slurm's docs use.
+        let caps = tmp.path().join("nvidia-caps");
+        std::fs::create_dir(&caps).unwrap();
+        std::os::unix::fs::symlink("/dev/full", caps.join("nvidia-cap85")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", caps.join("nvidia-cap84")).unwrap();
+        let conf = tmp.path().join("gres.conf");
+        let text = format!(
+            "Name=gpu File=/dev/zero\nName=gpu Type=1g.10gb MultipleFiles=/dev/null,{0}/nvidia-cap84,{0}/nvidia-cap85\n",
+            caps.display()
+        );
+        std::fs::write(&conf, text).unwrap();
+        let got = units(&conf, "n1", "1,0").unwrap();
+        assert_eq!(got[0].key(), "3/5/7");
+        assert_eq!(got[1].key(), "5");
+        let bad = format!(
+            "Name=gpu MultipleFiles={0}/nvidia-cap84,{0}/nvidia-cap85\n",
+            caps.display()
+        );
+        std::fs::write(&conf, bad).unwrap();
+        let err = crate::base::message::one_line(&units(&conf, "n1", "0").unwrap_err());
+        assert!(
+            err.contains("expected one GPU node (/dev/nvidia<N>) beside the nvidia-cap nodes"),
             "{err}"
         );
     }

@@ -61,7 +61,13 @@ pub fn allocate(
         return Err(KubeError::NoDevices);
     }
     for id in device_ids {
-        if !inventory.gpus.iter().any(|g| &g.uuid == id) {
+        // Whole GPUs (not in MIG mode) and MIG instances: what `devices` advertises.
+        let known = inventory
+            .gpus
+            .iter()
+            .any(|g| &g.uuid == id && !g.in_mig_mode())
+            || inventory.mig_instances().any(|m| &m.uuid == id);
+        if !known {
             return Err(KubeError::UnknownDevice {
                 id: id.clone(),
                 known: known_uuids(inventory),
@@ -214,6 +220,37 @@ mod tests {
         assert!(granted.cdi_devices.is_empty());
         // A retried Allocate: the same holder, nothing new.
         assert_eq!(allocate(&config, &inv, &ids).unwrap(), granted);
+    }
+
+    #[test]
+    fn allocate_of_a_mig_instance_returns_its_capability_nodes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            inventory: "sim:dgxa100mig".parse().unwrap(),
+            ..config(tmp.path())
+        };
+        let inv = sim(&config);
+        let instance = inv.find_mig("0:2").unwrap();
+        let granted = allocate(&config, &inv, std::slice::from_ref(&instance.uuid)).unwrap();
+        let paths: Vec<&str> = granted.nodes.iter().map(|n| n.path.as_str()).collect();
+        assert_eq!(
+            &paths[..3],
+            [
+                "/dev/nvidia0",
+                "/dev/nvidia-caps/nvidia-cap84",
+                "/dev/nvidia-caps/nvidia-cap85"
+            ]
+        );
+        assert!(
+            granted
+                .env
+                .contains(&(VISIBLE_DEVICES.into(), instance.uuid.clone()))
+        );
+        // GPU 0 itself is in MIG mode: the kubelet cannot be given it whole.
+        let err = allocate(&config, &inv, std::slice::from_ref(&inv.gpus[0].uuid))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("unknown device id"), "{err}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! sends no pod for them. GPUs held by the plugin's own holders stay Healthy: the kubelet
 //! counts them as allocated already.
 
-use super::inside_kubernetes;
+use super::{KubeError, inside_kubernetes};
 use crate::host::inventory::Inventory;
 use crate::state::ledger::{Record, holders_of};
 
@@ -16,17 +16,121 @@ pub struct DeviceState {
     pub numa_node: Option<u32>,
 }
 
-/// Every GPU of `inventory`, in its order, given the `live` (not stale) records.
+/// Every whole GPU of `inventory` (none in MIG mode), in its order, given the `live`
+/// (not stale) records.
 pub fn states(inventory: &Inventory, live: &[Record]) -> Vec<DeviceState> {
-    inventory
-        .gpus
-        .iter()
-        .map(|g| DeviceState {
-            uuid: g.uuid.clone(),
-            healthy: !held_outside(&g.uuid, live),
-            numa_node: g.numa_node,
-        })
-        .collect()
+    states_of(inventory, live, &Unit::Whole)
+}
+
+/// How MIG instances are advertised, as NVIDIA's device plugin names its strategies:
+/// `none` (whole GPUs only; a GPU in MIG mode is not advertised), `single` (every GPU in
+/// MIG mode with one profile: the instances under the one resource), `mixed` (whole GPUs
+/// under the resource, each profile's instances under `<domain>/mig-<profile>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MigStrategy {
+    #[default]
+    None,
+    Single,
+    Mixed,
+}
+
+/// What one resource advertises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unit {
+    /// Whole GPUs, not in MIG mode.
+    Whole,
+    /// Every MIG instance (`single`).
+    AllInstances,
+    /// The instances of one profile (`mixed`).
+    Profile(String),
+}
+
+/// One resource the plugin registers: its name and what it advertises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    pub name: String,
+    pub unit: Unit,
+}
+
+/// The resources for `strategy` on `inventory`, `base` (`nvidia.com/gpu`) first.
+pub fn resources(
+    inventory: &Inventory,
+    strategy: MigStrategy,
+    base: &str,
+) -> Result<Vec<Resource>, KubeError> {
+    let whole = Resource {
+        name: base.to_string(),
+        unit: Unit::Whole,
+    };
+    match strategy {
+        MigStrategy::None => Ok(vec![whole]),
+        MigStrategy::Single => {
+            let single = |reason: String| KubeError::MigSingle { reason };
+            if let Some(g) = inventory.gpus.iter().find(|g| !g.in_mig_mode()) {
+                return Err(single(format!("GPU {} is not in MIG mode", g.index)));
+            }
+            let mut profiles: Vec<&str> = inventory
+                .mig_instances()
+                .map(|m| m.profile_name())
+                .collect();
+            profiles.sort_unstable();
+            profiles.dedup();
+            if profiles.len() != 1 {
+                return Err(single(format!(
+                    "expected every instance of one profile, found {}",
+                    match profiles.is_empty() {
+                        true => "none".to_string(),
+                        false => profiles.join(", "),
+                    }
+                )));
+            }
+            Ok(vec![Resource {
+                name: base.to_string(),
+                unit: Unit::AllInstances,
+            }])
+        }
+        MigStrategy::Mixed => {
+            let domain = base.split_once('/').map_or(base, |(d, _)| d);
+            let mut profiles: Vec<&str> = inventory
+                .mig_instances()
+                .filter_map(|m| m.profile.as_deref())
+                .collect();
+            profiles.sort_unstable();
+            profiles.dedup();
+            let mut list = vec![whole];
+            list.extend(profiles.into_iter().map(|p| Resource {
+                name: format!("{domain}/mig-{p}"),
+                unit: Unit::Profile(p.to_string()),
+            }));
+            Ok(list)
+        }
+    }
+}
+
+/// The devices of one resource, in inventory order: an instance's NUMA node is its GPU's.
+pub fn states_of(inventory: &Inventory, live: &[Record], unit: &Unit) -> Vec<DeviceState> {
+    let state = |uuid: &str, numa_node: Option<u32>| DeviceState {
+        uuid: uuid.to_string(),
+        healthy: !held_outside(uuid, live),
+        numa_node,
+    };
+    let mut out = Vec::new();
+    for g in &inventory.gpus {
+        if *unit == Unit::Whole && !g.in_mig_mode() {
+            out.push(state(&g.uuid, g.numa_node));
+        }
+        for m in g.mig_instances().iter().filter(|m| match unit {
+            Unit::Whole => false,
+            Unit::AllInstances => true,
+            Unit::Profile(p) => m.profile.as_deref() == Some(p.as_str()),
+        }) {
+            // A GPU held whole (from before its geometry) keeps its instances from pods.
+            let mut s = state(&m.uuid, g.numa_node);
+            s.healthy &= !held_outside(&g.uuid, live);
+            out.push(s);
+        }
+    }
+    out
 }
 
 /// Whether a holder outside Kubernetes holds GPU `uuid`.
@@ -57,6 +161,54 @@ mod tests {
             record("slurm-7", &["GPU-test-3"]),
         ];
         assert_eq!(health(&live), [true, false, true, false]);
+    }
+
+    #[test]
+    fn strategies_advertise_instances_under_their_resources() {
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let none = resources(&inv, MigStrategy::None, "nvidia.com/gpu").unwrap();
+        assert_eq!(none.len(), 1);
+        // GPUs 0 and 7 are in MIG mode: not advertised whole.
+        assert_eq!(states_of(&inv, &[], &none[0].unit).len(), 6);
+        let mixed = resources(&inv, MigStrategy::Mixed, "nvidia.com/gpu").unwrap();
+        let names: Vec<&str> = mixed.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "nvidia.com/gpu",
+                "nvidia.com/mig-1g.10gb",
+                "nvidia.com/mig-2g.20gb",
+                "nvidia.com/mig-3g.40gb"
+            ]
+        );
+        let small = states_of(&inv, &[], &mixed[1].unit);
+        let want: Vec<String> = ["0:2", "0:3"]
+            .iter()
+            .map(|a| inv.find_mig(a).unwrap().uuid.clone())
+            .collect();
+        assert_eq!(
+            small.iter().map(|d| d.uuid.clone()).collect::<Vec<_>>(),
+            want
+        );
+        // An instance a container outside Kubernetes has is unhealthy.
+        let live = [record("docker-c1", &[want[1].as_str()])];
+        let health: Vec<bool> = states_of(&inv, &live, &mixed[1].unit)
+            .iter()
+            .map(|d| d.healthy)
+            .collect();
+        assert_eq!(health, [true, false]);
+        let err = resources(&inv, MigStrategy::Single, "nvidia.com/gpu")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "--mig-strategy single: GPU 1 is not in MIG mode; use --mig-strategy mixed"
+        );
+        let mut h100 = crate::host::inventory::sim::machine("nvswitch8mig").unwrap();
+        h100.gpus.truncate(2);
+        let single = resources(&h100, MigStrategy::Single, "nvidia.com/gpu").unwrap();
+        assert_eq!(single[0].unit, Unit::AllInstances);
+        assert_eq!(states_of(&h100, &[], &single[0].unit).len(), 14);
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub enum KubeError {
     Inventory(#[from] crate::host::inventory::InventoryError),
     #[error(transparent)]
     Driver(#[from] crate::admission::driver::DriverError),
+    #[error("--mig-strategy single: {reason}; use --mig-strategy mixed")]
+    MigSingle { reason: String },
 }
 
 /// Whether `record` is one of the plugin's holders.
@@ -85,9 +87,15 @@ pub fn live_records(
         .collect())
 }
 
-/// The GPUs' UUIDs, for messages: `GPU-a,GPU-b`.
+/// The units' UUIDs, for messages: `GPU-a,GPU-b,MIG-c`.
 fn known_uuids(inventory: &crate::host::inventory::Inventory) -> String {
-    let uuids: Vec<&str> = inventory.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let uuids: Vec<&str> = inventory
+        .gpus
+        .iter()
+        .filter(|g| !g.in_mig_mode())
+        .map(|g| g.uuid.as_str())
+        .chain(inventory.mig_instances().map(|m| m.uuid.as_str()))
+        .collect();
     uuids.join(",")
 }
 

@@ -70,6 +70,16 @@ pub struct GpuRef {
     pub uuid: String,
 }
 
+/// A unit as `log` and `usage` name it: a GPU by its index (else its UUID), a MIG
+/// instance by its GPU's index and its own UUID (`0:MIG-...`), under its parent.
+pub fn unit_name(index: Option<u32>, uuid: &str) -> String {
+    match (index, uuid.starts_with("MIG-")) {
+        (Some(i), true) => format!("{i}:{uuid}"),
+        (Some(i), false) => i.to_string(),
+        (None, _) => uuid.to_string(),
+    }
+}
+
 /// One line of the audit log. Every field but `time`, `event` and `holder` is left out
 /// where it is not known.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

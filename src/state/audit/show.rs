@@ -48,7 +48,7 @@ fn gpus(event: &Event) -> String {
     let names: Vec<String> = event
         .gpus
         .iter()
-        .map(|g| g.index.map_or_else(|| g.uuid.clone(), |i| i.to_string()))
+        .map(|g| super::unit_name(g.index, &g.uuid))
         .collect();
     if names.is_empty() {
         "-".into()

@@ -77,10 +77,13 @@ fn escape(value: &str) -> String {
 pub fn render(s: &Snapshot) -> String {
     let mut out = String::new();
     let gpus = &s.inventory.gpus;
-    let index = |uuid: &str| {
-        gpus.iter()
-            .find(|g| g.uuid == uuid)
-            .map_or_else(|| "?".to_string(), |g| g.index.to_string())
+    // A GPU by its index, a MIG instance by its address (`0:2`).
+    let index = |uuid: &str| match gpus.iter().find(|g| g.uuid == uuid) {
+        Some(g) => g.index.to_string(),
+        None => s
+            .inventory
+            .find_mig(uuid)
+            .map_or_else(|| "?".to_string(), |m| m.address()),
     };
 
     let mut f = Family::start(&mut out, "gpupin_gpus", "gauge", "GPUs of the machine.");
@@ -97,6 +100,26 @@ pub fn render(s: &Snapshot) -> String {
         let i = g.index.to_string();
         let labels = [("gpu", i.as_str()), ("uuid", &g.uuid), ("model", &g.name)];
         f.sample("gpupin_gpu_held", &labels, u8::from(held));
+    }
+
+    if s.inventory.has_mig() {
+        let mut f = Family::start(
+            &mut out,
+            "gpupin_mig_instance_held",
+            "gauge",
+            "Whether a MIG instance is held (1) or free (0), under its GPU.",
+        );
+        for m in s.inventory.mig_instances() {
+            let held = s.holdings.iter().any(|h| h.uuid == m.uuid);
+            let (gpu, address) = (m.parent_index.to_string(), m.address());
+            let labels = [
+                ("gpu", gpu.as_str()),
+                ("instance", address.as_str()),
+                ("uuid", &m.uuid),
+                ("profile", m.profile_name()),
+            ];
+            f.sample("gpupin_mig_instance_held", &labels, u8::from(held));
+        }
     }
 
     let mut f = Family::start(
@@ -302,6 +325,46 @@ mod tests {
                 .filter(|l| l.starts_with("gpupin_gpu_held"))
                 .count(),
             2
+        );
+    }
+
+    #[test]
+    fn mig_instances_are_under_their_gpu_and_a_holder_names_its_instance() {
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let instance = inv.find_mig("0:2").unwrap();
+        let counters = Counters::default();
+        let snapshot = Snapshot {
+            inventory: &inv,
+            holdings: vec![Holding {
+                uuid: instance.uuid.clone(),
+                holder: "c1".into(),
+                kind: "container".into(),
+                user: None,
+                engine: None,
+                shared: false,
+                gone: false,
+            }],
+            holders: &[],
+            queue_length: 0,
+            oldest_wait_seconds: None,
+            counters: &counters,
+            live: None,
+        };
+        let text = render(&snapshot);
+        let held = format!(
+            "gpupin_mig_instance_held{{gpu=\"0\",instance=\"0:2\",uuid=\"{}\",profile=\"1g.10gb\"}} 1",
+            instance.uuid
+        );
+        assert!(text.contains(&held), "{text}");
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("gpupin_mig_instance_held{"))
+                .count(),
+            4
+        );
+        assert!(
+            text.contains("gpupin_gpu_holder{gpu=\"0:2\",holder=\"c1\""),
+            "{text}"
         );
     }
 }

@@ -255,7 +255,7 @@ fn event_span(event: &Event) -> Option<Span<'_>> {
             .iter()
             .map(|g| Gpu {
                 uuid: &g.uuid,
-                key: g.index.map_or_else(|| g.uuid.clone(), |i| i.to_string()),
+                key: crate::state::audit::unit_name(g.index, &g.uuid),
             })
             .collect(),
         start: end.saturating_sub(event.held_s?),
@@ -277,10 +277,7 @@ fn record_span(record: &Record, now: u64) -> Span<'_> {
             .enumerate()
             .map(|(i, uuid)| Gpu {
                 uuid,
-                key: record
-                    .indices
-                    .get(i)
-                    .map_or_else(|| uuid.clone(), |i| i.to_string()),
+                key: crate::state::audit::unit_name(record.indices.get(i).copied(), uuid),
             })
             .collect(),
         start: record.created_at,
