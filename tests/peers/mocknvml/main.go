@@ -66,6 +66,10 @@ var (
 	// MIG devices per GPU index, and their handles (C memory as for GPUs).
 	migs       map[int][]*profile.MigDevice
 	migHandles map[unsafe.Pointer]*profile.MigDevice
+	// GPU and compute instance handles (nvmlGpuInstance_t, nvmlComputeInstance_t), for
+	// NVIDIA's toolkit, which looks up a MIG device's profile through them.
+	giHandles map[unsafe.Pointer]*server.GpuInstance
+	ciHandles map[unsafe.Pointer]*server.ComputeInstance
 )
 
 type liveFile struct {
@@ -160,9 +164,13 @@ func load() nvml.Return {
 	}
 	migs = devices
 	migHandles = map[unsafe.Pointer]*profile.MigDevice{}
+	giHandles = map[unsafe.Pointer]*server.GpuInstance{}
+	ciHandles = map[unsafe.Pointer]*server.ComputeInstance{}
 	for _, list := range devices {
 		for _, m := range list {
 			migHandles[C.malloc(1)] = m
+			giHandles[C.malloc(1)] = m.GI
+			ciHandles[C.malloc(1)] = m.CI
 		}
 	}
 	return nvml.SUCCESS
@@ -828,6 +836,193 @@ func nvmlDeviceGetNvLinkRemotePciInfo_v2(h unsafe.Pointer, link C.uint, pci unsa
 	info, r := d.GetNvLinkRemotePciInfo(int(link))
 	if r == nvml.SUCCESS {
 		*(*nvml.PciInfo)(pci) = info
+	}
+	return ret(r)
+}
+
+// The MIG profile lookups of NVIDIA's toolkit (go-nvlib's MigDevice.GetProfile, which
+// `nvidia-ctk cdi generate` calls for each MIG device): the attributes of a MIG device,
+// its GPU and compute instances by id, their info, and the profile tables, all from the
+// mock's instances and tables.
+
+// gpuInstanceInfo and computeInstanceInfo have the layout of nvml.h's
+// nvmlGpuInstanceInfo_t and nvmlComputeInstanceInfo_t (go-nvml keeps its own unexported):
+// handles are pointers.
+type gpuInstanceInfo struct {
+	Device    unsafe.Pointer
+	Id        uint32
+	ProfileId uint32
+	Placement nvml.GpuInstancePlacement
+}
+
+type computeInstanceInfo struct {
+	Device      unsafe.Pointer
+	GpuInstance unsafe.Pointer
+	Id          uint32
+	ProfileId   uint32
+	Placement   nvml.ComputeInstancePlacement
+}
+
+func giHandleOf(gi *server.GpuInstance) unsafe.Pointer {
+	for h, candidate := range giHandles {
+		if candidate == gi {
+			return h
+		}
+	}
+	return nil
+}
+
+func ciHandleOf(ci *server.ComputeInstance) unsafe.Pointer {
+	for h, candidate := range ciHandles {
+		if candidate == ci {
+			return h
+		}
+	}
+	return nil
+}
+
+//export nvmlDeviceGetAttributes_v2
+func nvmlDeviceGetAttributes_v2(h unsafe.Pointer, attrs unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if attrs == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	m := migDevice(h)
+	if m == nil {
+		// A whole GPU's attributes are not modelled by the mock.
+		return ret(nvml.ERROR_NOT_SUPPORTED)
+	}
+	*(*nvml.DeviceAttributes)(attrs) = nvml.DeviceAttributes{
+		MultiprocessorCount:       m.CiProfile.MultiprocessorCount,
+		SharedCopyEngineCount:     m.CiProfile.SharedCopyEngineCount,
+		SharedDecoderCount:        m.CiProfile.SharedDecoderCount,
+		SharedEncoderCount:        m.CiProfile.SharedEncoderCount,
+		SharedJpegCount:           m.CiProfile.SharedJpegCount,
+		SharedOfaCount:            m.CiProfile.SharedOfaCount,
+		GpuInstanceSliceCount:     m.GiProfile.SliceCount,
+		ComputeInstanceSliceCount: m.CiProfile.SliceCount,
+		MemorySizeMB:              m.MemoryMB,
+	}
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetGpuInstanceById
+func nvmlDeviceGetGpuInstanceById(h unsafe.Pointer, id C.uint, gi *unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if gi == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range migs[d.Index] {
+		if m.GiID == uint32(id) {
+			*gi = giHandleOf(m.GI)
+			return ret(nvml.SUCCESS)
+		}
+	}
+	return ret(nvml.ERROR_NOT_FOUND)
+}
+
+//export nvmlGpuInstanceGetComputeInstanceById
+func nvmlGpuInstanceGetComputeInstanceById(gi unsafe.Pointer, id C.uint, ci *unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if ci == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	g, ok := giHandles[gi]
+	if !ok {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	for _, list := range migs {
+		for _, m := range list {
+			if m.GI == g && m.CiID == uint32(id) {
+				*ci = ciHandleOf(m.CI)
+				return ret(nvml.SUCCESS)
+			}
+		}
+	}
+	return ret(nvml.ERROR_NOT_FOUND)
+}
+
+//export nvmlGpuInstanceGetInfo
+func nvmlGpuInstanceGetInfo(gi unsafe.Pointer, info unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if info == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	g, ok := giHandles[gi]
+	if !ok {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	i, r := g.GetInfo()
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	*(*gpuInstanceInfo)(info) = gpuInstanceInfo{handleOf(i.Device), i.Id, i.ProfileId, i.Placement}
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlComputeInstanceGetInfo_v2
+func nvmlComputeInstanceGetInfo_v2(ci unsafe.Pointer, info unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if info == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	c, ok := ciHandles[ci]
+	if !ok {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	i, r := c.GetInfo()
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	gi, _ := i.GpuInstance.(*server.GpuInstance)
+	*(*computeInstanceInfo)(info) = computeInstanceInfo{handleOf(i.Device), giHandleOf(gi), i.Id, i.ProfileId, i.Placement}
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetGpuInstanceProfileInfo
+func nvmlDeviceGetGpuInstanceProfileInfo(h unsafe.Pointer, profileID C.uint, info unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if info == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	p, r := d.GetGpuInstanceProfileInfo(int(profileID))
+	if r == nvml.SUCCESS {
+		*(*nvml.GpuInstanceProfileInfo)(info) = p
+	}
+	return ret(r)
+}
+
+//export nvmlGpuInstanceGetComputeInstanceProfileInfo
+func nvmlGpuInstanceGetComputeInstanceProfileInfo(gi unsafe.Pointer, profileID, engProfileID C.uint, info unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if info == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	g, ok := giHandles[gi]
+	mu.Unlock()
+	if !ok {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	p, r := g.GetComputeInstanceProfileInfo(int(profileID), int(engProfileID))
+	if r == nvml.SUCCESS {
+		*(*nvml.ComputeInstanceProfileInfo)(info) = p
 	}
 	return ret(r)
 }

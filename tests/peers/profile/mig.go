@@ -38,6 +38,9 @@ type MigDevice struct {
 	UUID     string // MIG-<uuid>
 	Name     string // "<parent name> MIG <profile>", as a driver names MIG devices
 	MemoryMB uint64
+	// The GPU and compute instance profiles it was created with (the mock's tables).
+	GiProfile nvml.GpuInstanceProfileInfo
+	CiProfile nvml.ComputeInstanceProfileInfo
 }
 
 // giProfileName is the name NVIDIA gives a GPU instance profile: `<slices>g.<memory>gb`,
@@ -138,15 +141,17 @@ func ApplyMig(s *server.Server, spec string) (map[int][]*MigDevice, error) {
 			giInfo, _ := gi.GetInfo()
 			cInfo, _ := ci.GetInfo()
 			m := &MigDevice{
-				Parent:   d,
-				Index:    len(out[index]),
-				GI:       gi.(*server.GpuInstance),
-				CI:       ci.(*server.ComputeInstance),
-				GiID:     giInfo.Id,
-				CiID:     cInfo.Id,
-				Profile:  name,
-				Name:     d.Config.Name + " MIG " + name,
-				MemoryMB: info.MemorySizeMB,
+				Parent:    d,
+				Index:     len(out[index]),
+				GI:        gi.(*server.GpuInstance),
+				CI:        ci.(*server.ComputeInstance),
+				GiID:      giInfo.Id,
+				CiID:      cInfo.Id,
+				Profile:   name,
+				Name:      d.Config.Name + " MIG " + name,
+				MemoryMB:  info.MemorySizeMB,
+				GiProfile: info,
+				CiProfile: ciInfo,
 			}
 			// Fixed per parent and instance, as a driver's MIG UUIDs are while the
 			// instance lives: a v5 UUID of the parent's UUID and the GI/CI ids.
