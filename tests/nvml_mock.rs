@@ -1223,3 +1223,106 @@ fn a_container_given_an_nvml_mig_instance_sees_its_caps_and_uuid() {
         c.stop().unwrap();
     }
 }
+
+/// A `gpupin exec` job on a MIG instance of the NVML inventory of the mock with MIG opens
+/// its GPU's node and its own two capability nodes only (fake nodes, a real device
+/// cgroup; the caps major from /proc/devices, the minors from the capabilities tree), and
+/// is told the instance's NVML UUID in CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES.
+#[test]
+fn a_job_on_an_nvml_mig_instance_opens_only_its_gpu_and_its_own_caps() {
+    let test = "a_job_on_an_nvml_mig_instance_opens_only_its_gpu_and_its_own_caps";
+    let Some(host) = MockHost::with_mig(test, "dgxa100-80gb", "nvml", Some(MIG_GEOMETRY)) else {
+        return;
+    };
+    let has = |fstype: &str, option: Option<&str>| {
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f[2] == fstype && option.is_none_or(|o| f[3].split(',').any(|x| x == o))
+            })
+    };
+    let (mode, what) = match has("cgroup2", None) {
+        true => ("v2", "a cgroup2 hierarchy"),
+        false => ("v1", "a cgroup v1 devices hierarchy"),
+    };
+    let mounted = (mode == "v2" || has("cgroup", Some("devices")))
+        .then_some(())
+        .ok_or_else(|| format!("this machine has no {what} mounted"));
+    if required(test, mounted).is_none() {
+        return;
+    }
+    let config = host.root().join("confined.toml");
+    let text = std::fs::read_to_string(host.config()).unwrap();
+    std::fs::write(&config, format!("{text}confine = {mode:?}\n")).unwrap();
+    let dev = host.root().join("job-dev");
+    std::fs::create_dir(&dev).unwrap();
+    let mknod = |name: String, major: u64, minor: u64| {
+        let out = Command::new("mknod")
+            .args(["-m", "666"])
+            .arg(dev.join(&name))
+            .args(["c", &major.to_string(), &minor.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mknod: {}", text_of(&out.stderr));
+    };
+    for minor in 0..8 {
+        mknod(format!("nvidia{minor}"), GPU_MAJOR, minor);
+    }
+    let instances = host.expected_migs(0);
+    for m in &instances {
+        for key in ["gi_minor", "ci_minor"] {
+            let minor = m["access"][key].as_u64().unwrap();
+            mknod(format!("nvidia-cap{minor}"), CAPS_MAJOR, minor);
+        }
+    }
+    let d = dev.display();
+    let probe = format!(
+        "echo \"CUDA $CUDA_VISIBLE_DEVICES\"; echo \"NV $NVIDIA_VISIBLE_DEVICES\"; \
+         for n in $(ls {d}); do echo \"NODE $n $(cat {d}/$n 2>&1)\"; done"
+    );
+    let out = host
+        .command(
+            &config,
+            &["exec", "--mig", "2g.20gb", "--", "sh", "-c", &probe],
+        )
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    let stdout = stdout(&out);
+    assert!(out.status.success(), "{stdout}{}", text_of(&out.stderr));
+    let chosen = instances
+        .iter()
+        .find(|m| m["profile"] == "2g.20gb")
+        .unwrap();
+    let mine = [
+        "nvidia0".to_string(),
+        format!("nvidia-cap{}", chosen["access"]["gi_minor"]),
+        format!("nvidia-cap{}", chosen["access"]["ci_minor"]),
+    ];
+    let mut opened: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("NODE "))
+        .filter(|l| l.ends_with("No such device or address"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    opened.sort();
+    let mut want: Vec<&str> = mine.iter().map(String::as_str).collect();
+    want.sort();
+    assert_eq!(opened, want, "{stdout}");
+    let denied = stdout
+        .lines()
+        .filter(|l| l.starts_with("NODE ") && l.ends_with("Operation not permitted"))
+        .count();
+    assert_eq!(denied, 7 + 6, "{stdout}");
+    let uuid = chosen["uuid"].as_str().unwrap();
+    assert!(
+        stdout.lines().any(|l| l == format!("CUDA {uuid}")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.lines().any(|l| l == format!("NV {uuid}")),
+        "{stdout}"
+    );
+}
