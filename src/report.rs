@@ -562,6 +562,7 @@ pub fn inventory_json(inventory: &Inventory) -> Value {
         "gpus": inventory.gpus,
         "control_nodes": inventory.control_nodes,
         "links": inventory.links,
+        "caps_major": inventory.caps_major,
     })
 }
 

@@ -176,3 +176,44 @@ fn a_job_on_an_instance_opens_only_its_gpu_and_its_own_caps() {
     assert_eq!(nv, cuda);
     exec_support::until_clean(&g);
 }
+
+/// `gpupin pick --mig` shows the instances a request would get, by address and UUID;
+/// a profile the machine lacks is refused in one line naming the ones it has. No root.
+#[test]
+fn pick_shows_the_instances_a_mig_request_would_get() {
+    let g = gpupin_sandbox::harness::Gpupin::new(GPUPIN, "sim:dgxa100mig");
+    let run = |args: &[&str]| {
+        Command::new(GPUPIN)
+            .arg("--config")
+            .arg(&g.config)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["pick", "--mig", "1g.10gb", "--count", "2"]);
+    assert!(out.status.success(), "{}", harness::stderr(&out));
+    let text = harness::stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].ends_with("would pick MIG instances 0:2,0:3"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("  0:2  MIG-") && lines[1].ends_with("MIG 1g.10gb"),
+        "{text}"
+    );
+    let out = run(&["pick", "--mig", "4g.40gb"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = harness::stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("this machine's profiles: 1g.10gb, 2g.20gb, 3g.40gb"),
+        "{err}"
+    );
+    let out = run(&["pick", "--mig", "big"]);
+    let err = harness::stderr(&out);
+    assert!(
+        err.contains("invalid --mig=\"big\": expected a MIG profile such as 1g.10gb"),
+        "{err}"
+    );
+}

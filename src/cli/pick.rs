@@ -34,6 +34,12 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .filter_map(|u| inventory.gpus.iter().find(|g| &g.uuid == u))
         .collect();
+    // MIG instances, by address (`0:2`) and profile, after the whole GPUs.
+    let instances: Vec<_> = preview
+        .uuids
+        .iter()
+        .filter_map(|u| inventory.mig_instances().find(|m| &m.uuid == u))
+        .collect();
     let policy = request.policy.unwrap_or(config.policy);
     let why = args
         .explain
@@ -42,6 +48,9 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         let list: Vec<_> = gpus
             .iter()
             .map(|g| json!({"index": g.index, "uuid": g.uuid, "name": g.name}))
+            .chain(instances.iter().map(|m| {
+                json!({"index": m.parent_index, "instance": m.address(), "uuid": m.uuid, "profile": m.profile})
+            }))
             .collect();
         let mut out = json!({"policy": policy.as_str(), "gpus": list});
         if let Some(why) = &why {
@@ -49,14 +58,25 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         }
         outln!("{out:#}")?;
     } else {
-        let indices: Vec<String> = gpus.iter().map(|g| g.index.to_string()).collect();
+        let names: Vec<String> = gpus
+            .iter()
+            .map(|g| g.index.to_string())
+            .chain(instances.iter().map(|m| m.address()))
+            .collect();
+        let unit = match (gpus.is_empty(), instances.is_empty()) {
+            (true, false) => "MIG instance",
+            _ => "GPU",
+        };
         outln!(
-            "{policy} would pick GPU{} {}",
-            if gpus.len() == 1 { "" } else { "s" },
-            indices.join(",")
+            "{policy} would pick {unit}{} {}",
+            if names.len() == 1 { "" } else { "s" },
+            names.join(",")
         )?;
         for g in gpus {
             outln!("  {}  {}  {}", g.index, g.uuid, g.name)?;
+        }
+        for m in instances {
+            outln!("  {}  {}  MIG {}", m.address(), m.uuid, m.profile_name())?;
         }
         if let Some(why) = &why {
             out!("{}", explain::table(why, inventory))?;

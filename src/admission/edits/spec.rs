@@ -197,6 +197,52 @@ mod tests {
         );
     }
 
+    /// A container given MIG instance 0:2 that brought another instance's capability
+    /// nodes itself (`--device /dev/nvidia-caps/nvidia-cap21`, a rule for them) loses
+    /// them: with GPU 0's node, which it gets, they would open instance 0:0 as well.
+    #[test]
+    fn another_instances_capability_nodes_that_came_with_the_spec_are_taken_out() {
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let own = inv.find_mig("0:2").unwrap().uuid.clone();
+        let record = crate::state::ledger::testing::record("c1", &[own.as_str()]);
+        let edits = ContainerEdits::gpus_of(&inv, &record);
+        let cap = |minor: u32| json!({"path": format!("/dev/nvidia-caps/nvidia-cap{minor}"), "type": "c", "major": 511, "minor": minor});
+        let rule = |minor: u32| json!({"allow": true, "type": "c", "major": 511, "minor": minor, "access": "rw"});
+        let mut spec = json!({
+            "linux": {"devices": [cap(21), cap(22)], "resources": {"devices": [rule(21), rule(22)]}},
+        });
+        apply(&edits, &mut spec).unwrap();
+        let paths: Vec<&str> = spec["linux"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["path"].as_str().unwrap())
+            .collect();
+        assert!(
+            !paths
+                .iter()
+                .any(|p| p.ends_with("cap21") || p.ends_with("cap22")),
+            "{paths:?}"
+        );
+        assert!(
+            paths.contains(&"/dev/nvidia-caps/nvidia-cap84"),
+            "{paths:?}"
+        );
+        let rules = spec["linux"]["resources"]["devices"].as_array().unwrap();
+        assert!(
+            !rules.iter().any(|r| r["major"] == 511
+                && (r["minor"] == 21 || r["minor"] == 22)
+                && r["allow"] == true),
+            "{rules:?}"
+        );
+        // A rule for every capability node (c 511:*) would admit the others: refused.
+        let mut wide = json!({"linux": {"resources": {"devices": [{"allow": true, "type": "c", "major": 511, "access": "rw"}]}}});
+        assert!(matches!(
+            apply(&edits, &mut wide).unwrap_err(),
+            ApplyError::Foreign(_)
+        ));
+    }
+
     #[test]
     fn a_wildcard_rule_is_refused_by_the_spec_writer() {
         let mut spec =

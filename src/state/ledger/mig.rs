@@ -159,9 +159,8 @@ pub(super) fn choose(
         return Err(not_enough(
             holder,
             request,
-            count,
-            matching,
-            candidates.len(),
+            machine,
+            (count, matching, candidates.len()),
             scope,
         ));
     }
@@ -216,14 +215,15 @@ pub(super) fn choose(
     Ok(chosen)
 }
 
+/// `counts`: wanted, instances of the profile, those that can take the request.
 fn not_enough(
     holder: &HolderId,
     request: &GpuRequest,
-    wanted: usize,
-    matching: usize,
-    fitting: usize,
+    machine: &Machine,
+    counts: (usize, usize, usize),
     scope: &Scope,
 ) -> LedgerError {
+    let (wanted, matching, fitting) = counts;
     let what = match &request.mig {
         Some(MigWant::Profile(p)) => p.clone(),
         Some(MigWant::Any) | None => "any profile".into(),
@@ -238,6 +238,20 @@ fn not_enough(
     }
     if let Some(model) = &request.model {
         detail.push_str(&format!("; gpupin.model={model}"));
+    }
+    if matching == 0 {
+        // A profile the machine does not have: say which it has.
+        let mut profiles: Vec<&str> = machine
+            .inventory
+            .mig_instances()
+            .map(|m| m.profile_name())
+            .collect();
+        profiles.sort_unstable();
+        profiles.dedup();
+        detail.push_str(&match profiles.is_empty() {
+            true => "; this machine has no MIG instances (gpupin inventory)".to_string(),
+            false => format!("; this machine's profiles: {}", profiles.join(", ")),
+        });
     }
     LedgerError::NotEnoughMig(Box::new(super::NotEnoughMig {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),

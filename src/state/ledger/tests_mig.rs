@@ -119,6 +119,13 @@ fn any_takes_the_smallest_instance_that_fits_the_memory() {
         err.contains("0 of the 4 instances of any profile can take it; memory >= 30GiB"),
         "{err}"
     );
+    let err = take(&l, &m, "e", &[("gpupin.mig", "4g.40gb")]).unwrap_err();
+    assert!(
+        err.ends_with(
+            "0 of the 0 instances of 4g.40gb can take it; this machine's profiles: 1g.10gb, 2g.20gb, 3g.40gb"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
