@@ -1007,6 +1007,7 @@ fn mig_instances_come_from_nvml_under_their_parent() {
         "{inv:#}"
     );
     assert_eq!(inv["gpus"][7]["mig"], json!([]), "{inv:#}");
+    assert_eq!(inv["caps_major"], CAPS_MAJOR, "{inv:#}");
     for i in 1..7 {
         assert_eq!(inv["gpus"][i].get("mig"), None, "GPU {i}: {inv:#}");
         assert_eq!(inv["gpus"][i], host.expected_gpu(i));
