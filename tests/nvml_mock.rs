@@ -9,6 +9,11 @@
 //! the host's, as NVIDIA's own CPU-only CI does for its mock: gpupin reads the real paths,
 //! with no seam of its own.
 //!
+//! MIG: with GPUPIN_MOCK_MIG the mock cuts GPUs into instances through go-nvml's own
+//! CreateGpuInstance/CreateComputeInstance (NVIDIA's A100 80GB profile tables); the fake
+//! /proc then carries the driver's capabilities tree for them (`capabilities/gpu<N>/mig/
+//! gi<X>/access`, `.../ci<Y>/access`, nvidia-caps/mig-minors) and the `nvidia-caps` major.
+//!
 //! What each profile serves is printed by the peer `mocknvml-profile`, straight from
 //! NVIDIA's mock server; gpupin's answers are compared with it. With `GPUPIN_BIN_DIR`
 //! (.ci/run: the release build) the statically linked gpupin-hook is the one that asks
@@ -28,6 +33,8 @@ const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 /// The GPU and UVM majors of the fake /proc/devices (the driver's usual numbers).
 const GPU_MAJOR: u64 = 195;
 const UVM_MAJOR: u64 = 235;
+/// The `nvidia-caps` major of the fake /proc/devices where a GPU is in MIG mode.
+const CAPS_MAJOR: u64 = 508;
 
 /// Where tests/peers/build put the mock: `<cache>/mocknvml/`.
 fn mock_dir() -> Result<PathBuf, String> {
@@ -54,18 +61,32 @@ struct MockHost {
     profile: &'static str,
     /// What the mock serves, from NVIDIA's mock server (`mocknvml-profile`).
     served: Value,
+    /// The MIG geometry the mock serves (GPUPIN_MOCK_MIG), if any.
+    mig: Option<&'static str>,
 }
 
 impl MockHost {
     /// `None` (after saying why) where the test cannot run: not root, or no mock built;
     /// under CI=true those fail the test instead.
     fn new(test: &str, profile: &'static str, inventory: &str) -> Option<MockHost> {
+        MockHost::with_mig(test, profile, inventory, None)
+    }
+
+    /// As `new`, with the mock's GPUs cut into MIG instances as `mig` says
+    /// (GPUPIN_MOCK_MIG), and the driver's capabilities tree for them in the fake /proc.
+    fn with_mig(
+        test: &str,
+        profile: &'static str,
+        inventory: &str,
+        mig: Option<&'static str>,
+    ) -> Option<MockHost> {
         if !need_root(test) {
             return None;
         }
         let mock = required(test, mock_dir())?;
         let out = Command::new(mock.join("mocknvml-profile"))
             .arg(profile)
+            .env("GPUPIN_MOCK_MIG", mig.unwrap_or_default())
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
@@ -79,6 +100,7 @@ impl MockHost {
             mock,
             profile,
             served,
+            mig,
         };
         host.write_fake_host();
         let state = host.root().join("state");
@@ -124,14 +146,20 @@ impl MockHost {
     /// `version`) and /sys/bus/pci/devices, and the script that mounts them and runs gpupin.
     fn write_fake_host(&self) {
         let root = self.root();
+        // A driver with MIG support registers nvidia-caps.
+        let caps = match self.mig {
+            Some(_) => format!("{CAPS_MAJOR} nvidia-caps\n"),
+            None => String::new(),
+        };
         std::fs::write(
             root.join("devices"),
             format!(
                 "Character devices:\n  1 mem\n  4 tty\n{GPU_MAJOR} nvidia-frontend\n{GPU_MAJOR} nvidia\n\
-                 {UVM_MAJOR} nvidia-uvm\n\nBlock devices:\n  8 sd\n"
+                 {UVM_MAJOR} nvidia-uvm\n{caps}\nBlock devices:\n  8 sd\n"
             ),
         )
         .unwrap();
+        self.write_capabilities();
         let driver = root.join("driver/nvidia");
         std::fs::create_dir_all(driver.join("gpus")).unwrap();
         std::fs::write(
@@ -202,6 +230,7 @@ impl MockHost {
             .args(args)
             .env("LD_LIBRARY_PATH", &self.mock)
             .env("GPUPIN_MOCK_NVML_PROFILE", self.profile)
+            .env("GPUPIN_MOCK_MIG", self.mig.unwrap_or_default())
             .stdin(Stdio::null());
         if self.live_file().exists() {
             cmd.env("GPUPIN_MOCK_NVML_LIVE", self.live_file());
@@ -579,6 +608,9 @@ impl MockHost {
         )
         .unwrap();
         std::fs::write(lib.join("mock-nvml.profile"), self.profile).unwrap();
+        if let Some(mig) = self.mig {
+            std::fs::write(lib.join("mock-nvml-mig"), mig).unwrap();
+        }
         let overlay = match with_nvml {
             true => format!(
                 "mount -t overlay overlay -o lowerdir={}:{SYSTEM_LIB_DIR} {SYSTEM_LIB_DIR}; ",
@@ -874,4 +906,424 @@ async fn the_device_plugin_offers_the_mocks_gpus() {
     assert_eq!(held[0]["gpus"], json!([uuid]));
     let _ = plugin.kill();
     let _ = plugin.wait();
+}
+
+/// The geometry of the MIG tests: an A100 80GB's GPU 0 cut as admins often cut it, GPU 7
+/// in MIG mode with no instances.
+const MIG_GEOMETRY: &str = "0:3g.40gb,2g.20gb,1g.10gb,1g.10gb;7:";
+
+/// The capability minors the driver gives GPU instance `gi` (and its compute instance
+/// `ci`) of the GPU with minor `gpu_minor`: its fixed table, the one
+/// /proc/driver/nvidia-caps/mig-minors lists.
+fn cap_minors(gpu_minor: u64, gi: u64, ci: u64) -> (u64, u64) {
+    let gi_minor = 3 + gpu_minor * 15 * 9 + gi * 9;
+    (gi_minor, gi_minor + 1 + ci)
+}
+
+impl MockHost {
+    /// The MIG devices the mock serves for GPU i (`mocknvml-profile`); none when not in
+    /// MIG mode.
+    fn migs(&self, i: usize) -> Vec<Value> {
+        self.gpus()[i]["mig"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The driver's capabilities tree for the mock's MIG devices, in its formats:
+    /// `capabilities/gpu<minor>/mig/gi<X>/access` and `.../ci<Y>/access`
+    /// (`DeviceFileMinor: N`), and nvidia-caps/mig-minors with its lines for them.
+    fn write_capabilities(&self) {
+        if self.mig.is_none() {
+            return;
+        }
+        let driver = self.root().join("driver");
+        let access = |minor: u64| {
+            format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+        };
+        let mut minors = String::from("config 1\nmonitor 2\n");
+        for gpu in self.gpus() {
+            let gpu_minor = gpu["minor"].as_u64().unwrap();
+            for m in gpu["mig"].as_array().into_iter().flatten() {
+                let (gi, ci) = (m["gi"].as_u64().unwrap(), m["ci"].as_u64().unwrap());
+                let (gi_minor, ci_minor) = cap_minors(gpu_minor, gi, ci);
+                let gi_dir = driver.join(format!("nvidia/capabilities/gpu{gpu_minor}/mig/gi{gi}"));
+                std::fs::create_dir_all(gi_dir.join(format!("ci{ci}"))).unwrap();
+                std::fs::write(gi_dir.join("access"), access(gi_minor)).unwrap();
+                std::fs::write(gi_dir.join(format!("ci{ci}/access")), access(ci_minor)).unwrap();
+                minors.push_str(&format!(
+                    "gpu{gpu_minor}/gi{gi}/access {gi_minor}\ngpu{gpu_minor}/gi{gi}/ci{ci}/access {ci_minor}\n"
+                ));
+            }
+        }
+        std::fs::create_dir_all(driver.join("nvidia-caps")).unwrap();
+        std::fs::write(driver.join("nvidia-caps/mig-minors"), minors).unwrap();
+    }
+
+    /// What `gpupin inventory --json` must list under GPU i: the mock's MIG devices, with
+    /// their capability minors from the fake capabilities tree.
+    fn expected_migs(&self, i: usize) -> Vec<Value> {
+        let gpu = &self.gpus()[i];
+        self.migs(i)
+            .iter()
+            .map(|m| {
+                let (gi_minor, ci_minor) = cap_minors(
+                    gpu["minor"].as_u64().unwrap(),
+                    m["gi"].as_u64().unwrap(),
+                    m["ci"].as_u64().unwrap(),
+                );
+                json!({
+                    "index": m["index"],
+                    "uuid": m["uuid"],
+                    "profile": m["profile"],
+                    "memory_bytes": m["memory_bytes"],
+                    "access": {"gi": m["gi"], "ci": m["ci"], "gi_minor": gi_minor, "ci_minor": ci_minor},
+                    "parent_index": gpu["index"],
+                    "parent_uuid": gpu["uuid"],
+                    "parent_minor": gpu["minor"],
+                })
+            })
+            .collect()
+    }
+}
+
+/// `gpupin inventory` through NVML on NVIDIA's mock with MIG (GPU instances and compute
+/// instances created through the mock's own calls): the instances under their parent with
+/// NVML's UUIDs, profiles, memory and GI/CI ids, and the capability minors from the
+/// driver's capabilities tree; a GPU in MIG mode with no instances is said to be so; the
+/// `gpupin nvml` helper (what the static hook asks) says the same.
+#[test]
+fn mig_instances_come_from_nvml_under_their_parent() {
+    let test = "mig_instances_come_from_nvml_under_their_parent";
+    let Some(host) = MockHost::with_mig(test, "dgxa100-80gb", "nvml", Some(MIG_GEOMETRY)) else {
+        return;
+    };
+    assert_eq!(host.migs(0).len(), 4, "{}", host.served);
+    let inv = host.json(&["inventory", "--json"]);
+    assert_eq!(inv["source"], "nvml");
+    assert_eq!(
+        inv["gpus"][0]["mig"],
+        json!(host.expected_migs(0)),
+        "{inv:#}"
+    );
+    assert_eq!(inv["gpus"][7]["mig"], json!([]), "{inv:#}");
+    assert_eq!(inv["caps_major"], CAPS_MAJOR, "{inv:#}");
+    for i in 1..7 {
+        assert_eq!(inv["gpus"][i].get("mig"), None, "GPU {i}: {inv:#}");
+        assert_eq!(inv["gpus"][i], host.expected_gpu(i));
+    }
+    let profiles: Vec<String> = host
+        .migs(0)
+        .iter()
+        .map(|m| m["profile"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(profiles, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]);
+
+    let text = host.ok(&["inventory"]);
+    for (m, want) in host.migs(0).iter().zip(host.expected_migs(0)) {
+        let uuid = m["uuid"].as_str().unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.contains(uuid))
+            .unwrap_or_else(|| panic!("no line for {uuid}: {text}"));
+        let caps = format!(
+            "nvidia-cap{},{}",
+            want["access"]["gi_minor"], want["access"]["ci_minor"]
+        );
+        assert!(
+            line.trim_start().starts_with(&format!("0:{}", m["index"]))
+                && line.contains(&format!("MIG {}", m["profile"].as_str().unwrap()))
+                && line.contains(&caps),
+            "{line}"
+        );
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("7 ") && l.contains("[MIG mode, no instances]")),
+        "{text}"
+    );
+
+    // The helper's file format carries the same instances (memory as `memory`).
+    let helper = host.json(&["nvml", "inventory"]);
+    let mig = helper["gpus"][0]["mig"].as_array().unwrap();
+    assert_eq!(mig.len(), 4, "{helper:#}");
+    for (got, want) in mig.iter().zip(host.expected_migs(0)) {
+        assert_eq!(got["uuid"], want["uuid"]);
+        assert_eq!(got["profile"], want["profile"]);
+        assert_eq!(got["memory"], want["memory_bytes"]);
+        for key in ["gi", "ci", "gi_minor", "ci_minor"] {
+            assert_eq!(got[key], want["access"][key], "{key}: {helper:#}");
+        }
+    }
+    assert_eq!(helper["gpus"][7]["mig"], json!([]));
+    // The capability nodes' major, from /proc/devices.
+    assert_eq!(helper["caps_major"], CAPS_MAJOR, "{helper:#}");
+}
+
+/// A GPU in MIG mode whose instances cannot be read (here: the driver's capabilities tree
+/// lost the minors of one GPU instance) is said so in one line, and neither `nvml` nor
+/// `auto` (which must not fall back to procfs, where that GPU would look whole) gives an
+/// inventory that hands it out.
+#[test]
+fn a_mig_gpu_whose_instances_cannot_be_read_is_refused_in_one_line() {
+    let test = "a_mig_gpu_whose_instances_cannot_be_read_is_refused_in_one_line";
+    let Some(host) = MockHost::with_mig(test, "dgxa100-80gb", "nvml", Some(MIG_GEOMETRY)) else {
+        return;
+    };
+    let gi = host.migs(0)[1]["gi"].as_u64().unwrap();
+    let driver = host.root().join("driver");
+    std::fs::remove_file(driver.join(format!("nvidia/capabilities/gpu0/mig/gi{gi}/access")))
+        .unwrap();
+    std::fs::write(
+        driver.join("nvidia-caps/mig-minors"),
+        "config 1\nmonitor 2\n",
+    )
+    .unwrap();
+    let gpu0 = host.gpus()[0]["uuid"].as_str().unwrap().to_string();
+    let auto = host.root().join("auto.toml");
+    let text = std::fs::read_to_string(host.config())
+        .unwrap()
+        .replace("inventory = \"nvml\"", "inventory = \"auto\"");
+    std::fs::write(&auto, text).unwrap();
+    for config in [host.config(), auto] {
+        let out = host.run_with(&config, &["inventory", "--refresh"]);
+        let err = text_of(&out.stderr);
+        assert!(!out.status.success(), "{}", stdout(&out));
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!(
+                "GPU 0 ({gpu0}) is in MIG mode but its instances cannot be read, so nothing of it is handed out"
+            )) && err.contains(&format!("gpu0/mig/gi{gi}/access")),
+            "{err}"
+        );
+    }
+}
+
+fn text_of(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `gpupin doctor` beside the mock with MIG: NVML and procfs still agree on the GPUs (a
+/// GPU in MIG mode is no mismatch), and doctor reads the MIG inventory.
+#[test]
+fn doctor_beside_the_mock_with_mig_finds_no_mismatch() {
+    let test = "doctor_beside_the_mock_with_mig_finds_no_mismatch";
+    let Some(host) = MockHost::with_mig(test, "dgxa100-80gb", "nvml", Some(MIG_GEOMETRY)) else {
+        return;
+    };
+    let out = host.run(&["doctor"]);
+    let report = stdout(&out);
+    assert!(
+        report
+            .lines()
+            .any(|l| l.starts_with("ok") && l.contains("NVML and procfs agree on 8 GPUs")),
+        "{report}{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !report
+            .lines()
+            .any(|l| l.starts_with("problem") && l.contains("inventory")),
+        "{report}"
+    );
+}
+
+/// A runc container (gpupin-hook, which asks the `gpupin nvml` helper) given a MIG
+/// instance on the NVML inventory of the mock with MIG: it sees its GPU's node and its two
+/// capability nodes, with the minors of the driver's capabilities tree and the
+/// nvidia-caps major of /proc/devices, and the instance's NVML UUID in
+/// NVIDIA_VISIBLE_DEVICES; a second container gets the other 1g.10gb, never GPU 0 whole.
+#[test]
+fn a_container_given_an_nvml_mig_instance_sees_its_caps_and_uuid() {
+    use gpupin_sandbox::Runc;
+    use gpupin_sandbox::harness::status::holder;
+    use gpupin_sandbox::harness::{Sandbox, char_node, nvidia_gpu_nodes, stat_node};
+    let test = "a_container_given_an_nvml_mig_instance_sees_its_caps_and_uuid";
+    let Some(host) = MockHost::with_mig(test, "dgxa100-80gb", "nvml", Some(MIG_GEOMETRY)) else {
+        return;
+    };
+    let Some(()) = required(
+        test,
+        Path::new(SYSTEM_LIB_DIR)
+            .is_dir()
+            .then_some(())
+            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
+    ) else {
+        return;
+    };
+    let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "live_cache = \"0s\"") else {
+        return;
+    };
+    let runc = sb.runc.binary.clone();
+    let root = sb.runc.root.clone();
+    sb.runc = Runc::new(&host.runc_wrapper(&runc, true), &root);
+    let status = || {
+        let out = host.run_with(&sb.gpupin.config, &["status", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let ones: Vec<Value> = host
+        .expected_migs(0)
+        .into_iter()
+        .filter(|m| m["profile"] == "1g.10gb")
+        .collect();
+    assert_eq!(ones.len(), 2);
+    let mut given = Vec::new();
+    let mut containers = Vec::new();
+    for n in 0..2 {
+        let id = sb.id(&format!("nvml-mig{n}"));
+        let c = sb
+            .start(&id, &sb.spec().annotation("gpupin.mig", "1g.10gb"))
+            .unwrap();
+        let held = holder(&status(), &id).expect("held while running");
+        let uuids: Vec<String> = serde_json::from_value(held["gpus"].clone()).unwrap();
+        assert_eq!(uuids.len(), 1, "{held:#}");
+        let instance = ones
+            .iter()
+            .find(|m| m["uuid"] == uuids[0])
+            .unwrap_or_else(|| panic!("{} is no 1g.10gb of the mock: {held:#}", uuids[0]));
+        let (gi_minor, ci_minor) = (
+            instance["access"]["gi_minor"].as_u64().unwrap() as u32,
+            instance["access"]["ci_minor"].as_u64().unwrap() as u32,
+        );
+        let caps: Vec<String> = c
+            .exec_stdout(&["ls", "/dev/nvidia-caps"])
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        let mut want = vec![
+            format!("nvidia-cap{gi_minor}"),
+            format!("nvidia-cap{ci_minor}"),
+        ];
+        want.sort();
+        assert_eq!(caps, want);
+        for minor in [gi_minor, ci_minor] {
+            assert_eq!(
+                stat_node(&c, &format!("/dev/nvidia-caps/nvidia-cap{minor}")),
+                char_node(CAPS_MAJOR as u32, minor)
+            );
+        }
+        assert_eq!(nvidia_gpu_nodes(&c), ["nvidia0"]);
+        assert_eq!(
+            stat_node(&c, "/dev/nvidia0"),
+            char_node(GPU_MAJOR as u32, 0)
+        );
+        let env = c.exec_stdout(&["env"]).unwrap();
+        let config = std::fs::read_to_string(sb.bundle_dir(&id).join("config.json")).unwrap();
+        let visible = format!("NVIDIA_VISIBLE_DEVICES={}", uuids[0]);
+        assert!(
+            env.contains(&visible) || config.contains(&visible),
+            "no {visible}: {env}"
+        );
+        given.push(uuids[0].clone());
+        containers.push(c);
+    }
+    assert_ne!(given[0], given[1]);
+    for c in containers {
+        c.stop().unwrap();
+    }
+}
+
+/// A `gpupin exec` job on a MIG instance of the NVML inventory of the mock with MIG opens
+/// its GPU's node and its own two capability nodes only (fake nodes, a real device
+/// cgroup; the caps major from /proc/devices, the minors from the capabilities tree), and
+/// is told the instance's NVML UUID in CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES.
+#[test]
+fn a_job_on_an_nvml_mig_instance_opens_only_its_gpu_and_its_own_caps() {
+    let test = "a_job_on_an_nvml_mig_instance_opens_only_its_gpu_and_its_own_caps";
+    let Some(host) = MockHost::with_mig(test, "dgxa100-80gb", "nvml", Some(MIG_GEOMETRY)) else {
+        return;
+    };
+    let has = |fstype: &str, option: Option<&str>| {
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f[2] == fstype && option.is_none_or(|o| f[3].split(',').any(|x| x == o))
+            })
+    };
+    let (mode, what) = match has("cgroup2", None) {
+        true => ("v2", "a cgroup2 hierarchy"),
+        false => ("v1", "a cgroup v1 devices hierarchy"),
+    };
+    let mounted = (mode == "v2" || has("cgroup", Some("devices")))
+        .then_some(())
+        .ok_or_else(|| format!("this machine has no {what} mounted"));
+    if required(test, mounted).is_none() {
+        return;
+    }
+    let config = host.root().join("confined.toml");
+    let text = std::fs::read_to_string(host.config()).unwrap();
+    std::fs::write(&config, format!("{text}confine = {mode:?}\n")).unwrap();
+    let dev = host.root().join("job-dev");
+    std::fs::create_dir(&dev).unwrap();
+    let mknod = |name: String, major: u64, minor: u64| {
+        let out = Command::new("mknod")
+            .args(["-m", "666"])
+            .arg(dev.join(&name))
+            .args(["c", &major.to_string(), &minor.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mknod: {}", text_of(&out.stderr));
+    };
+    for minor in 0..8 {
+        mknod(format!("nvidia{minor}"), GPU_MAJOR, minor);
+    }
+    let instances = host.expected_migs(0);
+    for m in &instances {
+        for key in ["gi_minor", "ci_minor"] {
+            let minor = m["access"][key].as_u64().unwrap();
+            mknod(format!("nvidia-cap{minor}"), CAPS_MAJOR, minor);
+        }
+    }
+    let d = dev.display();
+    let probe = format!(
+        "echo \"CUDA $CUDA_VISIBLE_DEVICES\"; echo \"NV $NVIDIA_VISIBLE_DEVICES\"; \
+         for n in $(ls {d}); do echo \"NODE $n $(cat {d}/$n 2>&1)\"; done"
+    );
+    let out = host
+        .command(
+            &config,
+            &["exec", "--mig", "2g.20gb", "--", "sh", "-c", &probe],
+        )
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    let stdout = stdout(&out);
+    assert!(out.status.success(), "{stdout}{}", text_of(&out.stderr));
+    let chosen = instances
+        .iter()
+        .find(|m| m["profile"] == "2g.20gb")
+        .unwrap();
+    let mine = [
+        "nvidia0".to_string(),
+        format!("nvidia-cap{}", chosen["access"]["gi_minor"]),
+        format!("nvidia-cap{}", chosen["access"]["ci_minor"]),
+    ];
+    let mut opened: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("NODE "))
+        .filter(|l| l.ends_with("No such device or address"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    opened.sort();
+    let mut want: Vec<&str> = mine.iter().map(String::as_str).collect();
+    want.sort();
+    assert_eq!(opened, want, "{stdout}");
+    let denied = stdout
+        .lines()
+        .filter(|l| l.starts_with("NODE ") && l.ends_with("Operation not permitted"))
+        .count();
+    assert_eq!(denied, 7 + 6, "{stdout}");
+    let uuid = chosen["uuid"].as_str().unwrap();
+    assert!(
+        stdout.lines().any(|l| l == format!("CUDA {uuid}")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.lines().any(|l| l == format!("NV {uuid}")),
+        "{stdout}"
+    );
 }

@@ -13,7 +13,19 @@ pub struct NvmlArgs {
 
 pub fn run(args: &NvmlArgs) -> anyhow::Result<ExitCode> {
     let answer = match args.question.as_str() {
-        nvml_helper::INVENTORY => inventory::to_json(&inventory::nvml_probe_here()?),
+        nvml_helper::INVENTORY => match inventory::nvml_probe_here() {
+            Ok(inv) => inventory::to_json(&inv),
+            // Its own status, so the asking binary does not fall back to procfs, which
+            // may show that GPU whole.
+            Err(err @ inventory::InventoryError::MigUnreadable { .. }) => {
+                super::out::note(format_args!(
+                    "gpupin: {}",
+                    gpupin::base::message::one_line(&err)
+                ));
+                return Ok(ExitCode::from(nvml_helper::MIG_UNREADABLE_STATUS));
+            }
+            Err(err) => return Err(err.into()),
+        },
         nvml_helper::LIVE => nvml_helper::live_json(&inventory::nvml_live_here()?),
         other => anyhow::bail!(
             "unknown NVML question {other:?}: expected {} or {}",

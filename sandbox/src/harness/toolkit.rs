@@ -78,8 +78,16 @@ impl Peers {
     /// mock server: `{"driver", "gpus": [{"index", "uuid", "name", "memory_bytes",
     /// "pci_bus_id", "minor"}]}`.
     pub fn profile(&self, profile: &str) -> Result<Value, String> {
+        self.profile_with_mig(profile, None)
+    }
+
+    /// As `profile`, with the GPUs cut into MIG instances as `mig` says (the bridge's
+    /// GPUPIN_MOCK_MIG): each GPU in MIG mode then has `"mig": [{"index", "uuid", "name",
+    /// "profile", "memory_bytes", "gi", "ci"}]`.
+    pub fn profile_with_mig(&self, profile: &str, mig: Option<&str>) -> Result<Value, String> {
         let out = Command::new(self.mock.join("mocknvml-profile"))
             .arg(profile)
+            .env("GPUPIN_MOCK_MIG", mig.unwrap_or_default())
             .output()
             .map_err(|e| format!("mocknvml-profile: {e}"))?;
         if !out.status.success() {
@@ -129,12 +137,37 @@ pub struct MockDriver {
     pub peers: Peers,
     profile: String,
     served: Value,
+    /// The MIG geometry the mock serves (GPUPIN_MOCK_MIG), if any.
+    mig: Option<String>,
+}
+
+/// The `nvidia-caps` major of a MIG driver root's capability nodes.
+pub const CAPS_MAJOR: u32 = 508;
+
+/// The capability minors the driver gives GPU instance `gi` and its compute instance `ci`
+/// on the GPU with minor `gpu_minor`: its fixed table (`/proc/driver/nvidia-caps/mig-minors`).
+pub fn mig_cap_minors(gpu_minor: u64, gi: u64, ci: u64) -> (u32, u32) {
+    let gi_minor = (3 + gpu_minor * 15 * 9 + gi * 9) as u32;
+    (gi_minor, gi_minor + 1 + ci as u32)
 }
 
 impl MockDriver {
     /// Builds `<dir>/driver-root` for `profile`; the nodes need root (mknod).
     pub fn create(dir: &Path, peers: &Peers, profile: &str) -> Result<MockDriver, String> {
-        let served = peers.profile(profile)?;
+        Self::create_with_mig(dir, peers, profile, None)
+    }
+
+    /// As `create`, with the mock's GPUs cut as `mig` says: the root also has the
+    /// instances' capability nodes (`dev/nvidia-caps/nvidia-cap<N>`), and `<dir>/proc-driver`
+    /// the driver's `nvidia-caps/mig-minors`, which `generate` mounts on /proc/driver for
+    /// nvidia-ctk (it reads the minors from the host's /proc, not the driver root).
+    pub fn create_with_mig(
+        dir: &Path,
+        peers: &Peers,
+        profile: &str,
+        mig: Option<&str>,
+    ) -> Result<MockDriver, String> {
+        let served = peers.profile_with_mig(profile, mig)?;
         let version = served["driver"]
             .as_str()
             .ok_or("the profile names no driver version")?
@@ -157,6 +190,7 @@ impl MockDriver {
             peers: peers.clone(),
             profile: profile.to_string(),
             served,
+            mig: mig.map(str::to_string),
         };
         for file in driver.files() {
             write(&driver.host_path(&file), &format!("fake {file}\n"), 0o644)?;
@@ -183,7 +217,52 @@ impl MockDriver {
         for (name, major, minor) in control_nodes() {
             mknod(&driver.root.join("dev").join(name), major, minor)?;
         }
+        if driver.mig.is_some() {
+            let mut minors = String::from("config 1\nmonitor 2\n");
+            for (gpu, m) in driver.mig_instances() {
+                let (gi, ci) = (
+                    m["gi"].as_u64().unwrap_or_default(),
+                    m["ci"].as_u64().unwrap_or_default(),
+                );
+                let (gi_minor, ci_minor) =
+                    mig_cap_minors(gpu["minor"].as_u64().unwrap_or_default(), gi, ci);
+                for minor in [gi_minor, ci_minor] {
+                    let node = driver
+                        .root
+                        .join(format!("dev/nvidia-caps/nvidia-cap{minor}"));
+                    if !node.exists() {
+                        mknod(&node, CAPS_MAJOR, minor)?;
+                    }
+                }
+                let g = gpu["minor"].as_u64().unwrap_or_default();
+                minors.push_str(&format!(
+                    "gpu{g}/gi{gi}/access {gi_minor}\ngpu{g}/gi{gi}/ci{ci}/access {ci_minor}\n"
+                ));
+            }
+            write(
+                &driver.proc_driver().join("nvidia-caps/mig-minors"),
+                &minors,
+                0o444,
+            )?;
+        }
         Ok(driver)
+    }
+
+    /// The stand-in for /proc/driver that `generate` mounts where the mock has MIG.
+    fn proc_driver(&self) -> PathBuf {
+        self.root.with_file_name("proc-driver")
+    }
+
+    /// Each MIG device the mock serves, with its GPU: `(gpu, mig)` as `mocknvml-profile`
+    /// prints them.
+    pub fn mig_instances(&self) -> Vec<(Value, Value)> {
+        let mut out = Vec::new();
+        for gpu in self.served["gpus"].as_array().into_iter().flatten() {
+            for m in gpu["mig"].as_array().into_iter().flatten() {
+                out.push((gpu.clone(), m.clone()));
+            }
+        }
+        out
     }
 
     /// The driver's files, container paths (the same paths under the root on the host).
@@ -210,14 +289,30 @@ impl MockDriver {
             .into_iter()
             .flatten()
             .map(|g| {
-                json!({
+                let mut gpu = json!({
                     "index": g["index"], "uuid": g["uuid"], "name": g["name"],
                     "memory": g["memory_bytes"], "pci_bus_id": g["pci_bus_id"],
                     "minor": g["minor"],
-                })
+                });
+                // Instances with their GI/CI ids (the minors default to the driver's
+                // table, the one the root's nodes follow).
+                if let Some(migs) = g["mig"].as_array() {
+                    gpu["mig"] = migs
+                        .iter()
+                        .map(|m| {
+                            json!({"index": m["index"], "uuid": m["uuid"], "profile": m["profile"],
+                                   "memory": m["memory_bytes"], "gi": m["gi"], "ci": m["ci"]})
+                        })
+                        .collect();
+                }
+                gpu
             })
             .collect();
-        let text = serde_json::to_string_pretty(&json!({ "gpus": gpus })).unwrap();
+        let mut doc = json!({ "gpus": gpus });
+        if self.mig.is_some() {
+            doc["caps_major"] = json!(CAPS_MAJOR);
+        }
+        let text = serde_json::to_string_pretty(&doc).unwrap();
         write(path, &text, 0o644)
     }
 
@@ -226,7 +321,21 @@ impl MockDriver {
     /// the spec names the real nvidia-cdi-hook (`--nvidia-cdi-hook-path`, since it is not
     /// on PATH here). Returns the spec's text.
     pub fn generate(&self, output: &Path, extra: &[&str]) -> Result<String, String> {
-        let out = Command::new(self.peers.tool("nvidia-ctk"))
+        let mut cmd = match &self.mig {
+            None => Command::new(self.peers.tool("nvidia-ctk")),
+            // nvidia-ctk reads the capability minors from /proc/driver/nvidia-caps: run it
+            // where the stand-in is mounted there (needs root, as the nodes do).
+            Some(mig) => {
+                let mut cmd = Command::new("unshare");
+                cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+                    .arg("mount --bind \"$0\" /proc/driver && exec \"$@\"")
+                    .arg(self.proc_driver())
+                    .arg(self.peers.tool("nvidia-ctk"))
+                    .env("GPUPIN_MOCK_MIG", mig);
+                cmd
+            }
+        };
+        let out = cmd
             .args(["--quiet", "cdi", "generate", "--driver-root"])
             .arg(&self.root)
             .arg("--nvidia-cdi-hook-path")

@@ -92,7 +92,14 @@ fn probe_auto(
     nvml().or_else(|nvml_err| {
         // A helper that cannot be started is a broken install, not a machine without
         // NVML: falling back would hide it behind a poorer inventory.
-        if matches!(nvml_err, InventoryError::NvmlHelperStart { .. }) {
+        // Nor is a GPU in MIG mode whose instances NVML cannot read: procfs may show it
+        // whole (no GPU instance in its tree), and it would be handed out whole.
+        if matches!(
+            nvml_err,
+            InventoryError::NvmlHelperStart { .. }
+                | InventoryError::MigUnreadable { .. }
+                | InventoryError::NvmlHelperMigUnreadable { .. }
+        ) {
             return Err(nvml_err);
         }
         procfs().map_err(|procfs_err| InventoryError::NothingFound {
@@ -345,5 +352,36 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("sim:nvswitch8"), "{err}");
+    }
+
+    /// A GPU in MIG mode whose instances NVML cannot read is not a machine without NVML:
+    /// procfs would show that GPU whole where its capabilities tree has no GPU instance,
+    /// and it would be handed out whole. (Seen to fail before the fix: auto fell back.)
+    #[test]
+    fn auto_never_falls_back_when_nvml_cannot_read_mig_instances() {
+        let procfs_inv = machine("procfs");
+        let unreadable = || {
+            Err(InventoryError::MigUnreadable {
+                gpu: 0,
+                uuid: "GPU-0".into(),
+                source: Box::new(InventoryError::Nvml {
+                    what: "uuid of MIG device 0:1".into(),
+                    source: nvml_wrapper::error::NvmlError::Unknown,
+                }),
+            })
+        };
+        let err = probe_auto(unreadable, || Ok(procfs_inv.clone())).unwrap_err();
+        assert!(matches!(err, InventoryError::MigUnreadable { .. }), "{err}");
+        let through_helper = || {
+            Err(InventoryError::NvmlHelperMigUnreadable {
+                exe: "/usr/bin/gpupin".into(),
+                reason: "GPU 0 (GPU-0) is in MIG mode but its instances cannot be read".into(),
+            })
+        };
+        let err = probe_auto(through_helper, || Ok(procfs_inv.clone())).unwrap_err();
+        assert!(
+            matches!(err, InventoryError::NvmlHelperMigUnreadable { .. }),
+            "{err}"
+        );
     }
 }

@@ -320,6 +320,17 @@ pub enum InventoryError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "GPU {gpu} ({uuid}) is in MIG mode but its instances cannot be read, so nothing of it is handed out"
+    )]
+    MigUnreadable {
+        gpu: u32,
+        uuid: String,
+        #[source]
+        source: Box<InventoryError>,
+    },
+    #[error("NVML through {exe}: {reason}")]
+    NvmlHelperMigUnreadable { exe: PathBuf, reason: String },
     #[error("NVML reports no GPUs")]
     NoGpusInNvml,
     #[error("NVML query failed: {what}")]

@@ -14,14 +14,29 @@
 //! - otherwise the PCIe level from `nvmlDeviceGetTopologyCommonAncestor`.
 //!
 //! When any PCIe level cannot be read the matrix is left out rather than guessed.
+//!
+//! MIG: a GPU whose current MIG mode is enabled (`nvmlDeviceGetMigMode`) lists its MIG
+//! devices (`nvmlDeviceGetMaxMigDeviceCount`, then `nvmlDeviceGetMigDeviceHandleByIndex`
+//! for each index, NOT_FOUND meaning no device there), each with its UUID, memory, GPU and
+//! compute instance ids (`nvmlDeviceGetGpuInstanceId`, `nvmlDeviceGetComputeInstanceId`,
+//! which nvml-wrapper 0.13 does not wrap: called through its loaded library), and the
+//! profile from its name (`NVIDIA A100-SXM4-80GB MIG 1g.10gb`). NVML does not give the
+//! capability minors: they come from procfs as the procfs backend reads them
+//! (`/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<X>/access`, `.../ci<Y>/access`,
+//! else `/proc/driver/nvidia-caps/mig-minors`). A GPU in MIG mode whose instances cannot
+//! all be read fails the probe (`MigUnreadable`): left out or listed whole, it would be
+//! handed out whole, which gives a holder nothing CUDA can use and every instance's
+//! holder a neighbour.
 
-use super::procfs::{Roots, add_sysfs_locality, device_nodes, nvml_bus_id};
-use super::{Gpu, Inventory, InventoryError, Link, NvmlAccess};
-use nvml_wrapper::Nvml;
+use super::procfs::{Roots, add_sysfs_locality, device_nodes, mig_access, nvml_bus_id};
+use super::{Gpu, Inventory, InventoryError, Link, MigInstance, NvmlAccess};
 use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TopologyLevel};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{nvml_sym, nvml_try};
 use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::{Device, Nvml};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 
 /// The library name NVIDIA installs with the driver (the unversioned name needs the dev package).
@@ -57,8 +72,24 @@ fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryErro
     let mut gpus = (0..count)
         .map(|index| read_gpu(&nvml, index))
         .collect::<Result<Vec<_>, _>>()?;
+    let mut mig_minors = None;
     for gpu in &mut gpus {
         add_sysfs_locality(roots, gpu)?;
+        if mig_enabled(&nvml, gpu.index)? {
+            // Read once, and only on a machine with a GPU in MIG mode.
+            let minors = match &mig_minors {
+                Some(minors) => minors,
+                None => mig_minors.insert(super::procfs::read_mig_minors(roots)?),
+            };
+            let instances = read_mig(&nvml, gpu, roots, minors).map_err(|source| {
+                InventoryError::MigUnreadable {
+                    gpu: gpu.index,
+                    uuid: gpu.uuid.clone(),
+                    source: Box::new(source),
+                }
+            })?;
+            gpu.mig = Some(instances);
+        }
     }
     let links = links(&nvml, &gpus);
     let (gpu_major, control_nodes) = device_nodes(roots)?;
@@ -208,6 +239,92 @@ fn read_gpu(nvml: &Nvml, index: u32) -> Result<Gpu, InventoryError> {
     })
 }
 
+/// Whether GPU `index` is in MIG mode now (not the mode pending a reset). A GPU or
+/// driver without MIG answers NotSupported, a library without the function lacks the
+/// symbol: both are GPUs that are units.
+fn mig_enabled(nvml: &Nvml, index: u32) -> Result<bool, InventoryError> {
+    let what = format!("MIG mode of GPU {index}");
+    let device = nvml.device_by_index(index).map_err(query_error(&what))?;
+    match device.mig_mode() {
+        Ok(mode) => Ok(mode.current == MIG_ENABLE),
+        Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => Ok(false),
+        Err(e) => Err(query_error(&what)(e)),
+    }
+}
+
+/// NVML_DEVICE_MIG_ENABLE in nvml.h.
+const MIG_ENABLE: u32 = 1;
+
+/// The MIG devices of `gpu` (in MIG mode), by MIG device index; any one unreadable is an
+/// error (see the module doc).
+fn read_mig(
+    nvml: &Nvml,
+    gpu: &Gpu,
+    roots: &Roots,
+    mig_minors: &HashMap<String, u32>,
+) -> Result<Vec<MigInstance>, InventoryError> {
+    let device = nvml
+        .device_by_index(gpu.index)
+        .map_err(query_error("handle"))?;
+    let count = device
+        .mig_device_count()
+        .map_err(query_error("MIG device count"))?;
+    let mut instances = Vec::new();
+    for index in 0..count {
+        let what = |field: &str| format!("{field} of MIG device {}:{index}", gpu.index);
+        let mig = match device.mig_device_by_index(index) {
+            Ok(mig) => mig,
+            // Fewer instances than the GPU could have: no device at this index.
+            Err(NvmlError::NotFound) => continue,
+            Err(e) => return Err(query_error(&what("handle"))(e)),
+        };
+        let (gi, ci) =
+            instance_ids(nvml, &mig).map_err(query_error(&what("GPU and compute instance ids")))?;
+        let name = mig.name().map_err(query_error(&what("name")))?;
+        instances.push(MigInstance {
+            index,
+            uuid: mig.uuid().map_err(query_error(&what("uuid")))?,
+            profile: profile_of(&name),
+            memory_bytes: mig
+                .memory_info()
+                .map_err(query_error(&what("memory")))?
+                .total,
+            access: Some(mig_access(roots, gpu.minor, gi, ci, mig_minors)?),
+            parent_index: gpu.index,
+            parent_uuid: gpu.uuid.clone(),
+            parent_minor: gpu.minor,
+        });
+    }
+    Ok(instances)
+}
+
+/// The GPU and compute instance ids of a MIG device. nvml-wrapper 0.13 has no wrapper for
+/// them, so the library's functions it loaded are called as nvml.h declares them.
+fn instance_ids(nvml: &Nvml, mig: &Device) -> Result<(u32, u32), NvmlError> {
+    let lib = nvml.lib();
+    let gi_fn = nvml_sym(lib.nvmlDeviceGetGpuInstanceId.as_ref())?;
+    let ci_fn = nvml_sym(lib.nvmlDeviceGetComputeInstanceId.as_ref())?;
+    let (mut gi, mut ci) = (0, 0);
+    // SAFETY: `mig` is a device handle NVML gave, valid while `nvml` is initialised (it
+    // outlives this call); both functions take a handle and a pointer to one unsigned
+    // int they write, here locals that outlive the calls.
+    unsafe {
+        let handle = mig.handle();
+        nvml_try(gi_fn(handle, &mut gi))?;
+        nvml_try(ci_fn(handle, &mut ci))?;
+    }
+    Ok((gi, ci))
+}
+
+/// The profile in a MIG device's name, which NVML writes as `<GPU name> MIG <profile>`
+/// (`NVIDIA A100-SXM4-80GB MIG 1g.10gb`); `None` (unknown) when the name is not of that
+/// shape or the profile not of NVIDIA's form.
+fn profile_of(name: &str) -> Option<String> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    crate::model::mig::is_profile_name(profile).then(|| profile.to_string())
+}
+
 fn links(nvml: &Nvml, gpus: &[Gpu]) -> Option<Vec<Vec<Link>>> {
     let nvlinks = NvLinks::read(nvml, gpus);
     let n = gpus.len();
@@ -345,6 +462,44 @@ mod tests {
         assert_eq!(
             processes(Err(NvmlError::NotSupported), Err(NvmlError::NotSupported)),
             None
+        );
+    }
+
+    #[test]
+    fn the_profile_comes_from_the_mig_devices_name() {
+        let of = |name| profile_of(name);
+        assert_eq!(
+            of("NVIDIA A100-SXM4-80GB MIG 1g.10gb").as_deref(),
+            Some("1g.10gb")
+        );
+        assert_eq!(
+            of("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me").as_deref(),
+            Some("1g.10gb+me")
+        );
+        assert_eq!(
+            of("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb").as_deref(),
+            Some("1c.3g.20gb")
+        );
+        // Not NVIDIA's shape: unknown, never a made-up profile.
+        assert_eq!(of("NVIDIA A100-SXM4-80GB"), None);
+        assert_eq!(of("NVIDIA A100 MIG something"), None);
+    }
+
+    #[test]
+    fn unreadable_instances_are_one_line_naming_the_gpu_and_why() {
+        let err = InventoryError::MigUnreadable {
+            gpu: 2,
+            uuid: "GPU-2".into(),
+            source: Box::new(InventoryError::Nvml {
+                what: "uuid of MIG device 2:1".into(),
+                source: NvmlError::Unknown,
+            }),
+        };
+        let line = crate::base::message::one_line(&err);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.starts_with("GPU 2 (GPU-2) is in MIG mode but its instances cannot be read, so nothing of it is handed out: NVML query failed: uuid of MIG device 2:1"),
+            "{line}"
         );
     }
 

@@ -14,6 +14,10 @@ use std::process::{Command, Stdio};
 pub const SUBCOMMAND: &str = "nvml";
 pub const INVENTORY: &str = "inventory";
 pub const LIVE: &str = "live";
+/// The exit status of `gpupin nvml inventory` when a GPU in MIG mode has instances NVML
+/// cannot read (`InventoryError::MigUnreadable`): not a machine without NVML, so
+/// `inventory = "auto"` must not fall back to procfs.
+pub const MIG_UNREADABLE_STATUS: u8 = 3;
 
 /// The inventory as `exe nvml inventory` prints it (the inventory file format).
 pub(super) fn inventory(exe: &Path) -> Result<Inventory, InventoryError> {
@@ -50,6 +54,12 @@ fn ask(exe: &Path, question: &str) -> Result<String, InventoryError> {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let line = stderr.lines().last().unwrap_or_default();
         let reason = line.strip_prefix("gpupin: ").unwrap_or(line);
+        if output.status.code() == Some(i32::from(MIG_UNREADABLE_STATUS)) {
+            return Err(InventoryError::NvmlHelperMigUnreadable {
+                exe: exe.to_path_buf(),
+                reason: reason.to_string(),
+            });
+        }
         return Err(InventoryError::NvmlHelper {
             exe: exe.to_path_buf(),
             reason: if reason.is_empty() {
@@ -134,6 +144,31 @@ mod tests {
             err,
             format!(
                 "NVML through {}: NVML is not available (is the NVIDIA driver installed?)",
+                exe.display()
+            )
+        );
+    }
+
+    /// The helper's own status for a GPU in MIG mode it cannot read keeps that apart from
+    /// "no NVML", so `auto` does not fall back to procfs.
+    #[test]
+    fn unreadable_mig_instances_are_their_own_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = helper(
+            dir.path(),
+            &format!(
+                "echo 'gpupin: GPU 0 (GPU-1) is in MIG mode but its instances cannot be read, so nothing of it is handed out: x' >&2; exit {MIG_UNREADABLE_STATUS}"
+            ),
+        );
+        let err = inventory(&exe).unwrap_err();
+        assert!(
+            matches!(err, InventoryError::NvmlHelperMigUnreadable { .. }),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "NVML through {}: GPU 0 (GPU-1) is in MIG mode but its instances cannot be read, so nothing of it is handed out: x",
                 exe.display()
             )
         );

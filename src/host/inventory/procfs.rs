@@ -243,7 +243,7 @@ pub(super) fn device_nodes(roots: &Roots) -> Result<(u32, Vec<DeviceNode>), Inve
 /// `/proc/driver/nvidia-caps/mig-minors`: `gpu0/gi1/ci0/access 13` lines as a map;
 /// empty where the file does not exist (no MIG-capable driver). Other lines (`config 1`,
 /// `monitor 2`) are skipped, as NVIDIA's toolkit skips them.
-fn read_mig_minors(roots: &Roots) -> Result<HashMap<String, u32>, InventoryError> {
+pub(super) fn read_mig_minors(roots: &Roots) -> Result<HashMap<String, u32>, InventoryError> {
     let path = roots.proc.join("driver/nvidia-caps/mig-minors");
     let Some(text) = read_optional(&path)? else {
         return Ok(HashMap::new());
@@ -298,6 +298,38 @@ fn read_mig(
         }
     }
     Ok(Some(instances))
+}
+
+/// The capability minors of compute instance `ci` of GPU instance `gi` on the GPU with
+/// device minor `gpu_minor`, read as `read_mig` reads them: for the NVML backend, which
+/// has the GI and CI ids from NVML but no minors (NVML does not give them; NVIDIA's
+/// toolkit reads them here too).
+pub(super) fn mig_access(
+    roots: &Roots,
+    gpu_minor: u32,
+    gi: u32,
+    ci: u32,
+    mig_minors: &HashMap<String, u32>,
+) -> Result<MigAccess, InventoryError> {
+    let gi_dir = roots.proc.join(format!(
+        "driver/nvidia/capabilities/gpu{gpu_minor}/mig/gi{gi}"
+    ));
+    let gi_minor = access_minor(
+        &gi_dir.join("access"),
+        &format!("gpu{gpu_minor}/gi{gi}/access"),
+        mig_minors,
+    )?;
+    let ci_minor = access_minor(
+        &gi_dir.join(format!("ci{ci}/access")),
+        &format!("gpu{gpu_minor}/gi{gi}/ci{ci}/access"),
+        mig_minors,
+    )?;
+    Ok(MigAccess {
+        gi,
+        ci,
+        gi_minor,
+        ci_minor,
+    })
 }
 
 /// The compute instances the capabilities tree under `proc` shows, as
@@ -629,6 +661,30 @@ mod tests {
                 fs::write(gi_dir.join(format!("ci{ci}/access")), access(ci_minor)).unwrap();
             }
         }
+    }
+
+    /// What the NVML backend asks: the minors of GI/CI ids NVML gave, from the access
+    /// files, else from mig-minors; neither is an error naming the file.
+    #[test]
+    fn mig_access_of_known_ids() {
+        let f = fixture(DEVICES);
+        f.mig(3, 2, 0, Some((426, 427)));
+        f.mig(3, 9, 0, None);
+        let minors = HashMap::from([
+            ("gpu3/gi9/access".to_string(), 489),
+            ("gpu3/gi9/ci0/access".to_string(), 490),
+        ]);
+        let a = mig_access(&f.roots, 3, 2, 0, &minors).unwrap();
+        assert_eq!((a.gi, a.ci, a.gi_minor, a.ci_minor), (2, 0, 426, 427));
+        let b = mig_access(&f.roots, 3, 9, 0, &minors).unwrap();
+        assert_eq!((b.gi_minor, b.ci_minor), (489, 490));
+        let err = mig_access(&f.roots, 3, 4, 0, &minors)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("gpu3/mig/gi4/access") && err.contains("no gpu3/gi4/access line"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -8,15 +8,22 @@
 // (its Func is nil, and it panics) answers NVML_ERROR_NOT_SUPPORTED, as a real driver
 // does for a feature a board lacks.
 //
-// Left out on purpose: nvmlDeviceGetMigMode. NVIDIA's toolkit (go-nvlib, in `nvidia-ctk
-// cdi generate`) treats a library without it as "no MIG" and makes full-GPU devices; with
-// it, the mock's GPUs are MIG-capable and nvidia-ctk goes on to nvmlDeviceGetMaxMigDeviceCount
-// and nvmlDeviceGetMigDeviceHandleByIndex, which go-nvml's mock server does not implement
-// (tried: nvidia-ctk then fails). Answers for those would be made up here, so the symbol
-// stays out, and the toolkit sees what a driver without MIG shows it.
+// MIG: GPUs are put into MIG mode, and their GPU and compute instances created, through
+// the mock's own calls at initialisation (GPUPIN_MOCK_MIG, see package profile). go-nvml's
+// mock server models GPU and compute instances but not MIG device handles, which NVML
+// gives for each compute instance: this bridge makes one per compute instance
+// (profile.MigDevice: UUID, name, memory from the GPU's MIG profile table) and answers
+// for it nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetMaxMigDeviceCount,
+// nvmlDeviceGetDeviceHandleFromMigDeviceHandle, nvmlDeviceIsMigDeviceHandle,
+// nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId, and UUID, name, memory and
+// lookup by UUID. A GPU not in MIG mode has no MIG devices (count 0), as NVIDIA's
+// toolkit then sees only whole GPUs.
 //
 // Environment:
 //   - GPUPIN_MOCK_NVML_PROFILE: dgxa100 (default), dgxh100 or a30pcie (see package profile).
+//   - GPUPIN_MOCK_MIG: the MIG geometry, e.g. "0:3g.40gb,2g.20gb,1g.10gb,1g.10gb;7:"
+//     (profile names as nvidia-smi prints them for the profile's GPU; "7:" is MIG mode
+//     with no instances). Unset: no GPU in MIG mode.
 //   - GPUPIN_MOCK_NVML_LIVE: optional JSON of live figures per GPU index (what a test sets,
 //     as it would edit a profile of NVIDIA's YAML mock); read when NVML is initialised.
 //     {"gpus": [{"index": 0, "utilization": 35, "memory_used": 1073741824,
@@ -26,8 +33,8 @@
 //     temperature, power and processes not supported.
 //
 // Where a variable is unset (runc runs hooks with an empty environment), the files
-// mock-nvml.profile (the profile's name) and mock-nvml-live.json beside the loaded
-// library stand in for them.
+// mock-nvml.profile (the profile's name), mock-nvml-mig (the geometry) and
+// mock-nvml-live.json beside the loaded library stand in for them.
 package main
 
 /*
@@ -56,6 +63,13 @@ var (
 	srv     *server.Server
 	handles []unsafe.Pointer // C memory, one byte per GPU: the opaque nvmlDevice_t
 	inits   int
+	// MIG devices per GPU index, and their handles (C memory as for GPUs).
+	migs       map[int][]*profile.MigDevice
+	migHandles map[unsafe.Pointer]*profile.MigDevice
+	// GPU and compute instance handles (nvmlGpuInstance_t, nvmlComputeInstance_t), for
+	// NVIDIA's toolkit, which looks up a MIG device's profile through them.
+	giHandles map[unsafe.Pointer]*server.GpuInstance
+	ciHandles map[unsafe.Pointer]*server.ComputeInstance
 )
 
 type liveFile struct {
@@ -133,10 +147,31 @@ func load() nvml.Return {
 			return nvml.ERROR_UNKNOWN
 		}
 	}
+	spec, err := profile.MigSpec(besideLibrary("mock-nvml-mig"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mock libnvidia-ml:", err)
+		return nvml.ERROR_UNKNOWN
+	}
+	devices, err := profile.ApplyMig(s, spec)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mock libnvidia-ml:", err)
+		return nvml.ERROR_UNKNOWN
+	}
 	srv = s
 	handles = make([]unsafe.Pointer, len(s.Devices))
 	for i := range handles {
 		handles[i] = C.malloc(1)
+	}
+	migs = devices
+	migHandles = map[unsafe.Pointer]*profile.MigDevice{}
+	giHandles = map[unsafe.Pointer]*server.GpuInstance{}
+	ciHandles = map[unsafe.Pointer]*server.ComputeInstance{}
+	for _, list := range devices {
+		for _, m := range list {
+			migHandles[C.malloc(1)] = m
+			giHandles[C.malloc(1)] = m.GI
+			ciHandles[C.malloc(1)] = m.CI
+		}
 	}
 	return nvml.SUCCESS
 }
@@ -206,6 +241,25 @@ func device(h unsafe.Pointer) (*server.Device, nvml.Return) {
 		}
 	}
 	return nil, nvml.ERROR_INVALID_ARGUMENT
+}
+
+// migDevice is the MIG device of handle h; nil when h is not one.
+func migDevice(h unsafe.Pointer) *profile.MigDevice {
+	mu.Lock()
+	defer mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	return migHandles[h]
+}
+
+func migHandleOf(m *profile.MigDevice) unsafe.Pointer {
+	for h, candidate := range migHandles {
+		if candidate == m {
+			return h
+		}
+	}
+	return nil
 }
 
 func handleOf(d nvml.Device) unsafe.Pointer {
@@ -358,7 +412,17 @@ func nvmlDeviceGetHandleByUUID(uuid *C.char, handle *unsafe.Pointer) (out C.int)
 	if r != nvml.SUCCESS {
 		return ret(r)
 	}
-	d, r := s.DeviceGetHandleByUUID(C.GoString(uuid))
+	want := C.GoString(uuid)
+	mu.Lock()
+	for h, m := range migHandles {
+		if m.UUID == want {
+			*handle = h
+			mu.Unlock()
+			return ret(nvml.SUCCESS)
+		}
+	}
+	mu.Unlock()
+	d, r := s.DeviceGetHandleByUUID(want)
 	if r == nvml.SUCCESS {
 		*handle = handleOf(d)
 	} else if r == nvml.ERROR_INVALID_ARGUMENT {
@@ -371,6 +435,9 @@ func nvmlDeviceGetHandleByUUID(uuid *C.char, handle *unsafe.Pointer) (out C.int)
 //export nvmlDeviceGetUUID
 func nvmlDeviceGetUUID(h unsafe.Pointer, buf *C.char, length C.uint) (out C.int) {
 	defer guard(&out)
+	if m := migDevice(h); m != nil {
+		return ret(cString(m.UUID, buf, length))
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
@@ -385,6 +452,9 @@ func nvmlDeviceGetUUID(h unsafe.Pointer, buf *C.char, length C.uint) (out C.int)
 //export nvmlDeviceGetName
 func nvmlDeviceGetName(h unsafe.Pointer, buf *C.char, length C.uint) (out C.int) {
 	defer guard(&out)
+	if m := migDevice(h); m != nil {
+		return ret(cString(m.Name, buf, length))
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
@@ -425,19 +495,22 @@ func nvmlDeviceGetMinorNumber(h unsafe.Pointer, minor *C.uint) (out C.int) {
 }
 
 // nvmlDeviceIsMigDeviceHandle: NVIDIA's runtime in jit-cdi mode asks it of every GPU it is
-// given. The mock's own answer when it has one; go-nvml's mock server leaves it out, and then
-// the answer is the handle's kind, which this bridge owns: every handle it gives out is one
-// of the mock's whole GPUs (it exports no MIG device handles), so none is a MIG device.
+// given. The mock server leaves it out, and the answer is the handle's kind, which this
+// bridge owns: a MIG device handle of its table, or one of the mock's whole GPUs.
 //
 //export nvmlDeviceIsMigDeviceHandle
 func nvmlDeviceIsMigDeviceHandle(h unsafe.Pointer, isMig *C.uint) (out C.int) {
 	defer guard(&out)
+	if isMig == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	if migDevice(h) != nil {
+		*isMig = 1
+		return ret(nvml.SUCCESS)
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
-	}
-	if isMig == nil {
-		return ret(nvml.ERROR_INVALID_ARGUMENT)
 	}
 	mig := false
 	if d.IsMigDeviceHandleFunc != nil {
@@ -449,6 +522,108 @@ func nvmlDeviceIsMigDeviceHandle(h unsafe.Pointer, isMig *C.uint) (out C.int) {
 	if mig {
 		*isMig = 1
 	}
+	return ret(nvml.SUCCESS)
+}
+
+// nvmlDeviceGetMigMode: the mock's mode (current and pending alike).
+//
+//export nvmlDeviceGetMigMode
+func nvmlDeviceGetMigMode(h unsafe.Pointer, current, pending *C.uint) (out C.int) {
+	defer guard(&out)
+	if current == nil || pending == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	if migDevice(h) != nil {
+		return ret(nvml.ERROR_NOT_SUPPORTED)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	c, p, r := d.GetMigMode()
+	if r == nvml.SUCCESS {
+		*current, *pending = C.uint(c), C.uint(p)
+	}
+	return ret(r)
+}
+
+// nvmlDeviceGetMaxMigDeviceCount: as many as the GPU has 1-slice instances of its
+// smallest profile (7 on an A100) in MIG mode; 0 otherwise, so that a caller looks for no
+// MIG device on a whole GPU.
+//
+//export nvmlDeviceGetMaxMigDeviceCount
+func nvmlDeviceGetMaxMigDeviceCount(h unsafe.Pointer, count *C.uint) (out C.int) {
+	defer guard(&out)
+	if count == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	*count = 0
+	if mode, _, r := d.GetMigMode(); r == nvml.SUCCESS && mode == nvml.DEVICE_MIG_ENABLE {
+		info := d.Config.MIGProfiles.GpuInstanceProfiles[nvml.GPU_INSTANCE_PROFILE_1_SLICE]
+		*count = C.uint(info.InstanceCount)
+	}
+	return ret(nvml.SUCCESS)
+}
+
+// nvmlDeviceGetMigDeviceHandleByIndex: NOT_FOUND for an index below the maximum with no
+// MIG device, as a driver answers.
+//
+//export nvmlDeviceGetMigDeviceHandleByIndex
+func nvmlDeviceGetMigDeviceHandleByIndex(h unsafe.Pointer, index C.uint, mig *unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if mig == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	list := migs[d.Index]
+	if int(index) >= len(list) {
+		return ret(nvml.ERROR_NOT_FOUND)
+	}
+	*mig = migHandleOf(list[index])
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetDeviceHandleFromMigDeviceHandle
+func nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h unsafe.Pointer, parent *unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	m := migDevice(h)
+	if m == nil || parent == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	*parent = handleOf(m.Parent)
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetGpuInstanceId
+func nvmlDeviceGetGpuInstanceId(h unsafe.Pointer, id *C.uint) (out C.int) {
+	defer guard(&out)
+	m := migDevice(h)
+	if m == nil || id == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	*id = C.uint(m.GiID)
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetComputeInstanceId
+func nvmlDeviceGetComputeInstanceId(h unsafe.Pointer, id *C.uint) (out C.int) {
+	defer guard(&out)
+	m := migDevice(h)
+	if m == nil || id == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	*id = C.uint(m.CiID)
 	return ret(nvml.SUCCESS)
 }
 
@@ -493,6 +668,11 @@ func nvmlDeviceGetPciInfo_v3(h unsafe.Pointer, pci unsafe.Pointer) (out C.int) {
 //export nvmlDeviceGetMemoryInfo
 func nvmlDeviceGetMemoryInfo(h unsafe.Pointer, mem unsafe.Pointer) (out C.int) {
 	defer guard(&out)
+	if m := migDevice(h); m != nil {
+		total := m.MemoryMB << 20
+		*(*nvml.Memory)(mem) = nvml.Memory{Total: total, Free: total}
+		return ret(nvml.SUCCESS)
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
@@ -507,6 +687,12 @@ func nvmlDeviceGetMemoryInfo(h unsafe.Pointer, mem unsafe.Pointer) (out C.int) {
 //export nvmlDeviceGetMemoryInfo_v2
 func nvmlDeviceGetMemoryInfo_v2(h unsafe.Pointer, mem unsafe.Pointer) (out C.int) {
 	defer guard(&out)
+	if m := migDevice(h); m != nil {
+		v2 := (*nvml.Memory_v2)(mem)
+		total := m.MemoryMB << 20
+		v2.Total, v2.Reserved, v2.Free, v2.Used = total, 0, total, 0
+		return ret(nvml.SUCCESS)
+	}
 	d, r := device(h)
 	if r != nvml.SUCCESS {
 		return ret(r)
@@ -650,6 +836,193 @@ func nvmlDeviceGetNvLinkRemotePciInfo_v2(h unsafe.Pointer, link C.uint, pci unsa
 	info, r := d.GetNvLinkRemotePciInfo(int(link))
 	if r == nvml.SUCCESS {
 		*(*nvml.PciInfo)(pci) = info
+	}
+	return ret(r)
+}
+
+// The MIG profile lookups of NVIDIA's toolkit (go-nvlib's MigDevice.GetProfile, which
+// `nvidia-ctk cdi generate` calls for each MIG device): the attributes of a MIG device,
+// its GPU and compute instances by id, their info, and the profile tables, all from the
+// mock's instances and tables.
+
+// gpuInstanceInfo and computeInstanceInfo have the layout of nvml.h's
+// nvmlGpuInstanceInfo_t and nvmlComputeInstanceInfo_t (go-nvml keeps its own unexported):
+// handles are pointers.
+type gpuInstanceInfo struct {
+	Device    unsafe.Pointer
+	Id        uint32
+	ProfileId uint32
+	Placement nvml.GpuInstancePlacement
+}
+
+type computeInstanceInfo struct {
+	Device      unsafe.Pointer
+	GpuInstance unsafe.Pointer
+	Id          uint32
+	ProfileId   uint32
+	Placement   nvml.ComputeInstancePlacement
+}
+
+func giHandleOf(gi *server.GpuInstance) unsafe.Pointer {
+	for h, candidate := range giHandles {
+		if candidate == gi {
+			return h
+		}
+	}
+	return nil
+}
+
+func ciHandleOf(ci *server.ComputeInstance) unsafe.Pointer {
+	for h, candidate := range ciHandles {
+		if candidate == ci {
+			return h
+		}
+	}
+	return nil
+}
+
+//export nvmlDeviceGetAttributes_v2
+func nvmlDeviceGetAttributes_v2(h unsafe.Pointer, attrs unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if attrs == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	m := migDevice(h)
+	if m == nil {
+		// A whole GPU's attributes are not modelled by the mock.
+		return ret(nvml.ERROR_NOT_SUPPORTED)
+	}
+	*(*nvml.DeviceAttributes)(attrs) = nvml.DeviceAttributes{
+		MultiprocessorCount:       m.CiProfile.MultiprocessorCount,
+		SharedCopyEngineCount:     m.CiProfile.SharedCopyEngineCount,
+		SharedDecoderCount:        m.CiProfile.SharedDecoderCount,
+		SharedEncoderCount:        m.CiProfile.SharedEncoderCount,
+		SharedJpegCount:           m.CiProfile.SharedJpegCount,
+		SharedOfaCount:            m.CiProfile.SharedOfaCount,
+		GpuInstanceSliceCount:     m.GiProfile.SliceCount,
+		ComputeInstanceSliceCount: m.CiProfile.SliceCount,
+		MemorySizeMB:              m.MemoryMB,
+	}
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetGpuInstanceById
+func nvmlDeviceGetGpuInstanceById(h unsafe.Pointer, id C.uint, gi *unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if gi == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range migs[d.Index] {
+		if m.GiID == uint32(id) {
+			*gi = giHandleOf(m.GI)
+			return ret(nvml.SUCCESS)
+		}
+	}
+	return ret(nvml.ERROR_NOT_FOUND)
+}
+
+//export nvmlGpuInstanceGetComputeInstanceById
+func nvmlGpuInstanceGetComputeInstanceById(gi unsafe.Pointer, id C.uint, ci *unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if ci == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	g, ok := giHandles[gi]
+	if !ok {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	for _, list := range migs {
+		for _, m := range list {
+			if m.GI == g && m.CiID == uint32(id) {
+				*ci = ciHandleOf(m.CI)
+				return ret(nvml.SUCCESS)
+			}
+		}
+	}
+	return ret(nvml.ERROR_NOT_FOUND)
+}
+
+//export nvmlGpuInstanceGetInfo
+func nvmlGpuInstanceGetInfo(gi unsafe.Pointer, info unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if info == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	g, ok := giHandles[gi]
+	if !ok {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	i, r := g.GetInfo()
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	*(*gpuInstanceInfo)(info) = gpuInstanceInfo{handleOf(i.Device), i.Id, i.ProfileId, i.Placement}
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlComputeInstanceGetInfo_v2
+func nvmlComputeInstanceGetInfo_v2(ci unsafe.Pointer, info unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if info == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	c, ok := ciHandles[ci]
+	if !ok {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	i, r := c.GetInfo()
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	gi, _ := i.GpuInstance.(*server.GpuInstance)
+	*(*computeInstanceInfo)(info) = computeInstanceInfo{handleOf(i.Device), giHandleOf(gi), i.Id, i.ProfileId, i.Placement}
+	return ret(nvml.SUCCESS)
+}
+
+//export nvmlDeviceGetGpuInstanceProfileInfo
+func nvmlDeviceGetGpuInstanceProfileInfo(h unsafe.Pointer, profileID C.uint, info unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if info == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	d, r := device(h)
+	if r != nvml.SUCCESS {
+		return ret(r)
+	}
+	p, r := d.GetGpuInstanceProfileInfo(int(profileID))
+	if r == nvml.SUCCESS {
+		*(*nvml.GpuInstanceProfileInfo)(info) = p
+	}
+	return ret(r)
+}
+
+//export nvmlGpuInstanceGetComputeInstanceProfileInfo
+func nvmlGpuInstanceGetComputeInstanceProfileInfo(gi unsafe.Pointer, profileID, engProfileID C.uint, info unsafe.Pointer) (out C.int) {
+	defer guard(&out)
+	if info == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	mu.Lock()
+	g, ok := giHandles[gi]
+	mu.Unlock()
+	if !ok {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	p, r := g.GetComputeInstanceProfileInfo(int(profileID), int(engProfileID))
+	if r == nvml.SUCCESS {
+		*(*nvml.ComputeInstanceProfileInfo)(info) = p
 	}
 	return ret(r)
 }

@@ -39,6 +39,11 @@ var builders = map[string]func() *server.Server{
 	"a30pcie": func() *server.Server {
 		return dgxa100.NewWithGPUs(gpus.Multiple(8, gpus.A30_PCIE_24GB)...)
 	},
+	// DGX A100 80GB: 8x NVIDIA's A100-SXM4-80GB configuration, the GPU MIG is mostly
+	// cut on (profiles 1g.10gb ... 7g.80gb), in NVIDIA's DGX A100 server.
+	"dgxa100-80gb": func() *server.Server {
+		return dgxa100.NewWithGPUs(gpus.Multiple(8, gpus.A100_SXM4_80GB)...)
+	},
 }
 
 var mu sync.Mutex
