@@ -55,7 +55,7 @@ fn containers_file_and_layer(root: &Path) -> Option<(PathBuf, String)> {
         _ => return None,
     };
     let hex_id = layer.len() == 64 && layer.bytes().all(|b| b.is_ascii_hexdigit());
-    if !hex_id || graph.len() < 2 {
+    if !hex_id {
         return None;
     }
     let file = PathBuf::from(graph.join("/")).join(format!("{driver}{CONTAINERS_FILE}"));
@@ -106,6 +106,8 @@ mod tests {
         std::fs::create_dir_all(&vfs).unwrap();
         let list = serde_json::json!([
             {"id": "1111", "names": ["other"], "layer": "a".repeat(64), "metadata": "{}"},
+            {"id": "2222", "names": ["not-a-layer-id"], "layer": "g".repeat(64), "metadata": "{}"},
+            {"id": "3333", "names": ["short"], "layer": &LAYER[..63], "metadata": "{}"},
             {"id": "0c473589d6e16b07b5cae8592eddf305945e87bf17adcf741bacf866cf1fb45d",
              "names": ["mybox2"], "image": "d78356d3", "layer": LAYER,
              "metadata": "{\"image-name\":\"localhost/hx:1\",\"image-id\":\"d78356d3\",\"name\":\"mybox2\",\"created-at\":1796432795}",
@@ -144,6 +146,12 @@ mod tests {
                 .join("merged"),
             PathBuf::from("/bundle/rootfs"),
             PathBuf::from("rootfs"),
+            // Only a layer id (64 hex digits) under a graph root names an entry.
+            tmp.path()
+                .join("overlay")
+                .join("g".repeat(64))
+                .join("merged"),
+            tmp.path().join("overlay").join(&LAYER[..63]).join("merged"),
         ] {
             assert_eq!(container_at(&root), only, "{}", root.display());
         }
