@@ -177,6 +177,17 @@ fn unit_entry<'a>(
     Some(mig_entry_for(found, instance))
 }
 
+/// Every entry of the specs found but `all`, with the file it is in.
+fn named_entries(found: &[Found]) -> impl Iterator<Item = (&Found, &Device)> {
+    found.iter().flat_map(|f| {
+        f.spec
+            .devices
+            .iter()
+            .filter(|d| d.name != ALL)
+            .map(move |d| (f, d))
+    })
+}
+
 /// The entry of one MIG instance, as `nvidia-ctk cdi generate` names it: by its UUID,
 /// else `<gpu index>:<mig index>`. An entry holding another GPU's node is stale.
 fn mig_entry_for<'a>(
@@ -184,15 +195,7 @@ fn mig_entry_for<'a>(
     instance: &MigInstance,
 ) -> Result<(&'a Found, &'a Device), SelectError> {
     let address = instance.address();
-    let entries = || {
-        found.iter().flat_map(|f| {
-            f.spec
-                .devices
-                .iter()
-                .filter(|d| d.name != ALL)
-                .map(move |d| (f, d))
-        })
-    };
+    let entries = || named_entries(found);
     let by_uuid: Vec<_> = entries()
         .filter(|(_, d)| d.name.eq_ignore_ascii_case(&instance.uuid))
         .collect();
@@ -233,15 +236,7 @@ fn mig_entry_for<'a>(
 /// the node's minor is what identifies the GPU). A later spec dir wins.
 fn entry_for<'a>(found: &'a [Found], gpu: &Gpu) -> Result<(&'a Found, &'a Device), SelectError> {
     let node = format!("/dev/nvidia{}", gpu.minor);
-    let entries = || {
-        found.iter().flat_map(|f| {
-            f.spec
-                .devices
-                .iter()
-                .filter(|d| d.name != ALL)
-                .map(move |d| (f, d))
-        })
-    };
+    let entries = || named_entries(found);
     let by_uuid: Vec<_> = entries()
         .filter(|(_, d)| d.name.eq_ignore_ascii_case(&gpu.uuid))
         .collect();
