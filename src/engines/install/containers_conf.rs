@@ -284,6 +284,9 @@ mod tests {
             "etc/containers/containers.conf",
             "[engine]\nhooks_dir = [\"/site/hooks\", \"/etc/containers/oci/hooks.d\"]\n",
         );
+        // A dry run writes nothing.
+        assert_eq!(conf.install(true).unwrap().change, Change::Written);
+        assert!(!conf.drop_in().exists());
         let step = conf.install(false).unwrap();
         assert_eq!(step.change, Change::Written);
         assert_eq!(
@@ -296,6 +299,21 @@ mod tests {
             .map(PathBuf::from)
         );
         assert_eq!(conf.install(false).unwrap().change, Change::Unchanged);
+        // gpupin's own drop-in from before the admin's hooks_dir changed is rewritten.
+        let old = format!(
+            "{MARKER} (an older gpupin)\n[engine]\nhooks_dir = [\"/usr/share/gpupin/hooks.d\"]\n"
+        );
+        std::fs::write(conf.drop_in(), &old).unwrap();
+        assert_eq!(conf.install(false).unwrap().change, Change::Written);
+        assert_eq!(
+            conf.hooks_dirs(false).unwrap(),
+            [
+                "/site/hooks",
+                PACKAGE_HOOKS_DIR,
+                "/etc/containers/oci/hooks.d"
+            ]
+            .map(PathBuf::from)
+        );
         // The admin's file of that name stays.
         std::fs::write(conf.drop_in(), "[engine]\nhooks_dir = []\n").unwrap();
         assert!(matches!(
