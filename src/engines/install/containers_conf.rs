@@ -137,11 +137,7 @@ impl ContainersConf {
             Some(_) => Change::Removed,
         };
         if change == Change::Removed && !dry_run {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(InstallError::Remove { path, source }),
-            }
+            super::podman::remove(&path)?;
         }
         Ok(Step { path, change })
     }

@@ -267,7 +267,8 @@ fn stage_of(path: &Path) -> Option<&'static str> {
     STAGES.into_iter().find(|s| file_name(s) == name)
 }
 
-fn remove(path: &Path) -> Result<(), InstallError> {
+/// Removes one of gpupin's files; one already gone is the wanted end state.
+pub(super) fn remove(path: &Path) -> Result<(), InstallError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         // Gone between the read and the removal: the wanted end state.
