@@ -93,7 +93,7 @@ pub fn queue_json(waiting: &[Waiting], now: SystemTime) -> Value {
 }
 
 fn waited_secs(w: &Waiting, now: SystemTime) -> u64 {
-    let since = std::time::UNIX_EPOCH + Duration::from_secs(w.queued_at);
+    let since = crate::base::clock::unix(w.queued_at);
     now.duration_since(since).map_or(0, |d| d.as_secs())
 }
 

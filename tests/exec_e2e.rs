@@ -1390,3 +1390,94 @@ fn serve_reloads_on_sighup_and_stops_cleanly_on_sigterm() {
     );
     until_clean(&g);
 }
+
+/// Issue 31, finding 5: `hold --for 500000000000y` once stored an end no time could hold,
+/// and from then on `status --json`, `status --long` and the daemon's status op panicked
+/// for everyone. A hold's time is bounded where it is read, from the CLI and from a
+/// request a user writes by hand.
+#[test]
+fn a_hold_for_ever_is_refused_and_status_still_answers_everyone() {
+    let test = "a_hold_for_ever_is_refused";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let mallory = User::create("ever");
+    let _daemon = Daemon::start(&g);
+    let sleeper = Sleeper::start(&mallory);
+    let pid = sleeper.pid().to_string();
+    let before = g.ledger_snapshot();
+
+    let out = run(
+        &g,
+        Some(&mallory),
+        &[
+            "hold",
+            "h",
+            "--devices",
+            "2",
+            "--pid",
+            &pid,
+            "--for",
+            "500000000000y",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", harness::stderr(&out));
+    let line = harness::stderr(&out);
+    assert!(
+        line.starts_with("gpupin: invalid --for \"500000000000y\": a hold lasts at most 366 days")
+            && line.trim_end().lines().count() == 1,
+        "{line}"
+    );
+
+    // The same by hand, past the CLI: the daemon refuses it in one line.
+    let request = format!(
+        r#"{{"op":"hold","id":"h","devices":"2","pid":{pid},"for_secs":{}}}"#,
+        u64::MAX
+    );
+    let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(sys.argv[2].encode()+b'\\n')\nprint(s.makefile().readline(),end='')";
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .arg(g.state_dir.join("gpupin.sock"))
+        .arg(&request)
+        .uid(mallory.uid)
+        .gid(mallory.gid)
+        .output()
+        .unwrap();
+    let reply: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", harness::stderr(&out)));
+    let error = reply["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("a hold lasts at most 366 days") && !error.contains('\n'),
+        "{reply}"
+    );
+    assert_eq!(
+        g.ledger_snapshot(),
+        before,
+        "nothing is held after the refusals"
+    );
+
+    // A hold for a year still works, and everyone's status shows its end.
+    ok(
+        &g,
+        Some(&mallory),
+        &[
+            "hold",
+            "h",
+            "--devices",
+            "2",
+            "--pid",
+            &pid,
+            "--for",
+            "365days",
+        ],
+    );
+    for user in [None, Some(&mallory)] {
+        let long = ok(&g, user, &["status", "--long"]);
+        assert!(long.contains("left"), "{long}");
+        let json: Value = serde_json::from_str(&ok(&g, user, &["status", "--json"])).unwrap();
+        assert!(json["holders"][0]["expires_at"].is_string(), "{json}");
+    }
+    ok(&g, Some(&mallory), &["release", "h"]);
+    until_clean(&g);
+}

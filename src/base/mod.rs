@@ -1,7 +1,8 @@
-//! Shared building blocks: files others could replace, atomic writes, one-line messages, sizes, pids, logging, the binaries' names.
+//! Shared building blocks: files others could replace, atomic writes, stored times, one-line messages, sizes, pids, logging, the binaries' names.
 
 pub mod atomic;
 pub mod binaries;
+pub mod clock;
 pub mod log;
 pub mod message;
 pub mod procinfo;

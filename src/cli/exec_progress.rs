@@ -68,7 +68,7 @@ fn report(config: &Config, holder: &str, done: &AtomicBool) {
 pub fn line(waiting: &[Waiting], holder: &str, now: SystemTime) -> Option<String> {
     let position = waiting.iter().position(|w| w.holder == holder)?;
     let me = &waiting[position];
-    let since = std::time::UNIX_EPOCH + Duration::from_secs(me.queued_at);
+    let since = gpupin::base::clock::unix(me.queued_at);
     let waited = now.duration_since(since).unwrap_or_default().as_secs();
     let place = match position {
         0 => "first in the queue".to_string(),

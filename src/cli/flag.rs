@@ -55,6 +55,17 @@ pub fn grace() -> Parsed<std::time::Duration, String> {
     })
 }
 
+/// How long a hold lasts (`--for 2h`): at least a second, at most
+/// `hold::LONGEST_DAYS`; whole seconds.
+pub fn hold_for() -> Parsed<u64, String> {
+    Parsed(|text| {
+        let asked = humantime::parse_duration(text)
+            .map_err(|_| format!("{text:?}: expected a duration, such as 2h or 30m"))?;
+        gpupin::jobs::hold::check_for(asked.as_secs().max(1))
+            .map_err(|_| format!("{text:?}: a hold lasts at most {} days; give a shorter --for, or hold with --until-release (root) and release it", gpupin::jobs::hold::LONGEST_DAYS))
+    })
+}
+
 /// A count of GPUs: a positive integer.
 pub fn positive() -> Parsed<u32, String> {
     Parsed(|text| match text.parse::<u32>() {

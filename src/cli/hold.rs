@@ -28,8 +28,8 @@ pub struct HoldArgs {
     pub reason: Option<String>,
     /// End the hold by itself after this long (2h, 30m); gc and the next allocation
     /// release it then. Without --pid, root only, as --until-release
-    #[arg(long = "for", value_name = "DURATION", value_parser = super::flag::grace())]
-    pub for_: Option<std::time::Duration>,
+    #[arg(long = "for", value_name = "DURATION", value_parser = super::flag::hold_for())]
+    pub for_: Option<u64>,
     /// --devices are device minors (/dev/nvidia<N>)
     #[arg(long)]
     pub by_minor: bool,
@@ -59,7 +59,7 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
         true => (slurm_minors(&listed)?, true),
         false => (listed, args.by_minor),
     };
-    let for_secs = args.for_.map(|d| d.as_secs().max(1));
+    let for_secs = args.for_;
     let euid = rustix::process::geteuid().as_raw();
     let (id, gpus) = if euid == 0 {
         let owner = match &args.user {
@@ -121,9 +121,12 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
         (Some(pid), None) => format!("while pid {pid} runs"),
         (Some(pid), Some(d)) => format!(
             "while pid {pid} runs, for {} at most",
-            humantime::format_duration(d)
+            humantime::format_duration(std::time::Duration::from_secs(d))
         ),
-        (None, Some(d)) => format!("for {}, or until released", humantime::format_duration(d)),
+        (None, Some(d)) => format!(
+            "for {}, or until released",
+            humantime::format_duration(std::time::Duration::from_secs(d))
+        ),
         (None, None) => "until released".to_string(),
     };
     outln!(

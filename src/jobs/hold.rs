@@ -41,6 +41,10 @@ pub enum HoldError {
     ZeroCount,
     #[error("invalid --reason: {0}")]
     BadReason(&'static str),
+    #[error(
+        "invalid --for {asked}: a hold lasts at most {LONGEST_DAYS} days; give a shorter --for, or hold with --until-release (root) and release it"
+    )]
+    TooLong { asked: String },
 }
 
 /// What to hold.
@@ -69,6 +73,22 @@ pub struct Hold {
 
 /// The longest reason a hold keeps: it is shown in status and written to the audit log.
 pub const MAX_REASON: usize = 200;
+/// The longest `--for`: a year and a day, in days. A longer time is no plan but a typo
+/// (`500000000000y`), and the end it would store breaks every reader of times.
+pub const LONGEST_DAYS: u64 = 366;
+/// `LONGEST_DAYS` in seconds.
+pub const LONGEST_SECS: u64 = LONGEST_DAYS * 86_400;
+
+/// Refuses a hold time longer than `LONGEST_DAYS`: the one check for the CLI's `--for`
+/// and for a `for_secs` the daemon was sent.
+pub fn check_for(secs: u64) -> Result<u64, HoldError> {
+    match secs <= LONGEST_SECS {
+        true => Ok(secs),
+        false => Err(HoldError::TooLong {
+            asked: humantime::format_duration(std::time::Duration::from_secs(secs)).to_string(),
+        }),
+    }
+}
 
 const DEVICES_EXPECTED: &str = "expected a comma-separated list of GPU indices, UUIDs or bus ids (device minors with --by-minor)";
 
@@ -88,6 +108,12 @@ pub fn hold_with(
 ) -> Result<Record, HoldError> {
     if hold.pid.is_none() && !hold.until_release && hold.expires_at.is_none() {
         return Err(HoldError::NoLifetime);
+    }
+    if let Some(end) = hold.expires_at {
+        // An end further off than the longest hold from now (a minute's slack for a
+        // caller that computed it a moment ago) was no checked `--for`.
+        let now = crate::state::ledger::unix_now();
+        check_for(end.saturating_sub(now).saturating_sub(60))?;
     }
     if let Some(reason) = &hold.reason {
         check_reason(reason)?;
@@ -299,6 +325,17 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hold_lasts_at_most_a_year_and_a_day() {
+        assert_eq!(check_for(LONGEST_SECS).unwrap(), LONGEST_SECS);
+        let err = check_for(LONGEST_SECS + 1).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "invalid --for 1year 18h 1s: a hold lasts at most 366 days; give a shorter --for, or hold with --until-release (root) and release it"
+        );
+        assert!(check_for(u64::MAX).is_err());
+    }
 
     fn config(dir: &std::path::Path, inventory: &str) -> Config {
         Config {

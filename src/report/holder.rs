@@ -61,7 +61,7 @@ fn tags(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> Stri
         tags.extend(r.request.reserve.map(crate::base::units::format_size));
     }
     if let Some(end) = r.expires_at {
-        let end = std::time::UNIX_EPOCH + Duration::from_secs(end);
+        let end = crate::base::clock::unix(end);
         let left = end.duration_since(now).unwrap_or_default().as_secs();
         tags.push(format!("{} left", short_duration(left)));
     }
@@ -101,7 +101,7 @@ pub fn idle_for(now: SystemTime, since: u64) -> String {
 
 /// Seconds from `since` (since the Unix epoch) to `now`; 0 for a time ahead of it.
 pub fn idle_seconds(now: SystemTime, since: u64) -> u64 {
-    now.duration_since(std::time::UNIX_EPOCH + Duration::from_secs(since))
+    now.duration_since(crate::base::clock::unix(since))
         .map_or(0, |d| d.as_secs())
 }
 
@@ -140,11 +140,11 @@ pub fn json(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> 
         "request": r.request,
         "reason": r.reason,
         "expires_at": r.expires_at.map(|s| humantime::format_rfc3339_seconds(
-            std::time::UNIX_EPOCH + Duration::from_secs(s)
+            crate::base::clock::unix(s)
         ).to_string()),
         "idle": idle.map(|since| json!({
             "since": humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + Duration::from_secs(since)
+                crate::base::clock::unix(since)
             ).to_string(),
             "seconds": idle_seconds(now, since),
         })),
@@ -173,5 +173,25 @@ mod tests {
         assert_eq!(at(3 * 3600 + 5 * 60), "3h05m");
         assert_eq!(at(2 * 86400 + 4 * 3600 + 59), "2d04h");
         assert_eq!(age(created - Duration::from_secs(5), &r), "0s");
+    }
+
+    /// A record written with an end no clock can reach (before holds were bounded, or by
+    /// hand) and times past the year 9999 still show, for everyone, rather than panic.
+    #[test]
+    fn times_no_clock_reaches_still_show() {
+        let r = crate::report::tests::record("h", &[]);
+        let r = Record {
+            created_at: u64::MAX,
+            expires_at: Some(u64::MAX),
+            ..r
+        };
+        let now = SystemTime::now();
+        let grace = Duration::from_secs(5);
+        let tags = tags(&r, now, grace, Some(u64::MAX));
+        assert!(tags.contains(" left"), "{tags}");
+        let json = json(&r, now, grace, Some(u64::MAX));
+        assert_eq!(json["expires_at"], "9999-12-31T23:59:59Z");
+        assert_eq!(json["idle"]["since"], "9999-12-31T23:59:59Z");
+        assert_eq!(age_of(now, &r), "0s");
     }
 }

@@ -268,7 +268,7 @@ fn summary(key: &str, spent: Spent, minute: u64) -> Event {
         .clone()
         .or_else(|| spent.engine.clone())
         .unwrap_or_else(|| key.to_string());
-    let from = std::time::UNIX_EPOCH + std::time::Duration::from_secs(minute * 60);
+    let from = crate::base::clock::unix(minute.saturating_mul(60));
     let reason = format!(
         "({n} more refusals of {who} suppressed in the minute from {})",
         humantime::format_rfc3339_seconds(from)

@@ -128,7 +128,7 @@ impl Record {
             // start time as it records the pid): whoever has the pid now is someone else.
             (Some(_), None) => true,
             (None, _) => {
-                let created = UNIX_EPOCH + Duration::from_secs(self.created_at);
+                let created = crate::base::clock::unix(self.created_at);
                 // Created "in the future" means the clock was stepped back since: the
                 // record's age is unknown, and waiting for the clock to catch up could
                 // hold its GPUs for days. Off by more than the grace either way is stale.
@@ -154,7 +154,7 @@ impl Record {
     }
 
     pub fn created(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_secs(self.created_at)
+        crate::base::clock::unix(self.created_at)
     }
 
     /// How tables and messages name the holder: a container's name where its engine told
