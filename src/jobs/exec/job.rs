@@ -60,6 +60,7 @@ pub fn grant_while(
     source: &str,
     still_wanted: Option<StillWanted>,
 ) -> Result<JobGrant, JobError> {
+    let holder = unused_job_id(config, holder, asker)?;
     let (inventory, record) =
         super::allocate(config, &holder, request, owner, asker, source, still_wanted)?;
     let env = super::job_env(&inventory, &record, config.cuda_visible_devices);
@@ -69,6 +70,32 @@ pub fn grant_while(
         record,
         env,
     })
+}
+
+/// A job gpupin names after the process that asks (`exec-<asker>`) never takes the name
+/// of a job still running from an earlier process that had the same pid (a leftover
+/// whose `gpupin exec` is gone): it is then `exec-<asker>-2`, `-3`, and so on. Only the
+/// process `asker` asks under these names (users may not name holders `exec-`), so a look
+/// without the lock is enough; a stale holder of the name is reaped by the allocation.
+fn unused_job_id(config: &Config, holder: HolderId, asker: i32) -> Result<HolderId, JobError> {
+    let generated = format!("exec-{asker}");
+    if holder.as_str() != generated {
+        return Ok(holder);
+    }
+    let ledger = crate::state::ledger::Ledger::read_only_for_config(config)?;
+    let now = std::time::SystemTime::now();
+    let taken: Vec<String> = ledger
+        .records()?
+        .into_iter()
+        .filter(|r| r.id.starts_with(&generated) && !r.is_stale(now, ledger.unbound_grace()))
+        .map(|r| r.id)
+        .collect();
+    let name = std::iter::once(generated.clone())
+        .chain((2..).map(|n| format!("{generated}-{n}")))
+        .find(|name| !taken.contains(name))
+        .expect("an endless list has a free name");
+    // Always a valid id: digits and dashes after a valid one.
+    Ok(HolderId::new(&name).unwrap_or(holder))
 }
 
 /// The job `job` (waiting at its gate) takes the record over from `asker` and is put in a
@@ -259,5 +286,63 @@ mod tests {
         set_populated(&dir, false);
         assert_eq!(finish(&wait, &holder, pid, None), Finished::Released);
         assert!(ledger.records().unwrap().is_empty());
+    }
+
+    /// Issue 31, finding 8: a leftover job keeps `exec-<pid>` after the `gpupin exec` of
+    /// that pid is gone; the next unnamed job whose asker got the same pid is named
+    /// `exec-<pid>-2`, not refused as "holder exec-<pid> exists already".
+    #[test]
+    fn an_unnamed_job_beside_a_leftover_of_its_name_gets_a_name_of_its_own() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            inventory: "sim:nvswitch8".parse().unwrap(),
+            ..config(tmp.path(), Leftovers::Wait)
+        };
+        let me = std::process::id() as i32;
+        let generated = HolderId::new(&format!("exec-{me}")).unwrap();
+        let mut leftover = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let ledger = crate::state::open_ledger(&config).unwrap();
+        let inv = machine(8);
+        let meta = HolderMeta {
+            source: "test".into(),
+            pid: Some(leftover.id() as i32),
+            kind: HolderKind::Exec,
+            ..HolderMeta::default()
+        };
+        let request = GpuRequest::new(Selection::Count(1), Origin::Cli);
+        let machine = Machine::new(&inv, PolicyName::Pack);
+        ledger
+            .allocate(&generated, &request, &machine, meta)
+            .unwrap();
+
+        let root = Owner {
+            uid: 0,
+            user: "root".into(),
+            groups: vec![],
+        };
+        let second = grant(
+            &config,
+            generated.clone(),
+            &request,
+            root.clone(),
+            me,
+            "cli",
+        )
+        .unwrap();
+        assert_eq!(second.holder.as_str(), format!("exec-{me}-2"));
+        assert_eq!(second.record.id, format!("exec-{me}-2"));
+        let third = grant(&config, generated.clone(), &request, root, me, "cli").unwrap();
+        assert_eq!(third.holder.as_str(), format!("exec-{me}-3"));
+        // A name only ever given out anew: a named job is never renamed.
+        let named = unused_job_id(&config, HolderId::new("train").unwrap(), me).unwrap();
+        assert_eq!(named.as_str(), "train");
+        leftover.kill().unwrap();
+        leftover.wait().unwrap();
+        // Once the leftover is gone, its name is free again.
+        let again = unused_job_id(&config, generated, me).unwrap();
+        assert_eq!(again.as_str(), format!("exec-{me}"));
     }
 }

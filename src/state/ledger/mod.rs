@@ -218,7 +218,8 @@ pub enum LedgerError {
 /// holds `slurm-<job>`, the device plugin `k8s-<digest>`, podman's precreate `claim-...`,
 /// an unnamed job is `exec-<pid>`. Root's integrations make those ids from public facts,
 /// and a user who took one first would stall root's prolog or be handed root's choice. A
-/// user's own unnamed job, `exec-<the pid that asks>`, is the one such id a user gets.
+/// user's own unnamed job, `exec-<the pid that asks>` (with `-<n>` beside a leftover of
+/// that name), is the one such id a user gets.
 fn reserved_for_gpupin(holder: &HolderId, meta: &HolderMeta) -> Result<(), LedgerError> {
     if !meta.limited {
         return Ok(());
@@ -230,8 +231,16 @@ fn reserved_for_gpupin(holder: &HolderId, meta: &HolderMeta) -> Result<(), Ledge
     else {
         return Ok(());
     };
-    let own_job =
-        meta.kind == HolderKind::Exec && meta.pid.is_some_and(|pid| id == format!("exec-{pid}"));
+    // `exec-<pid>`, or `exec-<pid>-<n>` beside a leftover job of that name.
+    let own_job = meta.kind == HolderKind::Exec
+        && meta.pid.is_some_and(|pid| {
+            id.strip_prefix(&format!("exec-{pid}")).is_some_and(|rest| {
+                rest.is_empty()
+                    || rest
+                        .strip_prefix('-')
+                        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+        });
     if own_job {
         return Ok(());
     }

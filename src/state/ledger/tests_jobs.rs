@@ -678,7 +678,19 @@ fn a_user_cannot_take_an_id_gpupin_makes_itself() {
     alices.owner = Some(owner("alice", 1001, &[]));
     alices.limited = true;
     alices.pid = Some(std::process::id() as i32);
-    for name in ["slurm-105", "k8s-0123456789abcdef", "claim-00", "exec-1"] {
+    let pid = std::process::id();
+    let not_hers = [
+        format!("exec-{pid}-"),
+        format!("exec-{pid}-x"),
+        format!("exec-{pid}0"),
+        format!("exec-{}-2", pid + 1),
+    ];
+    let names = ["slurm-105", "k8s-0123456789abcdef", "claim-00", "exec-1"]
+        .map(String::from)
+        .into_iter()
+        .chain(not_hers);
+    for name in names {
+        let name = name.as_str();
         let err = l
             .allocate(&id(name), &devices(&["0"]), &m, alices.clone())
             .unwrap_err();
@@ -695,6 +707,14 @@ fn a_user_cannot_take_an_id_gpupin_makes_itself() {
     let own = format!("exec-{}", std::process::id());
     l.allocate(&id(&own), &count(1), &m, job("alice", 1001, &[]))
         .unwrap();
+    // And exec-<pid>-<n>, the name gpupin gives it beside a leftover job of the first.
+    l.allocate(
+        &id(&format!("{own}-2")),
+        &count(1),
+        &m,
+        job("alice", 1001, &[]),
+    )
+    .unwrap();
     // Root's prolog may.
     l.allocate(&id("slurm-105"), &devices(&["3"]), &m, hold(true))
         .unwrap();
