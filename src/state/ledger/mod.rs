@@ -912,6 +912,13 @@ impl Ledger {
 
     /// Removes `holders/<name>` when it exists (caller holds the lock); `reason` goes into
     /// the audit line of a holder's release (who released it, and how).
+    ///
+    /// A holding ends in one order everywhere (here and in `reap`): its `release` or
+    /// `reap` line is appended to the audit log first, then its record is removed, both
+    /// under the lock. A reader that takes the records and then the log (`gpupin usage`)
+    /// so finds every holding in one or the other, or in both, which it counts once; the
+    /// other order left a moment where it was in neither. Should the removal then fail
+    /// (an I/O error), the next release writes the line again.
     fn remove_entry(
         &self,
         name: &[u8],
@@ -937,12 +944,28 @@ impl Ledger {
             Entry::Record => strip_json(name),
             _ => name.to_vec(),
         };
+        // A corrupt record can still be released: that is how an operator clears it.
+        let record = match kind_of_entry {
+            Entry::Record => crate::base::safe_open::read_to_string(&path, Links::Refuse)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Record>(&t).ok()),
+            _ => None,
+        };
+        let event = match &record {
+            Some(record) => {
+                let event = Event::for_record(EventKind::Release, record).held_since(record);
+                match reason {
+                    Some(reason) => event.because(reason),
+                    None => event,
+                }
+            }
+            None => Event::new(EventKind::Release, &store::audit_name(&audited))
+                .because("no readable record: the entry was removed"),
+        };
+        // The line first, then the removal: the order the doc above gives.
+        self.audit_done(&event);
         let released = match kind_of_entry {
-            // A corrupt record can still be released: that is how an operator clears it.
             Entry::Record => {
-                let record = crate::base::safe_open::read_to_string(&path, Links::Refuse)
-                    .ok()
-                    .and_then(|t| serde_json::from_str::<Record>(&t).ok());
                 store::remove_record(&self.dir, &String::from_utf8_lossy(name))?;
                 record.map_or(Released::Entry(path), |r| Released::Holder(Box::new(r)))
             }
@@ -951,18 +974,6 @@ impl Ledger {
                 Released::Entry(path)
             }
         };
-        let event = match &released {
-            Released::Holder(record) => {
-                let event = Event::for_record(EventKind::Release, record).held_since(record);
-                match reason {
-                    Some(reason) => event.because(reason),
-                    None => event,
-                }
-            }
-            _ => Event::new(EventKind::Release, &store::audit_name(&audited))
-                .because("no readable record: the entry was removed"),
-        };
-        self.audit_done(&event);
         self.changed();
         Ok(Some(released))
     }
@@ -1041,10 +1052,11 @@ impl Ledger {
         for record in records {
             if record.is_stale(now, self.unbound_grace) {
                 let id = HolderId::new(&record.id)?;
+                // The line before the removal (see `remove_entry`).
+                self.audit_done(&Event::for_record(EventKind::Reap, &record).held_since(&record));
                 store::remove_record(&self.dir, &id.file_name())?;
                 // Stale means its cgroups are empty: nobody else removes them now.
                 let _ = crate::host::confine::remove_dirs(&record.cgroups);
-                self.audit_done(&Event::for_record(EventKind::Reap, &record).held_since(&record));
                 self.changed();
                 tracing::info!(
                     holder = %id,

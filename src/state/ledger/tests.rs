@@ -1223,3 +1223,49 @@ fn alloc_record_for_staleness() -> Record {
     let (_t, l) = ledger();
     alloc(&l, "a").unwrap().record
 }
+
+/// Issue 31, finding 9: a holding's end was written in the other order (the record
+/// removed, then its line appended), so that `gpupin usage` (the records, then the log)
+/// could find it in neither. One inotify instance reports the two steps in the order
+/// they happened: the log's change first, then the record's removal, for a release and
+/// for a reap.
+#[test]
+fn a_holdings_end_is_in_the_log_before_its_record_goes() {
+    use rustix::fs::inotify;
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("web"), &count(1), &m, me()).unwrap();
+    let mut gone = testing::record("old", &["GPU-test-3"]);
+    gone.start_time = None;
+    store::write_record(l.dir(), "old.json", &gone).unwrap();
+
+    let watch = inotify::init(inotify::CreateFlags::NONBLOCK).unwrap();
+    let holders =
+        inotify::add_watch(&watch, l.dir().join("holders"), inotify::WatchFlags::DELETE).unwrap();
+    let log = inotify::add_watch(
+        &watch,
+        l.dir().join("audit.log"),
+        inotify::WatchFlags::MODIFY,
+    )
+    .unwrap();
+    let steps = |what: &str| -> Vec<&'static str> {
+        let mut buf = [std::mem::MaybeUninit::uninit(); 4096];
+        let mut reader = inotify::Reader::new(&watch, &mut buf);
+        let mut steps = Vec::new();
+        while let Ok(event) = reader.next() {
+            match event.wd() {
+                wd if wd == log => steps.push("line"),
+                wd if wd == holders => steps.push("removed"),
+                _ => {}
+            }
+        }
+        assert!(!steps.is_empty(), "{what}: no step seen");
+        steps
+    };
+    l.release(&id("web")).unwrap();
+    assert_eq!(steps("release"), ["line", "removed"]);
+    l.gc().unwrap();
+    assert_eq!(steps("reap"), ["line", "removed"]);
+    assert!(l.records().unwrap().is_empty());
+}
