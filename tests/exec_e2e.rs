@@ -1481,3 +1481,100 @@ fn a_hold_for_ever_is_refused_and_status_still_answers_everyone() {
     ok(&g, Some(&mallory), &["release", "h"]);
     until_clean(&g);
 }
+
+/// Issue 31, finding 2: the documented `gpupin exec --within ID:KEY` left the key in
+/// /proc/PID/cmdline for the whole job, where any local user reads it and takes the
+/// holder's GPUs; and at `log = debug` the daemon logged it. Now a key comes from a file
+/// only its user reads (or the environment), never from an argument, and no log line
+/// has it.
+#[test]
+fn a_holders_key_never_shows_on_a_command_line_or_in_the_log() {
+    let test = "a_holders_key_never_shows";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("log = \"debug\"");
+    let alice = User::create("keya");
+    let bob = User::create("keyb");
+    let daemon = Daemon::start(&g);
+    let sleeper = Sleeper::start(&alice);
+    let pid = sleeper.pid().to_string();
+    ok(
+        &g,
+        Some(&alice),
+        &["hold", "alice-h", "--devices", "2,3", "--pid", &pid],
+    );
+    let key_line = ok(&g, Some(&alice), &["key", "alice-h"]);
+    let key = key_line
+        .trim()
+        .split_once(':')
+        .expect("ID:KEY")
+        .1
+        .to_string();
+    assert_eq!(key.len(), 32, "{key_line}");
+    let before = g.ledger_snapshot();
+
+    let line = refused(
+        &g,
+        Some(&bob),
+        &[
+            "exec",
+            "--count",
+            "1",
+            "--within",
+            &format!("alice-h:{key}"),
+            "--",
+            "true",
+        ],
+    );
+    assert!(
+        line.contains("--within alice-h:KEY puts the key on the command line")
+            && !line.contains(&key),
+        "{line}"
+    );
+    assert_eq!(
+        g.ledger_snapshot(),
+        before,
+        "nothing held after the refusal"
+    );
+
+    // From a file only bob reads, as `gpupin key` printed it.
+    let file = scratch(&g).join("bobs-key");
+    std::fs::write(&file, &key_line).unwrap();
+    std::os::unix::fs::chown(&file, Some(bob.uid), Some(bob.gid)).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let file = file.to_str().unwrap();
+    let mut job = Job::start(
+        &g,
+        Some(&bob),
+        "bobs",
+        &["--count", "1", "--within", "alice-h", "--key-file", file],
+    );
+    let report = job.ready();
+    assert!(
+        [[2], [3]].contains(&report.cuda_indices().as_slice().try_into().unwrap()),
+        "a GPU of alice's hold: {:?}",
+        report.cuda_indices()
+    );
+    // While the job runs, no process on the machine shows the key on its command line.
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            assert!(
+                !String::from_utf8_lossy(&cmdline).contains(&key),
+                "{:?} shows the key: {}",
+                entry.path(),
+                String::from_utf8_lossy(&cmdline).replace('\0', " ")
+            );
+        }
+    }
+    let log = daemon.log();
+    assert!(
+        log.contains("alice-h:(key)"),
+        "the request is logged: {log}"
+    );
+    assert!(!log.contains(&key), "the daemon's log has the key: {log}");
+    let (exit, stderr) = job.finish();
+    assert!(exit.success(), "{stderr}");
+    ok(&g, Some(&alice), &["release", "alice-h"]);
+    until_clean(&g);
+}

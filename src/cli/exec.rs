@@ -22,11 +22,8 @@ pub struct ExecArgs {
     /// Wait up to this long for the GPUs, in the queue with every container, e.g. 10m
     #[arg(long)]
     pub wait: Option<String>,
-    /// Take the GPUs from this holder's (a hold, a Slurm job); ID:KEY for a holder that
-    /// is not yours (`gpupin key ID`) [default: $GPUPIN_WITHIN, else inside a Slurm job
-    /// its hold slurm-$SLURM_JOB_ID where there is one]
-    #[arg(long, value_name = "ID[:KEY]")]
-    pub within: Option<String>,
+    #[command(flatten)]
+    pub within: super::within::WithinArgs,
     /// The holder id the job is recorded under [default: exec-<pid>]
     #[arg(long)]
     pub name: Option<String>,
@@ -36,8 +33,8 @@ pub struct ExecArgs {
 }
 
 impl ExecArgs {
-    fn pairs(&self, config: &Config) -> Vec<(String, String)> {
-        let own = self.within.clone().or_else(|| {
+    fn pairs(&self, config: &Config) -> anyhow::Result<Vec<(String, String)>> {
+        let own = self.within.resolve()?.or_else(|| {
             std::env::var(request::Key::Within.env())
                 .ok()
                 .filter(|v| !v.is_empty())
@@ -64,12 +61,12 @@ impl ExecArgs {
                 pairs.push((key.as_str().to_string(), v));
             }
         }
-        pairs
+        Ok(pairs)
     }
 }
 
 pub fn run(config: &Config, args: &ExecArgs) -> anyhow::Result<ExitCode> {
-    let pairs = args.pairs(config);
+    let pairs = args.pairs(config)?;
     let me = std::process::id() as i32;
     let gpupin = std::env::current_exe().context("finding the gpupin binary")?;
     if rustix::process::geteuid().is_root() {

@@ -47,10 +47,8 @@ pub struct HoldArgs {
     /// Hold until `gpupin release ID` (root only)
     #[arg(long)]
     pub until_release: bool,
-    /// Take the GPUs from this holder's instead of the free pool; ID:KEY for a holder that
-    /// is not yours (`gpupin key ID`)
-    #[arg(long, value_name = "ID[:KEY]")]
-    pub within: Option<String>,
+    #[command(flatten)]
+    pub within: super::within::WithinArgs,
 }
 
 pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
@@ -60,6 +58,7 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
         false => (listed, args.by_minor),
     };
     let for_secs = args.for_;
+    let within = args.within.resolve()?;
     let euid = rustix::process::geteuid().as_raw();
     let (id, gpus) = if euid == 0 {
         let owner = match &args.user {
@@ -74,7 +73,7 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             until_release: args.until_release,
             owner,
             limited: false,
-            within: args.within.clone(),
+            within: within.clone(),
             count: args.count,
             mig: args.mig.clone(),
             reason: args.reason.clone(),
@@ -100,7 +99,7 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             pid: args.pid,
             until_release: args.until_release,
             user: args.user.clone(),
-            within: args.within.clone(),
+            within: within.clone(),
             count: args.count,
             mig: args.mig.clone(),
             reason: args.reason.clone(),

@@ -1,5 +1,5 @@
 //! `gpupin key HOLDER`: the key that lets a container, or another user's job, take GPUs
-//! from inside a holder (`gpupin.within=HOLDER:KEY`, `GPUPIN_WITHIN`, `--within`). Root
+//! from inside a holder (`gpupin.within=HOLDER:KEY`, `GPUPIN_WITHIN`, `--key-file`). Root
 //! reads it from the ledger; a user asks `gpupin serve`, which gives it for their own
 //! holders only.
 

@@ -36,6 +36,7 @@ mod request_args;
 mod serve;
 mod status;
 mod usage;
+mod within;
 
 use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};

@@ -90,6 +90,45 @@ pub enum Request {
     Status,
 }
 
+impl Request {
+    /// The request with every holder key hidden (`HOLDER:(key)`), for log lines: a key
+    /// lets anyone take that holder's GPUs, and `log = debug` logs requests whole.
+    pub fn without_keys(&self) -> Request {
+        let within = crate::input::request::Key::Within.as_str();
+        let hide_pairs = |pairs: &[(String, String)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(
+                    |(k, v)| match k == within || k.eq_ignore_ascii_case("GPUPIN_WITHIN") {
+                        true => (k.clone(), hide_key(v)),
+                        false => (k.clone(), v.clone()),
+                    },
+                )
+                .collect()
+        };
+        let mut shown = self.clone();
+        match &mut shown {
+            Request::Exec { request, .. } => *request = hide_pairs(request),
+            Request::Hold {
+                within, request, ..
+            } => {
+                *within = within.as_deref().map(hide_key);
+                *request = hide_pairs(request);
+            }
+            _ => {}
+        }
+        shown
+    }
+}
+
+/// `res-7:(key)` for `res-7:0f3c...`; a value without a key as it is.
+fn hide_key(within: &str) -> String {
+    match within.split_once(':') {
+        Some((holder, _)) => format!("{holder}:(key)"),
+        None => within.to_string(),
+    }
+}
+
 /// A request with its protocol version, as it travels: `{"v":1,"op":"hold",...}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {
@@ -216,6 +255,45 @@ pub fn receive<T: for<'de> Deserialize<'de>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 31, finding 2: at `log = debug` the daemon logged requests whole, a
+    /// holder's key included, although the docs said keys were hidden.
+    #[test]
+    fn a_request_shown_in_the_log_hides_every_key() {
+        let key = "0123456789abcdef0123456789abcdef";
+        let exec = Request::Exec {
+            request: vec![
+                ("gpupin.count".into(), "1".into()),
+                ("gpupin.within".into(), format!("res-7:{key}")),
+            ],
+            name: None,
+        };
+        let hold = Request::Hold {
+            id: "h".into(),
+            devices: String::new(),
+            by_minor: false,
+            pid: Some(42),
+            until_release: false,
+            user: None,
+            within: Some(format!("res-7:{key}")),
+            count: Some(1),
+            mig: None,
+            reason: None,
+            for_secs: None,
+            request: vec![("gpupin.within".into(), format!("res-7:{key}"))],
+        };
+        for request in [exec, hold] {
+            let shown = format!("{:?}", request.without_keys());
+            assert!(!shown.contains(key), "{shown}");
+            assert!(shown.contains("res-7:(key)"), "{shown}");
+            assert!(
+                format!("{request:?}").contains(key),
+                "the request itself is unchanged"
+            );
+        }
+        let plain = Request::Key { id: "res-7".into() };
+        assert_eq!(plain.without_keys(), plain);
+    }
 
     #[test]
     fn messages_are_one_line_each_way() {

@@ -388,7 +388,7 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
         Ok(None) => return Ok(()),
         Err(why) => return protocol::send(&mut output, &Reply::refused(why)),
     };
-    tracing::debug!(pid = peer.pid, uid = peer.uid, request = ?request, "request");
+    tracing::debug!(pid = peer.pid, uid = peer.uid, request = ?request.without_keys(), "request");
     match request {
         Request::Exec { request, name } => exec_job(shared, peer, &request, name, &mut input),
         Request::Hold {
