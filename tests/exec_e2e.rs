@@ -358,6 +358,17 @@ fn a_user_at_their_limit_is_refused_with_one_line_and_nothing_more_is_held() {
     assert_eq!(last["event"], "refuse", "{last}");
     assert_eq!(last["user"], n.as_str(), "{last}");
 
+    // Issue 32, item 8: pick answers what her exec would do, limit included.
+    let picked = refused(&g, Some(&erin), &["pick", "--count", "1"]);
+    assert_eq!(
+        picked,
+        format!(
+            "gpupin: {n} holds 1 GPU and {n} asks for 1 more; their limit is 1 (limits.max_gpus_per_user)"
+        )
+    );
+    let root_picks = ok(&g, None, &["pick", "--count", "1"]);
+    assert!(root_picks.contains("would pick GPU"), "{root_picks}");
+
     // Limits are for users: root is not held to them.
     let out = run(&g, None, &["exec", "--count", "2", "--", "true"]);
     assert!(out.status.success(), "{}", harness::stderr(&out));
@@ -377,7 +388,12 @@ fn a_groups_members_only_get_the_groups_gpus() {
     let group = Group::create("grpg", &[&frank]);
     let g = gpupin(&format!("[limits.groups.{:?}]\ngpus = [6, 7]", group.name));
     let _daemon = Daemon::start(&g);
-    // Pack would give GPU 0 first; the group's list leaves only 6 and 7.
+    // Pack would give GPU 0 first; the group's list leaves only 6 and 7, and pick says
+    // what frank's exec gets (issue 32, item 8), root's what root's gets.
+    let picked = ok(&g, Some(&frank), &["pick", "--count", "1"]);
+    assert!(picked.contains(" would pick GPU 6\n"), "{picked}");
+    let root_picks = ok(&g, None, &["pick", "--count", "1"]);
+    assert!(!root_picks.contains("pick GPU 6\n"), "{root_picks}");
     let mut a = Job::start(&g, Some(&frank), "a", &["--count", "1"]);
     let mut b = Job::start(&g, Some(&frank), "b", &["--count", "1"]);
     let mut got = [a.ready().cuda_indices(), b.ready().cuda_indices()].concat();

@@ -1,5 +1,6 @@
-//! `gpupin pick`: what a request would get now, without allocating. For scripts, and for
-//! seeing what a policy does.
+//! `gpupin pick`: what a request would get now, without allocating, for the caller: what
+//! their `gpupin exec` would get (their limits and groups' GPUs apply). For scripts, and
+//! for seeing what a policy does.
 
 use super::explain;
 use super::request_args::RequestArgs;
@@ -27,7 +28,10 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         .ok_or_else(|| anyhow::anyhow!("give --count or --devices"))?;
     let loaded = grant::load_machine(config, &request)?;
     let machine = grant::machine(config, &loaded);
-    let preview = Ledger::read_only_for_config(config)?.preview_from(&request, &machine)?;
+    // What the caller's own `gpupin exec` would get: their limits and groups apply.
+    let asker = gpupin::host::users::owner_of(rustix::process::getuid().as_raw()).ok();
+    let preview =
+        Ledger::read_only_for_config(config)?.preview_from(&request, &machine, asker.as_ref())?;
     let inventory = &loaded.inventory;
     let gpus: Vec<_> = preview
         .uuids

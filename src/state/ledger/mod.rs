@@ -712,14 +712,18 @@ impl Ledger {
         request: &GpuRequest,
         machine: &Machine,
     ) -> Result<Vec<String>, LedgerError> {
-        self.preview_from(request, machine).map(|p| p.uuids)
+        self.preview_from(request, machine, None).map(|p| p.uuids)
     }
 
     /// [`Ledger::preview`], with the GPUs the policy chose from (`gpupin pick --explain`).
+    /// `asker`: whose request it would be, so that the answer is what their `gpupin exec`
+    /// would get: their groups' GPUs only, and a refusal where it would take them past a
+    /// limit (root: none).
     pub fn preview_from(
         &self,
         request: &GpuRequest,
         machine: &Machine,
+        asker: Option<&crate::model::holder::Owner>,
     ) -> Result<Preview, LedgerError> {
         let records = store::read_records(&self.dir)?;
         let now = SystemTime::now();
@@ -733,12 +737,15 @@ impl Ledger {
         // enter it, and so asks for no key.
         let looking = HolderMeta {
             kind: HolderKind::Hold,
+            limited: asker.is_some_and(|o| o.uid != 0),
+            owner: asker.cloned(),
             ..HolderMeta::default()
         };
         let scope = scope::scope(&holder, request, machine, &looking, &live, &mut |_, _| {
             Ok(false)
         })?;
         let plan = allocate::plan(&holder, request, machine, &live, cursor, &scope)?;
+        scope::check(&looking, machine, &live, &plan.uuids)?;
         Ok(Preview {
             uuids: plan.uuids,
             free: plan.free,
