@@ -1171,6 +1171,22 @@ fn a_job_that_leaves_a_setsid_child_is_over_when_its_cgroup_is_empty() {
                     assert!(!job.has_ended(), "root's gpupin exec waits");
                 }
                 assert!(alive(child), "{who}: the leftover runs on");
+                // Issue 32, item 4: status says which process keeps the GPU, for its
+                // user and everyone else, in both views and the JSON.
+                let said = format!(
+                    "{holder}: main process {} exited; leftover pid {child} (sleep 300) keeps its GPUs: end it, or gpupin evict {holder}",
+                    report.pid
+                );
+                for (viewer, args) in [
+                    (user, &["status", "--long"][..]),
+                    (Some(&bob), &["status"][..]),
+                ] {
+                    let shown = ok(&g, viewer, args);
+                    assert!(shown.contains(&said), "{who} {args:?}: {shown}");
+                }
+                let json: Value =
+                    serde_json::from_str(&ok(&g, Some(&bob), &["status", "--json"])).unwrap();
+                assert_eq!(json["leftovers"][0]["pid"], child, "{json}");
                 exec_support::send(child, libc::SIGKILL);
             }
             let (exit, stderr) = job.wait();
@@ -1179,7 +1195,7 @@ fn a_job_that_leaves_a_setsid_child_is_over_when_its_cgroup_is_empty() {
                 g.holder(&holder).is_none().then_some(())
             });
             until("the leftover is gone", || (!alive(child)).then_some(()));
-            // The record goes first, its audit line right after (both under the ledger's
+            // The audit line is written before the record goes (both under the ledger's
             // lock, which a reader of the log does not take).
             let events = until("the release is in the audit log", || {
                 let events = events_of(&g, &holder);

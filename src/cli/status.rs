@@ -120,6 +120,7 @@ struct Screen {
     records: Vec<gpupin::state::ledger::Record>,
     waiting: Vec<gpupin::state::ledger::Waiting>,
     idle: Vec<gpupin::state::ledger::Idle>,
+    leftovers: Vec<gpupin::report::Leftover>,
     live: Option<Vec<Live>>,
     processes: Option<Vec<Vec<Seen>>>,
     live_error: Option<String>,
@@ -139,6 +140,7 @@ impl Screen {
         // What gpupin serve's looks found (the figures read here are one moment: they
         // cannot say how long a holder has been quiet).
         let idle = ledger.idle(&records);
+        let leftovers = gpupin::report::leftovers(&records);
         // Fresh figures, not the allocations' snapshot cache: a person watching wants
         // now, and may not write the state dir.
         let file = config.live_file.as_deref();
@@ -157,6 +159,7 @@ impl Screen {
             records,
             waiting,
             idle,
+            leftovers,
             live,
             processes,
             live_error,
@@ -170,6 +173,7 @@ impl Screen {
             live_error: self.live_error.as_deref(),
             waiting: &self.waiting,
             idle: &self.idle,
+            leftovers: &self.leftovers,
             shown,
             ..Status::new(&self.inventory, &self.records, self.grace)
         }

@@ -54,7 +54,7 @@ impl From<&str> for Cell {
 }
 
 /// `text` in at most `width` characters, `…` where it was cut.
-fn cut(text: &str, width: usize, keep_end: bool) -> String {
+pub(super) fn cut(text: &str, width: usize, keep_end: bool) -> String {
     let len = text.chars().count();
     if len <= width {
         return text.to_string();

@@ -185,6 +185,21 @@ pub(super) fn count(dir: &Path) -> usize {
     }
 }
 
+/// The processes in `dir` and the cgroups below it, by pid (a cgroup that cannot be read
+/// shows none).
+pub(super) fn members(dir: &Path) -> Vec<i32> {
+    if !is_job_cgroup(dir) {
+        return Vec::new();
+    }
+    let mut all = Vec::new();
+    for dir in subtree(dir) {
+        if let Ok(Some(procs)) = read_if_there(&dir.join("cgroup.procs")) {
+            all.extend(pids(&procs));
+        }
+    }
+    all
+}
+
 /// The pids of a `cgroup.procs` text.
 fn pids(text: &str) -> Vec<i32> {
     text.lines().filter_map(|l| l.trim().parse().ok()).collect()

@@ -226,6 +226,19 @@ impl JobCgroup {
             .unwrap_or(0)
     }
 
+    /// The processes in the cgroups, by pid, each once, in order (what status names as a
+    /// job's leftovers once its main process has exited).
+    pub fn members(&self) -> Vec<i32> {
+        let mut pids: Vec<i32> = self
+            .dirs
+            .iter()
+            .flat_map(|d| leftovers::members(d))
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
     /// Removes every cgroup, best effort: the kernel refuses (EBUSY) while a process is
     /// still in one (a daemon the job left behind); the others are removed anyway and the
     /// first failure is returned. A cgroup already gone is no error.
