@@ -292,7 +292,7 @@ impl<'a> Status<'a> {
         json!({
             "inventory": self.inventory.source,
             "total": total,
-            "free": total - self.held(),
+            "free": self.free_gpus(),
             "mig_total": mig_total,
             "mig_free": mig_free,
             "gpus": gpus,
@@ -306,12 +306,22 @@ impl<'a> Status<'a> {
         })
     }
 
-    /// Whole GPUs held; a GPU in MIG mode is no unit of its own and not counted.
-    fn held(&self) -> usize {
-        let gpus = &self.inventory.gpus;
-        gpus.iter()
-            .filter(|g| !g.in_mig_mode())
-            .filter(|g| holders_of(&g.uuid, self.records).next().is_some())
+    /// Whole GPUs free to hand out: no holder, and, where the processes on the GPUs are
+    /// known, none running (a process of no holder keeps an exclusive request off it, as
+    /// `--free` and a refusal count it).
+    fn free_gpus(&self) -> usize {
+        let busy = |position: usize| {
+            self.processes
+                .and_then(|p| p.get(position))
+                .is_some_and(|seen| !seen.is_empty())
+        };
+        self.inventory
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.in_mig_mode())
+            .filter(|(_, g)| holders_of(&g.uuid, self.records).next().is_none())
+            .filter(|(position, _)| !busy(*position))
             .count()
     }
 
@@ -520,7 +530,7 @@ impl<'a> Status<'a> {
         let total = self.whole_gpus();
         let holders = self.records.len();
         let foreign = self.foreign(running);
-        let _ = write!(out, "{} of {total} GPUs free", total - self.held());
+        let _ = write!(out, "{} of {total} GPUs free", self.free_gpus());
         if self.inventory.has_mig() {
             let (all, free) = self.mig_counts();
             let _ = write!(out, ", {free} of {all} MIG instances free");
@@ -1136,7 +1146,8 @@ mod tests {
         };
         let t = status.table(false);
         assert!(
-            t.contains("1 of 2 GPUs free, 1 holder, 1 process not gpupin's (test)\n"),
+            // GPU 1 runs a process of no holder: not free (issue 32, item 5).
+            t.contains("0 of 2 GPUs free, 1 holder, 1 process not gpupin's (test)\n"),
             "{t}"
         );
         let figures: Vec<Vec<&str>> = t

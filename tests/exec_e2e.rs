@@ -1610,3 +1610,53 @@ fn a_holders_key_never_shows_on_a_command_line_or_in_the_log() {
     ok(&g, Some(&alice), &["release", "alice-h"]);
     until_clean(&g);
 }
+
+/// Issue 32, item 5: on sim:dgxa100mig (6 of 8 GPUs handed out whole) `exec --count 7`
+/// was told "0 of 8 GPUs held, 8 free; add --wait 10m", a wait that can never succeed;
+/// `--model A100` on an H100 box likewise, in an annotation's words. A user now reads the
+/// counts of what can be handed out and what would have to change, in the CLI's words.
+#[test]
+fn a_refusal_suggests_a_wait_only_where_one_can_succeed() {
+    let test = "a_refusal_suggests_a_wait_only_where_one_can_succeed";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin_sandbox::harness::Gpupin::with_extra(GPUPIN, "sim:dgxa100mig", "");
+    open_up(&g);
+    let carol = User::create("wai");
+    let _daemon = Daemon::start(&g);
+    let before = g.ledger_snapshot();
+    for wait in [&[][..], &["--wait", "1h"][..]] {
+        let mut args = vec!["exec", "--count", "7"];
+        args.extend_from_slice(wait);
+        args.extend_from_slice(&["--", "true"]);
+        let line = refused(&g, Some(&carol), &args);
+        assert!(
+            line.ends_with(": 0 of 6 GPUs held, 6 free; 2 GPUs are in MIG mode (handed out as instances), so no wait helps: ask for at most 6"),
+            "{wait:?}: {line}"
+        );
+    }
+    let line = refused(
+        &g,
+        Some(&carol),
+        &["exec", "--count", "1", "--model", "H100", "--", "true"],
+    );
+    assert!(
+        line.contains("0 can take --model H100;")
+            && line.contains("not --model H100 (this machine has NVIDIA A100-SXM4-80GB)")
+            && !line.contains("wait 10m"),
+        "{line}"
+    );
+    // Where a wait can succeed, it is still what the refusal suggests.
+    let mut job = Job::start(&g, Some(&carol), "six", &["--count", "6"]);
+    job.ready();
+    let line = refused(&g, Some(&carol), &["exec", "--count", "1", "--", "true"]);
+    assert!(
+        line.ends_with(": 6 of 6 GPUs held, 0 free; add --wait 10m to wait until they free up"),
+        "{line}"
+    );
+    let (exit, stderr) = job.finish();
+    assert!(exit.success(), "{stderr}");
+    until_clean(&g);
+    assert_eq!(g.ledger_snapshot(), before);
+}

@@ -357,20 +357,138 @@ fn not_enough_error(
     scope: &Scope,
 ) -> LedgerError {
     let gpus = &machine.inventory.gpus;
-    let held = gpus
+    // Counted among what is handed out whole: a GPU in MIG mode is its instances.
+    let whole: Vec<&Gpu> = gpus.iter().filter(|g| !g.in_mig_mode()).collect();
+    let held = whole
         .iter()
         .filter(|g| holders_of(&g.uuid, all).any(|r| !scope.enclosing.contains(&r.id)))
         .count();
+    let busy = fit
+        .iter()
+        .filter(|f| matches!(f, Err(Unfit::Foreign(_))))
+        .count();
     let fitting = fit.iter().filter(|f| f.is_ok()).count();
+    let ever = (0..gpus.len())
+        .filter(|&p| could_ever_fit(p, request, machine, scope))
+        .count();
     let mut detail = fit_detail(request, machine, fitting, scope);
     detail.push_str(&foreign_detail(machine, all, fit));
-    detail.push_str(&wait_hint(request));
+    match ever >= wanted {
+        true => detail.push_str(&wait_hint(request)),
+        false => detail.push_str(&never_hint(request, machine, scope, ever)),
+    }
     LedgerError::NotEnoughFree {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         wanted,
         held,
-        total: gpus.len(),
+        total: whole.len(),
+        busy,
+        ever,
         detail,
+    }
+}
+
+/// Whether the GPU at `position` could take `request` once every holder and process on
+/// it was gone: what no wait changes (MIG mode, the model, the memory it has in all, what
+/// the request may take from) allows it.
+pub(super) fn could_ever_fit(
+    position: usize,
+    request: &GpuRequest,
+    machine: &Machine,
+    scope: &Scope,
+) -> bool {
+    let gpu = &machine.inventory.gpus[position];
+    let model_fits = request.model.as_ref().is_none_or(|model| {
+        gpu.name
+            .to_ascii_lowercase()
+            .contains(&model.to_ascii_lowercase())
+    });
+    // Memory 0 is unknown (procfs): it may be enough.
+    let memory_fits = request
+        .memory
+        .is_none_or(|wanted| gpu.memory_bytes == 0 || gpu.memory_bytes >= wanted);
+    let reserve_fits = match (request.share, request.reserve) {
+        (Share::Shared, Some(reserve)) => gpu.memory_bytes >= reserve,
+        _ => true,
+    };
+    scope.allows(position) && !gpu.in_mig_mode() && model_fits && memory_fits && reserve_fits
+}
+
+/// `; 2 GPUs are in MIG mode (handed out as instances), so no wait helps: ask for at
+/// most 6`: for a request that more GPUs than could ever take it would not satisfy,
+/// what keeps them out and what would have to change, in the requester's words.
+fn never_hint(request: &GpuRequest, machine: &Machine, scope: &Scope, ever: usize) -> String {
+    use crate::input::request::Key;
+    let gpus = &machine.inventory.gpus;
+    let count = |keeps: &dyn Fn(&Gpu) -> bool| gpus.iter().filter(|g| keeps(g)).count();
+    let gpu_s = |n: usize| if n == 1 { "GPU is" } else { "GPUs are" };
+    let mut why = Vec::new();
+    let mig = count(&|g| g.in_mig_mode());
+    if mig > 0 {
+        why.push(format!(
+            "{mig} {} in MIG mode (handed out as instances)",
+            gpu_s(mig)
+        ));
+    }
+    if let Some(model) = &request.model {
+        let other = count(&|g| {
+            !g.in_mig_mode()
+                && !g
+                    .name
+                    .to_ascii_lowercase()
+                    .contains(&model.to_ascii_lowercase())
+        });
+        if other > 0 {
+            let mut names: Vec<&str> = gpus.iter().map(|g| g.name.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            why.push(format!(
+                "{other} {} not {} (this machine has {})",
+                gpu_s(other),
+                said(Key::Model, model, request.origin),
+                names.join(", ")
+            ));
+        }
+    }
+    if let Some(memory) = request.memory {
+        let small = count(&|g| !g.in_mig_mode() && g.memory_bytes != 0 && g.memory_bytes < memory);
+        if small > 0 {
+            why.push(format!(
+                "{small} {} smaller than {}",
+                gpu_s(small),
+                said(Key::Memory, &format_size(memory), request.origin)
+            ));
+        }
+    }
+    let outside = (0..gpus.len()).filter(|&p| !scope.allows(p)).count();
+    if outside > 0 {
+        why.push(format!(
+            "{outside} {} outside {}",
+            gpu_s(outside),
+            scope.what.join(", ")
+        ));
+    }
+    let change = match ever {
+        0 => "ask for something this machine has".to_string(),
+        n => format!("ask for at most {n}"),
+    };
+    let why = match why.is_empty() {
+        true => format!("only {ever} GPUs here could ever take it"),
+        false => why.join(", "),
+    };
+    format!("; {why}, so no wait helps: {change}")
+}
+
+/// A request key with its value as the requester wrote it: `--model A100` on the command
+/// line, `GPUPIN_MODEL=A100` in the environment, `gpupin.model=A100` as a label.
+fn said(
+    key: crate::input::request::Key,
+    value: &str,
+    origin: crate::input::request::Origin,
+) -> String {
+    match origin {
+        crate::input::request::Origin::Cli => format!("{} {value}", key.name(origin)),
+        _ => format!("{}={value}", key.name(origin)),
     }
 }
 
@@ -381,13 +499,11 @@ fn wait_hint(request: &GpuRequest) -> String {
     if request.wait.is_some() {
         return String::new();
     }
-    let key = crate::input::request::Key::Wait.name(request.origin);
-    match request.origin {
-        crate::input::request::Origin::Cli => {
-            format!("; add {key} 10m to wait until they free up")
-        }
-        _ => format!("; add {key}=10m to wait until they free up"),
-    }
+    let key = crate::input::request::Key::Wait;
+    format!(
+        "; add {} to wait until they free up",
+        said(key, "10m", request.origin)
+    )
 }
 
 /// How many GPUs a refusal names the process of; the others are counted.
@@ -448,7 +564,11 @@ fn foreign_text(machine: &Machine, all: &[Record], position: usize, pid: i32) ->
 fn fit_detail(request: &GpuRequest, machine: &Machine, fitting: usize, scope: &Scope) -> String {
     let mut conditions = scope.what.clone();
     if let Some(model) = &request.model {
-        conditions.push(format!("gpupin.model={model}"));
+        conditions.push(said(
+            crate::input::request::Key::Model,
+            model,
+            request.origin,
+        ));
     }
     if let Some(memory) = request.memory {
         let what = if machine.live.is_some() {
@@ -487,13 +607,21 @@ fn device_unfit(
     let gpu = &machine.inventory.gpus[position];
     let reason = match unfit {
         Unfit::Model => format!(
-            "its name {:?} does not match gpupin.model={}",
+            "its name {:?} does not match {}",
             gpu.name,
-            request.model.as_deref().unwrap_or_default()
+            said(
+                crate::input::request::Key::Model,
+                request.model.as_deref().unwrap_or_default(),
+                request.origin
+            )
         ),
         Unfit::Memory => format!(
-            "it has less memory than gpupin.memory={}",
-            format_size(request.memory.unwrap_or_default())
+            "it has less memory than {}",
+            said(
+                crate::input::request::Key::Memory,
+                &format_size(request.memory.unwrap_or_default()),
+                request.origin
+            )
         ),
         // Say what narrowed the choice: a user cannot tell a hold's GPUs from their
         // groups' otherwise.

@@ -110,13 +110,19 @@ pub enum LedgerError {
     #[error(
         "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {free} free{detail}",
         s = if *wanted == 1 { "" } else { "s" },
-        free = total - held
+        free = total.saturating_sub(held + busy)
     )]
     NotEnoughFree {
         id: String,
         wanted: usize,
+        /// GPUs held, of the `total` that are handed out whole (a GPU in MIG mode is not).
         held: usize,
         total: usize,
+        /// GPUs no one holds that run a process of no holder: not free either.
+        busy: usize,
+        /// How many GPUs could take the request if every holder and process went: a
+        /// wait can succeed only when this is at least `wanted`.
+        ever: usize,
         /// What else narrowed the choice (filters, sharing), starting with "; ".
         detail: String,
     },
@@ -340,6 +346,8 @@ impl LedgerError {
                 wanted,
                 held,
                 total,
+                busy,
+                ever,
                 detail,
                 ..
             } => LedgerError::NotEnoughFree {
@@ -347,6 +355,8 @@ impl LedgerError {
                 wanted,
                 held,
                 total,
+                busy,
+                ever,
                 detail,
             },
             LedgerError::DeviceUnavailable {

@@ -322,9 +322,9 @@ fn dequeue(dir: &Path, ticket: &Ticket) {
 /// Errors that can go away when other holders leave.
 fn retryable(err: &LedgerError) -> bool {
     match err {
-        LedgerError::NotEnoughFree { .. }
-        | LedgerError::DeviceUnavailable { .. }
-        | LedgerError::MigUnavailable(_) => true,
+        // GPUs that no release would make fit (MIG mode, model, memory, scope) never do.
+        LedgerError::NotEnoughFree { wanted, ever, .. } => wanted <= ever,
+        LedgerError::DeviceUnavailable { .. } | LedgerError::MigUnavailable(_) => true,
         // More instances of a profile than the machine has never fit (the geometry
         // changes only with a new inventory, which a new request reads).
         LedgerError::NotEnoughMig(e) => e.wanted <= e.matching,

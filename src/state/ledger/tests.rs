@@ -561,7 +561,7 @@ fn model_and_memory_filters_narrow_the_choice() {
     let err = l.allocate(&id("c"), &r, &m, me()).unwrap_err().to_string();
     assert!(
         err.ends_with(
-            "0 free; 0 can take gpupin.model=H100; add gpupin.wait=10m to wait until they free up"
+            "0 free; 0 can take gpupin.model=H100; 3 GPUs are not gpupin.model=H100 (this machine has NVIDIA A100-SXM4-40GB, Test GPU), so no wait helps: ask for something this machine has"
         ),
         "{err}"
     );

@@ -105,7 +105,7 @@ fn an_exclusive_request_skips_a_gpu_with_a_process_of_no_holder() {
     assert_eq!(
         one_line(&err),
         format!(
-            "cannot allocate 2 GPUs for b: 1 of 3 GPUs held, 2 free; GPU 0 runs pid {} (bob: python train.py), not started through gpupin; add gpupin.wait=10m to wait until they free up",
+            "cannot allocate 2 GPUs for b: 1 of 3 GPUs held, 1 free; GPU 0 runs pid {} (bob: python train.py), not started through gpupin; add gpupin.wait=10m to wait until they free up",
             bob.pid()
         )
     );
@@ -180,7 +180,7 @@ fn a_holders_process_on_a_gpu_it_does_not_hold_is_named_as_its() {
     assert_eq!(
         one_line(&err),
         format!(
-            "cannot allocate 1 GPU for b: 1 of 2 GPUs held, 1 free; GPU 1 runs pid {} (bob: python train.py) of holder trainer, which does not hold it; add gpupin.wait=10m to wait until they free up",
+            "cannot allocate 1 GPU for b: 1 of 2 GPUs held, 0 free; GPU 1 runs pid {} (bob: python train.py) of holder trainer, which does not hold it; add gpupin.wait=10m to wait until they free up",
             child.pid()
         )
     );

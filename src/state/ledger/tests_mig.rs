@@ -70,7 +70,7 @@ fn a_profile_gets_instances_of_it_and_never_the_gpu_whole() {
     assert_eq!(shown(&inv, &whole), ["1", "2", "3", "4", "5", "6"]);
     let err = take(&l, &m, "x", &[("gpupin.count", "1")]).unwrap_err();
     assert!(
-        err.starts_with("cannot allocate 1 GPU for x: 6 of 8 GPUs held"),
+        err.starts_with("cannot allocate 1 GPU for x: 6 of 6 GPUs held, 0 free; add gpupin.wait"),
         "{err}"
     );
     // Named whole, a GPU in MIG mode is refused, saying what to ask for instead.
@@ -325,4 +325,67 @@ fn five_hundred_concurrent_requests_never_give_an_instance_twice() {
     let records = l.records().unwrap();
     let held: Vec<&String> = records.iter().flat_map(|r| &r.gpus).collect();
     assert_eq!(held.len(), held.iter().collect::<HashSet<_>>().len());
+}
+
+/// Issue 32, item 5: `exec --count 7` on sim:dgxa100mig (6 GPUs handed out whole) was
+/// told "0 of 8 GPUs held, 8 free; add --wait 10m", a wait that can never succeed. The
+/// counts are of what is handed out whole, the refusal says what would have to change in
+/// the requester's words, and such a request with a wait is refused at once, not queued.
+#[test]
+fn a_count_no_wait_can_meet_is_told_what_would_have_to_change() {
+    let (_t, l) = ledger();
+    let inv = a100();
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let cli = |pairs: &[(&str, &str)]| from_pairs(pairs, Origin::Cli).unwrap().unwrap();
+    let err = l
+        .allocate(&id("x"), &cli(&[("gpupin.count", "7")]), &m, me())
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        crate::base::message::one_line(&err),
+        "cannot allocate 7 GPUs for x: 0 of 6 GPUs held, 6 free; 2 GPUs are in MIG mode (handed out as instances), so no wait helps: ask for at most 6"
+    );
+    let err = l
+        .allocate(
+            &id("y"),
+            &cli(&[("gpupin.count", "1"), ("gpupin.model", "H100")]),
+            &m,
+            me(),
+        )
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        crate::base::message::one_line(&err),
+        "cannot allocate 1 GPU for y: 0 of 6 GPUs held, 6 free; 0 can take --model H100; 2 GPUs are in MIG mode (handed out as instances), 6 GPUs are not --model H100 (this machine has NVIDIA A100-SXM4-80GB), so no wait helps: ask for something this machine has"
+    );
+    // Asked to wait an hour, it is refused at once and leaves no ticket.
+    let request = cli(&[("gpupin.count", "7"), ("gpupin.wait", "1h")]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = l.dir().to_path_buf();
+    std::thread::spawn(move || {
+        let l = Ledger::open(&dir).unwrap();
+        let inv = a100();
+        let m = Machine::new(&inv, PolicyName::Pack);
+        let outcome = l.allocate_waiting(
+            &id("w"),
+            &request,
+            &m,
+            me(),
+            std::time::Duration::from_secs(3600),
+        );
+        let _ = tx.send(
+            outcome
+                .map(|_| ())
+                .map_err(|e| crate::base::message::one_line(&e)),
+        );
+    });
+    let outcome = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("refused, not queued for its hour");
+    assert!(
+        outcome
+            .unwrap_err()
+            .ends_with("so no wait helps: ask for at most 6")
+    );
+    assert!(l.waiting().unwrap().is_empty());
 }
