@@ -1660,3 +1660,40 @@ fn a_refusal_suggests_a_wait_only_where_one_can_succeed() {
     until_clean(&g);
     assert_eq!(g.ledger_snapshot(), before);
 }
+
+/// Issue 31, finding 3: alice waiting `--wait 24h` for a GPU she holds herself stayed at
+/// the head of the queue, and every other request on the node was refused ("requests
+/// are waiting ahead of it") with 6 of 8 GPUs free. Now bob's job is served at once, and
+/// a container's hook (which never waits) too.
+#[test]
+fn a_user_waiting_for_her_own_gpu_blocks_no_one_else() {
+    let test = "a_user_waiting_for_her_own_gpu";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let alice = User::create("owna");
+    let bob = User::create("ownb");
+    let _daemon = Daemon::start(&g);
+    let mut first = Job::start(&g, Some(&alice), "first", &["--devices", "2"]);
+    first.ready();
+    let mut again = exec_support::cmd(
+        &g,
+        Some(&alice),
+        &["exec", "--devices", "2", "--wait", "24h", "--", "true"],
+    );
+    let mut waiting = again.stderr(Stdio::null()).spawn().unwrap();
+    until("alice waits in the queue", || {
+        (queued(&g) == 1).then_some(())
+    });
+    let out = ok(&g, Some(&bob), &["exec", "--count", "1", "--", "true"]);
+    assert_eq!(out, "", "bob's job ran");
+    let out = ok(&g, None, &["exec", "--count", "6", "--", "true"]);
+    assert_eq!(out, "", "root's job for the 6 other GPUs ran");
+    assert_eq!(queued(&g), 1, "alice still waits");
+    waiting.kill().unwrap();
+    waiting.wait().unwrap();
+    let (exit, stderr) = first.finish();
+    assert!(exit.success(), "{stderr}");
+    until_clean(&g);
+}

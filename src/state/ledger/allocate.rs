@@ -414,6 +414,63 @@ pub(super) fn could_ever_fit(
     scope.allows(position) && !gpu.in_mig_mode() && model_fits && memory_fits && reserve_fits
 }
 
+/// The GPUs (by UUID; a MIG instance's GPU for an instance) a waiting `request` could
+/// ever take: what no release changes allows them (`could_ever_fit`, the GPUs it names,
+/// the MIG instances of its profile, its scope). A waiter ahead in the queue holds back
+/// only a request that would take one of these (`Ledger::allocate`): one that waits for a
+/// GPU it names, a model, a profile or a holder's GPUs is in the way of no request for
+/// other GPUs.
+pub(super) fn wanted_gpus(request: &GpuRequest, machine: &Machine, scope: &Scope) -> Vec<String> {
+    let inventory = machine.inventory;
+    let gpus = &inventory.gpus;
+    let positions: Vec<usize> = match (&request.selection, &request.mig) {
+        (Selection::Devices(keys), _) => keys
+            .iter()
+            .filter_map(|key| match inventory.find(key) {
+                Some(gpu) => inventory.position_of(&gpu.uuid),
+                None => inventory
+                    .find_mig(key)
+                    .and_then(|m| inventory.position_of(&m.parent_uuid)),
+            })
+            .collect(),
+        (_, Some(want)) => (0..gpus.len())
+            .filter(|&p| scope.allows(p))
+            .filter(|&p| {
+                gpus[p].mig_instances().iter().any(|m| match want {
+                    crate::input::request::MigWant::Profile(profile) => {
+                        m.profile.as_deref() == Some(profile.as_str())
+                    }
+                    crate::input::request::MigWant::Any => true,
+                })
+            })
+            .collect(),
+        (Selection::All, None) => (0..gpus.len()).collect(),
+        (Selection::Count(_), None) => (0..gpus.len())
+            .filter(|&p| {
+                could_ever_fit(p, request, machine, scope)
+                    || (mig::count_may_take_instances(request, machine)
+                        && scope.allows(p)
+                        && gpus[p].in_mig_mode())
+            })
+            .collect(),
+    };
+    positions
+        .into_iter()
+        .map(|p| gpus[p].uuid.clone())
+        .collect()
+}
+
+/// The GPUs (by UUID) of `units`: a GPU's own, a MIG instance's parent's.
+pub(super) fn gpus_of_units(units: &[String], inventory: &Inventory) -> Vec<String> {
+    units
+        .iter()
+        .map(|u| match inventory.find_mig(u) {
+            Some(m) => m.parent_uuid.clone(),
+            None => u.clone(),
+        })
+        .collect()
+}
+
 /// `; 2 GPUs are in MIG mode (handed out as instances), so no wait helps: ask for at
 /// most 6`: for a request that more GPUs than could ever take it would not satisfy,
 /// what keeps them out and what would have to change, in the requester's words.

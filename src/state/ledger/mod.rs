@@ -605,22 +605,17 @@ impl Ledger {
         }
         let live = self.reap(records, SystemTime::now())?;
         // A parked ticket (a waiter held back only by its own user's limit) is in no
-        // one's way: only the others keep a request from overtaking.
-        let waiting = queue::live_tickets(&self.dir)?
-            .iter()
+        // one's way; the others only where this request would take a GPU they could use.
+        let ahead: Vec<queue::Ticket> = queue::live_tickets(&self.dir)?
+            .into_iter()
             .filter(|t| !t.parked)
-            .count();
-        if waiting > 0 {
-            tracing::debug!(holder = %holder, waiting, "others wait in the queue ahead");
-            return Err(LedgerError::QueueAhead {
-                id: holder.to_string(),
-                waiting,
-            });
-        }
-        self.commit(holder, request, machine, meta, &live)
+            .collect();
+        self.commit(holder, request, machine, meta, &live, &ahead)
     }
 
-    /// Plans and writes one allocation; the caller holds the lock.
+    /// Plans and writes one allocation; the caller holds the lock. `ahead`: the waiters
+    /// this request must not overtake: it is refused (`QueueAhead`) when it would take a
+    /// GPU one of them could use (`queue::Ticket::wants`).
     fn commit(
         &self,
         holder: &HolderId,
@@ -628,6 +623,7 @@ impl Ledger {
         machine: &Machine,
         meta: HolderMeta,
         live: &[Record],
+        ahead: &[queue::Ticket],
     ) -> Result<Allocation, LedgerError> {
         // Processes seen on the GPUs before the lock, or before a wait in the queue, that
         // have ended since are in no one's way.
@@ -650,6 +646,15 @@ impl Ledger {
         let plan = allocate::plan(holder, request, machine, live, cursor, &scope)
             .map_err(|e| e.naming(&meta))?;
         scope::check(&meta, machine, live, &plan.uuids)?;
+        let taking = allocate::gpus_of_units(&plan.uuids, machine.inventory);
+        let in_the_way = ahead.iter().filter(|t| t.could_use_any(&taking)).count();
+        if in_the_way > 0 {
+            tracing::debug!(holder = %holder, waiting = in_the_way, "others wait in the queue ahead for these GPUs");
+            return Err(LedgerError::QueueAhead {
+                id: holder.to_string(),
+                waiting: in_the_way,
+            });
+        }
         let record = Record {
             id: holder.to_string(),
             // One per UUID; a MIG instance's is its GPU's, so that the audit trail names

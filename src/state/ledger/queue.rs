@@ -4,6 +4,11 @@
 //! and whether its request fits now. A ticket whose process is gone (a
 //! runtime killed the hook at its timeout) is stale and dropped.
 //!
+//! A ticket names the GPUs its waiter could ever take (`Ticket::wants`), and holds back
+//! only a request that would take one of those: a waiter for a named GPU, a model, a MIG
+//! profile or a holder's GPUs is in the way of no request for other GPUs, while a waiter
+//! for a plain count keeps its turn against every request for a GPU it could use.
+//!
 //! A waiter held back only by its own user's limit is *parked*: its ticket says so, and
 //! it is in no one's way (neither ahead of another waiter nor of a request that does not
 //! wait), so that one user's limit never stalls the node. It is still served in its turn
@@ -66,6 +71,11 @@ pub(super) struct Ticket {
     pub user: Option<String>,
     #[serde(default)]
     pub request: String,
+    /// The GPUs (UUIDs; a MIG instance's GPU) it could ever take (`allocate::wanted_gpus`):
+    /// only a request for one of these waits behind it. `None` (a ticket from before, or
+    /// a request whose scope did not resolve): every GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wants: Option<Vec<String>>,
 }
 
 /// A request waiting in the queue, for `gpupin queue`, `status` and `metrics`.
@@ -85,6 +95,14 @@ pub struct Waiting {
 }
 
 impl Ticket {
+    /// Whether this waiter could use any of `gpus`: a request taking one of them would
+    /// overtake it.
+    pub(super) fn could_use_any(&self, gpus: &[String]) -> bool {
+        self.wants
+            .as_ref()
+            .is_none_or(|wants| gpus.iter().any(|g| wants.contains(g)))
+    }
+
     fn file_name(&self) -> String {
         // Zero-padded so that name order is arrival order.
         format!("{:020}-{}.json", self.seq, self.id)
@@ -168,48 +186,17 @@ pub(super) fn next_turn(round: u64, waiting: &[Ticket], party: Option<u32>) -> u
     round.max(last) + 1
 }
 
-/// Whether a live ticket that is not parked is ahead of `own` in `order`. Caller holds
-/// the lock.
-fn anyone_ahead(dir: &Path, own: &Ticket, order: QueueOrder) -> Result<bool, LedgerError> {
-    match order {
-        QueueOrder::Fifo => anyone_ahead_fifo(dir, own),
-        // A later ticket of another user can be ahead, so every ticket is read: one small
-        // file each, and only when the queue or the holders changed, or every few seconds
-        // (`LOOK_AGAIN`).
-        QueueOrder::Fair => Ok(live_tickets(dir)?
-            .iter()
-            .any(|t| !t.parked && (t.turn, t.seq) < (own.turn, own.seq))),
-    }
-}
-
-/// `anyone_ahead` in arrival order. Reads tickets in name (arrival) order and stops at
-/// the first such one, so that a look of a waiter deep in a long queue costs one ticket,
-/// not all of them; stale tickets on the way are removed.
-fn anyone_ahead_fifo(dir: &Path, own: &Ticket) -> Result<bool, LedgerError> {
-    let Some(qdir) = store::existing_subdir(dir, QUEUE_DIR)? else {
-        return Ok(false);
-    };
-    for (path, _) in store::list(&qdir)? {
-        let name = path.file_name().unwrap_or_default().as_encoded_bytes();
-        if name.starts_with(b".") {
-            continue;
-        }
-        if name >= own.file_name().as_bytes() {
-            break;
-        }
-        match live_ticket(&path) {
-            // Names sort as seqs (zero-padded), so every ticket read here came earlier.
-            Some(t) => {
-                if !t.parked {
-                    return Ok(true);
-                }
-            }
-            None => {
-                let _ = fs::remove_file(&path);
-            }
-        }
-    }
-    Ok(false)
+/// The live tickets that are not parked and come before `own` in `order`: the waiters it
+/// must not overtake where it would take a GPU they could use. Caller holds the lock.
+fn tickets_ahead(dir: &Path, own: &Ticket, order: QueueOrder) -> Result<Vec<Ticket>, LedgerError> {
+    Ok(live_tickets(dir)?
+        .into_iter()
+        .filter(|t| !t.parked && t.seq != own.seq)
+        .filter(|t| match order {
+            QueueOrder::Fifo => t.seq < own.seq,
+            QueueOrder::Fair => (t.turn, t.seq) < (own.turn, own.seq),
+        })
+        .collect())
 }
 
 /// Queues `holder` behind every live ticket, for as long as process `waiter` lives.
@@ -222,6 +209,7 @@ pub(super) fn enqueue(
     waiter: i32,
     meta: &HolderMeta,
     max_waiting: u32,
+    wants: Option<Vec<String>>,
 ) -> Result<Ticket, LedgerError> {
     let qdir = store::ensure_subdir(dir, QUEUE_DIR)?;
     let tickets = live_tickets(dir)?;
@@ -260,6 +248,7 @@ pub(super) fn enqueue(
         name: meta.container.as_ref().and_then(|c| c.name.clone()),
         user: meta.owner.as_ref().map(|o| o.user.clone()),
         request: request.summary(),
+        wants,
     };
     write_ticket(&qdir, &ticket)?;
     Ok(ticket)
@@ -395,7 +384,26 @@ impl Ledger {
             // The ticket lives as long as the process that waits (`gpupin serve` itself
             // for its callers, whose connection `still_wanted` watches).
             let waiter = std::process::id() as i32;
-            let mut ticket = enqueue(&self.dir, holder, request, waiter, &meta, max_waiting)?;
+            // What it could ever take: its scope read as if its key opened the holder (a
+            // wrong key is refused at the first look below, and the ticket goes).
+            let live: Vec<Record> = records
+                .iter()
+                .filter(|r| !self.is_stale(r))
+                .cloned()
+                .collect();
+            let wants =
+                super::scope::scope(holder, request, machine, &meta, &live, &mut |_, _| Ok(true))
+                    .ok()
+                    .map(|scope| super::allocate::wanted_gpus(request, machine, &scope));
+            let mut ticket = enqueue(
+                &self.dir,
+                holder,
+                request,
+                waiter,
+                &meta,
+                max_waiting,
+                wants,
+            )?;
             // The first look under the same lock: a waiter held back by its own limit is
             // parked before anyone could count it as ahead.
             match self.look(&mut ticket, holder, request, machine, &meta) {
@@ -503,17 +511,19 @@ impl Ledger {
         machine: &Machine,
         meta: &HolderMeta,
     ) -> Result<Option<Allocation>, LedgerError> {
-        if anyone_ahead(&self.dir, ticket, self.queue_order)? {
-            tracing::trace!(holder = %holder, "others are ahead in the queue");
-            return Ok(None);
-        }
+        let ahead = tickets_ahead(&self.dir, ticket, self.queue_order)?;
         let records = store::read_records(&self.dir)?;
         let live: Vec<Record> = self.reap(records, SystemTime::now())?;
-        match self.commit(holder, request, machine, meta.clone(), &live) {
+        match self.commit(holder, request, machine, meta.clone(), &live, &ahead) {
             Ok(allocation) => {
                 dequeue(&self.dir, ticket);
                 served(&self.dir, ticket);
                 Ok(Some(allocation))
+            }
+            // A waiter ahead could use the GPUs it would take: its turn comes first.
+            Err(LedgerError::QueueAhead { .. }) => {
+                tracing::trace!(holder = %holder, "others are ahead in the queue");
+                Ok(None)
             }
             Err(err) => {
                 let parked = match &err {

@@ -630,8 +630,9 @@ fn a_waiting_request_gets_the_gpu_when_it_is_released() {
             me(),
         )
         .unwrap_err();
+    // No GPU is free: it is told so, and to wait (a free one would be the waiter's).
     assert!(
-        matches!(err, LedgerError::QueueAhead { waiting: 1, .. }),
+        matches!(err, LedgerError::NotEnoughFree { held: 1, .. }),
         "{err}"
     );
     l.release(&id("first")).unwrap();
@@ -819,6 +820,7 @@ fn every_file_and_directory_gets_its_mode_whatever_the_umask() {
         std::process::id() as i32,
         &me(),
         4,
+        None,
     )
     .unwrap();
     let d = l.dir();

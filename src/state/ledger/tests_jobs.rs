@@ -66,7 +66,7 @@ fn hold(until_release: bool) -> HolderMeta {
     }
 }
 
-fn devices(keys: &[&str]) -> GpuRequest {
+pub(super) fn devices(keys: &[&str]) -> GpuRequest {
     GpuRequest::new(
         Selection::Devices(keys.iter().map(|k| k.to_string()).collect()),
         Origin::Cli,

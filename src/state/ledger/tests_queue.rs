@@ -2,7 +2,7 @@
 //! no one's way, a waiter whose caller went away leaves, and one user's tickets are few.
 
 use super::tests::{id, ledger};
-use super::tests_jobs::{container, count, job};
+use super::tests_jobs::{container, count, devices, job};
 use super::*;
 use crate::base::message::one_line;
 use crate::model::limits::Limits;
@@ -283,6 +283,7 @@ fn the_ticket_of_a_dead_waiter_blocks_no_one() {
         queued_at: 0,
         uid: None,
         parked: false,
+        wants: None,
         turn: 0,
         name: None,
         user: None,
@@ -302,8 +303,8 @@ fn each_ticket_sorts_after_every_earlier_one() {
     let me = std::process::id() as i32;
     let _lock = store::lock(l.dir()).unwrap();
     // Ids in reverse name order: only the seq can put "b" first.
-    let first = queue::enqueue(l.dir(), &id("b"), &count(1), me, &container(), 4).unwrap();
-    let second = queue::enqueue(l.dir(), &id("a"), &count(1), me, &container(), 4).unwrap();
+    let first = queue::enqueue(l.dir(), &id("b"), &count(1), me, &container(), 4, None).unwrap();
+    let second = queue::enqueue(l.dir(), &id("a"), &count(1), me, &container(), 4, None).unwrap();
     assert!(second.seq > first.seq, "{} then {}", first.seq, second.seq);
     let order: Vec<String> = queue::live_tickets(l.dir())
         .unwrap()
@@ -664,7 +665,7 @@ fn alice_three_bob_one(order: QueueOrder) -> (Vec<String>, Vec<String>) {
     let err = l
         .allocate(&id("carol"), &count(1), &m, job("carol", 1003, &[]))
         .unwrap_err();
-    assert!(matches!(err, LedgerError::QueueAhead { .. }), "{err}");
+    assert!(matches!(err, LedgerError::NotEnoughFree { .. }), "{err}");
     let mut served = Vec::new();
     for (n, h) in holds.into_iter().enumerate() {
         let holders = |l: &Ledger| -> Vec<String> {
@@ -721,6 +722,7 @@ fn fair_turns_go_round_the_users_and_starve_no_one() {
         queued_at: 0,
         uid,
         parked: false,
+        wants: None,
         turn,
         name: None,
         user: None,
@@ -769,4 +771,98 @@ fn fair_turns_go_round_the_users_and_starve_no_one() {
     // 8 is bob's second (queued when 4 was served: the second round, after the
     // containers' 6 that came first), 9 his third, in the third round after alice's 3.
     assert_eq!(served, [1, 4, 5, 7, 2, 6, 8, 3, 9]);
+}
+
+/// A waiter for `request` on `inv` in a thread of its own; its caller hangs up when the
+/// returned flag is cleared.
+fn waiter_on(
+    l: &Ledger,
+    inv: &crate::host::inventory::Inventory,
+    name: &'static str,
+    request: GpuRequest,
+    meta: HolderMeta,
+) -> (
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<Result<Allocation, LedgerError>>,
+) {
+    let mut meta = meta;
+    let open = caller(&mut meta);
+    let dir = l.dir().to_path_buf();
+    let inv = inv.clone();
+    let waiter = std::thread::spawn(move || {
+        let l = Ledger::open(&dir).unwrap();
+        let m = Machine::new(&inv, PolicyName::Pack);
+        l.allocate_waiting(&id(name), &request, &m, meta, Duration::from_secs(60))
+    });
+    (open, waiter)
+}
+
+/// Issue 31, finding 3: a waiter held back by a busy GPU stayed at the head of the
+/// queue, and every other request on the node was refused ("N requests are waiting
+/// ahead of it") with GPUs free: alice waiting for a GPU she holds herself, an image's
+/// `GPUPIN_DEVICES=3 GPUPIN_WAIT=1h` while GPU 3 is held. A waiter now holds back only a
+/// request that would take a GPU it could ever use: for each reason (a named busy
+/// device, her own GPU, a model, memory), requests for the other GPUs are served at once,
+/// waiting or not; and each waiter still gets its GPU in turn once it is free.
+#[test]
+fn a_waiter_for_gpus_that_are_not_free_blocks_no_request_for_other_gpus() {
+    let (_t, l) = ledger();
+    let mut inv = machine(6);
+    inv.gpus[3].name = "NVIDIA A100-SXM4-80GB".into();
+    inv.gpus[3].memory_bytes = 80 << 30;
+    for g in inv.gpus.iter_mut().filter(|g| g.index != 3) {
+        g.memory_bytes = 40 << 30;
+    }
+    let m = Machine::new(&inv, PolicyName::Pack);
+    l.allocate(&id("maint"), &devices(&["3"]), &m, container())
+        .unwrap();
+    l.allocate(&id("alices"), &devices(&["2"]), &m, job("alice", 1001, &[]))
+        .unwrap();
+    let model = GpuRequest {
+        model: Some("A100".into()),
+        ..count(1)
+    };
+    let memory = GpuRequest {
+        memory: Some(60 << 30),
+        ..count(1)
+    };
+    let waiters = [
+        ("image", devices(&["3"]), container()),
+        ("own", devices(&["2"]), job("alice", 1001, &[])),
+        ("model", model, job("carol", 1003, &[])),
+        ("memory", memory, job("dave", 1004, &[])),
+    ];
+    let mut queued = Vec::new();
+    for (n, (name, request, meta)) in waiters.into_iter().enumerate() {
+        queued.push((name, waiter_on(&l, &inv, name, request, meta)));
+        until(name, || tickets(&l) == n + 1);
+    }
+    // GPUs 0, 1, 4 and 5 are free and none of them is one a waiter could use.
+    let hook = l.allocate(&id("hook"), &count(1), &m, container());
+    assert!(hook.is_ok(), "{}", one_line(&hook.unwrap_err()));
+    let bob = l.allocate_waiting(
+        &id("bob"),
+        &count(2),
+        &m,
+        job("bob", 1002, &[]),
+        Duration::from_secs(60),
+    );
+    let bob = bob.unwrap_or_else(|e| panic!("{}", one_line(&e)));
+    assert_eq!(bob.record.indices.len(), 2);
+    assert_eq!(tickets(&l), 4, "the four still wait");
+    // A request for a GPU a waiter could use waits behind it: GPU 3, once free, is the
+    // image's, first in line, not a later request's.
+    l.release(&id("maint")).unwrap();
+    let (open, image) = queued.remove(0).1;
+    let got = image
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{}", one_line(&e)));
+    open.store(false, Ordering::SeqCst);
+    assert_eq!(got.record.indices, [3]);
+    for (_, (open, waiter)) in queued {
+        open.store(false, Ordering::SeqCst);
+        let _ = waiter.join().unwrap();
+    }
+    assert_eq!(tickets(&l), 0);
 }
