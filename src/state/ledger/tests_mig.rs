@@ -389,3 +389,31 @@ fn a_count_no_wait_can_meet_is_told_what_would_have_to_change() {
     );
     assert!(l.waiting().unwrap().is_empty());
 }
+
+/// A request inside a holder of MIG instances takes only the instances that holder has,
+/// never another instance of the same GPU (`Scope::within_has`: cargo mutants found no
+/// test of it).
+#[test]
+fn a_nested_request_takes_only_its_holders_instances_of_a_gpu() {
+    let (_t, l) = ledger();
+    let inv = a100();
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let res = take(&l, &m, "res", &[("gpupin.devices", "0:2")]).unwrap();
+    assert_eq!(shown(&inv, &res), ["0:2"]);
+    let (_, key) = l.key(&id("res")).unwrap().unwrap();
+    let nested = |holder: &str| {
+        let request = GpuRequest {
+            within_key: Some(key.clone()),
+            ..ask(&[("gpupin.mig", "any"), ("gpupin.within", "res")])
+        };
+        l.allocate(&id(holder), &request, &m, me())
+            .map(|a| a.record)
+            .map_err(|e| crate::base::message::one_line(&e))
+    };
+    let inner = nested("inner").unwrap();
+    assert_eq!(shown(&inv, &inner), ["0:2"]);
+    // The hold's one instance is taken: 0:3, free beside it on GPU 0, is not the hold's.
+    let err = nested("more").unwrap_err();
+    assert!(err.starts_with("cannot allocate 1 MIG instance"), "{err}");
+    assert!(!l.records().unwrap().iter().any(|r| r.id == "more"));
+}
