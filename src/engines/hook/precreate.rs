@@ -187,7 +187,7 @@ mod tests {
         Config {
             state_dir: state_dir.to_path_buf(),
             inventory: "sim:nvswitch8".parse().unwrap(),
-            // Not /var/log: audit_failure = "refuse" would refuse a user who cannot write it.
+            // Not /var/log: a user who cannot write it would get only warnings there.
             audit_log: state_dir.join("audit.log"),
             ..Config::default()
         }

@@ -194,7 +194,7 @@ mod tests {
             state_dir: root.join("state"),
             inventory: "sim:nvswitch8".parse().unwrap(),
             unrequested,
-            // Not /var/log: audit_failure = "refuse" would refuse a user who cannot write it.
+            // Not /var/log: a user who cannot write it would get only warnings there.
             audit_log: root.join("audit.log"),
             ..Config::default()
         };

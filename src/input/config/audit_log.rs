@@ -14,10 +14,14 @@ pub const DEFAULT_KEEP: u32 = 4;
 #[non_exhaustive]
 pub enum AuditFailure {
     /// The allocation is undone and refused: nothing is held that the trail does not
-    /// show, so nobody gets GPU time `gpupin usage` cannot bill by filling the disk.
-    #[default]
+    /// show. For a log on a file system of its own: elsewhere any local user who fills
+    /// the file system (through any world-writable directory on it) stops every
+    /// allocation on the node.
     Refuse,
-    /// The allocation goes on, with a warning and the failure counted.
+    /// The default: the allocation goes on; the line goes to gpupin's own log instead
+    /// (stderr, the journal under systemd), the failure is counted
+    /// (`gpupin_audit_write_failures_total`, alert `GpupinAuditWriteFailures`).
+    #[default]
     Warn,
 }
 

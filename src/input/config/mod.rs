@@ -793,9 +793,9 @@ mod tests {
         .unwrap();
         assert_eq!(c.audit_log, PathBuf::from("/etc/gpupin/audit/audit.log"));
         assert_eq!((c.audit_max_size, c.audit_keep), (1 << 20, 2));
-        assert_eq!(c.audit_failure, audit_log::AuditFailure::Refuse);
-        let warn = parse("audit_failure = \"warn\"\n").unwrap();
-        assert_eq!(warn.audit_failure, audit_log::AuditFailure::Warn);
+        assert_eq!(c.audit_failure, audit_log::AuditFailure::Warn);
+        let refuse = parse("audit_failure = \"refuse\"\n").unwrap();
+        assert_eq!(refuse.audit_failure, audit_log::AuditFailure::Refuse);
         assert_eq!(c.confine, Confine::V2);
         assert_eq!(c.socket_group.as_deref(), Some("gpu"));
         assert_eq!(c.socket_path(), PathBuf::from("/run/gpupin/gpupin.sock"));

@@ -1,8 +1,10 @@
 //! Appending to the audit log, and rotating it when it grows past its cap.
 //!
 //! Many processes append at once (hooks, the shim, `gpupin serve`): each line is one
-//! `write(2)` to a file opened with O_APPEND, so lines never interleave. Rotation happens
-//! under an flock of the log itself, and only by a writer that still has the file the path
+//! `write(2)` to a file opened with O_APPEND, under an flock of `<log>.lock` (root's
+//! alone: a user can flock the log itself, which everyone may read). A line is written
+//! whole or not at all: a write a full file system cuts short is taken back. Rotation
+//! happens under the same lock, and only by a writer that still has the file the path
 //! names (another may have rotated it a moment ago), so no rotated file is overwritten.
 //!
 //! Refusals go to a log of their own beside it (`audit.refusals.log` for `audit.log`),
@@ -37,6 +39,8 @@ const MAX_KEYS: usize = 1024;
 /// An administrator who wants the history private makes its directory 0750 (gpupin only
 /// creates the directory when it is missing and never changes its mode).
 const LOG_MODE: u32 = 0o644;
+/// The writers' lock (`writer_lock`): root's alone, so that no one else can hold it.
+const LOCK_MODE: u32 = 0o600;
 const DIR_MODE: u32 = 0o755;
 
 /// An audit line that could not be written.
@@ -142,11 +146,23 @@ impl AuditLog {
         }
         line.push(b'\n');
         self.ensure_dir()?;
+        let _writing = self.writer_lock()?;
         let mut file = safe_open::open_append(&self.path, LOG_MODE)?;
         if file.metadata()?.len() + line.len() as u64 > self.max_bytes {
             file = self.rotate(file)?;
         }
-        file.write_all(&line)
+        append_whole(&file, &line)
+    }
+
+    /// The lock every writer of this log holds while it appends or rotates: an flock of
+    /// `<log>.lock`, a file of root's that only root may open, so that no user can take it
+    /// and stall the writers (anyone may open the log itself, and flock what they open).
+    fn writer_lock(&self) -> std::io::Result<fs::File> {
+        let mut name = self.path.as_os_str().to_os_string();
+        name.push(".lock");
+        let lock = safe_open::open_read_write(Path::new(&name), LOCK_MODE)?;
+        rustix::fs::flock(&lock, FlockOperation::LockExclusive)?;
+        Ok(lock)
     }
 
     /// Creates the log's directory when missing; refuses one that is a symlink or that
@@ -182,8 +198,8 @@ impl AuditLog {
 
     /// Rotates the log `file` is open on, unless another writer has just done so; returns
     /// the file to append to.
+    /// The caller holds `writer_lock`.
     fn rotate(&self, file: fs::File) -> std::io::Result<fs::File> {
-        rustix::fs::flock(&file, FlockOperation::LockExclusive)?;
         let still_ours = fs::symlink_metadata(&self.path)
             .and_then(|now| file.metadata().map(|open| now.ino() == open.ino()))
             .unwrap_or(false);
@@ -205,9 +221,35 @@ impl AuditLog {
             }
         }
         fs::rename(&self.path, rotated(&self.path, 1))?;
-        // The flock goes with the old file; writers still holding it append there, which
-        // keeps their lines (in audit.log.1).
+        // A writer of an older gpupin still holding the old file appends there, which
+        // keeps its line (in audit.log.1).
         safe_open::open_append(&self.path, LOG_MODE)
+    }
+}
+
+/// Appends `line` to `file` (O_APPEND, the caller holds `writer_lock`) whole or not at
+/// all: a write the file system cut short (it is full) is taken back, so that no reader
+/// finds a torn line (an allocation with no readable line, a release `gpupin usage`
+/// cannot read).
+fn append_whole(file: &fs::File, line: &[u8]) -> std::io::Result<()> {
+    let before = file.metadata()?.len();
+    let written = rustix::io::write(file, line);
+    match written {
+        Ok(n) if n == line.len() => Ok(()),
+        Ok(n) => {
+            let _ = file.set_len(before);
+            Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "only {n} of the line's {} bytes fit: the line was taken back (the file system is full)",
+                    line.len()
+                ),
+            ))
+        }
+        Err(e) => {
+            let _ = file.set_len(before);
+            Err(e.into())
+        }
     }
 }
 
@@ -310,6 +352,105 @@ mod tests {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
+    }
+
+    /// Anyone may read the log, and flock what they open: a writer that locked the log
+    /// itself to rotate it waited for as long as a user held such a lock, with the
+    /// ledger's lock held. The writers' lock is a file only root may open.
+    #[test]
+    fn a_reader_holding_a_lock_on_the_log_stalls_no_writer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut log = AuditLog::at(tmp.path().join("audit.log"));
+        log.max_bytes = 200;
+        log.append(&Event::new(EventKind::Release, "first"))
+            .unwrap();
+        let reader = fs::File::open(&log.path).unwrap();
+        rustix::fs::flock(&reader, FlockOperation::LockExclusive).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = log.clone();
+        std::thread::spawn(move || {
+            for n in 0..5 {
+                writer
+                    .append(&Event::new(EventKind::Release, &format!("next-{n}")))
+                    .unwrap();
+            }
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the writer finished, rotating past the reader's lock");
+        assert!(rotated(&log.path, 1).exists(), "it rotated");
+        let lock = tmp.path().join("audit.log.lock");
+        assert_eq!(
+            fs::metadata(lock).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    /// Issue 31, finding 6: a full file system cut lines short (write_all wrote what fit
+    /// and failed on the rest), and a torn line is an allocation with no readable line,
+    /// or a release `gpupin usage` cannot read. On a real full tmpfs, every line is whole.
+    #[test]
+    fn a_full_file_system_tears_no_line() {
+        if !rustix::process::geteuid().is_root() {
+            assert_ne!(
+                std::env::var("CI").as_deref(),
+                Ok("true"),
+                "mounting a small tmpfs needs root"
+            );
+            eprintln!("skipped: mounting a small tmpfs needs root (CI runs as root)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let small = tmp.path().join("small");
+        fs::create_dir(&small).unwrap();
+        rustix::mount::mount(
+            "gpupin-test",
+            &small,
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            Some(c"size=64k,mode=0755"),
+        )
+        .unwrap();
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = rustix::mount::unmount(self.0, rustix::mount::UnmountFlags::DETACH);
+            }
+        }
+        let _unmount = Unmount(&small);
+        // Fill it all, then give one page back: the log gets that page and no more.
+        let filler = small.join("filler");
+        let mut f = fs::File::create(&filler).unwrap();
+        while f.write_all(&[b'x'; 4096]).is_ok() {}
+        let len = f.metadata().unwrap().len();
+        f.set_len(len - (len % 4096) - 4096).unwrap();
+        drop(f);
+        let log = AuditLog::at(small.join("audit.log"));
+        let mut written = 0;
+        let err = loop {
+            let event = Event::new(
+                EventKind::Release,
+                &format!("holder-{written:04}-with-a-longer-name"),
+            );
+            match log.append(&event) {
+                Ok(()) => written += 1,
+                Err(e) => break e,
+            }
+            assert!(written < 1000, "the file system never filled");
+        };
+        assert!(written > 0, "{err}");
+        let text = fs::read_to_string(small.join("audit.log")).unwrap();
+        assert!(
+            text.ends_with('\n'),
+            "a torn last line: {:?}",
+            &text[text.len().saturating_sub(80)..]
+        );
+        assert_eq!(lines(&small.join("audit.log")).len(), written);
+        // Space again: the next line is written whole after the others.
+        fs::remove_file(&filler).unwrap();
+        log.append(&Event::new(EventKind::Release, "after"))
+            .unwrap();
+        assert_eq!(lines(&small.join("audit.log")).len(), written + 1);
     }
 
     #[test]

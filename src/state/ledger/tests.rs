@@ -863,7 +863,10 @@ fn an_audit_log_symlink_is_not_followed() {
     let elsewhere = t.path().join("passwd");
     std::fs::write(&elsewhere, "root:x:0:0\n").unwrap();
     std::os::unix::fs::symlink(&elsewhere, l.dir().join("audit.log")).unwrap();
-    // audit_failure = "refuse" (the default): no allocation without its audit line.
+    // audit_failure = "refuse": no allocation without its audit line.
+    let mut refuse = crate::input::config::AuditLog::at(l.dir().join("audit.log"));
+    refuse.on_failure = crate::input::config::AuditFailure::Refuse;
+    let l = l.with_audit(refuse);
     let err = one_line(&alloc(&l, "a").unwrap_err());
     assert!(err.contains("audit_failure"), "{err}");
     assert!(
@@ -871,10 +874,9 @@ fn an_audit_log_symlink_is_not_followed() {
         "{err}"
     );
     assert!(l.records().unwrap().is_empty());
-    // "warn": the allocation goes on.
-    let mut audit = crate::input::config::AuditLog::at(l.dir().join("audit.log"));
-    audit.on_failure = crate::input::config::AuditFailure::Warn;
-    let l = l.with_audit(audit);
+    // "warn", the default: the allocation goes on.
+    let log = l.dir().join("audit.log");
+    let l = l.with_audit(crate::input::config::AuditLog::at(log));
     alloc(&l, "a").unwrap();
     l.release(&id("a")).unwrap();
     assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "root:x:0:0\n");
@@ -890,8 +892,9 @@ fn a_fifo_anywhere_in_the_state_dir_never_blocks() {
     // Where the FIFO is, and whether a plain allocation then works.
     let cases = [
         ("cursor", true),
-        // audit_failure = "refuse": refused, naming the FIFO, not blocked on it.
-        ("audit.log", false),
+        // audit_failure = "warn" (the default): the allocation goes on, not blocked on
+        // the FIFO (its line goes to gpupin's own log).
+        ("audit.log", true),
         ("queue/00000000000000000001-x.json", true),
         ("queue-seq", true),
         ("holders/x.json", false),
