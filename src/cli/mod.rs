@@ -109,7 +109,7 @@ pub enum Command {
         after_long_help = "Examples:\n  gpupin release maint-7                      a hold, or a holder that has ended\n  gpupin release 3f2a1b2c3d4e                 a container by its short id\n  gpupin release --exact --ignore-missing slurm-42   as a script (the Slurm epilog)"
     )]
     Release(release::ReleaseArgs),
-    /// Stop a holder that still runs (its engine, or SIGTERM then SIGKILL) and release its GPUs
+    /// Stop a holder that still runs (its engine, or SIGTERM then SIGKILL) and release its GPUs; a user ends their own
     #[command(
         after_long_help = "Examples:\n  sudo gpupin evict web-1              docker stop, then its GPUs are released\n  sudo gpupin evict train --grace 30s  SIGTERM, SIGKILL after 30 s"
     )]

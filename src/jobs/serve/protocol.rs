@@ -82,6 +82,17 @@ pub enum Request {
         #[serde(default)]
         ignore_missing: bool,
     },
+    /// Ends one of the caller's holders that still runs (root: anyone's) and releases its
+    /// GPUs once it is gone (`gpupin evict`); a queued request of theirs is cancelled.
+    Evict {
+        id: String,
+        /// Why, for the audit line and the evicted job's stderr.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// How long it may take to stop before it is killed, in seconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grace_secs: Option<u64>,
+    },
     /// The key to one of the caller's holders (`gpupin key`).
     Key { id: String },
     /// The daemon's protocol version and gpupin version, changing nothing.

@@ -444,6 +444,14 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
             };
             protocol::send(&mut output, &reply)
         }
+        Request::Evict {
+            id,
+            reason,
+            grace_secs,
+        } => {
+            let outcome = evict_for(config, peer, &id, reason, grace_secs);
+            protocol::send(&mut output, &reply_for(config, peer, &id, outcome))
+        }
         Request::Key { id } => {
             let outcome = key_for(config, peer, &id);
             let key = outcome.as_ref().ok().map(|(_, key)| key.clone());
@@ -860,6 +868,33 @@ fn release_named_for(
         command: "release",
     };
     ledger.release_named(std::ffi::OsStr::new(id), &by)
+}
+
+/// A user's `gpupin evict`: one of their own holders, stopped by the daemon as root
+/// (`jobs::evict`); naming another's is a refusal the audit log keeps.
+fn evict_for(
+    config: &Config,
+    peer: Peer,
+    id: &str,
+    reason: Option<String>,
+    grace_secs: Option<u64>,
+) -> Result<Record, Refusal> {
+    use crate::jobs::evict::{self, EvictError, Evictor};
+    let user = users::owner_of(peer.uid)
+        .map(|o| o.user)
+        .unwrap_or_else(|_| format!("uid {}", peer.uid));
+    let grace = Duration::from_secs(grace_secs.unwrap_or(10)).min(evict::MAX_USER_GRACE);
+    let by = Evictor {
+        uid: peer.uid,
+        user,
+        reason,
+        how: Match::Shown,
+    };
+    match evict::evict(config, id, &by, grace) {
+        Ok(eviction) => Ok(eviction.record),
+        Err(e @ EvictError::NotYours { .. }) => Err(Refusal::Denied(one_line(&e))),
+        Err(e) => Err(Refusal::Failed(one_line(&e))),
+    }
 }
 
 /// A release's outcome as the reply says it: taking another's holder is a refusal the

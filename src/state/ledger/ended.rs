@@ -1,0 +1,100 @@
+//! Why a holder was ended: `gpupin evict` leaves a note under `ended/<holder id>.json`
+//! before it stops the holder, so that the evicted job's own `gpupin exec`, which sees
+//! only a signal, can tell its user who ended it and why (as Slurm's "CANCELLED BY").
+//! A note is one small file per holder id, replaced by the next eviction of that id.
+
+use super::{Ledger, LedgerError, store};
+use crate::base::safe_open::{self, Links};
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const DIR: &str = "ended";
+
+/// Who ended a holder, how and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ended {
+    /// The user name of who evicted it: `root`, `bob`, `root (sudo by alice)`.
+    pub by: String,
+    /// `gpupin evict`.
+    pub how: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Seconds since the epoch when it was written.
+    pub at: u64,
+}
+
+impl Ended {
+    /// `exec-1234 was ended by root (gpupin evict): maintenance`.
+    pub fn line(&self, holder: &str) -> String {
+        let why = self
+            .reason
+            .as_deref()
+            .map(|r| format!(": {r}"))
+            .unwrap_or_default();
+        format!("{holder} was ended by {} ({}){why}", self.by, self.how)
+    }
+}
+
+impl Ledger {
+    /// Leaves the note that `holder` is being ended by `by`.
+    pub fn note_ended(
+        &self,
+        holder: &str,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<(), LedgerError> {
+        let dir = store::ensure_subdir(&self.dir, DIR)?;
+        let note = Ended {
+            by: by.to_string(),
+            how: "gpupin evict".into(),
+            reason: reason.map(str::to_string),
+            at: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs(),
+        };
+        let bytes = serde_json::to_vec(&note).unwrap_or_default();
+        store::write_atomic(&dir, &format!("{holder}.json"), &bytes)
+    }
+
+    /// The note that `holder` was ended, if one was written at `since` or later (an
+    /// older note is of an earlier holder of the same id).
+    pub fn ended(&self, holder: &str, since: SystemTime) -> Option<Ended> {
+        if holder.contains('/') || holder.starts_with('.') {
+            return None;
+        }
+        let path = self.dir.join(DIR).join(format!("{holder}.json"));
+        let text = safe_open::read(&path, Links::Refuse).ok()?;
+        let note: Ended = serde_json::from_slice(&text).ok()?;
+        // Whole seconds: a note of this second counts.
+        let since = since
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .saturating_sub(Duration::from_secs(1))
+            .as_secs();
+        (note.at >= since).then_some(note)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::state::ledger::tests::ledger;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn a_note_names_who_and_why_and_an_older_one_is_not_this_holders() {
+        let (_t, l) = ledger();
+        let before = SystemTime::now();
+        assert_eq!(l.ended("exec-7", before), None);
+        l.note_ended("exec-7", "root", Some("node maintenance"))
+            .unwrap();
+        let note = l.ended("exec-7", before).unwrap();
+        assert_eq!(
+            note.line("exec-7"),
+            "exec-7 was ended by root (gpupin evict): node maintenance"
+        );
+        let later = SystemTime::now() + Duration::from_secs(60);
+        assert_eq!(l.ended("exec-7", later), None);
+        assert_eq!(l.ended("../exec-7", before), None);
+    }
+}
