@@ -10,6 +10,7 @@ use exec_support::{
     Daemon, Job, User, alive, audit, gpupin, holder_ids, ok, queued, refused, requirements,
     until_clean,
 };
+use gpupin_sandbox::harness;
 
 /// Bob's job runs on GPU 0 (every other GPU is held) and alice's job waits for a GPU.
 /// Bob's `release --force` of his running job is refused (before: GPU 0 went to alice's
@@ -171,5 +172,101 @@ fn roots_forced_release_stops_the_holder_first() {
     assert!(!holder_ids(&g.status()).contains(&holder));
     let (exit, stderr) = job.wait();
     assert_eq!(exit.code(), Some(143), "{stderr}");
+    until_clean(&g);
+}
+
+/// Issue 32 item 2: a queued request is cancelled by the name `gpupin queue` shows, by
+/// its owner (`release`) or root (`evict`), never by another user; `gpupin queue` shows
+/// the pid that asked, and the waiting `gpupin exec` ends with one line saying who.
+#[test]
+fn a_queued_request_is_cancelled_by_its_owner_or_root_by_the_queues_name() {
+    let test = "a_queued_request_is_cancelled_by_its_owner_or_root_by_the_queues_name";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let alice = User::create("evqa");
+    let bob = User::create("evqb");
+    let _daemon = Daemon::start(&g);
+    ok(
+        &g,
+        None,
+        &[
+            "hold",
+            "all",
+            "--devices",
+            "0,1,2,3,4,5,6,7",
+            "--until-release",
+        ],
+    );
+    let wait = |name: &'static str| ["--count", "1", "--wait", "120s", "--name", name];
+    let mut bobs = Job::start(&g, Some(&bob), "bobq", &wait("bob-q"));
+    exec_support::until("bob's request waits", || (queued(&g) == 1).then_some(()));
+    let shown = ok(&g, Some(&alice), &["queue"]);
+    harness::say(&format!("gpupin queue:\n{shown}"));
+    let row = shown
+        .lines()
+        .find(|l| l.contains("bob-q"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(
+        row.split_whitespace()
+            .any(|w| w == bobs.gpupin_pid().to_string()),
+        "the pid of bob's gpupin exec: {shown}"
+    );
+
+    let line = refused(&g, Some(&alice), &["release", "bob-q"]);
+    assert_eq!(
+        line,
+        format!(
+            "gpupin: bob-q is {}'s request: only {} or root may cancel it",
+            bob.name, bob.name
+        )
+    );
+    let line = refused(&g, Some(&alice), &["evict", "bob-q"]);
+    assert!(line.contains("only "), "{line}");
+    assert_eq!(queued(&g), 1, "bob's request still waits");
+
+    let out = ok(&g, Some(&bob), &["release", "bob-q"]);
+    assert_eq!(
+        out.trim_end(),
+        "cancelled bob-q: it no longer waits for GPUs"
+    );
+    let (exit, stderr) = bobs.wait();
+    assert_eq!(exit.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "gpupin: bob-q was cancelled by {} (gpupin release) while it waited for GPUs",
+            bob.name
+        )
+    );
+    assert_eq!(queued(&g), 0);
+
+    let mut alices = Job::start(&g, Some(&alice), "aliceq", &wait("alice-q"));
+    exec_support::until("alice's request waits", || (queued(&g) == 1).then_some(()));
+    let out = ok(&g, None, &["evict", "alice-q"]);
+    assert_eq!(
+        out.trim_end(),
+        "cancelled alice-q: it no longer waits for GPUs"
+    );
+    let (exit, stderr) = alices.wait();
+    assert_eq!(exit.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("alice-q was cancelled by root (gpupin evict) while it waited"),
+        "{stderr}"
+    );
+    let cancels: Vec<String> = audit(&g)
+        .into_iter()
+        .filter(|e| e["event"] == "release" && e["holder"] != "all")
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        cancels,
+        [
+            format!("gpupin release by {}: cancelled while it waited", bob.name),
+            "gpupin evict by root: cancelled while it waited".to_string()
+        ]
+    );
+    ok(&g, None, &["release", "all"]);
     until_clean(&g);
 }

@@ -4,8 +4,9 @@
 //! stopping as root.
 
 use gpupin::input::config::Config;
-use gpupin::jobs::evict::{self, Evictor};
+use gpupin::jobs::evict::{self, EvictError, Evictor};
 use gpupin::jobs::serve::{Client, Request};
+use gpupin::state::ledger::LedgerError;
 use gpupin::state::ledger::lookup::Match;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -38,6 +39,13 @@ pub fn run(config: &Config, args: &EvictArgs) -> anyhow::Result<ExitCode> {
             grace_secs: Some(args.grace.as_secs()),
         };
         let reply = Client::connect(&config.socket_path())?.ask(&request)?;
+        if reply.cancelled {
+            outln!(
+                "cancelled {}: it no longer waits for GPUs",
+                reply.holder.unwrap_or_default()
+            )?;
+            return Ok(ExitCode::SUCCESS);
+        }
         let gpus: Vec<&str> = reply.gpus.iter().map(|g| g.uuid.as_str()).collect();
         outln!(
             "evicted {}; released {}",
@@ -52,7 +60,15 @@ pub fn run(config: &Config, args: &EvictArgs) -> anyhow::Result<ExitCode> {
         reason: args.reason.clone(),
         how: Match::Shown,
     };
-    let eviction = evict::evict(config, &args.holder, &by, args.grace)?;
+    let eviction = match evict::evict(config, &args.holder, &by, args.grace) {
+        Ok(eviction) => eviction,
+        Err(EvictError::Ledger(LedgerError::NoSuchHolder { .. })) => {
+            let waiting = evict::cancel_queued(config, &args.holder, &by)?;
+            outln!("cancelled {}: it no longer waits for GPUs", waiting.holder)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e.into()),
+    };
     outln!("{}", eviction.summary(args.grace))?;
     Ok(ExitCode::SUCCESS)
 }

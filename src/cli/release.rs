@@ -51,6 +51,13 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
             outln!("no holder {id:?}: nothing to release")?;
             return Ok(ExitCode::SUCCESS);
         }
+        if reply.cancelled {
+            outln!(
+                "cancelled {}: it no longer waits for GPUs",
+                reply.holder.unwrap_or_default()
+            )?;
+            return Ok(ExitCode::SUCCESS);
+        }
         let gpus: Vec<&str> = reply.gpus.iter().map(|g| g.uuid.as_str()).collect();
         outln!(
             "released {}: {}",
@@ -85,6 +92,7 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         Released::Holder(r) => outln!("released {}: {}", r.display_name(), r.gpus.join(","))?,
         Released::Entry(path) => outln!("removed {path:?}")?,
         Released::Nothing => anyhow::bail!("{} holds nothing", args.id.to_string_lossy()),
+        Released::Request(w) => outln!("cancelled {}: it no longer waits for GPUs", w.holder)?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -10,7 +10,7 @@
 
 use crate::input::config::Config;
 use crate::state::ledger::lookup::{self, Match};
-use crate::state::ledger::{Ledger, LedgerError, Record, Released, Releaser};
+use crate::state::ledger::{Ledger, LedgerError, Record, Released, Releaser, Waiting};
 use rustix::process::Signal;
 use std::ffi::OsStr;
 use std::process::{Command, Stdio};
@@ -179,7 +179,7 @@ pub fn evict(
         .unwrap_or_default();
     ledger.audit_eviction(&record, &format!("gpupin evict by {}: {how}{why}", by.user));
     // Before the stop: the job's gpupin exec reads it once its child has died.
-    let _ = ledger.note_ended(&record.id, &by.user, by.reason.as_deref());
+    let _ = ledger.note_ended(&record.id, &by.user, by.reason.as_deref(), "gpupin evict");
     let stopped = match engine_stop.filter(|argv| run(argv)) {
         Some(argv) => Stopped::ByEngine(argv.join(" ")),
         None => Stopped::BySignal {
@@ -196,6 +196,20 @@ pub fn evict(
     }
     release(&ledger, &record, &by.user)?;
     Ok(Eviction { record, stopped })
+}
+
+/// `gpupin evict NAME` of a request that waits in the queue (no holder has that name):
+/// cancelled, `by`'s own or any for root (`Ledger::cancel_waiting`).
+pub fn cancel_queued(config: &Config, given: &str, by: &Evictor) -> Result<Waiting, EvictError> {
+    let ledger = crate::state::open_ledger(config)?;
+    let releaser = Releaser {
+        uid: by.uid,
+        user: by.user.clone(),
+        force: false,
+        how: by.how,
+        command: "evict",
+    };
+    Ok(ledger.cancel_waiting(given, &releaser)?)
 }
 
 /// `docker stop -t SECONDS ID` for a Docker or podman container when its CLI is there.
@@ -299,7 +313,9 @@ fn release(ledger: &Ledger, record: &Record, by: &str) -> Result<(), LedgerError
         command: "evict",
     };
     match ledger.release_named(OsStr::new(&record.id), &releaser) {
-        Ok(Released::Holder(_) | Released::Entry(_) | Released::Nothing) => Ok(()),
+        Ok(Released::Holder(_) | Released::Entry(_) | Released::Nothing | Released::Request(_)) => {
+            Ok(())
+        }
         // Released by its engine between the look and the release.
         Err(LedgerError::NoSuchHolder { .. }) => Ok(()),
         Err(e) => Err(e),

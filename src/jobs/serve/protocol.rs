@@ -140,6 +140,9 @@ pub struct Reply {
     /// For `Hello`: the daemon's gpupin version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// For `Release` and `Evict`: `holder` was a queued request, now cancelled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancelled: bool,
     /// For `Status`: the status JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
@@ -155,6 +158,7 @@ impl Default for Reply {
             env: Vec::new(),
             key: None,
             version: None,
+            cancelled: false,
             status: None,
         }
     }

@@ -1,7 +1,8 @@
 //! Why a holder was ended: `gpupin evict` leaves a note under `ended/<holder id>.json`
 //! before it stops the holder, so that the evicted job's own `gpupin exec`, which sees
 //! only a signal, can tell its user who ended it and why (as Slurm's "CANCELLED BY").
-//! A note is one small file per holder id, replaced by the next eviction of that id.
+//! A cancelled queued request gets one too (`cancel`), which its waiter reads. A note is
+//! one small file per holder id, replaced by the next one of that id.
 
 use super::{Ledger, LedgerError, store};
 use crate::base::safe_open::{self, Links};
@@ -36,17 +37,18 @@ impl Ended {
 }
 
 impl Ledger {
-    /// Leaves the note that `holder` is being ended by `by`.
+    /// Leaves the note that `holder` is being ended by `by` with `how` (`gpupin evict`).
     pub fn note_ended(
         &self,
         holder: &str,
         by: &str,
         reason: Option<&str>,
+        how: &str,
     ) -> Result<(), LedgerError> {
         let dir = store::ensure_subdir(&self.dir, DIR)?;
         let note = Ended {
             by: by.to_string(),
-            how: "gpupin evict".into(),
+            how: how.to_string(),
             reason: reason.map(str::to_string),
             at: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -86,7 +88,7 @@ mod tests {
         let (_t, l) = ledger();
         let before = SystemTime::now();
         assert_eq!(l.ended("exec-7", before), None);
-        l.note_ended("exec-7", "root", Some("node maintenance"))
+        l.note_ended("exec-7", "root", Some("node maintenance"), "gpupin evict")
             .unwrap();
         let note = l.ended("exec-7", before).unwrap();
         assert_eq!(

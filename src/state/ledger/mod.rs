@@ -3,6 +3,7 @@
 
 mod allocate;
 mod bind;
+mod cancel;
 mod claim;
 mod ended;
 mod entry;
@@ -214,6 +215,10 @@ pub enum LedgerError {
         "{name} still runs ({what}): releasing it would give its GPUs to the next request while it uses them; end it with gpupin evict {name}, which releases them once it is gone"
     )]
     StillRunning { name: String, what: String },
+    #[error("{name} is {owner}'s request: only {owner} or root may cancel it")]
+    NotYourRequest { name: String, owner: String },
+    #[error("{id} was cancelled by {by} ({how}) while it waited for GPUs")]
+    Cancelled { id: String, by: String, how: String },
     #[error(
         "only root may release a holder that still runs ({name}: {what}); end it with gpupin evict {name}, which releases its GPUs once it is gone"
     )]
@@ -388,7 +393,10 @@ impl LedgerError {
             | LedgerError::ReservedName { .. } => "holder_exists",
             LedgerError::NoGpus => "no_gpus",
             LedgerError::ClaimRefused { .. } | LedgerError::NotAssigned { .. } => "claim",
-            LedgerError::NotAdopted { .. } | LedgerError::NotYours { .. } => "not_yours",
+            LedgerError::NotAdopted { .. }
+            | LedgerError::NotYours { .. }
+            | LedgerError::NotYourRequest { .. } => "not_yours",
+            LedgerError::Cancelled { .. } => "cancelled",
             LedgerError::NoSuchHolder { .. } | LedgerError::AmbiguousHolder { .. } => {
                 "no_such_holder"
             }
@@ -1066,6 +1074,8 @@ pub enum Released {
     Entry(PathBuf),
     /// Nothing: no such entry.
     Nothing,
+    /// A queued request, cancelled (`cancel`).
+    Request(Box<Waiting>),
 }
 
 /// What `Ledger::gc` did.

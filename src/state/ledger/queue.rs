@@ -66,6 +66,10 @@ pub(super) struct Ticket {
     pub user: Option<String>,
     #[serde(default)]
     pub request: String,
+    /// The process that asked (a `gpupin exec`, a hook's container), for `gpupin queue`:
+    /// `pid` is the waiter, which for a user's request is `gpupin serve`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller_pid: Option<i32>,
 }
 
 /// A request waiting in the queue, for `gpupin queue`, `status` and `metrics`.
@@ -82,10 +86,12 @@ pub struct Waiting {
     pub request: String,
     /// Held back only by its own user's limit: nobody waits behind it.
     pub parked: bool,
+    /// The process that asked, where the ticket says.
+    pub pid: Option<i32>,
 }
 
 impl Ticket {
-    fn file_name(&self) -> String {
+    pub(super) fn file_name(&self) -> String {
         // Zero-padded so that name order is arrival order.
         format!("{:020}-{}.json", self.seq, self.id)
     }
@@ -260,6 +266,7 @@ pub(super) fn enqueue(
         name: meta.container.as_ref().and_then(|c| c.name.clone()),
         user: meta.owner.as_ref().map(|o| o.user.clone()),
         request: request.summary(),
+        caller_pid: meta.pid,
     };
     write_ticket(&qdir, &ticket)?;
     Ok(ticket)
@@ -363,6 +370,7 @@ impl Ledger {
                 user: t.user,
                 request: t.request,
                 parked: t.parked,
+                pid: t.caller_pid,
             })
             .collect())
     }
@@ -489,6 +497,8 @@ impl Ledger {
         meta: &HolderMeta,
     ) -> Result<Option<Allocation>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
+        // Its owner or root took it out of the queue (`cancel`).
+        super::cancel::cancelled(self, ticket)?;
         self.look(ticket, holder, request, machine, meta)
     }
 

@@ -1,5 +1,6 @@
 //! `gpupin release NAME`: one holder's GPUs given back by an operator or by the holder's
-//! owner, named as `gpupin status` shows it (`lookup`), never a holder that still runs:
+//! owner, named as `gpupin status` shows it (`lookup`), or a queued request by the name
+//! `gpupin queue` shows (cancelled, `cancel`); never a holder that still runs:
 //! its GPUs would go to the next request while it can still use them (root's --force
 //! stops it first, through `jobs::evict`; a user's is refused).
 
@@ -50,15 +51,22 @@ impl Ledger {
             .collect();
         let record = match lookup::the_one(&mine, text, by.how) {
             Ok(record) => record,
-            Err(LedgerError::NoSuchHolder { .. }) if by.uid == 0 => {
-                for name in entry::release_names(given)? {
-                    if let Some(released) = self.remove_entry(&name, None)? {
-                        return Ok(released);
+            Err(LedgerError::NoSuchHolder { .. }) => {
+                // A queued request by the name `gpupin queue` shows: cancelled.
+                match self.cancel_locked(text, by) {
+                    Ok(waiting) => return Ok(Released::Request(Box::new(waiting))),
+                    Err(LedgerError::NoSuchHolder { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                if by.uid == 0 {
+                    for name in entry::release_names(given)? {
+                        if let Some(released) = self.remove_entry(&name, None)? {
+                            return Ok(released);
+                        }
                     }
                 }
                 return Err(no_such(given));
             }
-            Err(LedgerError::NoSuchHolder { .. }) => return Err(no_such(given)),
             Err(other) => return Err(other),
         };
         // A holder that still runs is never released here, not even by root: its GPUs
