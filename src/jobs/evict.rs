@@ -106,13 +106,18 @@ pub struct Evictor {
 pub fn check_reason(reason: &str) -> Result<(), EvictError> {
     let reason_ok = !reason.trim().is_empty()
         && reason.chars().count() <= MAX_REASON
-        && !reason.chars().any(char::is_control);
+        && !reason.chars().any(|c| c.is_control() || is_bidi(c));
     match reason_ok {
         true => Ok(()),
         false => Err(EvictError::BadReason {
             given: reason.chars().take(MAX_REASON).collect(),
         }),
     }
+}
+
+/// A character that reorders what a terminal shows after it (Trojan Source).
+fn is_bidi(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
 }
 
 /// The holder `given` names among those `by` may end: root's are all, a user's their own;
@@ -368,7 +373,14 @@ mod tests {
     fn a_reason_is_one_short_printable_line() {
         assert!(check_reason("node maintenance at 14:00").is_ok());
         let long = "x".repeat(MAX_REASON + 1);
-        for bad in ["", "  ", "two\nlines", "\x1b[31mred", long.as_str()] {
+        for bad in [
+            "",
+            "  ",
+            "two\nlines",
+            "\x1b[31mred",
+            "a\u{202E}b",
+            long.as_str(),
+        ] {
             let err = check_reason(bad).unwrap_err().to_string();
             assert!(err.starts_with("--reason "), "{err}");
             assert!(!err.contains('\n') && !err.contains('\x1b'), "{err}");

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const DIR: &str = "ended";
+/// How long a note is kept: its reader looks right after its job died (or its wait
+/// ended); each new note removes the older ones, so that `ended/` stays small.
+const KEEP: Duration = Duration::from_secs(3600);
 
 /// Who ended a holder, how and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +58,7 @@ impl Ledger {
                 .unwrap_or_default()
                 .as_secs(),
         };
+        prune(&dir);
         let bytes = serde_json::to_vec(&note).unwrap_or_default();
         store::write_atomic(&dir, &format!("{holder}.json"), &bytes)
     }
@@ -78,6 +82,21 @@ impl Ledger {
     }
 }
 
+/// Removes the notes older than `KEEP` (best effort: a note left is only a small file).
+fn prune(dir: &std::path::Path) {
+    let Ok(entries) = store::list(dir) else {
+        return;
+    };
+    for (path, kind) in entries {
+        let old = std::fs::symlink_metadata(&path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > KEEP));
+        if old {
+            let _ = store::remove_entry(&path, kind);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::state::ledger::tests::ledger;
@@ -98,5 +117,24 @@ mod tests {
         let later = SystemTime::now() + Duration::from_secs(60);
         assert_eq!(l.ended("exec-7", later), None);
         assert_eq!(l.ended("../exec-7", before), None);
+    }
+
+    /// A note an hour old is gone once the next one is written: `ended/` stays small.
+    #[test]
+    fn an_old_note_is_removed_by_the_next() {
+        let (_t, l) = ledger();
+        l.note_ended("exec-1", "root", None, "gpupin evict")
+            .unwrap();
+        let old = l.dir().join("ended/exec-1.json");
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(SystemTime::now() - Duration::from_secs(7200))
+            .unwrap();
+        l.note_ended("exec-2", "root", None, "gpupin evict")
+            .unwrap();
+        assert!(!old.exists());
+        assert!(l.dir().join("ended/exec-2.json").exists());
     }
 }
