@@ -96,6 +96,13 @@ fn a_user_ends_their_own_job_and_a_forced_release_never_shares_a_gpu() {
             alice.name, alice.name
         )
     );
+    let refusals: Vec<_> = audit(&g)
+        .into_iter()
+        .filter(|e| e["event"] == "refuse" && e["holder"] == alices_holder.as_str())
+        .collect();
+    assert_eq!(refusals.len(), 1, "bob's try is audited: {refusals:?}");
+    assert_eq!(refusals[0]["code"], "not_yours");
+    assert_eq!(refusals[0]["user"], bob.name.as_str());
     let line = refused(&g, Some(&bob), &["release", "--force", &alices_holder]);
     assert!(
         line.contains("only its owner or root may release it"),

@@ -295,6 +295,44 @@ mod tests {
         assert_eq!((old.v, old.holder.as_deref()), (1, Some("h")));
     }
 
+    /// The evict op as a client sends it, fields it leaves out defaulted; a reply says
+    /// `cancelled` only when it was.
+    #[test]
+    fn evict_travels_as_one_line_and_cancelled_only_when_true() {
+        let mut buf = Vec::new();
+        let evict = Request::Evict {
+            id: "exec-7".into(),
+            reason: Some("wrong input".into()),
+            grace_secs: Some(5),
+        };
+        send(&mut buf, &Envelope::new(evict.clone())).unwrap();
+        assert_eq!(
+            buf,
+            b"{\"v\":1,\"op\":\"evict\",\"id\":\"exec-7\",\"reason\":\"wrong input\",\"grace_secs\":5}\n"
+        );
+        let read = |line: &str| receive_request(&mut std::io::BufReader::new(line.as_bytes()));
+        assert_eq!(read(std::str::from_utf8(&buf).unwrap()), Ok(Some(evict)));
+        assert_eq!(
+            read("{\"op\":\"evict\",\"id\":\"h\"}\n"),
+            Ok(Some(Request::Evict {
+                id: "h".into(),
+                reason: None,
+                grace_secs: None
+            }))
+        );
+        let reply = Reply {
+            holder: Some("bob-q".into()),
+            cancelled: true,
+            ..Reply::default()
+        };
+        let mut buf = Vec::new();
+        send(&mut buf, &reply).unwrap();
+        assert_eq!(buf, b"{\"v\":1,\"holder\":\"bob-q\",\"cancelled\":true}\n");
+        let mut buf = Vec::new();
+        send(&mut buf, &Reply::default()).unwrap();
+        assert_eq!(buf, b"{\"v\":1}\n");
+    }
+
     #[test]
     fn an_oversized_or_unknown_message_is_an_error() {
         let big = vec![b'x'; MAX_MESSAGE as usize + 10];
