@@ -69,10 +69,16 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
     if args.force {
         return forced(config, args);
     }
+    as_root(config, args, false)
+}
+
+/// Root's release through the ledger; `force`: only a claim no process has bound yet may
+/// still be starting (a holder with a process is stopped first, by `forced`).
+fn as_root(config: &Config, args: &ReleaseArgs, force: bool) -> anyhow::Result<ExitCode> {
     let by = Releaser {
         uid: 0,
         user: operator(),
-        force: args.force,
+        force,
         how: if args.exact {
             Match::Exact
         } else {
@@ -118,15 +124,11 @@ fn forced(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
             outln!("{}", eviction.summary(grace))?;
             Ok(ExitCode::SUCCESS)
         }
-        Err(EvictError::Ledger(LedgerError::NoSuchHolder { .. })) => run(
-            config,
-            &ReleaseArgs {
-                id: args.id.clone(),
-                force: false,
-                exact: args.exact,
-                ignore_missing: args.ignore_missing,
-            },
-        ),
+        // A queued request, an entry that is no record, or a claim no process has
+        // bound yet: nothing to stop.
+        Err(
+            EvictError::Ledger(LedgerError::NoSuchHolder { .. }) | EvictError::NoProcess { .. },
+        ) => as_root(config, args, true),
         Err(e) => Err(e.into()),
     }
 }

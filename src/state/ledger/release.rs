@@ -71,8 +71,11 @@ impl Ledger {
         };
         // A holder that still runs is never released here, not even by root: its GPUs
         // would go to the next request while it can still open them. Root's --force
-        // stops it first (`jobs::evict`) and releases it once it is gone.
-        if record.runs(SystemTime::now(), self.unbound_grace) {
+        // stops it first (`jobs::evict`) and releases it once it is gone. The one thing
+        // root's --force releases here is a claim no process has bound yet: nothing can
+        // open its GPUs, and a bind that comes later finds no claim.
+        let unbound_forced = by.force && by.uid == 0 && record.pid.is_none();
+        if record.runs(SystemTime::now(), self.unbound_grace) && !unbound_forced {
             let (name, what) = (record.display_name().to_string(), running(record));
             return Err(match by.force && by.uid != 0 {
                 true => LedgerError::ForceIsRoots { name, what },
@@ -214,6 +217,34 @@ mod tests {
         assert!(release(&l, "3f2a1b2c3d4e", &root(true)).is_err());
         assert_eq!(ids(&l), [id], "nothing released after the refusals");
         assert!(!audit(&l).contains("release"), "{}", audit(&l));
+    }
+
+    /// A claim no process has bound yet (a container being created) is "starting": only
+    /// root's --force releases it, since nothing can open its GPUs yet.
+    #[test]
+    fn only_roots_force_releases_a_claim_no_process_has_bound() {
+        let (_t, l) = ledger();
+        container(&l, "cccc1111", "new", "GPU-0", true);
+        let mut claim = l.records().unwrap().remove(0);
+        claim.pid = None;
+        claim.start_time = None;
+        claim.created_at = crate::state::ledger::record::unix_now();
+        store::write_record(l.dir(), "cccc1111.json", &claim).unwrap();
+        let err = release(&l, "new", &root(false)).unwrap_err();
+        assert!(
+            err.contains("(docker container of alice, starting)"),
+            "{err}"
+        );
+        assert!(
+            release(&l, "new", &alice(true))
+                .unwrap_err()
+                .starts_with("only root may")
+        );
+        assert!(matches!(
+            release(&l, "new", &root(true)),
+            Ok(Released::Holder(_))
+        ));
+        assert!(ids(&l).is_empty());
     }
 
     #[test]
