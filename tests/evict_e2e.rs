@@ -7,8 +7,8 @@
 mod exec_support;
 
 use exec_support::{
-    Daemon, Job, User, alive, audit, gpupin, holder_ids, ok, queued, refused, requirements,
-    until_clean,
+    Daemon, Job, Sleeper, User, alive, audit, gpupin, holder_ids, ok, queued, refused,
+    requirements, until_clean,
 };
 use gpupin_sandbox::harness;
 
@@ -160,7 +160,8 @@ fn a_user_ends_their_own_job_and_a_forced_release_never_shares_a_gpu() {
 }
 
 /// Root's `release --force` of a job that still runs stops it first, as evict does, and
-/// frees its GPU only once it is gone.
+/// frees its GPU only once it is gone; a user's evict of their hold bound to a process
+/// stops the process too (before, only the hold went and the process ran on).
 #[test]
 fn roots_forced_release_stops_the_holder_first() {
     let test = "roots_forced_release_stops_the_holder_first";
@@ -179,6 +180,20 @@ fn roots_forced_release_stops_the_holder_first() {
     assert!(!holder_ids(&g.status()).contains(&holder));
     let (exit, stderr) = job.wait();
     assert_eq!(exit.code(), Some(143), "{stderr}");
+
+    // A hold bound to a process of carl's: evict stops the process, not only the hold.
+    let mut sleeper = Sleeper::start(&carl);
+    let pid = sleeper.pid().to_string();
+    ok(
+        &g,
+        Some(&carl),
+        &["hold", "pair", "--devices", "2", "--pid", &pid],
+    );
+    let out = ok(&g, Some(&carl), &["evict", "pair", "--grace", "1s"]);
+    assert!(out.starts_with("evicted pair"), "{out}");
+    assert!(!alive(sleeper.pid()), "the hold's process still runs");
+    sleeper.stop();
+    assert!(!holder_ids(&g.status()).contains(&"pair".to_string()));
     until_clean(&g);
 }
 

@@ -163,7 +163,7 @@ pub fn evict(
     let records = ledger.records()?;
     let record = find(&records, given, by)?;
     let name = record.display_name().to_string();
-    if !record.runs(SystemTime::now(), ledger.unbound_grace()) {
+    if !active(&ledger, &record) {
         release(&ledger, &record, &by.user)?;
         return Ok(Eviction {
             record,
@@ -279,11 +279,9 @@ fn terminate(ledger: &Ledger, record: &Record, pid: i32, grace: Duration) -> boo
 
 /// Whether the holder's record is still there and running.
 fn still_runs(ledger: &Ledger, record: &Record) -> bool {
-    ledger.records().is_ok_and(|records| {
-        records
-            .iter()
-            .any(|r| same(r, record) && r.runs(SystemTime::now(), ledger.unbound_grace()))
-    })
+    ledger
+        .records()
+        .is_ok_and(|records| records.iter().any(|r| same(r, record) && active(ledger, r)))
 }
 
 /// Waits up to `wait` for the holder to stop running (its record gone, or stale).
@@ -298,6 +296,18 @@ fn gone(ledger: &Ledger, record: &Record, wait: Duration) -> Result<bool, Ledger
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// Whether the holder has something to stop: a container or job that runs (or is about
+/// to), or a hold bound to a process that lives (the Python client's `acquire`, `hold
+/// --pid`), which would go on using the GPUs after a bare release.
+fn active(ledger: &Ledger, record: &Record) -> bool {
+    let hold_process = record.kind == crate::model::holder::HolderKind::Hold
+        && record
+            .pid
+            .zip(record.start_time)
+            .is_some_and(|(pid, start)| crate::base::procinfo::is_alive(pid, start));
+    hold_process || record.runs(SystemTime::now(), ledger.unbound_grace())
 }
 
 /// The same holder, not one made again under its name since.
