@@ -3,10 +3,9 @@
 //! (`ended`) saying who; the waiter, at its next look under the lock, finds its ticket
 //! gone and ends with one line naming who cancelled it.
 
-use super::queue::{self, QUEUE_DIR, Ticket};
+use super::queue::{self, QUEUE_DIR};
 use super::{Ledger, LedgerError, Releaser, Waiting, store};
 use crate::state::audit::{Event, EventKind};
-use std::time::{Duration, UNIX_EPOCH};
 
 impl Ledger {
     /// Cancels the queued request `given` names, taking the lock.
@@ -63,29 +62,11 @@ impl Ledger {
     }
 }
 
-/// Refuses to go on with `ticket` when it was cancelled: its file is gone while its
-/// waiter still waits. Caller holds the lock.
-pub(super) fn cancelled(ledger: &Ledger, ticket: &Ticket) -> Result<(), LedgerError> {
-    let path = ledger.dir.join(QUEUE_DIR).join(ticket.file_name());
-    if std::fs::symlink_metadata(&path).is_ok() {
-        return Ok(());
-    }
-    let since = UNIX_EPOCH + Duration::from_secs(ticket.queued_at);
-    let (by, how) = match ledger.ended(&ticket.id, since) {
-        Some(note) => (note.by, note.how),
-        None => ("root".to_string(), "gpupin gc".to_string()),
-    };
-    Err(LedgerError::Cancelled {
-        id: ticket.id.clone(),
-        by,
-        how,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::state::ledger::lookup::Match;
+    use crate::state::ledger::queue::Ticket;
     use crate::state::ledger::tests::ledger;
 
     /// alice's request `train`, waiting (its waiter: this test's process).
@@ -106,6 +87,12 @@ mod tests {
         )
         .unwrap();
         ticket
+    }
+
+    /// What the waiter of `ticket` finds at its next look.
+    fn cancelled(l: &Ledger, ticket: &Ticket) -> Result<(), LedgerError> {
+        let path = l.dir().join(QUEUE_DIR).join(ticket.file_name());
+        l.cancelled_while_waiting(&path, &ticket.id, ticket.queued_at)
     }
 
     fn by(uid: u32, user: &str) -> Releaser {

@@ -63,6 +63,31 @@ impl Ledger {
         store::write_atomic(&dir, &format!("{holder}.json"), &bytes)
     }
 
+    /// Refuses to go on waiting when the ticket at `ticket` (of `holder`, queued at
+    /// `queued_at`) is gone while its waiter still waits: its owner or root cancelled it
+    /// (`cancel`), and the note says who. Caller holds the lock.
+    pub(super) fn cancelled_while_waiting(
+        &self,
+        ticket: &std::path::Path,
+        holder: &str,
+        queued_at: u64,
+    ) -> Result<(), LedgerError> {
+        if std::fs::symlink_metadata(ticket).is_ok() {
+            return Ok(());
+        }
+        let since = UNIX_EPOCH + Duration::from_secs(queued_at);
+        let (by, how) = match self.ended(holder, since) {
+            Some(note) => (note.by, note.how),
+            // Only root can remove a ticket without a note (by hand).
+            None => ("root".to_string(), "its ticket was removed".to_string()),
+        };
+        Err(LedgerError::Cancelled {
+            id: holder.to_string(),
+            by,
+            how,
+        })
+    }
+
     /// The note that `holder` was ended, if one was written at `since` or later (an
     /// older note is of an earlier holder of the same id).
     pub fn ended(&self, holder: &str, since: SystemTime) -> Option<Ended> {

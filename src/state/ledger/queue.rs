@@ -498,7 +498,8 @@ impl Ledger {
     ) -> Result<Option<Allocation>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
         // Its owner or root took it out of the queue (`cancel`).
-        super::cancel::cancelled(self, ticket)?;
+        let path = self.dir.join(QUEUE_DIR).join(ticket.file_name());
+        self.cancelled_while_waiting(&path, &ticket.id, ticket.queued_at)?;
         self.look(ticket, holder, request, machine, meta)
     }
 
