@@ -135,7 +135,7 @@ fn leftover_lines(records: &[Record], leftovers: &[Leftover]) -> Vec<String> {
 /// what it asked for, how long it has waited. A request held back only by its own user's
 /// limit is `parked` (nobody waits behind it).
 pub fn queue_table(waiting: &[Waiting], now: SystemTime, colour: bool) -> String {
-    let header = ["WAITING", "HOLDER", "USER", "REQUEST", "WAITED"];
+    let header = ["WAITING", "HOLDER", "USER", "PID", "REQUEST", "WAITED"];
     let mut rows: Vec<Vec<Cell>> = vec![header.map(Cell::from).to_vec()];
     for (position, w) in waiting.iter().enumerate() {
         let place = match w.parked {
@@ -146,11 +146,12 @@ pub fn queue_table(waiting: &[Waiting], now: SystemTime, colour: bool) -> String
             Cell::from(place),
             Cell::from(w.name.clone().unwrap_or_else(|| w.holder.clone())),
             Cell::from(w.user.clone().unwrap_or_else(|| "-".into())),
+            Cell::from(w.pid.map_or("-".into(), |p| p.to_string())),
             Cell::from(w.request.clone()),
             Cell::from(waited(w, now)),
         ]);
     }
-    let text = table::fitted(&rows, STATUS_WIDTH, &[(1, 16), (3, 12)]);
+    let text = table::fitted(&rows, STATUS_WIDTH, &[(1, 16), (4, 12)]);
     paint_if(colour, text, &[Style::Header])
 }
 
@@ -165,6 +166,7 @@ pub fn queue_json(waiting: &[Waiting], now: SystemTime) -> Value {
                 "holder": w.holder,
                 "name": w.name,
                 "user": w.user,
+                "pid": w.pid,
                 "request": w.request,
                 "waited_s": waited_secs(w, now),
                 "parked": w.parked,

@@ -768,7 +768,9 @@ fn release_refuses_a_running_container_and_evict_stops_it_first() {
         let err = text(&out.stderr);
         assert!(
             err.starts_with(&format!("gpupin: {name} still runs (docker container"))
-                && err.contains(&format!("stop it first (gpupin evict {name})"))
+                && err.contains(&format!(
+                    "end it with gpupin evict {name}, which releases them once it is gone"
+                ))
                 && err.lines().count() == 1,
             "{err}"
         );

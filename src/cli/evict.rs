@@ -1,8 +1,13 @@
 //! `gpupin evict HOLDER`: stop a holder that still runs (through its engine, or SIGTERM
-//! then SIGKILL to its process) and release its GPUs once it is gone. Root only.
+//! then SIGKILL to its process and its job cgroup) and release its GPUs once it is gone.
+//! Root evicts anyone's; a user their own, through `gpupin serve`, which does the
+//! stopping as root.
 
 use gpupin::input::config::Config;
-use gpupin::jobs::evict::{self, Stopped};
+use gpupin::jobs::evict::{self, EvictError, Evictor};
+use gpupin::jobs::serve::{Client, Request};
+use gpupin::state::ledger::LedgerError;
+use gpupin::state::ledger::lookup::Match;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -12,36 +17,58 @@ pub struct EvictArgs {
     /// (whole, or its first 12 characters)
     #[arg(value_name = "HOLDER")]
     pub holder: String,
-    /// How long it may take to stop before it is killed (`docker stop -t`)
+    /// How long it may take to stop before it is killed (`docker stop -t`; a user's at
+    /// most 60s)
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::flag::grace())]
     pub grace: Duration,
+    /// Why, in one line (at most 200 characters): the audit log's evict line and the
+    /// evicted job's stderr give it
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
 }
 
 pub fn run(config: &Config, args: &EvictArgs) -> anyhow::Result<ExitCode> {
-    if !rustix::process::geteuid().is_root() {
-        anyhow::bail!(
-            "gpupin evict stops other people's work: run it as root (sudo gpupin evict {}); to end your own holder, stop it or use gpupin release",
-            args.holder
-        );
+    if let Some(reason) = &args.reason {
+        // Refused here too, before anything is stopped or sent.
+        evict::check_reason(reason)?;
     }
-    let by = super::release::operator();
-    let eviction = evict::evict(config, &args.holder, &by, args.grace)?;
-    let record = &eviction.record;
-    let how = match &eviction.stopped {
-        Stopped::WasNotRunning => "it was not running".to_string(),
-        Stopped::ByEngine(command) => format!("stopped with {command}"),
-        Stopped::BySignal { killed: false } => "stopped with SIGTERM".to_string(),
-        Stopped::BySignal { killed: true } => {
-            format!(
-                "killed: still running {}s after SIGTERM",
-                args.grace.as_secs()
-            )
+    if !rustix::process::geteuid().is_root() {
+        let request = Request::Evict {
+            id: args.holder.clone(),
+            reason: args.reason.clone(),
+            grace_secs: Some(args.grace.as_secs()),
+        };
+        let reply = Client::connect(&config.socket_path())?.ask(&request)?;
+        if reply.cancelled {
+            outln!(
+                "cancelled {}: it no longer waits for GPUs",
+                reply.holder.unwrap_or_default()
+            )?;
+            return Ok(ExitCode::SUCCESS);
         }
+        let gpus: Vec<&str> = reply.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        outln!(
+            "evicted {}; released {}",
+            reply.holder.unwrap_or_default(),
+            gpus.join(",")
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let by = Evictor {
+        uid: 0,
+        user: super::release::operator(),
+        reason: args.reason.clone(),
+        how: Match::Shown,
     };
-    outln!(
-        "evicted {} ({how}); released {}",
-        record.display_name(),
-        record.gpus.join(",")
-    )?;
+    let eviction = match evict::evict(config, &args.holder, &by, args.grace) {
+        Ok(eviction) => eviction,
+        Err(EvictError::Ledger(LedgerError::NoSuchHolder { .. })) => {
+            let waiting = evict::cancel_queued(config, &args.holder, &by)?;
+            outln!("cancelled {}: it no longer waits for GPUs", waiting.holder)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    outln!("{}", eviction.summary(args.grace))?;
     Ok(ExitCode::SUCCESS)
 }

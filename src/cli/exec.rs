@@ -102,6 +102,7 @@ fn as_root(
         }
     };
     let job = gated.pid();
+    let started = std::time::SystemTime::now();
     // Our own child, not reaped before `finish`: its pid cannot be reused meanwhile, and
     // the pidfd says so to `start` all the same.
     let job_fd = match rustix::process::Pid::from_raw(job)
@@ -124,6 +125,7 @@ fn as_root(
     };
     let status = open_and_wait(&mut gated);
     wait_until_finished(config, &grant.holder, job, cgroup.as_ref());
+    tell_if_ended(config, grant.holder.as_str(), started);
     Ok(ExitCode::from(exec::exit_code(status?)))
 }
 
@@ -188,9 +190,24 @@ fn through_daemon(
         gated.abandon();
         return Err(e.into());
     }
+    let started = std::time::SystemTime::now();
     // The daemon releases the GPUs when the job's process ends.
     let status = open_and_wait(&mut gated)?;
+    if let Some(holder) = &granted.holder {
+        tell_if_ended(config, holder, started);
+    }
     Ok(ExitCode::from(exec::exit_code(status)))
+}
+
+/// When the job was evicted, says on stderr who ended it and why, as the note the
+/// eviction left says (`Ledger::ended`): the job itself saw only a signal.
+fn tell_if_ended(config: &Config, holder: &str, started: std::time::SystemTime) {
+    let Ok(ledger) = gpupin::state::ledger::Ledger::read_only_for_config(config) else {
+        return;
+    };
+    if let Some(note) = ledger.ended(holder, started) {
+        eprintln!("gpupin: {}", note.line(holder));
+    }
 }
 
 fn open_and_wait(gated: &mut Gated) -> anyhow::Result<std::process::ExitStatus> {

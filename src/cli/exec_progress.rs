@@ -93,6 +93,7 @@ mod tests {
             user: None,
             request: "count=2".into(),
             parked: false,
+            pid: None,
         }
     }
 

@@ -105,14 +105,14 @@ pub enum Command {
         after_long_help = "Examples:\n  gpupin usage --since 7d              GPU-hours by user, last week\n  gpupin usage --by holder --since 1d"
     )]
     Usage(usage::UsageArgs),
-    /// Release the GPUs of one holder that has ended (a name or id as status shows it), or remove one entry of the ledger
+    /// Release the GPUs of one holder that has ended (a name or id as status shows it), cancel a queued request, or remove one entry of the ledger
     #[command(
-        after_long_help = "Examples:\n  gpupin release maint-7                      a hold, or a holder that has ended\n  gpupin release 3f2a1b2c3d4e                 a container by its short id\n  gpupin release --exact --ignore-missing slurm-42   as a script (the Slurm epilog)"
+        after_long_help = "A holder that still runs is never released while it can use its GPUs: end it with gpupin evict; root's --force stops it first (as evict does) and releases it once it is gone.\n\nExamples:\n  gpupin release maint-7                      a hold, or a holder that has ended\n  gpupin release bob-q                        a request that waits in gpupin queue\n  sudo gpupin release --force train           stop it first, then release\n  gpupin release 3f2a1b2c3d4e                 a container by its short id\n  gpupin release --exact --ignore-missing slurm-42   as a script (the Slurm epilog)"
     )]
     Release(release::ReleaseArgs),
-    /// Stop a holder that still runs (its engine, or SIGTERM then SIGKILL) and release its GPUs
+    /// Stop a holder that still runs (its engine, or SIGTERM then SIGKILL) and release its GPUs; a user ends their own
     #[command(
-        after_long_help = "Examples:\n  sudo gpupin evict web-1              docker stop, then its GPUs are released\n  sudo gpupin evict train --grace 30s  SIGTERM, SIGKILL after 30 s"
+        after_long_help = "Examples:\n  gpupin evict exec-4242               your own job: SIGTERM, then its GPUs are released\n  sudo gpupin evict web-1              docker stop, then its GPUs are released\n  sudo gpupin evict train --grace 30s --reason \"node maintenance\"\n                                       SIGTERM, SIGKILL after 30 s; the job's stderr says why"
     )]
     Evict(evict::EvictArgs),
     /// Start real containers on a simulated machine and show gpupin at work

@@ -1,15 +1,19 @@
 //! `gpupin release HOLDER`: give back one holder's GPUs, named as `gpupin status` shows
 //! it (a container's name, the holder's id or the first 12 characters of it), or remove
 //! an entry of the ledger's holders/ that is no readable record. A holder that still runs
-//! is released only with --force. A user who is not root releases their own holders
-//! through `gpupin serve`.
+//! is never released while it can use its GPUs: root's --force stops it first, as
+//! `gpupin evict` does, and releases it once it is gone; a user's --force is refused (a
+//! user ends their own with `gpupin evict`). A user who is not root releases their own
+//! holders through `gpupin serve`.
 
 use gpupin::input::config::Config;
+use gpupin::jobs::evict::{self, EvictError, Evictor};
 use gpupin::jobs::serve::{Client, Request};
 use gpupin::state::ledger::lookup::Match;
 use gpupin::state::ledger::{LedgerError, Released, Releaser};
 use std::ffi::OsString;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct ReleaseArgs {
@@ -18,8 +22,8 @@ pub struct ReleaseArgs {
     /// holders/ that an error named
     #[arg(value_name = "HOLDER")]
     pub id: OsString,
-    /// Release it even though its process still runs (its GPUs go to the next request
-    /// while it still uses them); `gpupin evict` stops it first
+    /// Root only, for a holder that still runs: stop it first (as `gpupin evict` does:
+    /// its engine, or SIGTERM then SIGKILL after 10s) and release its GPUs once it is gone
     #[arg(long)]
     pub force: bool,
     /// HOLDER is a whole holder id, never a name or a prefix (for scripts: the Slurm
@@ -47,6 +51,13 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
             outln!("no holder {id:?}: nothing to release")?;
             return Ok(ExitCode::SUCCESS);
         }
+        if reply.cancelled {
+            outln!(
+                "cancelled {}: it no longer waits for GPUs",
+                reply.holder.unwrap_or_default()
+            )?;
+            return Ok(ExitCode::SUCCESS);
+        }
         let gpus: Vec<&str> = reply.gpus.iter().map(|g| g.uuid.as_str()).collect();
         outln!(
             "released {}: {}",
@@ -55,10 +66,19 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         )?;
         return Ok(ExitCode::SUCCESS);
     }
+    if args.force {
+        return forced(config, args);
+    }
+    as_root(config, args, false)
+}
+
+/// Root's release through the ledger; `force`: only a claim no process has bound yet may
+/// still be starting (a holder with a process is stopped first, by `forced`).
+fn as_root(config: &Config, args: &ReleaseArgs, force: bool) -> anyhow::Result<ExitCode> {
     let by = Releaser {
         uid: 0,
         user: operator(),
-        force: args.force,
+        force,
         how: if args.exact {
             Match::Exact
         } else {
@@ -78,8 +98,39 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
         Released::Holder(r) => outln!("released {}: {}", r.display_name(), r.gpus.join(","))?,
         Released::Entry(path) => outln!("removed {path:?}")?,
         Released::Nothing => anyhow::bail!("{} holds nothing", args.id.to_string_lossy()),
+        Released::Request(w) => outln!("cancelled {}: it no longer waits for GPUs", w.holder)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Root's `release --force`: the holder is stopped first and released once it is gone
+/// (`jobs::evict`), so that its GPUs never go to the next request while it can use them;
+/// a name no holder has may be an entry of holders/ that is no record.
+fn forced(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
+    let given = args.id.to_string_lossy();
+    let by = Evictor {
+        uid: 0,
+        user: operator(),
+        reason: None,
+        how: if args.exact {
+            Match::Exact
+        } else {
+            Match::Shown
+        },
+    };
+    let grace = Duration::from_secs(10);
+    match evict::evict(config, &given, &by, grace) {
+        Ok(eviction) => {
+            outln!("{}", eviction.summary(grace))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        // A queued request, an entry that is no record, or a claim no process has
+        // bound yet: nothing to stop.
+        Err(
+            EvictError::Ledger(LedgerError::NoSuchHolder { .. }) | EvictError::NoProcess { .. },
+        ) => as_root(config, args, true),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Who releases as root, for the audit line: `root`, or `root (sudo by alice)`.

@@ -1,14 +1,16 @@
-//! `gpupin evict HOLDER`: an operator ends a holder that still runs, then its GPUs are
-//! released once it is gone. A container of Docker or podman is stopped by its engine
+//! `gpupin evict HOLDER`: root ends any holder that still runs, a user their own
+//! (through `gpupin serve`, which does the stopping as root), then its GPUs are released
+//! once it is gone; root's `gpupin release --force` is this too. A container of Docker or podman is stopped by its engine
 //! (`docker stop`, so that a restart policy does not start it again); any other holder
 //! with a process (runc, containerd, a `gpupin exec` job, a hold bound to a pid) gets
 //! SIGTERM, and SIGKILL after the grace, through a pidfd, with the processes of its job
-//! cgroups. The audit log gets an `evict` line naming who evicted whom before the stop,
-//! and the release after it.
+//! cgroups. The audit log gets an `evict` line naming who evicted whom and why before the
+//! stop, and the release after it; the ledger keeps a note (`Ledger::note_ended`) from
+//! which the evicted job's `gpupin exec` tells its user who ended it.
 
 use crate::input::config::Config;
 use crate::state::ledger::lookup::{self, Match};
-use crate::state::ledger::{Ledger, LedgerError, Record, Released, Releaser};
+use crate::state::ledger::{Ledger, LedgerError, Record, Released, Releaser, Waiting};
 use rustix::process::Signal;
 use std::ffi::OsStr;
 use std::process::{Command, Stdio};
@@ -16,14 +18,25 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// How long past the grace the holder may take to be gone (its engine's cleanup, the
 /// hook's release) before evict gives up.
-const SETTLE: Duration = Duration::from_secs(20);
+pub const SETTLE: Duration = Duration::from_secs(20);
 const POLL: Duration = Duration::from_millis(100);
+/// The longest grace a user's eviction through `gpupin serve` gets: the daemon's thread
+/// waits it out.
+pub const MAX_USER_GRACE: Duration = Duration::from_secs(60);
+/// The longest `--reason` taken: one line of an audit log, a job's stderr.
+pub const MAX_REASON: usize = 200;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EvictError {
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    #[error("{name} is {owner}'s: only {owner} or root may end it")]
+    NotYours { name: String, owner: String },
+    #[error(
+        "--reason {given:?} is not one line of at most {MAX_REASON} printable characters: say why in a short line"
+    )]
+    BadReason { given: String },
     #[error(
         "{name} has no process gpupin can stop (a hold without one ends with gpupin release {name})"
     )]
@@ -56,20 +69,102 @@ pub struct Eviction {
     pub stopped: Stopped,
 }
 
-/// Stops the holder `given` names (as `gpupin status` shows it) and releases it; `by`
-/// is who asks, for the audit line (root: evict is root's).
+impl Eviction {
+    /// `evicted web (stopped with docker stop -t 10 ...); released GPU-...`, what the
+    /// command prints; `grace` as it was given.
+    pub fn summary(&self, grace: Duration) -> String {
+        let how = match &self.stopped {
+            Stopped::WasNotRunning => "it was not running".to_string(),
+            Stopped::ByEngine(command) => format!("stopped with {command}"),
+            Stopped::BySignal { killed: false } => "stopped with SIGTERM".to_string(),
+            Stopped::BySignal { killed: true } => {
+                format!("killed: still running {}s after SIGTERM", grace.as_secs())
+            }
+        };
+        format!(
+            "evicted {} ({how}); released {}",
+            self.record.display_name(),
+            self.record.gpus.join(",")
+        )
+    }
+}
+
+/// Who evicts: root (any holder) or a user (their own), and why.
+#[derive(Debug, Clone)]
+pub struct Evictor {
+    pub uid: u32,
+    /// The user name the audit line and the evicted job's message give.
+    pub user: String,
+    /// `--reason`, checked with `check_reason`.
+    pub reason: Option<String>,
+    /// How the name may fit (`release --force --exact`: `Match::Exact`).
+    pub how: Match,
+}
+
+/// A reason as given, or why it is refused: bounded, printable, one line (it goes into
+/// the audit log and another user's terminal).
+pub fn check_reason(reason: &str) -> Result<(), EvictError> {
+    let reason_ok = !reason.trim().is_empty()
+        && reason.chars().count() <= MAX_REASON
+        && !reason.chars().any(|c| c.is_control() || is_bidi(c));
+    match reason_ok {
+        true => Ok(()),
+        false => Err(EvictError::BadReason {
+            given: reason.chars().take(MAX_REASON).collect(),
+        }),
+    }
+}
+
+/// A character that reorders what a terminal shows after it (Trojan Source).
+fn is_bidi(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
+}
+
+/// The holder `given` names among those `by` may end: root's are all, a user's their own;
+/// another's is refused naming its owner.
+fn find(records: &[Record], given: &str, by: &Evictor) -> Result<Record, EvictError> {
+    if by.uid == 0 {
+        return Ok(lookup::the_one(records, given, by.how)?.clone());
+    }
+    let mine: Vec<Record> = records
+        .iter()
+        .filter(|r| r.owner.as_ref().is_some_and(|o| o.uid == by.uid))
+        .cloned()
+        .collect();
+    match lookup::the_one(&mine, given, by.how) {
+        Ok(record) => Ok(record.clone()),
+        Err(none @ LedgerError::NoSuchHolder { .. }) => {
+            match lookup::the_one(records, given, by.how) {
+                Ok(theirs) => Err(EvictError::NotYours {
+                    name: theirs.display_name().to_string(),
+                    owner: theirs
+                        .owner
+                        .as_ref()
+                        .map_or("root".to_string(), |o| o.user.clone()),
+                }),
+                Err(_) => Err(none.into()),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Stops the holder `given` names (as `gpupin status` shows it) and releases it.
 pub fn evict(
     config: &Config,
     given: &str,
-    by: &str,
+    by: &Evictor,
     grace: Duration,
 ) -> Result<Eviction, EvictError> {
+    if let Some(reason) = &by.reason {
+        check_reason(reason)?;
+    }
     let ledger = crate::state::open_ledger(config)?;
     let records = ledger.records()?;
-    let record = lookup::the_one(&records, given, Match::Shown)?.clone();
+    let record = find(&records, given, by)?;
     let name = record.display_name().to_string();
-    if !record.runs(SystemTime::now(), ledger.unbound_grace()) {
-        release(&ledger, &record, by)?;
+    if !active(&ledger, &record) {
+        release(&ledger, &record, &by.user)?;
         return Ok(Eviction {
             record,
             stopped: Stopped::WasNotRunning,
@@ -82,7 +177,14 @@ pub fn evict(
     let how = engine_stop
         .as_ref()
         .map_or("SIGTERM, then SIGKILL".to_string(), |c| c.join(" "));
-    ledger.audit_eviction(&record, &format!("gpupin evict by {by}: {how}"));
+    let why = by
+        .reason
+        .as_deref()
+        .map(|r| format!("; reason: {r}"))
+        .unwrap_or_default();
+    ledger.audit_eviction(&record, &format!("gpupin evict by {}: {how}{why}", by.user));
+    // Before the stop: the job's gpupin exec reads it once its child has died.
+    let _ = ledger.note_ended(&record.id, &by.user, by.reason.as_deref(), "gpupin evict");
     let stopped = match engine_stop.filter(|argv| run(argv)) {
         Some(argv) => Stopped::ByEngine(argv.join(" ")),
         None => Stopped::BySignal {
@@ -97,8 +199,22 @@ pub fn evict(
             pid,
         });
     }
-    release(&ledger, &record, by)?;
+    release(&ledger, &record, &by.user)?;
     Ok(Eviction { record, stopped })
+}
+
+/// `gpupin evict NAME` of a request that waits in the queue (no holder has that name):
+/// cancelled, `by`'s own or any for root (`Ledger::cancel_waiting`).
+pub fn cancel_queued(config: &Config, given: &str, by: &Evictor) -> Result<Waiting, EvictError> {
+    let ledger = crate::state::open_ledger(config)?;
+    let releaser = Releaser {
+        uid: by.uid,
+        user: by.user.clone(),
+        force: false,
+        how: by.how,
+        command: "evict",
+    };
+    Ok(ledger.cancel_waiting(given, &releaser)?)
 }
 
 /// `docker stop -t SECONDS ID` for a Docker or podman container when its CLI is there.
@@ -163,11 +279,9 @@ fn terminate(ledger: &Ledger, record: &Record, pid: i32, grace: Duration) -> boo
 
 /// Whether the holder's record is still there and running.
 fn still_runs(ledger: &Ledger, record: &Record) -> bool {
-    ledger.records().is_ok_and(|records| {
-        records
-            .iter()
-            .any(|r| same(r, record) && r.runs(SystemTime::now(), ledger.unbound_grace()))
-    })
+    ledger
+        .records()
+        .is_ok_and(|records| records.iter().any(|r| same(r, record) && active(ledger, r)))
 }
 
 /// Waits up to `wait` for the holder to stop running (its record gone, or stale).
@@ -182,6 +296,18 @@ fn gone(ledger: &Ledger, record: &Record, wait: Duration) -> Result<bool, Ledger
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// Whether the holder has something to stop: a container or job that runs (or is about
+/// to), or a hold bound to a process that lives (the Python client's `acquire`, `hold
+/// --pid`), which would go on using the GPUs after a bare release.
+fn active(ledger: &Ledger, record: &Record) -> bool {
+    let hold_process = record.kind == crate::model::holder::HolderKind::Hold
+        && record
+            .pid
+            .zip(record.start_time)
+            .is_some_and(|(pid, start)| crate::base::procinfo::is_alive(pid, start));
+    hold_process || record.runs(SystemTime::now(), ledger.unbound_grace())
 }
 
 /// The same holder, not one made again under its name since.
@@ -202,9 +328,72 @@ fn release(ledger: &Ledger, record: &Record, by: &str) -> Result<(), LedgerError
         command: "evict",
     };
     match ledger.release_named(OsStr::new(&record.id), &releaser) {
-        Ok(Released::Holder(_) | Released::Entry(_) | Released::Nothing) => Ok(()),
+        Ok(Released::Holder(_) | Released::Entry(_) | Released::Nothing | Released::Request(_)) => {
+            Ok(())
+        }
         // Released by its engine between the look and the release.
         Err(LedgerError::NoSuchHolder { .. }) => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::holder::Owner;
+    use crate::state::ledger::testing;
+
+    fn owned(id: &str, uid: u32, user: &str) -> Record {
+        let mut r = testing::record(id, &["GPU-0"]);
+        r.owner = Some(Owner {
+            uid,
+            user: user.into(),
+            groups: vec![],
+        });
+        r
+    }
+
+    fn by(uid: u32) -> Evictor {
+        Evictor {
+            uid,
+            user: "bob".into(),
+            reason: None,
+            how: Match::Shown,
+        }
+    }
+
+    /// A user ends only their own holders; naming another's is refused naming its
+    /// owner by user name, and root finds anyone's.
+    #[test]
+    fn a_user_finds_only_their_own_and_is_told_whose_another_is() {
+        let records = [owned("exec-1", 1002, "bob"), owned("exec-2", 1001, "alice")];
+        assert_eq!(find(&records, "exec-1", &by(1002)).unwrap().id, "exec-1");
+        assert_eq!(
+            find(&records, "exec-2", &by(1002)).unwrap_err().to_string(),
+            "exec-2 is alice's: only alice or root may end it"
+        );
+        assert!(matches!(
+            find(&records, "exec-9", &by(1002)),
+            Err(EvictError::Ledger(LedgerError::NoSuchHolder { .. }))
+        ));
+        assert_eq!(find(&records, "exec-2", &by(0)).unwrap().id, "exec-2");
+    }
+
+    #[test]
+    fn a_reason_is_one_short_printable_line() {
+        assert!(check_reason("node maintenance at 14:00").is_ok());
+        let long = "x".repeat(MAX_REASON + 1);
+        for bad in [
+            "",
+            "  ",
+            "two\nlines",
+            "\x1b[31mred",
+            "a\u{202E}b",
+            long.as_str(),
+        ] {
+            let err = check_reason(bad).unwrap_err().to_string();
+            assert!(err.starts_with("--reason "), "{err}");
+            assert!(!err.contains('\n') && !err.contains('\x1b'), "{err}");
+        }
     }
 }

@@ -104,6 +104,10 @@ fn reply_timeout(request: &Request) -> Duration {
             .iter()
             .find(|(k, _)| k == crate::input::request::Key::Wait.as_str())
             .and_then(|(_, v)| humantime::parse_duration(v.trim()).ok()),
+        // An eviction waits for the holder to stop: its grace, then the settling.
+        Request::Evict { grace_secs, .. } => {
+            Some(Duration::from_secs(grace_secs.unwrap_or(10)) + crate::jobs::evict::SETTLE)
+        }
         _ => None,
     };
     REPLY_TIMEOUT + wait.unwrap_or_default()

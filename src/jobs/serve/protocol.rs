@@ -82,6 +82,17 @@ pub enum Request {
         #[serde(default)]
         ignore_missing: bool,
     },
+    /// Ends one of the caller's holders that still runs (root: anyone's) and releases its
+    /// GPUs once it is gone (`gpupin evict`); a queued request of theirs is cancelled.
+    Evict {
+        id: String,
+        /// Why, for the audit line and the evicted job's stderr.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// How long it may take to stop before it is killed, in seconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grace_secs: Option<u64>,
+    },
     /// The key to one of the caller's holders (`gpupin key`).
     Key { id: String },
     /// The daemon's protocol version and gpupin version, changing nothing.
@@ -168,6 +179,9 @@ pub struct Reply {
     /// For `Hello`: the daemon's gpupin version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// For `Release` and `Evict`: `holder` was a queued request, now cancelled.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancelled: bool,
     /// For `Status`: the status JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
@@ -183,6 +197,7 @@ impl Default for Reply {
             env: Vec::new(),
             key: None,
             version: None,
+            cancelled: false,
             status: None,
         }
     }
@@ -356,6 +371,44 @@ mod tests {
         assert_eq!(buf, b"{\"v\":1,\"error\":\"no\"}\n");
         let old: Reply = serde_json::from_str("{\"holder\":\"h\"}").unwrap();
         assert_eq!((old.v, old.holder.as_deref()), (1, Some("h")));
+    }
+
+    /// The evict op as a client sends it, fields it leaves out defaulted; a reply says
+    /// `cancelled` only when it was.
+    #[test]
+    fn evict_travels_as_one_line_and_cancelled_only_when_true() {
+        let mut buf = Vec::new();
+        let evict = Request::Evict {
+            id: "exec-7".into(),
+            reason: Some("wrong input".into()),
+            grace_secs: Some(5),
+        };
+        send(&mut buf, &Envelope::new(evict.clone())).unwrap();
+        assert_eq!(
+            buf,
+            b"{\"v\":1,\"op\":\"evict\",\"id\":\"exec-7\",\"reason\":\"wrong input\",\"grace_secs\":5}\n"
+        );
+        let read = |line: &str| receive_request(&mut std::io::BufReader::new(line.as_bytes()));
+        assert_eq!(read(std::str::from_utf8(&buf).unwrap()), Ok(Some(evict)));
+        assert_eq!(
+            read("{\"op\":\"evict\",\"id\":\"h\"}\n"),
+            Ok(Some(Request::Evict {
+                id: "h".into(),
+                reason: None,
+                grace_secs: None
+            }))
+        );
+        let reply = Reply {
+            holder: Some("bob-q".into()),
+            cancelled: true,
+            ..Reply::default()
+        };
+        let mut buf = Vec::new();
+        send(&mut buf, &reply).unwrap();
+        assert_eq!(buf, b"{\"v\":1,\"holder\":\"bob-q\",\"cancelled\":true}\n");
+        let mut buf = Vec::new();
+        send(&mut buf, &Reply::default()).unwrap();
+        assert_eq!(buf, b"{\"v\":1}\n");
     }
 
     #[test]

@@ -440,7 +440,19 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
             let how = if exact { Match::Exact } else { Match::Shown };
             let reply = match release_named_for(config, peer, &id, force, how) {
                 Err(LedgerError::NoSuchHolder { .. }) if ignore_missing => Reply::default(),
+                Ok(Released::Request(waiting)) => cancelled(&waiting),
                 released => reply_for(config, peer, &id, refusal_of(&id, released)),
+            };
+            protocol::send(&mut output, &reply)
+        }
+        Request::Evict {
+            id,
+            reason,
+            grace_secs,
+        } => {
+            let reply = match evict_for(config, peer, &id, reason, grace_secs) {
+                Ok(reply) => reply,
+                Err(refusal) => reply_for(config, peer, &id, Err(refusal)),
             };
             protocol::send(&mut output, &reply)
         }
@@ -482,6 +494,15 @@ fn hold_env(config: &Config, record: &Record) -> Vec<(String, String)> {
     match crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml) {
         Ok(inventory) => exec::job_env(&inventory, record, config.cuda_visible_devices),
         Err(_) => Vec::new(),
+    }
+}
+
+/// The reply to a release or evict that cancelled a queued request.
+fn cancelled(waiting: &crate::state::ledger::Waiting) -> Reply {
+    Reply {
+        holder: Some(waiting.holder.clone()),
+        cancelled: true,
+        ..Reply::default()
     }
 }
 
@@ -862,13 +883,51 @@ fn release_named_for(
     ledger.release_named(std::ffi::OsStr::new(id), &by)
 }
 
+/// A user's `gpupin evict`: one of their own holders, stopped by the daemon as root
+/// (`jobs::evict`), or a queued request of theirs, cancelled; naming another's is a
+/// refusal the audit log keeps.
+fn evict_for(
+    config: &Config,
+    peer: Peer,
+    id: &str,
+    reason: Option<String>,
+    grace_secs: Option<u64>,
+) -> Result<Reply, Refusal> {
+    use crate::jobs::evict::{self, EvictError, Evictor};
+    let user = users::owner_of(peer.uid)
+        .map(|o| o.user)
+        .unwrap_or_else(|_| format!("uid {}", peer.uid));
+    let grace = Duration::from_secs(grace_secs.unwrap_or(10)).min(evict::MAX_USER_GRACE);
+    let by = Evictor {
+        uid: peer.uid,
+        user,
+        reason,
+        how: Match::Shown,
+    };
+    let outcome = match evict::evict(config, id, &by, grace) {
+        Ok(eviction) => Ok(granted(&eviction.record)),
+        Err(EvictError::Ledger(LedgerError::NoSuchHolder { .. })) => {
+            evict::cancel_queued(config, id, &by).map(|w| cancelled(&w))
+        }
+        Err(e) => Err(e),
+    };
+    outcome.map_err(|e| match e {
+        EvictError::NotYours { .. } | EvictError::Ledger(LedgerError::NotYourRequest { .. }) => {
+            Refusal::Denied(one_line(&e))
+        }
+        e => Refusal::Failed(one_line(&e)),
+    })
+}
+
 /// A release's outcome as the reply says it: taking another's holder is a refusal the
 /// audit log keeps, anything else a failure.
 fn refusal_of(id: &str, released: Result<Released, LedgerError>) -> Result<Record, Refusal> {
     match released {
         Ok(Released::Holder(record)) => Ok(*record),
         Ok(_) => Err(Refusal::Failed(format!("{id} holds nothing"))),
-        Err(e @ LedgerError::NotYours { .. }) => Err(Refusal::Denied(one_line(&e))),
+        Err(e @ (LedgerError::NotYours { .. } | LedgerError::NotYourRequest { .. })) => {
+            Err(Refusal::Denied(one_line(&e)))
+        }
         Err(e) => Err(Refusal::Failed(one_line(&e))),
     }
 }

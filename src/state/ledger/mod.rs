@@ -3,7 +3,9 @@
 
 mod allocate;
 mod bind;
+mod cancel;
 mod claim;
+mod ended;
 mod entry;
 mod failures;
 mod idle;
@@ -23,6 +25,7 @@ mod within;
 
 pub use allocate::{Allocation, resolve_devices};
 pub use claim::{ClaimError, ClaimToken};
+pub use ended::Ended;
 pub use entry::release_arg;
 pub use failures::{AUDIT_FAILURES_FILE, audit_write_failures};
 pub use idle::{IDLE_FILE, Idle, IdleLook, IdleRule, look_every};
@@ -215,9 +218,17 @@ pub enum LedgerError {
     #[error("{given:?} could be any of {candidates}: give the id")]
     AmbiguousHolder { given: String, candidates: String },
     #[error(
-        "{name} still runs ({what}): releasing it would give its GPUs to the next request while it uses them; stop it first (gpupin evict {name}), or release it anyway with --force"
+        "{name} still runs ({what}): releasing it would give its GPUs to the next request while it uses them; end it with gpupin evict {name}, which releases them once it is gone"
     )]
     StillRunning { name: String, what: String },
+    #[error("{name} is {owner}'s request: only {owner} or root may cancel it")]
+    NotYourRequest { name: String, owner: String },
+    #[error("{id} was cancelled by {by} ({how}) while it waited for GPUs")]
+    Cancelled { id: String, by: String, how: String },
+    #[error(
+        "only root may release a holder that still runs ({name}: {what}); end it with gpupin evict {name}, which releases its GPUs once it is gone"
+    )]
+    ForceIsRoots { name: String, what: String },
 }
 
 /// Refuses a user's request for a holder id of a kind gpupin names itself: Slurm's prolog
@@ -401,11 +412,14 @@ impl LedgerError {
             | LedgerError::ReservedName { .. } => "holder_exists",
             LedgerError::NoGpus => "no_gpus",
             LedgerError::ClaimRefused { .. } | LedgerError::NotAssigned { .. } => "claim",
-            LedgerError::NotAdopted { .. } | LedgerError::NotYours { .. } => "not_yours",
+            LedgerError::NotAdopted { .. }
+            | LedgerError::NotYours { .. }
+            | LedgerError::NotYourRequest { .. } => "not_yours",
+            LedgerError::Cancelled { .. } => "cancelled",
             LedgerError::NoSuchHolder { .. } | LedgerError::AmbiguousHolder { .. } => {
                 "no_such_holder"
             }
-            LedgerError::StillRunning { .. } => "still_running",
+            LedgerError::StillRunning { .. } | LedgerError::ForceIsRoots { .. } => "still_running",
             LedgerError::Io { .. }
             | LedgerError::UnsafeStateDir { .. }
             | LedgerError::UnsafeStateFile { .. }
@@ -1106,6 +1120,8 @@ pub enum Released {
     Entry(PathBuf),
     /// Nothing: no such entry.
     Nothing,
+    /// A queued request, cancelled (`cancel`).
+    Request(Box<Waiting>),
 }
 
 /// What `Ledger::gc` did.

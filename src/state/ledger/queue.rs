@@ -76,6 +76,10 @@ pub(super) struct Ticket {
     /// a request whose scope did not resolve): every GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wants: Option<Vec<String>>,
+    /// The process that asked (a `gpupin exec`, a hook's container), for `gpupin queue`:
+    /// `pid` is the waiter, which for a user's request is `gpupin serve`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller_pid: Option<i32>,
 }
 
 /// A request waiting in the queue, for `gpupin queue`, `status` and `metrics`.
@@ -92,6 +96,8 @@ pub struct Waiting {
     pub request: String,
     /// Held back only by its own user's limit: nobody waits behind it.
     pub parked: bool,
+    /// The process that asked, where the ticket says.
+    pub pid: Option<i32>,
 }
 
 impl Ticket {
@@ -103,7 +109,7 @@ impl Ticket {
             .is_none_or(|wants| gpus.iter().any(|g| wants.contains(g)))
     }
 
-    fn file_name(&self) -> String {
+    pub(super) fn file_name(&self) -> String {
         // Zero-padded so that name order is arrival order.
         format!("{:020}-{}.json", self.seq, self.id)
     }
@@ -249,6 +255,7 @@ pub(super) fn enqueue(
         user: meta.owner.as_ref().map(|o| o.user.clone()),
         request: request.summary(),
         wants,
+        caller_pid: meta.pid,
     };
     write_ticket(&qdir, &ticket)?;
     Ok(ticket)
@@ -352,6 +359,7 @@ impl Ledger {
                 user: t.user,
                 request: t.request,
                 parked: t.parked,
+                pid: t.caller_pid,
             })
             .collect())
     }
@@ -497,6 +505,9 @@ impl Ledger {
         meta: &HolderMeta,
     ) -> Result<Option<Allocation>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
+        // Its owner or root took it out of the queue (`cancel`).
+        let path = self.dir.join(QUEUE_DIR).join(ticket.file_name());
+        self.cancelled_while_waiting(&path, &ticket.id, ticket.queued_at)?;
         self.look(ticket, holder, request, machine, meta)
     }
 

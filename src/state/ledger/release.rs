@@ -1,6 +1,8 @@
 //! `gpupin release NAME`: one holder's GPUs given back by an operator or by the holder's
-//! owner, named as `gpupin status` shows it (`lookup`), never a holder that still runs
-//! unless forced: its GPUs would go to the next request while it uses them.
+//! owner, named as `gpupin status` shows it (`lookup`), or a queued request by the name
+//! `gpupin queue` shows (cancelled, `cancel`); never a holder that still runs:
+//! its GPUs would go to the next request while it can still use them (root's --force
+//! stops it first, through `jobs::evict`; a user's is refused).
 
 use super::lookup::{self, Match};
 use super::{Ledger, LedgerError, Record, Released, entry, store};
@@ -14,7 +16,8 @@ pub struct Releaser {
     pub uid: u32,
     /// The user name the audit line gives.
     pub user: String,
-    /// Release a holder that still runs.
+    /// `--force` was given: refused for a user when the holder still runs; root's is
+    /// served by stopping the holder first (`jobs::evict`), never here.
     pub force: bool,
     /// How the name may fit (scripts: `Match::Exact`).
     pub how: Match,
@@ -48,30 +51,38 @@ impl Ledger {
             .collect();
         let record = match lookup::the_one(&mine, text, by.how) {
             Ok(record) => record,
-            Err(LedgerError::NoSuchHolder { .. }) if by.uid == 0 => {
-                for name in entry::release_names(given)? {
-                    if let Some(released) = self.remove_entry(&name, None)? {
-                        return Ok(released);
+            Err(LedgerError::NoSuchHolder { .. }) => {
+                // A queued request by the name `gpupin queue` shows: cancelled.
+                match self.cancel_locked(text, by) {
+                    Ok(waiting) => return Ok(Released::Request(Box::new(waiting))),
+                    Err(LedgerError::NoSuchHolder { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+                if by.uid == 0 {
+                    for name in entry::release_names(given)? {
+                        if let Some(released) = self.remove_entry(&name, None)? {
+                            return Ok(released);
+                        }
                     }
                 }
                 return Err(no_such(given));
             }
-            Err(LedgerError::NoSuchHolder { .. }) => return Err(no_such(given)),
             Err(other) => return Err(other),
         };
-        let runs = record.runs(SystemTime::now(), self.unbound_grace);
-        if runs && !by.force {
-            return Err(LedgerError::StillRunning {
-                name: record.display_name().to_string(),
-                what: running(record),
+        // A holder that still runs is never released here, not even by root: its GPUs
+        // would go to the next request while it can still open them. Root's --force
+        // stops it first (`jobs::evict`) and releases it once it is gone. The one thing
+        // root's --force releases here is a claim no process has bound yet: nothing can
+        // open its GPUs, and a bind that comes later finds no claim.
+        let unbound_forced = by.force && by.uid == 0 && record.pid.is_none();
+        if record.runs(SystemTime::now(), self.unbound_grace) && !unbound_forced {
+            let (name, what) = (record.display_name().to_string(), running(record));
+            return Err(match by.force && by.uid != 0 {
+                true => LedgerError::ForceIsRoots { name, what },
+                false => LedgerError::StillRunning { name, what },
             });
         }
-        let how = if runs {
-            " with --force while it ran"
-        } else {
-            ""
-        };
-        let reason = format!("gpupin {} by {}{how}", by.command, by.user);
+        let reason = format!("gpupin {} by {}", by.command, by.user);
         let name = format!("{}.json", record.id);
         match self.remove_entry(name.as_bytes(), Some(&reason))? {
             Some(released) => Ok(released),
@@ -182,30 +193,58 @@ mod tests {
         std::fs::read_to_string(l.dir().join("audit.log")).unwrap_or_default()
     }
 
+    /// Issue 31, finding 1: a forced release of a holder that still runs freed its GPUs
+    /// for the next request. The ledger keeps it, whoever forces; a user's refusal says
+    /// only root may and points to evict, which works for them.
     #[test]
-    fn a_running_holder_is_kept_unless_forced_and_the_audit_says_who() {
+    fn a_running_holder_is_never_released_even_forced_and_the_advice_is_evict() {
         let (_t, l) = ledger();
         let id = "3f2a1b2c3d4e5f60718293a4b5c6d7e8";
         container(&l, id, "web", "GPU-0", true);
-        let err = release(&l, "web", &root(false)).unwrap_err();
         let pid = std::process::id();
         assert_eq!(
-            err,
+            release(&l, "web", &root(false)).unwrap_err(),
             format!(
-                "web still runs (docker container of alice, pid {pid}): releasing it would give its GPUs to the next request while it uses them; stop it first (gpupin evict web), or release it anyway with --force"
+                "web still runs (docker container of alice, pid {pid}): releasing it would give its GPUs to the next request while it uses them; end it with gpupin evict web, which releases them once it is gone"
             )
         );
-        assert_eq!(ids(&l), [id], "nothing released after the refusal");
-        let Released::Holder(record) = release(&l, "3f2a1b2c3d4e", &root(true)).unwrap() else {
-            panic!("a holder's record")
-        };
-        assert_eq!(record.id, id);
-        assert!(ids(&l).is_empty());
-        assert!(
-            audit(&l).contains("gpupin release by root with --force while it ran"),
-            "{}",
-            audit(&l)
+        assert_eq!(
+            release(&l, "web", &alice(true)).unwrap_err(),
+            format!(
+                "only root may release a holder that still runs (web: docker container of alice, pid {pid}); end it with gpupin evict web, which releases its GPUs once it is gone"
+            )
         );
+        assert!(release(&l, "3f2a1b2c3d4e", &root(true)).is_err());
+        assert_eq!(ids(&l), [id], "nothing released after the refusals");
+        assert!(!audit(&l).contains("release"), "{}", audit(&l));
+    }
+
+    /// A claim no process has bound yet (a container being created) is "starting": only
+    /// root's --force releases it, since nothing can open its GPUs yet.
+    #[test]
+    fn only_roots_force_releases_a_claim_no_process_has_bound() {
+        let (_t, l) = ledger();
+        container(&l, "cccc1111", "new", "GPU-0", true);
+        let mut claim = l.records().unwrap().remove(0);
+        claim.pid = None;
+        claim.start_time = None;
+        claim.created_at = crate::state::ledger::record::unix_now();
+        store::write_record(l.dir(), "cccc1111.json", &claim).unwrap();
+        let err = release(&l, "new", &root(false)).unwrap_err();
+        assert!(
+            err.contains("(docker container of alice, starting)"),
+            "{err}"
+        );
+        assert!(
+            release(&l, "new", &alice(true))
+                .unwrap_err()
+                .starts_with("only root may")
+        );
+        assert!(matches!(
+            release(&l, "new", &root(true)),
+            Ok(Released::Holder(_))
+        ));
+        assert!(ids(&l).is_empty());
     }
 
     #[test]

@@ -288,6 +288,7 @@ fn the_ticket_of_a_dead_waiter_blocks_no_one() {
         name: None,
         user: None,
         request: String::new(),
+        caller_pid: None,
     };
     let path = l.dir().join("queue").join(format!("{:020}-killed.json", 0));
     std::fs::write(&path, serde_json::to_vec(&ticket).unwrap()).unwrap();
@@ -727,6 +728,7 @@ fn fair_turns_go_round_the_users_and_starve_no_one() {
         name: None,
         user: None,
         request: String::new(),
+        caller_pid: None,
     };
     let (alice, bob, carol) = (Some(1001), Some(1002), Some(1003));
     let mut waiting: Vec<queue::Ticket> = Vec::new();
