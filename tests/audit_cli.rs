@@ -540,8 +540,10 @@ impl Drop for FullDisk {
 }
 
 /// On a full disk an allocation succeeded with no audit line at all. Now
-/// `audit_failure = "refuse"` (the default) undoes it with one line naming the log and
-/// the key; `"warn"` lets it go on; both count the failed writes in `gpupin metrics`.
+/// `audit_failure = "refuse"` undoes it with one line naming the log and the key;
+/// `"warn"`, the default since any user who fills the disk would otherwise stop every
+/// allocation (issue 31, finding 6), lets it go on with the line in gpupin's own log;
+/// both count the failed writes in `gpupin metrics`.
 #[test]
 fn a_full_audit_disk_refuses_the_allocation_or_warns_as_configured() {
     if !need_root("a_full_audit_disk_refuses_the_allocation_or_warns_as_configured") {
@@ -554,12 +556,22 @@ fn a_full_audit_disk_refuses_the_allocation_or_warns_as_configured() {
         "state_dir = {:?}\naudit_log = {log:?}\ninventory = \"sim:nvswitch8\"\n",
         t.dir.path().join("state")
     );
-    std::fs::write(&t.config, text).unwrap();
+    std::fs::write(&t.config, format!("audit_failure = \"refuse\"\n{text}")).unwrap();
 
     let out = t.gpupin(&["hold", "h1", "--devices", "1", "--until-release"]);
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     let err = stderr(&out);
-    assert_eq!(err.lines().count(), 1, "{err}");
+    // One message; beside it, the refusal's own line, which the full log could not take,
+    // in gpupin's stderr (the undone allocation's is no part of the trail).
+    let said: Vec<&str> = err.lines().filter(|l| l.starts_with("gpupin:")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    let fallback: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("audit line not written"))
+        .collect();
+    assert_eq!(fallback.len(), 1, "{err}");
+    assert!(fallback[0].contains("\"event\":\"refuse\""), "{err}");
+    let err = said[0];
     assert!(
         err.contains(&format!("could not write the audit log {}", log.display())),
         "{err}"
@@ -571,8 +583,16 @@ fn a_full_audit_disk_refuses_the_allocation_or_warns_as_configured() {
         "nothing held after the refusal: {status}"
     );
 
-    t.configure("audit_failure = \"warn\"\n");
-    t.ok(&["hold", "h1", "--devices", "1", "--until-release"]);
+    std::fs::write(&t.config, &text).unwrap();
+    let out = t.gpupin(&["hold", "h1", "--devices", "1", "--until-release"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The line that did not fit is in gpupin's own log (stderr here), whole.
+    assert!(
+        stderr(&out).contains("audit line not written")
+            && stderr(&out).contains("\"holder\":\"h1\""),
+        "{}",
+        stderr(&out)
+    );
     assert!(t.ok(&["status"]).contains("h1"));
     let metrics = t.ok(&["metrics"]);
     // The allocation refused, its refusal line, the allocation let through.

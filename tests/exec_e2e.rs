@@ -354,7 +354,11 @@ fn a_user_at_their_limit_is_refused_with_one_line_and_nothing_more_is_held() {
         )
     );
     assert_eq!(g.ledger_snapshot(), before, "nothing more is held");
-    let last = audit(&g).pop().unwrap();
+    let last = audit(&g)
+        .into_iter()
+        .rev()
+        .find(|e| e["event"] == "refuse")
+        .unwrap();
     assert_eq!(last["event"], "refuse", "{last}");
     assert_eq!(last["user"], n.as_str(), "{last}");
 
@@ -557,12 +561,17 @@ fn fair_waiting_serves_bobs_one_job_before_alices_second() {
     }
     let names: Vec<&str> = started.iter().map(|&i| jobs[i].name.as_str()).collect();
     assert_eq!(names, ["a1", "b1", "a2", "a3"]);
-    let allocated: Vec<String> = audit(&g)
+    // Each once in the trail (alice's and bob's lines are in logs of their own, merged
+    // by time to the second: the order above is the one to check).
+    let mut allocated: Vec<String> = audit(&g)
         .into_iter()
         .filter(|e| e["event"] == "allocate")
         .map(|e| e["holder"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(allocated, [holder(0), holder(3), holder(1), holder(2)]);
+    allocated.sort();
+    let mut expected = [holder(0), holder(3), holder(1), holder(2)];
+    expected.sort();
+    assert_eq!(allocated, expected);
     for job in &mut jobs {
         let (exit, stderr) = job.finish();
         assert!(exit.success(), "{stderr}");
@@ -1700,4 +1709,57 @@ fn a_user_waiting_for_her_own_gpu_blocks_no_one_else() {
     let (exit, stderr) = first.finish();
     assert!(exit.success(), "{stderr}");
     until_clean(&g);
+}
+
+/// Issue 31, finding 7: one user looping hold-then-release through the daemon wrote
+/// thousands of lines a second, and at the defaults the whole trail and `gpupin usage`
+/// history rotated out in minutes, everyone's with it. Each user's holders now have a
+/// log of their own, rotated on its own: mallory's loop (on a trail capped at 4KiB a
+/// file) rotates only her own lines, and alice's job stays in `gpupin log` and
+/// `gpupin usage`.
+#[test]
+fn a_users_flood_of_holds_rotates_no_one_elses_events_away() {
+    let test = "a_users_flood_of_holds_rotates_no_one_elses";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("audit_max_size = \"4KiB\"\naudit_keep = 1");
+    let alice = User::create("flda");
+    let mallory = User::create("fldm");
+    let _daemon = Daemon::start(&g);
+    let mut job = Job::start(&g, Some(&alice), "alices", &["--count", "1"]);
+    job.ready();
+    let holder = job.holder();
+    let (exit, stderr) = job.finish();
+    assert!(exit.success(), "{stderr}");
+    until_clean(&g);
+    let sleeper = Sleeper::start(&mallory);
+    let pid = sleeper.pid().to_string();
+    for _ in 0..60 {
+        ok(
+            &g,
+            Some(&mallory),
+            &["hold", "m", "--devices", "5", "--pid", &pid],
+        );
+        ok(&g, Some(&mallory), &["release", "m"]);
+    }
+    let log = ok(&g, None, &["log", "--user", &alice.name, "--json"]);
+    let events: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .filter(|e| e["holder"] == holder.as_str())
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["allocate", "bind", "release"], "{log}");
+    let usage = ok(&g, None, &["usage", "--by", "user"]);
+    assert!(usage.contains(&alice.name), "{usage}");
+    assert!(
+        g.state_dir
+            .join(format!("audit.users/{}.log.1", mallory.uid))
+            .exists(),
+        "mallory's own log rotated"
+    );
 }

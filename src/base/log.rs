@@ -6,6 +6,11 @@
 
 use tracing::level_filters::LevelFilter;
 
+/// The target of the events that carry an audit line the audit log could not take
+/// (`audit_failure = "warn"`): the binaries write these to stderr whatever the level,
+/// since they are the trail's, not a log's.
+pub const AUDIT_FALLBACK: &str = "gpupin::audit_fallback";
+
 /// The environment variable that turns logging on, and wins over the config key.
 pub const LOG_ENV: &str = "GPUPIN_LOG";
 

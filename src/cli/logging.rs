@@ -31,6 +31,23 @@ pub fn init_from_config(config: &Config) {
     {
         install(level);
     }
+    // Logging off (the default, or asked for): audit lines the audit log could not take
+    // still reach stderr (the journal, the engine's log), since they are the trail's.
+    // A subscriber installed above wins; this one then is not set.
+    install_audit_fallback();
+}
+
+/// A subscriber for `log::AUDIT_FALLBACK` events alone.
+fn install_audit_fallback() {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    let targets = Targets::new().with_target(log::AUDIT_FALLBACK, LevelFilter::ERROR);
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(LevelFilter::ERROR)
+        .finish()
+        .with(targets);
+    let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
 fn install(level: Level) {
@@ -44,7 +61,8 @@ fn install(level: Level) {
     let ours = level.filter();
     let targets = Targets::new()
         .with_default(ours.min(LevelFilter::INFO))
-        .with_targets(["gpupin", "gpupin_hook", "gpupin_runtime"].map(|t| (t, ours)));
+        .with_targets(["gpupin", "gpupin_hook", "gpupin_runtime"].map(|t| (t, ours)))
+        .with_target(log::AUDIT_FALLBACK, LevelFilter::ERROR);
     let subscriber = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(ours)

@@ -157,10 +157,17 @@ pub fn refusal(out: &Output, what: &str) -> String {
 /// The audit log's events, in order, refusals (`audit.refusals.log`) merged in by time
 /// as `gpupin log` merges them.
 pub fn audit(g: &Gpupin) -> Vec<Value> {
-    let mut events: Vec<Value> = ["audit.log", "audit.refusals.log"]
+    // The main log, the refusals and each user's log (audit.users/<uid>.log).
+    let users = std::fs::read_dir(g.state_dir.join("audit.users"))
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let files = ["audit.log", "audit.refusals.log"]
         .iter()
-        .flat_map(|name| {
-            let text = std::fs::read_to_string(g.state_dir.join(name)).unwrap_or_default();
+        .map(|name| g.state_dir.join(name))
+        .chain(users);
+    let mut events: Vec<Value> = files
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
             text.lines()
                 .map(|l| serde_json::from_str(l).expect("an audit line is JSON"))
                 .collect::<Vec<Value>>()

@@ -78,4 +78,20 @@ impl AuditLog {
             ..self.clone()
         }
     }
+
+    /// The folder of the users' logs beside this one: `audit.users/` for `audit.log`.
+    pub fn users_dir(&self) -> PathBuf {
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        let stem = name.strip_suffix(".log").unwrap_or(&name);
+        self.path.with_file_name(format!("{stem}.users"))
+    }
+
+    /// The log of one user's holders (`audit.users/<uid>.log`), rotated on its own, so
+    /// that no user's flood of events rotates another's, or root's, out of the trail.
+    pub fn of_user(&self, uid: u32) -> AuditLog {
+        AuditLog {
+            path: self.users_dir().join(format!("{uid}.log")),
+            ..self.clone()
+        }
+    }
 }

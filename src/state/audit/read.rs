@@ -37,7 +37,7 @@ pub struct Entry {
 
 /// The events of a log in the order they were written; see `AuditLog::events`.
 pub struct Events {
-    /// The log, then its refusals (`AuditLog::refusals`).
+    /// The log, its refusals (`AuditLog::refusals`), then each user's (`AuditLog::of_user`).
     streams: Vec<Stream>,
     /// The next event of each stream, read ahead to merge them by time.
     heads: Vec<Option<Result<Entry, ReadError>>>,
@@ -53,15 +53,18 @@ struct Stream {
 }
 
 impl AuditLog {
-    /// Every event of the rotated files and the live one, and of the refusals log beside
-    /// them, oldest first (by time; in the order written within a log). A file that does
+    /// Every event of the rotated files and the live one, and of the refusals log and the
+    /// users' logs beside them, oldest first (by time; in the order written within a log). A file that does
     /// not exist has no events (a machine where nothing happened yet, or a file rotated
     /// away while this reads); any other failure ends the iteration with an error.
     pub fn events(&self) -> Events {
-        let streams = vec![
+        let mut streams = vec![
             Stream::new(self.files()),
             Stream::new(self.refusals().files()),
         ];
+        for uid in self.user_logs() {
+            streams.push(Stream::new(self.of_user(uid).files()));
+        }
         Events {
             heads: streams.iter().map(|_| None).collect(),
             streams,

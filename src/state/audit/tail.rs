@@ -1,6 +1,6 @@
-//! `gpupin log --follow`: the lines written to the live audit log and its refusals log
-//! since the last look, as `tail -F` would give them: a file rotated away (renamed to
-//! `.1`, a new one in its place) is read from the start of the new one, and a line not
+//! `gpupin log --follow`: the lines written to the live audit log, its refusals log and
+//! its users' logs since the last look, as `tail -F` would give them: a file rotated
+//! away (renamed to `.1`, a new one in its place) is read from the start of the new one, and a line not
 //! written whole yet waits for its end.
 
 use super::read::{Entry, ReadError, open_log, parse_line};
@@ -18,17 +18,26 @@ struct Followed {
     partial: Vec<u8>,
 }
 
-/// The live log and the refusals log, followed from their ends at `AuditLog::tail`.
+/// The live log, the refusals log and the users' logs, followed from their ends at
+/// `AuditLog::tail`; a user's log that appears later, from its start.
 pub struct Tail {
+    log: AuditLog,
     files: Vec<Followed>,
     unreadable: usize,
 }
 
 impl AuditLog {
-    /// Follows the live log and its refusals log from where they end now.
+    /// Follows the live log, its refusals log and its users' logs from where they end now.
     pub fn tail(&self) -> Result<Tail, ReadError> {
         let mut files = Vec::new();
-        for path in [self.path.clone(), self.refusals().path] {
+        let users = self
+            .user_logs()
+            .into_iter()
+            .map(|uid| self.of_user(uid).path);
+        for path in [self.path.clone(), self.refusals().path]
+            .into_iter()
+            .chain(users)
+        {
             let mut followed = Followed {
                 path,
                 file: None,
@@ -42,6 +51,7 @@ impl AuditLog {
             files.push(followed);
         }
         Ok(Tail {
+            log: self.clone(),
             files,
             unreadable: 0,
         })
@@ -103,6 +113,19 @@ impl Followed {
 impl Tail {
     /// The events written since the last call, oldest first.
     pub fn poll(&mut self) -> Result<Vec<Entry>, ReadError> {
+        // A user's first holder since the tail began starts a log of theirs: every line
+        // in it is new.
+        for uid in self.log.user_logs() {
+            let path = self.log.of_user(uid).path;
+            if !self.files.iter().any(|f| f.path == path) {
+                self.files.push(Followed {
+                    path,
+                    file: None,
+                    inode: 0,
+                    partial: Vec::new(),
+                });
+            }
+        }
         let mut entries = Vec::new();
         for followed in &mut self.files {
             for line in followed.read_new()? {

@@ -7,6 +7,11 @@
 //! happens under the same lock, and only by a writer that still has the file the path
 //! names (another may have rotated it a moment ago), so no rotated file is overwritten.
 //!
+//! The events of a user's holders (those with a uid other than root's) go to a log of
+//! that user's (`audit.users/<uid>.log`), rotated on its own: one user looping
+//! hold-then-release fills only their own files, and cannot rotate another user's
+//! allocations, or root's and the containers', out of the trail or of `gpupin usage`.
+//!
 //! Refusals go to a log of their own beside it (`audit.refusals.log` for `audit.log`),
 //! rotated the same way: anyone may be refused as often as they like, and their refusals
 //! must never push an allocation, hold, bind or release out of the rotated files. Each
@@ -69,13 +74,39 @@ impl AuditLog {
     /// The caller decides what a failure means (`audit_failure` for an allocation; a
     /// warning for a release, which has happened whatever the log says).
     pub fn append(&self, event: &Event) -> Result<(), WriteError> {
-        match event.event {
-            EventKind::Refuse => self.append_refusal(event, now()),
+        match (event.event, event.uid) {
+            (EventKind::Refuse, _) => self.append_refusal(event, now()),
+            // A user's holders in a log of their own (`of_user`).
+            (_, Some(uid)) if uid != 0 => {
+                let theirs = self.of_user(uid);
+                theirs.try_append(event).map_err(|source| WriteError {
+                    path: theirs.path.clone(),
+                    source,
+                })
+            }
             _ => self.try_append(event).map_err(|source| WriteError {
                 path: self.path.clone(),
                 source,
             }),
         }
+    }
+
+    /// The users whose logs exist (`of_user`), by uid; a name that is no uid's log, or an
+    /// entry that is no regular file, is none.
+    pub fn user_logs(&self) -> Vec<u32> {
+        let Ok(entries) = fs::read_dir(self.users_dir()) else {
+            return Vec::new();
+        };
+        let mut uids: Vec<u32> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| {
+                let name = e.file_name();
+                name.to_str()?.strip_suffix(".log")?.parse().ok()
+            })
+            .collect();
+        uids.sort_unstable();
+        uids
     }
 
     /// Writes `event` (a refusal) to the refusals log, unless its requester has had

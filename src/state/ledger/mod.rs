@@ -553,7 +553,7 @@ impl Ledger {
             && let Ok(_lock) = store::lock(&self.dir)
         {
             if let Err(err) = written {
-                self.audit_failed(&err, event);
+                self.audit_failed(&err, Some(event));
             }
             self.changed();
         }
@@ -563,16 +563,24 @@ impl Ledger {
     /// that cannot be written is a warning and a count, the change stands.
     fn audit_done(&self, event: &Event) {
         if let Err(err) = self.audit.append(event) {
-            self.audit_failed(&err, event);
+            self.audit_failed(&err, Some(event));
         }
     }
 
-    /// Counts an audit line not written (caller holds the lock), and puts the line itself
-    /// into gpupin's own log (stderr: the journal under systemd, the engine's log for a
-    /// hook), so that the trail survives in one place while the audit log cannot take it.
-    fn audit_failed(&self, err: &crate::state::audit::WriteError, event: &Event) {
-        let line = serde_json::to_string(event).unwrap_or_default();
-        tracing::error!(error = %crate::base::message::one_line(err), line = %line, "audit line not written");
+    /// Counts an audit line not written (caller holds the lock), and puts `line`, where it
+    /// belongs to the trail, into gpupin's own stderr (the journal under systemd, the
+    /// engine's log for a hook: `log::AUDIT_FALLBACK`, written whatever the log level),
+    /// so that the trail survives in one place while the audit log cannot take it.
+    fn audit_failed(&self, err: &crate::state::audit::WriteError, line: Option<&Event>) {
+        match line {
+            Some(event) => {
+                let line = serde_json::to_string(event).unwrap_or_default();
+                tracing::error!(target: crate::base::log::AUDIT_FALLBACK, error = %crate::base::message::one_line(err), line = %line, "audit line not written");
+            }
+            None => {
+                tracing::warn!(error = %crate::base::message::one_line(err), "audit line not written")
+            }
+        }
         failures::count_audit_write_failure(&self.dir);
     }
 
@@ -712,7 +720,10 @@ impl Ledger {
             audited = audited.because(reason.clone());
         }
         if let Err(source) = self.audit.append(&audited) {
-            self.audit_failed(&source, &audited);
+            // Under "refuse" the allocation is undone, so its line is no part of the
+            // trail: only counted (its refusal's line is the trail's).
+            let kept = (self.audit.on_failure != AuditFailure::Refuse).then_some(&audited);
+            self.audit_failed(&source, kept);
             // Under "refuse" nothing is held that the trail does not show: the record
             // goes again, and the requester is told which log and which key.
             if self.audit.on_failure == AuditFailure::Refuse {

@@ -189,8 +189,12 @@ mod tests {
             .map_err(|e| e.to_string())
     }
 
+    /// The main log and alice's (`audit.users/`), as one text.
     fn audit(l: &Ledger) -> String {
-        std::fs::read_to_string(l.dir().join("audit.log")).unwrap_or_default()
+        ["audit.log", "audit.users/1001.log"]
+            .iter()
+            .map(|f| std::fs::read_to_string(l.dir().join(f)).unwrap_or_default())
+            .collect()
     }
 
     /// Issue 31, finding 1: a forced release of a holder that still runs freed its GPUs

@@ -649,7 +649,8 @@ fn audit_lines_tell_who_held_what_and_for_how_long() {
     l.allocate(&id("a1"), &count(2), &m, job("alice", 1001, &[]))
         .unwrap();
     l.release(&id("a1")).unwrap();
-    let text = std::fs::read_to_string(l.dir().join("audit.log")).unwrap();
+    // Alice's holders are in her own log (audit.users/1001.log).
+    let text = std::fs::read_to_string(l.dir().join("audit.users/1001.log")).unwrap();
     let events: Vec<crate::state::audit::Event> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())

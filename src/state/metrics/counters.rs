@@ -30,6 +30,9 @@ pub struct Counters {
     main: Tally,
     #[serde(default)]
     refused: Tally,
+    /// Each user's log (`AuditLog::of_user`), by uid.
+    #[serde(default)]
+    users: BTreeMap<u32, Tally>,
 }
 
 /// What one log (its live file and rotated ones) has counted, and how far.
@@ -130,16 +133,27 @@ impl Tally {
     }
 }
 
-/// The counters of `log` and its refusals log, brought up to date from `before` (a
+/// The counters of `log`, its refusals log and its users' logs, brought up to date from `before` (a
 /// cursor saved earlier, or the default to count everything). Files that cannot be read
 /// count as empty.
 pub fn update(log: &AuditLog, before: Counters) -> Counters {
     let main = before.main.update(log);
     let refused = before.refused.update(&log.refusals());
+    let mut earlier = before.users;
+    let users: BTreeMap<u32, Tally> = log
+        .user_logs()
+        .into_iter()
+        .map(|uid| {
+            let tally = earlier.remove(&uid).unwrap_or_default();
+            (uid, tally.update(&log.of_user(uid)))
+        })
+        .collect();
     let sum = |pick: fn(&Tally) -> &BTreeMap<String, u64>| {
         let mut total = pick(&main).clone();
-        for (key, n) in pick(&refused) {
-            *total.entry(key.clone()).or_insert(0) += n;
+        for tally in std::iter::once(&refused).chain(users.values()) {
+            for (key, n) in pick(tally) {
+                *total.entry(key.clone()).or_insert(0) += n;
+            }
         }
         total
     };
@@ -150,6 +164,7 @@ pub fn update(log: &AuditLog, before: Counters) -> Counters {
         audit_write_failures: before.audit_write_failures,
         main,
         refused,
+        users,
     }
 }
 
