@@ -10,7 +10,7 @@ use crate::input::config::{Config, Foreign};
 use crate::input::request::{GpuRequest, Share};
 use crate::model::holder::HolderId;
 use crate::state::audit::{Event, EventKind};
-use crate::state::ledger::{HolderMeta, LedgerError, Machine, Record};
+use crate::state::ledger::{Figures, FiguresNow, HolderMeta, LedgerError, Machine, Record};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -39,16 +39,8 @@ pub struct Loaded {
 pub fn load_machine(config: &Config, request: &GpuRequest) -> Result<Loaded, GrantError> {
     let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
     let policy = request.policy.unwrap_or(config.policy);
-    let for_policy = policy.needs_live() || request.memory.is_some();
-    let for_foreign = config.foreign == Foreign::Avoid && request.share == Share::Exclusive;
-    let read = || {
-        let cache = Cache {
-            state_dir: &config.state_dir,
-            max_age: config.live_cache,
-        };
-        let file = config.live_file.as_deref();
-        inventory::read_live(file, &inventory, &config.nvml, Some(cache))
-    };
+    let (for_policy, for_foreign) = live_wanted(config, request);
+    let read = || read_live(config, &inventory);
     let live = match (for_policy, for_foreign) {
         (true, _) => read()?,
         (false, true) => read().unwrap_or_else(|err| {
@@ -79,6 +71,55 @@ pub fn load_machine(config: &Config, request: &GpuRequest) -> Result<Loaded, Gra
         live,
         processes,
     })
+}
+
+/// Whether `request` needs live figures: for its policy or memory filter, and to see the
+/// processes on the GPUs (an exclusive request under `foreign = "avoid"`).
+fn live_wanted(config: &Config, request: &GpuRequest) -> (bool, bool) {
+    let policy = request.policy.unwrap_or(config.policy);
+    (
+        policy.needs_live() || request.memory.is_some(),
+        config.foreign == Foreign::Avoid && request.share == Share::Exclusive,
+    )
+}
+
+fn read_live(
+    config: &Config,
+    inventory: &inventory::Inventory,
+) -> Result<Option<Vec<inventory::Live>>, inventory::InventoryError> {
+    let cache = Cache {
+        state_dir: &config.state_dir,
+        max_age: config.live_cache,
+    };
+    let file = config.live_file.as_deref();
+    inventory::read_live(file, inventory, &config.nvml, Some(cache))
+}
+
+/// For a request that waits: the figures `load_machine` read, read again before each
+/// look in the queue (`HolderMeta::figures_now`), so that it is decided on the machine
+/// as it is then. Figures that cannot be read then leave the earlier ones in place.
+fn figures_now(
+    config: &Config,
+    request: &GpuRequest,
+    inventory: &inventory::Inventory,
+) -> Option<FiguresNow> {
+    let (for_policy, for_foreign) = live_wanted(config, request);
+    if !(for_policy || for_foreign) {
+        return None;
+    }
+    let config = config.clone();
+    let inventory = inventory.clone();
+    Some(FiguresNow(std::sync::Arc::new(move || {
+        let live = read_live(&config, &inventory).unwrap_or_else(|err| {
+            tracing::warn!(error = %crate::base::message::one_line(&err), "live figures unreadable during a wait: the last ones stand");
+            None
+        });
+        let processes = live
+            .as_deref()
+            .filter(|_| for_foreign)
+            .map(|live| whose::observe(live, &whose::passwd_name));
+        Figures { live, processes }
+    })))
 }
 
 /// The allocation settings of `config` over a loaded machine.
@@ -112,6 +153,10 @@ pub fn allocate(
     let allocation = match request.wait {
         Some(wait) => {
             tracing::debug!(holder = %holder, wait = %humantime::format_duration(wait), "may wait in the queue");
+            let meta = HolderMeta {
+                figures_now: figures_now(config, request, &loaded.inventory),
+                ..meta
+            };
             ledger.allocate_waiting(holder, request, &machine, meta, wait)
         }
         None => ledger.allocate(holder, request, &machine, meta),

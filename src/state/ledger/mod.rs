@@ -32,7 +32,8 @@ pub use idle::{IDLE_FILE, Idle, IdleLook, IdleRule, look_every};
 pub use machine::Machine;
 pub use queue::Waiting;
 pub use record::{
-    HolderMeta, Mode, Record, StillWanted, UNBOUND_GRACE, holder_of, holders_of, unix_now,
+    Figures, FiguresNow, HolderMeta, Mode, Record, StillWanted, UNBOUND_GRACE, holder_of,
+    holders_of, unix_now,
 };
 pub use release::Releaser;
 pub use survey::Survey;

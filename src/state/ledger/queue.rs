@@ -465,7 +465,18 @@ impl Ledger {
             if now != seen || recent(&now) || looked.elapsed() >= LOOK_AGAIN || expired {
                 seen = now;
                 looked = Instant::now();
-                match self.try_from_queue(&mut ticket, holder, request, machine, &meta) {
+                // The machine as it is now (read before the lock: NVML may be slow): a
+                // GPU a process of no holder took during the wait is not handed out.
+                let figures = meta.figures_now.as_ref().map(|f| (f.0)());
+                let now_machine = match &figures {
+                    Some(f) => Machine {
+                        live: f.live.as_deref().or(machine.live),
+                        processes: f.processes.as_deref().or(machine.processes),
+                        ..*machine
+                    },
+                    None => *machine,
+                };
+                match self.try_from_queue(&mut ticket, holder, request, &now_machine, &meta) {
                     Ok(Some(allocation)) => {
                         tracing::debug!(
                             holder = %holder,

@@ -93,6 +93,27 @@ pub struct HolderMeta {
     /// Whether the limits (`[limits]`) apply: a request on behalf of a user who is not
     /// root. Root's own requests, and holds root makes for someone, are not limited.
     pub limited: bool,
+    /// Read again before each look of a waiting request: the live figures and the
+    /// processes on the GPUs now, so that a wait is decided on the machine as it is
+    /// then, not as it was when it was queued. `None`: the machine given is used.
+    pub figures_now: Option<FiguresNow>,
+}
+
+/// The live figures and the processes on each GPU, as read now.
+#[derive(Debug, Default)]
+pub struct Figures {
+    pub live: Option<Vec<crate::host::inventory::Live>>,
+    pub processes: Option<Vec<Vec<crate::host::whose::Seen>>>,
+}
+
+/// Reads `Figures` again (see `HolderMeta::figures_now`); called without the lock.
+#[derive(Clone)]
+pub struct FiguresNow(pub std::sync::Arc<dyn Fn() -> Figures + Send + Sync>);
+
+impl std::fmt::Debug for FiguresNow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FiguresNow")
+    }
 }
 
 /// A check a waiting request polls (see `HolderMeta::still_wanted`); cheap, no lock.

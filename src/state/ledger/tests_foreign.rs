@@ -241,3 +241,74 @@ fn many_foreign_gpus_are_counted_past_the_first_two() {
         "{err}"
     );
 }
+
+/// Issue 32, item 10: a request that waited was decided on the machine as it was when it
+/// was queued, so a GPU a process of no holder took during the wait was handed out. Now
+/// the figures are read again before each look (`HolderMeta::figures_now`): GPU 0, freed
+/// while bob's process runs on it, is passed over, and the waiter gets GPU 1.
+#[test]
+fn a_wait_is_decided_on_the_processes_running_when_it_is_served() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    let none: Vec<Vec<Seen>> = vec![Vec::new(), Vec::new()];
+    let m = Machine {
+        processes: Some(&none),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("a"), &count(1), &m, meta()).unwrap();
+    l.allocate(&id("b"), &count(1), &m, meta()).unwrap();
+    let bob = std::sync::Arc::new(Sleeper::start());
+    let appeared = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (seen_by, bobs) = (
+        std::sync::Arc::clone(&appeared),
+        std::sync::Arc::clone(&bob),
+    );
+    let waiting = HolderMeta {
+        figures_now: Some(FiguresNow(std::sync::Arc::new(move || {
+            let on_0 = match seen_by.load(std::sync::atomic::Ordering::SeqCst) {
+                true => vec![bobs.seen(&[1], "0::/user.slice\n")],
+                false => Vec::new(),
+            };
+            Figures {
+                live: None,
+                processes: Some(vec![on_0, Vec::new()]),
+            }
+        }))),
+        ..meta()
+    };
+    let dir = l.dir().to_path_buf();
+    let inv2 = inv.clone();
+    let waiter = std::thread::spawn(move || {
+        let l = Ledger::open(&dir).unwrap();
+        let none: Vec<Vec<Seen>> = vec![Vec::new(), Vec::new()];
+        let m = Machine {
+            processes: Some(&none),
+            ..Machine::new(&inv2, PolicyName::Pack)
+        };
+        l.allocate_waiting(
+            &id("w"),
+            &count(1),
+            &m,
+            waiting,
+            std::time::Duration::from_secs(60),
+        )
+    });
+    while l.waiting().unwrap().is_empty() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Bob's process starts on GPU 0, then its holder goes.
+    appeared.store(true, std::sync::atomic::Ordering::SeqCst);
+    l.release(&id("a")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    assert_eq!(
+        l.waiting().unwrap().len(),
+        1,
+        "GPU 0 runs bob's process: still waiting"
+    );
+    l.release(&id("b")).unwrap();
+    let got = waiter
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{}", one_line(&e)));
+    assert_eq!(got.record.gpus, ["GPU-test-1"]);
+}
