@@ -1763,3 +1763,56 @@ fn a_users_flood_of_holds_rotates_no_one_elses_events_away() {
         "mallory's own log rotated"
     );
 }
+
+/// Issue 32, item 11: the CLI ignored `GPUPIN_SOCKET` while the Python client read only
+/// it. Both now take `GPUPIN_SOCKET`, else the config's socket: a user whose config names
+/// another state dir reaches the daemon through the variable.
+#[test]
+fn gpupin_socket_in_the_environment_wins_over_the_config() {
+    let test = "gpupin_socket_in_the_environment_wins";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let alice = User::create("sock");
+    let _daemon = Daemon::start(&g);
+    let sleeper = Sleeper::start(&alice);
+    let pid = sleeper.pid().to_string();
+    let elsewhere = scratch(&g).join("elsewhere.toml");
+    std::fs::write(
+        &elsewhere,
+        "state_dir = \"/nonexistent/gpupin\"\ninventory = \"sim:nvswitch8\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let hold = |socket: Option<&Path>| {
+        let mut cmd = Command::new(&g.bin);
+        cmd.arg("--config")
+            .arg(&elsewhere)
+            .args(["hold", "h", "--devices", "4", "--pid", &pid])
+            .env_remove("GPUPIN_CONFIG")
+            .env_remove("GPUPIN_SOCKET")
+            .stdin(Stdio::null());
+        if let Some(socket) = socket {
+            cmd.env("GPUPIN_SOCKET", socket);
+        }
+        alice.owns(&mut cmd);
+        cmd.output().unwrap()
+    };
+    let out = hold(None);
+    assert!(
+        harness::stderr(&out)
+            .contains("cannot reach gpupin serve at /nonexistent/gpupin/gpupin.sock"),
+        "{}",
+        harness::stderr(&out)
+    );
+    let out = hold(Some(&g.state_dir.join("gpupin.sock")));
+    assert!(out.status.success(), "{}", harness::stderr(&out));
+    assert!(
+        harness::stdout(&out).contains("h holds GPU 4"),
+        "{}",
+        harness::stdout(&out)
+    );
+    ok(&g, Some(&alice), &["release", "h"]);
+    until_clean(&g);
+}

@@ -71,9 +71,39 @@ class Gpu(tuple):
         return "Gpu(index={!r}, uuid={!r})".format(self[0], self[1])
 
 
+#: The config the gpupin command reads unless ``GPUPIN_CONFIG`` names another.
+DEFAULT_CONFIG = "/etc/gpupin/config.toml"
+
+
 def socket_path():
-    """The daemon's socket: ``$GPUPIN_SOCKET``, else /run/gpupin/gpupin.sock."""
-    return os.environ.get("GPUPIN_SOCKET") or DEFAULT_SOCKET
+    """The daemon's socket, found as the gpupin command finds it: ``$GPUPIN_SOCKET``;
+    else the config (``$GPUPIN_CONFIG``, else /etc/gpupin/config.toml where it exists):
+    its ``socket``, else ``gpupin.sock`` in its ``state_dir``; else
+    /run/gpupin/gpupin.sock."""
+    explicit = os.environ.get("GPUPIN_SOCKET")
+    if explicit:
+        return explicit
+    config = os.environ.get("GPUPIN_CONFIG") or DEFAULT_CONFIG
+    settings = _read_config(config)
+    if settings.get("socket"):
+        return str(settings["socket"])
+    if settings.get("state_dir"):
+        return os.path.join(str(settings["state_dir"]), "gpupin.sock")
+    return DEFAULT_SOCKET
+
+
+def _read_config(path):
+    """The config's top-level keys; nothing for a config that is missing or unreadable
+    (the gpupin command says what is wrong with one)."""
+    try:
+        import tomllib
+    except ImportError:  # Python before 3.11: the default socket, or GPUPIN_SOCKET
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def _connect_hint(path, error):

@@ -188,3 +188,21 @@ def test_no_daemon_is_one_line_saying_who_starts_it(tmp_path, monkeypatch):
         "cannot reach gpupin serve at {}: no such socket: gpupin serve is not running "
         "(an admin starts it: systemctl enable --now gpupin.socket)".format(path)
     )
+
+
+def test_the_socket_is_found_as_the_gpupin_command_finds_it(tmp_path, monkeypatch):
+    """Issue 32, item 11: with only GPUPIN_CONFIG set, gpupin exec reached the daemon and
+    acquire() did not: both now take GPUPIN_SOCKET, else the config's socket, else its
+    state_dir's gpupin.sock."""
+    config = tmp_path / "gpupin.toml"
+    config.write_text('state_dir = "{}"\n'.format(tmp_path / "state"))
+    monkeypatch.delenv("GPUPIN_SOCKET", raising=False)
+    monkeypatch.setenv("GPUPIN_CONFIG", str(config))
+    assert gpupin.socket_path() == str(tmp_path / "state" / "gpupin.sock")
+    config.write_text('state_dir = "/x"\nsocket = "{}"\n'.format(tmp_path / "s.sock"))
+    assert gpupin.socket_path() == str(tmp_path / "s.sock")
+    monkeypatch.setenv("GPUPIN_SOCKET", "/elsewhere.sock")
+    assert gpupin.socket_path() == "/elsewhere.sock"
+    monkeypatch.delenv("GPUPIN_SOCKET")
+    monkeypatch.setenv("GPUPIN_CONFIG", str(tmp_path / "missing.toml"))
+    assert gpupin.socket_path() == "/run/gpupin/gpupin.sock"

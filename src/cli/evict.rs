@@ -38,7 +38,7 @@ pub fn run(config: &Config, args: &EvictArgs) -> anyhow::Result<ExitCode> {
             reason: args.reason.clone(),
             grace_secs: Some(args.grace.as_secs()),
         };
-        let reply = Client::connect(&config.socket_path())?.ask(&request)?;
+        let reply = Client::connect(&config.client_socket())?.ask(&request)?;
         if reply.cancelled {
             outln!(
                 "cancelled {}: it no longer waits for GPUs",

@@ -169,7 +169,7 @@ fn through_daemon(
     pairs: Vec<(String, String)>,
     gpupin: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
-    let mut client = Client::connect(&config.socket_path())?;
+    let mut client = Client::connect(&config.client_socket())?;
     // The daemon names an unnamed job after the process that asks: this one.
     let holder = args
         .name

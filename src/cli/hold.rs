@@ -92,7 +92,7 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             .collect();
         (record.id, indices)
     } else {
-        let reply = Client::connect(&config.socket_path())?.ask(&Request::Hold {
+        let reply = Client::connect(&config.client_socket())?.ask(&Request::Hold {
             id: args.id.clone(),
             devices,
             by_minor,

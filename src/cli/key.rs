@@ -18,7 +18,7 @@ pub fn run(config: &Config, args: &KeyArgs) -> anyhow::Result<ExitCode> {
     let holder = HolderId::new(&args.id)?;
     if !rustix::process::geteuid().is_root() {
         // Only root reads the node's secret; the daemon gives a user their own holders' keys.
-        let reply = Client::connect(&config.socket_path())?.ask(&Request::Key {
+        let reply = Client::connect(&config.client_socket())?.ask(&Request::Key {
             id: holder.to_string(),
         })?;
         outln!("{}", reply.key.unwrap_or_default())?;

@@ -46,7 +46,7 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
             exact: args.exact,
             ignore_missing: args.ignore_missing,
         };
-        let reply = Client::connect(&config.socket_path())?.ask(&request)?;
+        let reply = Client::connect(&config.client_socket())?.ask(&request)?;
         if reply.holder.is_none() {
             outln!("no holder {id:?}: nothing to release")?;
             return Ok(ExitCode::SUCCESS);

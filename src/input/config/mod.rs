@@ -27,6 +27,8 @@ use std::time::Duration;
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpupin/config.toml";
 pub const DEFAULT_STATE_DIR: &str = "/run/gpupin";
 pub const CONFIG_ENV: &str = "GPUPIN_CONFIG";
+/// The socket a client of `gpupin serve` talks to, when set: it wins over the config's.
+pub const SOCKET_ENV: &str = "GPUPIN_SOCKET";
 /// How long GPUs assigned before create stay held without a container process.
 pub const DEFAULT_CLAIM_GRACE: Duration = Duration::from_secs(120);
 
@@ -348,6 +350,15 @@ impl Config {
         self.socket
             .clone()
             .unwrap_or_else(|| self.state_dir.join("gpupin.sock"))
+    }
+
+    /// The socket a client of `gpupin serve` talks to: `$GPUPIN_SOCKET`, else
+    /// `socket_path`. The Python client finds it the same way (docs/python.md).
+    pub fn client_socket(&self) -> PathBuf {
+        match std::env::var_os(SOCKET_ENV) {
+            Some(path) if !path.is_empty() => PathBuf::from(path),
+            _ => self.socket_path(),
+        }
     }
 
     /// The audit trail these settings describe.
