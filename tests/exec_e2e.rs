@@ -873,8 +873,8 @@ fn a_user_cannot_touch_another_users_job() {
     assert_eq!(
         line,
         format!(
-            "gpupin: holder {holder} is not held by uid {}: only its owner or root may release it",
-            bob.uid
+            "gpupin: holder {holder} is {}'s, not {}'s: only {} or root may release it",
+            alice.name, bob.name, alice.name
         )
     );
     unchanged("release");

@@ -209,8 +209,8 @@ print(json.dumps(lines))
                 alice.name
             )),
             Some(format!(
-                "holder {holder} is not held by uid {}: only its owner or root may release it",
-                bob.uid
+                "holder {holder} is {}'s, not {}'s: only {} or root may release it",
+                alice.name, bob.name, alice.name
             )),
         ]
     );

@@ -1087,7 +1087,7 @@ mod tests {
         let nobody = caller(NOBODY);
         let outcome = release_for(config, nobody, "res", false, Match::Shown);
         let reply = reply_for(config, nobody, "res", outcome);
-        let why = "holder res is not held by uid 65534: only its owner or root may release it";
+        let why = "holder res is alice's, not nobody's: only alice or root may release it";
         assert_eq!(reply.error.as_deref(), Some(why));
         assert_eq!(reply.holder, None);
         let refusal = refusals(tmp.path())

@@ -83,10 +83,7 @@ impl Ledger {
             if let Some(record) = records.iter().find(|r| r.id == holder.as_str())
                 && record.owner.as_ref().is_none_or(|o| o.uid != uid)
             {
-                return Err(LedgerError::NotYours {
-                    id: holder.to_string(),
-                    uid,
-                });
+                return Err(super::not_yours(record, uid));
             }
         }
         self.remove_record_locked(holder)

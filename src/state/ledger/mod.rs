@@ -192,8 +192,12 @@ pub enum LedgerError {
         pid: i32,
         reason: &'static str,
     },
-    #[error("holder {id} is not held by uid {uid}: only its owner or root may release it")]
-    NotYours { id: String, uid: u32 },
+    #[error("holder {id} is {owner}'s, not {by}'s: only {owner} or root may release it")]
+    NotYours {
+        id: String,
+        owner: String,
+        by: String,
+    },
     #[error(
         "holder {id} holds GPUs {held} already, not the GPUs {asked} asked for: release it first (gpupin release {id})"
     )]
@@ -266,6 +270,19 @@ fn reserved_for_gpupin(holder: &HolderId, meta: &HolderMeta) -> Result<(), Ledge
         id: id.to_string(),
         prefix,
     })
+}
+
+/// `record`'s owner and the user of `uid`, by name (`uid N` where /etc/passwd has none),
+/// for a refusal of someone else's holder.
+fn not_yours(record: &Record, uid: u32) -> LedgerError {
+    LedgerError::NotYours {
+        id: record.id.clone(),
+        owner: record
+            .owner
+            .as_ref()
+            .map_or_else(|| "root".to_string(), |o| o.user.clone()),
+        by: crate::host::whose::passwd_name(uid).unwrap_or_else(|| format!("uid {uid}")),
+    }
 }
 
 /// The index of the GPU `uuid` is, or whose MIG instance it is.

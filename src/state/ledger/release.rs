@@ -40,10 +40,7 @@ impl Ledger {
                 .iter()
                 .find(|r| r.id == text && !owned_by(r, by.uid))
         {
-            return Err(LedgerError::NotYours {
-                id: theirs.id.clone(),
-                uid: by.uid,
-            });
+            return Err(super::not_yours(theirs, by.uid));
         }
         let mine: Vec<Record> = records
             .into_iter()
@@ -324,7 +321,8 @@ mod tests {
         store::write_record(l.dir(), "bbbb1111.json", &bobs).unwrap();
         let err = release(&l, "bbbb1111", &alice(false)).unwrap_err();
         assert!(
-            err.starts_with("holder bbbb1111 is not held by uid 1001"),
+            err.starts_with("holder bbbb1111 is bob's, not ")
+                && err.ends_with("'s: only bob or root may release it"),
             "{err}"
         );
         let err = release(&l, "bbbb", &alice(false)).unwrap_err();
