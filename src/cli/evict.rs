@@ -39,20 +39,7 @@ pub fn run(config: &Config, args: &EvictArgs) -> anyhow::Result<ExitCode> {
             grace_secs: Some(args.grace.as_secs()),
         };
         let reply = Client::connect(&config.client_socket())?.ask(&request)?;
-        if reply.cancelled {
-            outln!(
-                "cancelled {}: it no longer waits for GPUs",
-                reply.holder.unwrap_or_default()
-            )?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        let gpus: Vec<&str> = reply.gpus.iter().map(|g| g.uuid.as_str()).collect();
-        outln!(
-            "evicted {}; released {}",
-            reply.holder.unwrap_or_default(),
-            gpus.join(",")
-        )?;
-        return Ok(ExitCode::SUCCESS);
+        return super::release::said_by_daemon(&reply, "evicted {}; released {}");
     }
     let by = Evictor {
         uid: 0,

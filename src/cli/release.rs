@@ -51,20 +51,7 @@ pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
             outln!("no holder {id:?}: nothing to release")?;
             return Ok(ExitCode::SUCCESS);
         }
-        if reply.cancelled {
-            outln!(
-                "cancelled {}: it no longer waits for GPUs",
-                reply.holder.unwrap_or_default()
-            )?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        let gpus: Vec<&str> = reply.gpus.iter().map(|g| g.uuid.as_str()).collect();
-        outln!(
-            "released {}: {}",
-            reply.holder.unwrap_or_default(),
-            gpus.join(",")
-        )?;
-        return Ok(ExitCode::SUCCESS);
+        return said_by_daemon(&reply, "released {}: {}");
     }
     if args.force {
         return forced(config, args);
@@ -139,4 +126,22 @@ pub fn operator() -> String {
         Ok(user) if !user.is_empty() && user != "root" => format!("root (sudo by {user})"),
         _ => "root".into(),
     }
+}
+
+/// What `gpupin serve` did for a user's `release` or `evict`, as one line: a queued
+/// request cancelled, else the holder and the GPUs it gave back (`done` names both, in
+/// that order: `released {}: {}`).
+pub fn said_by_daemon(reply: &gpupin::jobs::serve::Reply, done: &str) -> anyhow::Result<ExitCode> {
+    let holder = reply.holder.clone().unwrap_or_default();
+    if reply.cancelled {
+        outln!("cancelled {holder}: it no longer waits for GPUs")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let gpus: Vec<&str> = reply.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    outln!(
+        "{}",
+        done.replacen("{}", &holder, 1)
+            .replacen("{}", &gpus.join(","), 1)
+    )?;
+    Ok(ExitCode::SUCCESS)
 }
