@@ -215,6 +215,12 @@ mod tests {
                 "only root may release a holder that still runs (web: docker container of alice, pid {pid}); end it with gpupin evict web, which releases its GPUs once it is gone"
             )
         );
+        // Her own release without --force is told what runs, not that forcing is root's.
+        assert!(
+            release(&l, "web", &alice(false))
+                .unwrap_err()
+                .starts_with("web still runs (docker container of alice"),
+        );
         assert!(release(&l, "3f2a1b2c3d4e", &root(true)).is_err());
         assert_eq!(ids(&l), [id], "nothing released after the refusals");
         assert!(!audit(&l).contains("release"), "{}", audit(&l));
@@ -345,5 +351,21 @@ mod tests {
         ));
         std::fs::write(holders.join("c2.json"), "{not json").unwrap();
         assert!(release(&l, "c2", &alice(false)).is_err());
+    }
+
+    /// An eviction is audited before the stop, naming who and why (cargo mutants found
+    /// `audit_eviction` untested here).
+    #[test]
+    fn an_eviction_is_audited_with_its_reason() {
+        let (_t, l) = ledger();
+        container(&l, "dddd1111", "web", "GPU-0", true);
+        let record = l.records().unwrap().remove(0);
+        l.audit_eviction(&record, "gpupin evict by root: docker stop -t 10 dddd1111");
+        let line = audit(&l);
+        assert!(
+            line.contains("\"event\":\"evict\"")
+                && line.contains("gpupin evict by root: docker stop -t 10 dddd1111"),
+            "{line}"
+        );
     }
 }
