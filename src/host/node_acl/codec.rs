@@ -96,7 +96,7 @@ impl Acl {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Acl, AclFormatError> {
-        if bytes.len() < 4 || (bytes.len() - 4) % ENTRY_LEN != 0 {
+        if bytes.len() < 4 || !(bytes.len() - 4).is_multiple_of(ENTRY_LEN) {
             return Err(AclFormatError::Length { len: bytes.len() });
         }
         let version = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
