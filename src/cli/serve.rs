@@ -20,8 +20,10 @@ pub fn run(config: &Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
     if config.confine != gpupin::host::confine::Confine::Off {
         gpupin::host::confine::require_caps()?;
     }
-    // The ledger's directory first: the socket lives in it by default.
-    gpupin::state::open_ledger(config)?;
+    // The ledger's directory first: the socket lives in it by default. What follows the
+    // ledger (the GPU nodes' ACLs) is brought in line: a crashed daemon or a reboot may
+    // have left it behind.
+    gpupin::state::open_ledger(config)?.resync()?;
     let socket = config.socket_path();
     let (listener, ours) = match listen::from_systemd() {
         Some(l) => (l, false),

@@ -14,6 +14,7 @@
 //! - `docker` (docker.rs), `hooks` (hooks.rs): the engines' files gpupin writes;
 //! - `toolkit`, `cdi` (toolkit.rs): NVIDIA's container toolkit and CDI specs.
 
+mod access;
 mod cgroups;
 mod docker;
 mod driver;
@@ -191,6 +192,7 @@ pub fn examine_with(setup: &Setup, hardware: &Hardware) -> Report {
     let in_use = inventory::check(setup, hardware, findings);
     if let Some(inventory) = &in_use {
         findings.extend(nodes::check(setup, inventory));
+        findings.push(access::check(setup, inventory));
     }
     report.nvml_vs_nvidia_smi = driver::compare_with_smi(setup, hardware, findings);
     findings.extend(cgroups::check(setup));

@@ -4,20 +4,43 @@
 pub mod audit;
 pub mod ledger;
 pub mod metrics;
+pub mod node_access;
 pub mod usage;
 
-use crate::input::config::Config;
-use ledger::{Ledger, LedgerError};
+use crate::input::config::{Config, NodeAccess};
+use ledger::{ChangeObserver, Ledger, LedgerError};
 
-/// The ledger a configuration names (`Ledger::for_config`), with the metrics file it
-/// names rewritten after every change.
+/// The ledger a configuration names (`Ledger::for_config`), with what follows it after
+/// every change: the metrics file it names, and with `node_access = "acl"` the GPU
+/// nodes' ACLs.
 pub fn open_ledger(config: &Config) -> Result<Ledger, LedgerError> {
     let ledger = Ledger::for_config(config)?;
-    Ok(match &config.metrics_file {
-        Some(file) => ledger.with_observer(Box::new(metrics::FileSink {
+    let mut observers: Vec<Box<dyn ChangeObserver>> = Vec::new();
+    if let Some(file) = &config.metrics_file {
+        observers.push(Box::new(metrics::FileSink {
             file: file.clone(),
             config: config.clone(),
-        })),
-        None => ledger,
+        }));
+    }
+    if config.node_access == NodeAccess::Acl {
+        observers.push(Box::new(node_access::AclSync {
+            config: config.clone(),
+        }));
+    }
+    Ok(match observers.len() {
+        0 => ledger,
+        1 => ledger.with_observer(observers.remove(0)),
+        _ => ledger.with_observer(Box::new(Observers(observers))),
     })
+}
+
+/// Several observers of one ledger, told in turn.
+struct Observers(Vec<Box<dyn ChangeObserver>>);
+
+impl ChangeObserver for Observers {
+    fn changed(&self, ledger: &Ledger) {
+        for observer in &self.0 {
+            observer.changed(ledger);
+        }
+    }
 }

@@ -82,6 +82,8 @@ pub fn effective_toml(config: &Config) -> String {
         }),
     );
     key("confine", quoted(&config.confine.to_string()));
+    key("node_access", quoted(config.node_access.as_str()));
+    key("node_dir", path(&config.node_dir));
     key(
         "leftovers",
         quoted(match config.leftovers {

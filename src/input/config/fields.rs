@@ -213,6 +213,25 @@ pub(super) fn mig<'de, D: Deserializer<'de>>(d: D) -> Result<super::MigUnits, D:
     keyed(d, "mig", super::MigUnits::EXPECTED)
 }
 
+pub(super) fn node_access<'de, D: Deserializer<'de>>(d: D) -> Result<super::NodeAccess, D::Error> {
+    keyed(d, "node_access", super::NodeAccess::EXPECTED)
+}
+
+pub(super) fn node_dir() -> PathBuf {
+    PathBuf::from("/dev")
+}
+
+/// An absolute directory: gpupin writes ACLs on the nodes in it.
+pub(super) fn node_dir_path<'de, D: Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
+    let dir = PathBuf::deserialize(d)?;
+    match dir.is_absolute() {
+        true => Ok(dir),
+        false => Err(D::Error::custom(format!(
+            "node_dir {dir:?}: expected an absolute directory such as \"/dev\""
+        ))),
+    }
+}
+
 pub(super) fn audit_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     let text = String::deserialize(d)?;
     match crate::base::units::parse_size(&text) {

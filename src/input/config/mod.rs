@@ -176,6 +176,56 @@ pub struct Config {
     /// Whether a plain count may take MIG instances (`MigUnits`).
     #[serde(default, deserialize_with = "fields::mig")]
     pub mig: MigUnits,
+    /// Who may open GPU nodes besides what their mode says (`NodeAccess`).
+    #[serde(default, deserialize_with = "fields::node_access")]
+    pub node_access: NodeAccess,
+    /// Where the host's `/dev/nvidia*` nodes are, for `node_access`: `/dev`, unless the
+    /// nodes gpupin manages live elsewhere (a test's fake nodes).
+    #[serde(
+        default = "fields::node_dir",
+        deserialize_with = "fields::node_dir_path"
+    )]
+    pub node_dir: PathBuf,
+}
+
+/// Who may open the GPU nodes (`/dev/nvidia<minor>`, MIG capability nodes) besides what
+/// their mode says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum NodeAccess {
+    /// gpupin leaves the nodes' permissions alone: with the driver's default mode 0666
+    /// every local user opens every GPU that no device cgroup keeps them from. The
+    /// default, since "acl" only helps once the nodes are root-only, which is the
+    /// driver's setting (NVreg_DeviceFileMode), and earlier versions wrote no ACLs.
+    #[default]
+    Open,
+    /// The named-user entries of each GPU node's POSIX ACL are exactly the owners of
+    /// the live holders whose processes run on the host (jobs, holds for a process),
+    /// rewritten after every change of the ledger: with root-only nodes, a user opens the
+    /// GPUs they hold and no others.
+    Acl,
+}
+
+impl NodeAccess {
+    pub const EXPECTED: &str = "expected \"open\" (the nodes' modes decide) or \"acl\" (each holder's user gets an ACL entry on exactly its GPUs' nodes)";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeAccess::Open => "open",
+            NodeAccess::Acl => "acl",
+        }
+    }
+}
+
+impl std::str::FromStr for NodeAccess {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "open" => Ok(NodeAccess::Open),
+            "acl" => Ok(NodeAccess::Acl),
+            _ => Err(()),
+        }
+    }
 }
 
 /// In which order the requests waiting for GPUs (`gpupin.wait`, `exec --wait`) are

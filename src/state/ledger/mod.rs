@@ -547,6 +547,17 @@ impl Ledger {
         }
     }
 
+    /// Tells the observer (if any) what the ledger says now, under the lock, though
+    /// nothing changed: `gpupin serve`'s start brings what follows the ledger (the GPU
+    /// nodes' ACLs) in line after a crash or a reboot.
+    pub fn resync(&self) -> Result<(), LedgerError> {
+        if self.observer.is_some() {
+            let _lock = store::lock(&self.dir)?;
+            self.changed();
+        }
+        Ok(())
+    }
+
     /// As `for_config`, read only (`open_read_only`).
     pub fn read_only_for_config(config: &Config) -> Result<Ledger, LedgerError> {
         Ok(Ledger::open_read_only(&config.state_dir)?
@@ -1083,6 +1094,8 @@ impl Ledger {
                 cleared.extend(store::remove_dead_temps(&sub)?);
             }
         }
+        // Whatever was reaped or not: what follows the ledger is brought in line.
+        self.changed();
         Ok(GcReport {
             released,
             cleared,
