@@ -417,3 +417,44 @@ fn a_nested_request_takes_only_its_holders_instances_of_a_gpu() {
     assert!(err.starts_with("cannot allocate 1 MIG instance"), "{err}");
     assert!(!l.records().unwrap().iter().any(|r| r.id == "more"));
 }
+
+/// Issue 31, finding 3, for a MIG profile: a waiter for 1g.10gb instances while both are
+/// held holds back no request for a whole GPU.
+#[test]
+fn a_waiter_for_a_busy_mig_profile_blocks_no_request_for_whole_gpus() {
+    let (_t, l) = ledger();
+    let inv = a100();
+    let m = Machine::new(&inv, PolicyName::Pack);
+    for holder in ["i1", "i2"] {
+        take(&l, &m, holder, &[("gpupin.mig", "1g.10gb")]).unwrap();
+    }
+    let dir = l.dir().to_path_buf();
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let still = std::sync::Arc::clone(&open);
+    let waiter = std::thread::spawn(move || {
+        let l = Ledger::open(&dir).unwrap();
+        let inv = a100();
+        let m = Machine::new(&inv, PolicyName::Pack);
+        let meta = HolderMeta {
+            still_wanted: Some(StillWanted(std::sync::Arc::new(move || {
+                still.load(std::sync::atomic::Ordering::SeqCst)
+            }))),
+            ..me()
+        };
+        let request = ask(&[("gpupin.mig", "1g.10gb"), ("gpupin.wait", "1m")]);
+        l.allocate_waiting(
+            &id("w"),
+            &request,
+            &m,
+            meta,
+            std::time::Duration::from_secs(60),
+        )
+    });
+    while l.waiting().unwrap().is_empty() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let whole = take(&l, &m, "whole", &[("gpupin.count", "1")]);
+    assert!(whole.is_ok(), "{}", whole.unwrap_err());
+    open.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(waiter.join().unwrap().is_err());
+}
