@@ -16,8 +16,10 @@ import math
 import os
 import secrets
 import socket
+import warnings
 
 __all__ = [
+    "AlreadyHeld",
     "Allocation",
     "CudaInitialized",
     "Error",
@@ -25,6 +27,7 @@ __all__ = [
     "acquire",
     "cuda_in_use",
     "hello",
+    "release",
     "socket_path",
     "status",
 ]
@@ -49,6 +52,10 @@ class Error(Exception):
 
 class CudaInitialized(Error):
     """CUDA already runs in this process: a CUDA_VISIBLE_DEVICES set now would not count."""
+
+
+class AlreadyHeld(UserWarning):
+    """acquire() with the request this process already holds: it returns that holder again."""
 
 
 class Gpu(tuple):
@@ -237,11 +244,13 @@ class Allocation:
     daemon gave), ``.release()``; a context manager that releases on exit. The GPUs go
     by themselves when the process ends."""
 
-    def __init__(self, holder, gpus, env, previous):
+    def __init__(self, holder, gpus, env, previous, asked=None):
         self.holder = holder
         self.gpus = gpus
         self.env = env
         self._previous = previous
+        self._asked = asked or {}
+        self._pid = os.getpid()
         self.released = False
 
     @property
@@ -256,6 +265,9 @@ class Allocation:
             return
         _ask({"op": "release", "id": self.holder, "exact": True, "ignore_missing": True})
         self.released = True
+        global _held
+        if _held is self:
+            _held = None
         for key, value in self._previous.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -276,6 +288,63 @@ class Allocation:
 #: What acquire() sets in os.environ.
 _SET = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES")
 
+#: This process's Allocation while it holds one: a notebook cell run again must not hold
+#: a second set of GPUs while the first stays held until the kernel ends.
+_held = None
+
+
+def release():
+    """Gives back the GPUs this process acquired, if it holds any (``Allocation.release``)."""
+    held = _current()
+    if held is not None:
+        held.release()
+
+
+def _current():
+    """This process's unreleased Allocation, or None (a forked child holds nothing)."""
+    if _held is None or _held.released or _held._pid != os.getpid():
+        return None
+    return _held
+
+
+def _asked_text(asked):
+    return ", ".join("{}={!r}".format(k, v) for k, v in asked.items())
+
+
+def _held_text(held):
+    gpus = [str(g.index) if g.index is not None else g.uuid for g in held.gpus]
+    return "GPU{} {} as {} (acquire({}))".format(
+        "s" if len(gpus) != 1 else "", ",".join(gpus), held.holder, _asked_text(held._asked)
+    )
+
+
+def _again(held, asked):
+    """acquire() in a process that holds GPUs already: the same request gets the same
+    holder (and a warning saying so), another is refused with the way out."""
+    if held._asked != asked:
+        evidence = cuda_in_use()
+        if evidence:
+            way_out = "CUDA already runs here ({}), so a new set takes effect only in a new process: restart the kernel (or the process)".format(
+                evidence
+            )
+        else:
+            way_out = "call gpupin.release() first, then acquire again"
+        raise Error(
+            "this process already holds {} and now asks for acquire({}): {}".format(
+                _held_text(held), _asked_text(asked), way_out
+            )
+        )
+    warnings.warn(
+        "this process already holds {}: the same request returns that holder again, not a second one".format(
+            _held_text(held)
+        ),
+        AlreadyHeld,
+        stacklevel=3,
+    )
+    for key in _SET:
+        os.environ[key] = held.env[key]
+    return held
+
 
 def acquire(count=1, policy=None, memory=None, wait=None):
     """Holds ``count`` GPUs for this process until it ends (or ``release()``), and sets
@@ -286,19 +355,23 @@ def acquire(count=1, policy=None, memory=None, wait=None):
     int). ``wait``: seconds to wait in the daemon's queue for GPUs to free up, in arrival
     order with everyone else's requests; without it a busy machine refuses at once.
 
+    A process holds one set at a time: asked again for the same (a notebook cell run
+    again), acquire returns the holder it has, with an ``AlreadyHeld`` warning; asked for
+    another, it raises Error saying how (``gpupin.release()`` first, or a new process
+    once CUDA runs).
+
     Raises CudaInitialized if CUDA already runs in this process, Error with the daemon's
     one line if it refuses (a limit, too few GPUs, a wait that ran out), ValueError for
     a bad argument.
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError("invalid count={!r}: expected a positive integer, such as 2".format(count))
-    evidence = cuda_in_use()
-    if evidence:
-        raise CudaInitialized(
-            "CUDA is already initialised in this process ({}): CUDA_VISIBLE_DEVICES would no longer count; call gpupin.acquire() before torch, tensorflow or cupy start CUDA".format(
-                evidence
-            )
-        )
+    # What was asked, as acquire's arguments (``wait`` says how long, not what).
+    asked = {"count": count}
+    if policy is not None:
+        asked["policy"] = policy
+    if memory is not None:
+        asked["memory"] = memory
     pairs = [["gpupin.count", str(count)]]
     if policy is not None:
         if not isinstance(policy, str) or not policy:
@@ -308,9 +381,20 @@ def acquire(count=1, policy=None, memory=None, wait=None):
         if isinstance(memory, bool) or not isinstance(memory, (int, str)) or memory == "":
             raise ValueError("invalid memory={!r}: expected a size, such as \"40GiB\", or bytes".format(memory))
         pairs.append(["gpupin.memory", str(memory)])
+    waited = _duration("wait", wait) if wait is not None else None
+    held = _current()
+    if held is not None:
+        return _again(held, asked)
+    evidence = cuda_in_use()
+    if evidence:
+        raise CudaInitialized(
+            "CUDA is already initialised in this process ({}): CUDA_VISIBLE_DEVICES would no longer count; call gpupin.acquire() before torch, tensorflow or cupy start CUDA".format(
+                evidence
+            )
+        )
     timeout = REPLY_TIMEOUT
     if wait is not None:
-        pairs.append(["gpupin.wait", _duration("wait", wait)])
+        pairs.append(["gpupin.wait", waited])
         timeout += wait
     holder = "py-{}-{}".format(os.getpid(), secrets.token_hex(4))
     reply = _ask(
@@ -335,4 +419,6 @@ def acquire(count=1, policy=None, memory=None, wait=None):
     previous = {key: os.environ.get(key) for key in _SET}
     for key in _SET:
         os.environ[key] = env[key]
-    return Allocation(reply.get("holder", holder), gpus, env, previous)
+    global _held
+    _held = Allocation(reply.get("holder", holder), gpus, env, previous, asked)
+    return _held

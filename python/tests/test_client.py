@@ -206,3 +206,75 @@ def test_the_socket_is_found_as_the_gpupin_command_finds_it(tmp_path, monkeypatc
     monkeypatch.delenv("GPUPIN_SOCKET")
     monkeypatch.setenv("GPUPIN_CONFIG", str(tmp_path / "missing.toml"))
     assert gpupin.socket_path() == "/run/gpupin/gpupin.sock"
+
+
+def test_the_same_acquire_again_returns_the_holder_it_has_and_says_so(daemon, monkeypatch):
+    # A notebook cell run again: one holder, the same GPU, the same CUDA_VISIBLE_DEVICES.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    first = gpupin.acquire(count=1)
+    try:
+        visible = os.environ["CUDA_VISIBLE_DEVICES"]
+        with pytest.warns(gpupin.AlreadyHeld) as told:
+            again = gpupin.acquire(count=1)
+        assert again.holder == first.holder
+        assert str(told[0].message) == (
+            "this process already holds GPU {} as {} (acquire(count=1)): the same request "
+            "returns that holder again, not a second one".format(visible, first.holder)
+        )
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == visible
+        assert daemon.mine() == [first.holder]
+    finally:
+        gpupin.release()
+    daemon.until_gone(first.holder)
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_another_acquire_is_refused_with_the_way_out_until_release(daemon, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    first = gpupin.acquire(count=1)
+    try:
+        visible = os.environ["CUDA_VISIBLE_DEVICES"]
+        with pytest.raises(gpupin.Error) as refused:
+            gpupin.acquire(count=2)
+        assert str(refused.value) == (
+            "this process already holds GPU {} as {} (acquire(count=1)) and now asks for "
+            "acquire(count=2): call gpupin.release() first, then acquire again".format(visible, first.holder)
+        )
+        assert daemon.mine() == [first.holder], "nothing more is held"
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == visible
+        gpupin.release()
+        daemon.until_gone(first.holder)
+        with gpupin.acquire(count=2) as second:
+            assert daemon.mine() == [second.holder]
+    finally:
+        gpupin.release()
+
+
+def test_another_acquire_after_cuda_started_says_to_restart(daemon, tmp_path):
+    libm = next(
+        line.split()[5]
+        for line in open("/proc/self/maps")
+        if len(line.split()) == 6 and os.path.basename(line.split()[5]).startswith("libm.so")
+    )
+    fake = tmp_path / "libcuda.so.1"
+    shutil.copy(libm, str(fake))
+    child = daemon.python(
+        "import ctypes, gpupin\n"
+        "held = gpupin.acquire(count=1)\n"
+        "ctypes.CDLL({!r})\n"
+        "try:\n"
+        "    gpupin.acquire(count=1, policy='spread')\n"
+        "except gpupin.Error as e:\n"
+        "    print(held.holder, held.gpus[0].index)\n"
+        "    print(e)\n".format(str(fake))
+    )
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    holder_line, line = out.strip().split("\n")
+    holder, index = holder_line.split()
+    assert line == (
+        "this process already holds GPU {} as {} (acquire(count=1)) and now asks for "
+        "acquire(count=1, policy='spread'): CUDA already runs here ({} is loaded in this "
+        "process), so a new set takes effect only in a new process: restart the kernel "
+        "(or the process)".format(index, holder, fake)
+    )
