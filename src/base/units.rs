@@ -1,7 +1,9 @@
-//! Memory sizes as people write them: `80GiB`, `512MiB`, or plain bytes. Binary units
-//! only: `80GB` is refused, since GPU vendors and users disagree on what it means.
+//! Memory sizes as people write them: `80GiB`, `512MiB`, or plain bytes, in any case.
+//! Every unit is binary: `80GB` and `40gb` mean GiB, as GPU names use them (an "A100
+//! 80GB" has 81920 MiB, and nvidia-smi says MiB), so a size copied from a card's name asks
+//! for that card.
 
-/// Parses a size (`40GiB`, `512`); the error says what was expected (`40GB` is refused).
+/// Parses a size (`40GiB`, `40gb`, `512`); the error says what was expected.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let digits_end = text
@@ -11,12 +13,12 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let count: u64 = digits
         .parse()
         .map_err(|_| "expected a whole number followed by a unit, such as 80GiB".to_string())?;
-    let shift = match unit.trim() {
-        "" | "B" => 0,
-        "KiB" => 10,
-        "MiB" => 20,
-        "GiB" => 30,
-        "TiB" => 40,
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
         _ => return Err("expected unit B, KiB, MiB, GiB or TiB".to_string()),
     };
     count
@@ -48,8 +50,16 @@ mod tests {
     }
 
     #[test]
-    fn refuses_decimal_units_and_junk() {
-        for bad in ["80GB", "GiB", "-1GiB", "1.5GiB", ""] {
+    fn units_as_card_names_and_people_write_them_are_binary() {
+        for (text, bytes) in [("40GB", 40 << 30), ("40gb", 40 << 30), ("40gib", 40 << 30)] {
+            assert_eq!(parse_size(text), Ok(bytes), "{text}");
+        }
+        assert_eq!(parse_size("512mb"), Ok(512 << 20));
+    }
+
+    #[test]
+    fn refuses_junk() {
+        for bad in ["GiB", "-1GiB", "1.5GiB", "", "40 gigs"] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
         assert_eq!(parse_size("99999999999TiB"), Err("too large".into()));

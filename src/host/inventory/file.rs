@@ -678,8 +678,8 @@ pub(super) mod tests {
             "commas",
         );
         assert_err(
-            &two_gpus("").replace("\"40GiB\"", "\"40GB\""),
-            "gpus[0].memory \"40GB\"",
+            &two_gpus("").replace("\"40GiB\"", "\"40 gigs\""),
+            "gpus[0].memory \"40 gigs\"",
         );
         assert_err(
             &two_gpus("").replace("\"40GiB\"", "-1"),

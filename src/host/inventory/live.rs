@@ -388,7 +388,7 @@ mod tests {
             (r#"{"pid": -4}"#, "pid -4 on GPU 0"),
             (r#"{"pid": 4294967296}"#, "pid 4294967296 on GPU 0"),
             (
-                r#"{"pid": 5, "used_memory": "2GB"}"#,
+                r#"{"pid": 5, "used_memory": "2 gigs"}"#,
                 "used_memory of pid 5 on GPU 0",
             ),
             (r#"{"pid": 5, "user": "bob"}"#, "unknown field `user`"),

@@ -20,14 +20,41 @@ pub fn explain(text: &str, error: &toml::de::Error) -> String {
     };
     let what = match unknown_field(&message) {
         Some((key, expected)) => unknown_key(&key, &expected, table.as_deref()),
-        None => message,
+        None => not_a_whole_number(&message, line_at(text, start)).unwrap_or(message),
     };
     format!("{place}: {what}")
 }
 
-/// The `[table]` (or `[[table]]`) header last opened before byte `at`.
+/// The line that holds byte `at`, whole.
+fn line_at(text: &str, at: usize) -> &str {
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+    &text[start..end]
+}
+
+/// serde's "invalid type: string \"two\", expected u32" for `key = value` on `line`, as
+/// an admin reads it: the key and value as written, and that a whole number is meant
+/// (of GPUs, for the keys that count GPUs).
+fn not_a_whole_number(message: &str, line: &str) -> Option<String> {
+    let expected = message.rsplit_once(", expected ")?.1;
+    if !message.starts_with("invalid type: ")
+        || !["u8", "u16", "u32", "u64", "usize"].contains(&expected)
+    {
+        return None;
+    }
+    let (key, value) = line.split_once('=')?;
+    let (key, value) = (key.trim(), value.trim());
+    let unit = if key.contains("gpus") { " of GPUs" } else { "" };
+    Some(format!(
+        "{key} = {value} is not a whole number: expected a whole number{unit}, such as {key} = 2"
+    ))
+}
+
+/// The `[table]` (or `[[table]]`) header last opened before byte `at`, or on its line:
+/// toml points an error in a dotted header (`[limits.user.alice]`) inside the header.
 fn table_at(text: &str, at: usize) -> Option<String> {
-    text[..at]
+    let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+    text[..end]
         .lines()
         .filter_map(|line| {
             let line = line.trim();
@@ -128,6 +155,29 @@ mod tests {
     fn explained(text: &str) -> String {
         let error = toml::from_str::<Config>(text).unwrap_err();
         explain(text, &error)
+    }
+
+    #[test]
+    fn a_typo_in_a_dotted_table_names_the_table_as_written() {
+        let text = "inventory = \"sim:nvswitch8\"\n[limits.user.alice]\nmax_gpus = 2\n";
+        assert_eq!(
+            explained(text),
+            "line 2 in [limits.user.alice]: unknown key \"user\"; did you mean \"users\"?"
+        );
+    }
+
+    #[test]
+    fn a_count_of_gpus_written_as_a_word_asks_for_a_whole_number_of_gpus() {
+        let text = "[limits]\nmax_gpus_per_user = \"two\"\n";
+        assert_eq!(
+            explained(text),
+            "line 2 in [limits]: max_gpus_per_user = \"two\" is not a whole number: expected a whole number of GPUs, such as max_gpus_per_user = 2"
+        );
+        let text = "[limits.users.alice]\nmax_gpus = 1.5\n";
+        assert_eq!(
+            explained(text),
+            "line 2 in [limits.users.alice]: max_gpus = 1.5 is not a whole number: expected a whole number of GPUs, such as max_gpus = 2"
+        );
     }
 
     #[test]

@@ -1054,7 +1054,7 @@ mod tests {
     #[test]
     fn bad_option_values_name_key_and_expectation() {
         for (key, value, expected) in [
-            ("gpupin.memory", "40GB", "binary units"),
+            ("gpupin.memory", "40 gigs", "binary units"),
             ("gpupin.memory", "0", "binary units"),
             ("gpupin.model", "H100;rm", "part of a GPU name"),
             ("gpupin.share", "yes", "exclusive or shared"),

@@ -1,0 +1,105 @@
+//! A student's and an admin's first day (issue 32): what a user who follows the docs
+//! sees from the `gpupin` command against a real `gpupin serve`, as throwaway users.
+
+#[allow(dead_code)]
+mod exec_support;
+
+use exec_support::{Daemon, User, gpupin, requirements, scratch};
+use gpupin_sandbox::harness;
+use std::process::{Command, Stdio};
+
+/// A user with only `GPUPIN_SOCKET` set (as the Python client's docs have them do)
+/// reaches the daemon from `gpupin exec` too: no `--config`, no `GPUPIN_CONFIG`, so the
+/// config alone would point at /run/gpupin.
+#[test]
+fn gpupin_socket_alone_takes_gpupin_exec_to_the_daemon() {
+    let test = "gpupin_socket_alone_takes_gpupin_exec_to_the_daemon";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let user = User::create("sock");
+    let _daemon = Daemon::start(&g);
+    let mut cmd = Command::new(&g.bin);
+    cmd.args([
+        "exec",
+        "--count",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo GOT $CUDA_VISIBLE_DEVICES",
+    ])
+    .current_dir(scratch(&g))
+    .env_remove("GPUPIN_CONFIG")
+    .env("GPUPIN_SOCKET", g.state_dir.join("gpupin.sock"))
+    .stdin(Stdio::null());
+    user.owns(&mut cmd);
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "gpupin exec failed: {}",
+        harness::stderr(&out)
+    );
+    assert!(
+        harness::stdout(&out).starts_with("GOT "),
+        "{}",
+        harness::stdout(&out)
+    );
+}
+
+/// `gpupin config check` on the mistakes of a first config: a count of GPUs written as a
+/// word, and a typo in a user's limits table, each named as the admin wrote it.
+#[test]
+fn config_check_names_a_word_for_a_count_and_a_typo_in_a_users_table_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |text: &str| {
+        let file = dir.path().join("config.toml");
+        std::fs::write(&file, text).unwrap();
+        let out = Command::new(exec_support::GPUPIN)
+            .args(["config", "check"])
+            .arg(&file)
+            .env_remove("GPUPIN_CONFIG")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let line = harness::stderr(&out);
+        line.replace(&file.display().to_string(), "FILE")
+    };
+    assert_eq!(
+        check("inventory = \"sim:nvswitch8\"\n[limits]\nmax_gpus_per_user = \"two\"\n"),
+        "gpupin: invalid config FILE: line 3 in [limits]: max_gpus_per_user = \"two\" is not a whole number: expected a whole number of GPUs, such as max_gpus_per_user = 2\n"
+    );
+    assert_eq!(
+        check("inventory = \"sim:nvswitch8\"\n[limits.user.alice]\nmax_gpus = 2\n"),
+        "gpupin: invalid config FILE: line 2 in [limits.user.alice]: unknown key \"user\"; did you mean \"users\"?\n"
+    );
+}
+
+/// `--memory 40gb` and `40GB`, as GPU names write sizes, ask for what `40GiB` does.
+#[test]
+fn memory_in_gb_as_card_names_write_it_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "inventory = \"sim:nvswitch8\"\nstate_dir = \"{}\"\n",
+            dir.path().join("state").display()
+        ),
+    )
+    .unwrap();
+    let pick = |memory: &str| {
+        let out = Command::new(exec_support::GPUPIN)
+            .arg("--config")
+            .arg(&file)
+            .args(["pick", "--count", "1", "--memory", memory])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{memory}: {}", harness::stderr(&out));
+        harness::stdout(&out)
+    };
+    let wanted = pick("40GiB");
+    assert_eq!(pick("40gb"), wanted);
+    assert_eq!(pick("40GB"), wanted);
+}
