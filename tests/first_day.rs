@@ -103,3 +103,49 @@ fn memory_in_gb_as_card_names_write_it_is_accepted() {
     assert_eq!(pick("40gb"), wanted);
     assert_eq!(pick("40GB"), wanted);
 }
+
+/// A user outside the config's `socket_group`: `gpupin exec`, the Python client and
+/// `gpupin doctor` each name the group and the command an admin runs.
+#[test]
+fn a_user_outside_the_socket_group_is_told_the_group_and_how_to_join() {
+    let test = "a_user_outside_the_socket_group_is_told_the_group_and_how_to_join";
+    if !requirements(test) {
+        return;
+    }
+    let user = User::create("outg");
+    let group = exec_support::Group::create("sockg", &[]);
+    let g = gpupin(&format!("socket_group = \"{}\"", group.name));
+    let _daemon = Daemon::start(&g);
+    let out = exec_support::run(&g, Some(&user), &["exec", "--count", "1", "--", "true"]);
+    assert!(!out.status.success());
+    let socket = g.state_dir.join("gpupin.sock");
+    assert_eq!(
+        harness::stderr(&out),
+        format!(
+            "gpupin: cannot reach gpupin serve at {}: permission denied: only members of group {group} may use it (ask an admin to add you: usermod -aG {group} {user}; then log in again)\n",
+            socket.display(),
+            group = group.name,
+            user = user.name
+        )
+    );
+    let out = exec_support::run(&g, Some(&user), &["doctor"]);
+    let doctor = harness::stdout(&out);
+    let line = doctor
+        .lines()
+        .find(|l| l.contains("gpupin serve at"))
+        .unwrap_or_else(|| panic!("no line on gpupin serve:\n{doctor}"));
+    assert!(
+        line.contains(&format!(
+            "you may not use it: only members of group {} may run gpupin exec, hold or release as themselves",
+            group.name
+        )),
+        "{doctor}"
+    );
+    assert!(
+        doctor.contains(&format!(
+            "ask an admin to add you: usermod -aG {} {}; then log in again",
+            group.name, user.name
+        )),
+        "{doctor}"
+    );
+}

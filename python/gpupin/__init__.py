@@ -120,10 +120,35 @@ def _connect_hint(path, error):
     elif isinstance(error, ConnectionRefusedError):
         why = "nothing listens there: gpupin serve stopped (an admin starts it again: systemctl restart gpupin.socket)"
     elif isinstance(error, PermissionError):
-        why = "permission denied: the socket is for the group the config's socket_group names (ask an admin to add you to it)"
+        group = _socket_group(path)
+        if group:
+            why = "permission denied: only members of group {0} may use it (ask an admin to add you: usermod -aG {0} {1}; then log in again)".format(
+                group, _own_name()
+            )
+        else:
+            why = "permission denied: the socket is for the group the config's socket_group names (ask an admin to add you to it)"
     else:
         why = str(error)
     return "cannot reach gpupin serve at {}: {}".format(path, why)
+
+
+def _socket_group(path):
+    """The name of the group that owns the socket (as gpupin serve made it), or None."""
+    import grp
+
+    try:
+        return grp.getgrgid(os.lstat(path).st_gid).gr_name
+    except (OSError, KeyError):
+        return None
+
+
+def _own_name():
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
 
 
 def _read_line(sock):

@@ -50,8 +50,30 @@ pub(super) fn check(setup: &Setup) -> Finding {
             ),
         )
         .fix("systemctl restart gpupin.socket (or remove the socket and start gpupin serve)"),
+        Err(err) if err.kind() == ErrorKind::PermissionDenied => {
+            let group = group_name(meta.gid());
+            Finding::problem(
+                CHECK,
+                format!(
+                    "gpupin serve at {shown} ({access}): you may not use it: only members of group {group} may run gpupin exec, hold or release as themselves"
+                ),
+            )
+            .fix(format!(
+                "ask an admin to add you: usermod -aG {group} {}; then log in again",
+                own_name()
+            ))
+        }
         Err(err) => Finding::problem(CHECK, format!("gpupin serve at {shown}: {err}")),
     }
+}
+
+/// The user running doctor, as an admin's `usermod` names them.
+fn own_name() -> String {
+    let uid = nix::unistd::getuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
 }
 
 fn group_name(gid: u32) -> String {

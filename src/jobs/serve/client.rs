@@ -18,7 +18,7 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The OS error once, and what to do about it (`connect_hint`).
-    #[error("cannot reach gpupin serve at {path}: {}", connect_hint(.error))]
+    #[error("cannot reach gpupin serve at {path}: {}", connect_hint(.path, .error))]
     Connect {
         path: PathBuf,
         error: std::io::Error,
@@ -41,14 +41,41 @@ pub enum ClientError {
 
 /// Why a connection failed, in the words of whoever must act: a user cannot start the
 /// daemon, so each says who can and how.
-fn connect_hint(error: &std::io::Error) -> String {
+fn connect_hint(path: &Path, error: &std::io::Error) -> String {
     use std::io::ErrorKind;
     match error.kind() {
         ErrorKind::NotFound => "no such socket: gpupin serve is not running (an admin starts it: systemctl enable --now gpupin.socket)".into(),
         ErrorKind::ConnectionRefused => "nothing listens there: gpupin serve stopped (an admin starts it again: systemctl restart gpupin.socket)".into(),
-        ErrorKind::PermissionDenied => "permission denied: the socket is for the group the config's socket_group names (ask an admin to add you to it)".into(),
+        ErrorKind::PermissionDenied => match socket_group(path) {
+            Some(group) => format!(
+                "permission denied: only members of group {group} may use it (ask an admin to add you: usermod -aG {group} {}; then log in again)",
+                own_name()
+            ),
+            None => "permission denied: the socket is for the group the config's socket_group names (ask an admin to add you to it)".into(),
+        },
         _ => error.to_string(),
     }
+}
+
+/// The name of the group that owns the socket at `path` (the config's `socket_group`,
+/// as `gpupin serve` made it), read from the socket itself: the client may have another
+/// config than the daemon.
+pub fn socket_group(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let gid = std::fs::symlink_metadata(path).ok()?.gid();
+    nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+        .ok()
+        .flatten()
+        .map(|g| g.name)
+}
+
+/// This process's user name, else its uid, for the command an admin runs.
+fn own_name() -> String {
+    let uid = nix::unistd::getuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
 }
 
 /// One connection to the daemon.
