@@ -149,3 +149,43 @@ fn a_user_outside_the_socket_group_is_told_the_group_and_how_to_join() {
         "{doctor}"
     );
 }
+
+/// `gpupin hold --for 3h` (an admin's maintenance hold) shows when it ends in `status
+/// --long`, where a hold without a process would say "until released".
+#[test]
+fn a_hold_for_three_hours_shows_its_end_not_until_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "inventory = \"sim:nvswitch8\"\nstate_dir = \"{0}/state\"\naudit_log = \"{0}/audit.log\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    if !harness::need_root("a_hold_for_three_hours_shows_its_end_not_until_released") {
+        return;
+    }
+    let gpupin = |args: &[&str]| {
+        let out = Command::new(exec_support::GPUPIN)
+            .arg("--config")
+            .arg(&file)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", harness::stderr(&out));
+        harness::stdout(&out)
+    };
+    gpupin(&["hold", "maint", "--devices", "0", "--for", "3h"]);
+    let status = gpupin(&["status", "--long"]);
+    let row = status
+        .lines()
+        .find(|l| l.contains("maint"))
+        .unwrap_or_else(|| panic!("no row for maint:\n{status}"));
+    assert!(
+        row.contains(" until ") && row.contains(" UTC") && !row.contains("until released"),
+        "{status}"
+    );
+}

@@ -29,7 +29,10 @@ pub fn cells(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) ->
     let image = container.and_then(|c| c.image.clone()).unwrap_or_default();
     let pid = match (r.pid, r.until_release) {
         (Some(pid), _) => pid.to_string(),
-        (None, true) => UNTIL_RELEASED.into(),
+        (None, true) => match r.expires_at {
+            Some(end) => until(now, end),
+            None => UNTIL_RELEASED.into(),
+        },
         (None, false) => String::new(),
     };
     [
@@ -47,6 +50,21 @@ pub fn cells(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) ->
         Cell::from(pid),
         Cell::from(age(now, r)),
     ]
+}
+
+/// When a hold for a while (`gpupin hold --for 3h`) ends, in UTC as the audit log writes
+/// times: `until 17:05 UTC` within a day, else with the date, `until 12-07 17:05 UTC`.
+fn until(now: SystemTime, end: u64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(end);
+    // 2026-12-05T17:05:00Z
+    let stamp = humantime::format_rfc3339_seconds(at).to_string();
+    let within_a_day = at
+        .duration_since(now)
+        .is_ok_and(|left| left < Duration::from_secs(24 * 3600));
+    match within_a_day {
+        true => format!("until {} UTC", &stamp[11..16]),
+        false => format!("until {} {} UTC", &stamp[5..10], &stamp[11..16]),
+    }
 }
 
 /// ` (alice, shared, 20GiB, idle 1h05m)`: the person a job or hold is for, how it shares
@@ -154,6 +172,17 @@ pub fn json(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hold_for_a_while_shows_when_it_ends() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+        // 2026-05-28T20:26:40Z; three hours on, then two days on.
+        assert_eq!(until(now, 1_780_000_000 + 3 * 3600), "until 23:26 UTC");
+        assert_eq!(
+            until(now, 1_780_000_000 + 2 * 86400),
+            "until 05-30 20:26 UTC"
+        );
+    }
 
     #[test]
     fn ages_read_like_uptime() {
