@@ -189,3 +189,51 @@ fn a_hold_for_three_hours_shows_its_end_not_until_released() {
         "{status}"
     );
 }
+
+/// `gpupin manpage DIR` lays pages out as man(1) looks for them, so `MANPATH=DIR man
+/// gpupin-exec` works; the hidden commands get no page and no completion.
+#[test]
+fn man_pages_land_where_manpath_finds_them_and_hidden_commands_stay_hidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(exec_support::GPUPIN)
+        .arg("manpage")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", harness::stderr(&out));
+    for page in [
+        "man1/gpupin.1",
+        "man1/gpupin-exec.1",
+        "man5/gpupin.toml.5",
+        "man8/gpupin-hook.8",
+        "man8/gpupin-runtime.8",
+    ] {
+        assert!(dir.path().join(page).is_file(), "no {page}");
+    }
+    let hidden = ["nvml", "exec-gate", "manpage", "holders"];
+    for name in hidden {
+        assert!(!dir.path().join(format!("man1/gpupin-{name}.1")).exists());
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(exec_support::GPUPIN)
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", harness::stderr(&out));
+        let script = harness::stdout(&out);
+        assert!(script.contains("exec"), "{shell}: {script}");
+        for name in hidden {
+            // How each shell's script offers a command: bash in its opts list, zsh as
+            // 'name:description', fish as -a "name".
+            let offered = match shell {
+                "bash" => script
+                    .lines()
+                    .filter(|l| l.trim_start().starts_with("opts=\""))
+                    .any(|l| l.split(['"', ' ']).any(|w| w == name)),
+                "zsh" => script.contains(&format!("'{name}:")),
+                _ => script.contains(&format!("-a \"{name}\"")),
+            };
+            assert!(!offered, "{shell} completes the hidden {name}");
+        }
+    }
+}

@@ -12,10 +12,28 @@ pub struct CompletionsArgs {
 
 pub fn completions(args: &CompletionsArgs) -> anyhow::Result<ExitCode> {
     let mut out = Vec::new();
-    clap_complete::generate(args.shell, &mut super::Cli::command(), "gpupin", &mut out);
+    clap_complete::generate(args.shell, &mut visible_command(), "gpupin", &mut out);
     let script = with_holders(args.shell, &String::from_utf8_lossy(&out));
     out!("{script}")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// gpupin's commands without the hidden ones (`nvml`, `exec-gate`, `manpage`,
+/// `holders`): clap's generators list those too, and a user pressing tab should see only
+/// what `gpupin --help` shows. clap cannot remove a subcommand, so the top level is
+/// built again from its visible parts.
+fn visible_command() -> clap::Command {
+    let full = super::Cli::command();
+    let mut visible = clap::Command::new("gpupin")
+        .args(full.get_arguments().cloned())
+        .subcommands(full.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
+    if full.get_version().is_some() {
+        visible = visible.version(env!("CARGO_PKG_VERSION"));
+    }
+    if let Some(about) = full.get_about() {
+        visible = visible.about(about.clone());
+    }
+    visible
 }
 
 /// The commands whose argument is a holder as `gpupin status` shows it.
@@ -109,7 +127,8 @@ _gpupin_holders() {
 
 #[derive(clap::Args)]
 pub struct ManpageArgs {
-    /// Where to write gpupin.1 and a gpupin-COMMAND.1 for each command
+    /// Where to write the pages: DIR/man1/gpupin.1 and a gpupin-COMMAND.1 for each command,
+    /// DIR/man5/gpupin.toml.5, DIR/man8/gpupin-hook.8 and gpupin-runtime.8 (MANPATH=DIR)
     pub dir: std::path::PathBuf,
 }
 
@@ -122,13 +141,22 @@ pub fn manpages(args: &ManpageArgs) -> anyhow::Result<ExitCode> {
     let top = super::Cli::command().disable_help_subcommand(true);
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
-    let mut written = vec![write_page(&args.dir, "gpupin", top.clone())?];
+    // man(1) looks in DIR/man<section>, so `MANPATH=DIR man gpupin` finds what is written.
+    let man1 = args.dir.join("man1");
+    for section in ["man1", "man5", "man8"] {
+        let dir = args.dir.join(section);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut written = vec![write_page(&man1, "gpupin", top.clone())?];
     for (name, section, roff) in [
         ("gpupin.toml", "5", config_page()),
         ("gpupin-hook", "8", HOOK_PAGE.to_string()),
         ("gpupin-runtime", "8", RUNTIME_PAGE.to_string()),
     ] {
-        let path = args.dir.join(format!("{name}.{section}"));
+        let path = args
+            .dir
+            .join(format!("man{section}"))
+            .join(format!("{name}.{section}"));
         std::fs::write(&path, roff).with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
     }
@@ -138,7 +166,7 @@ pub fn manpages(args: &ManpageArgs) -> anyhow::Result<ExitCode> {
             .clone()
             .display_name(name.clone())
             .bin_name(format!("gpupin {}", sub.get_name()));
-        written.push(write_page(&args.dir, &name, page)?);
+        written.push(write_page(&man1, &name, page)?);
     }
     for path in written {
         outln!("{}", path.display())?;
