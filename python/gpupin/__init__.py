@@ -377,8 +377,9 @@ def acquire(count=1, policy=None, memory=None, wait=None):
 
     ``policy``: a placement policy (``pack``, ``spread`` ...; the daemon's default when
     None). ``memory``: only GPUs with at least this much (``"40GiB"``, or bytes as an
-    int). ``wait``: seconds to wait in the daemon's queue for GPUs to free up, in arrival
-    order with everyone else's requests; without it a busy machine refuses at once.
+    int). ``wait``: seconds to wait in the daemon's queue for GPUs to free up, with
+    everyone else's requests (served round-robin by user unless the daemon's config says
+    ``queue = "fifo"``); without it a busy machine refuses at once.
 
     A process holds one set at a time: asked again for the same (a notebook cell run
     again), acquire returns the holder it has, with an ``AlreadyHeld`` warning; asked for
