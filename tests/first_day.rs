@@ -237,3 +237,109 @@ fn man_pages_land_where_manpath_finds_them_and_hidden_commands_stay_hidden() {
         }
     }
 }
+
+/// README's "Try it without GPUs or systemd", run as written: its `sudo` lines as root,
+/// the others as a throwaway user, its paths moved into a temp dir. The daemon's line
+/// runs in the background (the README says a second terminal), until its socket is there.
+#[test]
+fn the_readmes_try_it_runs_as_written() {
+    let test = "the_readmes_try_it_runs_as_written";
+    if !requirements(test) {
+        return;
+    }
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("\n## Try it without GPUs or systemd\n")
+        .nth(1)
+        .expect("README has a section \"Try it without GPUs or systemd\"");
+    let section = section.split("\n## ").next().unwrap();
+    let lines: Vec<&str> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("    "))
+        .collect();
+    assert!(
+        (4..=10).contains(&lines.len()),
+        "ten lines at most: {lines:?}"
+    );
+    let user = User::create("try");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let etc = dir.path().join("etc");
+    let run = dir.path().join("run");
+    let bin = std::path::Path::new(exec_support::GPUPIN).parent().unwrap();
+    let mut script = format!(
+        "set -e\nsudo() {{ command \"$@\"; }}\ngpupin() {{ runuser -u {} -- {} \"$@\"; }}\n",
+        user.name,
+        exec_support::GPUPIN
+    );
+    for line in &lines {
+        // The README's comments go; a `#` inside the printf's quotes is none of them.
+        let line = line.split("  #").next().unwrap().trim_end();
+        let line = line
+            .replace("/etc/gpupin-try", &etc.display().to_string())
+            .replace("/run/gpupin-try", &run.display().to_string());
+        if let Some(daemon) = line.strip_prefix("sudo ").filter(|l| l.ends_with(" serve")) {
+            // `command`: the background job is gpupin itself, whose pid the trap ends.
+            let socket = run.join("gpupin.sock");
+            script.push_str(&format!(
+                "command {daemon} >{log} 2>&1 &\nserve=$!\ntrap 'kill $serve; wait $serve' EXIT\ntimeout 60 sh -c 'until [ -S {socket} ]; do sleep 0.05; done'\n",
+                log = dir.path().join("serve.log").display(),
+                socket = socket.display()
+            ));
+        } else {
+            script.push_str(&line);
+            script.push('\n');
+        }
+    }
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .env(
+            "PATH",
+            format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display()),
+        )
+        .env_remove("GPUPIN_CONFIG")
+        .env_remove("GPUPIN_SOCKET")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = harness::stdout(&out);
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default();
+    assert!(
+        stdout.lines().any(|l| l == "0,1"),
+        "the job saw no 0,1:\n{script}\n{stdout}{}\nserve: {log}",
+        harness::stderr(&out)
+    );
+    assert!(
+        stdout.contains("GPU  MODEL"),
+        "no status:\n{stdout}{}",
+        harness::stderr(&out)
+    );
+}
+
+/// `pip install ./python` builds in the source tree (setuptools writes `build/` and
+/// `gpupin.egg-info/` there): git ignores both, so the checkout stays clean.
+#[test]
+fn what_pip_install_leaves_in_python_is_ignored() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    if !std::path::Path::new(root).join(".git").exists() {
+        harness::say("what_pip_install_leaves_in_python_is_ignored: skipped, not a git checkout");
+        return;
+    }
+    for path in [
+        "python/build/lib/gpupin/__init__.py",
+        "python/gpupin.egg-info/PKG-INFO",
+    ] {
+        let out = Command::new("git")
+            .args(["check-ignore", "--no-index", "-q", path])
+            .current_dir(root)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git does not ignore {path}");
+    }
+}
