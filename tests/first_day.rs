@@ -4,7 +4,7 @@
 #[allow(dead_code)]
 mod exec_support;
 
-use exec_support::{Daemon, User, gpupin, requirements, scratch};
+use exec_support::{Daemon, User, gpupin, ok, requirements, scratch};
 use gpupin_sandbox::harness;
 use std::process::{Command, Stdio};
 
@@ -342,4 +342,95 @@ fn what_pip_install_leaves_in_python_is_ignored() {
             .unwrap();
         assert!(out.status.success(), "git does not ignore {path}");
     }
+}
+
+/// The refusal of a hold on busy GPUs says `add --wait 10m`, and `hold` takes it: an
+/// admin draining a busy GPU queues a hold that takes the GPU once its holder ends; a
+/// user's hold through `gpupin serve` waits the same way.
+#[test]
+fn hold_takes_the_wait_its_refusal_suggests() {
+    let test = "hold_takes_the_wait_its_refusal_suggests";
+    if !requirements(test) {
+        return;
+    }
+    let user = User::create("hwt");
+    let g = gpupin("");
+    let _daemon = Daemon::start(&g);
+    ok(
+        &g,
+        None,
+        &[
+            "hold",
+            "busy",
+            "--devices",
+            "0,1,2,3,4,5,6,7",
+            "--until-release",
+        ],
+    );
+    let refusal = exec_support::refused(
+        &g,
+        None,
+        &["hold", "maint", "--count", "1", "--until-release"],
+    );
+    assert!(refusal.contains("add --wait 10m to wait"), "{refusal}");
+
+    // Root's hold waits in the queue until busy is released.
+    let admin = exec_support::cmd(
+        &g,
+        None,
+        &[
+            "hold",
+            "maint",
+            "--devices",
+            "1",
+            "--until-release",
+            "--wait",
+            "2m",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    exec_support::until("the admin's hold waits", || {
+        (exec_support::queued(&g) == 1).then_some(())
+    });
+    ok(&g, None, &["release", "busy"]);
+    let out = admin.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", harness::stderr(&out));
+    assert_eq!(harness::stdout(&out), "maint holds GPU 1 until released\n");
+
+    // A user's hold for their own process, through the daemon, waits for GPU 1 too.
+    let mut sleeper = exec_support::Sleeper::start(&user);
+    let pid = sleeper.pid().to_string();
+    let users = exec_support::cmd(
+        &g,
+        Some(&user),
+        &[
+            "hold",
+            "mine",
+            "--devices",
+            "1",
+            "--pid",
+            &pid,
+            "--wait",
+            "2m",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    exec_support::until("the user's hold waits", || {
+        (exec_support::queued(&g) == 1).then_some(())
+    });
+    ok(&g, None, &["release", "maint"]);
+    let out = users.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", harness::stderr(&out));
+    assert_eq!(
+        harness::stdout(&out),
+        format!("mine holds GPU 1 while pid {pid} runs\n")
+    );
+    sleeper.stop();
+    exec_support::until_clean(&g);
 }

@@ -66,6 +66,16 @@ pub fn hold_for() -> Parsed<u64, String> {
     })
 }
 
+/// How long a request may wait in the queue, as `gpupin.wait` takes it: at most 24h.
+pub fn wait() -> Parsed<std::time::Duration, String> {
+    Parsed(|text| match humantime::parse_duration(text) {
+        Ok(d) if d <= gpupin::input::request::MAX_WAIT => Ok(d),
+        _ => Err(format!(
+            "{text:?}: expected a duration of at most 24h, such as 10m"
+        )),
+    })
+}
+
 /// A count of GPUs: a positive integer.
 pub fn positive() -> Parsed<u32, String> {
     Parsed(|text| match text.parse::<u32>() {

@@ -26,6 +26,10 @@ pub struct HoldArgs {
     /// Why the GPUs are held: shown in gpupin status and written to the audit log
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,
+    /// Wait up to this long for the GPUs, in the queue with every container, e.g. 10m (a
+    /// busy GPU drained for maintenance: the hold takes it once its holder ends)
+    #[arg(long, value_name = "DURATION", value_parser = super::flag::wait())]
+    pub wait: Option<std::time::Duration>,
     /// End the hold by itself after this long (2h, 30m); gc and the next allocation
     /// release it then. Without --pid, root only, as --until-release
     #[arg(long = "for", value_name = "DURATION", value_parser = super::flag::hold_for())]
@@ -78,6 +82,7 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             mig: args.mig.clone(),
             reason: args.reason.clone(),
             expires_at: for_secs.map(|s| gpupin::state::ledger::unix_now().saturating_add(s)),
+            wait: args.wait,
         };
         let record = hold::hold(config, &spec, "cli")?;
         // A MIG instance by its UUID: its index is its GPU's.
@@ -92,6 +97,20 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             .collect();
         (record.id, indices)
     } else {
+        // gpupin serve takes a wait only among request keys, which stand for devices,
+        // count and mig.
+        let (devices, count, mig, request) = match args.wait {
+            None => (devices, args.count, args.mig.clone(), Vec::new()),
+            Some(_) if by_minor => anyhow::bail!(
+                "--wait with --by-minor or --by-slurm-index is root's (a Slurm prolog runs as root); give --devices as GPU indices or UUIDs"
+            ),
+            Some(wait) => (
+                String::new(),
+                None,
+                None,
+                wait_request(args, &devices, wait),
+            ),
+        };
         let reply = Client::connect(&config.client_socket())?.ask(&Request::Hold {
             id: args.id.clone(),
             devices,
@@ -100,11 +119,11 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
             until_release: args.until_release,
             user: args.user.clone(),
             within: within.clone(),
-            count: args.count,
-            mig: args.mig.clone(),
+            count,
+            mig,
             reason: args.reason.clone(),
             for_secs,
-            request: Vec::new(),
+            request,
         })?;
         let indices = reply
             .gpus
@@ -134,6 +153,28 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
         gpus.join(",")
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--devices`, `--count` or `--mig` and `--wait` as the request keys gpupin serve reads.
+fn wait_request(
+    args: &HoldArgs,
+    devices: &str,
+    wait: std::time::Duration,
+) -> Vec<(String, String)> {
+    use gpupin::input::request::Key;
+    let mut pairs = Vec::new();
+    let mut add = |key: Key, value: String| pairs.push((key.as_str().to_string(), value));
+    if !devices.trim().is_empty() {
+        add(Key::Devices, devices.to_string());
+    }
+    if let Some(mig) = &args.mig {
+        add(Key::Mig, mig.clone());
+    }
+    if args.count.is_some() || args.mig.is_some() {
+        add(Key::Count, args.count.unwrap_or(1).to_string());
+    }
+    add(Key::Wait, humantime::format_duration(wait).to_string());
+    pairs
 }
 
 /// Slurm's GPU numbers as device minors, read where slurmd reads them: gres.conf beside

@@ -69,6 +69,9 @@ pub struct Hold {
     pub reason: Option<String>,
     /// Seconds since the Unix epoch at which the hold ends by itself (`--for`).
     pub expires_at: Option<u64>,
+    /// How long the hold may wait in the queue for its GPUs (`--wait`); `None`: refused
+    /// at once when they are taken.
+    pub wait: Option<std::time::Duration>,
 }
 
 /// The longest reason a hold keeps: it is shown in status and written to the audit log.
@@ -118,7 +121,7 @@ pub fn hold_with(
     if let Some(reason) = &hold.reason {
         check_reason(reason)?;
     }
-    let request = match request {
+    let mut request = match request {
         Some(request) => GpuRequest {
             within: request.within.or_else(|| hold.within.clone()),
             ..request
@@ -140,6 +143,9 @@ pub fn hold_with(
             }
         },
     };
+    if hold.wait.is_some() {
+        request.wait = hold.wait;
+    }
     grant_hold(config, hold, &request, still_wanted, source)
 }
 
@@ -317,6 +323,7 @@ pub(crate) mod testing {
             mig: None,
             reason: None,
             expires_at: None,
+            wait: None,
         };
         hold(config, &spec, "test").unwrap()
     }
@@ -368,6 +375,7 @@ mod tests {
             mig: None,
             reason: None,
             expires_at: None,
+            wait: None,
         }
     }
 

@@ -762,6 +762,8 @@ fn hold_for(
         expires_at: asked
             .for_secs
             .map(|secs| crate::state::ledger::unix_now().saturating_add(secs)),
+        // A wait comes among the request keys, which `hold_with` is given.
+        wait: None,
     };
     // A wait in the queue ends when the caller hangs up or its process ends.
     let still_wanted = match (caller, &pinned) {
@@ -994,6 +996,7 @@ mod tests {
             mig: None,
             reason: None,
             expires_at: None,
+            wait: None,
         };
         hold::hold(config, &asked, "test").unwrap()
     }
