@@ -434,3 +434,58 @@ fn hold_takes_the_wait_its_refusal_suggests() {
     sleeper.stop();
     exec_support::until_clean(&g);
 }
+
+/// A MIG box imported from `nvidia-smi topo -m` and `nvidia-smi -L` (no GI or CI ids):
+/// `gpupin pick --mig` models it, as `import --help` says; a real hold of such an
+/// instance is refused with the keys the file lacks and where to find them.
+#[test]
+fn an_imported_mig_box_answers_pick_and_a_hold_names_the_missing_keys() {
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    let machine = dir.path().join("machine.json");
+    let out = Command::new(exec_support::GPUPIN)
+        .args(["inventory", "import"])
+        .arg(format!("{fixtures}/dgxa100.topo.txt"))
+        .arg("--gpus")
+        .arg(format!("{fixtures}/dgxa100mig.gpus.txt"))
+        .arg("-o")
+        .arg(&machine)
+        .env("GPUPIN_CONFIG", "/nonexistent/gpupin.toml")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", harness::stderr(&out));
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "inventory = \"{}\"\nstate_dir = \"{1}/state\"\naudit_log = \"{1}/audit.log\"\n",
+            machine.display(),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let gpupin = |args: &[&str]| {
+        Command::new(exec_support::GPUPIN)
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = gpupin(&["pick", "--mig", "1g.10gb", "--count", "2"]);
+    assert!(out.status.success(), "{}", harness::stderr(&out));
+    assert!(
+        harness::stdout(&out).starts_with("topology would pick MIG instances 0:2,0:3\n"),
+        "{}",
+        harness::stdout(&out)
+    );
+    if !harness::need_root("an_imported_mig_box_answers_pick_and_a_hold_names_the_missing_keys") {
+        return;
+    }
+    let out = gpupin(&["hold", "m1", "--mig", "1g.10gb", "--until-release"]);
+    assert!(!out.status.success());
+    assert_eq!(
+        harness::stderr(&out),
+        "gpupin: cannot allocate 1 MIG instance of 1g.10gb for m1: 0 of the 2 instances of 1g.10gb can take it; 2 of them have no \"gi\" and \"ci\" in the inventory file, so gpupin does not know their nodes (add both to each instance, from nvidia-smi mig -lgi and -lci; gpupin pick models them as they are)\n"
+    );
+}

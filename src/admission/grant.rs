@@ -132,6 +132,7 @@ pub fn machine<'a>(config: &'a Config, loaded: &'a Loaded) -> Machine<'a> {
         mig_units: config.mig,
         limits: Some(&config.limits),
         processes: loaded.processes.as_deref(),
+        what_if: false,
     }
 }
 

@@ -27,7 +27,11 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
     let request = request::from_pairs(&args.request.pairs(), Origin::Cli)?
         .ok_or_else(|| anyhow::anyhow!("give --count or --devices"))?;
     let loaded = grant::load_machine(config, &request)?;
-    let machine = grant::machine(config, &loaded);
+    // A what-if: instances an import left without GI and CI ids count as they would.
+    let machine = gpupin::state::ledger::Machine {
+        what_if: true,
+        ..grant::machine(config, &loaded)
+    };
     // What the caller's own `gpupin exec` would get: their limits and groups apply.
     let asker = gpupin::host::users::owner_of(rustix::process::getuid().as_raw()).ok();
     let preview =

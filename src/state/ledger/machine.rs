@@ -21,6 +21,10 @@ pub struct Machine<'a> {
     pub processes: Option<&'a [Vec<Seen>]>,
     /// Whether a plain count may take MIG instances (the `mig` key).
     pub mig_units: crate::input::config::MigUnits,
+    /// A preview that gives nothing (`gpupin pick`): a MIG instance whose nodes gpupin
+    /// does not know (an import of `nvidia-smi -L`, without GI and CI ids) may be chosen,
+    /// since no one is to open them.
+    pub what_if: bool,
 }
 
 impl<'a> Machine<'a> {
@@ -34,6 +38,7 @@ impl<'a> Machine<'a> {
             limits: None,
             processes: None,
             mig_units: crate::input::config::MigUnits::WholeOnly,
+            what_if: false,
         }
     }
 }

@@ -77,7 +77,7 @@ fn blockers<'r>(
 /// request's profile applies (not for instances named one by one).
 #[allow(clippy::too_many_arguments)]
 fn fits(
-    inventory: &Inventory,
+    machine: &Machine,
     instance: &MigInstance,
     parent: &Gpu,
     position: usize,
@@ -86,14 +86,16 @@ fn fits(
     scope: &Scope,
     by_profile: bool,
 ) -> Result<(), Unfit> {
-    if !inventory.can_give(instance) {
-        return Err(Unfit::NoAccess);
-    }
+    // The profile first: an instance of another profile is not counted among those
+    // asked for, whatever else it lacks.
     if by_profile
         && let Some(MigWant::Profile(p)) = &request.mig
         && instance.profile.as_deref().is_none_or(|own| own != p)
     {
         return Err(Unfit::Profile);
+    }
+    if !machine.what_if && !machine.inventory.can_give(instance) {
+        return Err(Unfit::NoAccess);
     }
     if let Some(model) = &request.model
         && !parent
@@ -138,14 +140,18 @@ pub(super) fn choose(
     let inventory = machine.inventory;
     let mut candidates: Vec<&MigInstance> = Vec::new();
     let mut matching = 0;
+    let mut no_access = 0;
     let mut free_per_parent: BTreeMap<u32, usize> = BTreeMap::new();
     for (position, parent) in inventory.gpus.iter().enumerate() {
         for instance in parent.mig_instances() {
             let fit = fits(
-                inventory, instance, parent, position, request, others, scope, true,
+                machine, instance, parent, position, request, others, scope, true,
             );
             if fit != Err(Unfit::Profile) {
                 matching += 1;
+            }
+            if fit == Err(Unfit::NoAccess) {
+                no_access += 1;
             }
             if blockers(instance, others).next().is_none() {
                 *free_per_parent.entry(parent.index).or_default() += 1;
@@ -162,6 +168,7 @@ pub(super) fn choose(
             machine,
             (count, matching, candidates.len()),
             scope,
+            no_access,
         ));
     }
     let free = |m: &MigInstance| free_per_parent.get(&m.parent_index).copied().unwrap_or(0);
@@ -222,6 +229,7 @@ fn not_enough(
     machine: &Machine,
     counts: (usize, usize, usize),
     scope: &Scope,
+    no_access: usize,
 ) -> LedgerError {
     let (wanted, matching, fitting) = counts;
     let what = match &request.mig {
@@ -238,6 +246,9 @@ fn not_enough(
     }
     if let Some(model) = &request.model {
         detail.push_str(&format!("; gpupin.model={model}"));
+    }
+    if no_access > 0 {
+        detail.push_str(&no_access_detail(machine.inventory, no_access));
     }
     if matching == 0 {
         // A profile the machine does not have: say which it has.
@@ -263,6 +274,23 @@ fn not_enough(
     }))
 }
 
+/// `; 2 of them have no gi and ci in the inventory ...`: which key of the inventory file
+/// keeps `n` instances from being given, and how to add it.
+fn no_access_detail(inventory: &Inventory, n: usize) -> String {
+    let them = match n {
+        1 => "1 of them has".to_string(),
+        _ => format!("{n} of them have"),
+    };
+    if inventory.caps_major.is_none() {
+        return format!(
+            "; {them} no capability nodes gpupin knows: the inventory file has no caps_major (add \"caps_major\": the nvidia-caps number in /proc/devices, at its top level)"
+        );
+    }
+    format!(
+        "; {them} no \"gi\" and \"ci\" in the inventory file, so gpupin does not know their nodes (add both to each instance, from nvidia-smi mig -lgi and -lci; gpupin pick models them as they are)"
+    )
+}
+
 /// The instance a devices key names, checked as `fits` checks it (any profile).
 pub(super) fn named(
     holder: &HolderId,
@@ -279,7 +307,7 @@ pub(super) fn named(
     let parent = &inventory.gpus[position];
     Some(
         match fits(
-            inventory, instance, parent, position, request, others, scope, false,
+            machine, instance, parent, position, request, others, scope, false,
         ) {
             Ok(()) => Ok(instance.uuid.clone()),
             Err(unfit) => {
