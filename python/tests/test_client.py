@@ -278,3 +278,18 @@ def test_another_acquire_after_cuda_started_says_to_restart(daemon, tmp_path):
         "process), so a new set takes effect only in a new process: restart the kernel "
         "(or the process)".format(index, holder, fake)
     )
+
+
+def test_a_socket_for_a_group_names_the_group_and_the_command_to_join(tmp_path):
+    # As the gpupin command says it: the socket's own group, read from the socket file.
+    import grp
+    import pwd
+
+    sock = tmp_path / "gpupin.sock"
+    sock.write_text("")
+    group = grp.getgrgid(os.stat(str(sock)).st_gid).gr_name
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert gpupin._connect_hint(str(sock), PermissionError()) == (
+        "cannot reach gpupin serve at {}: permission denied: only members of group {g} may use it "
+        "(ask an admin to add you: usermod -aG {g} {me}; then log in again)".format(sock, g=group, me=me)
+    )
