@@ -3,6 +3,7 @@
 //! same ledger as every container, confines each job to its GPUs, and releases them the
 //! moment the job's process ends (pidfd).
 
+mod authorize;
 pub mod client;
 mod idle;
 pub mod listen;

@@ -13,6 +13,7 @@
 //! (a deadline for the request, not for each read), a thread that cannot be started
 //! refuses its connection, and watched holders are bounded per user.
 
+use super::authorize::{self, HoldFor};
 use super::peer::{self, Peer, Pinned};
 use super::protocol::{self, Reply, Request};
 use super::watch::Watcher;
@@ -637,7 +638,7 @@ fn bind_job(
     job: i32,
 ) -> Result<(Pinned, Option<JobCgroup>), String> {
     let pinned = Pinned::open(job).map_err(|e| format!("pid {job}: {}", one_line(&e)))?;
-    if !started_by(peer, pinned.parent_and_owner()) {
+    if !authorize::started_by(peer, pinned.parent_and_owner()) {
         return Err(format!(
             "pid {job} is not a process the caller (pid {}) started as uid {}",
             peer.pid, peer.uid
@@ -652,13 +653,6 @@ fn bind_job(
     )
     .map_err(|e| one_line(&e))?;
     Ok((pinned, cgroup))
-}
-
-/// Whether a process whose parent pid and uid are `found` (from /proc, while it is pinned)
-/// is a child the caller started as itself: a job takes its caller's GPUs, so it must be
-/// the caller's own child, not any process of the same user, nor one running as another.
-fn started_by(peer: Peer, found: Option<(i32, u32)>) -> bool {
-    matches!(found, Some((parent, uid)) if parent == peer.pid && uid == peer.uid)
 }
 
 struct HoldAsked {
@@ -688,23 +682,16 @@ fn hold_for(
     let config = shared.config();
     let config = &*config;
     let me = users::owner_of(peer.uid).map_err(|e| Refusal::Failed(one_line(&e)))?;
-    let root = peer.uid == 0;
-    let owner = match &asked.user {
-        Some(name) if root => {
+    let owner = match authorize::hold_for(peer, &me.user, asked.user.as_deref())
+        .map_err(Refusal::Denied)?
+    {
+        HoldFor::Named(name) => {
             users::owner_named(name).map_err(|e| Refusal::Failed(one_line(&e)))?
         }
-        Some(name) if name != &me.user && name != &peer.uid.to_string() => {
-            return Err(Refusal::Denied(format!(
-                "only root may hold GPUs for another user ({name})"
-            )));
-        }
-        _ => me,
+        HoldFor::Caller => me,
     };
-    if (asked.until_release || asked.pid.is_none()) && !root {
-        return Err(Refusal::Denied(
-            "only root may hold GPUs until released: give --pid with a process of yours".into(),
-        ));
-    }
+    authorize::may_hold_without_process(peer, asked.until_release, asked.pid)
+        .map_err(Refusal::Denied)?;
     let request = match asked.request.is_empty() {
         true => None,
         false if asked.count.is_some() || !asked.devices.trim().is_empty() => {
@@ -729,15 +716,8 @@ fn hold_for(
         Some(pid) => {
             let pinned = Pinned::open(pid)
                 .map_err(|e| Refusal::Failed(format!("pid {pid}: {}", one_line(&e))))?;
-            match pinned.parent_and_owner() {
-                Some((_, uid)) if root || uid == peer.uid => Some(pinned),
-                _ => {
-                    return Err(Refusal::Denied(format!(
-                        "pid {pid} is not a process of uid {}",
-                        peer.uid
-                    )));
-                }
-            }
+            authorize::may_pin(peer, pid, pinned.parent_and_owner()).map_err(Refusal::Denied)?;
+            Some(pinned)
         }
         None => None,
     };
@@ -753,7 +733,7 @@ fn hold_for(
         by_minor: asked.by_minor,
         pid: asked.pid,
         until_release: asked.until_release,
-        limited: !root,
+        limited: authorize::limited(peer),
         owner,
         within: asked.within,
         count: asked.count,
@@ -816,9 +796,8 @@ fn hold_for(
 /// process for the holder (same pid, a start time of a live process), and nothing would
 /// watch it.
 fn still_the_pinned(pinned: &Pinned, record: &Record) -> Result<(), String> {
-    let recorded = record.start_time;
     let now = crate::base::procinfo::start_time(pinned.pid);
-    if recorded.is_some() && recorded == now && pinned.alive() {
+    if authorize::still_the_process(record.start_time, now, pinned.alive()) {
         return Ok(());
     }
     Err(format!(
@@ -842,16 +821,7 @@ fn key_for(config: &Config, peer: Peer, id: &str) -> Result<(Record, String), Re
     let ledger = crate::state::open_ledger(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
     match ledger.key(&holder) {
         Ok(Some((record, key))) => {
-            let owners = record.owner.as_ref().is_some_and(|o| o.uid == peer.uid);
-            if peer.uid != 0 && !owners {
-                let whose = record
-                    .owner
-                    .as_ref()
-                    .map_or_else(|| format!("a {}", record.kind.as_str()), |o| o.user.clone());
-                return Err(Refusal::Denied(format!(
-                    "holder {id} is {whose}'s: only its owner or root may have its key"
-                )));
-            }
+            authorize::may_have_key(peer, &record).map_err(Refusal::Denied)?;
             let key = format!("{}:{key}", record.id);
             Ok((record, key))
         }
@@ -927,9 +897,7 @@ fn refusal_of(id: &str, released: Result<Released, LedgerError>) -> Result<Recor
     match released {
         Ok(Released::Holder(record)) => Ok(*record),
         Ok(_) => Err(Refusal::Failed(format!("{id} holds nothing"))),
-        Err(e @ (LedgerError::NotYours { .. } | LedgerError::NotYourRequest { .. })) => {
-            Err(Refusal::Denied(one_line(&e)))
-        }
+        Err(e) if authorize::is_denial(&e) => Err(Refusal::Denied(one_line(&e))),
         Err(e) => Err(Refusal::Failed(one_line(&e))),
     }
 }
@@ -1125,24 +1093,6 @@ mod tests {
         );
         assert_eq!(reply.error.as_deref(), Some(gone));
         assert_eq!(refusals(tmp.path()).len(), 1);
-    }
-
-    #[test]
-    fn a_job_is_only_a_child_the_caller_started_as_itself() {
-        let peer = Peer {
-            pid: 4242,
-            uid: 1001,
-        };
-        assert!(started_by(peer, Some((4242, 1001))));
-        assert!(
-            !started_by(peer, Some((4242, 0))),
-            "its child running as root"
-        );
-        assert!(
-            !started_by(peer, Some((1, 1001))),
-            "another process of the user's"
-        );
-        assert!(!started_by(peer, None), "gone meanwhile");
     }
 
     #[test]
