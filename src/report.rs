@@ -132,10 +132,13 @@ fn leftover_lines(records: &[Record], leftovers: &[Leftover]) -> Vec<String> {
 
 /// `gpupin queue` (and the queue in `gpupin status`): one row per waiting request, in
 /// the order they will be served: position, the name people know it by, whose it is,
-/// what it asked for, how long it has waited. A request held back only by its own user's
-/// limit is `parked` (nobody waits behind it).
+/// what it asked for, how long it has waited, and why it waits (`WaitReason`, as its
+/// waiter's last look found; `-` before its first). A request held back only by a limit
+/// is `parked` (nobody waits behind it) and says which limit.
 pub fn queue_table(waiting: &[Waiting], now: SystemTime, colour: bool) -> String {
-    let header = ["WAITING", "HOLDER", "USER", "PID", "REQUEST", "WAITED"];
+    let header = [
+        "WAITING", "HOLDER", "USER", "PID", "REQUEST", "WAITED", "WHY",
+    ];
     let mut rows: Vec<Vec<Cell>> = vec![header.map(Cell::from).to_vec()];
     for (position, w) in waiting.iter().enumerate() {
         let place = match w.parked {
@@ -149,10 +152,19 @@ pub fn queue_table(waiting: &[Waiting], now: SystemTime, colour: bool) -> String
             Cell::from(w.pid.map_or("-".into(), |p| p.to_string())),
             Cell::from(w.request.clone()),
             Cell::from(waited(w, now)),
+            Cell::from(why(w)),
         ]);
     }
-    let text = table::fitted(&rows, STATUS_WIDTH, &[(1, 16), (4, 12)]);
+    // WHY is never cut: it is what the reader came for.
+    let text = table::fitted(&rows, STATUS_WIDTH, &[(1, 12), (2, 8), (4, 12)]);
     paint_if(colour, text, &[Style::Header])
+}
+
+/// Why `w` waits, for people; `-` before its waiter's first look.
+fn why(w: &Waiting) -> String {
+    w.reason
+        .as_ref()
+        .map_or_else(|| "-".into(), ToString::to_string)
 }
 
 /// The queue as JSON: the fields of `queue_table`, the wait in seconds.
@@ -170,6 +182,7 @@ pub fn queue_json(waiting: &[Waiting], now: SystemTime) -> Value {
                 "request": w.request,
                 "waited_s": waited_secs(w, now),
                 "parked": w.parked,
+                "reason": w.reason.as_ref().map(ToString::to_string),
             })
         })
         .collect();

@@ -1816,3 +1816,57 @@ fn gpupin_socket_in_the_environment_wins_over_the_config() {
     ok(&g, Some(&alice), &["release", "h"]);
     until_clean(&g);
 }
+
+/// Issue 31 finding 3 and issue 32 item 7: alice's `exec --wait` for a GPU she holds
+/// herself, and root's maintenance hold on another, stop no one: with 6 of 8 GPUs free
+/// bob's `exec --count 1` is served at once, `gpupin queue` says why alice waits (its
+/// WHY column, `reason` in JSON), and so does her exec's stderr (a file here, not a
+/// terminal). Once her first job ends, her second gets GPU 3.
+#[test]
+fn a_wait_for_a_gpu_its_user_holds_does_not_stop_others() {
+    let test = "a_wait_for_a_gpu_its_user_holds";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let alice = User::create("ownw");
+    let bob = User::create("ownwb");
+    let _daemon = Daemon::start(&g);
+    ok(
+        &g,
+        None,
+        &["hold", "maint", "--devices", "5", "--until-release"],
+    );
+    let mut mine = Job::start(&g, Some(&alice), "mine", &["--devices", "3"]);
+    assert_eq!(mine.ready().cuda_indices(), [3]);
+    let wait = ["--devices", "3", "--wait", "120s"];
+    let mut again = Job::start(&g, Some(&alice), "again", &wait);
+    until("alice waits", || (queued(&g) == 1).then_some(()));
+    let why = until("her wait has a reason", || {
+        let listed: Value = serde_json::from_str(&ok(&g, None, &["queue", "--json"])).unwrap();
+        listed[0]["reason"].as_str().map(String::from)
+    });
+    assert_eq!(why, "no free GPU of its kind");
+    let table = ok(&g, None, &["queue"]);
+    let (header, row) = (table.lines().next().unwrap(), table.lines().nth(1).unwrap());
+    assert!(header.ends_with("WHY"), "{table}");
+    assert!(row.ends_with("no free GPU of its kind"), "{table}");
+    let mut job = Job::start(&g, Some(&bob), "bobs", &["--count", "1"]);
+    let got = job.ready().cuda_indices();
+    assert!(got.len() == 1 && got[0] != 3 && got[0] != 5, "{got:?}");
+    let (exit, stderr) = job.finish();
+    assert!(exit.success(), "{stderr}");
+    until("her exec says why it waits", || {
+        again
+            .stderr()
+            .contains("(no free GPU of its kind), ")
+            .then_some(())
+    });
+    let (exit, stderr) = mine.finish();
+    assert!(exit.success(), "{stderr}");
+    assert_eq!(again.ready().cuda_indices(), [3]);
+    let (exit, stderr) = again.finish();
+    assert!(exit.success(), "{stderr}");
+    ok(&g, None, &["release", "maint"]);
+    until_clean(&g);
+}

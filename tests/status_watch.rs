@@ -226,7 +226,7 @@ fn a_bad_watch_period_is_one_line() {
 }
 
 /// `gpupin exec --wait` on a terminal (root: it allocates itself): while every GPU is
-/// held, one line says what it waits for and its place in the queue, redrawn in place;
+/// held, one line says what it waits for and why, redrawn in place;
 /// when a GPU frees up the line goes and the job runs.
 #[test]
 fn exec_wait_shows_its_place_in_the_queue_on_a_terminal() {
@@ -251,7 +251,7 @@ fn exec_wait_shows_its_place_in_the_queue_on_a_terminal() {
     );
     let tmux = Tmux::start(tmux_bin, g.dir.path().join("tmux.sock"), &command);
     let screen = tmux.wait_for("the waiting line", |s| {
-        s.contains("gpupin: waiting for count=1 (first in the queue), ")
+        s.contains("gpupin: waiting for count=1 (too few GPUs free), ")
     });
     assert!(!screen.contains("JOB-RAN"), "{screen}");
     let released = g.run(&["release", "everything"], "");

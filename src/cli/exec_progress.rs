@@ -1,10 +1,13 @@
-//! `gpupin exec --wait` on a terminal: while the request waits in the queue, one line on
-//! stderr, redrawn in place, says its place, what it waits for and how long it has
-//! waited; cleared when the wait ends. Read from the queue (read-only, as `gpupin queue`
-//! reads it), so it works whether root allocates or `gpupin serve` does.
+//! `gpupin exec --wait`: while the request waits in the queue, one line on stderr says
+//! what it waits for, why (as its ticket says: its own limit, its group's, no free GPU
+//! of its kind, too few free, waiters ahead of it) and how long it has waited. On a
+//! terminal it is redrawn in place and cleared when the wait ends; elsewhere (a batch
+//! job's log) a line is printed when the wait is first seen and each time its reason
+//! changes. Read from the queue (read-only, as `gpupin queue` reads it), so it works
+//! whether root allocates or `gpupin serve` does.
 
 use gpupin::input::config::Config;
-use gpupin::state::ledger::{Ledger, Waiting};
+use gpupin::state::ledger::{Ledger, WaitReason, Waiting};
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,18 +24,21 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Starts reporting the wait of `holder` where it can be shown: a wait was asked and
-    /// stderr is a terminal. Nothing otherwise.
+    /// Starts reporting the wait of `holder`, where a wait was asked. Nothing otherwise.
     pub fn start(config: &Config, holder: String, waits: bool) -> Progress {
         let done = Arc::new(AtomicBool::new(false));
-        if !waits || !std::io::stderr().is_terminal() {
+        if !waits {
             return Progress { done, thread: None };
         }
+        let terminal = std::io::stderr().is_terminal();
         let config = config.clone();
         let flag = Arc::clone(&done);
         let thread = std::thread::Builder::new()
             .name("gpupin-progress".into())
-            .spawn(move || report(&config, &holder, &flag))
+            .spawn(move || match terminal {
+                true => redraw(&config, &holder, &flag),
+                false => on_change(&config, &holder, &flag),
+            })
             .ok();
         Progress { done, thread }
     }
@@ -45,13 +51,17 @@ impl Progress {
     }
 }
 
-fn report(config: &Config, holder: &str, done: &AtomicBool) {
+fn queue(config: &Config) -> Vec<Waiting> {
+    Ledger::read_only_for_config(config)
+        .and_then(|l| l.waiting())
+        .unwrap_or_default()
+}
+
+/// On a terminal: the line redrawn in place, cleared at the end.
+fn redraw(config: &Config, holder: &str, done: &AtomicBool) {
     let mut shown = false;
     while !done.load(Ordering::SeqCst) {
-        let waiting = Ledger::read_only_for_config(config)
-            .and_then(|l| l.waiting())
-            .unwrap_or_default();
-        if let Some(line) = line(&waiting, holder, SystemTime::now()) {
+        if let Some(line) = line(&queue(config), holder, SystemTime::now()) {
             // Carriage return and clear to the end: the line is redrawn in place.
             let _ = write!(std::io::stderr().lock(), "\r\x1b[K{line}");
             shown = true;
@@ -63,16 +73,35 @@ fn report(config: &Config, holder: &str, done: &AtomicBool) {
     }
 }
 
-/// `gpupin: waiting for count=2 (2nd in the queue, 1 ahead), 1m 20s`; `None` while the
-/// request is not (or no longer) in the queue.
+/// Elsewhere: a line when the wait is first seen and when its reason changes; the line's
+/// clock alone changes nothing.
+fn on_change(config: &Config, holder: &str, done: &AtomicBool) {
+    let mut last: Option<Option<WaitReason>> = None;
+    while !done.load(Ordering::SeqCst) {
+        let waiting = queue(config);
+        if let Some(me) = waiting.iter().find(|w| w.holder == holder)
+            && last.as_ref() != Some(&me.reason)
+            && let Some(line) = line(&waiting, holder, SystemTime::now())
+        {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+            last = Some(me.reason.clone());
+        }
+        std::thread::sleep(EVERY);
+    }
+}
+
+/// `gpupin: waiting for count=2 (own limit), 1m 20s`: why it waits, as its ticket says;
+/// before its waiter's first look, its place (`first in the queue`, `1 ahead in the
+/// queue`). `None` while the request is not (or no longer) in the queue.
 pub fn line(waiting: &[Waiting], holder: &str, now: SystemTime) -> Option<String> {
     let position = waiting.iter().position(|w| w.holder == holder)?;
     let me = &waiting[position];
     let since = gpupin::base::clock::unix(me.queued_at);
     let waited = now.duration_since(since).unwrap_or_default().as_secs();
-    let place = match position {
-        0 => "first in the queue".to_string(),
-        n => format!("{} ahead in the queue", n),
+    let place = match (&me.reason, position) {
+        (Some(reason), _) => reason.to_string(),
+        (None, 0) => "first in the queue".to_string(),
+        (None, n) => format!("{} ahead in the queue", n),
     };
     Some(format!(
         "gpupin: waiting for {} ({place}), {}",
@@ -94,6 +123,7 @@ mod tests {
             request: "count=2".into(),
             parked: false,
             pid: None,
+            reason: None,
         }
     }
 
@@ -110,5 +140,17 @@ mod tests {
             "gpupin: waiting for count=2 (first in the queue), 1m 40s"
         );
         assert_eq!(line(&queue, "gone", now), None);
+    }
+
+    #[test]
+    fn the_line_says_why_the_request_waits_once_its_waiter_looked() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut me = waiting("me", 920);
+        me.reason = Some(WaitReason::OwnLimit);
+        let queue = [waiting("a", 900), me];
+        assert_eq!(
+            line(&queue, "me", now).unwrap(),
+            "gpupin: waiting for count=2 (own limit), 1m 20s"
+        );
     }
 }

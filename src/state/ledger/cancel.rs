@@ -50,15 +50,7 @@ impl Ledger {
             by.command, by.user
         );
         self.audit_done(&Event::new(EventKind::Release, &ticket.id).because(&reason));
-        Ok(Waiting {
-            holder: ticket.id,
-            queued_at: ticket.queued_at,
-            name: ticket.name,
-            user: ticket.user,
-            request: ticket.request,
-            parked: ticket.parked,
-            pid: ticket.caller_pid,
-        })
+        Ok(Waiting::from(ticket))
     }
 }
 

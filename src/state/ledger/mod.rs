@@ -21,6 +21,7 @@ mod store;
 mod survey;
 #[cfg(test)]
 pub(crate) mod testing;
+mod wait_reason;
 mod within;
 
 pub use allocate::{Allocation, resolve_devices};
@@ -37,6 +38,7 @@ pub use record::{
 };
 pub use release::Releaser;
 pub use survey::Survey;
+pub use wait_reason::WaitReason;
 pub use within::SECRET_FILE as WITHIN_SECRET_FILE;
 
 use crate::base::safe_open::Links;

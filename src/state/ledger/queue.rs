@@ -16,7 +16,7 @@
 //! waits as any other. One user has at most `limits.max_waiting_per_user` tickets.
 
 use super::store;
-use super::{Allocation, HolderId, HolderMeta, Ledger, LedgerError, Machine, Record};
+use super::{Allocation, HolderId, HolderMeta, Ledger, LedgerError, Machine, Record, WaitReason};
 use crate::base::procinfo;
 use crate::base::safe_open::{self, Links};
 use crate::input::config::QueueOrder;
@@ -80,6 +80,9 @@ pub(super) struct Ticket {
     /// `pid` is the waiter, which for a user's request is `gpupin serve`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caller_pid: Option<i32>,
+    /// Why it still waits, as its waiter's last look found (`None` before the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<WaitReason>,
 }
 
 /// A request waiting in the queue, for `gpupin queue`, `status` and `metrics`.
@@ -98,6 +101,23 @@ pub struct Waiting {
     pub parked: bool,
     /// The process that asked, where the ticket says.
     pub pid: Option<i32>,
+    /// Why it waits, as its waiter's last look found; `None` before the first.
+    pub reason: Option<WaitReason>,
+}
+
+impl From<Ticket> for Waiting {
+    fn from(t: Ticket) -> Waiting {
+        Waiting {
+            holder: t.id,
+            queued_at: t.queued_at,
+            name: t.name,
+            user: t.user,
+            request: t.request,
+            parked: t.parked,
+            pid: t.caller_pid,
+            reason: t.reason,
+        }
+    }
 }
 
 impl Ticket {
@@ -256,6 +276,7 @@ pub(super) fn enqueue(
         request: request.summary(),
         wants,
         caller_pid: meta.pid,
+        reason: None,
     };
     write_ticket(&qdir, &ticket)?;
     Ok(ticket)
@@ -352,15 +373,7 @@ impl Ledger {
         tickets.sort_by_key(|t| t.seq);
         Ok(served_order(tickets, self.queue_order)
             .into_iter()
-            .map(|t| Waiting {
-                holder: t.id,
-                queued_at: t.queued_at,
-                name: t.name,
-                user: t.user,
-                request: t.request,
-                parked: t.parked,
-                pid: t.caller_pid,
-            })
+            .map(Waiting::from)
             .collect())
     }
 
@@ -542,36 +555,47 @@ impl Ledger {
                 served(&self.dir, ticket);
                 Ok(Some(allocation))
             }
-            // A waiter ahead could use the GPUs it would take: its turn comes first.
-            Err(LedgerError::QueueAhead { .. }) => {
-                tracing::trace!(holder = %holder, "others are ahead in the queue");
-                Ok(None)
-            }
             Err(err) => {
-                let parked = match &err {
-                    LedgerError::LimitReached(_) => true,
+                // Held back by a limit (even where GPUs are missing too): parked, in no
+                // one's way; a waiter ahead (`QueueAhead`) leaves it as it was.
+                let reason = match &err {
                     // No plan came about: would the limit have let it through?
                     LedgerError::NotEnoughFree { .. }
                     | LedgerError::DeviceUnavailable { .. }
                     | LedgerError::NotEnoughMig(_)
-                    | LedgerError::MigUnavailable(_) => {
-                        self.over_limit(request, machine, meta, &live)
-                    }
-                    _ => ticket.parked,
+                    | LedgerError::MigUnavailable(_) => self
+                        .over_limit(request, machine, meta, &live)
+                        .or_else(|| WaitReason::of_refusal(&err, request)),
+                    _ => WaitReason::of_refusal(&err, request),
                 };
-                if parked != ticket.parked {
+                let parked = match (&err, &reason) {
+                    (LedgerError::QueueAhead { .. }, _) => ticket.parked,
+                    (_, Some(reason)) => reason.is_limit(),
+                    (_, None) => ticket.parked,
+                };
+                if parked != ticket.parked || (reason.is_some() && reason != ticket.reason) {
+                    if reason != ticket.reason
+                        && let Some(why) = &reason
+                    {
+                        tracing::info!(holder = %holder, why = %why, "waits");
+                    }
                     ticket.parked = parked;
+                    ticket.reason = reason.or(ticket.reason.take());
                     let qdir = store::ensure_subdir(&self.dir, QUEUE_DIR)?;
                     write_ticket(&qdir, ticket)?;
-                    tracing::debug!(holder = %holder, parked, "ticket parked or unparked");
+                    tracing::debug!(holder = %holder, parked, "ticket looked at");
                 }
-                Err(err)
+                match err {
+                    // A waiter ahead could use the GPUs it would take: its turn first.
+                    LedgerError::QueueAhead { .. } => Ok(None),
+                    err => Err(err),
+                }
             }
         }
     }
 
-    /// Whether `request`, taking as many GPUs as it asks for, would take its user past a
-    /// limit (a request that names all GPUs is never parked). A request `within` a holder
+    /// The limit (the user's own or a group's) that `request`, taking as many GPUs as it
+    /// asks for, would take its user past (a request that names all GPUs is never parked). A request `within` a holder
     /// takes that holder's GPUs: inside one of the user's own it adds none to their count
     /// (as `scope::check` counts), so their limit never holds it back, and parking it would
     /// only let later waiters overtake it. Elsewhere it takes GPUs nobody holds.
@@ -581,10 +605,8 @@ impl Ledger {
         machine: &Machine,
         meta: &HolderMeta,
         live: &[Record],
-    ) -> bool {
-        let Some(n) = count_of(request) else {
-            return false;
-        };
+    ) -> Option<WaitReason> {
+        let n = count_of(request)?;
         let parent = request
             .within
             .as_ref()
@@ -596,9 +618,9 @@ impl Ledger {
         // Names no record holds: each counts as a GPU the user does not hold yet. (Past the
         // holder's own GPUs the request never fits; it is counted as before.)
         probe.extend((probe.len()..n).map(|i| format!("\0gpupin-probe-{i}")));
-        matches!(
-            super::scope::check(meta, machine, live, &probe),
-            Err(LedgerError::LimitReached(_))
-        )
+        match super::scope::check(meta, machine, live, &probe) {
+            Err(err) => WaitReason::of_limit(&err),
+            Ok(_) => None,
+        }
     }
 }

@@ -91,6 +91,14 @@ fn parked(l: &Ledger, holder: &str) -> bool {
         .parked
 }
 
+/// Why `holder` waits, as `gpupin queue` shows it (`-` before its first look).
+fn why(l: &Ledger, holder: &str) -> String {
+    let waiting = l.waiting().unwrap();
+    let w = waiting.iter().find(|w| w.holder == holder);
+    let w = w.unwrap_or_else(|| panic!("{holder} does not wait: {waiting:?}"));
+    w.reason.as_ref().map_or("-".into(), ToString::to_string)
+}
+
 #[test]
 fn a_waiter_held_back_by_its_own_limit_blocks_no_one() {
     let (_t, l) = ledger();
@@ -115,6 +123,8 @@ fn a_waiter_held_back_by_its_own_limit_blocks_no_one() {
         Duration::from_secs(60),
     );
     until("alice is queued", || tickets(&l) == 1);
+    // Issue 32, item 7: she reads why, not "1 ahead in the queue" with GPUs free.
+    until("her wait says why", || why(&l, "a2") == "own limit");
     // A container's hook, which does not wait, is not refused "waiting ahead" with 3
     // GPUs free.
     let got = l.allocate(&id("hook"), &count(1), &m, container());
@@ -236,6 +246,24 @@ fn a_later_waiter_does_not_overtake_one_blocked_by_gpus() {
     let open = caller(&mut meta);
     let big = wait_in_thread(l.dir(), "big", 2, meta, &limits, Duration::from_secs(60));
     until("the big request waits", || tickets(&l) == 1);
+    until("it says why", || why(&l, "big") == "too few GPUs free");
+    // A later waiter for one GPU reads that one waiter is ahead of it.
+    let mut later = container();
+    let later_open = caller(&mut later);
+    let behind = wait_in_thread(
+        l.dir(),
+        "behind",
+        1,
+        later,
+        &limits,
+        Duration::from_secs(60),
+    );
+    until("the later waiter says why", || {
+        l.waiting().unwrap().iter().any(|w| w.holder == "behind")
+            && why(&l, "behind") == "1 ahead of it"
+    });
+    later_open.store(false, Ordering::SeqCst);
+    assert!(behind.join().unwrap().is_err());
     // One GPU would fit the later request, but the earlier one comes first.
     let err = l
         .allocate_waiting(
@@ -289,6 +317,7 @@ fn the_ticket_of_a_dead_waiter_blocks_no_one() {
         user: None,
         request: String::new(),
         caller_pid: None,
+        reason: None,
     };
     let path = l.dir().join("queue").join(format!("{:020}-killed.json", 0));
     std::fs::write(&path, serde_json::to_vec(&ticket).unwrap()).unwrap();
@@ -729,6 +758,7 @@ fn fair_turns_go_round_the_users_and_starve_no_one() {
         user: None,
         request: String::new(),
         caller_pid: None,
+        reason: None,
     };
     let (alice, bob, carol) = (Some(1001), Some(1002), Some(1003));
     let mut waiting: Vec<queue::Ticket> = Vec::new();
@@ -839,6 +869,10 @@ fn a_waiter_for_gpus_that_are_not_free_blocks_no_request_for_other_gpus() {
         queued.push((name, waiter_on(&l, &inv, name, request, meta)));
         until(name, || tickets(&l) == n + 1);
     }
+    // Issue 32, item 7: each says that no GPU of its kind is free, not its place.
+    for name in ["image", "own", "model", "memory"] {
+        until(name, || why(&l, name) == "no free GPU of its kind");
+    }
     // GPUs 0, 1, 4 and 5 are free and none of them is one a waiter could use.
     let hook = l.allocate(&id("hook"), &count(1), &m, container());
     assert!(hook.is_ok(), "{}", one_line(&hook.unwrap_err()));
@@ -867,4 +901,40 @@ fn a_waiter_for_gpus_that_are_not_free_blocks_no_request_for_other_gpus() {
         let _ = waiter.join().unwrap();
     }
     assert_eq!(tickets(&l), 0);
+}
+
+/// Issue 32, item 7: a waiter held back by its group's limit says which group, is parked
+/// (in no one's way), and a request of another user is served at once.
+#[test]
+fn a_waiter_held_back_by_its_groups_limit_says_which_group() {
+    use crate::model::limits::GroupLimit;
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let limits = Limits {
+        groups: [(
+            "ml".to_string(),
+            GroupLimit {
+                max_gpus: Some(1),
+                gpus: None,
+            },
+        )]
+        .into(),
+        ..Limits::default()
+    };
+    let m = Machine {
+        limits: Some(&limits),
+        ..Machine::new(&inv, PolicyName::Pack)
+    };
+    l.allocate(&id("b1"), &count(1), &m, job("bob", 1002, &["ml"]))
+        .unwrap();
+    let mut meta = job("alice", 1001, &["ml"]);
+    let open = caller(&mut meta);
+    let alice = wait_in_thread(l.dir(), "a1", 1, meta, &limits, Duration::from_secs(60));
+    until("alice is queued", || tickets(&l) == 1);
+    until("her wait says why", || why(&l, "a1") == "group limit (ml)");
+    assert!(parked(&l, "a1"));
+    let carol = l.allocate(&id("c1"), &count(1), &m, job("carol", 1003, &[]));
+    assert!(carol.is_ok(), "{}", one_line(&carol.unwrap_err()));
+    open.store(false, Ordering::SeqCst);
+    assert!(alice.join().unwrap().is_err());
 }
