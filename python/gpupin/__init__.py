@@ -15,7 +15,10 @@ import json
 import math
 import os
 import secrets
+import signal
 import socket
+import threading
+import time
 import warnings
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "Allocation",
     "CudaInitialized",
     "Error",
+    "Evicted",
     "Gpu",
     "acquire",
     "cuda_in_use",
@@ -54,6 +58,11 @@ class CudaInitialized(Error):
     """CUDA already runs in this process: a CUDA_VISIBLE_DEVICES set now would not count."""
 
 
+class Evicted(Error):
+    """This process was ended through ``gpupin evict`` (its GPUs go to others): ``str(e)``
+    says who ended it and why, as ``gpupin exec`` tells an evicted job on stderr."""
+
+
 class AlreadyHeld(UserWarning):
     """acquire() with the request this process already holds: it returns that holder again."""
 
@@ -80,6 +89,8 @@ class Gpu(tuple):
 
 #: The config the gpupin command reads unless ``GPUPIN_CONFIG`` names another.
 DEFAULT_CONFIG = "/etc/gpupin/config.toml"
+#: Where gpupin keeps its state unless the config's ``state_dir`` says otherwise.
+DEFAULT_STATE_DIR = "/run/gpupin"
 
 
 def socket_path():
@@ -276,6 +287,7 @@ class Allocation:
         self._previous = previous
         self._asked = asked or {}
         self._pid = os.getpid()
+        self._since = time.time()
         self.released = False
 
     @property
@@ -371,6 +383,62 @@ def _again(held, asked):
     return held
 
 
+def _ended_note(holder, since):
+    """Who ended ``holder`` and why, as the note ``gpupin evict`` leaves before it stops
+    a holder (``<state_dir>/ended/<holder>.json``), when it was written after ``since``;
+    None otherwise. Read without following a link."""
+    if "/" in holder or holder.startswith("."):
+        return None
+    settings = _read_config(os.environ.get("GPUPIN_CONFIG") or DEFAULT_CONFIG)
+    state_dir = str(settings.get("state_dir") or DEFAULT_STATE_DIR)
+    path = os.path.join(state_dir, "ended", holder + ".json")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            note = json.loads(f.read(MAX_MESSAGE))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(note, dict) or not isinstance(note.get("at"), int):
+        return None
+    # Whole seconds: a note of this second counts.
+    if note["at"] < int(since) - 1:
+        return None
+    why = ": {}".format(note["reason"]) if note.get("reason") else ""
+    return "{} was ended by {} ({}){}".format(holder, note.get("by"), note.get("how"), why)
+
+
+def _on_sigterm(signum, frame):
+    """SIGTERM while this process holds GPUs: from ``gpupin evict`` (its note says so),
+    ``Evicted`` is raised where the process is, saying who and why (a notebook shows it
+    in the cell; evict kills the process after its grace if it lives on); from anyone
+    else, the signal does what it did before acquire()."""
+    held = _current()
+    note = _ended_note(held.holder, held._since) if held is not None else None
+    if note is not None:
+        raise Evicted(note)
+    signal.signal(signal.SIGTERM, _previous_sigterm)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+#: SIGTERM's handler before acquire() set ``_on_sigterm``.
+_previous_sigterm = signal.SIG_DFL
+
+
+def _tell_on_eviction():
+    """Sets ``_on_sigterm`` where nobody else handles SIGTERM: in the main thread, over
+    the default action only (a framework's own handler is left alone)."""
+    global _previous_sigterm
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGTERM)
+    if current is signal.SIG_DFL:
+        _previous_sigterm = current
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def acquire(count=1, policy=None, memory=None, wait=None):
     """Holds ``count`` GPUs for this process until it ends (or ``release()``), and sets
     ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` in ``os.environ``.
@@ -388,7 +456,9 @@ def acquire(count=1, policy=None, memory=None, wait=None):
 
     Raises CudaInitialized if CUDA already runs in this process, Error with the daemon's
     one line if it refuses (a limit, too few GPUs, a wait that ran out), ValueError for
-    a bad argument.
+    a bad argument. Once it holds GPUs, a ``gpupin evict`` of this process raises
+    ``Evicted`` wherever the process is, saying who ended it and why (where SIGTERM had
+    no handler of its own; it is killed after the evict's grace if it goes on).
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError("invalid count={!r}: expected a positive integer, such as 2".format(count))
@@ -447,4 +517,5 @@ def acquire(count=1, policy=None, memory=None, wait=None):
         os.environ[key] = env[key]
     global _held
     _held = Allocation(reply.get("holder", holder), gpus, env, previous, asked)
+    _tell_on_eviction()
     return _held

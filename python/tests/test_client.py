@@ -5,6 +5,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 
 import pytest
@@ -52,6 +53,35 @@ def test_the_gpus_go_when_the_process_is_killed_with_sigkill(daemon):
     child.wait(timeout=60)
     daemon.until_gone(holder)
     assert daemon.mine() == []
+
+
+def test_an_evicted_process_is_told_who_ended_it_and_why(daemon):
+    """Issue 32, item 3: the Python client's side of Slurm's "CANCELLED BY": a process
+    ended through gpupin evict raises gpupin.Evicted saying who and why."""
+    child, holder = daemon.holding_child(1)
+    out = subprocess.run(
+        [os.environ["GPUPIN_BIN"], "--config", os.environ["GPUPIN_CONFIG"], "evict", holder, "--reason", "wrong input file"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        universal_newlines=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("evicted {} (stopped with SIGTERM)".format(holder)), out.stdout
+    child.wait(timeout=60)
+    stderr = child.stderr.read()
+    assert child.returncode == 1, stderr
+    assert stderr.rstrip("\n").splitlines()[-1] == (
+        "gpupin.Evicted: {} was ended by {} (gpupin evict): wrong input file".format(holder, daemon.me)
+    ), stderr
+    daemon.until_gone(holder)
+
+
+def test_a_sigterm_from_anyone_else_ends_the_process_as_before(daemon):
+    child, holder = daemon.holding_child(1)
+    child.send_signal(signal.SIGTERM)
+    child.wait(timeout=60)
+    assert child.returncode == -signal.SIGTERM, child.stderr.read()
+    daemon.until_gone(holder)
 
 
 def test_a_limit_refuses_with_the_daemons_one_line_and_nothing_is_held(daemon, monkeypatch):

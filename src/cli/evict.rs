@@ -39,7 +39,12 @@ pub fn run(config: &Config, args: &EvictArgs) -> anyhow::Result<ExitCode> {
             grace_secs: Some(args.grace.as_secs()),
         };
         let reply = Client::connect(&config.client_socket())?.ask(&request)?;
-        return super::release::said_by_daemon(&reply, "evicted {}; released {}");
+        // What the daemon did to stop it, as root's evict says it.
+        let done = match &reply.stopped {
+            Some(how) => format!("evicted {{}} ({how}); released {{}}"),
+            None => "evicted {}; released {}".to_string(),
+        };
+        return super::release::said_by_daemon(&reply, &done);
     }
     let by = Evictor {
         uid: 0,

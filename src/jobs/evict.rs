@@ -70,20 +70,26 @@ pub struct Eviction {
 }
 
 impl Eviction {
-    /// `evicted web (stopped with docker stop -t 10 ...); released GPU-...`, what the
-    /// command prints; `grace` as it was given.
-    pub fn summary(&self, grace: Duration) -> String {
-        let how = match &self.stopped {
+    /// What was done to stop it: `stopped with SIGTERM`, `killed: still running 10s after
+    /// SIGTERM`; `grace` as it was given.
+    pub fn how(&self, grace: Duration) -> String {
+        match &self.stopped {
             Stopped::WasNotRunning => "it was not running".to_string(),
             Stopped::ByEngine(command) => format!("stopped with {command}"),
             Stopped::BySignal { killed: false } => "stopped with SIGTERM".to_string(),
             Stopped::BySignal { killed: true } => {
                 format!("killed: still running {}s after SIGTERM", grace.as_secs())
             }
-        };
+        }
+    }
+
+    /// `evicted web (stopped with docker stop -t 10 ...); released GPU-...`, what the
+    /// command prints.
+    pub fn summary(&self, grace: Duration) -> String {
         format!(
-            "evicted {} ({how}); released {}",
+            "evicted {} ({}); released {}",
             self.record.display_name(),
+            self.how(grace),
             self.record.gpus.join(",")
         )
     }

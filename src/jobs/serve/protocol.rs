@@ -182,6 +182,10 @@ pub struct Reply {
     /// For `Release` and `Evict`: `holder` was a queued request, now cancelled.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancelled: bool,
+    /// For `Evict`: how the holder was stopped (`stopped with SIGTERM`, `stopped with
+    /// docker stop -t 10 web`, `killed: still running 10s after SIGTERM`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
     /// For `Status`: the status JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
@@ -198,6 +202,7 @@ impl Default for Reply {
             key: None,
             version: None,
             cancelled: false,
+            stopped: None,
             status: None,
         }
     }

@@ -877,7 +877,10 @@ fn evict_for(
         how: Match::Shown,
     };
     let outcome = match evict::evict(config, id, &by, grace) {
-        Ok(eviction) => Ok(granted(&eviction.record)),
+        Ok(eviction) => Ok(Reply {
+            stopped: Some(eviction.how(grace)),
+            ..granted(&eviction.record)
+        }),
         Err(EvictError::Ledger(LedgerError::NoSuchHolder { .. })) => {
             evict::cancel_queued(config, id, &by).map(|w| cancelled(&w))
         }
