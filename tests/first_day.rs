@@ -4,7 +4,7 @@
 #[allow(dead_code)]
 mod exec_support;
 
-use exec_support::{Daemon, User, gpupin, ok, requirements, scratch};
+use exec_support::{Daemon, Job, User, gpupin, ok, requirements, scratch, until_clean};
 use gpupin_sandbox::harness;
 use std::process::{Command, Stdio};
 
@@ -488,4 +488,260 @@ fn an_imported_mig_box_answers_pick_and_a_hold_names_the_missing_keys() {
         harness::stderr(&out),
         "gpupin: cannot allocate 1 MIG instance of 1g.10gb for m1: 0 of the 2 instances of 1g.10gb can take it; 2 of them have no \"gi\" and \"ci\" in the inventory file, so gpupin does not know their nodes (add both to each instance, from nvidia-smi mig -lgi and -lci; gpupin pick models them as they are)\n"
     );
+}
+
+/// What the day's people read after each step: `gpupin status --json`, `queue --json`,
+/// `log --json` and `usage --json`, as root reads them.
+struct Look {
+    status: serde_json::Value,
+    queue: Vec<serde_json::Value>,
+    log: Vec<serde_json::Value>,
+    usage: serde_json::Value,
+}
+
+impl Look {
+    fn now(g: &gpupin_sandbox::harness::Gpupin) -> Look {
+        let json = |args: &[&str]| -> serde_json::Value {
+            serde_json::from_str(&ok(g, None, args)).unwrap()
+        };
+        let log = ok(g, None, &["log", "--json"])
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        Look {
+            status: g.status(),
+            queue: json(&["queue", "--json"]).as_array().unwrap().clone(),
+            log,
+            usage: json(&["usage", "--json"]),
+        }
+    }
+
+    /// The holder's owner as status shows it, or `None` where status does not list it.
+    fn owner_of(&self, holder: &str) -> Option<String> {
+        self.status["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["id"] == holder)
+            .map(|h| h["owner"]["user"].as_str().unwrap_or("-").to_string())
+    }
+
+    /// Why `holder` waits, as `gpupin queue --json` says; `None` where it does not wait.
+    fn why(&self, holder: &str) -> Option<String> {
+        self.queue
+            .iter()
+            .find(|w| w["holder"] == holder)
+            .map(|w| w["reason"].as_str().unwrap_or("-").to_string())
+    }
+
+    /// The log's events of `holder`, as (event, reason).
+    fn events(&self, holder: &str) -> Vec<(String, String)> {
+        self.log
+            .iter()
+            .filter(|e| e["holder"] == holder)
+            .map(|e| {
+                let field = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+                (field("event"), field("reason"))
+            })
+            .collect()
+    }
+
+    /// The users `gpupin usage` has rows for.
+    fn users(&self) -> Vec<String> {
+        let mut users: Vec<String> = self.usage["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap().to_string())
+            .collect();
+        users.sort();
+        users
+    }
+}
+
+/// Issue 32's day, scripted: an admin and three students on 8 simulated GPUs with a
+/// limit of 3 each, a real `gpupin serve`, the Python client in a "notebook". Each step
+/// is read back as its people would: status, queue, log and usage.
+#[test]
+fn the_first_day_end_to_end() {
+    let test = "the_first_day_end_to_end";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("[limits]\nmax_gpus_per_user = 3");
+    let (alice, bob, carol) = (
+        User::create("fda"),
+        User::create("fdb"),
+        User::create("fdc"),
+    );
+    let _daemon = Daemon::start(&g);
+
+    // The admin sets GPU 7 aside for a fan check.
+    ok(
+        &g,
+        None,
+        &[
+            "hold",
+            "maint",
+            "--devices",
+            "7",
+            "--until-release",
+            "--reason",
+            "fan check",
+        ],
+    );
+    let look = Look::now(&g);
+    assert_eq!(look.owner_of("maint").as_deref(), Some("root"));
+    assert_eq!(look.events("maint"), [("hold".into(), "fan check".into())]);
+    assert_eq!(look.users(), ["root"]);
+
+    // Alice and bob start jobs, which run on GPUs of their own.
+    let mut alices = Job::start(&g, Some(&alice), "alice1", &["--count", "2"]);
+    let mut bobs = Job::start(&g, Some(&bob), "bob1", &["--count", "3"]);
+    let (alices_id, bobs_id) = (alices.holder(), bobs.holder());
+    let (a, b) = (alices.ready().cuda_indices(), bobs.ready().cuda_indices());
+    assert!(a.len() == 2 && b.len() == 3 && a.iter().all(|i| !b.contains(i) && *i != 7));
+    let look = Look::now(&g);
+    assert_eq!(look.owner_of(&alices_id), Some(alice.name.clone()));
+    assert_eq!(look.owner_of(&bobs_id), Some(bob.name.clone()));
+    assert_eq!(look.status["free"], 2, "{}", look.status);
+
+    // Carol's notebook: acquire in a cell, the cell run again, one holder.
+    let tree = exec_support::python_tree(g.dir.path());
+    let mut notebook = Command::new("/usr/bin/python3");
+    notebook
+        .args([
+            "-c",
+            "import gpupin, sys, warnings\n\
+             warnings.simplefilter('ignore')\n\
+             first = gpupin.acquire(count=1)\n\
+             again = gpupin.acquire(count=1)\n\
+             print(first.holder, again.holder == first.holder, flush=True)\n\
+             sys.stdin.read()\n",
+        ])
+        .current_dir(scratch(&g))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("PYTHONPATH", &tree)
+        .env("GPUPIN_SOCKET", g.state_dir.join("gpupin.sock"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    carol.owns(&mut notebook);
+    let mut kernel = notebook.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(kernel.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let (cell, same) = line.trim().split_once(' ').expect("the notebook's holder");
+    assert_eq!(same, "True", "a cell run again holds no second set");
+    let cell = cell.to_string();
+    let look = Look::now(&g);
+    assert_eq!(look.owner_of(&cell), Some(carol.name.clone()));
+    assert_eq!(look.status["free"], 1, "{}", look.status);
+
+    // Two more requests wait: carol's for 2 (one GPU is free), alice's past her limit.
+    let wait = ["--count", "2", "--wait", "120s"];
+    let carols = Job::start(&g, Some(&carol), "carol2", &wait);
+    let alices2 = Job::start(&g, Some(&alice), "alice2", &wait);
+    let (carols_id, alices2_id) = (carols.holder(), alices2.holder());
+    let look = exec_support::until("both say why they wait", || {
+        let look = Look::now(&g);
+        let both = look.why(&carols_id).is_some_and(|w| w != "-")
+            && look.why(&alices2_id).is_some_and(|w| w != "-");
+        both.then_some(look)
+    });
+    assert_eq!(look.why(&carols_id).as_deref(), Some("too few GPUs free"));
+    assert_eq!(look.why(&alices2_id).as_deref(), Some("own limit"));
+
+    // Carol cancels her queued request by the name the queue shows.
+    let out = ok(&g, Some(&carol), &["release", &carols_id]);
+    assert!(
+        out.starts_with(&format!("cancelled {}", carols_id)),
+        "{out}"
+    );
+    let mut carols = carols;
+    let (exit, stderr) = carols.wait();
+    assert!(!exit.success());
+    assert!(
+        stderr.contains(&format!("was cancelled by {}", carol.name)),
+        "{stderr}"
+    );
+    let look = Look::now(&g);
+    assert_eq!(look.why(&carols_id), None);
+    assert_eq!(look.queue.len(), 1, "alice's request still waits");
+
+    // The admin evicts bob's job, and says why; bob reads who and why.
+    let out = ok(
+        &g,
+        None,
+        &["evict", &bobs_id, "--reason", "node maintenance"],
+    );
+    assert!(
+        out.starts_with(&format!("evicted {} (stopped with SIGTERM)", bobs_id)),
+        "{out}"
+    );
+    let (exit, stderr) = bobs.wait();
+    assert_eq!(exit.code(), Some(143), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{} was ended by root (gpupin evict): node maintenance",
+            bobs_id
+        )),
+        "{stderr}"
+    );
+    let look = Look::now(&g);
+    assert_eq!(look.owner_of(&bobs_id), None);
+    let bobs_events = look.events(&bobs_id);
+    assert!(
+        bobs_events
+            .iter()
+            .any(|(e, why)| e == "evict" && why.ends_with("; reason: node maintenance")),
+        "{bobs_events:?}"
+    );
+    assert_eq!(
+        look.why(&alices2_id).as_deref(),
+        Some("own limit"),
+        "4 free, still her limit"
+    );
+
+    // Bob may not force alice's job off; root may, and it is stopped before its GPUs go.
+    let line = exec_support::refused(&g, Some(&bob), &["release", "--force", &alices_id]);
+    assert!(
+        line.ends_with(&format!("only {} or root may release it", alice.name)),
+        "{line}"
+    );
+    ok(&g, None, &["release", "--force", &alices_id]);
+    let (exit, _) = alices.wait();
+    assert!(!exit.success(), "stopped, not finished");
+    let mut alices2 = alices2;
+    assert_eq!(
+        alices2.ready().cuda_indices().len(),
+        2,
+        "her waiting request got its turn"
+    );
+    let look = Look::now(&g);
+    assert_eq!(look.owner_of(&alices_id), None);
+    assert_eq!(look.owner_of(&alices2_id), Some(alice.name.clone()));
+    assert!(look.queue.is_empty());
+
+    // The day ends: jobs finish, the kernel shuts down, the fan is fixed.
+    let (exit, stderr) = alices2.finish();
+    assert!(exit.success(), "{stderr}");
+    drop(kernel.stdin.take());
+    assert!(kernel.wait().unwrap().success());
+    ok(&g, None, &["release", "maint"]);
+    until_clean(&g);
+    let look = Look::now(&g);
+    let mut everyone = vec![
+        alice.name.clone(),
+        bob.name.clone(),
+        carol.name.clone(),
+        "root".to_string(),
+    ];
+    everyone.sort();
+    assert_eq!(look.users(), everyone, "{}", look.usage);
+    assert!(look.events(&cell).iter().any(|(e, _)| e == "release"));
 }

@@ -12,7 +12,7 @@
 #[allow(dead_code)]
 mod exec_support;
 
-use exec_support::{Daemon, User, gpupin, ok, requirements, scratch, until_clean};
+use exec_support::{Daemon, User, gpupin, ok, python_tree, requirements, scratch, until_clean};
 use gpupin_sandbox::harness;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -59,26 +59,6 @@ fn others_may_run(path: &Path) -> bool {
     path.ancestors()
         .skip(1)
         .all(|d| std::fs::metadata(d).is_ok_and(|m| m.mode() & 0o001 != 0))
-}
-
-/// The repository's python/ copied where the test's user can read it.
-fn python_tree(dest: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
-    let out = Command::new("cp")
-        .arg("-r")
-        .arg(&src)
-        .arg(dest)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "cp: {}", harness::stderr(&out));
-    let copy = dest.join("python");
-    let out = Command::new("chmod")
-        .args(["-R", "a+rX"])
-        .arg(&copy)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "chmod: {}", harness::stderr(&out));
-    copy
 }
 
 #[test]

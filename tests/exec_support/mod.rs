@@ -671,3 +671,25 @@ pub fn holder_ids(status: &Value) -> Vec<String> {
         .map(|h| h["id"].as_str().unwrap().to_string())
         .collect()
 }
+
+/// The repository's python/ copied where the test's user can read it (python_client,
+/// first_day).
+#[allow(dead_code)]
+pub fn python_tree(dest: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let out = Command::new("cp")
+        .arg("-r")
+        .arg(&src)
+        .arg(dest)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cp: {}", harness::stderr(&out));
+    let copy = dest.join("python");
+    let out = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "chmod: {}", harness::stderr(&out));
+    copy
+}
