@@ -402,4 +402,208 @@ mod tests {
             assert!(!err.contains('\n') && !err.contains('\x1b'), "{err}");
         }
     }
+
+    /// A ledger of 8 simulated GPUs in `dir`.
+    fn config(dir: &std::path::Path) -> Config {
+        Config {
+            state_dir: dir.join("state"),
+            inventory: "sim:nvswitch8".parse().unwrap(),
+            audit_log: dir.join("audit.log"),
+            ..Config::default()
+        }
+    }
+
+    /// A process of the test's own, reaped in the background once it ends (a zombie
+    /// would look alive to nobody but would linger); its pid.
+    fn process(script: &str) -> i32 {
+        let mut child = Command::new("sh").args(["-c", script]).spawn().unwrap();
+        let pid = child.id() as i32;
+        std::thread::spawn(move || child.wait());
+        // Until the shell has set its traps: /proc shows it as sh's child or itself.
+        std::thread::sleep(Duration::from_millis(200));
+        pid
+    }
+
+    /// Alice's (uid 1001) hold of GPU `device` for `pid`, or until released.
+    fn alices_hold(config: &Config, id: &str, device: &str, pid: Option<i32>) -> Record {
+        let hold = crate::jobs::hold::Hold {
+            id: crate::model::holder::HolderId::new(id).unwrap(),
+            devices: device.into(),
+            by_minor: false,
+            pid,
+            until_release: pid.is_none(),
+            owner: Owner {
+                uid: 1001,
+                user: "alice".into(),
+                groups: vec![],
+            },
+            limited: false,
+            within: None,
+            count: None,
+            mig: None,
+            reason: None,
+            expires_at: None,
+            wait: None,
+        };
+        crate::jobs::hold::hold(config, &hold, "test").unwrap()
+    }
+
+    fn alice(reason: Option<&str>) -> Evictor {
+        Evictor {
+            uid: 1001,
+            user: "alice".into(),
+            reason: reason.map(str::to_string),
+            how: Match::Shown,
+        }
+    }
+
+    fn held(config: &Config) -> Vec<String> {
+        let ledger = crate::state::open_ledger(config).unwrap();
+        ledger
+            .records()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect()
+    }
+
+    /// The user's own hold bound to a process: the process is stopped with SIGTERM, and
+    /// only then are the GPUs released; the note says who and why.
+    #[test]
+    fn a_running_holder_is_stopped_before_its_gpus_are_released() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let pid = process("sleep 30");
+        alices_hold(&config, "h1", "0", Some(pid));
+        let done = evict(
+            &config,
+            "h1",
+            &alice(Some("wrong input")),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(done.stopped, Stopped::BySignal { killed: false });
+        assert_eq!(done.how(Duration::from_secs(5)), "stopped with SIGTERM");
+        assert!(
+            !crate::base::procinfo::start_time(pid).is_some(),
+            "the process is gone"
+        );
+        assert!(held(&config).is_empty());
+        let ledger = crate::state::open_ledger(&config).unwrap();
+        let note = ledger
+            .ended("h1", SystemTime::now() - Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(
+            note.line("h1"),
+            "h1 was ended by alice (gpupin evict): wrong input"
+        );
+    }
+
+    /// A process that ignores SIGTERM is killed once the grace runs out, and its GPUs go
+    /// only after that.
+    #[test]
+    fn one_that_ignores_sigterm_is_killed_after_the_grace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let pid = process("trap '' TERM; while :; do sleep 0.05; done");
+        alices_hold(&config, "h1", "0", Some(pid));
+        let grace = Duration::from_millis(300);
+        let done = evict(&config, "h1", &alice(None), grace).unwrap();
+        assert_eq!(done.stopped, Stopped::BySignal { killed: true });
+        assert_eq!(done.how(grace), "killed: still running 0s after SIGTERM");
+        assert!(crate::base::procinfo::start_time(pid).is_none());
+        assert!(held(&config).is_empty());
+    }
+
+    /// A holder that no longer runs, or a hold without a process, is only released.
+    #[test]
+    fn what_does_not_run_is_released_and_a_bare_hold_is_told_to_release() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let pid = process("exit 0");
+        std::thread::sleep(Duration::from_millis(100));
+        alices_hold(&config, "gone", "0", Some(std::process::id() as i32));
+        // Bound to this test process, then pointed at one that has ended.
+        let ledger = crate::state::open_ledger(&config).unwrap();
+        let mut record = ledger.records().unwrap().remove(0);
+        record.pid = Some(pid);
+        assert!(!active(&ledger, &record));
+        release(&ledger, &record, "alice").unwrap();
+        assert!(held(&config).is_empty());
+        // Released again: its record is gone, which is no error.
+        release(&ledger, &record, "alice").unwrap();
+
+        // A hold without a process has nothing to stop: it is released.
+        alices_hold(&config, "bare", "1", None);
+        let done = evict(&config, "bare", &by(0), Duration::from_secs(1)).unwrap();
+        assert_eq!(done.stopped, Stopped::WasNotRunning);
+        assert!(
+            done.summary(Duration::from_secs(1))
+                .starts_with("evicted bare (it was not running); released GPU-")
+        );
+        assert!(held(&config).is_empty());
+    }
+
+    /// Another user's holder is neither stopped nor released.
+    #[test]
+    fn another_users_holder_is_left_running() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let pid = process("sleep 30");
+        alices_hold(&config, "h1", "0", Some(pid));
+        let err = evict(&config, "h1", &by(1002), Duration::from_secs(1)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "h1 is alice's: only alice or root may end it"
+        );
+        assert!(crate::base::procinfo::start_time(pid).is_some());
+        assert_eq!(held(&config), ["h1"]);
+        // A bad reason stops nothing either, even for root.
+        let mut root = by(0);
+        root.reason = Some("a\nb".into());
+        assert!(evict(&config, "h1", &root, Duration::from_secs(1)).is_err());
+        assert!(crate::base::procinfo::start_time(pid).is_some());
+        evict(&config, "h1", &by(0), Duration::from_secs(5)).unwrap();
+        assert!(held(&config).is_empty());
+    }
+
+    /// Only the same holder counts: one made again under its name since is another.
+    #[test]
+    fn a_holder_made_again_under_the_same_name_is_another() {
+        let a = testing::record("x", &["GPU-0"]);
+        assert!(same(&a, &a.clone()));
+        for change in [
+            |r: &mut Record| r.id = "y".into(),
+            |r: &mut Record| r.created_at += 1,
+            |r: &mut Record| r.salt = "other".into(),
+        ] {
+            let mut b = a.clone();
+            change(&mut b);
+            assert!(!same(&a, &b), "{b:?}");
+        }
+    }
+
+    /// Docker and podman containers are stopped by their engine, with the grace.
+    #[test]
+    fn a_container_of_docker_or_podman_is_stopped_by_its_engine() {
+        let mut record = testing::record("web", &["GPU-0"]);
+        assert_eq!(engine_stop(&record, Duration::from_secs(10)), None);
+        for engine in ["docker", "podman"] {
+            record.container = Some(crate::model::holder::ContainerInfo {
+                engine: Some(engine.into()),
+                ..Default::default()
+            });
+            assert_eq!(
+                engine_stop(&record, Duration::from_secs(7)).unwrap(),
+                [engine, "stop", "-t", "7", "web"]
+            );
+        }
+        record.container = Some(crate::model::holder::ContainerInfo {
+            engine: Some("containerd".into()),
+            ..Default::default()
+        });
+        assert_eq!(engine_stop(&record, Duration::from_secs(7)), None);
+        assert!(run(&["true".to_string()]));
+        assert!(!run(&["false".to_string()]));
+    }
 }
