@@ -485,7 +485,7 @@ mod tests {
         assert_eq!(done.stopped, Stopped::BySignal { killed: false });
         assert_eq!(done.how(Duration::from_secs(5)), "stopped with SIGTERM");
         assert!(
-            !crate::base::procinfo::start_time(pid).is_some(),
+            crate::base::procinfo::start_time(pid).is_none(),
             "the process is gone"
         );
         assert!(held(&config).is_empty());
