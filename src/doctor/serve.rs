@@ -60,20 +60,11 @@ pub(super) fn check(setup: &Setup) -> Finding {
             )
             .fix(format!(
                 "ask an admin to add you: usermod -aG {group} {}; then log in again",
-                own_name()
+                crate::host::users::own_name()
             ))
         }
         Err(err) => Finding::problem(CHECK, format!("gpupin serve at {shown}: {err}")),
     }
-}
-
-/// The user running doctor, as an admin's `usermod` names them.
-fn own_name() -> String {
-    let uid = nix::unistd::getuid();
-    nix::unistd::User::from_uid(uid)
-        .ok()
-        .flatten()
-        .map_or_else(|| uid.to_string(), |u| u.name)
 }
 
 fn group_name(gid: u32) -> String {

@@ -21,6 +21,15 @@ pub enum UserError {
     },
 }
 
+/// This process's user name, else its uid: how an admin's `usermod` names the caller.
+pub fn own_name() -> String {
+    let uid = nix::unistd::getuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |u| u.name)
+}
+
 /// The owner record of `uid`: name and the names of all its groups (primary first).
 pub fn owner_of(uid: u32) -> Result<Owner, UserError> {
     let user = User::from_uid(Uid::from_raw(uid))

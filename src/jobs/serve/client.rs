@@ -49,7 +49,7 @@ fn connect_hint(path: &Path, error: &std::io::Error) -> String {
         ErrorKind::PermissionDenied => match socket_group(path) {
             Some(group) => format!(
                 "permission denied: only members of group {group} may use it (ask an admin to add you: usermod -aG {group} {}; then log in again)",
-                own_name()
+                crate::host::users::own_name()
             ),
             None => "permission denied: the socket is for the group the config's socket_group names (ask an admin to add you to it)".into(),
         },
@@ -67,15 +67,6 @@ pub fn socket_group(path: &Path) -> Option<String> {
         .ok()
         .flatten()
         .map(|g| g.name)
-}
-
-/// This process's user name, else its uid, for the command an admin runs.
-fn own_name() -> String {
-    let uid = nix::unistd::getuid();
-    nix::unistd::User::from_uid(uid)
-        .ok()
-        .flatten()
-        .map_or_else(|| uid.to_string(), |u| u.name)
 }
 
 /// One connection to the daemon.
