@@ -29,7 +29,7 @@ impl HookCommand {
         }
     }
 
-    /// argv, argv[0] (the file name of `exe`) included.
+    /// argv, `argv[0]` (the file name of `exe`) included.
     pub fn args(&self, stage: &str) -> Vec<String> {
         let name = self.exe.file_name().unwrap_or_default().to_string_lossy();
         let mut args = vec![name.to_string()];

@@ -253,7 +253,7 @@ impl DriverRoot {
         y
     }
 
-    /// The stand-in's calls: (container id, args after argv[0]) per line.
+    /// The stand-in's calls: (container id, args after `argv[0]`) per line.
     pub fn hook_calls(&self) -> Vec<(String, String)> {
         std::fs::read_to_string(&self.hook_log)
             .unwrap_or_default()

@@ -1,7 +1,7 @@
 //! Selection policies: pure functions from (inventory, what is free, how many) to a choice.
 //! Adding a policy is a new file with one `Policy` impl and one line in `PolicyName`.
 //!
-//! `topology` (the default) is described in [`topology`]; [`reference`] is the brute-force
+//! `topology` (the default) is described in [`topology`](crate::policy::topology); [`reference`](crate::policy::reference) is the brute-force
 //! search that tests and benchmarks hold it to.
 
 mod include;

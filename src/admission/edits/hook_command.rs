@@ -21,7 +21,7 @@ impl HookCommand {
         }
     }
 
-    /// `gpupin-hook [--config FILE] STAGE`, argv[0] included; for an `exe` that is the
+    /// `gpupin-hook [--config FILE] STAGE`, `argv[0]` included; for an `exe` that is the
     /// CLI (`gpupin`, where no gpupin-hook was built beside it), `gpupin [--config FILE]
     /// hook STAGE`.
     pub fn args(&self, stage: &str) -> Vec<String> {

@@ -24,7 +24,7 @@ pub struct Target<'a> {
 /// Applies what can still be applied to a created container. Annotations and hooks are
 /// for a spec the runtime has not read yet, and have none here; a cpuset needs the spec
 /// edited before create, and the prestart entry point refuses such a request first. A
-/// GPU node of another GPU in the spec is refused (driver::foreign::strip_created).
+/// GPU node of another GPU in the spec is refused ([`crate::admission::foreign::strip_created`]).
 pub fn apply(edits: &ContainerEdits, target: Target<'_>) -> Result<(), ApplyError> {
     if edits.cpuset.is_some() {
         return Err(ApplyError::NeedsCreate("a cpuset"));

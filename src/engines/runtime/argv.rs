@@ -89,7 +89,7 @@ pub fn runtime_override(flag: Option<&Path>) -> Result<Option<PathBuf>, ArgvErro
     }
 }
 
-/// Parses `args` (without argv[0]). `cwd` is the default bundle, as for runc.
+/// Parses `args` (without `argv[0]`). `cwd` is the default bundle, as for runc.
 pub fn parse(args: Vec<OsString>, cwd: PathBuf) -> Result<Invocation, ArgvError> {
     let (own, runtime_args) = take_own_flags(args)?;
     let strs: Vec<String> = runtime_args
