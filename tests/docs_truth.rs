@@ -2,6 +2,7 @@
 //! every key the config file takes (and no other), each default as `gpupin config check`
 //! prints it for an empty file, and its table of simulated machines lists every `sim:`
 //! name the code knows. Both are read from the code, so the docs cannot drift again.
+//! tests/README.md, the map of the suites, names every one of them.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -121,5 +122,23 @@ fn the_references_simulated_machines_are_the_ones_the_code_has() {
     assert_eq!(
         documented, known,
         "docs/reference.md's sim table and sim::names()"
+    );
+}
+
+/// tests/README.md maps every suite: a new file under tests/ must be placed on it.
+#[test]
+fn the_tests_map_names_every_suite() {
+    let tests = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let map = std::fs::read_to_string(tests.join("README.md")).unwrap();
+    let unnamed: Vec<String> = std::fs::read_dir(&tests)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".rs"))
+        .filter(|name| !map.contains(&format!("`{name}`")))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "tests/README.md does not name {unnamed:?}: add each to the row of the feature it shows"
     );
 }
