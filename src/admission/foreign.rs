@@ -23,17 +23,8 @@ use crate::input::request::{GpuRequest, Origin, Selection};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 
-/// The env var NVIDIA's runtime and hook read a container's GPUs from. Defined here, in
-/// the lowest module that reads it, for every layer above (edits, driver, hook, jobs).
-pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
-/// Set by CUDA images; alone (without NVIDIA_REQUIRE_CUDA) it makes a "legacy" image that
-/// NVIDIA's runtime gives every GPU (`legacy_cuda_image`).
-pub const CUDA_VERSION: &str = "CUDA_VERSION";
-/// Annotation prefix NVIDIA's runtime (`modes.cdi.annotation-prefixes`) and containerd's
-/// CRI read CDI device names from.
-const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
-/// CDI kind of NVIDIA's GPUs, as `nvidia-ctk cdi generate` writes it.
-const CDI_GPU_PREFIX: &str = "nvidia.com/gpu=";
+use crate::model::nvidia::{CDI_ANNOTATION_PREFIX, CDI_GPU_PREFIX};
+use crate::model::nvidia::{CUDA_VERSION, VISIBLE_DEVICES};
 /// NVIDIA's runtime reads a bind of `/dev/null` under this folder as a device request
 /// (`accept-nvidia-visible-devices-as-volume-mounts`); the rest of the path names it.
 const VOLUME_MOUNT_PREFIX: &str = "/var/run/nvidia-container-devices/";
@@ -144,7 +135,7 @@ pub fn admits_every_gpu(spec: &Value, gpus: &GpuNumbers) -> bool {
         .minors
         .iter()
         .map(|minor| DeviceNode {
-            path: format!("/dev/nvidia{minor}"),
+            path: crate::model::nvidia::gpu_node(*minor),
             major: gpus.major,
             minor: *minor,
         })
@@ -685,7 +676,7 @@ mod tests {
 
     fn gpu(minor: u32) -> DeviceNode {
         DeviceNode {
-            path: format!("/dev/nvidia{minor}"),
+            path: crate::model::nvidia::gpu_node(minor),
             major: 195,
             minor,
         }

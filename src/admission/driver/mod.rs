@@ -112,7 +112,7 @@ fn join(dirs: &[PathBuf]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::foreign::VISIBLE_DEVICES;
+    use crate::model::nvidia::VISIBLE_DEVICES;
     use crate::policy::testing::machine;
 
     const SPEC: &str = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n  - name: \"0\"\n    containerEdits:\n      deviceNodes: [{path: /dev/nvidia0, major: 195, minor: 0}]\ncontainerEdits:\n  mounts: [{hostPath: /r/usr/bin/nvidia-smi, containerPath: /usr/bin/nvidia-smi}]\n";

@@ -4,8 +4,8 @@
 
 use super::cdi::{self, ALL, Device, Found};
 use crate::admission::edits::{self, ContainerEdits};
-use crate::admission::foreign::VISIBLE_DEVICES;
 use crate::host::inventory::{DeviceNode, Gpu, Inventory, MigInstance};
+use crate::model::nvidia::VISIBLE_DEVICES;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -217,7 +217,7 @@ fn mig_entry_for<'a>(
         .iter()
         .find(|(f, _)| f.rank == best)
         .ok_or_else(no_entry)?;
-    let node = format!("/dev/nvidia{}", instance.parent_minor);
+    let node = crate::model::nvidia::gpu_node(instance.parent_minor);
     if let Some(other) = gpu_nodes(device).find(|n| *n != node) {
         return Err(SelectError::Stale {
             path: file.path.clone(),
@@ -235,7 +235,7 @@ fn mig_entry_for<'a>(
 /// (nvidia-ctk's index names follow NVML's index, which need not be the inventory's:
 /// the node's minor is what identifies the GPU). A later spec dir wins.
 fn entry_for<'a>(found: &'a [Found], gpu: &Gpu) -> Result<(&'a Found, &'a Device), SelectError> {
-    let node = format!("/dev/nvidia{}", gpu.minor);
+    let node = crate::model::nvidia::gpu_node(gpu.minor);
     let entries = || named_entries(found);
     let by_uuid: Vec<_> = entries()
         .filter(|(_, d)| d.name.eq_ignore_ascii_case(&gpu.uuid))

@@ -54,7 +54,7 @@ mod tests {
             {"path": "/dev/nvidia5", "type": "c", "major": 195, "minor": 5}
         ]}});
         let node = |minor: u32| DeviceNode {
-            path: format!("/dev/nvidia{minor}"),
+            path: crate::model::nvidia::gpu_node(minor),
             major: 195,
             minor,
         };

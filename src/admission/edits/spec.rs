@@ -181,7 +181,7 @@ mod tests {
         edits.withheld = vec![2, 0, 1, 4]
             .into_iter()
             .map(|minor| DeviceNode {
-                path: format!("/dev/nvidia{minor}"),
+                path: crate::model::nvidia::gpu_node(minor),
                 major: 195,
                 minor,
             })

@@ -16,6 +16,7 @@ use crate::engines::engine;
 use crate::input::config::{Config, ConfigError};
 use crate::input::request::{self, GpuRequest};
 use crate::model::holder::{ContainerInfo, HolderId};
+use crate::model::nvidia;
 use crate::state::ledger::{ClaimToken, Record};
 use oci_spec::runtime::State;
 use serde_json::Value;
@@ -326,11 +327,11 @@ fn unrequested_task(
     path: &Path,
 ) -> Result<Option<Container>, HookError> {
     let markers: [&[u8]; 5] = [
-        foreign::VISIBLE_DEVICES.as_bytes(),
-        b"cdi.k8s.io/",
+        nvidia::VISIBLE_DEVICES.as_bytes(),
+        nvidia::CDI_ANNOTATION_PREFIX.as_bytes(),
         b"nvidia-container-devices",
         // A legacy CUDA image gets every GPU from NVIDIA's runtime without the env var.
-        foreign::CUDA_VERSION.as_bytes(),
+        nvidia::CUDA_VERSION.as_bytes(),
         b"\"major\"",
     ];
     if !markers.iter().any(|m| contains(bytes, m)) {

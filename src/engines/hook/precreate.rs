@@ -7,11 +7,11 @@
 use super::{HookError, Outcome, contains};
 use crate::admission::before_create::{self, BeforeCreate, LoadOnce, NoEngine, SpecSources};
 use crate::admission::edits::{self, HookCommand};
-use crate::admission::foreign;
 use crate::admission::spec;
 use crate::engines::{engine, podman};
 use crate::input::config::{Config, ConfigError};
 use crate::input::request::{self, ERROR_ANNOTATION};
+use crate::model::nvidia;
 use crate::state::ledger::{ClaimToken, HolderMeta};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -33,7 +33,7 @@ pub(super) fn run(
         request::ENV_PREFIX,
         "nvidia",
         "NVIDIA",
-        foreign::CUDA_VERSION,
+        nvidia::CUDA_VERSION,
         "\"major\"",
     ];
     if !markers.iter().any(|m| contains(input, m.as_bytes())) {

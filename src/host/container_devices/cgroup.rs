@@ -160,7 +160,7 @@ mod tests {
 
     fn node(minor: u32) -> DeviceNode {
         DeviceNode {
-            path: format!("/dev/nvidia{minor}"),
+            path: crate::model::nvidia::gpu_node(minor),
             major: 195,
             minor,
         }

@@ -298,7 +298,7 @@ fn check_control_nodes(nodes: &[DeviceNode], gpus: &[Gpu], gpu_major: u32) -> Re
             ));
         }
         if let Some(g) = gpus.iter().find(|g| {
-            n.path == format!("/dev/nvidia{}", g.minor)
+            n.path == crate::model::nvidia::gpu_node(g.minor)
                 || (n.major, n.minor) == (gpu_major, g.minor)
         }) {
             return Err(format!(

@@ -109,7 +109,7 @@ impl Inventory {
     /// The device node of one GPU.
     pub fn gpu_node(&self, gpu: &Gpu) -> DeviceNode {
         DeviceNode {
-            path: format!("/dev/nvidia{}", gpu.minor),
+            path: crate::model::nvidia::gpu_node(gpu.minor),
             major: self.gpu_major,
             minor: gpu.minor,
         }
@@ -156,7 +156,7 @@ impl Inventory {
     /// instance's capability nodes (none where their minors or major are unknown).
     pub fn mig_nodes(&self, instance: &MigInstance) -> Vec<DeviceNode> {
         let parent = DeviceNode {
-            path: format!("/dev/nvidia{}", instance.parent_minor),
+            path: crate::model::nvidia::gpu_node(instance.parent_minor),
             major: self.gpu_major,
             minor: instance.parent_minor,
         };

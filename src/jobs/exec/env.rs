@@ -1,8 +1,8 @@
 //! The environment that tells a job which GPUs are its own.
 
-use crate::admission::foreign::VISIBLE_DEVICES;
 use crate::host::inventory::Inventory;
 use crate::input::config::CudaIds;
+use crate::model::nvidia::VISIBLE_DEVICES;
 use crate::state::ledger::Record;
 
 /// The holder id of the job, for scripts that want to name it (`gpupin release`,
