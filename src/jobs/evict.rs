@@ -197,11 +197,13 @@ pub fn evict(
             killed: terminate(&ledger, &record, pid, grace),
         },
     };
-    if !gone(&ledger, &record, grace + SETTLE)? {
+    // Its grace, and time for the kernel to tear down what SIGKILL ended.
+    let waited = grace + SETTLE;
+    if !gone(&ledger, &record, waited)? {
         return Err(EvictError::StillRuns {
             name,
             how,
-            waited: (grace + SETTLE).as_secs(),
+            waited: waited.as_secs(),
             pid,
         });
     }
