@@ -186,5 +186,13 @@ mod tests {
         .unwrap();
         let err = args("res-7", Some(fifo)).resolve().unwrap_err().to_string();
         assert!(err.contains("not a regular file"), "{err}");
+        for (text, what) in [("\n", "an empty file"), ("two words\n", "a space inside")] {
+            let file = key_file(tmp.path(), text, 0o600);
+            let err = args("res-7", Some(file)).resolve().unwrap_err().to_string();
+            assert!(
+                err.ends_with(": expected one key (gpupin key ID > FILE)"),
+                "{what}: {err}"
+            );
+        }
     }
 }

@@ -569,6 +569,26 @@ mod tests {
         assert!(held(&config).is_empty());
     }
 
+    /// `gone` waits while the holder's process runs, says so when its wait runs out, and
+    /// says it is gone once it is, not at its first look.
+    #[test]
+    fn gone_waits_for_the_process_to_go_and_says_when_it_does_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        alices_hold(&config, "h1", "0", Some(child.id() as i32));
+        let ledger = crate::state::open_ledger(&config).unwrap();
+        let record = ledger.records().unwrap().remove(0);
+        assert!(!gone(&ledger, &record, Duration::from_millis(300)).unwrap());
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            child.kill().unwrap();
+            child.wait().unwrap();
+        });
+        assert!(gone(&ledger, &record, Duration::from_secs(30)).unwrap());
+        ender.join().unwrap();
+    }
+
     /// Only the same holder counts: one made again under its name since is another.
     #[test]
     fn a_holder_made_again_under_the_same_name_is_another() {
