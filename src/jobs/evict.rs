@@ -405,15 +405,7 @@ mod tests {
         }
     }
 
-    /// A ledger of 8 simulated GPUs in `dir`.
-    fn config(dir: &std::path::Path) -> Config {
-        Config {
-            state_dir: dir.join("state"),
-            inventory: "sim:nvswitch8".parse().unwrap(),
-            audit_log: dir.join("audit.log"),
-            ..Config::default()
-        }
-    }
+    use crate::input::config::testing::sim8_in as config;
 
     /// A process of the test's own, reaped in the background once it ends (a zombie
     /// would look alive to nobody but would linger); its pid.

@@ -511,6 +511,22 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// For tests of the layers above: a config of 8 simulated GPUs whose ledger and audit log
+/// live in `dir` (`dir/state`, `dir/audit.log`).
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::Config;
+
+    pub(crate) fn sim8_in(dir: &std::path::Path) -> Config {
+        Config {
+            state_dir: dir.join("state"),
+            inventory: "sim:nvswitch8".parse().unwrap(),
+            audit_log: dir.join("audit.log"),
+            ..Config::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,14 +152,7 @@ fn release_overlapping(
 mod tests {
     use super::*;
 
-    fn config(dir: &std::path::Path) -> Config {
-        Config {
-            state_dir: dir.join("state"),
-            inventory: "sim:nvswitch8".parse().unwrap(),
-            audit_log: dir.join("audit.log"),
-            ..Config::default()
-        }
-    }
+    use crate::input::config::testing::sim8_in as config;
 
     fn sim(config: &Config) -> Inventory {
         crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml).unwrap()

@@ -160,12 +160,7 @@ mod tests {
     #[test]
     fn release_unassigned_removes_the_records_and_audits_them() {
         let tmp = tempfile::tempdir().unwrap();
-        let config = crate::input::config::Config {
-            state_dir: tmp.path().join("state"),
-            inventory: "sim:nvswitch8".parse().unwrap(),
-            audit_log: tmp.path().join("audit.log"),
-            ..crate::input::config::Config::default()
-        };
+        let config = crate::input::config::testing::sim8_in(tmp.path());
         let inv = crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)
             .unwrap();
         let kept =

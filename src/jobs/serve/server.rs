@@ -929,11 +929,8 @@ mod tests {
     /// A daemon's shared state on a ledger of 8 simulated GPUs in `dir`, without a socket.
     fn daemon(dir: &std::path::Path, serve: ServeSettings) -> Arc<Shared> {
         let config = Config {
-            state_dir: dir.join("state"),
-            inventory: "sim:nvswitch8".parse().unwrap(),
-            audit_log: dir.join("audit.log"),
             serve,
-            ..Config::default()
+            ..crate::input::config::testing::sim8_in(dir)
         };
         let watcher = Watcher::start(Arc::new(config.clone()), serve.max_watched_per_user).unwrap();
         Arc::new(Shared::new(config, watcher))
