@@ -568,19 +568,20 @@ impl Ledger {
                         .or_else(|| WaitReason::of_refusal(&err, request)),
                     _ => WaitReason::of_refusal(&err, request),
                 };
-                let parked = match (&err, &reason) {
-                    (LedgerError::QueueAhead { .. }, _) => ticket.parked,
-                    (_, Some(reason)) => reason.is_limit(),
-                    (_, None) => ticket.parked,
+                let parked = match &reason {
+                    Some(WaitReason::Ahead { .. }) | None => ticket.parked,
+                    Some(reason) => reason.is_limit(),
                 };
-                if parked != ticket.parked || (reason.is_some() && reason != ticket.reason) {
+                // A refusal that gives no reason leaves the last one.
+                let reason = reason.or_else(|| ticket.reason.clone());
+                if parked != ticket.parked || reason != ticket.reason {
                     if reason != ticket.reason
                         && let Some(why) = &reason
                     {
                         tracing::info!(holder = %holder, why = %why, "waits");
                     }
                     ticket.parked = parked;
-                    ticket.reason = reason.or(ticket.reason.take());
+                    ticket.reason = reason;
                     let qdir = store::ensure_subdir(&self.dir, QUEUE_DIR)?;
                     write_ticket(&qdir, ticket)?;
                     tracing::debug!(holder = %holder, parked, "ticket looked at");
@@ -595,10 +596,11 @@ impl Ledger {
     }
 
     /// The limit (the user's own or a group's) that `request`, taking as many GPUs as it
-    /// asks for, would take its user past (a request that names all GPUs is never parked). A request `within` a holder
-    /// takes that holder's GPUs: inside one of the user's own it adds none to their count
-    /// (as `scope::check` counts), so their limit never holds it back, and parking it would
-    /// only let later waiters overtake it. Elsewhere it takes GPUs nobody holds.
+    /// asks for, would take its user past (a request that names all GPUs is never parked).
+    /// A request `within` a holder takes that holder's GPUs: inside one of the user's own
+    /// it adds none to their count (as `scope::check` counts), so their limit never holds
+    /// it back, and parking it would only let later waiters overtake it. Elsewhere it takes
+    /// GPUs nobody holds.
     fn over_limit(
         &self,
         request: &GpuRequest,
