@@ -420,26 +420,12 @@ mod tests {
 
     /// Alice's (uid 1001) hold of GPU `device` for `pid`, or until released.
     fn alices_hold(config: &Config, id: &str, device: &str, pid: Option<i32>) -> Record {
-        let hold = crate::jobs::hold::Hold {
-            id: crate::model::holder::HolderId::new(id).unwrap(),
-            devices: device.into(),
-            by_minor: false,
-            pid,
-            until_release: pid.is_none(),
-            owner: Owner {
-                uid: 1001,
-                user: "alice".into(),
-                groups: vec![],
-            },
-            limited: false,
-            within: None,
-            count: None,
-            mig: None,
-            reason: None,
-            expires_at: None,
-            wait: None,
+        let alice = Owner {
+            uid: 1001,
+            user: "alice".into(),
+            groups: vec![],
         };
-        crate::jobs::hold::hold(config, &hold, "test").unwrap()
+        crate::jobs::hold::testing::for_owner(config, id, device, alice, pid)
     }
 
     fn alice(reason: Option<&str>) -> Evictor {

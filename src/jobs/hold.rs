@@ -306,17 +306,30 @@ pub(crate) mod testing {
 
     /// Root's hold `id` of `devices` until released, as `gpupin hold` as root makes it.
     pub(crate) fn roots(config: &Config, id: &str, devices: &str) -> Record {
+        let root = Owner {
+            uid: 0,
+            user: "root".into(),
+            groups: vec![],
+        };
+        for_owner(config, id, devices, root, None)
+    }
+
+    /// The hold `id` of `devices` root makes for `owner`: while `pid` runs, or (`None`)
+    /// until released.
+    pub(crate) fn for_owner(
+        config: &Config,
+        id: &str,
+        devices: &str,
+        owner: Owner,
+        pid: Option<i32>,
+    ) -> Record {
         let spec = Hold {
             id: HolderId::new(id).unwrap(),
             devices: devices.into(),
             by_minor: false,
-            pid: None,
-            until_release: true,
-            owner: Owner {
-                uid: 0,
-                user: "root".into(),
-                groups: vec![],
-            },
+            pid,
+            until_release: pid.is_none(),
+            owner,
             limited: false,
             within: None,
             count: None,

@@ -951,22 +951,7 @@ mod tests {
             user: "alice".into(),
             groups: vec![],
         };
-        let asked = Hold {
-            id: HolderId::new(id).unwrap(),
-            devices: devices.into(),
-            by_minor: false,
-            pid: None,
-            until_release: true,
-            owner: alice,
-            limited: false,
-            within: None,
-            count: None,
-            mig: None,
-            reason: None,
-            expires_at: None,
-            wait: None,
-        };
-        hold::hold(config, &asked, "test").unwrap()
+        hold::testing::for_owner(config, id, devices, alice, None)
     }
 
     #[track_caller]
