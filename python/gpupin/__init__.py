@@ -101,13 +101,17 @@ def socket_path():
     explicit = os.environ.get("GPUPIN_SOCKET")
     if explicit:
         return explicit
-    config = os.environ.get("GPUPIN_CONFIG") or DEFAULT_CONFIG
-    settings = _read_config(config)
+    settings = _settings()
     if settings.get("socket"):
         return str(settings["socket"])
     if settings.get("state_dir"):
         return os.path.join(str(settings["state_dir"]), "gpupin.sock")
     return DEFAULT_SOCKET
+
+
+def _settings():
+    """The config the gpupin command reads: ``$GPUPIN_CONFIG``, else /etc/gpupin/config.toml."""
+    return _read_config(os.environ.get("GPUPIN_CONFIG") or DEFAULT_CONFIG)
 
 
 def _read_config(path):
@@ -389,8 +393,7 @@ def _ended_note(holder, since):
     None otherwise. Read without following a link."""
     if "/" in holder or holder.startswith("."):
         return None
-    settings = _read_config(os.environ.get("GPUPIN_CONFIG") or DEFAULT_CONFIG)
-    state_dir = str(settings.get("state_dir") or DEFAULT_STATE_DIR)
+    state_dir = str(_settings().get("state_dir") or DEFAULT_STATE_DIR)
     path = os.path.join(state_dir, "ended", holder + ".json")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
