@@ -17,8 +17,10 @@
 //! `GPUPIN_BENCH_GPUALLOCATOR_TIMEOUT=<seconds>` sets another limit for a quicker look.
 
 use criterion::{BenchmarkId, Criterion};
-use gpupin::host::inventory::Live;
-use gpupin::host::inventory::{Gpu, Inventory, InventorySource, Link, load};
+use gpupin::host::inventory::{InventorySource, load};
+use gpupin::model::gpu::{Gpu, Inventory};
+use gpupin::model::link::Link;
+use gpupin::model::live::Live;
 use gpupin::policy::{PolicyInput, PolicyName, reference, topology};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};

@@ -17,9 +17,10 @@
 
 pub use admission::admit::{Admission, AdmitError, admit};
 pub use admission::edits::ContainerEdits;
-pub use host::inventory::{Inventory, load as load_inventory};
+pub use host::inventory::load as load_inventory;
 pub use input::config::Config;
 pub use input::request::{GpuRequest, Sources, find};
+pub use model::gpu::Inventory;
 pub use policy::PolicyName;
 pub use state::ledger::Ledger;
 pub use state::open_ledger;
@@ -32,7 +33,8 @@ pub use state::open_ledger;
 /// messages, sizes, pid identity, log levels, the binaries' names.
 pub mod base;
 
-/// Plain data every layer above names: who holds GPUs (`holder`), the limits on users.
+/// Plain data every layer above names: the GPU model (`gpu`, `link`, `live`), who holds
+/// GPUs (`holder`), the limits on users.
 pub mod model;
 
 /// The machine as it is: GPUs (`inventory`), whose processes run on them, users, device

@@ -5,8 +5,9 @@ mod holder;
 mod live;
 mod table;
 
-use crate::host::inventory::{Inventory, Live};
 use crate::host::whose::Seen;
+use crate::model::gpu::Inventory;
+use crate::model::live::Live;
 use crate::state::ledger::{Idle, Record, Waiting, holders_of};
 use serde_json::{Value, json};
 use std::fmt::Write;
@@ -360,7 +361,7 @@ impl<'a> Status<'a> {
     }
 
     /// `MIG: 2 of 4 free`, or `MIG mode, no instances`, for a GPU in MIG mode.
-    fn mig_summary(&self, g: &crate::host::inventory::Gpu) -> Option<String> {
+    fn mig_summary(&self, g: &crate::model::gpu::Gpu) -> Option<String> {
         let list = g.mig.as_ref()?;
         if list.is_empty() {
             return Some("MIG mode, no instances".into());

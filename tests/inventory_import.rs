@@ -3,7 +3,8 @@
 //! list) becomes the inventory file beside it (NAME.json), which describes the same
 //! machine as `sim:NAME`. Needs neither root nor GPUs.
 
-use gpupin::host::inventory::{self, Inventory, InventorySource, NvmlAccess};
+use gpupin::host::inventory::{self, InventorySource, NvmlAccess};
+use gpupin::model::gpu::Inventory;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -9,7 +9,8 @@
 mod gpuallocator;
 
 use gpuallocator::{Answer, Case, Worth};
-use gpupin::host::inventory::{Inventory, InventorySource, NvmlAccess, from_json, load};
+use gpupin::host::inventory::{InventorySource, NvmlAccess, from_json, load};
+use gpupin::model::gpu::Inventory;
 use gpupin_sandbox::harness::required;
 use std::path::Path;
 use std::time::Duration;

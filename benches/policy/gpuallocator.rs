@@ -15,7 +15,8 @@
 // Both the bench and the test include this file; neither uses all of it.
 #![allow(dead_code)]
 
-use gpupin::host::inventory::{Inventory, to_json};
+use gpupin::host::inventory::to_json;
+use gpupin::model::gpu::Inventory;
 use gpupin::policy::PolicyInput;
 use gpupin::policy::topology::{self, Terms};
 use serde::Deserialize;

@@ -17,9 +17,9 @@
 //! Control nodes (nvidiactl 195:255, nvidia-modeset 195:254, nvidia-uvm) stay: every CUDA
 //! process needs them and they give no GPU. Non-NVIDIA devices are never touched.
 
-use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::config::Unrequested;
 use crate::input::request::{GpuRequest, Origin, Selection};
+use crate::model::gpu::{DeviceNode, Inventory};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 

@@ -4,11 +4,13 @@
 //! request asks to.
 
 use crate::host::inventory::live::Cache;
-use crate::host::inventory::{self, Inventory, InventoryError, Live};
+use crate::host::inventory::{self, InventoryError};
 use crate::host::whose::{self, Seen};
 use crate::input::config::{Config, Foreign};
 use crate::input::request::{GpuRequest, Share};
+use crate::model::gpu::Inventory;
 use crate::model::holder::HolderId;
+use crate::model::live::Live;
 use crate::state::audit::{Event, EventKind};
 use crate::state::ledger::{Figures, FiguresNow, HolderMeta, LedgerError, Machine, Record};
 
@@ -85,8 +87,8 @@ fn live_wanted(config: &Config, request: &GpuRequest) -> (bool, bool) {
 
 fn read_live(
     config: &Config,
-    inventory: &inventory::Inventory,
-) -> Result<Option<Vec<inventory::Live>>, inventory::InventoryError> {
+    inventory: &Inventory,
+) -> Result<Option<Vec<Live>>, inventory::InventoryError> {
     let cache = Cache {
         state_dir: &config.state_dir,
         max_age: config.live_cache,
@@ -98,11 +100,7 @@ fn read_live(
 /// For a request that waits: the figures `load_machine` read, read again before each
 /// look in the queue (`HolderMeta::figures_now`), so that it is decided on the machine
 /// as it is then. Figures that cannot be read then leave the earlier ones in place.
-fn figures_now(
-    config: &Config,
-    request: &GpuRequest,
-    inventory: &inventory::Inventory,
-) -> Option<FiguresNow> {
+fn figures_now(config: &Config, request: &GpuRequest, inventory: &Inventory) -> Option<FiguresNow> {
     let (for_policy, for_foreign) = live_wanted(config, request);
     if !(for_policy || for_foreign) {
         return None;

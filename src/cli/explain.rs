@@ -1,8 +1,8 @@
 //! `gpupin pick --explain`: the ranking terms of the chosen GPUs beside those of the
 //! runner-up, as a table for people and as JSON for scripts.
 
-use gpupin::host::inventory::Inventory;
 use gpupin::input::request::{GpuRequest, Selection};
+use gpupin::model::gpu::Inventory;
 use gpupin::policy::topology::{self, Explanation, Path, Ranked, Term, Terms};
 use gpupin::policy::{PolicyInput, PolicyName};
 use serde_json::{Value, json};

@@ -2,9 +2,11 @@
 //! whose its processes are; `--watch` redraws it like `watch`.
 
 use gpupin::base::message::one_line;
-use gpupin::host::inventory::{self, Inventory, Live};
+use gpupin::host::inventory;
 use gpupin::host::whose::{self, Seen};
 use gpupin::input::config::Config;
+use gpupin::model::gpu::Inventory;
+use gpupin::model::live::Live;
 use gpupin::report::Status;
 use gpupin::state::ledger::{Ledger, holders_of};
 use std::cell::RefCell;
@@ -186,7 +188,7 @@ impl Screen {
         }
         let now = SystemTime::now();
         // A GPU's holders, or for a GPU in MIG mode its instances'.
-        let holders = |g: &gpupin::host::inventory::Gpu| {
+        let holders = |g: &gpupin::model::gpu::Gpu| {
             std::iter::once(g.uuid.as_str())
                 .chain(g.mig_instances().iter().map(|m| m.uuid.as_str()))
                 .flat_map(|uuid| holders_of(uuid, &self.records))

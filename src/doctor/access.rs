@@ -3,8 +3,8 @@
 //! finding says what that means.
 
 use super::{Finding, Setup};
-use crate::host::inventory::Inventory;
 use crate::input::config::NodeAccess;
+use crate::model::gpu::Inventory;
 use crate::state::node_access;
 use std::os::unix::fs::MetadataExt;
 

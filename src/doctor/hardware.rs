@@ -2,7 +2,8 @@
 //! module's version, NVML (versions and GPUs) and the procfs backend's GPUs. Nothing is
 //! cached in the state dir: doctor writes nothing.
 
-use crate::host::inventory::{self, Inventory, InventoryError};
+use crate::host::inventory::{self, InventoryError};
+use crate::model::gpu::Inventory;
 use nvml_wrapper::Nvml;
 use std::ffi::OsStr;
 use std::path::Path;

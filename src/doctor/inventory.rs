@@ -5,7 +5,8 @@
 use super::hardware::{Hardware, nvml_reason};
 use super::{Finding, Setup};
 use crate::base::message::one_line;
-use crate::host::inventory::{self, Inventory, InventorySource};
+use crate::host::inventory::{self, InventorySource};
+use crate::model::gpu::Inventory;
 
 const CHECK: &str = "inventory";
 

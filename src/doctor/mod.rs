@@ -274,7 +274,8 @@ fn siblings(setup: &Setup) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::inventory::{Inventory, InventorySource};
+    use crate::host::inventory::InventorySource;
+    use crate::model::gpu::Inventory;
     use std::os::unix::fs::PermissionsExt;
 
     /// What NVML would say about a two-GPU machine, and procfs the same.

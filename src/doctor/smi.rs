@@ -8,7 +8,7 @@
 //! position, and a GPU either side lacks shows as missing there.
 
 use super::xml::{self, Element, XmlError};
-use crate::host::inventory::Gpu;
+use crate::model::gpu::Gpu;
 use serde::Serialize;
 use std::io::Read;
 use std::path::{Path, PathBuf};

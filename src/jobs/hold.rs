@@ -3,9 +3,9 @@
 //! as a process (`pid`), or until `gpupin release` (`until_release`).
 
 use crate::admission::grant::{self, GrantError};
-use crate::host::inventory::Inventory;
 use crate::input::config::Config;
 use crate::input::request::{self, GpuRequest, Key, Origin, Selection};
+use crate::model::gpu::Inventory;
 use crate::model::holder::{HolderId, HolderKind, Owner};
 use crate::state::ledger::{HolderMeta, Record, StillWanted};
 

@@ -1,7 +1,11 @@
-//! Plain data every layer above shares: who holds GPUs, the limits on users, the MIG
-//! instances a GPU is cut into, and NVIDIA's names.
+//! Plain data every layer above shares: the machine's GPUs and their links (`gpu`,
+//! `link`), what they are doing now (`live`), who holds GPUs, the limits on users, the
+//! MIG instances a GPU is cut into, and NVIDIA's names.
 
+pub mod gpu;
 pub mod holder;
 pub mod limits;
+pub mod link;
+pub mod live;
 pub mod mig;
 pub mod nvidia;

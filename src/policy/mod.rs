@@ -13,7 +13,8 @@ pub mod topology;
 
 pub use include::choose_including;
 
-use crate::host::inventory::{Inventory, Live};
+use crate::model::gpu::Inventory;
+use crate::model::live::Live;
 
 /// What a policy sees: the machine, which GPUs (by position in `inventory.gpus`) are
 /// free for this request, and the rotation cursor that `spread` keeps in the ledger.
@@ -164,7 +165,8 @@ mod tests {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    use crate::host::inventory::{Gpu, Inventory, InventorySource, NvmlAccess};
+    use crate::host::inventory::{InventorySource, NvmlAccess};
+    use crate::model::gpu::{Gpu, Inventory};
 
     /// A built-in simulated machine (`sim:NAME`), links and all.
     pub fn sim(name: &str) -> Inventory {

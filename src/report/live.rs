@@ -3,8 +3,9 @@
 //! gpupin's": started without gpupin); and the same as JSON.
 
 use super::table::Cell;
-use crate::host::inventory::{Gpu, Live};
 use crate::host::whose::Seen;
+use crate::model::gpu::Gpu;
+use crate::model::live::Live;
 use crate::state::ledger::{Record, holder_of};
 use serde_json::{Value, json};
 

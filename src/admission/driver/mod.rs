@@ -14,8 +14,8 @@ mod select;
 pub use select::{CdiEdits, SelectError};
 
 use crate::admission::edits::ContainerEdits;
-use crate::host::inventory::Inventory;
 use crate::input::config::Driver;
+use crate::model::gpu::Inventory;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]

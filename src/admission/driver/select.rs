@@ -4,7 +4,8 @@
 
 use super::cdi::{self, ALL, Device, Found};
 use crate::admission::edits::{self, ContainerEdits};
-use crate::host::inventory::{DeviceNode, Gpu, Inventory, MigInstance};
+use crate::model::gpu::{DeviceNode, Gpu, Inventory};
+use crate::model::mig::MigInstance;
 use crate::model::nvidia::VISIBLE_DEVICES;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::MetadataExt;

@@ -1,7 +1,8 @@
 //! `gpupin.cpus=numa`: the CPUs and memory nodes local to a container's GPUs.
 
 use super::{Cpuset, EditsError};
-use crate::host::inventory::{Inventory, cpulist};
+use crate::host::inventory::cpulist;
+use crate::model::gpu::Inventory;
 use std::path::Path;
 
 pub(super) const NODE_ROOT: &str = "/sys/devices/system/node";

@@ -43,7 +43,7 @@ pub fn apply(edits: &ContainerEdits, target: Target<'_>) -> Result<(), ApplyErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::inventory::DeviceNode;
+    use crate::model::gpu::DeviceNode;
     use serde_json::json;
 
     #[test]

@@ -12,8 +12,8 @@ pub mod spec;
 
 pub use hook_command::HookCommand;
 
-use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::request::{ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, CpuBinding, WRITTEN_BY_GPUPIN};
+use crate::model::gpu::{DeviceNode, Inventory};
 use crate::model::nvidia::VISIBLE_DEVICES;
 use crate::state::ledger::{ClaimToken, Record};
 use std::collections::HashMap;

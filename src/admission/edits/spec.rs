@@ -62,7 +62,7 @@ fn mount_entry(mount: &Mount) -> Value {
 mod tests {
     use super::*;
     use crate::admission::edits::Cpuset;
-    use crate::host::inventory::DeviceNode;
+    use crate::model::gpu::DeviceNode;
 
     fn edits() -> ContainerEdits {
         ContainerEdits {

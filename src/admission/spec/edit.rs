@@ -3,7 +3,7 @@
 //! Each edit is idempotent, so a retried `create` leaves one entry, not two.
 
 use super::{SpecError, type_name};
-use crate::host::inventory::DeviceNode;
+use crate::model::gpu::DeviceNode;
 use serde_json::{Map, Value, json};
 
 /// `spec.<path>` as a mutable array, creating the objects on the way and the array itself.

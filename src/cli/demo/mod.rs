@@ -13,8 +13,9 @@ mod no_container;
 
 use super::out;
 use anyhow::Context;
-use gpupin::host::inventory::{self, Inventory};
+use gpupin::host::inventory;
 use gpupin::input::config::Config;
+use gpupin::model::gpu::Inventory;
 use gpupin::report;
 use gpupin::state::ledger::{Ledger, Record};
 use gpupin_sandbox::{self as sandbox, BundleSpec, Container, HookCommand, Requirements, Runc};

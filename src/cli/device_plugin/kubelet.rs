@@ -4,10 +4,10 @@
 use super::Endpoints;
 use super::service::Plugin;
 use anyhow::Context;
-use gpupin::host::inventory::Inventory;
 use gpupin::input::config::Config;
 use gpupin::jobs::kube::devices::{self, DeviceState};
 use gpupin::jobs::kube::{self, reconcile};
+use gpupin::model::gpu::Inventory;
 use gpupin::state::ledger::Ledger;
 use gpupin_kubelet_api::DEVICE_PLUGIN_VERSION;
 use gpupin_kubelet_api::deviceplugin::device_plugin_server::DevicePluginServer;

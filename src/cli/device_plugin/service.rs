@@ -2,11 +2,11 @@
 //! `gpupin::jobs::kube` on a blocking thread (the ledger takes a file lock) and turns the answer
 //! into the API's messages.
 
-use gpupin::host::inventory::Inventory;
 use gpupin::input::config::Config;
 use gpupin::jobs::kube::allocate::Granted;
 use gpupin::jobs::kube::devices::DeviceState;
 use gpupin::jobs::kube::{self, KubeError, prefer};
+use gpupin::model::gpu::Inventory;
 use gpupin::model::holder::HolderId;
 use gpupin::state::ledger::{Ledger, Machine};
 use gpupin_kubelet_api::deviceplugin::device_plugin_server::DevicePlugin;

@@ -5,7 +5,7 @@
 //! closed, and the spec-editing paths (shim, podman precreate) let the runtime do it.
 
 use super::InjectError;
-use crate::host::inventory::DeviceNode;
+use crate::model::gpu::DeviceNode;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@ mod mntns;
 mod nodes;
 mod paths;
 
-use crate::host::inventory::DeviceNode;
+use crate::model::gpu::DeviceNode;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]

@@ -192,7 +192,7 @@ fn host_path(rootfs: &Path, container_path: &str) -> PathBuf {
 mod tests {
     use super::super::paths::validate_all;
     use super::*;
-    use crate::host::inventory::DeviceNode;
+    use crate::model::gpu::DeviceNode;
     use std::fs;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
 

@@ -4,7 +4,7 @@
 //! rule as youki's rootfs/device.rs and runc's devices validation).
 
 use super::InjectError;
-use crate::host::inventory::DeviceNode;
+use crate::model::gpu::DeviceNode;
 
 /// A validated node: the components below /dev, the last one being the node itself.
 #[derive(Debug, Clone, PartialEq, Eq)]

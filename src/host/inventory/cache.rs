@@ -21,9 +21,10 @@
 //! `load` ignores a failure to write (the cache only saves time); `refresh` reports it.
 //! Writes are atomic: a temp file in the same dir, fsync, rename, fsync of the dir.
 
-use super::{Inventory, InventoryError, InventorySource, NvmlAccess, file, nvml, procfs, sim};
+use super::{InventoryError, InventorySource, NvmlAccess, file, nvml, procfs, sim};
 use crate::base::atomic::{self, Durability};
 use crate::base::safe_open::{self, Links};
+use crate::model::gpu::Inventory;
 use std::path::Path;
 
 const FILE_NAME: &str = "inventory.json";

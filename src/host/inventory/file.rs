@@ -50,8 +50,10 @@
 //! load. `to_json` writes this format with memory in bytes; the `source` of an inventory
 //! is not part of it: `from_json` takes it from the file's path.
 
-use super::{DeviceNode, Gpu, Inventory, InventoryError, Link, cpulist, mig_file};
+use super::{InventoryError, cpulist, mig_file};
 use crate::base::safe_open::{self, Links};
+use crate::model::gpu::{DeviceNode, Gpu, Inventory};
+use crate::model::link::Link;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -487,7 +489,7 @@ impl serde_json::ser::Formatter for RowFormatter {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::host::inventory::MigAccess;
+    use crate::model::mig::MigAccess;
 
     const ORIGIN: &str = "/etc/gpupin/machine.json";
 

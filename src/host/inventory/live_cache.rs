@@ -13,10 +13,12 @@
 //! the cache only saves time. A process that started on a GPU within that time is not
 //! in the snapshot: the price of the saving, and why the default is short.
 
-use super::live::{self, Entry, Live};
-use super::{Inventory, InventoryError};
+use super::InventoryError;
+use super::live::{self, Entry};
 use crate::base::atomic::{self, Durability};
 use crate::base::safe_open::{self, Links};
+use crate::model::gpu::Inventory;
+use crate::model::live::Live;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

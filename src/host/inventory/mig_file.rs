@@ -21,7 +21,8 @@
 //!   `/dev/nvidia-caps/nvidia-cap<N>`; default: the driver's fixed table
 //!   (`/proc/driver/nvidia-caps/mig-minors`).
 
-use super::{Gpu, MigAccess, MigInstance};
+use crate::model::gpu::Gpu;
+use crate::model::mig::{MigAccess, MigInstance};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::HashMap;

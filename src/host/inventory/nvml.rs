@@ -29,7 +29,11 @@
 //! holder a neighbour.
 
 use super::procfs::{Roots, add_sysfs_locality, device_nodes, mig_access, nvml_bus_id};
-use super::{Gpu, Inventory, InventoryError, Link, MigInstance, NvmlAccess};
+use super::{InventoryError, NvmlAccess};
+use crate::model::gpu::{Gpu, Inventory};
+use crate::model::link::Link;
+use crate::model::live::{GpuProcess, Live};
+use crate::model::mig::MigInstance;
 use nvml_wrapper::enum_wrappers::device::{TemperatureSensor, TopologyLevel};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
@@ -108,7 +112,7 @@ fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryErro
 pub(super) fn live(
     inventory: &Inventory,
     access: &NvmlAccess,
-) -> Result<Vec<super::Live>, InventoryError> {
+) -> Result<Vec<Live>, InventoryError> {
     let uuids: Vec<&str> = inventory.gpus.iter().map(|g| g.uuid.as_str()).collect();
     match access {
         NvmlAccess::InProcess => live_of(&init()?, &uuids),
@@ -117,7 +121,7 @@ pub(super) fn live(
 }
 
 /// Every GPU NVML knows, by UUID, with its live figures: what `gpupin nvml live` prints.
-pub fn live_all_here() -> Result<Vec<(String, super::Live)>, InventoryError> {
+pub fn live_all_here() -> Result<Vec<(String, Live)>, InventoryError> {
     let nvml = init()?;
     let count = nvml.device_count().map_err(query_error("device count"))?;
     let uuids = (0..count)
@@ -143,7 +147,7 @@ fn init() -> Result<Nvml, InventoryError> {
 /// policies read it); utilization is left out where NVML says NotSupported (a GPU in MIG
 /// mode), temperature, power and the process lists where a GPU or driver does not answer
 /// (`NotSupported` on some boards, an NVML without the v3 process queries).
-fn live_of(nvml: &Nvml, uuids: &[&str]) -> Result<Vec<super::Live>, InventoryError> {
+fn live_of(nvml: &Nvml, uuids: &[&str]) -> Result<Vec<Live>, InventoryError> {
     uuids
         .iter()
         .map(|uuid| {
@@ -161,7 +165,7 @@ fn live_of(nvml: &Nvml, uuids: &[&str]) -> Result<Vec<super::Live>, InventoryErr
                 .memory_info()
                 .map_err(query_error("memory info"))?
                 .free;
-            Ok(super::Live {
+            Ok(Live {
                 utilization,
                 memory_free,
                 temperature: device.temperature(TemperatureSensor::Gpu).ok(),
@@ -181,11 +185,11 @@ fn live_of(nvml: &Nvml, uuids: &[&str]) -> Result<Vec<super::Live>, InventoryErr
 fn processes(
     compute: Result<Vec<ProcessInfo>, NvmlError>,
     graphics: Result<Vec<ProcessInfo>, NvmlError>,
-) -> Option<Vec<super::GpuProcess>> {
+) -> Option<Vec<GpuProcess>> {
     if compute.is_err() && graphics.is_err() {
         return None;
     }
-    let mut list: Vec<super::GpuProcess> = Vec::new();
+    let mut list: Vec<GpuProcess> = Vec::new();
     for info in compute.into_iter().chain(graphics).flatten() {
         let Ok(pid) = i32::try_from(info.pid) else {
             continue;
@@ -196,7 +200,7 @@ fn processes(
         };
         match list.iter_mut().find(|p| p.pid == pid) {
             Some(seen) => seen.used_memory = seen.used_memory.max(used),
-            None => list.push(super::GpuProcess {
+            None => list.push(GpuProcess {
                 pid,
                 used_memory: used,
             }),

@@ -6,7 +6,9 @@
 //! dynamically linked CLI beside them, and read its JSON. It runs only when the inventory
 //! cache misses (once a boot) or a policy needs live figures.
 
-use super::{Inventory, InventoryError, Live, file, live};
+use super::{InventoryError, file, live};
+use crate::model::gpu::Inventory;
+use crate::model::live::Live;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -102,7 +104,7 @@ mod tests {
                     memory_free: 1 << 30,
                     temperature: Some(30 + g.index),
                     power: None,
-                    processes: Some(vec![super::super::GpuProcess {
+                    processes: Some(vec![crate::model::live::GpuProcess {
                         pid: 1000 + g.index as i32,
                         used_memory: Some(1 << 20),
                     }]),

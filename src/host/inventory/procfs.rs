@@ -29,7 +29,10 @@
 //! as NVML enumerates by default.
 
 use super::file::node;
-use super::{DeviceNode, Gpu, Inventory, InventoryError, Link, MigAccess, MigInstance, cpulist};
+use super::{InventoryError, cpulist};
+use crate::model::gpu::{DeviceNode, Gpu, Inventory};
+use crate::model::link::Link;
+use crate::model::mig::{MigAccess, MigInstance};
 use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};

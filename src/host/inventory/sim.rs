@@ -52,7 +52,10 @@
 //! valid on the host that runs the simulation.
 
 use super::file::{DEFAULT_CAPS_MAJOR, DEFAULT_GPU_MAJOR, default_control_nodes};
-use super::{Gpu, Inventory, InventoryError, Link, MigAccess, MigInstance, cpulist};
+use super::{InventoryError, cpulist};
+use crate::model::gpu::{Gpu, Inventory};
+use crate::model::link::Link;
+use crate::model::mig::{MigAccess, MigInstance};
 
 /// The names of the simulated machines; `machine` accepts exactly these.
 pub fn names() -> &'static [&'static str] {

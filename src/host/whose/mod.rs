@@ -13,7 +13,7 @@ pub use cgroup::names_container;
 pub use passwd::{files_owner, passwd_name};
 pub use proc::{Process, read, read_in};
 
-use crate::host::inventory::Live;
+use crate::model::live::Live;
 
 /// A process on a GPU: NVML's figure, and what /proc tells of it (`None`: gone since, or
 /// hidden from this user by `hidepid`).
@@ -108,7 +108,7 @@ mod tests {
         let me = std::process::id() as i32;
         let live = [
             Live {
-                processes: Some(vec![crate::host::inventory::GpuProcess {
+                processes: Some(vec![crate::model::live::GpuProcess {
                     pid: me,
                     used_memory: Some(7),
                 }]),

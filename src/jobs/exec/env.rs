@@ -1,7 +1,7 @@
 //! The environment that tells a job which GPUs are its own.
 
-use crate::host::inventory::Inventory;
 use crate::input::config::CudaIds;
+use crate::model::gpu::Inventory;
 use crate::model::nvidia::VISIBLE_DEVICES;
 use crate::state::ledger::Record;
 

@@ -4,9 +4,9 @@
 
 use crate::admission::grant::GrantError;
 use crate::host::confine::{self, ConfineError, JobCgroup, Leftovers};
-use crate::host::inventory::Inventory;
 use crate::input::config::Config;
 use crate::input::request::GpuRequest;
+use crate::model::gpu::Inventory;
 use crate::model::holder::{HolderId, Owner};
 use crate::state::ledger::{LedgerError, Record, StillWanted};
 use std::os::fd::BorrowedFd;

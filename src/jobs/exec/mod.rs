@@ -21,9 +21,9 @@ pub use wait::{
 use crate::admission::edits::ContainerEdits;
 use crate::admission::grant::{self, GrantError};
 use crate::host::confine::DeviceRules;
-use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::config::Config;
 use crate::input::request::{self, GpuRequest, Origin, RequestError};
+use crate::model::gpu::{DeviceNode, Inventory};
 use crate::model::holder::{HolderId, HolderKind, Owner};
 use crate::model::mig::CAPS_DIR;
 use crate::state::ledger::{HolderMeta, Record, StillWanted};

@@ -18,10 +18,10 @@
 use super::{ENGINE, HOLDER_PREFIX, KubeError, SOURCE, is_plugin_holder, known_uuids};
 use crate::admission::edits::ContainerEdits;
 use crate::admission::grant;
-use crate::host::inventory::{DeviceNode, Inventory};
 use crate::input::config::Config;
 use crate::input::config::Driver;
 use crate::input::request::{GpuRequest, Key, Origin, Selection};
+use crate::model::gpu::{DeviceNode, Inventory};
 use crate::model::holder::{ContainerInfo, HolderId, HolderKind};
 use crate::model::nvidia::VISIBLE_DEVICES;
 use crate::state::ledger::HolderMeta;

@@ -5,7 +5,7 @@
 //! counts them as allocated already.
 
 use super::{KubeError, inside_kubernetes};
-use crate::host::inventory::Inventory;
+use crate::model::gpu::Inventory;
 use crate::state::ledger::{Record, holders_of};
 
 /// One GPU as the kubelet sees it.

@@ -88,7 +88,7 @@ pub fn live_records(
 }
 
 /// The units' UUIDs, for messages: `GPU-a,GPU-b,MIG-c`.
-fn known_uuids(inventory: &crate::host::inventory::Inventory) -> String {
+fn known_uuids(inventory: &crate::model::gpu::Inventory) -> String {
     let uuids: Vec<&str> = inventory
         .gpus
         .iter()

@@ -53,8 +53,8 @@ pub fn preferred(machine: &Machine, live: &[Record], cursor: usize, ask: &Ask) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::inventory::Inventory;
     use crate::jobs::kube::testing::record;
+    use crate::model::gpu::Inventory;
     use crate::policy::PolicyName;
     use crate::policy::testing::sim;
 

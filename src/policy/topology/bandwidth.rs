@@ -10,7 +10,7 @@
 //! The GPU's generation comes from its name (`NVIDIA A100-SXM4-80GB`); an unknown name
 //! gets [`OTHER`].
 
-use crate::host::inventory::Link;
+use crate::model::link::Link;
 
 /// The PCIe path between two GPUs, worst first. `NvLink`: the pair is joined by NVLink
 /// (directly or through an NVSwitch), so `nvidia-smi topo -m` names no PCIe path for it.

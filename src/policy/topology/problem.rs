@@ -3,7 +3,7 @@
 
 use super::bandwidth::{self, Path};
 use super::{Key, Terms, ring};
-use crate::host::inventory::Inventory;
+use crate::model::gpu::Inventory;
 use std::cmp::Reverse;
 
 /// Free GPUs renumbered `0..n` in ascending position order; every index below is one of these.

@@ -4,7 +4,7 @@
 
 use super::problem::Problem;
 use super::{Path, Terms};
-use crate::host::inventory::Inventory;
+use crate::model::gpu::Inventory;
 use std::cmp::Reverse;
 
 /// The terms in ranking order, without the positions' tie-break: larger is better.

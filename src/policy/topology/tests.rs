@@ -1,5 +1,6 @@
 use super::*;
-use crate::host::inventory::{Inventory, Link};
+use crate::model::gpu::Inventory;
+use crate::model::link::Link;
 use crate::policy::testing::{input, sim};
 
 fn choose(inv: &Inventory, free: &[bool], count: usize) -> Option<Vec<usize>> {

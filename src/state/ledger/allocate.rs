@@ -5,9 +5,9 @@ use super::machine::Machine;
 use super::scope::Scope;
 use super::{HolderId, LedgerError, Record, holder_of, holders_of, mig};
 use crate::base::units::format_size;
-use crate::host::inventory::{Gpu, Inventory};
 use crate::host::whose::Seen;
 use crate::input::request::{GpuRequest, Selection, Share};
+use crate::model::gpu::{Gpu, Inventory};
 use crate::policy::PolicyInput;
 
 /// The outcome of an allocation: the holder's record as written.

@@ -13,9 +13,10 @@
 
 use super::{Ledger, LedgerError, Record, store};
 use crate::base::safe_open::{self, Links};
-use crate::host::inventory::{Inventory, Live};
 use crate::input::config::IdleAction;
+use crate::model::gpu::Inventory;
 use crate::model::holder::HolderKind;
+use crate::model::live::Live;
 use crate::state::audit::{Event, EventKind};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};

@@ -1,8 +1,9 @@
 //! The machine an allocation is decided against, besides the ledger itself: what the
 //! allocation (`allocate`) and what narrows it (`scope`) both read.
 
-use crate::host::inventory::{Inventory, Live};
 use crate::host::whose::Seen;
+use crate::model::gpu::Inventory;
+use crate::model::live::Live;
 use crate::policy::PolicyName;
 
 /// The machine an allocation is decided against, besides the ledger itself.

@@ -12,9 +12,10 @@ use super::machine::Machine;
 use super::scope::Scope;
 use super::{HolderId, LedgerError, Record, holders_of};
 use crate::base::units::format_size;
-use crate::host::inventory::{Gpu, Inventory, MigInstance};
 use crate::input::config::MigUnits;
 use crate::input::request::{GpuRequest, MigWant, Selection};
+use crate::model::gpu::{Gpu, Inventory};
+use crate::model::mig::MigInstance;
 use crate::policy::PolicyName;
 use std::collections::BTreeMap;
 

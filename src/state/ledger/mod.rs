@@ -288,7 +288,7 @@ fn not_yours(record: &Record, uid: u32) -> LedgerError {
 }
 
 /// The index of the GPU `uuid` is, or whose MIG instance it is.
-fn unit_index(inventory: &crate::host::inventory::Inventory, uuid: &str) -> Option<u32> {
+fn unit_index(inventory: &crate::model::gpu::Inventory, uuid: &str) -> Option<u32> {
     match inventory.gpus.iter().find(|g| g.uuid == uuid) {
         Some(g) => Some(g.index),
         None => inventory

@@ -102,7 +102,7 @@ pub struct HolderMeta {
 /// The live figures and the processes on each GPU, as read now.
 #[derive(Debug, Default)]
 pub struct Figures {
-    pub live: Option<Vec<crate::host::inventory::Live>>,
+    pub live: Option<Vec<crate::model::live::Live>>,
     pub processes: Option<Vec<Vec<crate::host::whose::Seen>>>,
 }
 

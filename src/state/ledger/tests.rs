@@ -572,12 +572,12 @@ fn memory_filter_uses_free_memory_when_live_figures_are_on() {
     let (_t, l) = ledger();
     let inv = machine(2);
     let live = [
-        crate::host::inventory::Live {
+        crate::model::live::Live {
             utilization: Some(0),
             memory_free: 10 << 30,
             ..Default::default()
         },
-        crate::host::inventory::Live {
+        crate::model::live::Live {
             utilization: Some(0),
             memory_free: 70 << 30,
             ..Default::default()

@@ -284,10 +284,7 @@ fn roots_own_requests_need_no_key() {
     assert_eq!(a.record.gpus, ["GPU-test-2"]);
 }
 
-fn limited_machine<'a>(
-    inv: &'a crate::host::inventory::Inventory,
-    limits: &'a Limits,
-) -> Machine<'a> {
+fn limited_machine<'a>(inv: &'a crate::model::gpu::Inventory, limits: &'a Limits) -> Machine<'a> {
     Machine {
         limits: Some(limits),
         ..Machine::new(inv, PolicyName::Pack)

@@ -809,7 +809,7 @@ fn fair_turns_go_round_the_users_and_starve_no_one() {
 /// returned flag is cleared.
 fn waiter_on(
     l: &Ledger,
-    inv: &crate::host::inventory::Inventory,
+    inv: &crate::model::gpu::Inventory,
     name: &'static str,
     request: GpuRequest,
     meta: HolderMeta,

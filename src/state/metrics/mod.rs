@@ -9,8 +9,10 @@ mod render;
 pub use counters::{Counters, update, update_saved};
 pub use render::{Holding, IdleHolder, Snapshot, render};
 
-use crate::host::inventory::{self, Inventory, Live};
+use crate::host::inventory;
 use crate::input::config::Config;
+use crate::model::gpu::Inventory;
+use crate::model::live::Live;
 use crate::state::ledger::{Ledger, Record};
 use std::path::{Path, PathBuf};
 

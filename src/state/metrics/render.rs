@@ -3,7 +3,8 @@
 //! for every family.
 
 use super::Counters;
-use crate::host::inventory::{Inventory, Live};
+use crate::model::gpu::Inventory;
+use crate::model::live::Live;
 use crate::state::ledger::Record;
 use std::collections::BTreeMap;
 use std::fmt::Write;

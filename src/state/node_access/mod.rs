@@ -10,9 +10,10 @@
 //! the spec, and not holds without a process: nothing of theirs runs on the host, and
 //! a job within one gets an entry of its own. Not root, who needs none.
 
-use crate::host::inventory::{self, Inventory};
+use crate::host::inventory;
 use crate::host::node_acl::{self, NodeAclError, NodeUsers};
 use crate::input::config::Config;
+use crate::model::gpu::Inventory;
 use crate::model::holder::HolderKind;
 use crate::state::ledger::{ChangeObserver, Ledger, LedgerError, Record};
 use std::collections::{BTreeMap, BTreeSet};

@@ -19,7 +19,9 @@ mod listing;
 mod topo;
 
 use super::file::{DEFAULT_GPU_MAJOR, default_control_nodes};
-use super::{Gpu, Inventory, Link, MigInstance};
+use crate::model::gpu::{Gpu, Inventory};
+use crate::model::link::Link;
+use crate::model::mig::MigInstance;
 use std::path::Path;
 
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 //! `SYS` are all accepted.
 
 use super::ImportError;
-use crate::host::inventory::Link;
+use crate::model::link::Link;
 
 /// One GPU row: its index (from `GPU<index>`), its links in the order of `Topo::indexes`,
 /// and what its affinity columns say.
