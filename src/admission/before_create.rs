@@ -126,8 +126,7 @@ impl<C: ConfigSource, X: EngineSources> request::Sources for SpecSources<'_, C, 
 /// (`foreign::request`); the inventory is read only for a spec with device nodes.
 pub fn foreign_request(spec: &Value, config: &Config) -> Result<Option<GpuRequest>, EntryError> {
     foreign::request(spec, config.unrequested, || {
-        let inventory =
-            crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+        let inventory = config.load_inventory()?;
         Ok(GpuNumbers::of(&inventory))
     })
 }

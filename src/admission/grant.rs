@@ -39,7 +39,7 @@ pub struct Loaded {
 /// leave processes unseen, with a warning, rather than stop every container start
 /// because NVML or the live file has a bad moment.
 pub fn load_machine(config: &Config, request: &GpuRequest) -> Result<Loaded, GrantError> {
-    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+    let inventory = config.load_inventory()?;
     let policy = request.policy.unwrap_or(config.policy);
     let (for_policy, for_foreign) = live_wanted(config, request);
     let read = || read_live(config, &inventory);

@@ -45,9 +45,9 @@ pub struct ImportArgs {
 
 pub fn run(config: &Config, args: &InventoryArgs) -> anyhow::Result<ExitCode> {
     let inv = if args.refresh {
-        inventory::refresh(&config.inventory, &config.state_dir, &config.nvml)?
+        config.refresh_inventory()?
     } else {
-        inventory::load(&config.inventory, &config.state_dir, &config.nvml)?
+        config.load_inventory()?
     };
     if args.json {
         outln!("{:#}", report::inventory_json(&inv))?;

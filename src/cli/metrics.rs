@@ -10,7 +10,7 @@ use std::process::ExitCode;
 pub struct MetricsArgs {}
 
 pub fn run(config: &Config, _args: &MetricsArgs) -> anyhow::Result<ExitCode> {
-    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+    let inventory = config.load_inventory()?;
     // Live figures where there are any (NVML, a live file); none is no error here.
     let live = inventory::read_live(config.live_file.as_deref(), &inventory, &config.nvml, None)
         .ok()

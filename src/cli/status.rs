@@ -135,7 +135,7 @@ impl Screen {
 
     /// `processes`: whether to say what runs on each GPU, and whose.
     fn read_with(config: &Config, processes: bool) -> anyhow::Result<Screen> {
-        let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+        let inventory = config.load_inventory()?;
         let ledger = Ledger::read_only_for_config(config)?;
         let records = ledger.records()?;
         let waiting = ledger.waiting()?;

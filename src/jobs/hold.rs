@@ -230,9 +230,7 @@ fn device_keys(config: &Config, hold: &Hold) -> Result<Vec<String>, HoldError> {
     if !hold.by_minor {
         return Ok(keys);
     }
-    let inventory =
-        crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)
-            .map_err(GrantError::from)?;
+    let inventory = config.load_inventory().map_err(GrantError::from)?;
     by_minor(&keys, &inventory, &hold.devices)
 }
 

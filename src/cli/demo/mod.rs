@@ -13,7 +13,6 @@ mod no_container;
 
 use super::out;
 use anyhow::Context;
-use gpupin::host::inventory;
 use gpupin::input::config::Config;
 use gpupin::model::gpu::Inventory;
 use gpupin::report;
@@ -190,7 +189,7 @@ fn setup(work: &Path, machine: &str) -> anyhow::Result<Setup> {
     std::fs::write(&config_file, text)
         .with_context(|| format!("writing {}", config_file.display()))?;
     let config = Config::load(&config_file)?;
-    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+    let inventory = config.load_inventory()?;
     let exe = std::env::current_exe().context("finding the gpupin binary")?;
     Ok(Setup {
         work: work.to_path_buf(),

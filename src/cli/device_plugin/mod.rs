@@ -96,8 +96,7 @@ pub fn run(config: &Config, args: &DevicePluginArgs) -> anyhow::Result<ExitCode>
         args.socket_name
     );
     gpupin::state::open_ledger(config)?;
-    let inventory =
-        gpupin::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+    let inventory = config.load_inventory()?;
     let strategy = match args.mig_strategy.as_str() {
         "single" => MigStrategy::Single,
         "mixed" => MigStrategy::Mixed,

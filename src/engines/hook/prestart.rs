@@ -84,8 +84,7 @@ pub(super) fn unrequested(
     config: &Config,
 ) -> Result<Outcome, HookError> {
     if foreign::has_char_devices(&spec_value) {
-        let inventory =
-            crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)?;
+        let inventory = config.load_inventory()?;
         let gpus = GpuNumbers::of(&inventory);
         let minors = match foreign::admits_every_gpu(&spec_value, &gpus) {
             true => Default::default(),

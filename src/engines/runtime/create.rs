@@ -241,9 +241,7 @@ mod tests {
     }
 
     fn minors_of(config: &Config, record: &Record) -> Vec<u64> {
-        let inventory =
-            crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)
-                .unwrap();
+        let inventory = config.load_inventory().unwrap();
         let mut minors: Vec<u64> = record
             .gpus
             .iter()

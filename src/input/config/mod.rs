@@ -5,6 +5,7 @@ pub mod audit_log;
 pub mod driver;
 mod effective;
 mod fields;
+mod inventory;
 mod located;
 pub mod serve;
 

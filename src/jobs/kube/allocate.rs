@@ -155,7 +155,7 @@ mod tests {
     use crate::input::config::testing::sim8_in as config;
 
     fn sim(config: &Config) -> Inventory {
-        crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml).unwrap()
+        config.load_inventory().unwrap()
     }
 
     #[test]

@@ -161,8 +161,7 @@ mod tests {
     fn release_unassigned_removes_the_records_and_audits_them() {
         let tmp = tempfile::tempdir().unwrap();
         let config = crate::input::config::testing::sim8_in(tmp.path());
-        let inv = crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml)
-            .unwrap();
+        let inv = config.load_inventory().unwrap();
         let kept =
             crate::jobs::kube::allocate::allocate(&config, &inv, &[inv.gpus[0].uuid.clone()])
                 .unwrap();

@@ -32,8 +32,7 @@ pub fn looks(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool) {
 /// One look. Without live figures (a simulated machine with no `live_file`) there is
 /// nothing to look at, and nothing is written.
 fn look(config: &Config, rule: &IdleRule) -> Result<(), String> {
-    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)
-        .map_err(|e| one_line(&e))?;
+    let inventory = config.load_inventory().map_err(|e| one_line(&e))?;
     let live = inventory::read_live(config.live_file.as_deref(), &inventory, &config.nvml, None)
         .map_err(|e| one_line(&e))?;
     let Some(live) = live else {

@@ -492,7 +492,7 @@ fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std::io::Result
 /// The environment that tells a held process's CUDA which GPUs are its own, as a job's
 /// (`exec::job_env`): the Python client sets it in the process that holds them.
 fn hold_env(config: &Config, record: &Record) -> Vec<(String, String)> {
-    match crate::host::inventory::load(&config.inventory, &config.state_dir, &config.nvml) {
+    match config.load_inventory() {
         Ok(inventory) => exec::job_env(&inventory, record, config.cuda_visible_devices),
         Err(_) => Vec::new(),
     }

@@ -103,7 +103,8 @@ impl FileSink {
     /// `live_file` (NVML would cost every container start a query).
     pub fn refresh(&self, ledger: &Ledger) {
         let config = &self.config;
-        let written = inventory::load(&config.inventory, &config.state_dir, &config.nvml)
+        let written = config
+            .load_inventory()
             .map_err(|e| crate::base::message::one_line(&e))
             .and_then(|inventory| {
                 let live = match &config.live_file {

@@ -90,7 +90,8 @@ pub struct Reconciled {
 /// Brings every GPU node's ACL in line with `ledger` now. The caller holds the ledger's
 /// lock (an observer's call), or accepts that a change meanwhile reconciles again.
 pub fn reconcile(config: &Config, ledger: &Ledger) -> Result<Reconciled, NodeAccessError> {
-    let inventory = inventory::load(&config.inventory, &config.state_dir, &config.nvml)
+    let inventory = config
+        .load_inventory()
         .map_err(NodeAccessError::Inventory)?;
     let records = ledger.records()?;
     let mut done = Reconciled::default();
