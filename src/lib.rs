@@ -50,6 +50,9 @@ pub mod input;
 /// What is held and what happened: the audit trail, the ledger, metrics and usage.
 pub mod state;
 
+/// `gpupin status`: tables and JSON of the inventory, the ledger and live figures.
+pub mod report;
+
 /// A container's request to what it is given: the runtime spec, GPUs it brought, the
 /// driver's files, the edits and their consumers, `admit` (the pipeline).
 pub mod admission;
@@ -60,9 +63,6 @@ pub mod engines;
 
 /// Holders beyond containers: bare-metal jobs, holds, `gpupin serve`, the device plugin.
 pub mod jobs;
-
-/// `gpupin status`: tables and JSON of the inventory, the ledger and live figures.
-pub mod report;
 
 /// `gpupin doctor`: the host's checks as data.
 pub mod doctor;

@@ -58,7 +58,7 @@ pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if !args.json {
-        out!("{}", audit::log_table(&table))?;
+        out!("{}", gpupin::report::log_table(&table))?;
     }
     note_unreadable(events.unreadable());
     let Some(tail) = &mut tail else {
@@ -72,7 +72,7 @@ pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
             }
             match args.json {
                 true => outln!("{}", entry.line)?,
-                false => out!("{}", audit::log_row(&entry))?,
+                false => out!("{}", gpupin::report::log_row(&entry))?,
             }
         }
     }

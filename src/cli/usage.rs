@@ -44,9 +44,9 @@ pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
     }
     let usage = usage::usage(&ended, &records, since, now, args.by.unwrap_or_default());
     if args.json {
-        outln!("{:#}", usage::usage_json(&usage))?;
+        outln!("{:#}", gpupin::report::usage_json(&usage))?;
     } else {
-        out!("{}", usage::usage_table(&usage))?;
+        out!("{}", gpupin::report::usage_table(&usage))?;
     }
     super::log::note_unreadable(events.unreadable());
     Ok(ExitCode::SUCCESS)

@@ -187,7 +187,7 @@ mod tests {
     #[test]
     fn ages_read_like_uptime() {
         let created = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let r = crate::report::tests::record("c", &[]);
+        let r = crate::state::ledger::testing::record("c", &[]);
         let r = Record {
             created_at: 1_000_000,
             cgroups: Vec::new(),
@@ -208,7 +208,7 @@ mod tests {
     /// hand) and times past the year 9999 still show, for everyone, rather than panic.
     #[test]
     fn times_no_clock_reaches_still_show() {
-        let r = crate::report::tests::record("h", &[]);
+        let r = crate::state::ledger::testing::record("h", &[]);
         let r = Record {
             created_at: u64::MAX,
             expires_at: Some(u64::MAX),

@@ -117,6 +117,36 @@ pub fn fitted(rows: &[Vec<Cell>], max_width: usize, shrink: &[(usize, usize)]) -
     out
 }
 
+/// Columns separated by two spaces, as `gpupin status` prints them; the columns in
+/// `right` aligned right (numbers), trailing spaces trimmed.
+pub fn aligned(rows: &[Vec<String>], right: &[usize]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let w = widths[c];
+            let _ = if right.contains(&c) {
+                write!(line, "{cell:>w$}  ")
+            } else {
+                write!(line, "{cell:<w$}  ")
+            };
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 /// How a row stands out on a terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Style {

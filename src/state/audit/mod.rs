@@ -3,18 +3,15 @@
 //! /var/log/gpupin/audit.log), capped in size and rotated (`write`). It is the machine's
 //! history of who used which GPU when; the ledger only knows who holds one now.
 //! `read` takes the events back (`gpupin log`), `usage` sums GPU-hours from them and the
-//! ledger's live records (`gpupin usage`), `show` renders both for people and scripts.
+//! ledger's live records (`gpupin usage`); the report layer renders both for people.
 
 mod filter;
 mod read;
-mod show;
 mod tail;
 mod write;
 
 pub use filter::{BadValue, Filter, GpuSelector, When, parse_time, parse_user};
 pub use read::{Entry, Events, ReadError};
-pub(crate) use show::table as text_table;
-pub use show::{log_row, log_table};
 pub use tail::Tail;
 pub use write::{REFUSALS_PER_MINUTE, WriteError};
 

@@ -13,11 +13,8 @@
 //! not have) it is the nested holder's own. Holder ids are reused, so a parent is the
 //! holding of that id that was there when the nested holder began, never a later one.
 
-mod show;
-
 use crate::state::audit::{BadValue, Event, EventKind};
 use crate::state::ledger::Record;
-pub use show::{usage_json, usage_table};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 

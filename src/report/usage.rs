@@ -1,6 +1,7 @@
 //! `gpupin usage` for people (a table) and for scripts (JSON).
 
-use super::{By, Usage, UsageRow};
+use super::table::aligned;
+use crate::state::usage::{By, Usage, UsageRow};
 use serde_json::{Value, json};
 use std::fmt::Write;
 
@@ -19,7 +20,7 @@ pub fn usage_table(usage: &Usage) -> String {
             row.holders.to_string(),
         ]);
     }
-    let mut out = crate::state::audit::text_table(&rows, &[1, 2]);
+    let mut out = aligned(&rows, &[1, 2]);
     let _ = writeln!(
         out,
         "from {} to {}",

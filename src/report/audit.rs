@@ -1,8 +1,8 @@
-//! `gpupin log` and `gpupin usage` rendered to strings: tables for people, JSON for
-//! scripts. The binary prints them.
+//! `gpupin log`: the audit trail's events as a table for people, and one row at a time
+//! as `--follow` prints them. The binary prints them; `--json` is the log's own lines.
 
-use super::{Entry, Event};
-use std::fmt::Write;
+use super::table::aligned;
+use crate::state::audit::{Entry, Event, unit_name};
 
 /// `gpupin log`: one row per event, oldest first.
 pub fn log_table(entries: &[Entry]) -> String {
@@ -40,7 +40,7 @@ fn render(rows: &[[String; 6]]) -> String {
                 .collect()
         })
         .collect();
-    table(&rows, &[])
+    aligned(&rows, &[])
 }
 
 /// Indices where known, else UUIDs.
@@ -48,7 +48,7 @@ fn gpus(event: &Event) -> String {
     let names: Vec<String> = event
         .gpus
         .iter()
-        .map(|g| super::unit_name(g.index, &g.uuid))
+        .map(|g| unit_name(g.index, &g.uuid))
         .collect();
     if names.is_empty() {
         "-".into()
@@ -88,36 +88,6 @@ pub fn held_for(seconds: u64) -> String {
         (0, _, _) => format!("{h}h{m:02}m"),
         _ => format!("{d}d{h:02}h"),
     }
-}
-
-/// Columns separated by two spaces, as `gpupin status` prints them; the columns in
-/// `right` aligned right (numbers), trailing spaces trimmed.
-pub(crate) fn table(rows: &[Vec<String>], right: &[usize]) -> String {
-    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            let w = widths[c];
-            let _ = if right.contains(&c) {
-                write!(line, "{cell:>w$}  ")
-            } else {
-                write!(line, "{cell:<w$}  ")
-            };
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 #[cfg(test)]

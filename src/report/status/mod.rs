@@ -1,0 +1,164 @@
+//! `gpupin status`: what it shows (`Status`: the machine, its ledger, and what the GPUs
+//! do now where a source says), and what is counted for every view of it. Each view is a
+//! module: `compact` (one line per GPU), `long` (`--long`'s tables), `json`; `summary` is
+//! the lines under the GPUs they share.
+
+mod compact;
+mod json;
+mod long;
+mod summary;
+
+use super::{Leftover, live};
+use crate::model::gpu::Inventory;
+use crate::model::live::Live;
+use crate::host::whose::Seen;
+use crate::state::ledger::{Idle, Record, Waiting, holders_of};
+use serde_json::Value;
+use std::time::{Duration, SystemTime};
+
+/// What `gpupin status` shows: the machine, its ledger, and, where a source has them,
+/// what the GPUs do now.
+pub struct Status<'a> {
+    pub inventory: &'a Inventory,
+    pub records: &'a [Record],
+    /// How long a holder may go without a pid.
+    pub grace: Duration,
+    /// Live figures per GPU position.
+    pub live: Option<&'a [Live]>,
+    /// The processes on each GPU, by position.
+    pub processes: Option<&'a [Vec<Seen>]>,
+    /// Why there are no live figures though a source has them, in one line.
+    pub live_error: Option<&'a str>,
+    /// The requests waiting for GPUs, oldest first.
+    pub waiting: &'a [Waiting],
+    /// The GPUs (positions in the inventory) to show; `None`: all (`status --gpu`,
+    /// `--user`, `--free`).
+    pub shown: Option<&'a [usize]>,
+    /// The holders `gpupin serve`'s last look found idle (`Ledger::idle`).
+    pub idle: &'a [Idle],
+    /// Processes left in jobs' cgroups after their main processes exited.
+    pub leftovers: &'a [Leftover],
+}
+
+/// `gpupin status --json` without live figures. `grace`: how long a holder may go
+/// without a pid.
+pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -> Value {
+    Status::new(inventory, records, grace).json()
+}
+
+/// `gpupin status` without live figures, uncoloured.
+pub fn status_table(inventory: &Inventory, records: &[Record], grace: Duration) -> String {
+    Status::new(inventory, records, grace).table(false)
+}
+
+impl<'a> Status<'a> {
+    /// The ledger's view alone: no live figures.
+    pub fn new(inventory: &'a Inventory, records: &'a [Record], grace: Duration) -> Status<'a> {
+        Status {
+            inventory,
+            records,
+            grace,
+            live: None,
+            processes: None,
+            live_error: None,
+            waiting: &[],
+            shown: None,
+            idle: &[],
+            leftovers: &[],
+        }
+    }
+
+    /// Since when `r` has been idle (seconds since the Unix epoch), if it is.
+    fn idle_since(&self, r: &Record) -> Option<u64> {
+        self.idle.iter().find(|i| i.holder == r.id).map(|i| i.since)
+    }
+
+    /// The holders that still run: only they can own a process (a gone holder's pid may
+    /// be someone else's now).
+    fn running(&self, now: SystemTime) -> Vec<Record> {
+        self.records
+            .iter()
+            .filter(|r| !r.is_stale(now, self.grace))
+            .cloned()
+            .collect()
+    }
+
+    /// Live figures and processes of the GPU at `position`, where known.
+    fn live_of(&self, position: usize) -> (Option<&'a Live>, Option<&'a [Seen]>) {
+        (
+            self.live.and_then(|l| l.get(position)),
+            self.processes
+                .and_then(|p| p.get(position))
+                .map(Vec::as_slice),
+        )
+    }
+
+    /// Whole GPUs free to hand out: no holder, and, where the processes on the GPUs are
+    /// known, none running (a process of no holder keeps an exclusive request off it, as
+    /// `--free` and a refusal count it).
+    fn free_gpus(&self) -> usize {
+        let busy = |position: usize| {
+            self.processes
+                .and_then(|p| p.get(position))
+                .is_some_and(|seen| !seen.is_empty())
+        };
+        self.inventory
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.in_mig_mode())
+            .filter(|(_, g)| holders_of(&g.uuid, self.records).next().is_none())
+            .filter(|(position, _)| !busy(*position))
+            .count()
+    }
+
+    /// The GPUs that are units: those not in MIG mode.
+    fn whole_gpus(&self) -> usize {
+        self.inventory
+            .gpus
+            .iter()
+            .filter(|g| !g.in_mig_mode())
+            .count()
+    }
+
+    /// MIG instances in all, and those no one holds.
+    fn mig_counts(&self) -> (usize, usize) {
+        let all: Vec<_> = self.inventory.mig_instances().collect();
+        let free = all
+            .iter()
+            .filter(|m| holders_of(&m.uuid, self.records).next().is_none())
+            .count();
+        (all.len(), free)
+    }
+
+    /// `MIG: 2 of 4 free`, or `MIG mode, no instances`, for a GPU in MIG mode.
+    fn mig_summary(&self, g: &crate::model::gpu::Gpu) -> Option<String> {
+        let list = g.mig.as_ref()?;
+        if list.is_empty() {
+            return Some("MIG mode, no instances".into());
+        }
+        let free = list
+            .iter()
+            .filter(|m| holders_of(&m.uuid, self.records).next().is_none())
+            .count();
+        Some(format!("MIG: {free} of {} free", list.len()))
+    }
+
+    /// How many processes on the GPUs no holder owns.
+    fn foreign(&self, running: &[Record]) -> usize {
+        self.processes
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|seen| matches!(live::whose(seen, running), live::Whose::Foreign))
+            .count()
+    }
+
+    /// Whether the GPU at `position` is one to show.
+    fn shows(&self, position: usize) -> bool {
+        self.shown.is_none_or(|shown| shown.contains(&position))
+    }
+}
+
+#[cfg(test)]
+mod tests;
