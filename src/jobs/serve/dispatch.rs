@@ -1,10 +1,12 @@
 //! One connection's request, read within its deadline and handed to its operation
-//! (`ops`), whose reply goes back on the same connection.
+//! (`ops`), whose reply goes back on the same connection; an op's `ServeError` becomes
+//! the reply here (and an audit line, for a denial).
 
 use super::connections::{Deadline, Shared};
+use super::error::ServeError;
 use super::ops;
 use super::peer::Peer;
-use super::protocol::{self, Reply, Request};
+use super::protocol::{self, Request};
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -25,10 +27,16 @@ pub(super) fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std:
     let request = match protocol::receive_request(&mut input) {
         Ok(Some(r)) => r,
         Ok(None) => return Ok(()),
-        Err(why) => return protocol::send(&mut output, &Reply::refused(why)),
+        Err(why) => {
+            return protocol::send(
+                &mut output,
+                &ServeError::Unreadable(why).reply(config, peer, ""),
+            );
+        }
     };
     tracing::debug!(pid = peer.pid, uid = peer.uid, request = ?request.without_keys(), "request");
-    let reply = match request {
+    // The holder the request names, under which a denial is audited.
+    let (holder, outcome) = match request {
         Request::Exec { request, name } => {
             return ops::exec::answer(shared, peer, &request, name, &mut input);
         }
@@ -60,23 +68,36 @@ pub(super) fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std:
                 for_secs,
                 request,
             };
-            ops::hold::answer(shared, peer, asked, &stream)
+            (
+                asked.id.clone(),
+                ops::hold::answer(shared, config, peer, asked, &stream),
+            )
         }
         Request::Release {
             id,
             force,
             exact,
             ignore_missing,
-        } => ops::release::answer(config, peer, &id, force, exact, ignore_missing),
+        } => {
+            let outcome = ops::release::answer(config, peer, &id, force, exact, ignore_missing);
+            (id, outcome)
+        }
         Request::Evict {
             id,
             reason,
             grace_secs,
-        } => ops::evict::answer(config, peer, &id, reason, grace_secs),
-        Request::Key { id } => ops::key::answer(config, peer, &id),
-        Request::Bind { .. } => Reply::refused("bind without an exec first"),
-        Request::Hello => ops::hello::answer(),
-        Request::Status => ops::status::answer(shared.status, config),
+        } => {
+            let outcome = ops::evict::answer(config, peer, &id, reason, grace_secs);
+            (id, outcome)
+        }
+        Request::Key { id } => {
+            let outcome = ops::key::answer(config, peer, &id);
+            (id, outcome)
+        }
+        Request::Bind { .. } => (String::new(), Err(ServeError::BindFirst)),
+        Request::Hello => (String::new(), ops::hello::answer()),
+        Request::Status => (String::new(), ops::status::answer(shared.status, config)),
     };
+    let reply = outcome.unwrap_or_else(|e| e.reply(config, peer, &holder));
     protocol::send(&mut output, &reply)
 }

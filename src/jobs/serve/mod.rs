@@ -9,14 +9,16 @@
 //! someone else; a user releases only their own holders (`Ledger::release_for`).
 //!
 //! The daemon, bottom up: `connections` (what every connection shares, its slot, its
-//! deadline), `ops` (one file per operation), `dispatch` (a request to its op), `accept`
-//! (the loop that admits connections, `run`).
+//! deadline), `error` (why the daemon said no, and the reply and audit line that say
+//! it), `ops` (one file per operation), `dispatch` (a request to its op and its answer
+//! to the reply), `accept` (the loop that admits connections, `run`).
 
 mod accept;
 mod authorize;
 pub mod client;
 mod connections;
 mod dispatch;
+mod error;
 mod idle;
 pub mod listen;
 mod ops;

@@ -1,8 +1,8 @@
 //! Test fixtures for the daemon's modules: its shared state without a socket, callers as
-//! SO_PEERCRED gives them, and what an op's refusal says.
+//! SO_PEERCRED gives them, and what an op's refusal says (a denial or a failure).
 
 use super::connections::Shared;
-use super::ops::Refusal;
+use super::error::ServeError;
 use super::peer::Peer;
 use super::watch::Watcher;
 use crate::input::config::{Config, ServeSettings};
@@ -43,17 +43,17 @@ pub(crate) fn alices_hold(config: &Config, id: &str, devices: &str) -> Record {
 }
 
 #[track_caller]
-pub(crate) fn denied<T: std::fmt::Debug>(outcome: Result<T, Refusal>) -> String {
+pub(crate) fn denied<T: std::fmt::Debug>(outcome: Result<T, ServeError>) -> String {
     match outcome {
-        Err(Refusal::Denied(why)) => why,
+        Err(e) if e.is_denial() => e.message(),
         other => panic!("not denied: {other:?}"),
     }
 }
 
 #[track_caller]
-pub(crate) fn failed<T: std::fmt::Debug>(outcome: Result<T, Refusal>) -> String {
+pub(crate) fn failed<T: std::fmt::Debug>(outcome: Result<T, ServeError>) -> String {
     match outcome {
-        Err(Refusal::Failed(why)) => why,
+        Err(e) if !e.is_denial() => e.message(),
         other => panic!("not failed: {other:?}"),
     }
 }

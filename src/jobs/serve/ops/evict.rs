@@ -2,10 +2,10 @@
 //! anyone's), stopped by the daemon as root (`jobs::evict`) and released once gone, or a
 //! queued request of theirs, cancelled; naming another's is a refusal the audit log keeps.
 
+use super::super::error::ServeError;
 use super::super::peer::Peer;
 use super::super::protocol::Reply;
-use super::{Refusal, cancelled, granted, reply_for};
-use crate::base::message::one_line;
+use super::{cancelled, granted};
 use crate::host::users;
 use crate::input::config::Config;
 use crate::jobs::evict::{self, EvictError, Evictor};
@@ -13,31 +13,16 @@ use crate::state::ledger::LedgerError;
 use crate::state::ledger::lookup::Match;
 use std::time::Duration;
 
-/// The reply to an evict: the holder released, how it was stopped, and its GPUs; the
-/// request cancelled; or why not.
+/// A user's `gpupin evict`: one of their own holders, stopped by the daemon as root
+/// (`jobs::evict`), or a queued request of theirs, cancelled; naming another's is a
+/// refusal the audit log keeps.
 pub(in crate::jobs::serve) fn answer(
     config: &Config,
     peer: Peer,
     id: &str,
     reason: Option<String>,
     grace_secs: Option<u64>,
-) -> Reply {
-    match evict_for(config, peer, id, reason, grace_secs) {
-        Ok(reply) => reply,
-        Err(refusal) => reply_for(config, peer, id, Err(refusal)),
-    }
-}
-
-/// A user's `gpupin evict`: one of their own holders, stopped by the daemon as root
-/// (`jobs::evict`), or a queued request of theirs, cancelled; naming another's is a
-/// refusal the audit log keeps.
-fn evict_for(
-    config: &Config,
-    peer: Peer,
-    id: &str,
-    reason: Option<String>,
-    grace_secs: Option<u64>,
-) -> Result<Reply, Refusal> {
+) -> Result<Reply, ServeError> {
     let user = users::owner_of(peer.uid)
         .map(|o| o.user)
         .unwrap_or_else(|_| format!("uid {}", peer.uid));
@@ -58,10 +43,6 @@ fn evict_for(
         }
         Err(e) => Err(e),
     };
-    outcome.map_err(|e| match e {
-        EvictError::NotYours { .. } | EvictError::Ledger(LedgerError::NotYourRequest { .. }) => {
-            Refusal::Denied(one_line(&e))
-        }
-        e => Refusal::Failed(one_line(&e)),
-    })
+    // Naming another's holder or request is a denial (`ServeError::is_denial`).
+    Ok(outcome?)
 }

@@ -4,10 +4,10 @@
 
 use super::super::authorize;
 use super::super::connections::{Deadline, Shared, still_open};
+use super::super::error::ServeError;
 use super::super::peer::{Peer, Pinned};
 use super::super::protocol::{self, Reply, Request};
-use super::{audit_refusal, granted};
-use crate::base::message::one_line;
+use super::granted;
 use crate::host::confine::JobCgroup;
 use crate::host::users;
 use crate::input::config::Config;
@@ -34,7 +34,7 @@ pub(in crate::jobs::serve) fn answer(
     let mut output = &*stream;
     // Before anything is held: a job the watcher could not take would have to go again.
     if let Err(e) = shared.watcher.admits(peer.uid, "", None) {
-        return protocol::send(&mut output, &Reply::refused(one_line(&e)));
+        return protocol::send(&mut output, &ServeError::from(e).reply(config, peer, ""));
     }
     // A wait in the queue ends when the caller hangs up or its process ends (a child
     // may have inherited the socket), not only when the daemon dies.
@@ -45,7 +45,7 @@ pub(in crate::jobs::serve) fn answer(
     }));
     let grant = match grant_job(config, peer, pairs, name, still_wanted) {
         Ok(grant) => grant,
-        Err(e) => return protocol::send(&mut output, &Reply::refused(e)),
+        Err(e) => return protocol::send(&mut output, &e.reply(config, peer, "")),
     };
     let reply = Reply {
         env: grant.env.clone(),
@@ -69,7 +69,7 @@ pub(in crate::jobs::serve) fn answer(
             .watcher
             .watch(peer.uid, grant.holder.clone(), pinned, cgroup, true)
             // Not started yet (it waits at its gate): it goes with its GPUs below.
-            .map_err(|e| one_line(&e))
+            .map_err(ServeError::from)
     });
     match bound {
         Ok(()) => {
@@ -77,9 +77,12 @@ pub(in crate::jobs::serve) fn answer(
             Ok(())
         }
         Err(e) => {
-            audit_refusal(config, peer, grant.holder.as_str(), &e);
+            // Whatever kept it from its GPUs, a job not bound is a refusal the audit log
+            // keeps.
+            let reply =
+                ServeError::NotBound(Box::new(e)).reply(config, peer, grant.holder.as_str());
             exec::abandon(config, &grant);
-            protocol::send(&mut output, &Reply::refused(e))
+            protocol::send(&mut output, &reply)
         }
     }
 }
@@ -90,11 +93,10 @@ fn grant_job(
     pairs: &[(String, String)],
     name: Option<String>,
     still_wanted: StillWanted,
-) -> Result<JobGrant, String> {
-    let owner = users::owner_of(peer.uid).map_err(|e| one_line(&e))?;
-    let (request, holder) =
-        exec::job_request(pairs, name.as_deref(), peer.pid).map_err(|e| one_line(&e))?;
-    exec::grant_while(
+) -> Result<JobGrant, ServeError> {
+    let owner = users::owner_of(peer.uid)?;
+    let (request, holder) = exec::job_request(pairs, name.as_deref(), peer.pid)?;
+    Ok(exec::grant_while(
         config,
         holder,
         &request,
@@ -102,8 +104,7 @@ fn grant_job(
         peer.pid,
         "serve",
         Some(still_wanted),
-    )
-    .map_err(|e| one_line(&e))
+    )?)
 }
 
 /// The child the caller started takes the GPUs, once it is shown to be the caller's.
@@ -112,13 +113,14 @@ fn bind_job(
     peer: Peer,
     grant: &JobGrant,
     job: i32,
-) -> Result<(Pinned, Option<JobCgroup>), String> {
-    let pinned = Pinned::open(job).map_err(|e| format!("pid {job}: {}", one_line(&e)))?;
+) -> Result<(Pinned, Option<JobCgroup>), ServeError> {
+    let pinned = Pinned::open(job).map_err(|source| ServeError::Pin { pid: job, source })?;
     if !authorize::started_by(peer, pinned.parent_and_owner()) {
-        return Err(format!(
-            "pid {job} is not a process the caller (pid {}) started as uid {}",
-            peer.pid, peer.uid
-        ));
+        return Err(ServeError::NotStartedByCaller {
+            pid: job,
+            caller: peer.pid,
+            uid: peer.uid,
+        });
     }
     let cgroup = exec::start(
         config,
@@ -126,8 +128,7 @@ fn bind_job(
         peer.pid,
         job,
         std::os::fd::AsFd::as_fd(&pinned.fd),
-    )
-    .map_err(|e| one_line(&e))?;
+    )?;
     Ok((pinned, cgroup))
 }
 
@@ -168,7 +169,7 @@ mod tests {
             panic!("nobody's process took the caller's GPUs");
         };
         assert_eq!(
-            err,
+            err.to_string(),
             format!(
                 "pid {pid} is not a process the caller (pid {}) started as uid 0",
                 me.pid

@@ -4,10 +4,10 @@
 
 use super::super::authorize::{self, HoldFor};
 use super::super::connections::{Shared, still_open};
+use super::super::error::ServeError;
 use super::super::peer::{Peer, Pinned};
 use super::super::protocol::Reply;
-use super::{Refusal, reply_for};
-use crate::base::message::one_line;
+use super::granted;
 use crate::host::users;
 use crate::input::config::Config;
 use crate::input::request::Origin;
@@ -19,25 +19,19 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 
 /// The reply to a hold: its holder and GPUs with the environment that names them for
-/// CUDA, or why not.
+/// CUDA.
 pub(in crate::jobs::serve) fn answer(
     shared: &Shared,
+    config: &Config,
     peer: Peer,
     asked: HoldAsked,
     stream: &Arc<UnixStream>,
-) -> Reply {
-    let config = shared.config();
-    let config = &*config;
-    let id = asked.id.clone();
-    let outcome = hold_for(shared, peer, asked, Some(stream));
-    let env = outcome
-        .as_ref()
-        .map(|r| hold_env(config, r))
-        .unwrap_or_default();
-    Reply {
-        env,
-        ..reply_for(config, peer, &id, outcome)
-    }
+) -> Result<Reply, ServeError> {
+    let record = hold_for(shared, peer, asked, Some(stream))?;
+    Ok(Reply {
+        env: hold_env(config, &record),
+        ..granted(&record)
+    })
 }
 
 /// The environment that tells a held process's CUDA which GPUs are its own, as a job's
@@ -72,26 +66,22 @@ fn hold_for(
     peer: Peer,
     asked: HoldAsked,
     caller: Option<&Arc<UnixStream>>,
-) -> Result<Record, Refusal> {
+) -> Result<Record, ServeError> {
     let config = shared.config();
     let config = &*config;
-    let me = users::owner_of(peer.uid).map_err(|e| Refusal::Failed(one_line(&e)))?;
+    let me = users::owner_of(peer.uid)?;
     let owner = match authorize::hold_for(peer, &me.user, asked.user.as_deref())
-        .map_err(Refusal::Denied)?
+        .map_err(ServeError::Denied)?
     {
-        HoldFor::Named(name) => {
-            users::owner_named(name).map_err(|e| Refusal::Failed(one_line(&e)))?
-        }
+        HoldFor::Named(name) => users::owner_named(name)?,
         HoldFor::Caller => me,
     };
     authorize::may_hold_without_process(peer, asked.until_release, asked.pid)
-        .map_err(Refusal::Denied)?;
+        .map_err(ServeError::Denied)?;
     let request = match asked.request.is_empty() {
         true => None,
         false if asked.count.is_some() || !asked.devices.trim().is_empty() => {
-            return Err(Refusal::Failed(
-                "a hold gives request keys, or devices or count, not both".into(),
-            ));
+            return Err(ServeError::KeysAndDevices);
         }
         false => {
             let pairs: Vec<(&str, &str)> = asked
@@ -99,30 +89,23 @@ fn hold_for(
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
-            let parsed = crate::input::request::from_pairs(&pairs, Origin::Cli)
-                .map_err(|e| Refusal::Failed(one_line(&e)))?;
-            Some(parsed.ok_or_else(|| {
-                Refusal::Failed("the request keys ask for no GPUs: give gpupin.count".into())
-            })?)
+            let parsed = crate::input::request::from_pairs(&pairs, Origin::Cli)?;
+            Some(parsed.ok_or(ServeError::NoGpusAsked)?)
         }
     };
     let pinned = match asked.pid {
         Some(pid) => {
-            let pinned = Pinned::open(pid)
-                .map_err(|e| Refusal::Failed(format!("pid {pid}: {}", one_line(&e))))?;
-            authorize::may_pin(peer, pid, pinned.parent_and_owner()).map_err(Refusal::Denied)?;
+            let pinned = Pinned::open(pid).map_err(|source| ServeError::Pin { pid, source })?;
+            authorize::may_pin(peer, pid, pinned.parent_and_owner()).map_err(ServeError::Denied)?;
             Some(pinned)
         }
         None => None,
     };
     if pinned.is_some() {
-        shared
-            .watcher
-            .admits(peer.uid, &asked.id, asked.pid)
-            .map_err(|e| Refusal::Failed(one_line(&e)))?;
+        shared.watcher.admits(peer.uid, &asked.id, asked.pid)?;
     }
     let hold = Hold {
-        id: HolderId::new(&asked.id).map_err(|e| Refusal::Failed(one_line(&e)))?,
+        id: HolderId::new(&asked.id)?,
         devices: asked.devices,
         by_minor: asked.by_minor,
         pid: asked.pid,
@@ -143,10 +126,7 @@ fn hold_for(
     let still_wanted = match (caller, &pinned) {
         (Some(caller), Some(pinned)) => {
             let caller = Arc::clone(caller);
-            let fd = pinned
-                .fd
-                .try_clone()
-                .map_err(|e| Refusal::Failed(one_line(&e)))?;
+            let fd = pinned.fd.try_clone().map_err(ServeError::Pidfd)?;
             let process = Pinned {
                 pid: pinned.pid,
                 fd,
@@ -158,15 +138,14 @@ fn hold_for(
         _ => None,
     };
     // A refused allocation is audited by grant::allocate.
-    let record = hold::hold_with(config, &hold, request, still_wanted, "serve")
-        .map_err(|e| Refusal::Failed(one_line(&e)))?;
+    let record = hold::hold_with(config, &hold, request, still_wanted, "serve")?;
     if let (Some(pinned), Ok(holder)) = (pinned, HolderId::new(&record.id)) {
         let pid = pinned.pid;
         if let Err(why) = still_the_pinned(&pinned, &record) {
             if let Ok(ledger) = crate::state::open_ledger(config) {
                 let _ = ledger.release_job(&holder, pid);
             }
-            return Err(Refusal::Failed(why));
+            return Err(why);
         }
         if let Err(e) = shared
             .watcher
@@ -177,7 +156,7 @@ fn hold_for(
             if let Ok(ledger) = crate::state::open_ledger(config) {
                 let _ = ledger.release_job(&holder, pid);
             }
-            return Err(Refusal::Failed(one_line(&e)));
+            return Err(e.into());
         }
     }
     Ok(record)
@@ -189,15 +168,12 @@ fn hold_for(
 /// taken by another since, must not have the hold: the ledger would take that other
 /// process for the holder (same pid, a start time of a live process), and nothing would
 /// watch it.
-fn still_the_pinned(pinned: &Pinned, record: &Record) -> Result<(), String> {
+fn still_the_pinned(pinned: &Pinned, record: &Record) -> Result<(), ServeError> {
     let now = crate::base::procinfo::start_time(pinned.pid);
-    if authorize::still_the_process(record.start_time, now, pinned.alive()) {
-        return Ok(());
+    match authorize::still_the_process(record.start_time, now, pinned.alive()) {
+        true => Ok(()),
+        false => Err(ServeError::EndedBeforeRecorded { pid: pinned.pid }),
     }
-    Err(format!(
-        "pid {} ended before its hold was recorded: nothing is held (hold again with a running process)",
-        pinned.pid
-    ))
 }
 
 #[cfg(test)]

@@ -2,39 +2,39 @@
 //! owner or root only.
 
 use super::super::authorize;
+use super::super::error::ServeError;
 use super::super::peer::Peer;
 use super::super::protocol::Reply;
-use super::{Refusal, reply_for};
-use crate::base::message::one_line;
+use super::granted;
 use crate::input::config::Config;
 use crate::model::holder::HolderId;
 use crate::state::ledger::Record;
 
-/// The reply to a key request: the holder, its GPUs and its key, or why not.
-pub(in crate::jobs::serve) fn answer(config: &Config, peer: Peer, id: &str) -> Reply {
-    let outcome = key_for(config, peer, id);
-    let key = outcome.as_ref().ok().map(|(_, key)| key.clone());
-    Reply {
-        key,
-        ..reply_for(config, peer, id, outcome.map(|(record, _)| record))
-    }
+/// The reply to a key request: the holder, its GPUs and its key.
+pub(in crate::jobs::serve) fn answer(
+    config: &Config,
+    peer: Peer,
+    id: &str,
+) -> Result<Reply, ServeError> {
+    let (record, key) = key_for(config, peer, id)?;
+    Ok(Reply {
+        key: Some(key),
+        ..granted(&record)
+    })
 }
 
 /// The key to `id`, `HOLDER:KEY`, for its owner or root: whoever holds it may let others
 /// in (a container of theirs, a colleague's job), and no one else may.
-fn key_for(config: &Config, peer: Peer, id: &str) -> Result<(Record, String), Refusal> {
-    let holder = HolderId::new(id).map_err(|e| Refusal::Failed(one_line(&e)))?;
-    let ledger = crate::state::open_ledger(config).map_err(|e| Refusal::Failed(one_line(&e)))?;
-    match ledger.key(&holder) {
-        Ok(Some((record, key))) => {
-            authorize::may_have_key(peer, &record).map_err(Refusal::Denied)?;
+fn key_for(config: &Config, peer: Peer, id: &str) -> Result<(Record, String), ServeError> {
+    let holder = HolderId::new(id)?;
+    let ledger = crate::state::open_ledger(config)?;
+    match ledger.key(&holder)? {
+        Some((record, key)) => {
+            authorize::may_have_key(peer, &record).map_err(ServeError::Denied)?;
             let key = format!("{}:{key}", record.id);
             Ok((record, key))
         }
-        Ok(None) => Err(Refusal::Failed(format!(
-            "no running holder {id} (see gpupin status)"
-        ))),
-        Err(e) => Err(Refusal::Failed(one_line(&e))),
+        None => Err(ServeError::NoRunningHolder { id: id.to_string() }),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The daemon's operations, one file each: what it does for the caller (`peer`, as the
 //! kernel says it is) and the reply it sends. `dispatch` hands each request to its op.
-//! What is shared among them: the replies of a grant and a cancel, and why the daemon
-//! said no (`Refusal`), which becomes the reply, and an audit line for a denial, here.
+//! Each answers with its reply or a `ServeError`, which `dispatch` makes the reply; the
+//! replies of a grant and a cancel, which several ops send, are here.
 
 pub(super) mod evict;
 pub(super) mod exec;
@@ -11,10 +11,7 @@ pub(super) mod key;
 pub(super) mod release;
 pub(super) mod status;
 
-use super::peer::Peer;
 use super::protocol::Reply;
-use crate::host::users;
-use crate::input::config::Config;
 use crate::state::audit::GpuRef;
 use crate::state::ledger::Record;
 
@@ -33,46 +30,4 @@ pub(super) fn granted(record: &Record) -> Reply {
         gpus: GpuRef::of_record(record),
         ..Reply::default()
     }
-}
-
-/// The reply to a hold or release: what it did, or why not (a refusal of who may do what
-/// is audited here).
-pub(super) fn reply_for(
-    config: &Config,
-    peer: Peer,
-    id: &str,
-    outcome: Result<Record, Refusal>,
-) -> Reply {
-    match outcome {
-        Ok(record) => granted(&record),
-        Err(Refusal::Denied(e)) => {
-            audit_refusal(config, peer, id, &e);
-            Reply::refused(e)
-        }
-        Err(Refusal::Failed(e)) => Reply::refused(e),
-    }
-}
-
-/// An audit line for a request the daemon itself refused (who may do what); refusals of
-/// the allocation are written by `grant::allocate`.
-pub(super) fn audit_refusal(config: &Config, peer: Peer, holder: &str, reason: &str) {
-    if let Ok(ledger) = crate::state::open_ledger(config) {
-        let user = users::owner_of(peer.uid).ok().map(|o| o.user);
-        ledger.audit(&crate::state::audit::Event {
-            uid: Some(peer.uid),
-            user,
-            pid: Some(peer.pid),
-            code: Some("not_yours".into()),
-            ..crate::state::audit::Event::new(crate::state::audit::EventKind::Refuse, holder)
-                .because(reason)
-        });
-    }
-}
-
-/// Why the daemon said no: the caller may not do this (audited here), or it could not be
-/// done (a bad value, a refused allocation, which grant audits).
-#[derive(Debug)]
-pub(super) enum Refusal {
-    Denied(String),
-    Failed(String),
 }

@@ -2,17 +2,16 @@
 //! shows (whole ids only with `exact`); a queued request of theirs is cancelled. Taking
 //! another's is a refusal the audit log keeps.
 
-use super::super::authorize;
+use super::super::error::ServeError;
 use super::super::peer::Peer;
 use super::super::protocol::Reply;
-use super::{Refusal, cancelled, reply_for};
-use crate::base::message::one_line;
+use super::{cancelled, granted};
 use crate::input::config::Config;
 use crate::state::ledger::lookup::Match;
 use crate::state::ledger::{LedgerError, Record, Released, Releaser};
 
-/// The reply to a release: the holder released and its GPUs, the request cancelled, no
-/// holder at all (`ignore_missing`, none of that name), or why not.
+/// The reply to a release: the holder released and its GPUs, the request cancelled, or
+/// no holder at all (`ignore_missing`, none of that name).
 pub(in crate::jobs::serve) fn answer(
     config: &Config,
     peer: Peer,
@@ -20,12 +19,12 @@ pub(in crate::jobs::serve) fn answer(
     force: bool,
     exact: bool,
     ignore_missing: bool,
-) -> Reply {
+) -> Result<Reply, ServeError> {
     let how = if exact { Match::Exact } else { Match::Shown };
     match release_named_for(config, peer, id, force, how) {
-        Err(LedgerError::NoSuchHolder { .. }) if ignore_missing => Reply::default(),
-        Ok(Released::Request(waiting)) => cancelled(&waiting),
-        released => reply_for(config, peer, id, refusal_of(id, released)),
+        Err(LedgerError::NoSuchHolder { .. }) if ignore_missing => Ok(Reply::default()),
+        Ok(Released::Request(waiting)) => Ok(cancelled(&waiting)),
+        released => refusal_of(id, released).map(|record| granted(&record)),
     }
 }
 
@@ -52,14 +51,12 @@ fn release_named_for(
     ledger.release_named(std::ffi::OsStr::new(id), &by)
 }
 
-/// A release's outcome as the reply says it: taking another's holder is a refusal the
-/// audit log keeps, anything else a failure.
-fn refusal_of(id: &str, released: Result<Released, LedgerError>) -> Result<Record, Refusal> {
-    match released {
-        Ok(Released::Holder(record)) => Ok(*record),
-        Ok(_) => Err(Refusal::Failed(format!("{id} holds nothing"))),
-        Err(e) if authorize::is_denial(&e) => Err(Refusal::Denied(one_line(&e))),
-        Err(e) => Err(Refusal::Failed(one_line(&e))),
+/// The holder a release released; taking another's holder is a refusal the audit log
+/// keeps (`ServeError::is_denial`), anything else a failure.
+fn refusal_of(id: &str, released: Result<Released, LedgerError>) -> Result<Record, ServeError> {
+    match released? {
+        Released::Holder(record) => Ok(*record),
+        _ => Err(ServeError::HoldsNothing { id: id.to_string() }),
     }
 }
 
@@ -76,8 +73,18 @@ mod tests {
         id: &str,
         force: bool,
         how: Match,
-    ) -> Result<Record, Refusal> {
+    ) -> Result<Record, ServeError> {
         refusal_of(id, release_named_for(config, peer, id, force, how))
+    }
+
+    /// The reply to a release's outcome, a denial audited, as the daemon sends it.
+    fn reply_for(
+        config: &Config,
+        peer: Peer,
+        id: &str,
+        outcome: Result<Record, ServeError>,
+    ) -> Reply {
+        outcome.map_or_else(|e| e.reply(config, peer, id), |record| granted(&record))
     }
 
     #[test]
