@@ -3,6 +3,7 @@
 //! Root evicts anyone's; a user their own, through `gpupin serve`, which does the
 //! stopping as root.
 
+use super::route::Route;
 use gpupin::input::config::Config;
 use gpupin::jobs::evict::{self, EvictError, Evictor};
 use gpupin::jobs::serve::{Client, Request};
@@ -32,7 +33,7 @@ pub fn run(config: &Config, args: &EvictArgs) -> anyhow::Result<ExitCode> {
         // Refused here too, before anything is stopped or sent.
         evict::check_reason(reason)?;
     }
-    if !rustix::process::geteuid().is_root() {
+    if Route::of_this_process() == Route::Daemon {
         let request = Request::Evict {
             id: args.holder.clone(),
             reason: args.reason.clone(),

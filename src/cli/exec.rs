@@ -5,6 +5,7 @@
 
 use super::exec_progress::Progress;
 use super::request_args::RequestArgs;
+use super::route::Route;
 use anyhow::Context;
 use gpupin::input::config::Config;
 use gpupin::input::request;
@@ -69,10 +70,9 @@ pub fn run(config: &Config, args: &ExecArgs) -> anyhow::Result<ExitCode> {
     let pairs = args.pairs(config)?;
     let me = std::process::id() as i32;
     let gpupin = std::env::current_exe().context("finding the gpupin binary")?;
-    if rustix::process::geteuid().is_root() {
-        as_root(config, args, &pairs, me, &gpupin)
-    } else {
-        through_daemon(config, args, pairs, &gpupin)
+    match Route::of_this_process() {
+        Route::Local => as_root(config, args, &pairs, me, &gpupin),
+        Route::Daemon => through_daemon(config, args, pairs, &gpupin),
     }
 }
 

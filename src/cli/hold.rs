@@ -1,6 +1,7 @@
 //! `gpupin hold ID --devices LIST`: GPUs set aside without a container, for a Slurm prolog
 //! or an administrator, for as long as a process lives or until `gpupin release ID`.
 
+use super::route::Route;
 use anyhow::Context;
 use gpupin::host::slurm;
 use gpupin::input::config::Config;
@@ -63,11 +64,10 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
     };
     let for_secs = args.for_;
     let within = args.within.resolve()?;
-    let euid = rustix::process::geteuid().as_raw();
-    let (id, gpus) = if euid == 0 {
+    let (id, gpus) = if Route::of_this_process() == Route::Local {
         let owner = match &args.user {
             Some(user) => gpupin::host::users::owner_named(user)?,
-            None => gpupin::host::users::owner_of(euid)?,
+            None => gpupin::host::users::owner_of(0)?,
         };
         let spec = Hold {
             id: HolderId::new(&args.id)?,

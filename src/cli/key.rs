@@ -3,6 +3,7 @@
 //! reads it from the ledger; a user asks `gpupin serve`, which gives it for their own
 //! holders only.
 
+use super::route::Route;
 use gpupin::input::config::Config;
 use gpupin::jobs::serve::{Client, Request};
 use gpupin::model::holder::HolderId;
@@ -16,7 +17,7 @@ pub struct KeyArgs {
 
 pub fn run(config: &Config, args: &KeyArgs) -> anyhow::Result<ExitCode> {
     let holder = HolderId::new(&args.id)?;
-    if !rustix::process::geteuid().is_root() {
+    if Route::of_this_process() == Route::Daemon {
         // Only root reads the node's secret; the daemon gives a user their own holders' keys.
         let reply = Client::connect(&config.client_socket())?.ask(&Request::Key {
             id: holder.to_string(),

@@ -33,6 +33,7 @@ mod pick;
 mod queue;
 mod release;
 mod request_args;
+mod route;
 mod serve;
 mod status;
 mod usage;

@@ -6,6 +6,7 @@
 //! user ends their own with `gpupin evict`). A user who is not root releases their own
 //! holders through `gpupin serve`.
 
+use super::route::Route;
 use gpupin::input::config::Config;
 use gpupin::jobs::evict::{self, EvictError, Evictor};
 use gpupin::jobs::serve::{Client, Request};
@@ -36,8 +37,7 @@ pub struct ReleaseArgs {
 }
 
 pub fn run(config: &Config, args: &ReleaseArgs) -> anyhow::Result<ExitCode> {
-    let euid = rustix::process::geteuid();
-    if !euid.is_root() {
+    if Route::of_this_process() == Route::Daemon {
         // Only root writes the ledger; a user releases their own holders through the daemon.
         let id = args.id.to_string_lossy().into_owned();
         let request = Request::Release {

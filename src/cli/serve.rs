@@ -5,8 +5,7 @@
 use anyhow::Context;
 use gpupin::base::message::one_line;
 use gpupin::input::config::Config;
-use gpupin::jobs::serve::server::Reloaded;
-use gpupin::jobs::serve::{listen, server};
+use gpupin::jobs::serve::{self, Reloaded, listen};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -60,7 +59,7 @@ pub fn run(config: &Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
             one_line(err)
         )),
     };
-    server::run(config.clone(), listener, reloaded, super::status::served)?;
+    serve::run(config.clone(), listener, reloaded, super::status::served)?;
     // Stopped by SIGTERM or SIGINT. A socket systemd made is systemd's to remove.
     if ours {
         let _ = std::fs::remove_file(&socket);

@@ -1,0 +1,137 @@
+//! Why the daemon said no, as one type: the caller may not do this (a denial: who may do
+//! what, decided by `authorize`, the ledger or `jobs::evict`), or it could not be done (a
+//! bad value, a refused allocation, which `grant::allocate` audits itself). `reply` makes
+//! either the reply's `error`, and writes a denial's audit line, in this one place.
+
+use super::authorize;
+use super::peer::Peer;
+use super::protocol::Reply;
+use super::watch::WatchError;
+use crate::base::message::one_line;
+use crate::host::users::{self, UserError};
+use crate::input::config::Config;
+use crate::input::request::RequestError;
+use crate::jobs::evict::EvictError;
+use crate::jobs::exec::{JobError, JobRequestError};
+use crate::jobs::hold::HoldError;
+use crate::model::holder::BadHolderId;
+use crate::state::ledger::LedgerError;
+
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ServeError {
+    /// `authorize`'s answer: the caller may not do this.
+    #[error("{0}")]
+    Denied(String),
+    /// The request line is none this daemon reads (`protocol::receive_request`'s line).
+    #[error("{0}")]
+    Unreadable(String),
+    #[error("bind without an exec first")]
+    BindFirst,
+    /// The caller's uid, or the user a hold names, is no user of this host.
+    #[error(transparent)]
+    User(#[from] UserError),
+    #[error(transparent)]
+    Holder(#[from] BadHolderId),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("a hold gives request keys, or devices or count, not both")]
+    KeysAndDevices,
+    #[error("the request keys ask for no GPUs: give gpupin.count")]
+    NoGpusAsked,
+    /// The process a hold or job names could not be pinned (gone, or not ours to see).
+    #[error("pid {pid}")]
+    Pin {
+        pid: i32,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A second handle on a pinned process's pidfd.
+    #[error(transparent)]
+    Pidfd(std::io::Error),
+    #[error(transparent)]
+    Watch(#[from] WatchError),
+    #[error(transparent)]
+    Hold(#[from] HoldError),
+    #[error(
+        "pid {pid} ended before its hold was recorded: nothing is held (hold again with a running process)"
+    )]
+    EndedBeforeRecorded { pid: i32 },
+    #[error(transparent)]
+    JobRequest(#[from] JobRequestError),
+    #[error(transparent)]
+    Job(#[from] JobError),
+    #[error("pid {pid} is not a process the caller (pid {caller}) started as uid {uid}")]
+    NotStartedByCaller { pid: i32, caller: i32, uid: u32 },
+    /// A job that could not take its GPUs, whatever the cause: a refusal the audit log
+    /// keeps, as it always was.
+    #[error(transparent)]
+    NotBound(Box<ServeError>),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error("no running holder {id} (see gpupin status)")]
+    NoRunningHolder { id: String },
+    #[error("{id} holds nothing")]
+    HoldsNothing { id: String },
+    #[error(transparent)]
+    Evict(#[from] EvictError),
+    /// The status reader's answer (`StatusReader`).
+    #[error("{0}")]
+    Status(String),
+}
+
+impl ServeError {
+    /// Whether the caller asked for what is not theirs (audited here), rather than for
+    /// what could not be done.
+    pub(super) fn is_denial(&self) -> bool {
+        match self {
+            ServeError::Denied(_) | ServeError::NotBound(_) => true,
+            ServeError::Ledger(e) => authorize::is_denial(e),
+            ServeError::Evict(e) => matches!(
+                e,
+                EvictError::NotYours { .. }
+                    | EvictError::Ledger(LedgerError::NotYourRequest { .. })
+            ),
+            _ => false,
+        }
+    }
+
+    /// The reply's `error`: an error with causes on one line (`one_line`); the text the
+    /// daemon was handed whole (`authorize`'s answers, the status reader's and the
+    /// protocol's lines) and a name as the caller sent it, as they are.
+    pub(super) fn message(&self) -> String {
+        match self {
+            ServeError::Denied(why) | ServeError::Unreadable(why) | ServeError::Status(why) => {
+                why.clone()
+            }
+            ServeError::HoldsNothing { .. } => self.to_string(),
+            ServeError::NotBound(inner) => inner.message(),
+            other => one_line(other),
+        }
+    }
+
+    /// The reply that says why; a denial is audited first, as `peer`'s refused request
+    /// for `holder`.
+    pub(super) fn reply(&self, config: &Config, peer: Peer, holder: &str) -> Reply {
+        let why = self.message();
+        if self.is_denial() {
+            audit_refusal(config, peer, holder, &why);
+        }
+        Reply::refused(why)
+    }
+}
+
+/// An audit line for a request the daemon itself refused (who may do what); refusals of
+/// the allocation are written by `grant::allocate`.
+fn audit_refusal(config: &Config, peer: Peer, holder: &str, reason: &str) {
+    if let Ok(ledger) = crate::state::open_ledger(config) {
+        let user = users::owner_of(peer.uid).ok().map(|o| o.user);
+        ledger.audit(&crate::state::audit::Event {
+            uid: Some(peer.uid),
+            user,
+            pid: Some(peer.pid),
+            code: Some("not_yours".into()),
+            ..crate::state::audit::Event::new(crate::state::audit::EventKind::Refuse, holder)
+                .because(reason)
+        });
+    }
+}
