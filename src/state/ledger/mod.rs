@@ -1,45 +1,46 @@
 //! The ledger: the lock directory that says which holder has which GPUs. It is the only
 //! writer of gpupin's state; every read-modify-write happens under one flock.
 
-mod allocate;
-mod bind;
-mod cancel;
-mod claim;
-mod ended;
-mod entry;
-mod failures;
-mod idle;
-mod job;
-pub mod lookup;
-mod machine;
-pub mod mig;
-mod queue;
+// The rooms, bottom first: each uses only the rooms above it in this list
+// (tests/layering.rs checks it). `record` is the data every room reads; `decide` is
+// pure; `store` is the files on disk; `queue` the wait queue; `life` a holder's life
+// from claim to release; `survey` reads them all, changing nothing. A blank line
+// between them keeps rustfmt from sorting them.
+
+/// What a holding is, as data: the record a holder's file holds, and who asks.
 mod record;
-mod release;
-mod scope;
+
+/// What an allocation gets, decided without I/O: the machine, the scope, the plan, MIG.
+mod decide;
+
+/// The lock directory on disk: the flock, records, entries, counters.
 mod store;
+
+/// The wait queue: tickets, their order, why each waits.
+mod queue;
+
+/// A holder's life: claim and bind, its job, release, idleness, its key, its end.
+mod life;
+
+/// The ledger as it stands, for `gpupin doctor`: holders and tickets, read only.
 mod survey;
+
 #[cfg(test)]
 pub(crate) mod testing;
-mod wait_reason;
-mod within;
 
-pub use allocate::{Allocation, resolve_devices};
-pub use claim::{ClaimError, ClaimToken};
-pub use ended::Ended;
-pub use entry::release_arg;
-pub use failures::{AUDIT_FAILURES_FILE, audit_write_failures};
-pub use idle::{IDLE_FILE, Idle, IdleLook, IdleRule, look_every};
-pub use machine::Machine;
-pub use queue::Waiting;
+pub use decide::{Allocation, Machine, mig, resolve_devices};
+pub use life::{
+    ClaimError, ClaimToken, Ended, IDLE_FILE, Idle, IdleLook, IdleRule, Releaser,
+    WITHIN_SECRET_FILE, look_every, lookup,
+};
+pub use queue::{WaitReason, Waiting};
 pub use record::{
     Figures, FiguresNow, HolderMeta, Mode, Record, StillWanted, UNBOUND_GRACE, holder_of,
     holders_of, unix_now,
 };
-pub use release::Releaser;
+pub use store::entry::release_arg;
+pub use store::failures::{AUDIT_FAILURES_FILE, audit_write_failures};
 pub use survey::Survey;
-pub use wait_reason::WaitReason;
-pub use within::SECRET_FILE as WITHIN_SECRET_FILE;
 
 use crate::base::safe_open::Links;
 use crate::input::config::Config;
@@ -47,11 +48,12 @@ use crate::input::config::{AuditFailure, AuditLog, QueueOrder};
 use crate::input::request::{GpuRequest, Share};
 use crate::model::holder::{BadHolderId, HolderId, HolderKind, WithinKey};
 use crate::state::audit::{Event, EventKind};
-use entry::Entry;
+use life::within;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
+use store::entry::{self, Entry};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -612,7 +614,7 @@ impl Ledger {
                 tracing::warn!(error = %crate::base::message::one_line(err), "audit line not written")
             }
         }
-        failures::count_audit_write_failure(&self.dir);
+        store::failures::count_audit_write_failure(&self.dir);
     }
 
     /// How long a holder may stay without a pid before it counts as stale.
@@ -698,11 +700,11 @@ impl Ledger {
             }
             Ok(secret.as_ref().is_some_and(|s| s.opens(parent, key)))
         };
-        let scope = scope::scope(holder, request, machine, &meta, live, &mut opens)?;
-        let plan = allocate::plan(holder, request, machine, live, cursor, &scope)
+        let scope = decide::scope::scope(holder, request, machine, &meta, live, &mut opens)?;
+        let plan = decide::plan::plan(holder, request, machine, live, cursor, &scope)
             .map_err(|e| e.naming(&meta))?;
-        scope::check(&meta, machine, live, &plan.uuids)?;
-        let taking = allocate::gpus_of_units(&plan.uuids, machine.inventory);
+        decide::scope::check(&meta, machine, live, &plan.uuids)?;
+        let taking = decide::plan::gpus_of_units(&plan.uuids, machine.inventory);
         let in_the_way = ahead.iter().filter(|t| t.could_use_any(&taking)).count();
         if in_the_way > 0 {
             tracing::debug!(holder = %holder, waiting = in_the_way, "others wait in the queue ahead for these GPUs");
@@ -815,11 +817,12 @@ impl Ledger {
             owner: asker.cloned(),
             ..HolderMeta::default()
         };
-        let scope = scope::scope(&holder, request, machine, &looking, &live, &mut |_, _| {
-            Ok(false)
-        })?;
-        let plan = allocate::plan(&holder, request, machine, &live, cursor, &scope)?;
-        scope::check(&looking, machine, &live, &plan.uuids)?;
+        let scope =
+            decide::scope::scope(&holder, request, machine, &looking, &live, &mut |_, _| {
+                Ok(false)
+            })?;
+        let plan = decide::plan::plan(&holder, request, machine, &live, cursor, &scope)?;
+        decide::scope::check(&looking, machine, &live, &plan.uuids)?;
         Ok(Preview {
             uuids: plan.uuids,
             free: plan.free,

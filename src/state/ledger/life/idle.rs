@@ -11,12 +11,14 @@
 //! only while the looks go on: the file says until when (`fresh_until`), and a holder
 //! quiet before a gap in the looks (the daemon stopped) starts afresh.
 
-use super::{Ledger, LedgerError, Record, store};
 use crate::base::safe_open::{self, Links};
 use crate::host::inventory::{Inventory, Live};
 use crate::input::config::IdleAction;
 use crate::model::holder::HolderKind;
 use crate::state::audit::{Event, EventKind};
+use crate::state::ledger::record::{Record, unix_now};
+use crate::state::ledger::store;
+use crate::state::ledger::{Ledger, LedgerError};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
@@ -152,7 +154,7 @@ impl Ledger {
         live: &[Live],
         rule: &IdleRule,
     ) -> Result<IdleLook, LedgerError> {
-        self.look_at(inventory, live, rule, super::record::unix_now())
+        self.look_at(inventory, live, rule, unix_now())
     }
 
     /// `look_for_idle` as if it were `at` (seconds since the Unix epoch).
@@ -231,7 +233,7 @@ impl Ledger {
     /// the file is renamed into place. Empty when no look came lately (no `gpupin serve`,
     /// no live figures), since then nothing is known.
     pub fn idle(&self, records: &[Record]) -> Vec<Idle> {
-        self.idle_at(records, super::record::unix_now())
+        self.idle_at(records, unix_now())
     }
 
     /// `idle` as if it were `at`.

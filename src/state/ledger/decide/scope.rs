@@ -3,13 +3,15 @@
 //! or a group may hold (`[limits]`). Pure, called by the ledger under its lock.
 
 use super::machine::Machine;
-use super::{HolderId, HolderKind, HolderMeta, LedgerError, Record};
 use crate::model::holder::WithinKey;
+use crate::model::holder::{HolderId, HolderKind};
+use crate::state::ledger::LedgerError;
+use crate::state::ledger::record::{HolderMeta, Record};
 use std::collections::BTreeSet;
 
 /// Where a request may take GPUs from.
 #[derive(Debug, Default)]
-pub(super) struct Scope {
+pub(in crate::state::ledger) struct Scope {
     /// Positions the request may take at all; `None`: any.
     pub allowed: Option<Vec<bool>>,
     /// Holders whose holding does not stand in the way: the enclosing holder and the
@@ -44,7 +46,7 @@ impl Scope {
     }
 }
 
-pub(super) fn scope(
+pub(in crate::state::ledger) fn scope(
     holder: &HolderId,
     request: &crate::input::request::GpuRequest,
     machine: &Machine,
@@ -119,7 +121,7 @@ pub(super) fn scope(
 /// parent's key (`within`), which `opens` checks: a container, whose author gpupin does not
 /// know and whose env and annotations are the image's or the pod spec's text, and a user
 /// inside someone else's holder, who got its key from its owner.
-pub(super) fn may_enter(
+pub(in crate::state::ledger) fn may_enter(
     holder: &HolderId,
     request: &crate::input::request::GpuRequest,
     meta: &HolderMeta,
@@ -145,7 +147,7 @@ pub(super) fn may_enter(
         }),
         None => match (meta.limited, &meta.owner) {
             (true, Some(me)) => Err(LedgerError::WithinNotYours(Box::new(
-                super::NotYourHolder {
+                crate::state::ledger::NotYourHolder {
                     id: holder.to_string(),
                     within: within(),
                     owner: parent
@@ -165,7 +167,7 @@ pub(super) fn may_enter(
 
 /// Refuses `planned` when it would take the requester past one of their limits. GPUs they
 /// (or their group) hold already do not count twice: a job inside their own hold adds none.
-pub(super) fn check(
+pub(in crate::state::ledger) fn check(
     meta: &HolderMeta,
     machine: &Machine,
     live: &[Record],
@@ -191,14 +193,16 @@ pub(super) fn check(
             .filter(|u| !held.contains(u.as_str()))
             .count();
         if held.len() + wanted > limit.max_gpus as usize {
-            return Err(LedgerError::LimitReached(Box::new(super::LimitReached {
-                user: owner.user.clone(),
-                group: limit.group,
-                held: held.len(),
-                wanted,
-                limit: limit.max_gpus,
-                key: limit.key,
-            })));
+            return Err(LedgerError::LimitReached(Box::new(
+                crate::state::ledger::LimitReached {
+                    user: owner.user.clone(),
+                    group: limit.group,
+                    held: held.len(),
+                    wanted,
+                    limit: limit.max_gpus,
+                    key: limit.key,
+                },
+            )));
         }
     }
     Ok(())

@@ -4,8 +4,11 @@
 //! that: its spec carries the claim's secret, which no one else has seen.
 
 use super::claim::ClaimToken;
-use super::{HolderId, Ledger, LedgerError, Record, store};
+use crate::model::holder::HolderId;
 use crate::state::audit::{Event, EventKind};
+use crate::state::ledger::record::Record;
+use crate::state::ledger::store;
+use crate::state::ledger::{Ledger, LedgerError};
 
 /// Why a bind was refused. Every message names the claim's holder id, never its secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,8 +79,12 @@ impl Ledger {
         if token.holder() != container && find(container).is_some() {
             return Err(refuse(Refusal::HoldsOther));
         }
-        if !super::same_set(&found.gpus, assigned) {
-            return Err(super::not_assigned(container, assigned, Some(found)));
+        if !crate::state::ledger::same_set(&found.gpus, assigned) {
+            return Err(crate::state::ledger::not_assigned(
+                container,
+                assigned,
+                Some(found),
+            ));
         }
         let mut record = found.clone();
         record.id = container.to_string();

@@ -15,12 +15,19 @@
 //! among the parked; once its limit passes and only GPUs are missing, it unparks and
 //! waits as any other. One user has at most `limits.max_waiting_per_user` tickets.
 
+mod wait_reason;
+
+pub use wait_reason::WaitReason;
+
 use super::store;
-use super::{Allocation, HolderId, HolderMeta, Ledger, LedgerError, Machine, Record, WaitReason};
 use crate::base::procinfo;
 use crate::base::safe_open::{self, Links};
 use crate::input::config::QueueOrder;
 use crate::input::request::{GpuRequest, Selection};
+use crate::model::holder::HolderId;
+use crate::state::ledger::decide::{self, Allocation, Machine};
+use crate::state::ledger::record::{HolderMeta, Record, unix_now};
+use crate::state::ledger::{Ledger, LedgerError};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -267,7 +274,7 @@ pub(super) fn enqueue(
         id: holder.to_string(),
         pid,
         start_time: procinfo::start_time(pid),
-        queued_at: super::record::unix_now(),
+        queued_at: unix_now(),
         uid,
         parked: false,
         turn: next_turn(round, &tickets, uid),
@@ -413,9 +420,9 @@ impl Ledger {
                 .cloned()
                 .collect();
             let wants =
-                super::scope::scope(holder, request, machine, &meta, &live, &mut |_, _| Ok(true))
+                decide::scope::scope(holder, request, machine, &meta, &live, &mut |_, _| Ok(true))
                     .ok()
-                    .map(|scope| super::allocate::wanted_gpus(request, machine, &scope));
+                    .map(|scope| decide::plan::wanted_gpus(request, machine, &scope));
             let mut ticket = enqueue(
                 &self.dir,
                 holder,
@@ -620,7 +627,7 @@ impl Ledger {
         // Names no record holds: each counts as a GPU the user does not hold yet. (Past the
         // holder's own GPUs the request never fits; it is counted as before.)
         probe.extend((probe.len()..n).map(|i| format!("\0gpupin-probe-{i}")));
-        match super::scope::check(meta, machine, live, &probe) {
+        match decide::scope::check(meta, machine, live, &probe) {
             Err(err) => WaitReason::of_limit(&err),
             Ok(_) => None,
         }

@@ -2,13 +2,16 @@
 //! calls it under its lock and writes the outcome.
 
 use super::machine::Machine;
+use super::mig;
 use super::scope::Scope;
-use super::{HolderId, LedgerError, Record, holder_of, holders_of, mig};
 use crate::base::units::format_size;
 use crate::host::inventory::{Gpu, Inventory};
 use crate::host::whose::Seen;
 use crate::input::request::{GpuRequest, Selection, Share};
+use crate::model::holder::HolderId;
 use crate::policy::PolicyInput;
+use crate::state::ledger::LedgerError;
+use crate::state::ledger::record::{Record, holder_of, holders_of};
 
 /// The outcome of an allocation: the holder's record as written.
 #[derive(Debug, Clone)]
@@ -27,7 +30,7 @@ impl Allocation {
     }
 }
 
-pub(super) struct Plan {
+pub(in crate::state::ledger) struct Plan {
     pub uuids: Vec<String>,
     pub next_cursor: usize,
     /// Per position, whether the GPU could take the request: what the policy chose from.
@@ -70,7 +73,7 @@ impl Unfit {
     }
 }
 
-pub(super) fn plan(
+pub(in crate::state::ledger) fn plan(
     holder: &HolderId,
     request: &GpuRequest,
     machine: &Machine,
@@ -391,7 +394,7 @@ fn not_enough_error(
 /// Whether the GPU at `position` could take `request` once every holder and process on
 /// it was gone: what no wait changes (MIG mode, the model, the memory it has in all, what
 /// the request may take from) allows it.
-pub(super) fn could_ever_fit(
+pub(in crate::state::ledger) fn could_ever_fit(
     position: usize,
     request: &GpuRequest,
     machine: &Machine,
@@ -420,7 +423,11 @@ pub(super) fn could_ever_fit(
 /// only a request that would take one of these (`Ledger::allocate`): one that waits for a
 /// GPU it names, a model, a profile or a holder's GPUs is in the way of no request for
 /// other GPUs.
-pub(super) fn wanted_gpus(request: &GpuRequest, machine: &Machine, scope: &Scope) -> Vec<String> {
+pub(in crate::state::ledger) fn wanted_gpus(
+    request: &GpuRequest,
+    machine: &Machine,
+    scope: &Scope,
+) -> Vec<String> {
     let inventory = machine.inventory;
     let gpus = &inventory.gpus;
     let positions: Vec<usize> = match (&request.selection, &request.mig) {
@@ -461,7 +468,10 @@ pub(super) fn wanted_gpus(request: &GpuRequest, machine: &Machine, scope: &Scope
 }
 
 /// The GPUs (by UUID) of `units`: a GPU's own, a MIG instance's parent's.
-pub(super) fn gpus_of_units(units: &[String], inventory: &Inventory) -> Vec<String> {
+pub(in crate::state::ledger) fn gpus_of_units(
+    units: &[String],
+    inventory: &Inventory,
+) -> Vec<String> {
     units
         .iter()
         .map(|u| match inventory.find_mig(u) {

@@ -10,17 +10,19 @@
 
 use super::machine::Machine;
 use super::scope::Scope;
-use super::{HolderId, LedgerError, Record, holders_of};
 use crate::base::units::format_size;
 use crate::host::inventory::{Gpu, Inventory, MigInstance};
 use crate::input::config::MigUnits;
 use crate::input::request::{GpuRequest, MigWant, Selection};
+use crate::model::holder::HolderId;
 use crate::policy::PolicyName;
+use crate::state::ledger::LedgerError;
+use crate::state::ledger::record::{Record, holders_of};
 use std::collections::BTreeMap;
 
 /// Why an instance cannot take this request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Unfit {
+pub(in crate::state::ledger) enum Unfit {
     /// The inventory names no GI and CI ids for it (an import of `nvidia-smi -L`).
     NoAccess,
     Profile,
@@ -54,7 +56,10 @@ impl Unfit {
 }
 
 /// Whether a plain count may fall back to instances (`mig = "instances-too"`).
-pub(super) fn count_may_take_instances(request: &GpuRequest, machine: &Machine) -> bool {
+pub(in crate::state::ledger) fn count_may_take_instances(
+    request: &GpuRequest,
+    machine: &Machine,
+) -> bool {
     machine.mig_units == MigUnits::InstancesToo
         && request.mig.is_none()
         && matches!(request.selection, Selection::Count(_))
@@ -125,7 +130,7 @@ type Order = ((u64, u64), usize, i64, u32, u32);
 /// The UUIDs of the instances `request` gets, chosen from every instance of the machine
 /// by profile (or smallest first for `any`, largest first for a plain count under
 /// `instances-too`) and then by policy.
-pub(super) fn choose(
+pub(in crate::state::ledger) fn choose(
     holder: &HolderId,
     request: &GpuRequest,
     machine: &Machine,
@@ -264,7 +269,7 @@ fn not_enough(
             false => format!("; this machine's profiles: {}", profiles.join(", ")),
         });
     }
-    LedgerError::NotEnoughMig(Box::new(super::NotEnoughMig {
+    LedgerError::NotEnoughMig(Box::new(crate::state::ledger::NotEnoughMig {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         wanted,
         what,
@@ -292,7 +297,7 @@ fn no_access_detail(inventory: &Inventory, n: usize) -> String {
 }
 
 /// The instance a devices key names, checked as `fits` checks it (any profile).
-pub(super) fn named(
+pub(in crate::state::ledger) fn named(
     holder: &HolderId,
     key: &str,
     request: &GpuRequest,
@@ -313,7 +318,7 @@ pub(super) fn named(
             Err(unfit) => {
                 let holders: Vec<&str> = blockers(instance, all).map(Record::shown_name).collect();
                 Err(LedgerError::MigUnavailable(Box::new(
-                    super::MigUnavailable {
+                    crate::state::ledger::MigUnavailable {
                         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
                         address: instance.address(),
                         uuid: instance.uuid.clone(),

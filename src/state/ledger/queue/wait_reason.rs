@@ -40,7 +40,7 @@ impl WaitReason {
     }
 
     /// The reason a refusal by the limits gives: the user's own, or a group's.
-    pub(super) fn of_limit(err: &LedgerError) -> Option<WaitReason> {
+    pub(in crate::state::ledger) fn of_limit(err: &LedgerError) -> Option<WaitReason> {
         match err {
             LedgerError::LimitReached(reached) => Some(match &reached.group {
                 Some(group) => WaitReason::GroupLimit {
@@ -54,7 +54,10 @@ impl WaitReason {
 
     /// Why a look at `request` found it cannot be served yet (`err`); `None` where the
     /// refusal is no reason to wait (the waiter ends with it, or retries it as it was).
-    pub(super) fn of_refusal(err: &LedgerError, request: &GpuRequest) -> Option<WaitReason> {
+    pub(in crate::state::ledger) fn of_refusal(
+        err: &LedgerError,
+        request: &GpuRequest,
+    ) -> Option<WaitReason> {
         match err {
             LedgerError::QueueAhead { waiting, .. } => {
                 Some(WaitReason::Ahead { waiters: *waiting })
@@ -105,7 +108,7 @@ mod tests {
     }
 
     fn limit(group: Option<&str>) -> LedgerError {
-        LedgerError::LimitReached(Box::new(super::super::LimitReached {
+        LedgerError::LimitReached(Box::new(crate::state::ledger::LimitReached {
             user: "alice".into(),
             group: group.map(str::to_string),
             held: 2,
