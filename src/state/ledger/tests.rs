@@ -632,7 +632,10 @@ fn a_waiting_request_gets_the_gpu_when_it_is_released() {
         .unwrap_err();
     // No GPU is free: it is told so, and to wait (a free one would be the waiter's).
     assert!(
-        matches!(err, LedgerError::NotEnoughFree { held: 1, .. }),
+        matches!(
+            err,
+            LedgerError::Decide(DecideError::NotEnoughFree { held: 1, .. })
+        ),
         "{err}"
     );
     l.release(&id("first")).unwrap();

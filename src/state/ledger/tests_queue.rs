@@ -369,7 +369,7 @@ fn a_waiter_over_its_limit_is_parked_also_when_no_gpu_is_free() {
         .allocate(&id("hook"), &count(1), &m, container())
         .unwrap_err();
     assert!(
-        matches!(err, LedgerError::NotEnoughFree { .. }),
+        matches!(err, LedgerError::Decide(DecideError::NotEnoughFree { .. })),
         "{}",
         one_line(&err)
     );
@@ -551,7 +551,7 @@ fn a_waiter_for_several_gpus_is_parked_when_all_of_them_would_pass_its_limit() {
         .allocate(&id("hook"), &count(1), &m, container())
         .unwrap_err();
     assert!(
-        matches!(err, LedgerError::NotEnoughFree { .. }),
+        matches!(err, LedgerError::Decide(DecideError::NotEnoughFree { .. })),
         "{}",
         one_line(&err)
     );
@@ -695,7 +695,10 @@ fn alice_three_bob_one(order: QueueOrder) -> (Vec<String>, Vec<String>) {
     let err = l
         .allocate(&id("carol"), &count(1), &m, job("carol", 1003, &[]))
         .unwrap_err();
-    assert!(matches!(err, LedgerError::NotEnoughFree { .. }), "{err}");
+    assert!(
+        matches!(err, LedgerError::Decide(DecideError::NotEnoughFree { .. })),
+        "{err}"
+    );
     let mut served = Vec::new();
     for (n, h) in holds.into_iter().enumerate() {
         let holders = |l: &Ledger| -> Vec<String> {

@@ -8,6 +8,7 @@
 //! GPU first; `spread` (and the live-figure policies, which have no figures per
 //! instance) take one instance per GPU in turn, emptiest GPU first.
 
+use super::DecideError;
 use super::machine::Machine;
 use super::scope::Scope;
 use crate::base::units::format_size;
@@ -16,7 +17,6 @@ use crate::input::config::MigUnits;
 use crate::input::request::{GpuRequest, MigWant, Selection};
 use crate::model::holder::HolderId;
 use crate::policy::PolicyName;
-use crate::state::ledger::LedgerError;
 use crate::state::ledger::record::{Record, holders_of};
 use std::collections::BTreeMap;
 
@@ -136,7 +136,7 @@ pub(in crate::state::ledger) fn choose(
     machine: &Machine,
     others: &[Record],
     scope: &Scope,
-) -> Result<Vec<String>, LedgerError> {
+) -> Result<Vec<String>, DecideError> {
     let count = match request.selection {
         Selection::Count(n) => n as usize,
         // `assemble` gives a MIG request a count; anything else is a caller's mistake.
@@ -235,7 +235,7 @@ fn not_enough(
     counts: (usize, usize, usize),
     scope: &Scope,
     no_access: usize,
-) -> LedgerError {
+) -> DecideError {
     let (wanted, matching, fitting) = counts;
     let what = match &request.mig {
         Some(MigWant::Profile(p)) => p.clone(),
@@ -269,7 +269,7 @@ fn not_enough(
             false => format!("; this machine's profiles: {}", profiles.join(", ")),
         });
     }
-    LedgerError::NotEnoughMig(Box::new(crate::state::ledger::NotEnoughMig {
+    DecideError::NotEnoughMig(Box::new(super::NotEnoughMig {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         wanted,
         what,
@@ -305,7 +305,7 @@ pub(in crate::state::ledger) fn named(
     all: &[Record],
     others: &[Record],
     scope: &Scope,
-) -> Option<Result<String, LedgerError>> {
+) -> Option<Result<String, DecideError>> {
     let inventory = machine.inventory;
     let instance = inventory.find_mig(key)?;
     let position = inventory.position_of(&instance.parent_uuid)?;
@@ -317,8 +317,8 @@ pub(in crate::state::ledger) fn named(
             Ok(()) => Ok(instance.uuid.clone()),
             Err(unfit) => {
                 let holders: Vec<&str> = blockers(instance, all).map(Record::shown_name).collect();
-                Err(LedgerError::MigUnavailable(Box::new(
-                    crate::state::ledger::MigUnavailable {
+                Err(DecideError::MigUnavailable(Box::new(
+                    super::MigUnavailable {
                         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
                         address: instance.address(),
                         uuid: instance.uuid.clone(),

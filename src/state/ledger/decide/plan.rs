@@ -1,6 +1,7 @@
 //! Turning a request into a concrete set of GPUs, given what is held. Pure: the ledger
 //! calls it under its lock and writes the outcome.
 
+use super::DecideError;
 use super::machine::Machine;
 use super::mig;
 use super::scope::Scope;
@@ -10,7 +11,6 @@ use crate::host::whose::Seen;
 use crate::input::request::{GpuRequest, Selection, Share};
 use crate::model::holder::HolderId;
 use crate::policy::PolicyInput;
-use crate::state::ledger::LedgerError;
 use crate::state::ledger::record::{Record, holder_of, holders_of};
 
 /// The outcome of an allocation: the holder's record as written.
@@ -30,6 +30,7 @@ impl Allocation {
     }
 }
 
+#[derive(Debug)]
 pub(in crate::state::ledger) struct Plan {
     pub uuids: Vec<String>,
     pub next_cursor: usize,
@@ -80,11 +81,11 @@ pub(in crate::state::ledger) fn plan(
     live: &[Record],
     cursor: usize,
     scope: &Scope,
-) -> Result<Plan, LedgerError> {
+) -> Result<Plan, DecideError> {
     let inventory = machine.inventory;
     let total = inventory.gpus.len();
     if total == 0 {
-        return Err(LedgerError::NoGpus);
+        return Err(DecideError::NoGpus);
     }
     // The enclosing holders of a nested request hold its GPUs for it.
     let others: Vec<Record> = live
@@ -118,7 +119,7 @@ pub(in crate::state::ledger) fn plan(
             // line rather than quote one of a thousand names.
             let units = total + inventory.mig_instances().count();
             if keys.len() > units {
-                return Err(LedgerError::TooManyDevices {
+                return Err(DecideError::TooManyDevices {
                     listed: keys.len(),
                     total: units,
                 });
@@ -170,7 +171,7 @@ pub(in crate::state::ledger) fn plan(
         Selection::Count(count) => {
             let count = *count as usize;
             if count > total {
-                return Err(LedgerError::CountTooLarge {
+                return Err(DecideError::CountTooLarge {
                     count: count as u32,
                     total,
                 });
@@ -358,7 +359,7 @@ fn not_enough_error(
     fit: &[Result<(), Unfit>],
     wanted: usize,
     scope: &Scope,
-) -> LedgerError {
+) -> DecideError {
     let gpus = &machine.inventory.gpus;
     // Counted among what is handed out whole: a GPU in MIG mode is its instances.
     let whole: Vec<&Gpu> = gpus.iter().filter(|g| !g.in_mig_mode()).collect();
@@ -380,7 +381,7 @@ fn not_enough_error(
         true => detail.push_str(&wait_hint(request)),
         false => detail.push_str(&never_hint(request, machine, scope, ever)),
     }
-    LedgerError::NotEnoughFree {
+    DecideError::NotEnoughFree {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         wanted,
         held,
@@ -670,7 +671,7 @@ fn device_unfit(
     position: usize,
     unfit: &Unfit,
     scope: &Scope,
-) -> LedgerError {
+) -> DecideError {
     let gpu = &machine.inventory.gpus[position];
     let reason = match unfit {
         Unfit::Model => format!(
@@ -710,7 +711,7 @@ fn device_unfit(
             ),
         },
     };
-    LedgerError::DeviceUnavailable {
+    DecideError::DeviceUnavailable {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         index: gpu.index,
         uuid: gpu.uuid.clone(),
@@ -719,10 +720,10 @@ fn device_unfit(
 }
 
 /// Positions in `inventory.gpus` of GPUs named by index, UUID or PCI bus id.
-pub fn resolve_devices(keys: &[String], inventory: &Inventory) -> Result<Vec<usize>, LedgerError> {
+pub fn resolve_devices(keys: &[String], inventory: &Inventory) -> Result<Vec<usize>, DecideError> {
     let mut positions: Vec<usize> = Vec::with_capacity(keys.len());
     for key in keys {
-        let gpu = inventory.find(key).ok_or_else(|| LedgerError::UnknownGpu {
+        let gpu = inventory.find(key).ok_or_else(|| DecideError::UnknownGpu {
             key: key.clone(),
             known: known_range(inventory),
         })?;

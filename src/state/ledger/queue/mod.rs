@@ -25,7 +25,7 @@ use crate::base::safe_open::{self, Links};
 use crate::input::config::QueueOrder;
 use crate::input::request::{GpuRequest, Selection};
 use crate::model::holder::HolderId;
-use crate::state::ledger::decide::{self, Allocation, Machine};
+use crate::state::ledger::decide::{self, Allocation, DecideError, Machine};
 use crate::state::ledger::record::{HolderMeta, Record, unix_now};
 use crate::state::ledger::{Ledger, LedgerError};
 use std::fs;
@@ -347,13 +347,15 @@ fn dequeue(dir: &Path, ticket: &Ticket) {
 fn retryable(err: &LedgerError) -> bool {
     match err {
         // GPUs that no release would make fit (MIG mode, model, memory, scope) never do.
-        LedgerError::NotEnoughFree { wanted, ever, .. } => wanted <= ever,
-        LedgerError::DeviceUnavailable { .. } | LedgerError::MigUnavailable(_) => true,
+        LedgerError::Decide(DecideError::NotEnoughFree { wanted, ever, .. }) => wanted <= ever,
+        LedgerError::Decide(
+            DecideError::DeviceUnavailable { .. } | DecideError::MigUnavailable(_),
+        ) => true,
         // More instances of a profile than the machine has never fit (the geometry
         // changes only with a new inventory, which a new request reads).
-        LedgerError::NotEnoughMig(e) => e.wanted <= e.matching,
+        LedgerError::Decide(DecideError::NotEnoughMig(e)) => e.wanted <= e.matching,
         // The requester's other holders may end; a request over the limit by itself never fits.
-        LedgerError::LimitReached(r) => r.wanted <= r.limit as usize,
+        LedgerError::Decide(DecideError::LimitReached(r)) => r.wanted <= r.limit as usize,
         _ => false,
     }
 }
@@ -419,10 +421,16 @@ impl Ledger {
                 .filter(|r| !self.is_stale(r))
                 .cloned()
                 .collect();
-            let wants =
-                decide::scope::scope(holder, request, machine, &meta, &live, &mut |_, _| Ok(true))
-                    .ok()
-                    .map(|scope| decide::plan::wanted_gpus(request, machine, &scope));
+            let wants = decide::scope::scope::<DecideError>(
+                holder,
+                request,
+                machine,
+                &meta,
+                &live,
+                &mut |_, _| Ok(true),
+            )
+            .ok()
+            .map(|scope| decide::plan::wanted_gpus(request, machine, &scope));
             let mut ticket = enqueue(
                 &self.dir,
                 holder,
@@ -567,10 +575,12 @@ impl Ledger {
                 // one's way; a waiter ahead (`QueueAhead`) leaves it as it was.
                 let reason = match &err {
                     // No plan came about: would the limit have let it through?
-                    LedgerError::NotEnoughFree { .. }
-                    | LedgerError::DeviceUnavailable { .. }
-                    | LedgerError::NotEnoughMig(_)
-                    | LedgerError::MigUnavailable(_) => self
+                    LedgerError::Decide(
+                        DecideError::NotEnoughFree { .. }
+                        | DecideError::DeviceUnavailable { .. }
+                        | DecideError::NotEnoughMig(_)
+                        | DecideError::MigUnavailable(_),
+                    ) => self
                         .over_limit(request, machine, meta, &live)
                         .or_else(|| WaitReason::of_refusal(&err, request)),
                     _ => WaitReason::of_refusal(&err, request),
