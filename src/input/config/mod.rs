@@ -5,6 +5,7 @@ pub mod audit_log;
 pub mod driver;
 mod effective;
 mod fields;
+pub mod ledger;
 mod located;
 pub mod serve;
 
@@ -12,6 +13,7 @@ pub use effective::effective_toml;
 
 pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
 pub use driver::{DEFAULT_CDI_SPEC_DIRS, Driver, Unrequested};
+pub use ledger::{LEDGER_AUDIT_FILE, LedgerSettings};
 pub use serve::ServeSettings;
 
 use crate::base::log::Level;
@@ -418,6 +420,16 @@ impl Config {
             max_bytes: self.audit_max_size,
             keep: self.audit_keep,
             on_failure: self.audit_failure,
+        }
+    }
+
+    /// What the ledger this configuration names is opened with (`Ledger::open`).
+    pub fn ledger_settings(&self) -> LedgerSettings {
+        LedgerSettings {
+            dir: self.state_dir.clone(),
+            claim_grace: self.claim_grace,
+            audit: self.audit(),
+            queue: self.queue,
         }
     }
 }

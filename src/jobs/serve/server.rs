@@ -271,7 +271,7 @@ fn refuse(stream: UnixStream, why: &str) {
 /// Jobs and holds with a process that a daemon before this one bound: watched again, so
 /// their GPUs go the moment they end.
 fn watch_existing(config: &Config, watcher: &Watcher) {
-    let Ok(ledger) = Ledger::read_only_for_config(config) else {
+    let Ok(ledger) = Ledger::open_read_only(&config.ledger_settings()) else {
         return;
     };
     for record in ledger.records().unwrap_or_default() {
@@ -1240,7 +1240,7 @@ mod tests {
                 .uid,
             NOBODY
         );
-        let ledger = Ledger::for_config(&shared.config()).unwrap();
+        let ledger = Ledger::open(&shared.config().ledger_settings()).unwrap();
         let mut held: Vec<String> = ledger
             .records()
             .unwrap()
@@ -1298,7 +1298,7 @@ mod tests {
             let shared = Arc::clone(&shared);
             std::thread::spawn(move || hold_for(&shared, caller(NOBODY), asked, None))
         };
-        let ledger = Ledger::for_config(&config).unwrap();
+        let ledger = Ledger::open(&config.ledger_settings()).unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
         while ledger.waiting().unwrap().is_empty() {
             assert!(Instant::now() < deadline, "the hold never queued");

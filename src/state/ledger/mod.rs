@@ -46,8 +46,7 @@ pub use store::failures::{AUDIT_FAILURES_FILE, audit_write_failures};
 pub use survey::Survey;
 
 use crate::base::safe_open::Links;
-use crate::input::config::Config;
-use crate::input::config::{AuditFailure, AuditLog, QueueOrder};
+use crate::input::config::{AuditFailure, AuditLog, LedgerSettings, QueueOrder};
 use crate::input::request::{GpuRequest, Share};
 use crate::model::holder::{BadHolderId, HolderId, HolderKind, WithinKey};
 use crate::state::audit::{Event, EventKind};
@@ -337,46 +336,31 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Opens the ledger for writing, creating the directory when missing.
-    pub fn open(dir: &Path) -> Result<Ledger, LedgerError> {
-        store::ensure_safe_dir(dir)?;
-        Ok(Ledger {
-            dir: dir.to_path_buf(),
-            unbound_grace: UNBOUND_GRACE,
-            audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
-            observer: None,
-            queue_order: QueueOrder::default(),
-        })
+    /// Opens the ledger for writing, creating the directory when missing, with no
+    /// observer: `state::open_ledger` adds what a configuration names.
+    pub fn open(settings: &LedgerSettings) -> Result<Ledger, LedgerError> {
+        store::ensure_safe_dir(&settings.dir)?;
+        Ok(Ledger::with_settings(settings))
     }
 
     /// Opens the ledger for reading only; a missing directory reads as an empty ledger.
-    pub fn open_read_only(dir: &Path) -> Result<Ledger, LedgerError> {
+    pub fn open_read_only(settings: &LedgerSettings) -> Result<Ledger, LedgerError> {
+        let dir = &settings.dir;
         if dir.exists() || dir.is_symlink() {
             store::check_safe_dir(dir)?;
         }
-        Ok(Ledger {
-            dir: dir.to_path_buf(),
-            unbound_grace: UNBOUND_GRACE,
-            audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
+        Ok(Ledger::with_settings(settings))
+    }
+
+    /// The handle, once its directory passed the check of the way it is opened.
+    fn with_settings(settings: &LedgerSettings) -> Ledger {
+        Ledger {
+            dir: settings.dir.clone(),
+            unbound_grace: settings.claim_grace,
+            audit: settings.audit.clone(),
             observer: None,
-            queue_order: QueueOrder::default(),
-        })
-    }
-
-    /// The ledger a configuration names, with its claim grace and audit log, and no
-    /// observer: `state::open_ledger` adds the metrics file a configuration names.
-    pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::open(&config.state_dir)?
-            .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit())
-            .with_queue_order(config.queue))
-    }
-
-    /// In which order waiters are served, and `waiting` lists them (`queue`). Every
-    /// waiter of one ledger should use the same: each decides by its own.
-    pub fn with_queue_order(mut self, order: QueueOrder) -> Ledger {
-        self.queue_order = order;
-        self
+            queue_order: settings.queue,
+        }
     }
 
     /// Who is told after each change (the metrics file).
@@ -402,20 +386,6 @@ impl Ledger {
             self.changed();
         }
         Ok(())
-    }
-
-    /// As `for_config`, read only (`open_read_only`).
-    pub fn read_only_for_config(config: &Config) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::open_read_only(&config.state_dir)?
-            .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit())
-            .with_queue_order(config.queue))
-    }
-
-    /// Where this ledger's audit lines go (by default `audit.log` in its directory).
-    pub fn with_audit(mut self, audit: AuditLog) -> Ledger {
-        self.audit = audit;
-        self
     }
 
     /// Appends an audit line. For refusals, which happen outside the ledger's writes;
@@ -463,11 +433,6 @@ impl Ledger {
     /// How long a holder may wait for its process before it counts as gone.
     pub fn unbound_grace(&self) -> Duration {
         self.unbound_grace
-    }
-
-    pub fn with_unbound_grace(mut self, grace: Duration) -> Ledger {
-        self.unbound_grace = grace;
-        self
     }
 
     /// Whether `record` is stale by this ledger's rules.

@@ -129,7 +129,10 @@ mod tests {
     /// A ledger in a temp dir with one unbound claim under `holder`, made with `token`.
     fn claimed(holder: &str) -> (tempfile::TempDir, Ledger, ClaimToken, Vec<String>) {
         let tmp = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&tmp.path().join("state")).unwrap();
+        let ledger = Ledger::open(&crate::input::config::LedgerSettings::at(
+            &tmp.path().join("state"),
+        ))
+        .unwrap();
         let token = ClaimToken::new(id(holder)).unwrap();
         let inv = machine(4);
         let meta = HolderMeta {
@@ -278,7 +281,7 @@ mod tests {
         let (_t2, l2, token2, gpus2) = claimed("ctr2");
         l2.bind(&id("ctr2"), &token2, me(), &gpus2).unwrap();
         let line = |l: &Ledger| {
-            std::fs::read_to_string(l.dir().join(store::AUDIT_FILE))
+            std::fs::read_to_string(l.dir().join(crate::input::config::LEDGER_AUDIT_FILE))
                 .unwrap()
                 .lines()
                 .find(|line| line.contains("\"event\":\"bind\""))

@@ -533,7 +533,7 @@ mod tests {
             let (tx, rx) = std::sync::mpsc::channel();
             let dir = l.dir().to_path_buf();
             std::thread::spawn(move || {
-                let l = Ledger::open(&dir).unwrap();
+                let l = Ledger::open(&crate::input::config::LedgerSettings::at(&dir)).unwrap();
                 let records = l.records().unwrap();
                 let shown = l.idle(&records);
                 let inv = machine(4);

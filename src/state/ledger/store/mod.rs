@@ -20,8 +20,6 @@ use std::path::{Path, PathBuf};
 pub const LOCK_FILE: &str = "lock";
 pub const HOLDERS_DIR: &str = "holders";
 pub const CURSOR_FILE: &str = "cursor";
-/// Where a ledger opened without a config (tests, tools) writes its audit lines.
-pub const AUDIT_FILE: &str = "audit.log";
 
 /// Directories: everyone may read the ledger (`gpupin status`), only its owner write it.
 const DIR_MODE: u32 = 0o755;
