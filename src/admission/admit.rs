@@ -166,7 +166,7 @@ fn in_slurm_job(config: &Config, request: &GpuRequest, job: Option<&HolderId>) -
     let mut request = request.clone();
     if config.slurm_containers
         && request.enter_slurm_job(job, |hold| {
-            Ledger::open_read_only(&config.state_dir).is_ok_and(|l| l.holds(hold))
+            Ledger::open_read_only(&config.ledger_settings()).is_ok_and(|l| l.holds(hold))
         })
     {
         tracing::info!(within = ?request.within, "inside a Slurm job: taking from its hold");

@@ -46,7 +46,7 @@ impl ExecArgs {
             .ok()
             .and_then(|id| gpupin::host::slurm::job_holder(&id));
         let within = request::slurm_within(own.as_deref(), job.as_ref(), |hold| {
-            Ledger::open_read_only(&config.state_dir).is_ok_and(|l| l.holds(hold))
+            Ledger::open_read_only(&config.ledger_settings()).is_ok_and(|l| l.holds(hold))
         });
         let mut pairs: Vec<(String, String)> = self
             .request
@@ -202,7 +202,8 @@ fn through_daemon(
 /// When the job was evicted, says on stderr who ended it and why, as the note the
 /// eviction left says (`Ledger::ended`): the job itself saw only a signal.
 fn tell_if_ended(config: &Config, holder: &str, started: std::time::SystemTime) {
-    let Ok(ledger) = gpupin::state::ledger::Ledger::read_only_for_config(config) else {
+    let Ok(ledger) = gpupin::state::ledger::Ledger::open_read_only(&config.ledger_settings())
+    else {
         return;
     };
     if let Some(note) = ledger.ended(holder, started) {

@@ -52,7 +52,7 @@ impl Progress {
 }
 
 fn queue(config: &Config) -> Vec<Waiting> {
-    Ledger::read_only_for_config(config)
+    Ledger::open_read_only(&config.ledger_settings())
         .and_then(|l| l.waiting())
         .unwrap_or_default()
 }

@@ -6,7 +6,7 @@ use gpupin::state::ledger::Ledger;
 use std::process::ExitCode;
 
 pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
-    let mut names: Vec<String> = Ledger::read_only_for_config(config)?
+    let mut names: Vec<String> = Ledger::open_read_only(&config.ledger_settings())?
         .records()?
         .iter()
         .map(|r| r.shown_name().to_string())

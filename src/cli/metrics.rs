@@ -15,7 +15,7 @@ pub fn run(config: &Config, _args: &MetricsArgs) -> anyhow::Result<ExitCode> {
     let live = inventory::read_live(config.live_file.as_deref(), &inventory, &config.nvml, None)
         .ok()
         .flatten();
-    let ledger = Ledger::read_only_for_config(config)?;
+    let ledger = Ledger::open_read_only(&config.ledger_settings())?;
     // The counters are read from the whole audit log: the saved cursor is the ledger's,
     // written under its lock.
     let text =

@@ -34,8 +34,11 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
     };
     // What the caller's own `gpupin exec` would get: their limits and groups apply.
     let asker = gpupin::host::users::owner_of(rustix::process::getuid().as_raw()).ok();
-    let preview =
-        Ledger::read_only_for_config(config)?.preview_from(&request, &machine, asker.as_ref())?;
+    let preview = Ledger::open_read_only(&config.ledger_settings())?.preview_from(
+        &request,
+        &machine,
+        asker.as_ref(),
+    )?;
     let inventory = &loaded.inventory;
     let gpus: Vec<_> = preview
         .uuids

@@ -15,7 +15,7 @@ pub struct QueueArgs {
 }
 
 pub fn run(config: &Config, args: &QueueArgs) -> anyhow::Result<ExitCode> {
-    let waiting = Ledger::read_only_for_config(config)?.waiting()?;
+    let waiting = Ledger::open_read_only(&config.ledger_settings())?.waiting()?;
     let now = SystemTime::now();
     if args.json {
         outln!("{:#}", gpupin::report::queue_json(&waiting, now))?;

@@ -136,7 +136,7 @@ impl Screen {
     /// `processes`: whether to say what runs on each GPU, and whose.
     fn read_with(config: &Config, processes: bool) -> anyhow::Result<Screen> {
         let inventory = config.load_inventory()?;
-        let ledger = Ledger::read_only_for_config(config)?;
+        let ledger = Ledger::open_read_only(&config.ledger_settings())?;
         let records = ledger.records()?;
         let waiting = ledger.waiting()?;
         // What gpupin serve's looks found (the figures read here are one moment: they

@@ -29,7 +29,7 @@ pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
     let since = args.since.unwrap_or(DEFAULT_SINCE).resolve(now);
     // The ledger before the log: a holder released in between is then in both, which
     // `usage` counts once, rather than in neither.
-    let records = Ledger::read_only_for_config(config)?.records()?;
+    let records = Ledger::open_read_only(&config.ledger_settings())?.records()?;
     let mut events = config.audit().events();
     let mut ended = Vec::new();
     for entry in events.by_ref() {

@@ -4,6 +4,7 @@
 
 use super::{Finding, Setup};
 use crate::base::message::one_line;
+use crate::input::config::LedgerSettings;
 use crate::state::ledger::{Ledger, LedgerError, Survey, release_arg};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -56,9 +57,11 @@ pub(super) fn check(setup: &Setup) -> Vec<Finding> {
         ),
     )];
     findings.extend(files(dir));
-    let survey = Ledger::open_read_only(dir)
-        .map(|l| l.with_unbound_grace(setup.config.claim_grace))
-        .and_then(|l| l.survey());
+    let settings = LedgerSettings {
+        claim_grace: setup.config.claim_grace,
+        ..LedgerSettings::at(dir)
+    };
+    let survey = Ledger::open_read_only(&settings).and_then(|l| l.survey());
     match survey {
         Ok(survey) => findings.extend(ledger(setup, &survey)),
         Err(err) => findings.push(

@@ -10,11 +10,11 @@ pub mod usage;
 use crate::input::config::{Config, NodeAccess};
 use ledger::{ChangeObserver, Ledger, LedgerError};
 
-/// The ledger a configuration names (`Ledger::for_config`), with what follows it after
-/// every change: the metrics file it names, and with `node_access = "acl"` the GPU
-/// nodes' ACLs.
+/// The ledger a configuration names (`Config::ledger_settings`), open for writing, with
+/// what follows it after every change: the metrics file it names, and with
+/// `node_access = "acl"` the GPU nodes' ACLs.
 pub fn open_ledger(config: &Config) -> Result<Ledger, LedgerError> {
-    let ledger = Ledger::for_config(config)?;
+    let ledger = Ledger::open(&config.ledger_settings())?;
     let mut observers: Vec<Box<dyn ChangeObserver>> = Vec::new();
     if let Some(file) = &config.metrics_file {
         observers.push(Box::new(metrics::FileSink {

@@ -247,7 +247,7 @@ fn print_fallback_notice(reason: &str) -> anyhow::Result<()> {
 }
 
 fn setup_records(setup: &Setup) -> anyhow::Result<Vec<Record>> {
-    Ok(Ledger::read_only_for_config(&setup.config)?.records()?)
+    Ok(Ledger::open_read_only(&setup.config.ledger_settings())?.records()?)
 }
 
 fn print_status(setup: &Setup) -> anyhow::Result<()> {

@@ -184,7 +184,7 @@ async fn read_devices(
 ) -> anyhow::Result<Vec<DeviceState>> {
     let (config, inventory, unit) = (config.clone(), inventory.clone(), unit.clone());
     tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<DeviceState>> {
-        let ledger = Ledger::read_only_for_config(&config)?;
+        let ledger = Ledger::open_read_only(&config.ledger_settings())?;
         Ok(devices::states_of(
             &inventory,
             &kube::live_records(&ledger)?,

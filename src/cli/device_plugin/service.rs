@@ -168,7 +168,7 @@ impl DevicePlugin for Plugin {
         let (config, inventory) = (self.config.clone(), self.inventory.clone());
         let request = request.into_inner();
         blocking(move || {
-            let ledger = Ledger::read_only_for_config(&config).map_err(|e| status(e.into()))?;
+            let ledger = Ledger::open_read_only(&config.ledger_settings()).map_err(|e| status(e.into()))?;
             let live = kube::live_records(&ledger).map_err(|e| status(e.into()))?;
             let figures = match config.policy.needs_live() {
                 true => gpupin::host::inventory::read_live(

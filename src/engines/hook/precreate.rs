@@ -238,11 +238,13 @@ mod tests {
         );
         assert!(edited.pointer("/linux/devices").is_none());
         assert!(
-            crate::state::ledger::Ledger::open(state.path())
-                .unwrap()
-                .records()
-                .unwrap()
-                .is_empty()
+            crate::state::ledger::Ledger::open(&crate::input::config::LedgerSettings::at(
+                state.path()
+            ))
+            .unwrap()
+            .records()
+            .unwrap()
+            .is_empty()
         );
     }
 
@@ -356,7 +358,10 @@ mod tests {
             reason.contains("linux.resources.devices[0] (a *:* rwm) would give the container GPUs"),
             "{reason}"
         );
-        let ledger = crate::state::ledger::Ledger::open(state.path()).unwrap();
+        let ledger = crate::state::ledger::Ledger::open(&crate::input::config::LedgerSettings::at(
+            state.path(),
+        ))
+        .unwrap();
         assert!(ledger.records().unwrap().is_empty());
     }
 

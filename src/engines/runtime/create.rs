@@ -284,7 +284,10 @@ mod tests {
         let record = record.unwrap();
         assert_eq!(record.gpus.len(), 3);
         assert_eq!(gpu_minors(&edited), minors_of(&s.config, &record));
-        let ledger = Ledger::open(&s.config.state_dir).unwrap();
+        let ledger = Ledger::open(&crate::input::config::LedgerSettings::at(
+            &s.config.state_dir,
+        ))
+        .unwrap();
         assert_eq!(ledger.records().unwrap().len(), 2);
     }
 

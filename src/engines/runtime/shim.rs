@@ -135,7 +135,7 @@ pub fn release(config: &Config, id: &str) -> Result<(), ShimError> {
 /// read-only, which `release` then reports.
 fn holds(config: &Config, id: &str) -> Option<bool> {
     let holder = HolderId::new(id).ok()?;
-    let ledger = Ledger::read_only_for_config(config).ok()?;
+    let ledger = Ledger::open_read_only(&config.ledger_settings()).ok()?;
     Some(ledger.holds(&holder))
 }
 
@@ -197,11 +197,13 @@ mod tests {
     }
 
     fn held(tmp: &Path) -> usize {
-        Ledger::open(&tmp.join("state"))
-            .unwrap()
-            .records()
-            .unwrap()
-            .len()
+        Ledger::open(&crate::input::config::LedgerSettings::at(
+            &tmp.join("state"),
+        ))
+        .unwrap()
+        .records()
+        .unwrap()
+        .len()
     }
 
     #[test]
@@ -271,10 +273,12 @@ mod tests {
             run_with(&delete(&config, "slurm-42")).unwrap(),
             Handover::Ran(s) if s.success()
         ));
-        let records = Ledger::open(&tmp.path().join("state"))
-            .unwrap()
-            .records()
-            .unwrap();
+        let records = Ledger::open(&crate::input::config::LedgerSettings::at(
+            &tmp.path().join("state"),
+        ))
+        .unwrap()
+        .records()
+        .unwrap();
         let ids: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
         assert_eq!(ids, ["slurm-42"], "root's hold is still there");
     }

@@ -6,6 +6,7 @@ pub mod driver;
 mod effective;
 mod fields;
 mod inventory;
+pub mod ledger;
 mod located;
 pub mod serve;
 
@@ -13,6 +14,7 @@ pub use effective::effective_toml;
 
 pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
 pub use driver::{DEFAULT_CDI_SPEC_DIRS, Driver, Unrequested};
+pub use ledger::{LEDGER_AUDIT_FILE, LedgerSettings};
 pub use serve::ServeSettings;
 
 use crate::base::log::Level;
@@ -419,6 +421,16 @@ impl Config {
             max_bytes: self.audit_max_size,
             keep: self.audit_keep,
             on_failure: self.audit_failure,
+        }
+    }
+
+    /// What the ledger this configuration names is opened with (`Ledger::open`).
+    pub fn ledger_settings(&self) -> LedgerSettings {
+        LedgerSettings {
+            dir: self.state_dir.clone(),
+            claim_grace: self.claim_grace,
+            audit: self.audit(),
+            queue: self.queue,
         }
     }
 }

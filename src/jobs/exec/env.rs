@@ -58,7 +58,7 @@ mod tests {
     #[test]
     fn indices_in_bus_order_or_uuids() {
         let tmp = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(tmp.path()).unwrap();
+        let ledger = Ledger::open(&crate::input::config::LedgerSettings::at(tmp.path())).unwrap();
         let inv = machine(8);
         let request = GpuRequest::new(
             Selection::Devices(vec!["5".into(), "2".into()]),
@@ -93,7 +93,7 @@ mod tests {
     #[test]
     fn a_mig_instance_is_named_by_its_uuid() {
         let tmp = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(tmp.path()).unwrap();
+        let ledger = Ledger::open(&crate::input::config::LedgerSettings::at(tmp.path())).unwrap();
         let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
         let request = GpuRequest::new(
             Selection::Devices(vec!["0:1".into(), "3".into()]),

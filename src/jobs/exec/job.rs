@@ -82,7 +82,7 @@ fn unused_job_id(config: &Config, holder: HolderId, asker: i32) -> Result<Holder
     if holder.as_str() != generated {
         return Ok(holder);
     }
-    let ledger = crate::state::ledger::Ledger::read_only_for_config(config)?;
+    let ledger = crate::state::ledger::Ledger::open_read_only(&config.ledger_settings())?;
     let now = std::time::SystemTime::now();
     let taken: Vec<String> = ledger
         .records()?

@@ -119,7 +119,7 @@ fn refuse(stream: UnixStream, why: &str) {
 /// Jobs and holds with a process that a daemon before this one bound: watched again, so
 /// their GPUs go the moment they end.
 fn watch_existing(config: &Config, watcher: &Watcher) {
-    let Ok(ledger) = Ledger::read_only_for_config(config) else {
+    let Ok(ledger) = Ledger::open_read_only(&config.ledger_settings()) else {
         return;
     };
     for record in ledger.records().unwrap_or_default() {

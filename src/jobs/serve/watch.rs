@@ -89,7 +89,8 @@ impl State {
     /// until the process ends. Jobs (with a cgroup) stay until their process ends. The
     /// watching thread drops a process left without holders (only it closes pidfds).
     fn prune(&mut self, config: &Config) {
-        let Ok(ledger) = crate::state::ledger::Ledger::read_only_for_config(config) else {
+        let Ok(ledger) = crate::state::ledger::Ledger::open_read_only(&config.ledger_settings())
+        else {
             return;
         };
         let Ok(records) = ledger.records() else {

@@ -1,57 +1,61 @@
 //! The ledger: the lock directory that says which holder has which GPUs. It is the only
 //! writer of gpupin's state; every read-modify-write happens under one flock.
 
-mod allocate;
-mod bind;
-mod cancel;
-mod claim;
-mod ended;
-mod entry;
-mod failures;
-mod idle;
-mod job;
-pub mod lookup;
-mod machine;
-pub mod mig;
-mod queue;
+// The rooms, bottom first: each uses only the rooms above it in this list
+// (tests/layering.rs checks it). `record` is the data every room reads; `decide` is
+// pure; `store` is the files on disk; `queue` the wait queue; `life` a holder's life
+// from claim to release; `survey` reads them all, changing nothing. A blank line
+// between them keeps rustfmt from sorting them.
+
+/// What a holding is, as data: the record a holder's file holds, and who asks.
 mod record;
-mod release;
-mod scope;
+
+/// What an allocation gets, decided without I/O: the machine, the scope, the plan, MIG.
+mod decide;
+
+/// The lock directory on disk: the flock, records, entries, counters.
 mod store;
+
+/// The wait queue: tickets, their order, why each waits.
+mod queue;
+
+/// A holder's life: claim and bind, its job, release, idleness, its key, its end.
+mod life;
+
+/// The ledger as it stands, for `gpupin doctor`: holders and tickets, read only.
 mod survey;
+
 #[cfg(test)]
 pub(crate) mod testing;
-mod wait_reason;
-mod within;
 
-pub use allocate::{Allocation, resolve_devices};
-pub use claim::{ClaimError, ClaimToken};
-pub use ended::Ended;
-pub use entry::release_arg;
-pub use failures::{AUDIT_FAILURES_FILE, audit_write_failures};
-pub use idle::{IDLE_FILE, Idle, IdleLook, IdleRule, look_every};
-pub use machine::Machine;
-pub use queue::Waiting;
+pub use decide::{
+    Allocation, DecideError, LimitReached, Machine, MigUnavailable, NotEnoughMig, NotYourHolder,
+    mig, resolve_devices,
+};
+pub use life::{
+    ClaimError, ClaimToken, Ended, IDLE_FILE, Idle, IdleLook, IdleRule, Releaser,
+    WITHIN_SECRET_FILE, look_every, lookup,
+};
+pub use queue::{WaitReason, Waiting};
 pub use record::{
     Figures, FiguresNow, HolderMeta, Mode, Record, StillWanted, UNBOUND_GRACE, holder_of,
     holders_of, unix_now,
 };
-pub use release::Releaser;
+pub use store::entry::release_arg;
+pub use store::failures::{AUDIT_FAILURES_FILE, audit_write_failures};
 pub use survey::Survey;
-pub use wait_reason::WaitReason;
-pub use within::SECRET_FILE as WITHIN_SECRET_FILE;
 
 use crate::base::safe_open::Links;
-use crate::input::config::Config;
-use crate::input::config::{AuditFailure, AuditLog, QueueOrder};
+use crate::input::config::{AuditFailure, AuditLog, LedgerSettings, QueueOrder};
 use crate::input::request::{GpuRequest, Share};
 use crate::model::holder::{BadHolderId, HolderId, HolderKind, WithinKey};
 use crate::state::audit::{Event, EventKind};
-use entry::Entry;
+use life::within;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
+use store::entry::{self, Entry};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -83,14 +87,10 @@ pub enum LedgerError {
     BadEntryName { name: String },
     #[error(transparent)]
     BadId(#[from] BadHolderId),
-    #[error("count {count} is more than the {total} GPUs of this machine")]
-    CountTooLarge { count: u32, total: usize },
-    #[error("unknown GPU {key:?}: this machine has GPUs {known}")]
-    UnknownGpu { key: String, known: String },
-    #[error(
-        "the devices list names {listed} GPUs, more than the {total} GPUs of this machine: name each GPU once"
-    )]
-    TooManyDevices { listed: usize, total: usize },
+    /// A refusal of the pure decision (no GPU fits, a limit, `within`), said as `decide`
+    /// words it.
+    #[error(transparent)]
+    Decide(#[from] DecideError),
     #[error(
         "refusing to allocate for {id} without an audit line (audit_failure = \"refuse\"; \"warn\" allocates anyway)"
     )]
@@ -98,39 +98,6 @@ pub enum LedgerError {
         id: String,
         #[source]
         source: crate::state::audit::WriteError,
-    },
-    #[error("cannot allocate GPU {index} ({uuid}) for {id}: {reason}")]
-    DeviceUnavailable {
-        id: String,
-        index: u32,
-        uuid: String,
-        reason: String,
-    },
-    #[error("cannot allocate MIG instance {} ({}) for {}: {}", .0.address, .0.uuid, .0.id, .0.reason)]
-    MigUnavailable(Box<MigUnavailable>),
-    #[error(
-        "cannot allocate {} MIG instance{} of {} for {}: {} of the {} instances of {} can take it{}",
-        .0.wanted, if .0.wanted == 1 { "" } else { "s" }, .0.what, .0.id, .0.fitting, .0.matching, .0.what, .0.detail
-    )]
-    NotEnoughMig(Box<NotEnoughMig>),
-    #[error(
-        "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {free} free{detail}",
-        s = if *wanted == 1 { "" } else { "s" },
-        free = total.saturating_sub(held + busy)
-    )]
-    NotEnoughFree {
-        id: String,
-        wanted: usize,
-        /// GPUs held, of the `total` that are handed out whole (a GPU in MIG mode is not).
-        held: usize,
-        total: usize,
-        /// GPUs no one holds that run a process of no holder: not free either.
-        busy: usize,
-        /// How many GPUs could take the request if every holder and process went: a
-        /// wait can succeed only when this is at least `wanted`.
-        ever: usize,
-        /// What else narrowed the choice (filters, sharing), starting with "; ".
-        detail: String,
     },
     #[error(
         "cannot allocate for {id}: {waiting} request{s} waiting ahead of it; add gpupin.wait to queue behind them",
@@ -169,25 +136,6 @@ pub enum LedgerError {
         claimed: String,
         held: String,
     },
-    #[error("the machine has no GPUs to allocate")]
-    NoGpus,
-    #[error("cannot allocate for {id}: gpupin.within={within} names no holder in the ledger")]
-    NoSuchWithin { id: String, within: String },
-    #[error(
-        "cannot allocate for {}: gpupin.within={} is {}'s, not {}'s (its owner can give you its key: gpupin key {})",
-        .0.id, .0.within, .0.owner, .0.user, .0.within
-    )]
-    WithinNotYours(Box<NotYourHolder>),
-    #[error(
-        "cannot allocate for {id}: taking GPUs from {within} needs its key, not just its name: give gpupin.within={within}:KEY (GPUPIN_WITHIN for env), with the key `gpupin key {within}` prints for its owner or root"
-    )]
-    WithinNeedsKey { id: String, within: String },
-    #[error(
-        "cannot allocate for {id}: the key given for {within} is not its key (a key lasts as long as its holder: ask its owner for the current one with `gpupin key {within}`)"
-    )]
-    WithinKeyWrong { id: String, within: String },
-    #[error(transparent)]
-    LimitReached(Box<LimitReached>),
     #[error("cannot bind {id} to process {pid}: {reason}")]
     NotAdopted {
         id: String,
@@ -312,125 +260,20 @@ fn index_list(machine: &Machine, uuids: &[String]) -> String {
         .join(",")
 }
 
-/// A nested request inside a holder of someone else's.
-#[derive(Debug)]
-pub struct NotYourHolder {
-    pub id: String,
-    pub within: String,
-    pub owner: String,
-    pub user: String,
-}
-
-/// A request that would take its user, or their group, past a limit.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{who} {held} GPU{s} and {user} asks for {wanted} more; {whose} limit is {limit} ({key})",
-    s = if *held == 1 { "" } else { "s" },
-    who = match group { Some(g) => format!("group {g} holds"), None => format!("{user} holds") },
-    whose = if group.is_some() { "the group's" } else { "their" },
-)]
-pub struct LimitReached {
-    pub user: String,
-    pub group: Option<String>,
-    pub held: usize,
-    pub wanted: usize,
-    pub limit: u32,
-    /// The config key that sets the limit.
-    pub key: String,
-}
-
-/// A MIG instance named in a request that cannot be given (`LedgerError::MigUnavailable`).
-#[derive(Debug)]
-pub struct MigUnavailable {
-    pub id: String,
-    /// `0:1`.
-    pub address: String,
-    pub uuid: String,
-    pub reason: String,
-}
-
-/// Too few MIG instances for a request (`LedgerError::NotEnoughMig`).
-#[derive(Debug)]
-pub struct NotEnoughMig {
-    pub id: String,
-    pub wanted: usize,
-    /// `1g.10gb`, or `any profile`.
-    pub what: String,
-    /// Instances of that profile on the machine.
-    pub matching: usize,
-    /// Of those, the ones free and passing every filter.
-    pub fitting: usize,
-    /// What else narrowed the choice, starting with "; ".
-    pub detail: String,
-}
-
 impl LedgerError {
-    /// The refusal naming the holder as people know it, where its engine told a name:
-    /// the container they started, not the id gpupin filed it under (a podman container
-    /// is refused while it is still a claim, `claim-...`).
-    fn naming(self, meta: &HolderMeta) -> LedgerError {
-        let Some(name) = meta.container.as_ref().and_then(|c| c.name.clone()) else {
-            return self;
-        };
-        match self {
-            LedgerError::NotEnoughFree {
-                wanted,
-                held,
-                total,
-                busy,
-                ever,
-                detail,
-                ..
-            } => LedgerError::NotEnoughFree {
-                id: name,
-                wanted,
-                held,
-                total,
-                busy,
-                ever,
-                detail,
-            },
-            LedgerError::DeviceUnavailable {
-                index,
-                uuid,
-                reason,
-                ..
-            } => LedgerError::DeviceUnavailable {
-                id: name,
-                index,
-                uuid,
-                reason,
-            },
-            other => other,
-        }
-    }
-
     /// A short, fixed name for why an allocation was refused: the `code` of audit lines
     /// and the `reason` label of `gpupin_refusals_total`.
     pub fn code(&self) -> &'static str {
         match self {
-            LedgerError::NotEnoughFree { .. } | LedgerError::NotEnoughMig(_) => "not_enough_free",
-            LedgerError::DeviceUnavailable { .. } | LedgerError::MigUnavailable(_) => {
-                "device_unavailable"
-            }
-            LedgerError::CountTooLarge { .. } | LedgerError::TooManyDevices { .. } => {
-                "count_too_large"
-            }
+            LedgerError::Decide(refused) => refused.code(),
             LedgerError::AuditFailed { .. } => "audit",
-            LedgerError::UnknownGpu { .. } => "unknown_gpu",
             LedgerError::QueueAhead { .. } => "queue_ahead",
             LedgerError::WaitExpired { .. } => "wait_expired",
             LedgerError::WaiterGone { .. } | LedgerError::CallerGone { .. } => "waiter_gone",
             LedgerError::TooManyWaiting { .. } => "queue_full",
-            LedgerError::LimitReached(_) => "limit",
-            LedgerError::NoSuchWithin { .. }
-            | LedgerError::WithinNotYours(_)
-            | LedgerError::WithinNeedsKey { .. }
-            | LedgerError::WithinKeyWrong { .. } => "within",
             LedgerError::HolderExists { .. }
             | LedgerError::HeldOtherwise { .. }
             | LedgerError::ReservedName { .. } => "holder_exists",
-            LedgerError::NoGpus => "no_gpus",
             LedgerError::ClaimRefused { .. } | LedgerError::NotAssigned { .. } => "claim",
             LedgerError::NotAdopted { .. }
             | LedgerError::NotYours { .. }
@@ -493,46 +336,31 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Opens the ledger for writing, creating the directory when missing.
-    pub fn open(dir: &Path) -> Result<Ledger, LedgerError> {
-        store::ensure_safe_dir(dir)?;
-        Ok(Ledger {
-            dir: dir.to_path_buf(),
-            unbound_grace: UNBOUND_GRACE,
-            audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
-            observer: None,
-            queue_order: QueueOrder::default(),
-        })
+    /// Opens the ledger for writing, creating the directory when missing, with no
+    /// observer: `state::open_ledger` adds what a configuration names.
+    pub fn open(settings: &LedgerSettings) -> Result<Ledger, LedgerError> {
+        store::ensure_safe_dir(&settings.dir)?;
+        Ok(Ledger::with_settings(settings))
     }
 
     /// Opens the ledger for reading only; a missing directory reads as an empty ledger.
-    pub fn open_read_only(dir: &Path) -> Result<Ledger, LedgerError> {
+    pub fn open_read_only(settings: &LedgerSettings) -> Result<Ledger, LedgerError> {
+        let dir = &settings.dir;
         if dir.exists() || dir.is_symlink() {
             store::check_safe_dir(dir)?;
         }
-        Ok(Ledger {
-            dir: dir.to_path_buf(),
-            unbound_grace: UNBOUND_GRACE,
-            audit: AuditLog::at(dir.join(store::AUDIT_FILE)),
+        Ok(Ledger::with_settings(settings))
+    }
+
+    /// The handle, once its directory passed the check of the way it is opened.
+    fn with_settings(settings: &LedgerSettings) -> Ledger {
+        Ledger {
+            dir: settings.dir.clone(),
+            unbound_grace: settings.claim_grace,
+            audit: settings.audit.clone(),
             observer: None,
-            queue_order: QueueOrder::default(),
-        })
-    }
-
-    /// The ledger a configuration names, with its claim grace and audit log, and no
-    /// observer: `state::open_ledger` adds the metrics file a configuration names.
-    pub fn for_config(config: &Config) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::open(&config.state_dir)?
-            .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit())
-            .with_queue_order(config.queue))
-    }
-
-    /// In which order waiters are served, and `waiting` lists them (`queue`). Every
-    /// waiter of one ledger should use the same: each decides by its own.
-    pub fn with_queue_order(mut self, order: QueueOrder) -> Ledger {
-        self.queue_order = order;
-        self
+            queue_order: settings.queue,
+        }
     }
 
     /// Who is told after each change (the metrics file).
@@ -558,20 +386,6 @@ impl Ledger {
             self.changed();
         }
         Ok(())
-    }
-
-    /// As `for_config`, read only (`open_read_only`).
-    pub fn read_only_for_config(config: &Config) -> Result<Ledger, LedgerError> {
-        Ok(Ledger::open_read_only(&config.state_dir)?
-            .with_unbound_grace(config.claim_grace)
-            .with_audit(config.audit())
-            .with_queue_order(config.queue))
-    }
-
-    /// Where this ledger's audit lines go (by default `audit.log` in its directory).
-    pub fn with_audit(mut self, audit: AuditLog) -> Ledger {
-        self.audit = audit;
-        self
     }
 
     /// Appends an audit line. For refusals, which happen outside the ledger's writes;
@@ -612,18 +426,13 @@ impl Ledger {
                 tracing::warn!(error = %crate::base::message::one_line(err), "audit line not written")
             }
         }
-        failures::count_audit_write_failure(&self.dir);
+        store::failures::count_audit_write_failure(&self.dir);
     }
 
     /// How long a holder may stay without a pid before it counts as stale.
     /// How long a holder may wait for its process before it counts as gone.
     pub fn unbound_grace(&self) -> Duration {
         self.unbound_grace
-    }
-
-    pub fn with_unbound_grace(mut self, grace: Duration) -> Ledger {
-        self.unbound_grace = grace;
-        self
     }
 
     /// Whether `record` is stale by this ledger's rules.
@@ -698,11 +507,11 @@ impl Ledger {
             }
             Ok(secret.as_ref().is_some_and(|s| s.opens(parent, key)))
         };
-        let scope = scope::scope(holder, request, machine, &meta, live, &mut opens)?;
-        let plan = allocate::plan(holder, request, machine, live, cursor, &scope)
+        let scope = decide::scope::scope(holder, request, machine, &meta, live, &mut opens)?;
+        let plan = decide::plan::plan(holder, request, machine, live, cursor, &scope)
             .map_err(|e| e.naming(&meta))?;
-        scope::check(&meta, machine, live, &plan.uuids)?;
-        let taking = allocate::gpus_of_units(&plan.uuids, machine.inventory);
+        decide::scope::check(&meta, machine, live, &plan.uuids)?;
+        let taking = decide::plan::gpus_of_units(&plan.uuids, machine.inventory);
         let in_the_way = ahead.iter().filter(|t| t.could_use_any(&taking)).count();
         if in_the_way > 0 {
             tracing::debug!(holder = %holder, waiting = in_the_way, "others wait in the queue ahead for these GPUs");
@@ -815,11 +624,16 @@ impl Ledger {
             owner: asker.cloned(),
             ..HolderMeta::default()
         };
-        let scope = scope::scope(&holder, request, machine, &looking, &live, &mut |_, _| {
-            Ok(false)
-        })?;
-        let plan = allocate::plan(&holder, request, machine, &live, cursor, &scope)?;
-        scope::check(&looking, machine, &live, &plan.uuids)?;
+        let scope = decide::scope::scope::<LedgerError>(
+            &holder,
+            request,
+            machine,
+            &looking,
+            &live,
+            &mut |_, _| Ok(false),
+        )?;
+        let plan = decide::plan::plan(&holder, request, machine, &live, cursor, &scope)?;
+        decide::scope::check(&looking, machine, &live, &plan.uuids)?;
         Ok(Preview {
             uuids: plan.uuids,
             free: plan.free,

@@ -151,7 +151,10 @@ mod tests {
     #[test]
     fn sorts_out_every_kind_of_entry_and_changes_nothing() {
         let tmp = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&tmp.path().join("state")).unwrap();
+        let ledger = Ledger::open(&crate::input::config::LedgerSettings::at(
+            &tmp.path().join("state"),
+        ))
+        .unwrap();
         let dead = a_dead_pid();
         allocate(&ledger, "live", std::process::id() as i32);
         allocate(&ledger, "gone", dead);

@@ -22,7 +22,7 @@ fn me() -> HolderMeta {
 
 pub(super) fn ledger() -> (tempfile::TempDir, Ledger) {
     let tmp = tempfile::tempdir().unwrap();
-    let ledger = Ledger::open(&tmp.path().join("state")).unwrap();
+    let ledger = Ledger::open(&LedgerSettings::at(&tmp.path().join("state"))).unwrap();
     (tmp, ledger)
 }
 
@@ -413,13 +413,19 @@ fn unsafe_state_dirs_are_refused() {
     let open = tmp.path().join("open");
     std::fs::create_dir(&open).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let err = Ledger::open(&open).err().unwrap().to_string();
+    let err = Ledger::open(&LedgerSettings::at(&open))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("writable by group or others"), "{err}");
     let link = tmp.path().join("link");
     let real = tmp.path().join("real");
     std::fs::create_dir(&real).unwrap();
     std::os::unix::fs::symlink(&real, &link).unwrap();
-    let err = Ledger::open(&link).err().unwrap().to_string();
+    let err = Ledger::open(&LedgerSettings::at(&link))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("symlink"), "{err}");
 }
 
@@ -431,7 +437,7 @@ fn concurrent_allocations_never_share_a_gpu() {
         .map(|i| {
             let dir = dir.clone();
             std::thread::spawn(move || {
-                let l = Ledger::open(&dir).unwrap();
+                let l = Ledger::open(&LedgerSettings::at(&dir)).unwrap();
                 l.allocate(
                     &id(&format!("c{i}")),
                     &count(1),
@@ -608,7 +614,7 @@ fn a_waiting_request_gets_the_gpu_when_it_is_released() {
     )
     .unwrap();
     let waiter = std::thread::spawn(move || {
-        let l = Ledger::open(&dir).unwrap();
+        let l = Ledger::open(&LedgerSettings::at(&dir)).unwrap();
         let inv = machine(1);
         let m = Machine::new(&inv, PolicyName::Pack);
         l.allocate_waiting(&id("second"), &count(1), &m, me(), Duration::from_secs(20))
@@ -632,7 +638,10 @@ fn a_waiting_request_gets_the_gpu_when_it_is_released() {
         .unwrap_err();
     // No GPU is free: it is told so, and to wait (a free one would be the waiter's).
     assert!(
-        matches!(err, LedgerError::NotEnoughFree { held: 1, .. }),
+        matches!(
+            err,
+            LedgerError::Decide(DecideError::NotEnoughFree { held: 1, .. })
+        ),
         "{err}"
     );
     l.release(&id("first")).unwrap();
@@ -675,7 +684,7 @@ fn waiters_are_served_in_arrival_order() {
     let spawn_waiter = |name: &'static str| {
         let dir = dir.clone();
         std::thread::spawn(move || {
-            let l = Ledger::open(&dir).unwrap();
+            let l = Ledger::open(&LedgerSettings::at(&dir)).unwrap();
             let inv = machine(1);
             let m = Machine::new(&inv, PolicyName::Pack);
             let a = l.allocate_waiting(&id(name), &count(1), &m, me(), Duration::from_secs(20));
@@ -866,7 +875,11 @@ fn an_audit_log_symlink_is_not_followed() {
     // audit_failure = "refuse": no allocation without its audit line.
     let mut refuse = crate::input::config::AuditLog::at(l.dir().join("audit.log"));
     refuse.on_failure = crate::input::config::AuditFailure::Refuse;
-    let l = l.with_audit(refuse);
+    let l = Ledger::open(&LedgerSettings {
+        audit: refuse,
+        ..LedgerSettings::at(l.dir())
+    })
+    .unwrap();
     let err = one_line(&alloc(&l, "a").unwrap_err());
     assert!(err.contains("audit_failure"), "{err}");
     assert!(
@@ -876,7 +889,11 @@ fn an_audit_log_symlink_is_not_followed() {
     assert!(l.records().unwrap().is_empty());
     // "warn", the default: the allocation goes on.
     let log = l.dir().join("audit.log");
-    let l = l.with_audit(crate::input::config::AuditLog::at(log));
+    let l = Ledger::open(&LedgerSettings {
+        audit: crate::input::config::AuditLog::at(log),
+        ..LedgerSettings::at(l.dir())
+    })
+    .unwrap();
     alloc(&l, "a").unwrap();
     l.release(&id("a")).unwrap();
     assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "root:x:0:0\n");

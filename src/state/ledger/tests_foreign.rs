@@ -279,7 +279,7 @@ fn a_wait_is_decided_on_the_processes_running_when_it_is_served() {
     let dir = l.dir().to_path_buf();
     let inv2 = inv.clone();
     let waiter = std::thread::spawn(move || {
-        let l = Ledger::open(&dir).unwrap();
+        let l = Ledger::open(&LedgerSettings::at(&dir)).unwrap();
         let none: Vec<Vec<Seen>> = vec![Vec::new(), Vec::new()];
         let m = Machine {
             processes: Some(&none),

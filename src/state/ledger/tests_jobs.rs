@@ -440,7 +440,11 @@ fn a_hold_until_release_outlives_the_grace_and_goes_with_release() {
     let (_t, l) = ledger();
     let inv = machine(4);
     let m = Machine::new(&inv, PolicyName::Pack);
-    let l = l.with_unbound_grace(Duration::ZERO);
+    let l = Ledger::open(&LedgerSettings {
+        claim_grace: Duration::ZERO,
+        ..LedgerSettings::at(l.dir())
+    })
+    .unwrap();
     let h = l
         .allocate(&id("maint"), &devices(&["2"]), &m, hold(true))
         .unwrap();

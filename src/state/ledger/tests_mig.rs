@@ -295,7 +295,7 @@ fn five_hundred_concurrent_requests_never_give_an_instance_twice() {
             let (dir, inv) = (dir.clone(), inv.clone());
             let request = ask(asks[i % asks.len()]);
             std::thread::spawn(move || {
-                let l = Ledger::open(&dir).unwrap();
+                let l = Ledger::open(&LedgerSettings::at(&dir)).unwrap();
                 let m = Machine {
                     mig_units: match i % 2 {
                         0 => MigUnits::WholeOnly,
@@ -364,7 +364,7 @@ fn a_count_no_wait_can_meet_is_told_what_would_have_to_change() {
     let (tx, rx) = std::sync::mpsc::channel();
     let dir = l.dir().to_path_buf();
     std::thread::spawn(move || {
-        let l = Ledger::open(&dir).unwrap();
+        let l = Ledger::open(&LedgerSettings::at(&dir)).unwrap();
         let inv = a100();
         let m = Machine::new(&inv, PolicyName::Pack);
         let outcome = l.allocate_waiting(
@@ -433,7 +433,7 @@ fn a_waiter_for_a_busy_mig_profile_blocks_no_request_for_whole_gpus() {
     let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let still = std::sync::Arc::clone(&open);
     let waiter = std::thread::spawn(move || {
-        let l = Ledger::open(&dir).unwrap();
+        let l = Ledger::open(&LedgerSettings::at(&dir)).unwrap();
         let inv = a100();
         let m = Machine::new(&inv, PolicyName::Pack);
         let meta = HolderMeta {

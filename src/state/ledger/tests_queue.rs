@@ -62,7 +62,7 @@ fn request_in_thread(
     let dir = dir.to_path_buf();
     let limits = limits.clone();
     std::thread::spawn(move || {
-        let l = Ledger::open(&dir).unwrap();
+        let l = Ledger::open(&LedgerSettings::at(&dir)).unwrap();
         let inv = machine(4);
         let m = Machine {
             limits: Some(&limits),
@@ -369,7 +369,7 @@ fn a_waiter_over_its_limit_is_parked_also_when_no_gpu_is_free() {
         .allocate(&id("hook"), &count(1), &m, container())
         .unwrap_err();
     assert!(
-        matches!(err, LedgerError::NotEnoughFree { .. }),
+        matches!(err, LedgerError::Decide(DecideError::NotEnoughFree { .. })),
         "{}",
         one_line(&err)
     );
@@ -551,7 +551,7 @@ fn a_waiter_for_several_gpus_is_parked_when_all_of_them_would_pass_its_limit() {
         .allocate(&id("hook"), &count(1), &m, container())
         .unwrap_err();
     assert!(
-        matches!(err, LedgerError::NotEnoughFree { .. }),
+        matches!(err, LedgerError::Decide(DecideError::NotEnoughFree { .. })),
         "{}",
         one_line(&err)
     );
@@ -649,7 +649,11 @@ fn ordered_in_thread(
 ) -> std::thread::JoinHandle<Result<Allocation, LedgerError>> {
     let dir = dir.to_path_buf();
     std::thread::spawn(move || {
-        let l = Ledger::open(&dir).unwrap().with_queue_order(order);
+        let l = Ledger::open(&LedgerSettings {
+            queue: order,
+            ..LedgerSettings::at(&dir)
+        })
+        .unwrap();
         let inv = machine(4);
         let limits = Limits::default();
         let m = Machine {
@@ -665,7 +669,11 @@ fn ordered_in_thread(
 /// Returns (listed, served).
 fn alice_three_bob_one(order: QueueOrder) -> (Vec<String>, Vec<String>) {
     let (_t, l) = ledger();
-    let l = l.with_queue_order(order);
+    let l = Ledger::open(&LedgerSettings {
+        queue: order,
+        ..LedgerSettings::at(l.dir())
+    })
+    .unwrap();
     let inv = machine(4);
     let m = Machine::new(&inv, PolicyName::Pack);
     let holds = ["h0", "h1", "h2", "h3"];
@@ -695,7 +703,10 @@ fn alice_three_bob_one(order: QueueOrder) -> (Vec<String>, Vec<String>) {
     let err = l
         .allocate(&id("carol"), &count(1), &m, job("carol", 1003, &[]))
         .unwrap_err();
-    assert!(matches!(err, LedgerError::NotEnoughFree { .. }), "{err}");
+    assert!(
+        matches!(err, LedgerError::Decide(DecideError::NotEnoughFree { .. })),
+        "{err}"
+    );
     let mut served = Vec::new();
     for (n, h) in holds.into_iter().enumerate() {
         let holders = |l: &Ledger| -> Vec<String> {
@@ -822,7 +833,7 @@ fn waiter_on(
     let dir = l.dir().to_path_buf();
     let inv = inv.clone();
     let waiter = std::thread::spawn(move || {
-        let l = Ledger::open(&dir).unwrap();
+        let l = Ledger::open(&LedgerSettings::at(&dir)).unwrap();
         let m = Machine::new(&inv, PolicyName::Pack);
         l.allocate_waiting(&id(name), &request, &m, meta, Duration::from_secs(60))
     });

@@ -288,7 +288,7 @@ mod tests {
                 .uid,
             NOBODY
         );
-        let ledger = Ledger::for_config(&shared.config()).unwrap();
+        let ledger = Ledger::open(&shared.config().ledger_settings()).unwrap();
         let mut held: Vec<String> = ledger
             .records()
             .unwrap()
@@ -346,7 +346,7 @@ mod tests {
             let shared = Arc::clone(&shared);
             std::thread::spawn(move || hold_for(&shared, caller(NOBODY), asked, None))
         };
-        let ledger = Ledger::for_config(&config).unwrap();
+        let ledger = Ledger::open(&config.ledger_settings()).unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
         while ledger.waiting().unwrap().is_empty() {
             assert!(Instant::now() < deadline, "the hold never queued");

@@ -4,8 +4,9 @@
 //! A cancelled queued request gets one too (`cancel`), which its waiter reads. A note is
 //! one small file per holder id, replaced by the next one of that id.
 
-use super::{Ledger, LedgerError, store};
 use crate::base::safe_open::{self, Links};
+use crate::state::ledger::store;
+use crate::state::ledger::{Ledger, LedgerError};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -66,7 +67,7 @@ impl Ledger {
     /// Refuses to go on waiting when the ticket at `ticket` (of `holder`, queued at
     /// `queued_at`) is gone while its waiter still waits: its owner or root cancelled it
     /// (`cancel`), and the note says who. Caller holds the lock.
-    pub(super) fn cancelled_while_waiting(
+    pub(in crate::state::ledger) fn cancelled_while_waiting(
         &self,
         ticket: &std::path::Path,
         holder: &str,

@@ -1,8 +1,9 @@
 //! What an entry of `holders/` is, judged by its name and its file type alone (lstat,
 //! never followed), and how an operator names it to `gpupin release`.
 
-use super::{HolderId, LedgerError};
 use crate::base::atomic;
+use crate::model::holder::HolderId;
+use crate::state::ledger::LedgerError;
 use std::ffi::OsStr;
 use std::fs::FileType;
 use std::os::unix::ffi::OsStrExt;
@@ -13,7 +14,7 @@ const RECORD_SUFFIX: &str = ".json";
 
 /// The kinds of entries `holders/` can hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Entry {
+pub(in crate::state::ledger) enum Entry {
     /// `<holder id>.json`, a regular file: a holder's record.
     Record,
     /// A temp file `atomic::write` left or is writing, with its writer's pid.
@@ -25,7 +26,7 @@ pub(super) enum Entry {
     Other,
 }
 
-pub(super) fn classify(name: &OsStr, kind: FileType) -> Entry {
+pub(in crate::state::ledger) fn classify(name: &OsStr, kind: FileType) -> Entry {
     let bytes = name.as_bytes();
     if bytes.starts_with(b".") {
         return name
@@ -56,7 +57,7 @@ pub(super) fn classify(name: &OsStr, kind: FileType) -> Entry {
 /// record of holder `NAME` first (the id a user knows), then the entry named exactly
 /// `NAME` (so `x.json` is holder `x.json`'s record when it has one, else holder `x`'s).
 /// Anything but one plain file-name component is refused.
-pub(super) fn release_names(name: &OsStr) -> Result<Vec<Vec<u8>>, LedgerError> {
+pub(in crate::state::ledger) fn release_names(name: &OsStr) -> Result<Vec<Vec<u8>>, LedgerError> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
         return Err(LedgerError::BadEntryName {

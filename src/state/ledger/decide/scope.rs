@@ -2,14 +2,16 @@
 //! request (`gpupin.within`), the GPUs a user's groups may use, and how many GPUs a user
 //! or a group may hold (`[limits]`). Pure, called by the ledger under its lock.
 
+use super::DecideError;
 use super::machine::Machine;
-use super::{HolderId, HolderKind, HolderMeta, LedgerError, Record};
 use crate::model::holder::WithinKey;
+use crate::model::holder::{HolderId, HolderKind};
+use crate::state::ledger::record::{HolderMeta, Record};
 use std::collections::BTreeSet;
 
 /// Where a request may take GPUs from.
 #[derive(Debug, Default)]
-pub(super) struct Scope {
+pub(in crate::state::ledger) struct Scope {
     /// Positions the request may take at all; `None`: any.
     pub allowed: Option<Vec<bool>>,
     /// Holders whose holding does not stand in the way: the enclosing holder and the
@@ -44,21 +46,21 @@ impl Scope {
     }
 }
 
-pub(super) fn scope(
+pub(in crate::state::ledger) fn scope<E: From<DecideError>>(
     holder: &HolderId,
     request: &crate::input::request::GpuRequest,
     machine: &Machine,
     meta: &HolderMeta,
     live: &[Record],
-    opens: &mut dyn FnMut(&Record, &WithinKey) -> Result<bool, LedgerError>,
-) -> Result<Scope, LedgerError> {
+    opens: &mut dyn FnMut(&Record, &WithinKey) -> Result<bool, E>,
+) -> Result<Scope, E> {
     let gpus = &machine.inventory.gpus;
     let mut scope = Scope::default();
     if let Some(within) = &request.within {
         let parent =
             live.iter()
                 .find(|r| &r.id == within)
-                .ok_or_else(|| LedgerError::NoSuchWithin {
+                .ok_or_else(|| DecideError::NoSuchWithin {
                     id: holder.to_string(),
                     within: within.clone(),
                 })?;
@@ -119,13 +121,13 @@ pub(super) fn scope(
 /// parent's key (`within`), which `opens` checks: a container, whose author gpupin does not
 /// know and whose env and annotations are the image's or the pod spec's text, and a user
 /// inside someone else's holder, who got its key from its owner.
-pub(super) fn may_enter(
+pub(in crate::state::ledger) fn may_enter<E: From<DecideError>>(
     holder: &HolderId,
     request: &crate::input::request::GpuRequest,
     meta: &HolderMeta,
     parent: &Record,
-    opens: &mut dyn FnMut(&Record, &WithinKey) -> Result<bool, LedgerError>,
-) -> Result<(), LedgerError> {
+    opens: &mut dyn FnMut(&Record, &WithinKey) -> Result<bool, E>,
+) -> Result<(), E> {
     let roots_own = !meta.limited && meta.kind != HolderKind::Container;
     let users_own = meta.limited
         && meta
@@ -137,40 +139,39 @@ pub(super) fn may_enter(
         return Ok(());
     }
     let within = || parent.id.clone();
-    match &request.within_key {
-        Some(key) if opens(parent, key)? => Ok(()),
-        Some(_) => Err(LedgerError::WithinKeyWrong {
+    let refused = match &request.within_key {
+        Some(key) if opens(parent, key)? => return Ok(()),
+        Some(_) => DecideError::WithinKeyWrong {
             id: holder.to_string(),
             within: within(),
-        }),
+        },
         None => match (meta.limited, &meta.owner) {
-            (true, Some(me)) => Err(LedgerError::WithinNotYours(Box::new(
-                super::NotYourHolder {
-                    id: holder.to_string(),
-                    within: within(),
-                    owner: parent
-                        .owner
-                        .as_ref()
-                        .map_or_else(|| format!("a {}", parent.kind.as_str()), |o| o.user.clone()),
-                    user: me.user.clone(),
-                },
-            ))),
-            _ => Err(LedgerError::WithinNeedsKey {
+            (true, Some(me)) => DecideError::WithinNotYours(Box::new(super::NotYourHolder {
                 id: holder.to_string(),
                 within: within(),
-            }),
+                owner: parent
+                    .owner
+                    .as_ref()
+                    .map_or_else(|| format!("a {}", parent.kind.as_str()), |o| o.user.clone()),
+                user: me.user.clone(),
+            })),
+            _ => DecideError::WithinNeedsKey {
+                id: holder.to_string(),
+                within: within(),
+            },
         },
-    }
+    };
+    Err(refused.into())
 }
 
 /// Refuses `planned` when it would take the requester past one of their limits. GPUs they
 /// (or their group) hold already do not count twice: a job inside their own hold adds none.
-pub(super) fn check(
+pub(in crate::state::ledger) fn check(
     meta: &HolderMeta,
     machine: &Machine,
     live: &[Record],
     planned: &[String],
-) -> Result<(), LedgerError> {
+) -> Result<(), DecideError> {
     let (true, Some(limits), Some(owner)) = (meta.limited, machine.limits, &meta.owner) else {
         return Ok(());
     };
@@ -191,7 +192,7 @@ pub(super) fn check(
             .filter(|u| !held.contains(u.as_str()))
             .count();
         if held.len() + wanted > limit.max_gpus as usize {
-            return Err(LedgerError::LimitReached(Box::new(super::LimitReached {
+            return Err(DecideError::LimitReached(Box::new(super::LimitReached {
                 user: owner.user.clone(),
                 group: limit.group,
                 held: held.len(),

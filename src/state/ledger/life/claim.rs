@@ -98,7 +98,7 @@ impl fmt::Debug for ClaimToken {
 
 /// Whether two secrets (or digests of them) are equal, compared in constant time, as any
 /// check of a secret should be: how long it takes says nothing of where they differ.
-pub(super) fn same_secret(ours: &str, theirs: &str) -> bool {
+pub(in crate::state::ledger) fn same_secret(ours: &str, theirs: &str) -> bool {
     ours.len() == theirs.len()
         && ours
             .bytes()

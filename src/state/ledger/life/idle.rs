@@ -11,13 +11,15 @@
 //! only while the looks go on: the file says until when (`fresh_until`), and a holder
 //! quiet before a gap in the looks (the daemon stopped) starts afresh.
 
-use super::{Ledger, LedgerError, Record, store};
 use crate::base::safe_open::{self, Links};
 use crate::input::config::IdleAction;
 use crate::model::gpu::Inventory;
 use crate::model::holder::HolderKind;
 use crate::model::live::Live;
 use crate::state::audit::{Event, EventKind};
+use crate::state::ledger::record::{Record, unix_now};
+use crate::state::ledger::store;
+use crate::state::ledger::{Ledger, LedgerError};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
@@ -153,7 +155,7 @@ impl Ledger {
         live: &[Live],
         rule: &IdleRule,
     ) -> Result<IdleLook, LedgerError> {
-        self.look_at(inventory, live, rule, super::record::unix_now())
+        self.look_at(inventory, live, rule, unix_now())
     }
 
     /// `look_for_idle` as if it were `at` (seconds since the Unix epoch).
@@ -232,7 +234,7 @@ impl Ledger {
     /// the file is renamed into place. Empty when no look came lately (no `gpupin serve`,
     /// no live figures), since then nothing is known.
     pub fn idle(&self, records: &[Record]) -> Vec<Idle> {
-        self.idle_at(records, super::record::unix_now())
+        self.idle_at(records, unix_now())
     }
 
     /// `idle` as if it were `at`.
@@ -532,7 +534,7 @@ mod tests {
             let (tx, rx) = std::sync::mpsc::channel();
             let dir = l.dir().to_path_buf();
             std::thread::spawn(move || {
-                let l = Ledger::open(&dir).unwrap();
+                let l = Ledger::open(&crate::input::config::LedgerSettings::at(&dir)).unwrap();
                 let records = l.records().unwrap();
                 let shown = l.idle(&records);
                 let inv = machine(4);

@@ -15,12 +15,19 @@
 //! among the parked; once its limit passes and only GPUs are missing, it unparks and
 //! waits as any other. One user has at most `limits.max_waiting_per_user` tickets.
 
+mod wait_reason;
+
+pub use wait_reason::WaitReason;
+
 use super::store;
-use super::{Allocation, HolderId, HolderMeta, Ledger, LedgerError, Machine, Record, WaitReason};
 use crate::base::procinfo;
 use crate::base::safe_open::{self, Links};
 use crate::input::config::QueueOrder;
 use crate::input::request::{GpuRequest, Selection};
+use crate::model::holder::HolderId;
+use crate::state::ledger::decide::{self, Allocation, DecideError, Machine};
+use crate::state::ledger::record::{HolderMeta, Record, unix_now};
+use crate::state::ledger::{Ledger, LedgerError};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -267,7 +274,7 @@ pub(super) fn enqueue(
         id: holder.to_string(),
         pid,
         start_time: procinfo::start_time(pid),
-        queued_at: super::record::unix_now(),
+        queued_at: unix_now(),
         uid,
         parked: false,
         turn: next_turn(round, &tickets, uid),
@@ -340,13 +347,15 @@ fn dequeue(dir: &Path, ticket: &Ticket) {
 fn retryable(err: &LedgerError) -> bool {
     match err {
         // GPUs that no release would make fit (MIG mode, model, memory, scope) never do.
-        LedgerError::NotEnoughFree { wanted, ever, .. } => wanted <= ever,
-        LedgerError::DeviceUnavailable { .. } | LedgerError::MigUnavailable(_) => true,
+        LedgerError::Decide(DecideError::NotEnoughFree { wanted, ever, .. }) => wanted <= ever,
+        LedgerError::Decide(
+            DecideError::DeviceUnavailable { .. } | DecideError::MigUnavailable(_),
+        ) => true,
         // More instances of a profile than the machine has never fit (the geometry
         // changes only with a new inventory, which a new request reads).
-        LedgerError::NotEnoughMig(e) => e.wanted <= e.matching,
+        LedgerError::Decide(DecideError::NotEnoughMig(e)) => e.wanted <= e.matching,
         // The requester's other holders may end; a request over the limit by itself never fits.
-        LedgerError::LimitReached(r) => r.wanted <= r.limit as usize,
+        LedgerError::Decide(DecideError::LimitReached(r)) => r.wanted <= r.limit as usize,
         _ => false,
     }
 }
@@ -412,10 +421,16 @@ impl Ledger {
                 .filter(|r| !self.is_stale(r))
                 .cloned()
                 .collect();
-            let wants =
-                super::scope::scope(holder, request, machine, &meta, &live, &mut |_, _| Ok(true))
-                    .ok()
-                    .map(|scope| super::allocate::wanted_gpus(request, machine, &scope));
+            let wants = decide::scope::scope::<DecideError>(
+                holder,
+                request,
+                machine,
+                &meta,
+                &live,
+                &mut |_, _| Ok(true),
+            )
+            .ok()
+            .map(|scope| decide::plan::wanted_gpus(request, machine, &scope));
             let mut ticket = enqueue(
                 &self.dir,
                 holder,
@@ -560,10 +575,12 @@ impl Ledger {
                 // one's way; a waiter ahead (`QueueAhead`) leaves it as it was.
                 let reason = match &err {
                     // No plan came about: would the limit have let it through?
-                    LedgerError::NotEnoughFree { .. }
-                    | LedgerError::DeviceUnavailable { .. }
-                    | LedgerError::NotEnoughMig(_)
-                    | LedgerError::MigUnavailable(_) => self
+                    LedgerError::Decide(
+                        DecideError::NotEnoughFree { .. }
+                        | DecideError::DeviceUnavailable { .. }
+                        | DecideError::NotEnoughMig(_)
+                        | DecideError::MigUnavailable(_),
+                    ) => self
                         .over_limit(request, machine, meta, &live)
                         .or_else(|| WaitReason::of_refusal(&err, request)),
                     _ => WaitReason::of_refusal(&err, request),
@@ -620,7 +637,7 @@ impl Ledger {
         // Names no record holds: each counts as a GPU the user does not hold yet. (Past the
         // holder's own GPUs the request never fits; it is counted as before.)
         probe.extend((probe.len()..n).map(|i| format!("\0gpupin-probe-{i}")));
-        match super::scope::check(meta, machine, live, &probe) {
+        match decide::scope::check(meta, machine, live, &probe) {
             Err(err) => WaitReason::of_limit(&err),
             Ok(_) => None,
         }

@@ -2,8 +2,11 @@
 //! from the process that asked (`gpupin exec`) to the job it started, and through
 //! `gpupin serve` a user may only touch holders that are theirs.
 
-use super::{HolderId, Ledger, LedgerError, Record, store};
+use crate::model::holder::HolderId;
 use crate::state::audit::{Event, EventKind};
+use crate::state::ledger::record::Record;
+use crate::state::ledger::store;
+use crate::state::ledger::{Ledger, LedgerError};
 use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 
@@ -83,7 +86,7 @@ impl Ledger {
             if let Some(record) = records.iter().find(|r| r.id == holder.as_str())
                 && record.owner.as_ref().is_none_or(|o| o.uid != uid)
             {
-                return Err(super::not_yours(record, uid));
+                return Err(crate::state::ledger::not_yours(record, uid));
             }
         }
         self.remove_record_locked(holder)

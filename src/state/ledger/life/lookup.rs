@@ -5,8 +5,9 @@
 //! Scripts name holders by their exact id (`Match::Exact`): a container a user named
 //! `slurm-43` must not be what the epilog of job 43 releases.
 
-use super::{LedgerError, Record};
 use crate::model::holder::HolderKind;
+use crate::state::ledger::LedgerError;
+use crate::state::ledger::record::Record;
 
 /// The shortest id prefix taken: shorter ones fit too many holders to be meant.
 pub const MIN_PREFIX: usize = 4;

@@ -2,8 +2,9 @@
 //! `gpupin queue`, `status`, `exec`'s progress line and the daemon's log show, so that a
 //! user held back by their own limit is not told "1 ahead in the queue" with GPUs free.
 
-use super::LedgerError;
 use crate::input::request::{GpuRequest, Selection};
+use crate::state::ledger::LedgerError;
+use crate::state::ledger::decide::DecideError;
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "why")]
@@ -40,9 +41,9 @@ impl WaitReason {
     }
 
     /// The reason a refusal by the limits gives: the user's own, or a group's.
-    pub(super) fn of_limit(err: &LedgerError) -> Option<WaitReason> {
+    pub(in crate::state::ledger) fn of_limit(err: &DecideError) -> Option<WaitReason> {
         match err {
-            LedgerError::LimitReached(reached) => Some(match &reached.group {
+            DecideError::LimitReached(reached) => Some(match &reached.group {
                 Some(group) => WaitReason::GroupLimit {
                     group: group.clone(),
                 },
@@ -54,19 +55,25 @@ impl WaitReason {
 
     /// Why a look at `request` found it cannot be served yet (`err`); `None` where the
     /// refusal is no reason to wait (the waiter ends with it, or retries it as it was).
-    pub(super) fn of_refusal(err: &LedgerError, request: &GpuRequest) -> Option<WaitReason> {
+    pub(in crate::state::ledger) fn of_refusal(
+        err: &LedgerError,
+        request: &GpuRequest,
+    ) -> Option<WaitReason> {
         match err {
             LedgerError::QueueAhead { waiting, .. } => {
                 Some(WaitReason::Ahead { waiters: *waiting })
             }
-            LedgerError::LimitReached(_) => Self::of_limit(err),
-            LedgerError::NotEnoughFree { .. } if any_gpu_would_do(request) => {
-                Some(WaitReason::TooFewFree)
-            }
-            LedgerError::NotEnoughFree { .. }
-            | LedgerError::DeviceUnavailable { .. }
-            | LedgerError::NotEnoughMig(_)
-            | LedgerError::MigUnavailable(_) => Some(WaitReason::NotFreeOfItsKind),
+            LedgerError::Decide(refused) => match refused {
+                DecideError::LimitReached(_) => Self::of_limit(refused),
+                DecideError::NotEnoughFree { .. } if any_gpu_would_do(request) => {
+                    Some(WaitReason::TooFewFree)
+                }
+                DecideError::NotEnoughFree { .. }
+                | DecideError::DeviceUnavailable { .. }
+                | DecideError::NotEnoughMig(_)
+                | DecideError::MigUnavailable(_) => Some(WaitReason::NotFreeOfItsKind),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -93,7 +100,7 @@ mod tests {
     }
 
     fn not_enough() -> LedgerError {
-        LedgerError::NotEnoughFree {
+        LedgerError::Decide(DecideError::NotEnoughFree {
             id: "a".into(),
             wanted: 2,
             held: 8,
@@ -101,18 +108,20 @@ mod tests {
             busy: 0,
             ever: 8,
             detail: String::new(),
-        }
+        })
     }
 
     fn limit(group: Option<&str>) -> LedgerError {
-        LedgerError::LimitReached(Box::new(super::super::LimitReached {
-            user: "alice".into(),
-            group: group.map(str::to_string),
-            held: 2,
-            wanted: 1,
-            limit: 2,
-            key: "limits.max_gpus_per_user".into(),
-        }))
+        LedgerError::Decide(DecideError::LimitReached(Box::new(
+            crate::state::ledger::LimitReached {
+                user: "alice".into(),
+                group: group.map(str::to_string),
+                held: 2,
+                wanted: 1,
+                limit: 2,
+                key: "limits.max_gpus_per_user".into(),
+            },
+        )))
     }
 
     #[test]
@@ -157,6 +166,9 @@ mod tests {
         assert!(!WaitReason::TooFewFree.is_limit());
         assert!(!WaitReason::NotFreeOfItsKind.is_limit());
         assert!(!WaitReason::Ahead { waiters: 1 }.is_limit());
-        assert_eq!(WaitReason::of_limit(&not_enough()), None);
+        let LedgerError::Decide(refused) = not_enough() else {
+            unreachable!("not_enough is a refusal of decide's")
+        };
+        assert_eq!(WaitReason::of_limit(&refused), None);
     }
 }

@@ -2,12 +2,15 @@
 //! and the files. Nothing here follows a symlink or opens a FIFO: whoever could plant one
 //! would otherwise steer root's writes or stall every container start under the lock.
 
+pub(in crate::state::ledger) mod entry;
+pub(in crate::state::ledger) mod failures;
+
 use super::LedgerError;
-use super::entry::{self, Entry};
 use super::record::Record;
 use crate::base::atomic::{self, Durability};
 use crate::base::procinfo;
 use crate::base::safe_open::{self, Links};
+use entry::Entry;
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use std::fs::{self, File};
 use std::os::unix::ffi::OsStrExt;
@@ -17,8 +20,6 @@ use std::path::{Path, PathBuf};
 pub const LOCK_FILE: &str = "lock";
 pub const HOLDERS_DIR: &str = "holders";
 pub const CURSOR_FILE: &str = "cursor";
-/// Where a ledger opened without a config (tests, tools) writes its audit lines.
-pub const AUDIT_FILE: &str = "audit.log";
 
 /// Directories: everyone may read the ledger (`gpupin status`), only its owner write it.
 const DIR_MODE: u32 = 0o755;

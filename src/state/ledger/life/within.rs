@@ -10,10 +10,11 @@
 //! for the holder's owner) can hand the key out again at any time, e.g. to a Slurm
 //! TaskProlog; and a holder made anew under the same name gets a new key.
 
-use super::{LedgerError, Record};
 use crate::base::atomic::{self, Durability};
 use crate::base::safe_open::{self, Links};
 use crate::model::holder::{KEY_HEX, WithinKey};
+use crate::state::ledger::LedgerError;
+use crate::state::ledger::record::Record;
 use hmac::{KeyInit, Mac};
 use sha2::Sha256;
 use std::os::unix::fs::MetadataExt;
@@ -24,10 +25,10 @@ pub const SECRET_FILE: &str = "within.secret";
 const SECRET_MODE: u32 = 0o600;
 const SECRET_BYTES: usize = 32;
 /// Bytes of a record's salt.
-pub(super) const SALT_BYTES: usize = 8;
+pub(in crate::state::ledger) const SALT_BYTES: usize = 8;
 
 /// The node's secret, read (or made, the first time) under the ledger's lock.
-pub(super) struct NodeSecret(Vec<u8>);
+pub(in crate::state::ledger) struct NodeSecret(Vec<u8>);
 
 impl NodeSecret {
     /// Reads `<dir>/within.secret`, making it when missing. Refuses one that others may
@@ -85,7 +86,7 @@ impl NodeSecret {
 }
 
 /// A fresh salt for a new record.
-pub(super) fn new_salt() -> Result<String, LedgerError> {
+pub(in crate::state::ledger) fn new_salt() -> Result<String, LedgerError> {
     random(SALT_BYTES)
         .map(|b| hex(&b))
         .map_err(|source| LedgerError::Io {

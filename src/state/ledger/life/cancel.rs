@@ -3,9 +3,11 @@
 //! (`ended`) saying who; the waiter, at its next look under the lock, finds its ticket
 //! gone and ends with one line naming who cancelled it.
 
-use super::queue::{self, QUEUE_DIR};
-use super::{Ledger, LedgerError, Releaser, Waiting, store};
+use super::release::Releaser;
 use crate::state::audit::{Event, EventKind};
+use crate::state::ledger::queue::{self, QUEUE_DIR, Waiting};
+use crate::state::ledger::store;
+use crate::state::ledger::{Ledger, LedgerError};
 
 impl Ledger {
     /// Cancels the queued request `given` names, taking the lock.
@@ -17,7 +19,11 @@ impl Ledger {
     /// Cancels the queued request `given` names (its holder id, or the name `gpupin
     /// queue` shows): `by`'s own, or any for root; another's is refused naming its owner.
     /// `NoSuchHolder` when no request waits under that name. Caller holds the lock.
-    pub(super) fn cancel_locked(&self, given: &str, by: &Releaser) -> Result<Waiting, LedgerError> {
+    pub(in crate::state::ledger) fn cancel_locked(
+        &self,
+        given: &str,
+        by: &Releaser,
+    ) -> Result<Waiting, LedgerError> {
         let tickets = queue::live_tickets(&self.dir)?;
         let Some(ticket) = tickets
             .into_iter()

@@ -8,20 +8,22 @@
 //! GPU first; `spread` (and the live-figure policies, which have no figures per
 //! instance) take one instance per GPU in turn, emptiest GPU first.
 
+use super::DecideError;
 use super::machine::Machine;
 use super::scope::Scope;
-use super::{HolderId, LedgerError, Record, holders_of};
 use crate::base::units::format_size;
 use crate::input::config::MigUnits;
 use crate::input::request::{GpuRequest, MigWant, Selection};
 use crate::model::gpu::{Gpu, Inventory};
 use crate::model::mig::MigInstance;
+use crate::model::holder::HolderId;
 use crate::policy::PolicyName;
+use crate::state::ledger::record::{Record, holders_of};
 use std::collections::BTreeMap;
 
 /// Why an instance cannot take this request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Unfit {
+pub(in crate::state::ledger) enum Unfit {
     /// The inventory names no GI and CI ids for it (an import of `nvidia-smi -L`).
     NoAccess,
     Profile,
@@ -55,7 +57,10 @@ impl Unfit {
 }
 
 /// Whether a plain count may fall back to instances (`mig = "instances-too"`).
-pub(super) fn count_may_take_instances(request: &GpuRequest, machine: &Machine) -> bool {
+pub(in crate::state::ledger) fn count_may_take_instances(
+    request: &GpuRequest,
+    machine: &Machine,
+) -> bool {
     machine.mig_units == MigUnits::InstancesToo
         && request.mig.is_none()
         && matches!(request.selection, Selection::Count(_))
@@ -126,13 +131,13 @@ type Order = ((u64, u64), usize, i64, u32, u32);
 /// The UUIDs of the instances `request` gets, chosen from every instance of the machine
 /// by profile (or smallest first for `any`, largest first for a plain count under
 /// `instances-too`) and then by policy.
-pub(super) fn choose(
+pub(in crate::state::ledger) fn choose(
     holder: &HolderId,
     request: &GpuRequest,
     machine: &Machine,
     others: &[Record],
     scope: &Scope,
-) -> Result<Vec<String>, LedgerError> {
+) -> Result<Vec<String>, DecideError> {
     let count = match request.selection {
         Selection::Count(n) => n as usize,
         // `assemble` gives a MIG request a count; anything else is a caller's mistake.
@@ -231,7 +236,7 @@ fn not_enough(
     counts: (usize, usize, usize),
     scope: &Scope,
     no_access: usize,
-) -> LedgerError {
+) -> DecideError {
     let (wanted, matching, fitting) = counts;
     let what = match &request.mig {
         Some(MigWant::Profile(p)) => p.clone(),
@@ -265,7 +270,7 @@ fn not_enough(
             false => format!("; this machine's profiles: {}", profiles.join(", ")),
         });
     }
-    LedgerError::NotEnoughMig(Box::new(super::NotEnoughMig {
+    DecideError::NotEnoughMig(Box::new(super::NotEnoughMig {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         wanted,
         what,
@@ -293,7 +298,7 @@ fn no_access_detail(inventory: &Inventory, n: usize) -> String {
 }
 
 /// The instance a devices key names, checked as `fits` checks it (any profile).
-pub(super) fn named(
+pub(in crate::state::ledger) fn named(
     holder: &HolderId,
     key: &str,
     request: &GpuRequest,
@@ -301,7 +306,7 @@ pub(super) fn named(
     all: &[Record],
     others: &[Record],
     scope: &Scope,
-) -> Option<Result<String, LedgerError>> {
+) -> Option<Result<String, DecideError>> {
     let inventory = machine.inventory;
     let instance = inventory.find_mig(key)?;
     let position = inventory.position_of(&instance.parent_uuid)?;
@@ -313,7 +318,7 @@ pub(super) fn named(
             Ok(()) => Ok(instance.uuid.clone()),
             Err(unfit) => {
                 let holders: Vec<&str> = blockers(instance, all).map(Record::shown_name).collect();
-                Err(LedgerError::MigUnavailable(Box::new(
+                Err(DecideError::MigUnavailable(Box::new(
                     super::MigUnavailable {
                         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
                         address: instance.address(),

@@ -4,8 +4,11 @@
 //! that: its spec carries the claim's secret, which no one else has seen.
 
 use super::claim::ClaimToken;
-use super::{HolderId, Ledger, LedgerError, Record, store};
+use crate::model::holder::HolderId;
 use crate::state::audit::{Event, EventKind};
+use crate::state::ledger::record::Record;
+use crate::state::ledger::store;
+use crate::state::ledger::{Ledger, LedgerError};
 
 /// Why a bind was refused. Every message names the claim's holder id, never its secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,8 +79,12 @@ impl Ledger {
         if token.holder() != container && find(container).is_some() {
             return Err(refuse(Refusal::HoldsOther));
         }
-        if !super::same_set(&found.gpus, assigned) {
-            return Err(super::not_assigned(container, assigned, Some(found)));
+        if !crate::state::ledger::same_set(&found.gpus, assigned) {
+            return Err(crate::state::ledger::not_assigned(
+                container,
+                assigned,
+                Some(found),
+            ));
         }
         let mut record = found.clone();
         record.id = container.to_string();
@@ -122,7 +129,10 @@ mod tests {
     /// A ledger in a temp dir with one unbound claim under `holder`, made with `token`.
     fn claimed(holder: &str) -> (tempfile::TempDir, Ledger, ClaimToken, Vec<String>) {
         let tmp = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&tmp.path().join("state")).unwrap();
+        let ledger = Ledger::open(&crate::input::config::LedgerSettings::at(
+            &tmp.path().join("state"),
+        ))
+        .unwrap();
         let token = ClaimToken::new(id(holder)).unwrap();
         let inv = machine(4);
         let meta = HolderMeta {
@@ -271,7 +281,7 @@ mod tests {
         let (_t2, l2, token2, gpus2) = claimed("ctr2");
         l2.bind(&id("ctr2"), &token2, me(), &gpus2).unwrap();
         let line = |l: &Ledger| {
-            std::fs::read_to_string(l.dir().join(store::AUDIT_FILE))
+            std::fs::read_to_string(l.dir().join(crate::input::config::LEDGER_AUDIT_FILE))
                 .unwrap()
                 .lines()
                 .find(|line| line.contains("\"event\":\"bind\""))

@@ -1,14 +1,17 @@
 //! Turning a request into a concrete set of GPUs, given what is held. Pure: the ledger
 //! calls it under its lock and writes the outcome.
 
+use super::DecideError;
 use super::machine::Machine;
+use super::mig;
 use super::scope::Scope;
-use super::{HolderId, LedgerError, Record, holder_of, holders_of, mig};
 use crate::base::units::format_size;
 use crate::host::whose::Seen;
 use crate::input::request::{GpuRequest, Selection, Share};
 use crate::model::gpu::{Gpu, Inventory};
+use crate::model::holder::HolderId;
 use crate::policy::PolicyInput;
+use crate::state::ledger::record::{Record, holder_of, holders_of};
 
 /// The outcome of an allocation: the holder's record as written.
 #[derive(Debug, Clone)]
@@ -27,7 +30,8 @@ impl Allocation {
     }
 }
 
-pub(super) struct Plan {
+#[derive(Debug)]
+pub(in crate::state::ledger) struct Plan {
     pub uuids: Vec<String>,
     pub next_cursor: usize,
     /// Per position, whether the GPU could take the request: what the policy chose from.
@@ -70,18 +74,18 @@ impl Unfit {
     }
 }
 
-pub(super) fn plan(
+pub(in crate::state::ledger) fn plan(
     holder: &HolderId,
     request: &GpuRequest,
     machine: &Machine,
     live: &[Record],
     cursor: usize,
     scope: &Scope,
-) -> Result<Plan, LedgerError> {
+) -> Result<Plan, DecideError> {
     let inventory = machine.inventory;
     let total = inventory.gpus.len();
     if total == 0 {
-        return Err(LedgerError::NoGpus);
+        return Err(DecideError::NoGpus);
     }
     // The enclosing holders of a nested request hold its GPUs for it.
     let others: Vec<Record> = live
@@ -115,7 +119,7 @@ pub(super) fn plan(
             // line rather than quote one of a thousand names.
             let units = total + inventory.mig_instances().count();
             if keys.len() > units {
-                return Err(LedgerError::TooManyDevices {
+                return Err(DecideError::TooManyDevices {
                     listed: keys.len(),
                     total: units,
                 });
@@ -167,7 +171,7 @@ pub(super) fn plan(
         Selection::Count(count) => {
             let count = *count as usize;
             if count > total {
-                return Err(LedgerError::CountTooLarge {
+                return Err(DecideError::CountTooLarge {
                     count: count as u32,
                     total,
                 });
@@ -355,7 +359,7 @@ fn not_enough_error(
     fit: &[Result<(), Unfit>],
     wanted: usize,
     scope: &Scope,
-) -> LedgerError {
+) -> DecideError {
     let gpus = &machine.inventory.gpus;
     // Counted among what is handed out whole: a GPU in MIG mode is its instances.
     let whole: Vec<&Gpu> = gpus.iter().filter(|g| !g.in_mig_mode()).collect();
@@ -377,7 +381,7 @@ fn not_enough_error(
         true => detail.push_str(&wait_hint(request)),
         false => detail.push_str(&never_hint(request, machine, scope, ever)),
     }
-    LedgerError::NotEnoughFree {
+    DecideError::NotEnoughFree {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         wanted,
         held,
@@ -391,7 +395,7 @@ fn not_enough_error(
 /// Whether the GPU at `position` could take `request` once every holder and process on
 /// it was gone: what no wait changes (MIG mode, the model, the memory it has in all, what
 /// the request may take from) allows it.
-pub(super) fn could_ever_fit(
+pub(in crate::state::ledger) fn could_ever_fit(
     position: usize,
     request: &GpuRequest,
     machine: &Machine,
@@ -420,7 +424,11 @@ pub(super) fn could_ever_fit(
 /// only a request that would take one of these (`Ledger::allocate`): one that waits for a
 /// GPU it names, a model, a profile or a holder's GPUs is in the way of no request for
 /// other GPUs.
-pub(super) fn wanted_gpus(request: &GpuRequest, machine: &Machine, scope: &Scope) -> Vec<String> {
+pub(in crate::state::ledger) fn wanted_gpus(
+    request: &GpuRequest,
+    machine: &Machine,
+    scope: &Scope,
+) -> Vec<String> {
     let inventory = machine.inventory;
     let gpus = &inventory.gpus;
     let positions: Vec<usize> = match (&request.selection, &request.mig) {
@@ -461,7 +469,10 @@ pub(super) fn wanted_gpus(request: &GpuRequest, machine: &Machine, scope: &Scope
 }
 
 /// The GPUs (by UUID) of `units`: a GPU's own, a MIG instance's parent's.
-pub(super) fn gpus_of_units(units: &[String], inventory: &Inventory) -> Vec<String> {
+pub(in crate::state::ledger) fn gpus_of_units(
+    units: &[String],
+    inventory: &Inventory,
+) -> Vec<String> {
     units
         .iter()
         .map(|u| match inventory.find_mig(u) {
@@ -660,7 +671,7 @@ fn device_unfit(
     position: usize,
     unfit: &Unfit,
     scope: &Scope,
-) -> LedgerError {
+) -> DecideError {
     let gpu = &machine.inventory.gpus[position];
     let reason = match unfit {
         Unfit::Model => format!(
@@ -700,7 +711,7 @@ fn device_unfit(
             ),
         },
     };
-    LedgerError::DeviceUnavailable {
+    DecideError::DeviceUnavailable {
         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
         index: gpu.index,
         uuid: gpu.uuid.clone(),
@@ -709,10 +720,10 @@ fn device_unfit(
 }
 
 /// Positions in `inventory.gpus` of GPUs named by index, UUID or PCI bus id.
-pub fn resolve_devices(keys: &[String], inventory: &Inventory) -> Result<Vec<usize>, LedgerError> {
+pub fn resolve_devices(keys: &[String], inventory: &Inventory) -> Result<Vec<usize>, DecideError> {
     let mut positions: Vec<usize> = Vec::with_capacity(keys.len());
     for key in keys {
-        let gpu = inventory.find(key).ok_or_else(|| LedgerError::UnknownGpu {
+        let gpu = inventory.find(key).ok_or_else(|| DecideError::UnknownGpu {
             key: key.clone(),
             known: known_range(inventory),
         })?;

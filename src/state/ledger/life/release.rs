@@ -5,8 +5,10 @@
 //! stops it first, through `jobs::evict`; a user's is refused).
 
 use super::lookup::{self, Match};
-use super::{Ledger, LedgerError, Record, Released, entry, store};
 use crate::state::audit::{Event, EventKind};
+use crate::state::ledger::record::Record;
+use crate::state::ledger::store::{self, entry};
+use crate::state::ledger::{Ledger, LedgerError, Released};
 use std::ffi::OsStr;
 use std::time::SystemTime;
 
@@ -40,7 +42,7 @@ impl Ledger {
                 .iter()
                 .find(|r| r.id == text && !owned_by(r, by.uid))
         {
-            return Err(super::not_yours(theirs, by.uid));
+            return Err(crate::state::ledger::not_yours(theirs, by.uid));
         }
         let mine: Vec<Record> = records
             .into_iter()

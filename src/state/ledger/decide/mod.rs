@@ -1,0 +1,17 @@
+//! What an allocation gets, decided without I/O: the machine it is decided against
+//! (`machine`), what narrows it (`scope`: `within`, a group's GPUs, the limits), a
+//! request to GPUs (`plan`) and to MIG instances (`mig`). Pure functions of the machine,
+//! the live records and the request; the ledger calls them under its lock.
+
+mod error;
+pub mod machine;
+pub mod mig;
+pub mod plan;
+pub mod scope;
+
+pub use error::{DecideError, LimitReached, MigUnavailable, NotEnoughMig, NotYourHolder};
+pub use machine::Machine;
+pub use plan::{Allocation, resolve_devices};
+
+#[cfg(test)]
+mod tests;
