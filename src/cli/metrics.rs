@@ -18,8 +18,13 @@ pub fn run(config: &Config, _args: &MetricsArgs) -> anyhow::Result<ExitCode> {
     let ledger = Ledger::open_read_only(&config.ledger_settings())?;
     // The counters are read from the whole audit log: the saved cursor is the ledger's,
     // written under its lock.
-    let text =
-        gpupin::state::metrics::snapshot_text(config, &ledger, &inventory, live.as_deref(), None)?;
+    let text = gpupin::state::metrics::snapshot_text(
+        &config.audit(),
+        &ledger,
+        &inventory,
+        live.as_deref(),
+        None,
+    )?;
     out!("{text}")?;
     Ok(ExitCode::SUCCESS)
 }

@@ -17,15 +17,10 @@ pub fn open_ledger(config: &Config) -> Result<Ledger, LedgerError> {
     let ledger = Ledger::open(&config.ledger_settings())?;
     let mut observers: Vec<Box<dyn ChangeObserver>> = Vec::new();
     if let Some(file) = &config.metrics_file {
-        observers.push(Box::new(metrics::FileSink {
-            file: file.clone(),
-            config: config.clone(),
-        }));
+        observers.push(Box::new(metrics::FileSink::new(file.clone(), config)));
     }
     if config.node_access == NodeAccess::Acl {
-        observers.push(Box::new(node_access::AclSync {
-            config: config.clone(),
-        }));
+        observers.push(Box::new(node_access::AclSync::new(config)));
     }
     Ok(match observers.len() {
         0 => ledger,

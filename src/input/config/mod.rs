@@ -14,6 +14,7 @@ pub use effective::effective_toml;
 
 pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
 pub use driver::{DEFAULT_CDI_SPEC_DIRS, Driver, Unrequested};
+pub use inventory::InventorySettings;
 pub use ledger::{LEDGER_AUDIT_FILE, LedgerSettings};
 pub use serve::ServeSettings;
 

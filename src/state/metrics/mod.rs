@@ -10,7 +10,7 @@ pub use counters::{Counters, update, update_saved};
 pub use render::{Holding, IdleHolder, Snapshot, render};
 
 use crate::host::inventory;
-use crate::input::config::Config;
+use crate::input::config::{AuditLog, Config, InventorySettings};
 use crate::model::gpu::Inventory;
 use crate::model::live::Live;
 use crate::state::ledger::{Ledger, Record};
@@ -20,11 +20,29 @@ use std::path::{Path, PathBuf};
 pub const CURSOR_FILE: &str = "metrics-cursor.json";
 /// How many audit lines could not be written, in the state dir: the audit log cannot
 /// count its own failures (`gpupin_audit_write_failures_total`).
-/// The `metrics_file`, rewritten after each change of the ledger it observes.
+/// The `metrics_file`, rewritten after each change of the ledger it observes, and what
+/// it reads besides the ledger: the inventory, live figures, the audit log's counters.
 #[derive(Debug, Clone)]
 pub struct FileSink {
     pub file: PathBuf,
-    pub config: Config,
+    pub inventory: InventorySettings,
+    /// Live figures only from a file (`live_file`): NVML would cost every container
+    /// start a query.
+    pub live_file: Option<PathBuf>,
+    /// The audit log the counters are read from.
+    pub audit: AuditLog,
+}
+
+impl FileSink {
+    /// The sink of `config`'s `metrics_file`, writing `file`.
+    pub fn new(file: PathBuf, config: &Config) -> FileSink {
+        FileSink {
+            file,
+            inventory: config.inventory_settings(),
+            live_file: config.live_file.clone(),
+            audit: config.audit(),
+        }
+    }
 }
 
 /// The holdings of `records`: one per GPU a record holds.
@@ -48,10 +66,10 @@ pub fn holdings(records: &[Record], stale: impl Fn(&Record) -> bool) -> Vec<Hold
         .collect()
 }
 
-/// Everything `render` needs, read now: the ledger's records and queue, the counters, and
-/// live figures where `live` is given.
+/// Everything `render` needs, read now: the ledger's records and queue, the counters of
+/// `audit` and of the ledger's unwritten lines, and live figures where `live` is given.
 pub fn snapshot_text(
-    config: &Config,
+    audit: &AuditLog,
     ledger: &Ledger,
     inventory: &Inventory,
     live: Option<&[Live]>,
@@ -59,8 +77,8 @@ pub fn snapshot_text(
 ) -> Result<String, crate::state::ledger::LedgerError> {
     let records = ledger.records()?;
     let waiting = ledger.waiting()?;
-    let mut counters = update_saved(&config.audit(), cursor);
-    counters.audit_write_failures = crate::state::ledger::audit_write_failures(&config.state_dir);
+    let mut counters = update_saved(audit, cursor);
+    counters.audit_write_failures = crate::state::ledger::audit_write_failures(ledger.dir());
     let now = crate::state::ledger::unix_now();
     let idle = ledger
         .idle(&records)
@@ -102,25 +120,32 @@ impl FileSink {
     /// must never be the reason a container does not start. Live figures only from a
     /// `live_file` (NVML would cost every container start a query).
     pub fn refresh(&self, ledger: &Ledger) {
-        let config = &self.config;
-        let written = config
-            .load_inventory()
+        let written = self
+            .inventory
+            .load()
             .map_err(|e| crate::base::message::one_line(&e))
             .and_then(|inventory| {
-                let live = match &config.live_file {
+                let live = match &self.live_file {
                     Some(_) => inventory::read_live(
-                        config.live_file.as_deref(),
+                        self.live_file.as_deref(),
                         &inventory,
-                        &config.nvml,
+                        &self.inventory.nvml,
                         None,
                     )
                     .ok()
                     .flatten(),
                     None => None,
                 };
-                let cursor = config.state_dir.join(CURSOR_FILE);
-                snapshot_text(config, ledger, &inventory, live.as_deref(), Some(&cursor))
-                    .map_err(|e| crate::base::message::one_line(&e))
+                // The counters' cursor is the ledger's, as is the state dir it is in.
+                let cursor = ledger.dir().join(CURSOR_FILE);
+                snapshot_text(
+                    &self.audit,
+                    ledger,
+                    &inventory,
+                    live.as_deref(),
+                    Some(&cursor),
+                )
+                .map_err(|e| crate::base::message::one_line(&e))
             })
             .and_then(|text| {
                 crate::base::atomic::replace(

@@ -12,7 +12,7 @@
 
 use crate::host::inventory;
 use crate::host::node_acl::{self, NodeAclError, NodeUsers};
-use crate::input::config::Config;
+use crate::input::config::{Config, InventorySettings};
 use crate::model::gpu::Inventory;
 use crate::model::holder::HolderKind;
 use crate::state::ledger::{ChangeObserver, Ledger, LedgerError, Record};
@@ -89,17 +89,15 @@ pub struct Reconciled {
 
 /// Brings every GPU node's ACL in line with `ledger` now. The caller holds the ledger's
 /// lock (an observer's call), or accepts that a change meanwhile reconciles again.
-pub fn reconcile(config: &Config, ledger: &Ledger) -> Result<Reconciled, NodeAccessError> {
-    let inventory = config
-        .load_inventory()
-        .map_err(NodeAccessError::Inventory)?;
+pub fn reconcile(sync: &AclSync, ledger: &Ledger) -> Result<Reconciled, NodeAccessError> {
+    let inventory = sync.inventory.load().map_err(NodeAccessError::Inventory)?;
     let records = ledger.records()?;
     let mut done = Reconciled::default();
     for node in wanted(
         &inventory,
         &records,
         |r| !ledger.is_stale(r),
-        &config.node_dir,
+        &sync.node_dir,
     ) {
         match node_acl::set_users(&node) {
             Ok(true) => done.rewritten.push(node.path),
@@ -110,17 +108,30 @@ pub fn reconcile(config: &Config, ledger: &Ledger) -> Result<Reconciled, NodeAcc
     Ok(done)
 }
 
-/// The ledger's observer under `node_access = "acl"`.
+/// The ledger's observer under `node_access = "acl"`, and what it reads besides the
+/// ledger: the inventory, and where the GPU nodes are.
 #[derive(Debug, Clone)]
 pub struct AclSync {
-    pub config: Config,
+    pub inventory: InventorySettings,
+    /// The directory the GPU nodes are in (`node_dir`).
+    pub node_dir: PathBuf,
+}
+
+impl AclSync {
+    /// The observer `config` names.
+    pub fn new(config: &Config) -> AclSync {
+        AclSync {
+            inventory: config.inventory_settings(),
+            node_dir: config.node_dir.clone(),
+        }
+    }
 }
 
 impl ChangeObserver for AclSync {
     /// Best effort, as the metrics file: a node that cannot be set must not undo the
     /// change (the release stands); it is a warning, and `gpupin doctor` shows the nodes.
     fn changed(&self, ledger: &Ledger) {
-        match reconcile(&self.config, ledger) {
+        match reconcile(self, ledger) {
             Ok(done) => {
                 for err in &done.failed {
                     let error = crate::base::message::one_line(err);
