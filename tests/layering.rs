@@ -3,6 +3,8 @@
 //! level of the tree (the library's layers and the modules inside each folder alike;
 //! the `gpupin` binary's cli/ too). A parent and its own children are not a cycle: a
 //! folder's mod.rs is its front door and its children may use what it re-exports.
+//! The crate root's layers (src/lib.rs) and the ledger's rooms (src/state/ledger/mod.rs)
+//! are also in order: each is declared bottom first, and uses only those declared before it.
 //!
 //! Read from the source text, without a compiler: comments, strings and `#[cfg(test)]`
 //! items are left out (tests may reach anywhere), every path that starts at `crate`,
@@ -545,25 +547,64 @@ fn the_library_has_no_module_cycle() {
     );
 }
 
+/// The edges between `folder`'s children that go up the order its mod.rs (lib.rs for
+/// the crate root) declares them in, bottom first: one line each, naming the line that
+/// makes it. `what` is what a child is called in that folder (a layer, a room).
+fn upward_edges(
+    modules: &BTreeMap<ModPath, Module>,
+    src: &Path,
+    folder: &[&str],
+    what: &str,
+) -> Vec<String> {
+    let folder: ModPath = folder.iter().map(|s| s.to_string()).collect();
+    let order = &modules[&folder].declared;
+    let rank = |m: &str| order.iter().position(|o| o == m).unwrap();
+    sibling_edges(modules, src)
+        .get(&folder)
+        .into_iter()
+        .flatten()
+        .filter(|((a, b), _)| rank(b) > rank(a))
+        .map(|((a, b), why)| format!("    {a} -> {b} ({what} above it): {why}"))
+        .collect()
+}
+
 /// The crate root's modules are layers, listed bottom first in src/lib.rs: an edge from
 /// one to another must go down the list.
 #[test]
 fn each_layer_imports_only_from_the_layers_below_it() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let modules = load(&src.join("lib.rs"));
-    let order = &modules[&Vec::new()].declared;
-    let rank = |m: &str| order.iter().position(|o| o == m).unwrap();
-    let edges = sibling_edges(&modules, &src);
-    let upward: Vec<String> = edges
-        .get(&Vec::new())
-        .into_iter()
-        .flatten()
-        .filter(|((a, b), _)| rank(b) > rank(a))
-        .map(|((a, b), why)| format!("    {a} -> {b} (a layer above it): {why}"))
-        .collect();
+    let upward = upward_edges(&modules, &src, &[], "a layer");
     assert!(
         upward.is_empty(),
         "layers import only from below (src/lib.rs lists them bottom first):\n{}",
+        upward.join("\n")
+    );
+}
+
+/// The ledger's rooms, listed bottom first in src/state/ledger/mod.rs: the pure decision
+/// (`decide`) below the files on disk (`store`), and those below the wait queue and a
+/// holder's life. An edge from one room to another must go down the list.
+#[test]
+fn each_room_of_the_ledger_imports_only_from_the_rooms_below_it() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let modules = load(&src.join("lib.rs"));
+    let ledger = ["state", "ledger"];
+    let order = &modules[&ledger.map(String::from).to_vec()].declared;
+    let rank = |m: &str| {
+        order
+            .iter()
+            .position(|o| o == m)
+            .unwrap_or_else(|| panic!("src/state/ledger/mod.rs declares no room {m}"))
+    };
+    assert!(
+        rank("decide") < rank("store") && rank("store") < rank("queue").min(rank("life")),
+        "src/state/ledger/mod.rs lists decide below store, and store below queue and life: {order:?}"
+    );
+    let upward = upward_edges(&modules, &src, &ledger, "a room");
+    assert!(
+        upward.is_empty(),
+        "the ledger's rooms import only from below (src/state/ledger/mod.rs lists them bottom first):\n{}",
         upward.join("\n")
     );
 }
@@ -626,6 +667,40 @@ fn a_cycle_is_found_through_a_reexport() {
         !edges.contains_key(&vec!["a".to_string()]),
         "inner -> a is a child using its parent"
     );
+}
+
+#[test]
+fn an_edge_up_a_folders_order_is_found_and_named_by_its_line() {
+    // The checker itself: a folder's children declared bottom first (low, mid, high);
+    // mid using low goes down, low using high (through the folder's re-export) goes up.
+    let dir = tempfile::tempdir().unwrap();
+    let w = |p: &str, s: &str| {
+        let path = dir.path().join(p);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, s).unwrap();
+    };
+    w("lib.rs", "pub mod f;\n");
+    w(
+        "f/mod.rs",
+        "mod low;\n\nmod mid;\n\nmod high;\n\npub use high::High;\n",
+    );
+    w(
+        "f/low.rs",
+        "pub struct Low;\n\nfn up() -> crate::f::High {\n    todo!()\n}\n",
+    );
+    w("f/mid.rs", "use super::low::Low;\npub struct Mid(Low);\n");
+    w("f/high.rs", "pub struct High;\n");
+    let modules = load(&dir.path().join("lib.rs"));
+    assert_eq!(
+        modules[&vec!["f".to_string()]].declared,
+        ["low", "mid", "high"]
+    );
+    let upward = upward_edges(&modules, dir.path(), &["f"], "a room");
+    assert_eq!(
+        upward,
+        ["    low -> high (a room above it): src/f/low.rs:3 crate::f::High"]
+    );
+    assert!(upward_edges(&modules, dir.path(), &[], "a layer").is_empty());
 }
 
 /// Not a check: prints every folder's edges, for whoever redraws docs/ARCHITECTURE.md
