@@ -1,8 +1,9 @@
 //! A holder's life in the ledger, after its allocation: a claim and its binding to a
 //! process (`claim`, `bind`), a record moving to its job (`job`), which holder a name
-//! means (`lookup`), a release by that name (`release`) or a queued request's cancel
-//! (`cancel`), the note an eviction or a cancel leaves (`ended`), idle holders
-//! (`idle`), and a holder's key for nested requests (`within`).
+//! means (`lookup`), a holder's entry given back (`remove`), a release by that name
+//! (`release`) or a queued request's cancel (`cancel`), the note an eviction or a
+//! cancel leaves (`ended`), idle holders (`idle`), and a holder's key for nested
+//! requests (`within`).
 
 mod bind;
 mod cancel;
@@ -12,10 +13,12 @@ mod idle;
 mod job;
 pub mod lookup;
 mod release;
+mod remove;
 pub(in crate::state::ledger) mod within;
 
 pub use claim::{ClaimError, ClaimToken};
 pub use ended::Ended;
 pub use idle::{IDLE_FILE, Idle, IdleLook, IdleRule, look_every};
 pub use release::Releaser;
+pub use remove::Released;
 pub use within::SECRET_FILE as WITHIN_SECRET_FILE;

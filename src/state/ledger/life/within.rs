@@ -12,9 +12,11 @@
 
 use crate::base::atomic::{self, Durability};
 use crate::base::safe_open::{self, Links};
+use crate::model::holder::HolderId;
 use crate::model::holder::{KEY_HEX, WithinKey};
-use crate::state::ledger::LedgerError;
 use crate::state::ledger::record::Record;
+use crate::state::ledger::store;
+use crate::state::ledger::{Ledger, LedgerError};
 use hmac::{KeyInit, Mac};
 use sha2::Sha256;
 use std::os::unix::fs::MetadataExt;
@@ -128,6 +130,23 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
         .collect()
+}
+
+impl Ledger {
+    /// The key that lets others take from `holder`'s GPUs (`gpupin.within=HOLDER:KEY`):
+    /// for root, who hands it to the holder's owner (`gpupin key`, a Slurm TaskProlog).
+    /// `None`: no live holder of that name.
+    pub fn key(&self, holder: &HolderId) -> Result<Option<(Record, WithinKey)>, LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let Some(record) = store::read_records(&self.dir)?
+            .into_iter()
+            .find(|r| r.id == holder.as_str() && !self.is_stale(r))
+        else {
+            return Ok(None);
+        };
+        let key = NodeSecret::load_or_create(&self.dir)?.key_for(&record);
+        Ok(Some((record, key)))
+    }
 }
 
 #[cfg(test)]
