@@ -9,9 +9,9 @@ mod long;
 mod summary;
 
 use super::{Leftover, live};
+use crate::host::whose::Seen;
 use crate::model::gpu::Inventory;
 use crate::model::live::Live;
-use crate::host::whose::Seen;
 use crate::state::ledger::{Idle, Record, Waiting, holders_of};
 use serde_json::Value;
 use std::time::{Duration, SystemTime};
