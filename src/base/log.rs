@@ -1,8 +1,9 @@
 //! How much gpupin logs: `GPUPIN_LOG` in the environment, else the config's `log` key.
-//! The library only emits `tracing` events and parses the level; each binary sets up the
-//! one subscriber (stderr), since a hook's stdout may be read by its caller (podman's
-//! precreate reads the spec from it). Off unless asked for: a hook runs on every
-//! container start.
+//! The library emits `tracing` events and parses the level; the one subscriber (stderr
+//! only, since a hook's stdout may be read by its caller: podman's precreate reads the
+//! spec from it) is installed by each binary, at start (`init_from_env`) and once a config
+//! is loaded (`init_from_config`), through the functions below. Off unless asked for: a
+//! hook runs on every container start.
 
 use tracing::level_filters::LevelFilter;
 
@@ -69,6 +70,64 @@ impl std::str::FromStr for Level {
 /// may then decide). A value that is not valid UTF-8 is refused like any other.
 pub fn from_env() -> Result<Option<Level>, BadLevel> {
     level_of(std::env::var_os(LOG_ENV).as_deref())
+}
+
+/// At a binary's start: the subscriber `GPUPIN_LOG` asks for, one env read when it is
+/// unset, which is all a container without a request pays. An invalid value is the
+/// binary's to say (one warning line); logging then stays off.
+pub fn init_from_env() -> Result<(), BadLevel> {
+    if let Some(level) = from_env()? {
+        install(level);
+    }
+    Ok(())
+}
+
+/// Once a config is loaded: its `log` key (`configured`), unless `GPUPIN_LOG` was set (it
+/// wins, even when it was invalid). With logging off (the default, or asked for), audit
+/// lines the audit log could not take still reach stderr (the journal, the engine's
+/// log), since they are the trail's; a subscriber installed before wins.
+pub fn init_from_config(configured: Option<Level>) {
+    if let Some(level) = configured
+        && std::env::var_os(LOG_ENV).is_none_or(|v| v.is_empty())
+    {
+        install(level);
+    }
+    install_audit_fallback();
+}
+
+/// A subscriber for `AUDIT_FALLBACK` events alone.
+fn install_audit_fallback() {
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    let targets = Targets::new().with_target(AUDIT_FALLBACK, LevelFilter::ERROR);
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(LevelFilter::ERROR)
+        .finish()
+        .with(targets);
+    let _ = tracing::subscriber::set_global_default(subscriber);
+}
+
+fn install(level: Level) {
+    if level == Level::Off {
+        return;
+    }
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    // gpupin's own events at the level asked for; the libraries' (the HTTP/2 and gRPC
+    // stack of `gpupin device-plugin` logs every frame at debug) at info at most.
+    let ours = level.filter();
+    let targets = Targets::new()
+        .with_default(ours.min(LevelFilter::INFO))
+        .with_targets(["gpupin", "gpupin_hook", "gpupin_runtime"].map(|t| (t, ours)))
+        .with_target(AUDIT_FALLBACK, LevelFilter::ERROR);
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(ours)
+        .finish()
+        .with(targets);
+    // A second set-up (a config loaded twice) keeps the first.
+    let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
 fn level_of(value: Option<&std::ffi::OsStr>) -> Result<Option<Level>, BadLevel> {

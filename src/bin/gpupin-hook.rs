@@ -5,16 +5,12 @@
 //! NVML, when a stage needs it, is asked of the `gpupin` binary beside this one.
 
 use gpupin::base::binaries;
+use gpupin::engines::hook::stage;
 use gpupin::host::inventory::NvmlAccess;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-
-#[path = "../cli/hook_stage.rs"]
-mod hook_stage;
-#[path = "../cli/logging.rs"]
-mod logging;
 
 const USAGE: &str = "usage: gpupin-hook [--config FILE] STAGE
 Runs one OCI hook stage for gpupin: the container state on stdin (precreate: the spec,
@@ -33,7 +29,13 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    logging::init_from_env();
+    if let Err(err) = gpupin::base::log::init_from_env() {
+        let line = gpupin::base::message::one_line(&err);
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "gpupin: warning: {line}; logging off"
+        );
+    }
     let args = match parse(std::env::args_os().skip(1)) {
         Ok(args) => args,
         Err(reason) => {
@@ -50,23 +52,25 @@ fn main() -> ExitCode {
         let _ = writeln!(std::io::stdout().lock(), "{text}");
         return ExitCode::SUCCESS;
     }
-    let Some(stage) = args.stage.as_deref() else {
+    let Some(stage_name) = args.stage.as_deref() else {
         report("a hook stage is required (see gpupin-hook --help)");
         return ExitCode::from(2);
     };
-    let stage_args = hook_stage::StageArgs {
+    let stage_args = stage::StageArgs {
         config: args.config.as_deref(),
-        stage,
+        stage: stage_name,
         refuse: args.refuse.as_deref(),
     };
     let outcome = std::env::current_exe()
         .map_err(anyhow::Error::from)
         .and_then(|exe| {
             let nvml = NvmlAccess::Helper(binaries::beside(&exe, binaries::CLI));
-            hook_stage::run(&stage_args, &exe, nvml)
+            let said = stage::run(&stage_args, std::io::stdin().lock(), &exe, nvml)?;
+            said.write_to(std::io::stdout().lock(), std::io::stderr().lock())?;
+            Ok(())
         });
     match outcome {
-        Ok(code) => code,
+        Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             report(&gpupin::base::message::one_line(err.as_ref()));
             ExitCode::FAILURE

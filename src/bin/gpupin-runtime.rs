@@ -8,15 +8,19 @@ use gpupin::engines::runtime::{self, Handover, argv, argv::Invocation};
 use gpupin::host::inventory::NvmlAccess;
 use gpupin::input::config::CONFIG_ENV;
 use std::ffi::OsString;
+use std::io::Write;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
 
-#[path = "../cli/logging.rs"]
-mod logging;
-
 fn main() -> ExitCode {
-    logging::init_from_env();
+    if let Err(err) = gpupin::base::log::init_from_env() {
+        let line = gpupin::base::message::one_line(&err);
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "gpupin: warning: {line}; logging off"
+        );
+    }
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     let invocation = match argv::parse(args, cwd) {
@@ -51,7 +55,7 @@ fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
     }
     // Linked statically in release builds: NVML is asked of the `gpupin` beside it.
     config.nvml = NvmlAccess::Helper(binaries::beside(&own_exe, binaries::CLI));
-    logging::init_from_config(&config);
+    gpupin::base::log::init_from_config(config.log);
     match runtime::run(inv, &config, &own_exe)? {
         Handover::Exec { runtime } => Err(exec(&runtime, &inv.runtime_args)),
         Handover::Ran(status) => Ok(exit_code(status)),

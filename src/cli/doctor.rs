@@ -40,7 +40,7 @@ pub fn run(config_flag: Option<&Path>, args: &DoctorArgs) -> anyhow::Result<Exit
     let config_arg = super::install::absolute_config(config_flag)?;
     let (config, config_error) = match Config::discover(config_flag) {
         Ok(config) => {
-            super::logging::init_from_config(&config);
+            gpupin::base::log::init_from_config(config.log);
             (config, None)
         }
         Err(err) => {

@@ -1,8 +1,9 @@
-//! `gpupin hook STAGE`: the same hook as the `gpupin-hook` binary (`hook_stage.rs`), kept
-//! for hooks.d files and specs written by an older gpupin, and for trying a stage by hand.
+//! `gpupin hook STAGE`: the same hook as the `gpupin-hook` binary (both run
+//! `engines::hook::stage`), kept for hooks.d files and specs written by an older gpupin,
+//! and for trying a stage by hand.
 
-use super::hook_stage::{self, StageArgs};
 use gpupin::base::binaries;
+use gpupin::engines::hook::stage::{self, StageArgs};
 use gpupin::host::inventory::NvmlAccess;
 use std::path::Path;
 use std::process::ExitCode;
@@ -25,5 +26,12 @@ pub fn run(config_flag: Option<&Path>, args: &HookArgs) -> anyhow::Result<ExitCo
     };
     // Specs edited at precreate get the lean hook binary beside this one.
     let hook_exe = binaries::beside(&std::env::current_exe()?, binaries::HOOK);
-    hook_stage::run(&args, &hook_exe, NvmlAccess::InProcess)
+    let said = stage::run(
+        &args,
+        std::io::stdin().lock(),
+        &hook_exe,
+        NvmlAccess::InProcess,
+    )?;
+    said.write_to(std::io::stdout().lock(), std::io::stderr().lock())?;
+    Ok(ExitCode::SUCCESS)
 }

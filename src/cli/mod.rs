@@ -21,12 +21,10 @@ mod gc;
 mod hold;
 mod holders;
 mod hook;
-mod hook_stage;
 mod install;
 mod inventory;
 mod key;
 mod log;
-pub mod logging;
 mod metrics;
 mod nvml;
 mod pick;
@@ -42,6 +40,7 @@ mod within;
 use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};
 use gpupin::input::config::Config;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -152,7 +151,13 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
-    logging::init_from_env();
+    if let Err(err) = gpupin::base::log::init_from_env() {
+        let line = gpupin::base::message::one_line(&err);
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "gpupin: warning: {line}; logging off"
+        );
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return usage_error(err),
@@ -342,6 +347,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 pub fn load_config(flag: Option<&std::path::Path>) -> anyhow::Result<Config> {
     let config = Config::discover(flag).context("loading configuration")?;
-    logging::init_from_config(&config);
+    gpupin::base::log::init_from_config(config.log);
     Ok(config)
 }
