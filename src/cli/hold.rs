@@ -5,9 +5,8 @@ use super::route::Route;
 use anyhow::Context;
 use gpupin::host::slurm;
 use gpupin::input::config::Config;
-use gpupin::jobs::hold::{self, Hold};
+use gpupin::jobs::hold::{self, HoldOwner, HoldRequest};
 use gpupin::jobs::serve::{Client, Request};
-use gpupin::model::holder::HolderId;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -62,78 +61,24 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
         true => (slurm_minors(&listed)?, true),
         false => (listed, args.by_minor),
     };
-    let for_secs = args.for_;
-    let within = args.within.resolve()?;
-    let (id, gpus) = if Route::of_this_process() == Route::Local {
-        let owner = match &args.user {
-            Some(user) => gpupin::host::users::owner_named(user)?,
-            None => gpupin::host::users::owner_of(0)?,
-        };
-        let spec = Hold {
-            id: HolderId::new(&args.id)?,
-            devices: devices.clone(),
-            by_minor,
-            pid: args.pid,
-            until_release: args.until_release,
-            owner,
-            limited: false,
-            within: within.clone(),
-            count: args.count,
-            mig: args.mig.clone(),
-            reason: args.reason.clone(),
-            expires_at: for_secs.map(|s| gpupin::state::ledger::unix_now().saturating_add(s)),
-            wait: args.wait,
-        };
-        let record = hold::hold(config, &spec, "cli")?;
-        // A MIG instance by its UUID: its index is its GPU's.
-        let indices: Vec<String> = record
-            .gpus
-            .iter()
-            .zip(&record.indices)
-            .map(|(uuid, i)| match uuid.starts_with("MIG-") {
-                true => uuid.clone(),
-                false => i.to_string(),
-            })
-            .collect();
-        (record.id, indices)
-    } else {
-        // gpupin serve takes a wait only among request keys, which stand for devices,
-        // count and mig.
-        let (devices, count, mig, request) = match args.wait {
-            None => (devices, args.count, args.mig.clone(), Vec::new()),
-            Some(_) if by_minor => anyhow::bail!(
-                "--wait with --by-minor or --by-slurm-index is root's (a Slurm prolog runs as root); give --devices as GPU indices or UUIDs"
-            ),
-            Some(wait) => (
-                String::new(),
-                None,
-                None,
-                wait_request(args, &devices, wait),
-            ),
-        };
-        let reply = Client::connect(&config.client_socket())?.ask(&Request::Hold {
-            id: args.id.clone(),
-            devices,
-            by_minor,
-            pid: args.pid,
-            until_release: args.until_release,
-            user: args.user.clone(),
-            within: within.clone(),
-            count,
-            mig,
-            reason: args.reason.clone(),
-            for_secs,
-            request,
-        })?;
-        let indices = reply
-            .gpus
-            .iter()
-            .map(|g| match (g.index, g.uuid.starts_with("MIG-")) {
-                (Some(i), false) => i.to_string(),
-                _ => g.uuid.clone(),
-            })
-            .collect();
-        (reply.holder.unwrap_or_default(), indices)
+    let asked = HoldRequest {
+        id: args.id.clone(),
+        devices,
+        by_minor,
+        pid: args.pid,
+        until_release: args.until_release,
+        user: args.user.clone(),
+        within: args.within.resolve()?,
+        count: args.count,
+        mig: args.mig.clone(),
+        reason: args.reason.clone(),
+        for_secs: args.for_,
+        request: Vec::new(),
+        wait: args.wait,
+    };
+    let (id, gpus) = match Route::of_this_process() {
+        Route::Local => as_root(config, asked)?,
+        Route::Daemon => through_daemon(config, asked)?,
     };
     let until = match (args.pid, args.for_) {
         (Some(pid), None) => format!("while pid {pid} runs"),
@@ -155,23 +100,73 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Root's hold, in the ledger: for itself or the user it names, no limits.
+fn as_root(config: &Config, asked: HoldRequest) -> anyhow::Result<(String, Vec<String>)> {
+    let owner = match &asked.user {
+        Some(user) => gpupin::host::users::owner_named(user)?,
+        None => gpupin::host::users::owner_of(0)?,
+    };
+    let whose = HoldOwner {
+        owner,
+        limited: false,
+    };
+    let record = hold::hold(config, &asked, &whose, "cli")?;
+    // A MIG instance by its UUID: its index is its GPU's.
+    let indices: Vec<String> = record
+        .gpus
+        .iter()
+        .zip(&record.indices)
+        .map(|(uuid, i)| match uuid.starts_with("MIG-") {
+            true => uuid.clone(),
+            false => i.to_string(),
+        })
+        .collect();
+    Ok((record.id, indices))
+}
+
+/// A user's hold, through gpupin serve.
+fn through_daemon(config: &Config, asked: HoldRequest) -> anyhow::Result<(String, Vec<String>)> {
+    // gpupin serve takes a wait only among request keys, which stand for devices, count
+    // and mig.
+    let asked = match asked.wait {
+        None => asked,
+        Some(_) if asked.by_minor => anyhow::bail!(
+            "--wait with --by-minor or --by-slurm-index is root's (a Slurm prolog runs as root); give --devices as GPU indices or UUIDs"
+        ),
+        Some(wait) => HoldRequest {
+            request: wait_request(&asked, wait),
+            devices: String::new(),
+            count: None,
+            mig: None,
+            wait: None,
+            ..asked
+        },
+    };
+    let reply = Client::connect(&config.client_socket())?.ask(&Request::Hold(asked))?;
+    let indices = reply
+        .gpus
+        .iter()
+        .map(|g| match (g.index, g.uuid.starts_with("MIG-")) {
+            (Some(i), false) => i.to_string(),
+            _ => g.uuid.clone(),
+        })
+        .collect();
+    Ok((reply.holder.unwrap_or_default(), indices))
+}
+
 /// `--devices`, `--count` or `--mig` and `--wait` as the request keys gpupin serve reads.
-fn wait_request(
-    args: &HoldArgs,
-    devices: &str,
-    wait: std::time::Duration,
-) -> Vec<(String, String)> {
+fn wait_request(asked: &HoldRequest, wait: std::time::Duration) -> Vec<(String, String)> {
     use gpupin::input::request::Key;
     let mut pairs = Vec::new();
     let mut add = |key: Key, value: String| pairs.push((key.as_str().to_string(), value));
-    if !devices.trim().is_empty() {
-        add(Key::Devices, devices.to_string());
+    if !asked.devices.trim().is_empty() {
+        add(Key::Devices, asked.devices.clone());
     }
-    if let Some(mig) = &args.mig {
+    if let Some(mig) = &asked.mig {
         add(Key::Mig, mig.clone());
     }
-    if args.count.is_some() || args.mig.is_some() {
-        add(Key::Count, args.count.unwrap_or(1).to_string());
+    if asked.count.is_some() || asked.mig.is_some() {
+        add(Key::Count, asked.count.unwrap_or(1).to_string());
     }
     add(Key::Wait, humantime::format_duration(wait).to_string());
     pairs

@@ -1,12 +1,16 @@
 //! Holds: GPUs set aside with no container, for a Slurm prolog (the job's GPUs, released
 //! by the epilog) or an administrator ("GPU 7 is in maintenance"). A hold lasts as long
 //! as a process (`pid`), or until `gpupin release` (`until_release`).
+//!
+//! One type says what is asked (`HoldRequest`): `gpupin hold` makes it from its
+//! arguments, sends it to `gpupin serve` as the `hold` request (its fields are the
+//! wire's), and root's CLI and the daemon hand it to `hold` with whose hold it is.
 
 use crate::admission::grant::{self, GrantError};
 use crate::input::config::Config;
 use crate::input::request::{self, GpuRequest, Key, Origin, Selection};
 use crate::model::gpu::Inventory;
-use crate::model::holder::{HolderId, HolderKind, Owner};
+use crate::model::holder::{BadHolderId, HolderId, HolderKind, Owner};
 use crate::state::ledger::{HolderMeta, Record, StillWanted};
 
 #[derive(Debug, thiserror::Error)]
@@ -45,33 +49,97 @@ pub enum HoldError {
         "invalid --for {asked}: a hold lasts at most {LONGEST_DAYS} days; give a shorter --for, or hold with --until-release (root) and release it"
     )]
     TooLong { asked: String },
+    #[error(transparent)]
+    Holder(#[from] BadHolderId),
+    #[error("a hold gives request keys, or devices or count, not both")]
+    KeysAndDevices,
+    #[error("the request keys ask for no GPUs: give gpupin.count")]
+    NoGpusAsked,
 }
 
-/// What to hold.
-#[derive(Debug, Clone)]
-pub struct Hold {
-    pub id: HolderId,
+/// What to hold, as asked: `gpupin hold`'s arguments, and `gpupin serve`'s `hold`
+/// request, whose JSON fields these are (docs/protocol.md; optional ones left out as
+/// `mig` and `request` are, so that the wire stays as it was).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HoldRequest {
+    /// The holder id.
+    pub id: String,
     /// GPUs by index, UUID or bus id, comma-separated; device minors with `by_minor`
     /// (Slurm numbers GPUs by gres.conf's File= order, /dev/nvidia<minor>).
     pub devices: String,
+    #[serde(default)]
     pub by_minor: bool,
+    /// The process the hold lasts as long as.
+    #[serde(default)]
     pub pid: Option<i32>,
+    #[serde(default)]
     pub until_release: bool,
+    /// Root only: whose hold it is (a name or uid; the caller's when absent).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The holder it nests in.
+    #[serde(default)]
+    pub within: Option<String>,
+    /// How many GPUs the policy chooses, instead of `devices` (then empty).
+    #[serde(default)]
+    pub count: Option<u32>,
+    /// MIG instances of this profile, or `any` (`gpupin.mig`), `count` of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<String>,
+    /// Why, for status and the audit log (one line, at most `MAX_REASON` characters).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// How long it lasts at most, in seconds (`--for`), from when it is held.
+    #[serde(default)]
+    pub for_secs: Option<u64>,
+    /// The whole request as `gpupin pick`'s keys (`gpupin.count`, `gpupin.policy`,
+    /// `gpupin.memory`, `gpupin.wait` ...), instead of `devices` and `count` (then
+    /// empty): the Python client's `acquire`, a user's `hold --wait`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub request: Vec<(String, String)>,
+    /// Root's own hold only: how long it may wait in the queue for its GPUs (`--wait`);
+    /// `None`: refused at once when they are taken. Never sent: through `gpupin serve`
+    /// a wait is one of `request`'s keys.
+    #[serde(skip)]
+    pub wait: Option<std::time::Duration>,
+}
+
+impl HoldRequest {
+    /// The request keys (`request`) as a request: `None` when there are none (then
+    /// `devices`, `count` or `mig` say what is held), refused beside `devices` or `count`.
+    pub fn keys(&self) -> Result<Option<GpuRequest>, HoldError> {
+        if self.request.is_empty() {
+            return Ok(None);
+        }
+        if self.count.is_some() || !self.devices.trim().is_empty() {
+            return Err(HoldError::KeysAndDevices);
+        }
+        let pairs: Vec<(&str, &str)> = self
+            .request
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let parsed = request::from_pairs(&pairs, Origin::Cli).map_err(HoldError::Request)?;
+        parsed.map(Some).ok_or(HoldError::NoGpusAsked)
+    }
+}
+
+/// Whose a hold is and whether `[limits]` apply to it: decided by whoever takes the
+/// request (root's `gpupin hold`; `gpupin serve`, from who the kernel says the caller is).
+#[derive(Debug, Clone)]
+pub struct HoldOwner {
     pub owner: Owner,
     /// Whether the limits apply (a hold a user asks for; not one root makes).
     pub limited: bool,
-    pub within: Option<String>,
-    /// How many GPUs, chosen by the policy, instead of `devices`.
-    pub count: Option<u32>,
-    /// MIG instances of this profile, or `any` (`gpupin.mig`), `count` of them.
-    pub mig: Option<String>,
-    /// Why, for status and the audit log (one line, at most `MAX_REASON` characters).
-    pub reason: Option<String>,
+}
+
+/// A hold as granted: the request with its holder id checked and its end in time.
+struct Hold<'a> {
+    asked: &'a HoldRequest,
+    id: HolderId,
+    whose: &'a HoldOwner,
     /// Seconds since the Unix epoch at which the hold ends by itself (`--for`).
-    pub expires_at: Option<u64>,
-    /// How long the hold may wait in the queue for its GPUs (`--wait`); `None`: refused
-    /// at once when they are taken.
-    pub wait: Option<std::time::Duration>,
+    expires_at: Option<u64>,
 }
 
 /// The longest reason a hold keeps: it is shown in status and written to the audit log.
@@ -95,62 +163,76 @@ pub fn check_for(secs: u64) -> Result<u64, HoldError> {
 
 const DEVICES_EXPECTED: &str = "expected a comma-separated list of GPU indices, UUIDs or bus ids (device minors with --by-minor)";
 
-pub fn hold(config: &Config, hold: &Hold, source: &str) -> Result<Record, HoldError> {
-    hold_with(config, hold, None, None, source)
+/// Holds what `asked` says for `whose` (its `request` keys left out: see `hold_with`).
+pub fn hold(
+    config: &Config,
+    asked: &HoldRequest,
+    whose: &HoldOwner,
+    source: &str,
+) -> Result<Record, HoldError> {
+    hold_with(config, asked, whose, None, None, source)
 }
 
-/// `hold`, with the whole request given (`gpupin serve`'s hold with request keys: a
-/// policy, memory, a wait in the queue), instead of `hold.devices` or `hold.count`; a
-/// wait ends once `still_wanted` says no.
+/// `hold`, with the whole request given (`asked.keys()`, read by the caller where its
+/// checks come in their order: `gpupin serve`'s hold with request keys: a policy,
+/// memory, a wait in the queue), instead of `asked.devices` or `asked.count`; a wait
+/// ends once `still_wanted` says no.
 pub fn hold_with(
     config: &Config,
-    hold: &Hold,
+    asked: &HoldRequest,
+    whose: &HoldOwner,
     request: Option<GpuRequest>,
     still_wanted: Option<StillWanted>,
     source: &str,
 ) -> Result<Record, HoldError> {
-    if hold.pid.is_none() && !hold.until_release && hold.expires_at.is_none() {
+    let now = crate::state::ledger::unix_now();
+    let hold = Hold {
+        asked,
+        id: HolderId::new(&asked.id)?,
+        whose,
+        expires_at: asked.for_secs.map(|secs| now.saturating_add(secs)),
+    };
+    if asked.pid.is_none() && !asked.until_release && hold.expires_at.is_none() {
         return Err(HoldError::NoLifetime);
     }
     if let Some(end) = hold.expires_at {
-        // An end further off than the longest hold from now (a minute's slack for a
+        // An end further off than the longest hold from now (a minute's slack, as for a
         // caller that computed it a moment ago) was no checked `--for`.
-        let now = crate::state::ledger::unix_now();
         check_for(end.saturating_sub(now).saturating_sub(60))?;
     }
-    if let Some(reason) = &hold.reason {
+    if let Some(reason) = &asked.reason {
         check_reason(reason)?;
     }
     let mut request = match request {
         Some(request) => GpuRequest {
-            within: request.within.or_else(|| hold.within.clone()),
+            within: request.within.or_else(|| asked.within.clone()),
             ..request
         },
-        None => match &hold.mig {
-            Some(mig) => mig_request(hold, mig)?,
+        None => match &asked.mig {
+            Some(mig) => mig_request(asked, mig)?,
             None => {
-                let selection = match (hold.count, hold.devices.trim().is_empty()) {
+                let selection = match (asked.count, asked.devices.trim().is_empty()) {
                     (Some(_), false) => return Err(HoldError::DevicesAndCount),
                     // The CLI takes no 0; a request to gpupin serve may say anything.
                     (Some(0), true) => return Err(HoldError::ZeroCount),
                     (Some(n), true) => Selection::Count(n),
-                    (None, _) => Selection::Devices(device_keys(config, hold)?),
+                    (None, _) => Selection::Devices(device_keys(config, asked)?),
                 };
                 GpuRequest {
-                    within: hold.within.clone(),
+                    within: asked.within.clone(),
                     ..GpuRequest::new(selection, Origin::Cli)
                 }
             }
         },
     };
-    if hold.wait.is_some() {
-        request.wait = hold.wait;
+    if asked.wait.is_some() {
+        request.wait = asked.wait;
     }
-    grant_hold(config, hold, &request, still_wanted, source)
+    grant_hold(config, &hold, &request, still_wanted, source)
 }
 
 /// `--mig PROFILE [--count N]`: checked as `gpupin.mig` is everywhere.
-fn mig_request(hold: &Hold, mig: &str) -> Result<GpuRequest, HoldError> {
+fn mig_request(hold: &HoldRequest, mig: &str) -> Result<GpuRequest, HoldError> {
     if !hold.devices.trim().is_empty() || hold.by_minor {
         return Err(HoldError::MigAndDevices);
     }
@@ -178,16 +260,17 @@ fn grant_hold(
     still_wanted: Option<StillWanted>,
     source: &str,
 ) -> Result<Record, HoldError> {
+    let asked = hold.asked;
     let meta = HolderMeta {
         source: source.to_string(),
-        pid: hold.pid,
+        pid: asked.pid,
         kind: HolderKind::Hold,
-        owner: Some(hold.owner.clone()),
+        owner: Some(hold.whose.owner.clone()),
         // A hold for a while without a process lasts until released or its time is up.
-        until_release: hold.until_release || (hold.pid.is_none() && hold.expires_at.is_some()),
-        limited: hold.limited,
+        until_release: asked.until_release || (asked.pid.is_none() && hold.expires_at.is_some()),
+        limited: hold.whose.limited,
         expires_at: hold.expires_at,
-        reason: hold.reason.clone(),
+        reason: asked.reason.clone(),
         still_wanted,
         ..HolderMeta::default()
     };
@@ -214,7 +297,7 @@ fn check_reason(reason: &str) -> Result<(), HoldError> {
 }
 
 /// The GPUs `--devices` names, as UUIDs where they were device minors.
-fn device_keys(config: &Config, hold: &Hold) -> Result<Vec<String>, HoldError> {
+fn device_keys(config: &Config, hold: &HoldRequest) -> Result<Vec<String>, HoldError> {
     let keys: Vec<String> = hold
         .devices
         .split(',')
@@ -321,22 +404,18 @@ pub(crate) mod testing {
         owner: Owner,
         pid: Option<i32>,
     ) -> Record {
-        let spec = Hold {
-            id: HolderId::new(id).unwrap(),
+        let asked = HoldRequest {
+            id: id.into(),
             devices: devices.into(),
-            by_minor: false,
             pid,
             until_release: pid.is_none(),
+            ..HoldRequest::default()
+        };
+        let whose = HoldOwner {
             owner,
             limited: false,
-            within: None,
-            count: None,
-            mig: None,
-            reason: None,
-            expires_at: None,
-            wait: None,
         };
-        hold(config, &spec, "test").unwrap()
+        hold(config, &asked, &whose, "test").unwrap()
     }
 }
 
@@ -372,21 +451,21 @@ mod tests {
         }
     }
 
-    fn spec(devices: &str, by_minor: bool) -> Hold {
-        Hold {
-            id: HolderId::new("slurm-42").unwrap(),
+    fn spec(devices: &str, by_minor: bool) -> HoldRequest {
+        HoldRequest {
+            id: "slurm-42".into(),
             devices: devices.into(),
             by_minor,
-            pid: None,
             until_release: true,
+            ..HoldRequest::default()
+        }
+    }
+
+    /// Root's hold, as `gpupin hold` as root makes it.
+    fn by_root() -> HoldOwner {
+        HoldOwner {
             owner: root(),
             limited: false,
-            within: None,
-            count: None,
-            mig: None,
-            reason: None,
-            expires_at: None,
-            wait: None,
         }
     }
 
@@ -410,34 +489,38 @@ mod tests {
     fn mig_holds_instances_of_a_profile_and_is_checked_in_one_line() {
         let tmp = tempfile::tempdir().unwrap();
         let config = config(tmp.path(), "sim:nvswitch8mig");
-        let asked = Hold {
+        let asked = HoldRequest {
             mig: Some("1g.10gb".into()),
             count: Some(3),
             ..spec("", false)
         };
-        let record = hold(&config, &asked, "test").unwrap();
+        let record = hold(&config, &asked, &by_root(), "test").unwrap();
         assert_eq!(record.gpus.len(), 3);
         assert!(
             record.gpus.iter().all(|u| u.starts_with("MIG-")),
             "{record:?}"
         );
         assert_eq!(record.indices, [0, 0, 0]);
-        let bad = Hold {
-            id: HolderId::new("m2").unwrap(),
+        let bad = HoldRequest {
+            id: "m2".into(),
             mig: Some("10gb".into()),
             ..spec("", false)
         };
-        let err = hold(&config, &bad, "test").unwrap_err().to_string();
+        let err = hold(&config, &bad, &by_root(), "test")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with("invalid --mig=\"10gb\": expected a MIG profile"),
             "{err}"
         );
-        let both = Hold {
-            id: HolderId::new("m3").unwrap(),
+        let both = HoldRequest {
+            id: "m3".into(),
             mig: Some("any".into()),
             ..spec("1", false)
         };
-        let err = hold(&config, &both, "test").unwrap_err().to_string();
+        let err = hold(&config, &both, &by_root(), "test")
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             "give --mig PROFILE (with --count N) or --devices LIST, not both"
@@ -448,7 +531,7 @@ mod tests {
     fn by_minor_takes_a_mig_instance_as_gpu_and_cap_minors() {
         let tmp = tempfile::tempdir().unwrap();
         let config = config(tmp.path(), "sim:dgxa100mig");
-        let record = hold(&config, &spec("0/85/84,3", true), "test").unwrap();
+        let record = hold(&config, &spec("0/85/84,3", true), &by_root(), "test").unwrap();
         let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
         let mut want = vec![
             inv.find_mig("0:2").unwrap().uuid.clone(),
@@ -458,11 +541,13 @@ mod tests {
         let mut got = record.gpus.clone();
         got.sort();
         assert_eq!(got, want);
-        let other = Hold {
-            id: HolderId::new("slurm-43").unwrap(),
+        let other = HoldRequest {
+            id: "slurm-43".into(),
             ..spec("0/84/99", true)
         };
-        let err = hold(&config, &other, "test").unwrap_err().to_string();
+        let err = hold(&config, &other, &by_root(), "test")
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             "no MIG instance of /dev/nvidia0 has capability minors 84 and 99: gres.conf and the MIG geometry differ (gpupin inventory lists the instances)"
@@ -474,7 +559,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let inventory = shuffled(tmp.path());
         let config = config(tmp.path(), &inventory);
-        let record = hold(&config, &spec("0,1", true), "test").unwrap();
+        let record = hold(&config, &spec("0,1", true), &by_root(), "test").unwrap();
         let mut gpus = record.gpus.clone();
         gpus.sort();
         assert_eq!(gpus, ["GPU-m0", "GPU-m1"]);
@@ -499,28 +584,29 @@ mod tests {
             (spec("9", true), "no GPU has device minor 9 (/dev/nvidia9)"),
             (no_life, "give --pid P, --for DURATION or --until-release"),
             (
-                Hold {
+                HoldRequest {
                     count: Some(1),
                     ..spec("1", false)
                 },
                 "give --devices LIST or --count N, not both",
             ),
             (
-                Hold {
+                HoldRequest {
                     count: Some(0),
                     ..spec("", false)
                 },
                 "invalid --count 0: expected a positive integer, such as 2",
             ),
             (
-                Hold {
+                HoldRequest {
                     reason: Some("two\nlines".into()),
                     ..spec("1", false)
                 },
                 "invalid --reason: it holds a control character; write it on one line",
             ),
         ] {
-            let err = crate::base::message::one_line(&hold(&config, &h, "test").unwrap_err());
+            let err =
+                crate::base::message::one_line(&hold(&config, &h, &by_root(), "test").unwrap_err());
             assert!(err.contains(wanted), "{err}");
         }
         let ledger = crate::state::open_ledger(&config).unwrap();

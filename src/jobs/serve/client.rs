@@ -5,6 +5,7 @@
 //! its wait and a margin).
 
 use super::protocol::{self, Envelope, Reply, Request};
+use crate::jobs::hold::HoldRequest;
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -118,7 +119,7 @@ impl Client {
 /// its wait besides.
 fn reply_timeout(request: &Request) -> Duration {
     let wait = match request {
-        Request::Exec { request, .. } | Request::Hold { request, .. } => request
+        Request::Exec { request, .. } | Request::Hold(HoldRequest { request, .. }) => request
             .iter()
             .find(|(k, _)| k == crate::input::request::Key::Wait.as_str())
             .and_then(|(_, v)| humantime::parse_duration(v.trim()).ok()),

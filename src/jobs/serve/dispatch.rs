@@ -40,36 +40,10 @@ pub(super) fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std:
         Request::Exec { request, name } => {
             return ops::exec::answer(shared, peer, &request, name, &mut input);
         }
-        Request::Hold {
-            id,
-            devices,
-            by_minor,
-            pid,
-            until_release,
-            user,
-            within,
-            count,
-            mig,
-            reason,
-            for_secs,
-            request,
-        } => {
-            let asked = ops::hold::HoldAsked {
-                id,
-                devices,
-                by_minor,
-                pid,
-                until_release,
-                user,
-                within,
-                count,
-                mig,
-                reason,
-                for_secs,
-                request,
-            };
+        Request::Hold(asked) => {
+            let holder = asked.id.clone();
             (
-                asked.id.clone(),
+                holder,
                 ops::hold::answer(shared, config, peer, asked, &stream),
             )
         }

@@ -10,7 +10,6 @@ use super::watch::WatchError;
 use crate::base::message::one_line;
 use crate::host::users::{self, UserError};
 use crate::input::config::Config;
-use crate::input::request::RequestError;
 use crate::jobs::evict::EvictError;
 use crate::jobs::exec::{JobError, JobRequestError};
 use crate::jobs::hold::HoldError;
@@ -32,12 +31,6 @@ pub(super) enum ServeError {
     User(#[from] UserError),
     #[error(transparent)]
     Holder(#[from] BadHolderId),
-    #[error(transparent)]
-    Request(#[from] RequestError),
-    #[error("a hold gives request keys, or devices or count, not both")]
-    KeysAndDevices,
-    #[error("the request keys ask for no GPUs: give gpupin.count")]
-    NoGpusAsked,
     /// The process a hold or job names could not be pinned (gone, or not ours to see).
     #[error("pid {pid}")]
     Pin {

@@ -7,6 +7,7 @@
 //! read, and every reply says the daemon's `v`. New fields and ops keep the version;
 //! only a change an old client or daemon would misread takes a new one.
 
+use crate::jobs::hold::HoldRequest;
 use crate::state::audit::GpuRef;
 use serde::{Deserialize, Serialize};
 
@@ -34,41 +35,8 @@ pub enum Request {
     /// The job the caller started and holds at its gate: the GPUs move to it.
     Bind { pid: i32 },
     /// GPUs set aside for `pid` (a process of the caller's), or, for root only, until
-    /// released.
-    Hold {
-        id: String,
-        /// GPU indices, UUIDs or bus ids, comma-separated; device minors with `by_minor`.
-        devices: String,
-        #[serde(default)]
-        by_minor: bool,
-        #[serde(default)]
-        pid: Option<i32>,
-        #[serde(default)]
-        until_release: bool,
-        /// Root only: whose hold it is.
-        #[serde(default)]
-        user: Option<String>,
-        /// The holder it nests in.
-        #[serde(default)]
-        within: Option<String>,
-        /// How many GPUs the policy chooses, instead of `devices` (then empty).
-        #[serde(default)]
-        count: Option<u32>,
-        /// MIG instances of this profile (or `any`), `count` of them.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mig: Option<String>,
-        /// Why, for status and the audit log.
-        #[serde(default)]
-        reason: Option<String>,
-        /// How long it lasts at most, in seconds (the daemon's clock starts it).
-        #[serde(default)]
-        for_secs: Option<u64>,
-        /// The whole request as `gpupin pick`'s keys (`gpupin.count`, `gpupin.policy`,
-        /// `gpupin.memory`, `gpupin.wait` ...), instead of `devices` and `count` (then
-        /// empty): the Python client's `acquire`.
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        request: Vec<(String, String)>,
-    },
+    /// released: the request's fields are `HoldRequest`'s, beside `op`.
+    Hold(HoldRequest),
     /// Releases one of the caller's holders, named as `gpupin status` shows it; one that
     /// still runs only with `force`.
     Release {
@@ -120,11 +88,9 @@ impl Request {
         let mut shown = self.clone();
         match &mut shown {
             Request::Exec { request, .. } => *request = hide_pairs(request),
-            Request::Hold {
-                within, request, ..
-            } => {
-                *within = within.as_deref().map(hide_key);
-                *request = hide_pairs(request);
+            Request::Hold(hold) => {
+                hold.within = hold.within.as_deref().map(hide_key);
+                hold.request = hide_pairs(&hold.request);
             }
             _ => {}
         }
@@ -288,7 +254,7 @@ mod tests {
             ],
             name: None,
         };
-        let hold = Request::Hold {
+        let hold = Request::Hold(HoldRequest {
             id: "h".into(),
             devices: String::new(),
             by_minor: false,
@@ -301,7 +267,8 @@ mod tests {
             reason: None,
             for_secs: None,
             request: vec![("gpupin.within".into(), format!("res-7:{key}"))],
-        };
+            wait: None,
+        });
         for request in [exec, hold] {
             let shown = format!("{:?}", request.without_keys());
             assert!(!shown.contains(key), "{shown}");
@@ -414,6 +381,49 @@ mod tests {
         let mut buf = Vec::new();
         send(&mut buf, &Reply::default()).unwrap();
         assert_eq!(buf, b"{\"v\":1}\n");
+    }
+
+    /// A hold travels as it did when its fields were the `Hold` variant's own: `op`
+    /// first, every field by its name, `mig` and `request` left out when empty, a wait
+    /// for root's own hold never sent.
+    #[test]
+    fn a_hold_request_keeps_its_wire_format() {
+        let hold = Request::Hold(HoldRequest {
+            id: "h".into(),
+            devices: "0,1".into(),
+            pid: Some(42),
+            count: None,
+            wait: Some(std::time::Duration::from_secs(60)),
+            ..HoldRequest::default()
+        });
+        let mut buf = Vec::new();
+        send(&mut buf, &Envelope::new(hold.clone())).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&buf).unwrap(),
+            "{\"v\":1,\"op\":\"hold\",\"id\":\"h\",\"devices\":\"0,1\",\"by_minor\":false,\"pid\":42,\"until_release\":false,\"user\":null,\"within\":null,\"count\":null,\"reason\":null,\"for_secs\":null}\n"
+        );
+        let read = |line: &str| receive_request(&mut std::io::BufReader::new(line.as_bytes()));
+        let Ok(Some(Request::Hold(back))) = read(std::str::from_utf8(&buf).unwrap()) else {
+            panic!("no hold read back");
+        };
+        let Request::Hold(sent) = hold else {
+            unreachable!()
+        };
+        assert_eq!(back, HoldRequest { wait: None, ..sent });
+        // What the Python client sends: only what it needs, the rest by default.
+        let keys = read(
+            "{\"op\":\"hold\",\"id\":\"py\",\"devices\":\"\",\"pid\":7,\"mig\":\"1g.10gb\",\"request\":[[\"gpupin.count\",\"1\"]]}\n",
+        );
+        assert_eq!(
+            keys,
+            Ok(Some(Request::Hold(HoldRequest {
+                id: "py".into(),
+                pid: Some(7),
+                mig: Some("1g.10gb".into()),
+                request: vec![("gpupin.count".into(), "1".into())],
+                ..HoldRequest::default()
+            })))
+        );
     }
 
     #[test]

@@ -10,9 +10,8 @@ use super::super::protocol::Reply;
 use super::granted;
 use crate::host::users;
 use crate::input::config::Config;
-use crate::input::request::Origin;
 use crate::jobs::exec;
-use crate::jobs::hold::{self, Hold};
+use crate::jobs::hold::{self, HoldOwner, HoldRequest};
 use crate::model::holder::HolderId;
 use crate::state::ledger::{Record, StillWanted};
 use std::os::unix::net::UnixStream;
@@ -24,7 +23,7 @@ pub(in crate::jobs::serve) fn answer(
     shared: &Shared,
     config: &Config,
     peer: Peer,
-    asked: HoldAsked,
+    asked: HoldRequest,
     stream: &Arc<UnixStream>,
 ) -> Result<Reply, ServeError> {
     let record = hold_for(shared, peer, asked, Some(stream))?;
@@ -43,28 +42,12 @@ fn hold_env(config: &Config, record: &Record) -> Vec<(String, String)> {
     }
 }
 
-pub(in crate::jobs::serve) struct HoldAsked {
-    pub(in crate::jobs::serve) id: String,
-    pub(in crate::jobs::serve) devices: String,
-    pub(in crate::jobs::serve) by_minor: bool,
-    pub(in crate::jobs::serve) pid: Option<i32>,
-    pub(in crate::jobs::serve) until_release: bool,
-    pub(in crate::jobs::serve) user: Option<String>,
-    pub(in crate::jobs::serve) within: Option<String>,
-    pub(in crate::jobs::serve) count: Option<u32>,
-    pub(in crate::jobs::serve) mig: Option<String>,
-    pub(in crate::jobs::serve) reason: Option<String>,
-    pub(in crate::jobs::serve) for_secs: Option<u64>,
-    /// The whole request as `gpupin pick`'s keys, instead of `devices` and `count`.
-    pub(in crate::jobs::serve) request: Vec<(String, String)>,
-}
-
 /// A hold for the caller; one with a process is watched, so that it goes when the
 /// process ends. `caller`: the connection, whose hang-up ends a wait in the queue.
 fn hold_for(
     shared: &Shared,
     peer: Peer,
-    asked: HoldAsked,
+    asked: HoldRequest,
     caller: Option<&Arc<UnixStream>>,
 ) -> Result<Record, ServeError> {
     let config = shared.config();
@@ -78,21 +61,7 @@ fn hold_for(
     };
     authorize::may_hold_without_process(peer, asked.until_release, asked.pid)
         .map_err(ServeError::Denied)?;
-    let request = match asked.request.is_empty() {
-        true => None,
-        false if asked.count.is_some() || !asked.devices.trim().is_empty() => {
-            return Err(ServeError::KeysAndDevices);
-        }
-        false => {
-            let pairs: Vec<(&str, &str)> = asked
-                .request
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            let parsed = crate::input::request::from_pairs(&pairs, Origin::Cli)?;
-            Some(parsed.ok_or(ServeError::NoGpusAsked)?)
-        }
-    };
+    let request = asked.keys()?;
     let pinned = match asked.pid {
         Some(pid) => {
             let pinned = Pinned::open(pid).map_err(|source| ServeError::Pin { pid, source })?;
@@ -104,23 +73,9 @@ fn hold_for(
     if pinned.is_some() {
         shared.watcher.admits(peer.uid, &asked.id, asked.pid)?;
     }
-    let hold = Hold {
-        id: HolderId::new(&asked.id)?,
-        devices: asked.devices,
-        by_minor: asked.by_minor,
-        pid: asked.pid,
-        until_release: asked.until_release,
-        limited: authorize::limited(peer),
+    let whose = HoldOwner {
         owner,
-        within: asked.within,
-        count: asked.count,
-        mig: asked.mig,
-        reason: asked.reason,
-        expires_at: asked
-            .for_secs
-            .map(|secs| crate::state::ledger::unix_now().saturating_add(secs)),
-        // A wait comes among the request keys, which `hold_with` is given.
-        wait: None,
+        limited: authorize::limited(peer),
     };
     // A wait in the queue ends when the caller hangs up or its process ends.
     let still_wanted = match (caller, &pinned) {
@@ -138,7 +93,8 @@ fn hold_for(
         _ => None,
     };
     // A refused allocation is audited by grant::allocate.
-    let record = hold::hold_with(config, &hold, request, still_wanted, "serve")?;
+    // A wait comes among the request keys (`request`), never as `asked.wait`.
+    let record = hold::hold_with(config, &asked, &whose, request, still_wanted, "serve")?;
     if let (Some(pinned), Ok(holder)) = (pinned, HolderId::new(&record.id)) {
         let pid = pinned.pid;
         if let Err(why) = still_the_pinned(&pinned, &record) {
@@ -200,19 +156,12 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
-        let ask = |id: &str, devices: &str, pid: Option<u32>, user: Option<&str>| HoldAsked {
+        let ask = |id: &str, devices: &str, pid: Option<u32>, user: Option<&str>| HoldRequest {
             id: id.into(),
             devices: devices.into(),
-            by_minor: false,
             pid: pid.map(|p| p as i32),
-            until_release: false,
             user: user.map(String::from),
-            within: None,
-            count: None,
-            mig: None,
-            reason: None,
-            for_secs: None,
-            request: Vec::new(),
+            ..HoldRequest::default()
         };
         let nobody = caller(NOBODY);
         let by_name = hold_for(
@@ -250,7 +199,7 @@ mod tests {
             )),
             "only root may hold GPUs for another user (root)"
         );
-        let until_release = HoldAsked {
+        let until_release = HoldRequest {
             until_release: true,
             ..ask("h5", "5", None, None)
         };
@@ -276,7 +225,7 @@ mod tests {
             None,
         );
         assert_eq!(for_nobody.unwrap().owner.unwrap().uid, NOBODY);
-        let until_release = HoldAsked {
+        let until_release = HoldRequest {
             until_release: true,
             ..ask("r2", "4", None, Some("nobody"))
         };
@@ -325,7 +274,7 @@ mod tests {
         hold::testing::roots(&config, "full", "0,1,2,3,4,5,6,7");
         let mut first = nobodys_process();
         let pid = first.id() as i32;
-        let asked = HoldAsked {
+        let asked = HoldRequest {
             id: "py".into(),
             devices: String::new(),
             by_minor: false,
@@ -341,6 +290,7 @@ mod tests {
                 ("gpupin.count".into(), "1".into()),
                 ("gpupin.wait".into(), "2m".into()),
             ],
+            wait: None,
         };
         let waiting = {
             let shared = Arc::clone(&shared);
