@@ -128,3 +128,46 @@ fn audit_refusal(config: &Config, peer: Peer, holder: &str, reason: &str) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::config::ServeSettings;
+    use crate::jobs::serve::testing::{caller, daemon, refusals};
+
+    /// The reply says a denial as `authorize` wrote it and audits it under the holder the
+    /// request named; a failure is said with its causes on one line and audited nowhere
+    /// here; a job that could not be bound is a denial whatever kept it.
+    #[test]
+    fn a_denial_is_audited_where_it_is_said_and_a_failure_only_said() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = daemon(tmp.path(), ServeSettings::default());
+        let config = shared.config();
+        let alice = caller(1001);
+        let why = "only root may hold GPUs for another user (a\nb)";
+        let reply = ServeError::Denied(why.into()).reply(&config, alice, "h1");
+        assert_eq!(reply.error.as_deref(), Some(why));
+        let failed = ServeError::Pin {
+            pid: 7,
+            source: std::io::Error::other("gone\nnow"),
+        };
+        assert!(!failed.is_denial());
+        let reply = failed.reply(&config, alice, "h2");
+        assert_eq!(reply.error.as_deref(), Some(r"pid 7: gone\nnow"));
+        let not_bound = ServeError::NotBound(Box::new(ServeError::NotStartedByCaller {
+            pid: 9,
+            caller: 8,
+            uid: 1001,
+        }));
+        let reply = not_bound.reply(&config, alice, "exec-8");
+        assert_eq!(
+            reply.error.as_deref(),
+            Some("pid 9 is not a process the caller (pid 8) started as uid 1001")
+        );
+        let audited: Vec<String> = refusals(tmp.path())
+            .iter()
+            .map(|line| line["holder"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(audited, ["h1", "exec-8"]);
+    }
+}
