@@ -50,7 +50,9 @@ pub mod input;
 /// What is held and what happened: the audit trail, the ledger, metrics and usage.
 pub mod state;
 
-/// `gpupin status`: tables and JSON of the inventory, the ledger and live figures.
+/// What people and scripts read, as strings: `gpupin status` (one look at the machine,
+/// its tables and JSON; what `gpupin serve`'s `status` op returns), `queue`, `inventory`,
+/// `log`, `usage` and `pick --explain`. It reads only the layers above, never changes state.
 pub mod report;
 
 /// A container's request to what it is given: the runtime spec, GPUs it brought, the

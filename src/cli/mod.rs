@@ -15,7 +15,6 @@ mod evict;
 mod exec;
 mod exec_gate;
 mod exec_progress;
-mod explain;
 mod flag;
 mod gc;
 mod hold;

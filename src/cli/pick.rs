@@ -2,11 +2,11 @@
 //! their `gpupin exec` would get (their limits and groups' GPUs apply). For scripts, and
 //! for seeing what a policy does.
 
-use super::explain;
 use super::request_args::RequestArgs;
 use gpupin::admission::grant;
 use gpupin::input::config::Config;
 use gpupin::input::request::{self, Origin};
+use gpupin::report::explain;
 use gpupin::state::ledger::Ledger;
 use serde_json::json;
 use std::process::ExitCode;

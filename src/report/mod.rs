@@ -1,8 +1,11 @@
-//! What people and scripts read, rendered to strings: `gpupin status`, `gpupin queue`,
-//! `gpupin inventory`, `gpupin log` (`audit`) and `gpupin usage`; tables for people, JSON
-//! for scripts, colour for a terminal when the binary asks. The binary prints them.
+//! What people and scripts read, rendered to strings: `gpupin status` (from one look at
+//! the machine, `status::Snapshot`, which `gpupin serve`'s `status` op returns too),
+//! `gpupin queue`, `gpupin inventory`, `gpupin log` (`audit`), `gpupin usage` and `gpupin
+//! pick --explain`; tables for people, JSON for scripts, colour for a terminal when the
+//! binary asks. The binary prints them.
 
 mod audit;
+pub mod explain;
 mod holder;
 mod inventory;
 mod leftovers;

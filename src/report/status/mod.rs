@@ -1,12 +1,16 @@
 //! `gpupin status`: what it shows (`Status`: the machine, its ledger, and what the GPUs
 //! do now where a source says), and what is counted for every view of it. Each view is a
 //! module: `compact` (one line per GPU), `long` (`--long`'s tables), `json`; `summary` is
-//! the lines under the GPUs they share.
+//! the lines under the GPUs they share. `snapshot` is the look at the machine they show,
+//! which `gpupin serve`'s `status` op returns too (`served`).
 
 mod compact;
 mod json;
 mod long;
+mod snapshot;
 mod summary;
+
+pub use snapshot::{GpuFilter, Snapshot, SnapshotError, served};
 
 use super::{Leftover, live};
 use crate::host::whose::Seen;

@@ -1,10 +1,10 @@
 //! `gpupin pick --explain`: the ranking terms of the chosen GPUs beside those of the
 //! runner-up, as a table for people and as JSON for scripts.
 
-use gpupin::input::request::{GpuRequest, Selection};
-use gpupin::model::gpu::Inventory;
-use gpupin::policy::topology::{self, Explanation, Path, Ranked, Term, Terms};
-use gpupin::policy::{PolicyInput, PolicyName};
+use crate::input::request::{GpuRequest, Selection};
+use crate::model::gpu::Inventory;
+use crate::policy::topology::{self, Explanation, Path, Ranked, Term, Terms};
+use crate::policy::{PolicyInput, PolicyName};
 use serde_json::{Value, json};
 
 /// Why the request gets what it gets: the topology ranking, or why there is none.
@@ -147,4 +147,24 @@ fn cell(term: Term, t: &Terms, pairs: bool) -> String {
 /// MB/s as GB/s with one decimal.
 fn gbs(mb: u64) -> String {
     format!("{}.{} GB/s", mb / 1000, mb % 1000 / 100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bandwidth_reads_in_gb_per_second_with_one_decimal() {
+        assert_eq!(gbs(25_000), "25.0 GB/s");
+        assert_eq!(gbs(12_345), "12.3 GB/s");
+        assert_eq!(gbs(999), "0.9 GB/s");
+    }
+
+    #[test]
+    fn nothing_ranked_is_one_sentence_and_a_note() {
+        let inventory = crate::policy::testing::machine(2);
+        let why = Why::Unranked("no set to rank".into());
+        assert_eq!(table(&why, &inventory), "Why: no set to rank.\n");
+        assert_eq!(json(&why, &inventory), json!({"note": "no set to rank"}));
+    }
 }
