@@ -59,12 +59,7 @@ pub fn run(config: &Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
             one_line(err)
         )),
     };
-    serve::run(
-        config.clone(),
-        listener,
-        reloaded,
-        gpupin::report::status::served,
-    )?;
+    serve::run(config.clone(), listener, reloaded)?;
     // Stopped by SIGTERM or SIGINT. A socket systemd made is systemd's to remove.
     if ours {
         let _ = std::fs::remove_file(&socket);

@@ -3,7 +3,7 @@
 //! watcher thread for every job and hold of a process (`watch`), which releases the GPUs
 //! the moment the process ends. A thread that cannot be started refuses its connection.
 
-use super::connections::{Reloaded, Shared, StatusReader};
+use super::connections::{Reloaded, Shared};
 use super::peer::{self, Pinned};
 use super::protocol::{self, Reply};
 use super::watch::Watcher;
@@ -19,19 +19,18 @@ use std::time::Duration;
 
 /// Serves `listener` until SIGTERM or SIGINT (then returns, so that the caller removes a
 /// socket it made) or until accept fails for good. On SIGHUP the config is read again
-/// from its file; `reloaded` is told how that went. `status` answers the `status` op.
+/// from its file; `reloaded` is told how that went.
 pub fn run(
     config: Config,
     listener: UnixListener,
     reloaded: impl Fn(&Reloaded) + Send + 'static,
-    status: StatusReader,
 ) -> std::io::Result<()> {
     super::signals::block()?;
     let settings: ServeSettings = config.serve;
     let config_arc = Arc::new(config.clone());
     let watcher = Watcher::start(Arc::clone(&config_arc), settings.max_watched_per_user)?;
     watch_existing(&config, &watcher);
-    let shared = Arc::new(Shared::new(config, watcher).answering_status(status));
+    let shared = Arc::new(Shared::new(config, watcher));
     let stopping = Arc::new(AtomicBool::new(false));
     {
         let shared = Arc::clone(&shared);

@@ -14,22 +14,12 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-/// What the daemon answers the `status` op with: `gpupin status --json`'s JSON, which the
-/// report layer (above this one) makes, so the command that starts the daemon gives it.
-pub type StatusReader = fn(&Config) -> Result<serde_json::Value, String>;
-
 /// What every connection's thread shares.
 pub(super) struct Shared {
     /// Replaced whole on SIGHUP; a connection keeps the one it started with.
     pub(super) config: RwLock<Arc<Config>>,
     pub(super) watcher: Watcher,
     open: Mutex<Open>,
-    pub(super) status: StatusReader,
-}
-
-/// Without a status reader: the op is refused in one line.
-fn no_status(_: &Config) -> Result<serde_json::Value, String> {
-    Err("this gpupin serve gives no status: run gpupin status --json".into())
 }
 
 /// Open connections: in all, and by uid.
@@ -64,13 +54,7 @@ impl Shared {
             config: RwLock::new(Arc::new(config)),
             watcher,
             open: Mutex::new(Open::default()),
-            status: no_status,
         }
-    }
-
-    /// The same, answering the `status` op with `status`.
-    pub(super) fn answering_status(self, status: StatusReader) -> Shared {
-        Shared { status, ..self }
     }
 
     /// The config as it is now.

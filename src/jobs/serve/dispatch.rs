@@ -70,7 +70,7 @@ pub(super) fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std:
         }
         Request::Bind { .. } => (String::new(), Err(ServeError::BindFirst)),
         Request::Hello => (String::new(), ops::hello::answer()),
-        Request::Status => (String::new(), ops::status::answer(shared.status, config)),
+        Request::Status => (String::new(), ops::status::answer(config)),
     };
     let reply = outcome.unwrap_or_else(|e| e.reply(config, peer, &holder));
     protocol::send(&mut output, &reply)

@@ -67,7 +67,7 @@ pub(super) enum ServeError {
     HoldsNothing { id: String },
     #[error(transparent)]
     Evict(#[from] EvictError),
-    /// The status reader's answer (`StatusReader`).
+    /// Why the status could not be read (`report::status::served`), on one line.
     #[error("{0}")]
     Status(String),
 }

@@ -31,5 +31,5 @@ mod watch;
 
 pub use accept::run;
 pub use client::{Client, ClientError};
-pub use connections::{Reloaded, StatusReader};
+pub use connections::Reloaded;
 pub use protocol::{Reply, Request};
