@@ -17,7 +17,8 @@
 //! `GPUPIN_BENCH_GPUALLOCATOR_TIMEOUT=<seconds>` sets another limit for a quicker look.
 
 use criterion::{BenchmarkId, Criterion};
-use gpupin::host::inventory::{InventorySource, load};
+use gpupin::input::config::InventorySource;
+use gpupin::input::config::inventory::load;
 use gpupin::model::gpu::{Gpu, Inventory};
 use gpupin::model::link::Link;
 use gpupin::model::live::Live;

@@ -165,12 +165,13 @@ mod tests {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    use crate::host::inventory::{InventorySource, NvmlAccess};
+    use crate::host::inventory::NvmlAccess;
+    use crate::input::config::InventorySource;
     use crate::model::gpu::{Gpu, Inventory};
 
     /// A built-in simulated machine (`sim:NAME`), links and all.
     pub fn sim(name: &str) -> Inventory {
-        crate::host::inventory::load(
+        crate::input::config::inventory::load(
             &InventorySource::Sim(name.into()),
             std::path::Path::new("/nonexistent"),
             &NvmlAccess::InProcess,

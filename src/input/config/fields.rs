@@ -10,7 +10,7 @@ use super::{
 };
 use crate::base::log::Level;
 use crate::host::confine::{Confine, Leftovers};
-use crate::host::inventory::InventorySource;
+use crate::input::config::InventorySource;
 use crate::model::limits::Limits;
 use crate::policy::PolicyName;
 use serde::de::{Deserialize, Deserializer, Error};

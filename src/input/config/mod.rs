@@ -5,7 +5,7 @@ pub mod audit_log;
 pub mod driver;
 mod effective;
 mod fields;
-mod inventory;
+pub mod inventory;
 pub mod ledger;
 mod located;
 pub mod serve;
@@ -14,14 +14,14 @@ pub use effective::effective_toml;
 
 pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
 pub use driver::{DEFAULT_CDI_SPEC_DIRS, Driver, Unrequested};
-pub use inventory::InventorySettings;
+pub use inventory::{InventorySettings, InventorySource};
 pub use ledger::{LEDGER_AUDIT_FILE, LedgerSettings};
 pub use serve::ServeSettings;
 
 use crate::base::log::Level;
 use crate::base::safe_open::{self, Links};
 use crate::host::confine::{Confine, Leftovers};
-use crate::host::inventory::{InventorySource, NvmlAccess};
+use crate::host::inventory::NvmlAccess;
 use crate::model::limits::Limits;
 use crate::policy::PolicyName;
 use serde::Deserialize;
