@@ -1,10 +1,11 @@
 //! `gpupin pick --explain`: the ranking terms of the chosen GPUs beside those of the
 //! runner-up, as a table for people and as JSON for scripts.
 
+use gpupin::input::config::PolicyName;
 use gpupin::input::request::{GpuRequest, Selection};
 use gpupin::model::gpu::Inventory;
+use gpupin::policy::PolicyInput;
 use gpupin::policy::topology::{self, Explanation, Path, Ranked, Term, Terms};
-use gpupin::policy::{PolicyInput, PolicyName};
 use serde_json::{Value, json};
 
 /// Why the request gets what it gets: the topology ranking, or why there is none.

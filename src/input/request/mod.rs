@@ -5,9 +5,9 @@
 
 pub mod pod;
 
+use crate::input::config::PolicyName;
 use crate::model::holder::HolderId;
 use crate::model::holder::WithinKey;
-use crate::policy::PolicyName;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -120,7 +120,7 @@ impl std::str::FromStr for Key {
     }
 }
 
-pub const ANNOTATION_PREFIX: &str = "gpupin.";
+pub use crate::model::names::{ANNOTATION_PREFIX, ENV_PREFIX, USER_LABEL};
 /// Annotation gpupin itself writes into an edited spec: the UUIDs it assigned.
 pub const ASSIGNED_ANNOTATION: &str = "gpupin.assigned";
 /// Annotation of a spec edited at podman's precreate: the claim its GPUs are held under
@@ -132,10 +132,6 @@ pub const ERROR_ANNOTATION: &str = "gpupin.error";
 /// Keys gpupin writes, not users: ignored when reading a request, so that a retried
 /// create of an already edited spec reads the same request again.
 pub const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, ERROR_ANNOTATION];
-/// The label a spawner sets to say whose a container is: not a request key, but read by
-/// admission where the config trusts it (`trusted_user_label`), refused where it does not.
-pub const USER_LABEL: &str = "gpupin.user";
-pub const ENV_PREFIX: &str = "GPUPIN_";
 /// The longest `gpupin.wait` accepted: a runtime blocked for longer is a stuck host.
 pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// The longest value of any key but `gpupin.devices`: every valid one is far shorter,

@@ -3,8 +3,9 @@
 //! the record moved to the job and the job confined; at its end, the release.
 
 use crate::admission::grant::GrantError;
-use crate::host::confine::{self, ConfineError, JobCgroup, Leftovers};
+use crate::host::confine::{self, ConfineError, JobCgroup};
 use crate::input::config::Config;
+use crate::input::config::Leftovers;
 use crate::input::request::GpuRequest;
 use crate::model::gpu::Inventory;
 use crate::model::holder::{HolderId, Owner};
@@ -207,9 +208,9 @@ pub fn abandon(config: &Config, grant: &JobGrant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::PolicyName;
     use crate::input::request::{Origin, Selection};
     use crate::model::holder::HolderKind;
-    use crate::policy::PolicyName;
     use crate::policy::testing::machine;
     use crate::state::ledger::{HolderMeta, Machine};
     use std::path::{Path, PathBuf};
