@@ -79,7 +79,7 @@ pub fn grant_while(
 /// process `asker` asks under these names (users may not name holders `exec-`), so a look
 /// without the lock is enough; a stale holder of the name is reaped by the allocation.
 fn unused_job_id(config: &Config, holder: HolderId, asker: i32) -> Result<HolderId, JobError> {
-    let generated = format!("exec-{asker}");
+    let generated = format!("{}{asker}", crate::model::holder::EXEC_PREFIX);
     if holder.as_str() != generated {
         return Ok(holder);
     }
