@@ -17,11 +17,13 @@
 //! `GPUPIN_BENCH_GPUALLOCATOR_TIMEOUT=<seconds>` sets another limit for a quicker look.
 
 use criterion::{BenchmarkId, Criterion};
-use gpupin::host::inventory::{InventorySource, load};
+use gpupin::input::config::InventorySource;
+use gpupin::input::config::PolicyName;
+use gpupin::input::config::inventory::load;
 use gpupin::model::gpu::{Gpu, Inventory};
 use gpupin::model::link::Link;
 use gpupin::model::live::Live;
-use gpupin::policy::{PolicyInput, PolicyName, reference, topology};
+use gpupin::policy::{PolicyInput, reference, topology};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -17,11 +17,11 @@
 
 pub use admission::admit::{Admission, AdmitError, admit};
 pub use admission::edits::ContainerEdits;
-pub use host::inventory::load as load_inventory;
 pub use input::config::Config;
+pub use input::config::PolicyName;
+pub use input::config::inventory::load as load_inventory;
 pub use input::request::{GpuRequest, Sources, find};
 pub use model::gpu::Inventory;
-pub use policy::PolicyName;
 pub use state::ledger::Ledger;
 pub use state::open_ledger;
 

@@ -7,8 +7,9 @@
 use gpupin::admission::driver;
 
 use gpupin::admission::edits::ContainerEdits;
-use gpupin::host::inventory::{self, InventorySource, NvmlAccess};
+use gpupin::host::inventory::NvmlAccess;
 use gpupin::input::config::Driver;
+use gpupin::input::config::InventorySource;
 use gpupin_sandbox::harness::driver::{DRIVER_VERSION, DriverRoot, FakeGpu, driver_files};
 use gpupin_sandbox::harness::{self, GPU_MAJOR};
 use std::path::Path;
@@ -20,7 +21,8 @@ fn the_generated_spec_gives_gpupins_choice_its_entry_and_the_driver_files() {
     }
     let dir = tempfile::tempdir().unwrap();
     let source: InventorySource = "sim:nvswitch8".parse().unwrap();
-    let inv = inventory::load(&source, dir.path(), &NvmlAccess::InProcess).unwrap();
+    let inv = gpupin::input::config::inventory::load(&source, dir.path(), &NvmlAccess::InProcess)
+        .unwrap();
     let gpus: Vec<FakeGpu> = inv
         .gpus
         .iter()

@@ -3,7 +3,8 @@
 //! list) becomes the inventory file beside it (NAME.json), which describes the same
 //! machine as `sim:NAME`. Needs neither root nor GPUs.
 
-use gpupin::host::inventory::{self, InventorySource, NvmlAccess};
+use gpupin::host::inventory::{self, NvmlAccess};
+use gpupin::input::config::InventorySource;
 use gpupin::model::gpu::Inventory;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,7 +32,7 @@ fn import(args: &[&Path]) -> Inventory {
 }
 
 fn file(name: &str) -> Inventory {
-    inventory::load(
+    gpupin::input::config::inventory::load(
         &InventorySource::File(fixture(&format!("{name}.json"))),
         Path::new("/nonexistent"),
         &NvmlAccess::InProcess,
@@ -40,7 +41,7 @@ fn file(name: &str) -> Inventory {
 }
 
 fn sim(name: &str) -> Inventory {
-    inventory::load(
+    gpupin::input::config::inventory::load(
         &InventorySource::Sim(name.into()),
         Path::new("/nonexistent"),
         &NvmlAccess::InProcess,

@@ -9,7 +9,9 @@
 mod gpuallocator;
 
 use gpuallocator::{Answer, Case, Worth};
-use gpupin::host::inventory::{InventorySource, NvmlAccess, from_json, load};
+use gpupin::host::inventory::{NvmlAccess, from_json};
+use gpupin::input::config::InventorySource;
+use gpupin::input::config::inventory::load;
 use gpupin::model::gpu::Inventory;
 use gpupin_sandbox::harness::required;
 use std::path::Path;

@@ -18,7 +18,7 @@
 //! process needs them and they give no GPU. Non-NVIDIA devices are never touched.
 
 use crate::input::config::Unrequested;
-use crate::input::request::{GpuRequest, Origin, Selection};
+use crate::input::request::{ANNOTATION_PREFIX, ENV_PREFIX, GpuRequest, Origin, Selection};
 use crate::model::gpu::{DeviceNode, Inventory};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
@@ -65,10 +65,10 @@ pub fn mentions_gpus(spec: &Value) -> bool {
     const USUAL_GPU_MAJOR: i64 = 195;
     let annotation = annotations(spec).is_some_and(|map| {
         map.keys()
-            .any(|k| k.starts_with("gpupin.") || k.starts_with(CDI_ANNOTATION_PREFIX))
+            .any(|k| k.starts_with(ANNOTATION_PREFIX) || k.starts_with(CDI_ANNOTATION_PREFIX))
     });
     let env = crate::admission::spec::process_env(spec).iter().any(|e| {
-        e.starts_with("NVIDIA_") || e.starts_with("GPUPIN_") || e.starts_with("CUDA_VERSION=")
+        e.starts_with("NVIDIA_") || e.starts_with(ENV_PREFIX) || e.starts_with("CUDA_VERSION=")
     });
     let node = devices(spec).iter().any(|d| {
         let path = d.get("path").and_then(Value::as_str).unwrap_or_default();

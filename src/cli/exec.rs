@@ -171,10 +171,13 @@ fn through_daemon(
 ) -> anyhow::Result<ExitCode> {
     let mut client = Client::connect(&config.client_socket())?;
     // The daemon names an unnamed job after the process that asks: this one.
-    let holder = args
-        .name
-        .clone()
-        .unwrap_or_else(|| format!("exec-{}", std::process::id()));
+    let holder = args.name.clone().unwrap_or_else(|| {
+        format!(
+            "{}{}",
+            gpupin::model::holder::EXEC_PREFIX,
+            std::process::id()
+        )
+    });
     let progress = Progress::start(config, holder, args.wait.is_some());
     let granted = client.ask(&Request::Exec {
         request: pairs,

@@ -5,7 +5,7 @@ use super::hardware::{Hardware, nvml_reason};
 use super::smi::{self, Comparison};
 use super::{Finding, Setup};
 use crate::base::message::one_line;
-use crate::host::inventory::InventorySource;
+use crate::input::config::InventorySource;
 
 const CHECK: &str = "driver";
 const SMI_CHECK: &str = "nvidia_smi";

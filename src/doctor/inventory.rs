@@ -5,7 +5,8 @@
 use super::hardware::{Hardware, nvml_reason};
 use super::{Finding, Setup};
 use crate::base::message::one_line;
-use crate::host::inventory::{self, InventorySource};
+use crate::input::config::InventorySource;
+use crate::input::config::inventory as config_inventory;
 use crate::model::gpu::Inventory;
 
 const CHECK: &str = "inventory";
@@ -58,15 +59,16 @@ fn in_use(setup: &Setup, hw: &Hardware) -> (Finding, Option<Inventory>) {
     let config = setup.config_file();
     match source {
         InventorySource::Sim(name) => {
-            let inv = match inventory::load(source, &setup.config.state_dir, &setup.config.nvml) {
-                Ok(inv) => inv,
-                Err(err) => {
-                    return (
-                        Finding::problem(CHECK, format!("inventory: {}", one_line(&err))),
-                        None,
-                    );
-                }
-            };
+            let inv =
+                match config_inventory::load(source, &setup.config.state_dir, &setup.config.nvml) {
+                    Ok(inv) => inv,
+                    Err(err) => {
+                        return (
+                            Finding::problem(CHECK, format!("inventory: {}", one_line(&err))),
+                            None,
+                        );
+                    }
+                };
             let what = format!(
                 "inventory sim:{name}: a simulated machine, {}",
                 summary(&inv)
@@ -82,7 +84,7 @@ fn in_use(setup: &Setup, hw: &Hardware) -> (Finding, Option<Inventory>) {
             (finding, Some(inv))
         }
         InventorySource::File(path) => {
-            match inventory::load(source, &setup.config.state_dir, &setup.config.nvml) {
+            match config_inventory::load(source, &setup.config.state_dir, &setup.config.nvml) {
                 Ok(inv) => (
                     Finding::ok(
                         CHECK,

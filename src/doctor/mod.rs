@@ -274,7 +274,7 @@ fn siblings(setup: &Setup) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::inventory::InventorySource;
+    use crate::input::config::InventorySource;
     use crate::model::gpu::Inventory;
     use std::os::unix::fs::PermissionsExt;
 

@@ -4,7 +4,8 @@
 //! is a GPU that does not work or is another one than the ledger says.
 
 use super::{Finding, Setup};
-use crate::host::inventory::{InventorySource, char_majors};
+use crate::host::inventory::char_majors;
+use crate::input::config::InventorySource;
 use crate::model::gpu::{DeviceNode, Inventory};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::PathBuf;

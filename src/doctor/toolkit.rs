@@ -6,8 +6,8 @@ use super::{Finding, Setup};
 use crate::admission::driver::{self, cdi};
 use crate::admission::edits::ContainerEdits;
 use crate::base::message::one_line;
-use crate::host::inventory::InventorySource;
 use crate::input::config::Driver;
+use crate::input::config::InventorySource;
 use crate::model::gpu::Inventory;
 use std::path::Path;
 

@@ -24,7 +24,8 @@ pub enum HoldError {
         expected: &'static str,
     },
     #[error(
-        "no GPU has device minor {minor} (/dev/nvidia{minor}): this machine's minors are {known}"
+        "no GPU has device minor {minor} ({node}): this machine's minors are {known}",
+        node = crate::model::nvidia::gpu_node(*minor)
     )]
     UnknownMinor { minor: u32, known: String },
     #[error(
@@ -34,7 +35,8 @@ pub enum HoldError {
     #[error("give --devices LIST or --count N, not both")]
     DevicesAndCount,
     #[error(
-        "no MIG instance of /dev/nvidia{gpu} has capability minors {caps}: gres.conf and the MIG geometry differ (gpupin inventory lists the instances)"
+        "no MIG instance of {node} has capability minors {caps}: gres.conf and the MIG geometry differ (gpupin inventory lists the instances)",
+        node = crate::model::nvidia::gpu_node(*gpu)
     )]
     UnknownMigMinors { gpu: u32, caps: String },
     #[error("give --mig PROFILE (with --count N) or --devices LIST, not both")]

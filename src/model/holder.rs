@@ -22,7 +22,15 @@ pub const MAX_LEN: usize = 128;
 
 /// How the holder ids gpupin makes itself begin: Slurm jobs' holds, the device plugin's,
 /// podman's claims, unnamed jobs. A user may not choose them (`Ledger::allocate`).
-pub const RESERVED_PREFIXES: &[&str] = &["slurm-", "k8s-", "claim-", "exec-"];
+pub const RESERVED_PREFIXES: &[&str] = &[SLURM_PREFIX, KUBE_PREFIX, CLAIM_PREFIX, EXEC_PREFIX];
+/// A Slurm job's hold: `slurm-<job id>`, made by the prolog.
+pub const SLURM_PREFIX: &str = "slurm-";
+/// The device plugin's holds: `k8s-<digest>`.
+pub const KUBE_PREFIX: &str = "k8s-";
+/// podman's claims before its container has an id: `claim-<random hex>`.
+pub const CLAIM_PREFIX: &str = "claim-";
+/// A job that names no holder: `exec-<user>`.
+pub const EXEC_PREFIX: &str = "exec-";
 
 impl HolderId {
     pub fn new(id: &str) -> Result<HolderId, BadHolderId> {

@@ -1,6 +1,6 @@
 //! Plain data every layer above shares: the machine's GPUs and their links (`gpu`,
 //! `link`), what they are doing now (`live`), who holds GPUs, the limits on users, the
-//! MIG instances a GPU is cut into, and NVIDIA's names.
+//! MIG instances a GPU is cut into, gpupin's own names and NVIDIA's.
 
 pub mod gpu;
 pub mod holder;
@@ -8,4 +8,5 @@ pub mod limits;
 pub mod link;
 pub mod live;
 pub mod mig;
+pub mod names;
 pub mod nvidia;

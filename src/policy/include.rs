@@ -12,7 +12,7 @@
 //! most bandwidth to them, then the least to the free GPUs left, then the lowest.
 
 use super::topology::{Path, Rank, Ranker};
-use super::{PolicyInput, PolicyName};
+use super::{Policy, PolicyInput};
 use std::cmp::Reverse;
 
 /// Up to this many candidate sets, the topology completion tries them all.
@@ -22,7 +22,7 @@ pub const EXHAUSTIVE_UP_TO: u64 = 20_000;
 /// `input.free` (which need not contain `fixed`); `None` when too few are free or `fixed`
 /// alone is more than `input.count`. The result is sorted.
 pub fn choose_including(
-    policy: PolicyName,
+    policy: &dyn Policy,
     input: &PolicyInput,
     fixed: &[usize],
 ) -> Option<Vec<usize>> {
@@ -38,12 +38,11 @@ pub fn choose_including(
         count: rest,
         ..*input
     };
-    let added = match policy {
-        _ if fixed.is_empty() => policy.policy().choose(&others)?,
-        PolicyName::Topology if input.inventory.links.is_some() => {
-            complete_topology(&others, &fixed)?
-        }
-        _ => policy.policy().choose(&others)?,
+    let added = if !fixed.is_empty() && policy.ranks_whole_sets() && input.inventory.links.is_some()
+    {
+        complete_topology(&others, &fixed)?
+    } else {
+        policy.choose(&others)?
     };
     let mut chosen = fixed;
     chosen.extend(added);
@@ -138,6 +137,7 @@ fn combinations(n: u64, k: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::PolicyName;
     use crate::policy::testing::{input, sim};
 
     #[test]
@@ -148,7 +148,7 @@ mod tests {
             for count in 1..=5 {
                 let i = input(&inv, &free, count);
                 assert_eq!(
-                    choose_including(policy, &i, &[]),
+                    choose_including(policy.policy(), &i, &[]),
                     policy.policy().choose(&i),
                     "{policy} count {count}"
                 );
@@ -161,10 +161,14 @@ mod tests {
         let inv = sim("cubemesh8");
         let free = [true; 8];
         for fixed in [0, 2] {
-            let chosen = choose_including(PolicyName::Topology, &input(&inv, &free, 4), &[fixed]);
+            let chosen = choose_including(
+                PolicyName::Topology.policy(),
+                &input(&inv, &free, 4),
+                &[fixed],
+            );
             assert_eq!(chosen, Some(vec![0, 1, 2, 3]), "fixed {fixed}");
         }
-        let chosen = choose_including(PolicyName::Topology, &input(&inv, &free, 4), &[6]);
+        let chosen = choose_including(PolicyName::Topology.policy(), &input(&inv, &free, 4), &[6]);
         assert_eq!(chosen, Some(vec![4, 5, 6, 7]));
     }
 
@@ -182,7 +186,7 @@ mod tests {
         let inv = crate::policy::testing::machine(8);
         let free = [true; 8];
         assert_eq!(
-            choose_including(PolicyName::Pack, &input(&inv, &free, 3), &[6]),
+            choose_including(PolicyName::Pack.policy(), &input(&inv, &free, 3), &[6]),
             Some(vec![0, 1, 6])
         );
     }
@@ -192,15 +196,19 @@ mod tests {
         let inv = sim("nvswitch8");
         let free = [true, true, false, false, false, false, false, false];
         assert_eq!(
-            choose_including(PolicyName::Topology, &input(&inv, &free, 1), &[0, 1]),
+            choose_including(
+                PolicyName::Topology.policy(),
+                &input(&inv, &free, 1),
+                &[0, 1]
+            ),
             None
         );
         assert_eq!(
-            choose_including(PolicyName::Topology, &input(&inv, &free, 4), &[5]),
+            choose_including(PolicyName::Topology.policy(), &input(&inv, &free, 4), &[5]),
             None
         );
         assert_eq!(
-            choose_including(PolicyName::Topology, &input(&inv, &free, 3), &[5]),
+            choose_including(PolicyName::Topology.policy(), &input(&inv, &free, 3), &[5]),
             Some(vec![0, 1, 5])
         );
     }

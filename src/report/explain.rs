@@ -1,10 +1,11 @@
 //! `gpupin pick --explain`: the ranking terms of the chosen GPUs beside those of the
 //! runner-up, as a table for people and as JSON for scripts.
 
+use crate::input::config::PolicyName;
 use crate::input::request::{GpuRequest, Selection};
 use crate::model::gpu::Inventory;
+use crate::policy::PolicyInput;
 use crate::policy::topology::{self, Explanation, Path, Ranked, Term, Terms};
-use crate::policy::{PolicyInput, PolicyName};
 use serde_json::{Value, json};
 
 /// Why the request gets what it gets: the topology ranking, or why there is none.

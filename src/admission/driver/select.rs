@@ -32,7 +32,8 @@ pub struct CdiEdits {
 #[derive(Debug, thiserror::Error)]
 pub enum SelectError {
     #[error(
-        "no entry for GPU {index} ({uuid}) in CDI spec {files}: neither its UUID nor /dev/nvidia{minor} is there; regenerate the spec (nvidia-ctk cdi generate)"
+        "no entry for GPU {index} ({uuid}) in CDI spec {files}: neither its UUID nor {node} is there; regenerate the spec (nvidia-ctk cdi generate)",
+        node = crate::model::nvidia::gpu_node(*minor)
     )]
     NoEntry {
         index: u32,
@@ -41,7 +42,8 @@ pub enum SelectError {
         files: String,
     },
     #[error(
-        "CDI spec {path}: entry {name} has {node}, but GPU {index} ({uuid}) is /dev/nvidia{minor} here; regenerate the spec (nvidia-ctk cdi generate)"
+        "CDI spec {path}: entry {name} has {node}, but GPU {index} ({uuid}) is {gpu_node} here; regenerate the spec (nvidia-ctk cdi generate)",
+        gpu_node = crate::model::nvidia::gpu_node(*minor)
     )]
     Stale {
         path: PathBuf,

@@ -270,7 +270,7 @@ fn read_container(
     let spec_bytes = match safe_open::read(&config_path, Links::Refuse) {
         Ok(bytes) => bytes,
         // A bundle removed before `runc delete` must not keep its GPUs held.
-        Err(_) if stage == Stage::Poststop => b"GPUPIN_".to_vec(),
+        Err(_) if stage == Stage::Poststop => request::ENV_PREFIX.as_bytes().to_vec(),
         Err(e) => {
             return Err(HookError::Bundle {
                 id: id.to_string(),

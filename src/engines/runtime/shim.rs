@@ -107,7 +107,9 @@ fn touches_gpus(bundle: &Path, id: &str) -> bool {
         Ok(docker) => docker.labels(),
         Err(_) => return true,
     };
-    labels.keys().any(|k| k.starts_with("gpupin."))
+    labels
+        .keys()
+        .any(|k| k.starts_with(crate::input::request::ANNOTATION_PREFIX))
         || !matches!(crate::engines::docker::gpus_request(&dir), Ok(None))
 }
 

@@ -16,43 +16,6 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-/// Config key `leftovers`: what happens to the processes a confined job leaves in its
-/// cgroup when its main process ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Leftovers {
-    /// The job keeps its GPUs (and counts toward its user's limit) until its cgroup is
-    /// empty: nothing a user started is killed behind their back.
-    #[default]
-    Wait,
-    /// The leftovers get SIGKILL, then the GPUs are released.
-    Kill,
-}
-
-impl Leftovers {
-    pub const EXPECTED: &'static str = "expected \"wait\" or \"kill\"";
-
-    /// The config's word for it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Leftovers::Wait => "wait",
-            Leftovers::Kill => "kill",
-        }
-    }
-}
-
-impl std::str::FromStr for Leftovers {
-    type Err = ();
-
-    fn from_str(value: &str) -> Result<Self, ()> {
-        match value {
-            "wait" => Ok(Leftovers::Wait),
-            "kill" => Ok(Leftovers::Kill),
-            _ => Err(()),
-        }
-    }
-}
-
 /// Whether `dir` is a job cgroup gpupin made: an absolute path whose last component is
 /// `gpupin-<something>`. Anything else a record names is never read, written or removed.
 pub(super) fn is_job_cgroup(dir: &Path) -> bool {
@@ -228,17 +191,4 @@ fn read_if_there(path: &Path) -> Result<Option<String>, ConfineError> {
             source,
         })?;
     Ok(Some(text))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_value_reads_back_as_the_config_writes_it() {
-        for value in [Leftovers::Wait, Leftovers::Kill] {
-            assert_eq!(value.as_str().parse::<Leftovers>(), Ok(value));
-        }
-        assert_eq!(Leftovers::default().as_str(), "wait");
-    }
 }

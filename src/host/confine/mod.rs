@@ -24,7 +24,7 @@ mod tests;
 
 pub use capabilities::{drop_job_caps, require_caps};
 pub use errors::ConfineError;
-pub use leftovers::{Leftovers, kill, populated, signal};
+pub use leftovers::{kill, populated, signal};
 pub use orphans::remove_orphans;
 
 use std::fmt;

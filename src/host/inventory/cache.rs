@@ -21,7 +21,7 @@
 //! `load` ignores a failure to write (the cache only saves time); `refresh` reports it.
 //! Writes are atomic: a temp file in the same dir, fsync, rename, fsync of the dir.
 
-use super::{InventoryError, InventorySource, NvmlAccess, file, nvml, procfs, sim};
+use super::{InventoryError, file, procfs};
 use crate::base::atomic::{self, Durability};
 use crate::base::safe_open::{self, Links};
 use crate::model::gpu::Inventory;
@@ -39,24 +39,24 @@ struct Cached {
     inventory: serde_json::Value,
 }
 
+/// The inventory cached this boot for `source` (the configured source's name), else
+/// `probe`'s answer, stored for the next caller.
 pub fn load_or_probe(
-    source: &InventorySource,
+    source: &str,
     state_dir: &Path,
-    nvml: &NvmlAccess,
+    probe: impl FnOnce() -> Result<Inventory, InventoryError>,
 ) -> Result<Inventory, InventoryError> {
-    load_or_probe_with(source, state_dir, boot_id().as_deref(), || {
-        probe(source, nvml)
-    })
+    load_or_probe_with(source, state_dir, boot_id().as_deref(), probe)
 }
 
+/// `probe`'s answer, stored for `source` whatever the cache held; a failure to store it
+/// is reported.
 pub fn probe_and_store(
-    source: &InventorySource,
+    source: &str,
     state_dir: &Path,
-    nvml: &NvmlAccess,
+    probe: impl FnOnce() -> Result<Inventory, InventoryError>,
 ) -> Result<Inventory, InventoryError> {
-    probe_and_store_with(source, state_dir, boot_id().as_deref(), || {
-        probe(source, nvml)
-    })
+    probe_and_store_with(source, state_dir, boot_id().as_deref(), probe)
 }
 
 /// The boot id, with the MIG geometry after it where there is one (the module docs say why).
@@ -74,19 +74,8 @@ fn with_geometry(boot_id: String, geometry: &str) -> String {
     }
 }
 
-fn probe(source: &InventorySource, access: &NvmlAccess) -> Result<Inventory, InventoryError> {
-    match source {
-        InventorySource::Auto => probe_auto(|| nvml::probe(access), procfs::probe),
-        InventorySource::Nvml => nvml::probe(access),
-        InventorySource::Procfs => procfs::probe(),
-        // Never routed here by `load`, but cheap to answer.
-        InventorySource::Sim(name) => sim::machine(name),
-        InventorySource::File(path) => file::load(path),
-    }
-}
-
 /// NVML first (it knows memory and NVLink), procfs when NVML cannot answer.
-fn probe_auto(
+pub(super) fn probe_auto(
     nvml: impl FnOnce() -> Result<Inventory, InventoryError>,
     procfs: impl FnOnce() -> Result<Inventory, InventoryError>,
 ) -> Result<Inventory, InventoryError> {
@@ -111,7 +100,7 @@ fn probe_auto(
 }
 
 fn load_or_probe_with(
-    source: &InventorySource,
+    source: &str,
     state_dir: &Path,
     boot_id: Option<&str>,
     probe: impl FnOnce() -> Result<Inventory, InventoryError>,
@@ -133,7 +122,7 @@ fn load_or_probe_with(
 }
 
 fn probe_and_store_with(
-    source: &InventorySource,
+    source: &str,
     state_dir: &Path,
     boot_id: Option<&str>,
     probe: impl FnOnce() -> Result<Inventory, InventoryError>,
@@ -144,12 +133,12 @@ fn probe_and_store_with(
 }
 
 /// The cached inventory when it was stored this boot for this source.
-fn read_cache(state_dir: &Path, boot_id: &str, source: &InventorySource) -> Option<Inventory> {
+fn read_cache(state_dir: &Path, boot_id: &str, source: &str) -> Option<Inventory> {
     let path = state_dir.join(FILE_NAME);
     // In the state dir: never through a link, never a FIFO.
     let text = safe_open::read_to_string(&path, Links::Refuse).ok()?;
     let cached: Cached = serde_json::from_str(&text).ok()?;
-    if cached.boot_id != boot_id || cached.source != source.to_string() {
+    if cached.boot_id != boot_id || cached.source != source {
         return None;
     }
     let mut inv = file::from_value(cached.inventory, &path).ok()?;
@@ -160,7 +149,7 @@ fn read_cache(state_dir: &Path, boot_id: &str, source: &InventorySource) -> Opti
 fn store(
     state_dir: &Path,
     boot_id: Option<&str>,
-    source: &InventorySource,
+    source: &str,
     inv: &Inventory,
 ) -> Result<(), InventoryError> {
     let Some(boot_id) = boot_id else {
@@ -189,6 +178,7 @@ fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::inventory::sim;
     use std::cell::Cell;
     use std::os::unix::fs::PermissionsExt;
 
@@ -213,10 +203,10 @@ mod tests {
     fn second_load_reads_the_cache() {
         let dir = tempfile::tempdir().unwrap();
         let (calls, inv) = (Cell::new(0), machine("nvml"));
-        let auto = InventorySource::Auto;
-        let first = load_or_probe_with(&auto, dir.path(), Some("b1"), counting(&calls, &inv));
+        let auto = "auto";
+        let first = load_or_probe_with(auto, dir.path(), Some("b1"), counting(&calls, &inv));
         assert_eq!(first.unwrap(), inv);
-        let second = load_or_probe_with(&auto, dir.path(), Some("b1"), counting(&calls, &inv));
+        let second = load_or_probe_with(auto, dir.path(), Some("b1"), counting(&calls, &inv));
         assert_eq!(second.unwrap(), inv);
         assert_eq!(calls.get(), 1);
         let text = std::fs::read_to_string(dir.path().join(FILE_NAME)).unwrap();
@@ -227,15 +217,15 @@ mod tests {
     fn new_boot_or_other_source_probes_again() {
         let dir = tempfile::tempdir().unwrap();
         let (calls, inv) = (Cell::new(0), machine("procfs"));
-        let procfs = InventorySource::Procfs;
-        load_or_probe_with(&procfs, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
-        load_or_probe_with(&procfs, dir.path(), Some("b2"), counting(&calls, &inv)).unwrap();
+        let procfs = "procfs";
+        load_or_probe_with(procfs, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
+        load_or_probe_with(procfs, dir.path(), Some("b2"), counting(&calls, &inv)).unwrap();
         assert_eq!(calls.get(), 2);
-        let nvml = InventorySource::Nvml;
-        load_or_probe_with(&nvml, dir.path(), Some("b2"), counting(&calls, &inv)).unwrap();
+        let nvml = "nvml";
+        load_or_probe_with(nvml, dir.path(), Some("b2"), counting(&calls, &inv)).unwrap();
         assert_eq!(calls.get(), 3);
         // The last probe replaced the cache: nvml on b2 is now cached.
-        load_or_probe_with(&nvml, dir.path(), Some("b2"), counting(&calls, &inv)).unwrap();
+        load_or_probe_with(nvml, dir.path(), Some("b2"), counting(&calls, &inv)).unwrap();
         assert_eq!(calls.get(), 3);
     }
 
@@ -249,17 +239,17 @@ mod tests {
         std::fs::create_dir_all(caps.join("gi1/ci0")).unwrap();
         assert_eq!(stamp(), "b1 mig:gpu0/gi1/ci0");
         let (calls, inv) = (Cell::new(0), machine("procfs"));
-        let procfs = InventorySource::Procfs;
+        let procfs = "procfs";
         let first = stamp();
-        load_or_probe_with(&procfs, dir.path(), Some(&first), counting(&calls, &inv)).unwrap();
-        load_or_probe_with(&procfs, dir.path(), Some(&stamp()), counting(&calls, &inv)).unwrap();
+        load_or_probe_with(procfs, dir.path(), Some(&first), counting(&calls, &inv)).unwrap();
+        load_or_probe_with(procfs, dir.path(), Some(&stamp()), counting(&calls, &inv)).unwrap();
         assert_eq!(calls.get(), 1);
         // An admin destroys GI 1 and creates GI 2 with two compute instances.
         std::fs::remove_dir_all(caps.join("gi1")).unwrap();
         std::fs::create_dir_all(caps.join("gi2/ci0")).unwrap();
         std::fs::create_dir_all(caps.join("gi2/ci1")).unwrap();
         assert_eq!(stamp(), "b1 mig:gpu0/gi2/ci0,gpu0/gi2/ci1");
-        load_or_probe_with(&procfs, dir.path(), Some(&stamp()), counting(&calls, &inv)).unwrap();
+        load_or_probe_with(procfs, dir.path(), Some(&stamp()), counting(&calls, &inv)).unwrap();
         assert_eq!(calls.get(), 2);
     }
 
@@ -268,9 +258,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(FILE_NAME), "{not json").unwrap();
         let (calls, inv) = (Cell::new(0), machine("nvml"));
-        let nvml = InventorySource::Nvml;
-        load_or_probe_with(&nvml, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
-        load_or_probe_with(&nvml, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
+        let nvml = "nvml";
+        load_or_probe_with(nvml, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
+        load_or_probe_with(nvml, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
         assert_eq!(calls.get(), 1);
     }
 
@@ -278,9 +268,9 @@ mod tests {
     fn refresh_always_probes_and_writes_mode_0644() {
         let dir = tempfile::tempdir().unwrap();
         let (calls, inv) = (Cell::new(0), machine("nvml"));
-        let nvml = InventorySource::Nvml;
-        probe_and_store_with(&nvml, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
-        probe_and_store_with(&nvml, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
+        let nvml = "nvml";
+        probe_and_store_with(nvml, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
+        probe_and_store_with(nvml, dir.path(), Some("b1"), counting(&calls, &inv)).unwrap();
         assert_eq!(calls.get(), 2);
         let meta = std::fs::metadata(dir.path().join(FILE_NAME)).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o644);
@@ -293,9 +283,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("gpupin");
         let (calls, inv) = (Cell::new(0), machine("nvml"));
-        let nvml = InventorySource::Nvml;
-        probe_and_store_with(&nvml, &state, Some("b1"), counting(&calls, &inv)).unwrap();
-        load_or_probe_with(&nvml, &state, Some("b1"), counting(&calls, &inv)).unwrap();
+        let nvml = "nvml";
+        probe_and_store_with(nvml, &state, Some("b1"), counting(&calls, &inv)).unwrap();
+        load_or_probe_with(nvml, &state, Some("b1"), counting(&calls, &inv)).unwrap();
         assert!(!state.exists());
         assert_eq!(calls.get(), 2);
     }
@@ -308,10 +298,10 @@ mod tests {
             .control_nodes
             .retain(|n| !n.path.starts_with("/dev/nvidia-uvm"));
         let calls = Cell::new(0);
-        let procfs = InventorySource::Procfs;
-        load_or_probe_with(&procfs, dir.path(), Some("b1"), counting(&calls, &no_uvm)).unwrap();
+        let procfs = "procfs";
+        load_or_probe_with(procfs, dir.path(), Some("b1"), counting(&calls, &no_uvm)).unwrap();
         let inv = machine("procfs");
-        load_or_probe_with(&procfs, dir.path(), None, counting(&calls, &inv)).unwrap();
+        load_or_probe_with(procfs, dir.path(), None, counting(&calls, &inv)).unwrap();
         assert!(!dir.path().join(FILE_NAME).exists());
     }
 
@@ -322,9 +312,9 @@ mod tests {
         std::fs::create_dir(dir.path().join(FILE_NAME)).unwrap();
         std::fs::write(dir.path().join(FILE_NAME).join("x"), "").unwrap();
         let (calls, inv) = (Cell::new(0), machine("nvml"));
-        let nvml = InventorySource::Nvml;
-        assert!(load_or_probe_with(&nvml, dir.path(), Some("b1"), counting(&calls, &inv)).is_ok());
-        let err = probe_and_store_with(&nvml, dir.path(), Some("b1"), counting(&calls, &inv));
+        let nvml = "nvml";
+        assert!(load_or_probe_with(nvml, dir.path(), Some("b1"), counting(&calls, &inv)).is_ok());
+        let err = probe_and_store_with(nvml, dir.path(), Some("b1"), counting(&calls, &inv));
         let err = err.unwrap_err().to_string();
         assert!(
             err.starts_with("writing inventory cache") && err.contains(FILE_NAME),

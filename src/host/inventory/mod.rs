@@ -15,7 +15,8 @@ pub mod nvml_helper;
 mod procfs;
 pub(crate) mod sim;
 
-pub use file::{from_json, to_json};
+pub use cache::{load_or_probe as cached, probe_and_store as probe_and_cache};
+pub use file::{from_json, load as from_file, to_json};
 pub use nvml::{live_all_here as nvml_live_here, probe_here as nvml_probe_here};
 pub(crate) use procfs::char_majors;
 
@@ -40,59 +41,6 @@ pub enum NvmlAccess {
     InProcess,
     /// `gpupin nvml inventory|live` through this binary.
     Helper(PathBuf),
-}
-
-/// Where the inventory comes from: the `inventory` config key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InventorySource {
-    /// NVML, then procfs, then an error that says how to choose a simulated machine.
-    Auto,
-    Nvml,
-    Procfs,
-    /// A built-in simulated machine, by name (`sim::names`: nvswitch8, pcie8, ...).
-    Sim(String),
-    /// A JSON inventory file (format in docs/reference.md).
-    File(PathBuf),
-}
-
-impl std::str::FromStr for InventorySource {
-    type Err = InventoryError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "nvml" => Ok(Self::Nvml),
-            "procfs" => Ok(Self::Procfs),
-            _ => {
-                if let Some(name) = s.strip_prefix("sim:") {
-                    if sim::names().contains(&name) {
-                        return Ok(Self::Sim(name.to_string()));
-                    }
-                    return Err(InventoryError::UnknownSim {
-                        name: name.to_string(),
-                    });
-                }
-                if s.starts_with('/') || s.starts_with('.') || s.ends_with(".json") {
-                    return Ok(Self::File(PathBuf::from(s)));
-                }
-                Err(InventoryError::BadSource {
-                    value: s.to_string(),
-                })
-            }
-        }
-    }
-}
-
-impl std::fmt::Display for InventorySource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Auto => f.write_str("auto"),
-            Self::Nvml => f.write_str("nvml"),
-            Self::Procfs => f.write_str("procfs"),
-            Self::Sim(n) => write!(f, "sim:{n}"),
-            Self::File(p) => write!(f, "{}", p.display()),
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -177,21 +125,20 @@ pub enum InventoryError {
     NothingFound { nvml: String, procfs: String },
 }
 
-/// Loads the inventory for `source`. `Auto`, `Nvml` and `Procfs` go through the cache in
-/// `state_dir`; `Sim` and `File` are cheap to build and are never cached.
-/// `nvml` says where NVML runs when the cache misses.
-pub fn load(
-    source: &InventorySource,
-    state_dir: &Path,
-    nvml: &NvmlAccess,
-) -> Result<Inventory, InventoryError> {
-    match source {
-        InventorySource::Sim(name) => sim::machine(name),
-        InventorySource::File(path) => file::load(path),
-        InventorySource::Auto | InventorySource::Nvml | InventorySource::Procfs => {
-            cache::load_or_probe(source, state_dir, nvml)
-        }
-    }
+/// The `auto` backend: NVML first (it knows memory and NVLink), procfs when NVML cannot
+/// answer. `nvml` says where NVML runs.
+pub fn probe_auto(nvml: &NvmlAccess) -> Result<Inventory, InventoryError> {
+    cache::probe_auto(|| nvml::probe(nvml), procfs::probe)
+}
+
+/// The `nvml` backend, probed afresh; `nvml` says where NVML runs.
+pub fn probe_nvml(nvml: &NvmlAccess) -> Result<Inventory, InventoryError> {
+    nvml::probe(nvml)
+}
+
+/// The `procfs` backend, probed afresh.
+pub fn probe_procfs() -> Result<Inventory, InventoryError> {
+    procfs::probe()
 }
 
 /// The procfs backend's answer with /proc, /sys and /dev at other roots (`gpupin doctor`
@@ -202,18 +149,6 @@ pub fn probe_procfs_at(proc: &Path, sys: &Path, dev: &Path) -> Result<Inventory,
         sys: sys.to_path_buf(),
         dev: dev.to_path_buf(),
     })
-}
-
-/// Probes the hardware again and rewrites the cache (`gpupin inventory --refresh`).
-pub fn refresh(
-    source: &InventorySource,
-    state_dir: &Path,
-    nvml: &NvmlAccess,
-) -> Result<Inventory, InventoryError> {
-    match source {
-        InventorySource::Sim(_) | InventorySource::File(_) => load(source, state_dir, nvml),
-        _ => cache::probe_and_store(source, state_dir, nvml),
-    }
 }
 
 /// Live figures per position in `inventory.gpus`: from `live_file` when configured, else

@@ -437,9 +437,13 @@ mod tests {
         let driver_present = std::path::Path::new("/proc/driver/nvidia").exists();
         if !driver_present {
             let state = tempfile::tempdir().unwrap();
-            let source = crate::host::inventory::InventorySource::Nvml;
+            let source = crate::input::config::InventorySource::Nvml;
             let here = crate::host::inventory::NvmlAccess::InProcess;
-            assert_one_line_unavailable(crate::host::inventory::load(&source, state.path(), &here));
+            assert_one_line_unavailable(crate::input::config::inventory::load(
+                &source,
+                state.path(),
+                &here,
+            ));
         }
     }
 

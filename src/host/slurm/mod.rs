@@ -15,7 +15,7 @@ pub use hostlist::HostlistError;
 /// The variable Slurm sets in every process of a job: the job's id.
 pub const JOB_ID_ENV: &str = "SLURM_JOB_ID";
 /// How the prolog names a job's hold: `slurm-<SLURM_JOB_ID>`.
-pub const HOLDER_PREFIX: &str = "slurm-";
+pub const HOLDER_PREFIX: &str = crate::model::holder::SLURM_PREFIX;
 /// Where Slurm reads its configuration when `SLURM_CONF` does not say (Debian's path).
 pub const DEFAULT_SLURM_CONF: &str = "/etc/slurm/slurm.conf";
 

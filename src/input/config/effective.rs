@@ -2,9 +2,9 @@
 //! default), as a TOML file that reads back to the same configuration: what `gpupin
 //! config check` prints.
 
+use super::Leftovers;
 use super::{AuditFailure, Config, CudaIds, Driver, Foreign, MigUnits, Unrequested};
 use crate::base::log::Level;
-use crate::host::confine::Leftovers;
 use std::fmt::Write;
 use std::path::Path;
 use std::time::Duration;

@@ -2,6 +2,7 @@
 //! than their type says: each names the key, the bad value and what was expected, in
 //! one line (`invalid config FILE: KEY VALUE: expected ...`).
 
+use super::Leftovers;
 use super::{
     AuditFailure, CudaIds, DEFAULT_AUDIT_LOG, DEFAULT_CDI_SPEC_DIRS, DEFAULT_CLAIM_GRACE,
     DEFAULT_IDLE_AFTER, DEFAULT_IDLE_UTILIZATION, DEFAULT_KEEP, DEFAULT_LIVE_CACHE,
@@ -9,10 +10,10 @@ use super::{
     Unrequested,
 };
 use crate::base::log::Level;
-use crate::host::confine::{Confine, Leftovers};
-use crate::host::inventory::InventorySource;
+use crate::host::confine::Confine;
+use crate::input::config::InventorySource;
+use crate::input::config::PolicyName;
 use crate::model::limits::Limits;
-use crate::policy::PolicyName;
 use serde::de::{Deserialize, Deserializer, Error};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -139,8 +140,8 @@ pub(super) fn trusted_user_label<'de, D: Deserializer<'de>>(
             crate::base::message::escape_controls(&key)
         )));
     }
-    if key.starts_with(crate::input::request::ANNOTATION_PREFIX)
-        && key != crate::input::request::USER_LABEL
+    if key.starts_with(crate::model::names::ANNOTATION_PREFIX)
+        && key != crate::model::names::USER_LABEL
     {
         return Err(D::Error::custom(format!(
             "trusted_user_label {key:?}: gpupin.* keys are requests; use \"gpupin.user\" or your platform's own key"

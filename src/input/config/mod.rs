@@ -5,25 +5,28 @@ pub mod audit_log;
 pub mod driver;
 mod effective;
 mod fields;
-mod inventory;
+pub mod inventory;
 pub mod ledger;
+pub mod leftovers;
 mod located;
+pub mod policy;
 pub mod serve;
 
 pub use effective::effective_toml;
 
 pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
 pub use driver::{DEFAULT_CDI_SPEC_DIRS, Driver, Unrequested};
-pub use inventory::InventorySettings;
+pub use inventory::{InventorySettings, InventorySource};
 pub use ledger::{LEDGER_AUDIT_FILE, LedgerSettings};
+pub use leftovers::Leftovers;
 pub use serve::ServeSettings;
 
 use crate::base::log::Level;
 use crate::base::safe_open::{self, Links};
-use crate::host::confine::{Confine, Leftovers};
-use crate::host::inventory::{InventorySource, NvmlAccess};
+use crate::host::confine::Confine;
+use crate::host::inventory::NvmlAccess;
 use crate::model::limits::Limits;
-use crate::policy::PolicyName;
+pub use policy::PolicyName;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -894,7 +897,6 @@ mod tests {
         assert_eq!(c.limits.max_gpus_per_user, Some(2));
         assert_eq!(parse("confine = false").unwrap().confine, Confine::Off);
         assert_eq!(Config::default().confine, Confine::Auto);
-        use crate::host::confine::Leftovers;
         assert_eq!(Config::default().leftovers, Leftovers::Wait);
         assert_eq!(
             parse("leftovers = \"kill\"").unwrap().leftovers,

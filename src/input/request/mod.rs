@@ -5,9 +5,10 @@
 
 pub mod pod;
 
+use crate::input::config::PolicyName;
 use crate::model::holder::HolderId;
 use crate::model::holder::WithinKey;
-use crate::policy::PolicyName;
+use crate::model::names::{annotation, env_name};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -48,17 +49,17 @@ impl Key {
     /// The annotation name and the env name.
     const fn names(self) -> (&'static str, &'static str) {
         match self {
-            Key::Count => ("gpupin.count", "GPUPIN_COUNT"),
-            Key::Devices => ("gpupin.devices", "GPUPIN_DEVICES"),
-            Key::Policy => ("gpupin.policy", "GPUPIN_POLICY"),
-            Key::Memory => ("gpupin.memory", "GPUPIN_MEMORY"),
-            Key::Model => ("gpupin.model", "GPUPIN_MODEL"),
-            Key::Share => ("gpupin.share", "GPUPIN_SHARE"),
-            Key::Reserve => ("gpupin.reserve", "GPUPIN_RESERVE"),
-            Key::Wait => ("gpupin.wait", "GPUPIN_WAIT"),
-            Key::Cpus => ("gpupin.cpus", "GPUPIN_CPUS"),
-            Key::Within => ("gpupin.within", "GPUPIN_WITHIN"),
-            Key::Mig => ("gpupin.mig", "GPUPIN_MIG"),
+            Key::Count => (annotation!("count"), env_name!("COUNT")),
+            Key::Devices => (annotation!("devices"), env_name!("DEVICES")),
+            Key::Policy => (annotation!("policy"), env_name!("POLICY")),
+            Key::Memory => (annotation!("memory"), env_name!("MEMORY")),
+            Key::Model => (annotation!("model"), env_name!("MODEL")),
+            Key::Share => (annotation!("share"), env_name!("SHARE")),
+            Key::Reserve => (annotation!("reserve"), env_name!("RESERVE")),
+            Key::Wait => (annotation!("wait"), env_name!("WAIT")),
+            Key::Cpus => (annotation!("cpus"), env_name!("CPUS")),
+            Key::Within => (annotation!("within"), env_name!("WITHIN")),
+            Key::Mig => (annotation!("mig"), env_name!("MIG")),
         }
     }
 
@@ -120,22 +121,18 @@ impl std::str::FromStr for Key {
     }
 }
 
-pub const ANNOTATION_PREFIX: &str = "gpupin.";
+pub use crate::model::names::{ANNOTATION_PREFIX, ENV_PREFIX, USER_LABEL};
 /// Annotation gpupin itself writes into an edited spec: the UUIDs it assigned.
-pub const ASSIGNED_ANNOTATION: &str = "gpupin.assigned";
+pub const ASSIGNED_ANNOTATION: &str = annotation!("assigned");
 /// Annotation of a spec edited at podman's precreate: the claim its GPUs are held under
 /// until the prestart hook binds them to the container id.
-pub const CLAIM_ANNOTATION: &str = "gpupin.claim";
+pub const CLAIM_ANNOTATION: &str = annotation!("claim");
 /// Annotation of a spec whose precreate failed: the reason, for gpupin's prestart hook
 /// to fail with (podman does not show a precreate hook's stderr).
-pub const ERROR_ANNOTATION: &str = "gpupin.error";
+pub const ERROR_ANNOTATION: &str = annotation!("error");
 /// Keys gpupin writes, not users: ignored when reading a request, so that a retried
 /// create of an already edited spec reads the same request again.
 pub const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, ERROR_ANNOTATION];
-/// The label a spawner sets to say whose a container is: not a request key, but read by
-/// admission where the config trusts it (`trusted_user_label`), refused where it does not.
-pub const USER_LABEL: &str = "gpupin.user";
-pub const ENV_PREFIX: &str = "GPUPIN_";
 /// The longest `gpupin.wait` accepted: a runtime blocked for longer is a stuck host.
 pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// The longest value of any key but `gpupin.devices`: every valid one is far shorter,

@@ -13,7 +13,7 @@ use crate::input::request::{RequestError, invalid_value};
 use std::collections::HashMap;
 
 /// The annotation naming the containers a pod's request is for.
-pub const CONTAINERS_ANNOTATION: &str = "gpupin.containers";
+pub const CONTAINERS_ANNOTATION: &str = crate::model::names::annotation!("containers");
 
 /// How containerd's CRI and CRI-O mark a pod's sandbox container.
 const SANDBOX_MARKS: &[(&str, &str)] = &[

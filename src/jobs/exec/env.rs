@@ -49,9 +49,9 @@ pub fn job_env(inventory: &Inventory, record: &Record, ids: CudaIds) -> Vec<(Str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::PolicyName;
     use crate::input::request::{GpuRequest, Origin, Selection};
     use crate::model::holder::HolderId;
-    use crate::policy::PolicyName;
     use crate::policy::testing::machine;
     use crate::state::ledger::{HolderMeta, Ledger, Machine};
 

@@ -3,8 +3,9 @@
 //! the record moved to the job and the job confined; at its end, the release.
 
 use crate::admission::grant::GrantError;
-use crate::host::confine::{self, ConfineError, JobCgroup, Leftovers};
+use crate::host::confine::{self, ConfineError, JobCgroup};
 use crate::input::config::Config;
+use crate::input::config::Leftovers;
 use crate::input::request::GpuRequest;
 use crate::model::gpu::Inventory;
 use crate::model::holder::{HolderId, Owner};
@@ -78,7 +79,7 @@ pub fn grant_while(
 /// process `asker` asks under these names (users may not name holders `exec-`), so a look
 /// without the lock is enough; a stale holder of the name is reaped by the allocation.
 fn unused_job_id(config: &Config, holder: HolderId, asker: i32) -> Result<HolderId, JobError> {
-    let generated = format!("exec-{asker}");
+    let generated = format!("{}{asker}", crate::model::holder::EXEC_PREFIX);
     if holder.as_str() != generated {
         return Ok(holder);
     }
@@ -207,9 +208,9 @@ pub fn abandon(config: &Config, grant: &JobGrant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::PolicyName;
     use crate::input::request::{Origin, Selection};
     use crate::model::holder::HolderKind;
-    use crate::policy::PolicyName;
     use crate::policy::testing::machine;
     use crate::state::ledger::{HolderMeta, Machine};
     use std::path::{Path, PathBuf};

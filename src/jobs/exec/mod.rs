@@ -107,7 +107,7 @@ pub fn job_request(
     let request = request::from_pairs(&pairs, Origin::Cli)?.ok_or(JobRequestError::Nothing)?;
     let holder = match name {
         Some(name) => HolderId::new(name)?,
-        None => HolderId::new(&format!("exec-{asker}"))?,
+        None => HolderId::new(&format!("{}{asker}", crate::model::holder::EXEC_PREFIX))?,
     };
     Ok((request, holder))
 }

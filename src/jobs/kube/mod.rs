@@ -25,7 +25,7 @@ pub const DEFAULT_RESOURCE: &str = "gpupin.io/gpu";
 pub const SOURCE: &str = "device-plugin";
 
 /// How the plugin's holder ids start.
-pub const HOLDER_PREFIX: &str = "k8s-";
+pub const HOLDER_PREFIX: &str = crate::model::holder::KUBE_PREFIX;
 
 /// The engine the plugin's records name.
 pub const ENGINE: &str = "kubernetes";

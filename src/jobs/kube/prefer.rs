@@ -46,16 +46,16 @@ pub fn preferred(machine: &Machine, live: &[Record], cursor: usize, ask: &Ask) -
         cursor,
         live: machine.live,
     };
-    let chosen = choose_including(machine.default_policy, &input, &fixed).unwrap_or(fixed);
+    let chosen = choose_including(machine.default_policy.policy(), &input, &fixed).unwrap_or(fixed);
     chosen.into_iter().map(|p| gpus[p].uuid.clone()).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::PolicyName;
     use crate::jobs::kube::testing::record;
     use crate::model::gpu::Inventory;
-    use crate::policy::PolicyName;
     use crate::policy::testing::sim;
 
     fn uuids(inv: &Inventory, indices: &[usize]) -> Vec<String> {

@@ -77,12 +77,14 @@ impl Request {
         let hide_pairs = |pairs: &[(String, String)]| -> Vec<(String, String)> {
             pairs
                 .iter()
-                .map(
-                    |(k, v)| match k == within || k.eq_ignore_ascii_case("GPUPIN_WITHIN") {
+                .map(|(k, v)| {
+                    match k == within
+                        || k.eq_ignore_ascii_case(crate::input::request::Key::Within.env())
+                    {
                         true => (k.clone(), hide_key(v)),
                         false => (k.clone(), v.clone()),
-                    },
-                )
+                    }
+                })
                 .collect()
         };
         let mut shown = self.clone();

@@ -335,9 +335,9 @@ fn release(config: &Config, pid: i32, holding: Holding) -> Option<Pending> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::PolicyName;
     use crate::input::request::{GpuRequest, Origin, Selection};
     use crate::model::holder::HolderKind;
-    use crate::policy::PolicyName;
     use crate::state::ledger::{HolderMeta, Machine};
 
     fn sleeper() -> std::process::Child {

@@ -222,6 +222,10 @@ impl Policy for Topology {
     fn choose(&self, input: &PolicyInput) -> Option<Vec<usize>> {
         search(input).map(|o| o.chosen)
     }
+
+    fn ranks_whole_sets(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

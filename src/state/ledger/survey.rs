@@ -106,9 +106,10 @@ fn dead_temps(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::PolicyName;
     use crate::input::request::{GpuRequest, Origin, Selection};
     use crate::model::holder::HolderId;
-    use crate::policy::{PolicyName, testing::machine};
+    use crate::policy::testing::machine;
     use crate::state::ledger::{HolderMeta, Machine};
     use std::collections::BTreeMap;
 

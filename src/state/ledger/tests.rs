@@ -1,7 +1,7 @@
 use super::*;
 use crate::base::message::one_line;
+use crate::input::config::PolicyName;
 use crate::input::request::{Origin, Selection};
-use crate::policy::PolicyName;
 use crate::policy::testing::machine;
 use std::collections::HashSet;
 use std::ffi::OsStr;

@@ -5,8 +5,8 @@ use super::tests::{id, ledger};
 use super::*;
 use crate::base::message::one_line;
 use crate::host::whose::{Process, Seen};
+use crate::input::config::PolicyName;
 use crate::input::request::{Origin, Selection};
-use crate::policy::PolicyName;
 use crate::policy::testing::machine;
 use std::process::{Child, Command, Stdio};
 

@@ -3,10 +3,10 @@
 use super::tests::{id, ledger};
 use super::*;
 use crate::base::message::one_line;
+use crate::input::config::PolicyName;
 use crate::input::request::{Origin, Selection};
 use crate::model::holder::Owner;
 use crate::model::limits::{GpuKey, GroupLimit, Limits, UserLimit};
-use crate::policy::PolicyName;
 use crate::policy::testing::machine;
 
 pub(super) fn count(n: u32) -> GpuRequest {

@@ -6,9 +6,9 @@ use super::tests::{id, ledger};
 use super::*;
 use crate::host::inventory::sim;
 use crate::input::config::MigUnits;
+use crate::input::config::PolicyName;
 use crate::input::request::{MigWant, Origin, Selection, from_pairs};
 use crate::model::gpu::Inventory;
-use crate::policy::PolicyName;
 use std::collections::HashSet;
 
 fn me() -> HolderMeta {

@@ -2,9 +2,9 @@
 //! allocation (`allocate`) and what narrows it (`scope`) both read.
 
 use crate::host::whose::Seen;
+use crate::input::config::PolicyName;
 use crate::model::gpu::Inventory;
 use crate::model::live::Live;
-use crate::policy::PolicyName;
 
 /// The machine an allocation is decided against, besides the ledger itself.
 #[derive(Clone, Copy)]

@@ -13,11 +13,11 @@ use super::machine::Machine;
 use super::scope::Scope;
 use crate::base::units::format_size;
 use crate::input::config::MigUnits;
+use crate::input::config::PolicyName;
 use crate::input::request::{GpuRequest, MigWant, Selection};
 use crate::model::gpu::{Gpu, Inventory};
 use crate::model::holder::HolderId;
 use crate::model::mig::MigInstance;
-use crate::policy::PolicyName;
 use crate::state::ledger::record::{Record, holders_of};
 use std::collections::BTreeMap;
 

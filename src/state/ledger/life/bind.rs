@@ -117,8 +117,8 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::PolicyName;
     use crate::input::request::{GpuRequest, Origin, Selection};
-    use crate::policy::PolicyName;
     use crate::policy::testing::machine;
     use crate::state::ledger::{HolderMeta, Machine};
 

@@ -41,7 +41,7 @@ impl ClaimToken {
     /// A token for a claim that has no container id yet (precreate): `claim-` and 64
     /// random bits name it.
     pub fn new_claim() -> Result<ClaimToken, ClaimError> {
-        let id = format!("claim-{}", random_hex(8)?);
+        let id = format!("{}{}", crate::model::holder::CLAIM_PREFIX, random_hex(8)?);
         ClaimToken::new(HolderId::new(&id).expect("claim ids are valid holder ids"))
     }
 

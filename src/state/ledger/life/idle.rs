@@ -262,9 +262,9 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::PolicyName;
     use crate::input::request::{GpuRequest, Origin, Selection};
     use crate::model::holder::ContainerInfo;
-    use crate::policy::PolicyName;
     use crate::policy::testing::machine;
     use crate::state::ledger::tests::{id, ledger};
     use crate::state::ledger::tests_jobs::{container, job};
