@@ -611,7 +611,7 @@ fn each_room_of_the_ledger_imports_only_from_the_rooms_below_it() {
 
 #[test]
 fn the_gpupin_binary_has_no_module_cycle() {
-    let found = report("main.rs");
+    let found = report("bin/gpupin/main.rs");
     assert!(
         found.is_empty(),
         "module cycles (break each edge's line, or move what it names):\n{}",
@@ -709,7 +709,7 @@ fn an_edge_up_a_folders_order_is_found_and_named_by_its_line() {
 #[ignore]
 fn print_the_graph() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    for root in ["lib.rs", "main.rs"] {
+    for root in ["lib.rs", "bin/gpupin/main.rs"] {
         for (folder, edges) in sibling_edges(&load(&src.join(root)), &src) {
             println!("{root} {}/", folder.join("/"));
             for ((a, b), why) in edges {

@@ -211,7 +211,7 @@ fn examples_section(roff: &str) -> String {
 }
 
 /// The commented config the package ships as /etc/gpupin/config.toml.
-const SHIPPED_CONFIG: &str = include_str!("../../packaging/config.toml");
+const SHIPPED_CONFIG: &str = include_str!("../../../../packaging/config.toml");
 
 /// gpupin.toml(5): the shipped config, every key with its default and what it does.
 fn config_page() -> String {
