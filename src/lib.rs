@@ -15,6 +15,10 @@
 //! (the spec writer before create, the injector at prestart). docs/ARCHITECTURE.md
 //! draws the whole path. Nothing in this library prints or exits; the binaries do.
 
+// What no code outside the library can name is `pub(crate)` or private, so that `pub`
+// means "offered to the binaries, tests and benches": a `pub` item they cannot reach warns.
+#![warn(unreachable_pub)]
+
 pub use admission::admit::{Admission, AdmitError, admit};
 pub use admission::edits::ContainerEdits;
 pub use input::config::Config;

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 /// The config as an entry point has it: loaded already (the shim), or loaded when a
 /// source first needs it (`LoadOnce`: precreate, where a spec that asks for nothing
 /// costs no config read).
-pub trait ConfigSource {
+pub(crate) trait ConfigSource {
     fn config(&mut self) -> Result<&Config, EntryError>;
 }
 
@@ -31,13 +31,13 @@ impl ConfigSource for &Config {
 }
 
 /// A config loaded on first use.
-pub struct LoadOnce<L> {
+pub(crate) struct LoadOnce<L> {
     load: Option<L>,
     config: Option<Config>,
 }
 
 impl<L: FnOnce() -> Result<Config, ConfigError>> LoadOnce<L> {
-    pub fn new(load: L) -> Self {
+    pub(crate) fn new(load: L) -> Self {
         LoadOnce {
             load: Some(load),
             config: None,
@@ -45,7 +45,7 @@ impl<L: FnOnce() -> Result<Config, ConfigError>> LoadOnce<L> {
     }
 
     /// The config, loaded now unless a source already did.
-    pub fn into_config(mut self) -> Result<Config, EntryError> {
+    pub(crate) fn into_config(mut self) -> Result<Config, EntryError> {
         self.config()?;
         Ok(self.config.take().expect("just loaded"))
     }
@@ -63,7 +63,7 @@ impl<L: FnOnce() -> Result<Config, ConfigError>> ConfigSource for LoadOnce<L> {
 /// What an engine adds to the spec's own sources: Docker's labels and `--gpus` for the
 /// shim (read from the container's folder); `NoEngine` for precreate, where podman puts
 /// everything in the spec. `Error` is the entry point's own.
-pub trait EngineSources {
+pub(crate) trait EngineSources {
     type Error: From<EntryError> + From<RequestError>;
     fn labels(&mut self) -> Result<Option<GpuRequest>, Self::Error> {
         Ok(None)
@@ -74,7 +74,7 @@ pub trait EngineSources {
 }
 
 /// No source beyond the spec.
-pub struct NoEngine;
+pub(crate) struct NoEngine;
 
 impl EngineSources for NoEngine {
     type Error = EntryError;
@@ -83,7 +83,7 @@ impl EngineSources for NoEngine {
 /// Where an entry point that edits the spec before create finds a request: the spec's
 /// annotations and process env, what the engine adds, and last the GPUs NVIDIA's stack
 /// was asked for around gpupin (`foreign_request`).
-pub struct SpecSources<'a, C, X> {
+pub(crate) struct SpecSources<'a, C, X> {
     pub annotations: HashMap<String, String>,
     pub spec: &'a Value,
     pub config: C,
@@ -91,7 +91,7 @@ pub struct SpecSources<'a, C, X> {
 }
 
 impl<'a, C: ConfigSource, X: EngineSources> SpecSources<'a, C, X> {
-    pub fn new(spec: &'a Value, config: C, engine: X) -> Self {
+    pub(crate) fn new(spec: &'a Value, config: C, engine: X) -> Self {
         SpecSources {
             annotations: spec::annotations(spec),
             spec,
@@ -124,7 +124,10 @@ impl<C: ConfigSource, X: EngineSources> request::Sources for SpecSources<'_, C, 
 
 /// The GPUs NVIDIA's stack was asked for in `spec` around gpupin, as a request
 /// (`foreign::request`); the inventory is read only for a spec with device nodes.
-pub fn foreign_request(spec: &Value, config: &Config) -> Result<Option<GpuRequest>, EntryError> {
+pub(crate) fn foreign_request(
+    spec: &Value,
+    config: &Config,
+) -> Result<Option<GpuRequest>, EntryError> {
     foreign::request(spec, config.unrequested, || {
         let inventory = config.load_inventory()?;
         Ok(GpuNumbers::of(&inventory))
@@ -134,7 +137,7 @@ pub fn foreign_request(spec: &Value, config: &Config) -> Result<Option<GpuReques
 /// A spec that asks gpupin for nothing, under `unrequested = "strip"`: what it asked
 /// NVIDIA's stack for is voided in `spec_value`. `true`: it was changed. `unrequested`
 /// (the config's) is asked only for a spec that asks NVIDIA's stack for something.
-pub fn strip_unrequested<E>(
+pub(crate) fn strip_unrequested<E>(
     spec_value: &mut Value,
     unrequested: impl FnOnce() -> Result<Unrequested, E>,
 ) -> Result<bool, E> {
@@ -147,7 +150,7 @@ pub fn strip_unrequested<E>(
 }
 
 /// What `edit_spec` needs besides the spec.
-pub struct BeforeCreate<'a> {
+pub(crate) struct BeforeCreate<'a> {
     pub config: &'a Config,
     pub request: &'a GpuRequest,
     /// The spec's annotations, as the request was read from them.
@@ -168,7 +171,7 @@ pub struct BeforeCreate<'a> {
 /// hooks and the claim's annotations), then `persist` puts it where the runtime reads it;
 /// what `persist` returns comes back beside the record. A failed edit or write releases
 /// the GPUs again (`admit`).
-pub fn edit_spec<T>(
+pub(crate) fn edit_spec<T>(
     step: BeforeCreate<'_>,
     spec_value: &mut Value,
     persist: impl FnOnce(&Value) -> Result<T, SpecError>,

@@ -60,7 +60,7 @@ pub enum ForeignError {
 /// NVIDIA's runtime, or NVIDIA's prestart hook. Only a spec with none of them may start
 /// when gpupin's config does not load (`gpupin-runtime`): whatever else could hand out
 /// a GPU around the ledger.
-pub fn mentions_gpus(spec: &Value) -> bool {
+pub(crate) fn mentions_gpus(spec: &Value) -> bool {
     /// The major NVIDIA's driver registers; the inventory's number is not known here.
     const USUAL_GPU_MAJOR: i64 = 195;
     let annotation = annotations(spec).is_some_and(|map| {
@@ -95,13 +95,13 @@ pub fn mentions_gpus(spec: &Value) -> bool {
 /// Which device numbers are the machine's GPUs: the GPU major and each GPU's minor (never
 /// the control nodes' 254 and 255).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuNumbers {
+pub(crate) struct GpuNumbers {
     pub major: u32,
     pub minors: BTreeSet<u32>,
 }
 
 impl GpuNumbers {
-    pub fn of(inventory: &Inventory) -> GpuNumbers {
+    pub(crate) fn of(inventory: &Inventory) -> GpuNumbers {
         GpuNumbers {
             major: inventory.gpu_major,
             minors: inventory.gpus.iter().map(|g| g.minor).collect(),
@@ -111,12 +111,12 @@ impl GpuNumbers {
 
 /// Whether `spec` has any character device node: only then can it hold a GPU node, and
 /// only then is the inventory worth loading to tell.
-pub fn has_char_devices(spec: &Value) -> bool {
+pub(crate) fn has_char_devices(spec: &Value) -> bool {
     devices(spec).iter().any(is_char_node)
 }
 
 /// The minors of the GPU nodes in `linux.devices`, whatever their path in the container.
-pub fn gpu_minors(spec: &Value, gpus: &GpuNumbers) -> BTreeSet<u32> {
+pub(crate) fn gpu_minors(spec: &Value, gpus: &GpuNumbers) -> BTreeSet<u32> {
     devices(spec)
         .iter()
         .filter(|d| is_char_node(d))
@@ -130,7 +130,7 @@ pub fn gpu_minors(spec: &Value, gpus: &GpuNumbers) -> BTreeSet<u32> {
 /// `--privileged` (`a *:* rwm`, and every host node in `linux.devices`), or a wildcard
 /// on the GPU major. Such a container sees every GPU; gpupin can neither record nor limit
 /// that, so its GPU nodes make no request (and a request beside it is refused, `strip`).
-pub fn admits_every_gpu(spec: &Value, gpus: &GpuNumbers) -> bool {
+pub(crate) fn admits_every_gpu(spec: &Value, gpus: &GpuNumbers) -> bool {
     let every: Vec<DeviceNode> = gpus
         .minors
         .iter()
@@ -155,7 +155,7 @@ pub fn admits_every_gpu(spec: &Value, gpus: &GpuNumbers) -> bool {
 /// order its runtime reads it (annotations, volume mounts, the env's last
 /// `NVIDIA_VISIBLE_DEVICES`) becomes a request under `Unrequested::Request`. `machine` is
 /// called only when the spec has a character device node to look at.
-pub fn request<E>(
+pub(crate) fn request<E>(
     spec: &Value,
     unrequested: Unrequested,
     machine: impl FnOnce() -> Result<GpuNumbers, E>,
@@ -196,7 +196,7 @@ pub fn request<E>(
 /// `void` when any occurrence asked for a GPU (or, absent, when NVIDIA's runtime would
 /// give a legacy CUDA image every GPU). Returns whether the spec changed; a spec
 /// that asks NVIDIA's stack for nothing is left byte for byte.
-pub fn void(spec: &mut Value) -> bool {
+pub(crate) fn void(spec: &mut Value) -> bool {
     let mut changed = drop_cdi_annotations(spec);
     changed |= drop_volume_requests(spec);
     let asks = legacy_all(spec)
@@ -216,7 +216,7 @@ pub fn void(spec: &mut Value) -> bool {
 /// runtime add GPUs again. A rule that would still admit a withheld GPU without naming
 /// it (a type `a` rule, or the GPU major with any minor) is refused: nothing is changed
 /// then. Idempotent.
-pub fn strip(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), ForeignError> {
+pub(crate) fn strip(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), ForeignError> {
     refuse_wildcards(spec, withheld)?;
     let is_withheld = |major: i64, minor: i64| {
         withheld
@@ -257,7 +257,7 @@ pub fn strip(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), ForeignErr
 /// nodes and cgroup are made, so a withheld GPU among them (or a rule that admits one) is
 /// refused rather than taken out. NVIDIA's annotations and volume-mount requests still go
 /// from the bundle's spec, which NVIDIA's hook reads after gpupin's.
-pub fn strip_created(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), ForeignError> {
+pub(crate) fn strip_created(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), ForeignError> {
     refuse_wildcards(spec, withheld)?;
     let withheld_node = |major: Option<i64>, minor: Option<i64>| {
         withheld
@@ -300,7 +300,7 @@ pub fn strip_created(spec: &mut Value, withheld: &[DeviceNode]) -> Result<(), Fo
 /// by program name or first argument), as NVIDIA's runtime does in its cdi mode
 /// (`nvidia-hook-remover`): for a spec whose GPUs are given through CDI, where the hook
 /// would inject them a second time. Returns whether one was there.
-pub fn drop_runtime_hooks(spec: &mut Value) -> bool {
+pub(crate) fn drop_runtime_hooks(spec: &mut Value) -> bool {
     let Some(hooks) = spec
         .pointer_mut("/hooks/prestart")
         .and_then(Value::as_array_mut)
@@ -585,7 +585,7 @@ pub(crate) mod testing {
 
     /// `linux` with the nodes and allow rules CDI gives GPUs `minors` (`--device
     /// nvidia.com/gpu=...`), and nvidiactl's.
-    pub fn cdi_linux(minors: &[u32]) -> Value {
+    pub(crate) fn cdi_linux(minors: &[u32]) -> Value {
         let mut nodes: Vec<Value> = minors
             .iter()
             .map(|m| json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m}))
@@ -600,7 +600,7 @@ pub(crate) mod testing {
 
     /// The GPU minors an edited spec gives the container, sorted; its nodes and its
     /// allow rules must agree.
-    pub fn gpu_minors(spec: &Value) -> Vec<u64> {
+    pub(crate) fn gpu_minors(spec: &Value) -> Vec<u64> {
         let minors = |list: &Value| -> Vec<u64> {
             let mut minors: Vec<u64> = list
                 .as_array()

@@ -27,7 +27,7 @@ pub enum TrustedUserError {
 
 /// The owner the container's trusted label names; `None` when the config trusts no label
 /// or the container carries none. `labels`: its annotations and, for Docker, its labels.
-pub fn owner(
+pub(crate) fn owner(
     config: &Config,
     labels: &HashMap<String, String>,
 ) -> Result<Option<Owner>, TrustedUserError> {

@@ -4,7 +4,7 @@
 //! for that card.
 
 /// Parses a size (`40GiB`, `40gb`, `512`); the error says what was expected.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let digits_end = text
         .find(|c: char| !c.is_ascii_digit())
@@ -28,7 +28,7 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 /// The largest binary unit that divides `bytes` exactly, so that what a user wrote
 /// reads back the same (`40GiB`, `1536MiB`).
-pub fn format_size(bytes: u64) -> String {
+pub(crate) fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
     for (unit, shift) in UNITS {
         if bytes != 0 && bytes.trailing_zeros() >= shift {

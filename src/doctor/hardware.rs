@@ -75,7 +75,7 @@ fn read_nvml() -> Result<NvmlReading, InventoryError> {
 /// Why NVML did not answer, short: for a library that does not load, the loader's own
 /// words (`libnvidia-ml.so.1: cannot open shared object file: ...`), which every layer
 /// above repeats; anything else whole.
-pub fn nvml_reason(err: &InventoryError) -> String {
+pub(super) fn nvml_reason(err: &InventoryError) -> String {
     match err {
         InventoryError::NvmlUnavailable { source } => {
             let mut inner: &dyn std::error::Error = source;

@@ -27,7 +27,7 @@ mod serve;
 pub mod smi;
 mod state;
 mod toolkit;
-pub mod xml;
+mod xml;
 
 pub use finding::{Finding, Report, Status};
 pub use hardware::{Hardware, NvmlReading};

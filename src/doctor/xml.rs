@@ -6,7 +6,7 @@
 /// One element with its attributes, its text (all of it, concatenated, trimmed) and its
 /// child elements in document order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Element {
+pub(super) struct Element {
     pub name: String,
     pub attributes: Vec<(String, String)>,
     pub text: String,
@@ -15,17 +15,17 @@ pub struct Element {
 
 impl Element {
     /// The first child named `name`.
-    pub fn child(&self, name: &str) -> Option<&Element> {
+    pub(super) fn child(&self, name: &str) -> Option<&Element> {
         self.children.iter().find(|c| c.name == name)
     }
 
     /// The children named `name`.
-    pub fn children_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Element> {
+    pub(super) fn children_named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Element> {
         self.children.iter().filter(move |c| c.name == name)
     }
 
     /// The text of the element at `path` below this one (`["pci", "pci_bus_id"]`).
-    pub fn text_at(&self, path: &[&str]) -> Option<&str> {
+    pub(super) fn text_at(&self, path: &[&str]) -> Option<&str> {
         let mut element = self;
         for name in path {
             element = element.child(name)?;
@@ -33,7 +33,7 @@ impl Element {
         Some(element.text.as_str())
     }
 
-    pub fn attribute(&self, name: &str) -> Option<&str> {
+    pub(super) fn attribute(&self, name: &str) -> Option<&str> {
         self.attributes
             .iter()
             .find(|(n, _)| n == name)
@@ -49,7 +49,7 @@ pub struct XmlError {
 }
 
 /// The document's root element.
-pub fn parse(text: &str) -> Result<Element, XmlError> {
+pub(super) fn parse(text: &str) -> Result<Element, XmlError> {
     let mut parser = Parser { text, pos: 0 };
     parser.skip_misc()?;
     let root = parser.element()?;

@@ -39,7 +39,7 @@ pub enum DockerError {
 /// The container's folder under Docker's root, when the spec shows one for `id`.
 /// Only a folder named after the container and holding config.v2.json counts, so a user's
 /// own bind mount onto /etc/hosts cannot point gpupin at another container's labels.
-pub fn container_dir(spec: &Value, id: &str) -> Option<PathBuf> {
+pub(crate) fn container_dir(spec: &Value, id: &str) -> Option<PathBuf> {
     let mounts = spec.get("mounts")?.as_array()?;
     mounts.iter().find_map(|m| {
         let dest = m.get("destination")?.as_str()?;
@@ -73,30 +73,30 @@ struct ContainerConfig {
 
 /// A Docker container's config.v2.json, read once for its labels and for what
 /// `gpupin status` tells about it.
-pub struct DockerContainer {
+pub(crate) struct DockerContainer {
     config: ConfigV2,
 }
 
 impl DockerContainer {
-    pub fn read(dir: &Path) -> Result<DockerContainer, DockerError> {
+    pub(crate) fn read(dir: &Path) -> Result<DockerContainer, DockerError> {
         Ok(DockerContainer {
             config: read_json(&dir.join(CONFIG_FILE))?,
         })
     }
 
     /// The container's labels.
-    pub fn labels(&self) -> HashMap<String, String> {
+    pub(crate) fn labels(&self) -> HashMap<String, String> {
         let config = self.config.config.as_ref();
         config.and_then(|c| c.labels.clone()).unwrap_or_default()
     }
 
     /// A request from `gpupin.*` labels.
-    pub fn label_request(&self) -> Result<Option<GpuRequest>, DockerError> {
+    pub(crate) fn label_request(&self) -> Result<Option<GpuRequest>, DockerError> {
         Ok(request::from_labels(&self.labels())?)
     }
 
     /// Engine, name and image, as `gpupin status` shows them.
-    pub fn info(&self) -> ContainerInfo {
+    pub(crate) fn info(&self) -> ContainerInfo {
         let image = self.config.config.as_ref().and_then(|c| c.image.as_deref());
         crate::engines::engine::docker(self.config.name.as_deref(), image)
     }
@@ -149,7 +149,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, DockerError
 
 /// Docker's own GPU request, as a gpupin request: a count stays a count (so gpupin, not
 /// Docker's 0..N-1, picks the GPUs), `all` stays all, device ids become explicit devices.
-pub fn gpus_request(dir: &Path) -> Result<Option<GpuRequest>, DockerError> {
+pub(crate) fn gpus_request(dir: &Path) -> Result<Option<GpuRequest>, DockerError> {
     let path = dir.join(HOSTCONFIG_FILE);
     let host: HostConfig = read_json(&path)?;
     let Some(req) = host

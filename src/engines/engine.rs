@@ -9,13 +9,13 @@ use crate::model::holder::ContainerInfo;
 use std::collections::HashMap;
 use std::path::Path;
 
-pub const DOCKER: &str = "docker";
-pub const PODMAN: &str = "podman";
-pub const CONTAINERD: &str = "containerd";
+pub(crate) const DOCKER: &str = "docker";
+pub(crate) const PODMAN: &str = "podman";
+pub(crate) const CONTAINERD: &str = "containerd";
 
 /// At most this many bytes of a name or image are kept: enough for any real one
 /// (Docker caps names far below; an image reference with a digest is ~150 bytes).
-pub const MAX_TEXT: usize = 256;
+pub(crate) const MAX_TEXT: usize = 256;
 
 /// containerd's CRI plugin (pkg/cri/annotations): the container, its pod and namespace,
 /// and the image as the pod spec names it.
@@ -37,7 +37,7 @@ const CONTAINERD_RUNC_ROOTS: [&str; 2] = ["/run/containerd/runc/", "/var/run/con
 /// `text` on one line and at most `MAX_TEXT` bytes: control characters, line and
 /// paragraph separators and bidi overrides (which could make a status line read
 /// otherwise than it is) become U+FFFD. `None` when nothing but blanks is left.
-pub fn clean(text: &str) -> Option<String> {
+pub(crate) fn clean(text: &str) -> Option<String> {
     let unsafe_char = |c: char| {
         c.is_control()
             || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
@@ -55,7 +55,7 @@ pub fn clean(text: &str) -> Option<String> {
 
 /// What a container's annotations say about it: containerd's CRI and nerdctl's names,
 /// podman's mark. `None` when they name no engine.
-pub fn from_annotations(annotations: &HashMap<String, String>) -> Option<ContainerInfo> {
+pub(crate) fn from_annotations(annotations: &HashMap<String, String>) -> Option<ContainerInfo> {
     let get = |key: &str| annotations.get(key).and_then(|v| clean(v));
     let cri = [CRI_CONTAINER_TYPE, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME]
         .iter()
@@ -90,13 +90,13 @@ pub fn from_annotations(annotations: &HashMap<String, String>) -> Option<Contain
 }
 
 /// Whether runc's `--root` is the one containerd's runc shim gives it.
-pub fn is_containerd_root(root: &Path) -> bool {
+pub(crate) fn is_containerd_root(root: &Path) -> bool {
     let root = root.to_string_lossy();
     CONTAINERD_RUNC_ROOTS.iter().any(|r| root.starts_with(r))
 }
 
 /// A container started by `engine`, which told nothing else about it.
-pub fn engine_only(engine: &str) -> ContainerInfo {
+pub(crate) fn engine_only(engine: &str) -> ContainerInfo {
     ContainerInfo {
         engine: Some(engine.into()),
         ..ContainerInfo::default()
@@ -105,7 +105,7 @@ pub fn engine_only(engine: &str) -> ContainerInfo {
 
 /// A Docker container: `name` as config.v2.json holds it (`/name`), `image` as the user
 /// named it (`Config.Image`).
-pub fn docker(name: Option<&str>, image: Option<&str>) -> ContainerInfo {
+pub(crate) fn docker(name: Option<&str>, image: Option<&str>) -> ContainerInfo {
     ContainerInfo {
         engine: Some(DOCKER.into()),
         name: name.and_then(|n| clean(n.strip_prefix('/').unwrap_or(n))),

@@ -64,7 +64,7 @@ fn containers_file_and_layer(root: &Path) -> Option<(PathBuf, String)> {
 
 /// Engine, name and image of the podman container whose root is `root` (the spec's
 /// `root.path`), from containers/storage; only the engine when the storage cannot tell.
-pub fn container_at(root: &Path) -> ContainerInfo {
+pub(crate) fn container_at(root: &Path) -> ContainerInfo {
     let mut info = engine::engine_only(engine::PODMAN);
     let Some((file, layer)) = containers_file_and_layer(root) else {
         return info;

@@ -3,7 +3,7 @@
 pub mod confine;
 pub(crate) mod container_devices;
 pub mod inventory;
-pub mod node_acl;
+pub(crate) mod node_acl;
 pub mod slurm;
 pub mod users;
-pub mod whose;
+pub(crate) mod whose;

@@ -71,7 +71,7 @@ pub struct Applicable {
 }
 
 /// How many requests one user may have waiting, unless `max_waiting_per_user` says.
-pub const DEFAULT_MAX_WAITING: u32 = 4;
+pub(crate) const DEFAULT_MAX_WAITING: u32 = 4;
 
 impl Limits {
     /// Requests one user may have waiting in the queue at once.

@@ -13,10 +13,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Where a holder's capability nodes live.
-pub const CAPS_DIR: &str = "/dev/nvidia-caps";
+pub(crate) const CAPS_DIR: &str = "/dev/nvidia-caps";
 
 /// The `/proc/devices` name of the capability nodes' major.
-pub const CAPS_DEVICE_NAME: &str = "nvidia-caps";
+pub(crate) const CAPS_DEVICE_NAME: &str = "nvidia-caps";
 
 /// One MIG instance (a GPU instance with one compute instance) of a GPU in MIG mode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,13 +93,13 @@ impl MigInstance {
 }
 
 /// `/dev/nvidia-caps/nvidia-cap<minor>`.
-pub fn cap_path(minor: u32) -> String {
+pub(crate) fn cap_path(minor: u32) -> String {
     format!("{CAPS_DIR}/nvidia-cap{minor}")
 }
 
 /// The compute slices a profile names (`3g.40gb` -> 3; `1c.3g.40gb` -> 1); u32::MAX when
 /// the name is not of that shape, so unknown profiles sort last.
-pub fn profile_slices(profile: &str) -> u32 {
+pub(crate) fn profile_slices(profile: &str) -> u32 {
     let first = profile.split('.').next().unwrap_or("");
     first
         .strip_suffix('g')
@@ -109,14 +109,14 @@ pub fn profile_slices(profile: &str) -> u32 {
 }
 
 /// `0:1` to (0, 1): the address form of an instance.
-pub fn parse_address(key: &str) -> Option<(u32, u32)> {
+pub(crate) fn parse_address(key: &str) -> Option<(u32, u32)> {
     let (gpu, mig) = key.trim().split_once(':')?;
     Some((gpu.parse().ok()?, mig.parse().ok()?))
 }
 
 /// A profile name as NVIDIA writes them: `1g.10gb`, `1g.10gb+me`, `1c.3g.40gb`. Checked
 /// where people type one, so a typo is refused rather than matching nothing.
-pub fn is_profile_name(name: &str) -> bool {
+pub(crate) fn is_profile_name(name: &str) -> bool {
     let base = name.strip_suffix("+me").unwrap_or(name);
     let parts: Vec<&str> = base.split('.').collect();
     let unit = |p: &str, suffix: &str| {

@@ -4,9 +4,9 @@
 
 pub mod gpu;
 pub mod holder;
-pub mod limits;
+pub(crate) mod limits;
 pub mod link;
 pub mod live;
-pub mod mig;
-pub mod names;
-pub mod nvidia;
+pub(crate) mod mig;
+pub(crate) mod names;
+pub(crate) mod nvidia;

@@ -16,7 +16,7 @@ use super::{Policy, PolicyInput};
 use std::cmp::Reverse;
 
 /// Up to this many candidate sets, the topology completion tries them all.
-pub const EXHAUSTIVE_UP_TO: u64 = 20_000;
+pub(super) const EXHAUSTIVE_UP_TO: u64 = 20_000;
 
 /// `input.count` positions that contain `fixed`, the others chosen by `policy` among
 /// `input.free` (which need not contain `fixed`); `None` when too few are free or `fixed`

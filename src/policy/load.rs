@@ -10,10 +10,10 @@ use std::cmp::{Ordering, Reverse};
 
 /// Lowest utilization first, GPUs whose utilization the source does not tell (NVML on a
 /// GPU in MIG mode) after every known one, then most free memory, then lowest position.
-pub struct LeastLoaded;
+pub(crate) struct LeastLoaded;
 
 /// Most free memory first, then lowest position.
-pub struct MostFree;
+pub(crate) struct MostFree;
 
 impl Policy for LeastLoaded {
     fn choose(&self, input: &PolicyInput) -> Option<Vec<usize>> {

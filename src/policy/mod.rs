@@ -6,10 +6,10 @@
 //! search that tests and benchmarks hold it to.
 
 mod include;
-pub mod load;
-pub mod pack;
+pub(crate) mod load;
+pub(crate) mod pack;
 pub mod reference;
-pub mod spread;
+pub(crate) mod spread;
 pub mod topology;
 
 pub use include::choose_including;
@@ -59,7 +59,7 @@ pub(crate) mod testing {
     use crate::model::gpu::{Gpu, Inventory};
 
     /// A built-in simulated machine (`sim:NAME`), links and all.
-    pub fn sim(name: &str) -> Inventory {
+    pub(crate) fn sim(name: &str) -> Inventory {
         crate::input::config::inventory::load(
             &InventorySource::Sim(name.into()),
             std::path::Path::new("/nonexistent"),
@@ -70,7 +70,7 @@ pub(crate) mod testing {
 
     /// What a policy is asked: `count` of the GPUs marked in `free`, no cursor, no live
     /// figures.
-    pub fn input<'a>(
+    pub(crate) fn input<'a>(
         inventory: &'a Inventory,
         free: &'a [bool],
         count: usize,
@@ -85,7 +85,7 @@ pub(crate) mod testing {
     }
 
     /// A linkless machine of `n` GPUs, enough for policies that ignore topology.
-    pub fn machine(n: u32) -> Inventory {
+    pub(crate) fn machine(n: u32) -> Inventory {
         Inventory {
             source: "test".into(),
             gpu_major: 195,

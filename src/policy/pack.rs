@@ -1,7 +1,7 @@
 use super::{Policy, PolicyInput};
 
 /// Lowest free positions first.
-pub struct Pack;
+pub(crate) struct Pack;
 
 impl Policy for Pack {
     fn choose(&self, input: &PolicyInput) -> Option<Vec<usize>> {

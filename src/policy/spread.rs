@@ -3,7 +3,7 @@ use super::{Policy, PolicyInput};
 /// Free positions in rotation order, starting at the cursor (just after the last GPU
 /// handed out), so that successive jobs land on successive GPUs instead of always GPU 0.
 /// The result is in rotation order: the ledger moves the cursor past its last element.
-pub struct Spread;
+pub(crate) struct Spread;
 
 impl Policy for Spread {
     fn choose(&self, input: &PolicyInput) -> Option<Vec<usize>> {

@@ -75,7 +75,7 @@ fn detail(event: &Event) -> String {
 }
 
 /// `45s`, `5m03s`, `1h02m`, `2d03h`: two units, the larger first.
-pub fn held_for(seconds: u64) -> String {
+pub(super) fn held_for(seconds: u64) -> String {
     let (d, h, m, s) = (
         seconds / 86400,
         seconds / 3600 % 24,

@@ -9,16 +9,16 @@ use serde_json::{Value, json};
 use std::time::{Duration, SystemTime};
 
 /// What the table shows where a pid would be, for a hold without a process.
-pub const UNTIL_RELEASED: &str = "until released";
+pub(super) const UNTIL_RELEASED: &str = "until released";
 
 /// How people know a holder: a container's name where its engine told it, else its id.
-pub fn label(r: &Record) -> String {
+pub(super) fn label(r: &Record) -> String {
     r.shown_name().to_string()
 }
 
 /// A holder's row after the GPU index: HOLDER, KIND, IMAGE, PID, AGE. `idle`: since when
 /// it is idle (`Ledger::idle`), if it is.
-pub fn cells(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> [Cell; 5] {
+pub(super) fn cells(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> [Cell; 5] {
     let container = r.container.as_ref();
     let kind = match r.kind {
         HolderKind::Container => container
@@ -104,7 +104,7 @@ fn age(now: SystemTime, r: &Record) -> String {
 }
 
 /// `age`, for the one-line-per-GPU view's SINCE.
-pub fn age_of(now: SystemTime, r: &Record) -> String {
+pub(super) fn age_of(now: SystemTime, r: &Record) -> String {
     let s = now
         .duration_since(r.created())
         .unwrap_or_default()
@@ -113,12 +113,12 @@ pub fn age_of(now: SystemTime, r: &Record) -> String {
 }
 
 /// How long a holder idle since `since` (seconds since the Unix epoch) has been: `1h05m`.
-pub fn idle_for(now: SystemTime, since: u64) -> String {
+pub(super) fn idle_for(now: SystemTime, since: u64) -> String {
     short_duration(idle_seconds(now, since))
 }
 
 /// Seconds from `since` (since the Unix epoch) to `now`; 0 for a time ahead of it.
-pub fn idle_seconds(now: SystemTime, since: u64) -> u64 {
+pub(super) fn idle_seconds(now: SystemTime, since: u64) -> u64 {
     now.duration_since(crate::base::clock::unix(since))
         .map_or(0, |d| d.as_secs())
 }
@@ -133,14 +133,14 @@ fn short_duration(s: u64) -> String {
     }
 }
 
-pub fn since(record: &Record) -> String {
+pub(super) fn since(record: &Record) -> String {
     humantime::format_rfc3339_seconds(record.created()).to_string()
 }
 
 /// A holder in `gpupin status --json`. `owner` and `container` are null where unknown,
 /// and so are the container's engine, name and image each; `idle` is null but for a
 /// holder found idle: since when, and for how many seconds.
-pub fn json(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> Value {
+pub(super) fn json(r: &Record, now: SystemTime, grace: Duration, idle: Option<u64>) -> Value {
     json!({
         "id": r.id,
         "kind": r.kind,

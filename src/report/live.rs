@@ -10,12 +10,12 @@ use crate::state::ledger::{Record, holder_of};
 use serde_json::{Value, json};
 
 /// What the HOLDER column says of a process no holder owns.
-pub const FOREIGN: &str = "not gpupin's";
+pub(super) const FOREIGN: &str = "not gpupin's";
 /// What it says of a process /proc does not show (ended since, or hidden by `hidepid`).
-pub const UNKNOWN: &str = "?";
+pub(super) const UNKNOWN: &str = "?";
 
 /// Whose a process on a GPU is.
-pub enum Whose<'r> {
+pub(super) enum Whose<'r> {
     Holder(&'r Record),
     Foreign,
     /// /proc does not show it.
@@ -23,7 +23,7 @@ pub enum Whose<'r> {
 }
 
 /// `records`: the holders that still run (a gone holder's pid may be someone else's now).
-pub fn whose<'r>(seen: &Seen, records: &'r [Record]) -> Whose<'r> {
+pub(super) fn whose<'r>(seen: &Seen, records: &'r [Record]) -> Whose<'r> {
     match &seen.process {
         None => Whose::Unknown,
         Some(p) => holder_of(p, records).map_or(Whose::Foreign, Whose::Holder),
@@ -31,7 +31,7 @@ pub fn whose<'r>(seen: &Seen, records: &'r [Record]) -> Whose<'r> {
 }
 
 /// GPU memory for people: `12.3GiB`, `512MiB`.
-pub fn size(bytes: u64) -> String {
+pub(super) fn size(bytes: u64) -> String {
     const GIB: f64 = (1u64 << 30) as f64;
     if bytes >= 1 << 30 {
         format!("{:.1}GiB", bytes as f64 / GIB)
@@ -41,7 +41,7 @@ pub fn size(bytes: u64) -> String {
 }
 
 /// Used of total, `61.2/80.0GiB`; with the total unknown (procfs), what is free.
-pub fn memory(gpu: &Gpu, live: &Live) -> String {
+pub(super) fn memory(gpu: &Gpu, live: &Live) -> String {
     const GIB: f64 = (1u64 << 30) as f64;
     if gpu.memory_bytes == 0 {
         return format!("{} free", size(live.memory_free));
@@ -54,11 +54,11 @@ pub fn memory(gpu: &Gpu, live: &Live) -> String {
     )
 }
 
-pub const FIGURES_HEADER: [&str; 5] = ["GPU", "UTIL", "MEMORY", "TEMP", "POWER"];
+pub(super) const FIGURES_HEADER: [&str; 5] = ["GPU", "UTIL", "MEMORY", "TEMP", "POWER"];
 
 /// A GPU's row of figures after its index: UTIL, MEMORY, TEMP, POWER (`-` where the
 /// source does not tell).
-pub fn figures(gpu: &Gpu, live: &Live) -> [Cell; 4] {
+pub(super) fn figures(gpu: &Gpu, live: &Live) -> [Cell; 4] {
     let or_dash = |v: Option<u32>, unit: &str| v.map_or("-".to_string(), |v| format!("{v}{unit}"));
     [
         Cell::from(or_dash(live.utilization, "%")),
@@ -68,11 +68,12 @@ pub fn figures(gpu: &Gpu, live: &Live) -> [Cell; 4] {
     ]
 }
 
-pub const PROCESSES_HEADER: [&str; 6] = ["GPU", "PID", "USER", "MEMORY", "HOLDER", "COMMAND"];
+pub(super) const PROCESSES_HEADER: [&str; 6] =
+    ["GPU", "PID", "USER", "MEMORY", "HOLDER", "COMMAND"];
 
 /// A process's row after its GPU: PID, USER, MEMORY, HOLDER, COMMAND; `label` names a
 /// holder as the holders table does.
-pub fn process(seen: &Seen, whose: &Whose, label: impl Fn(&Record) -> String) -> [Cell; 5] {
+pub(super) fn process(seen: &Seen, whose: &Whose, label: impl Fn(&Record) -> String) -> [Cell; 5] {
     let (user, command) = match &seen.process {
         Some(p) => (p.user_or_uid(), p.command.clone()),
         None => (UNKNOWN.to_string(), String::new()),
@@ -92,7 +93,7 @@ pub fn process(seen: &Seen, whose: &Whose, label: impl Fn(&Record) -> String) ->
 }
 
 /// A GPU's figures in `gpupin status --json`; null where the source does not tell.
-pub fn figures_json(gpu: &Gpu, live: &Live) -> Value {
+pub(super) fn figures_json(gpu: &Gpu, live: &Live) -> Value {
     let total = (gpu.memory_bytes > 0).then_some(gpu.memory_bytes);
     json!({
         "utilization": live.utilization,
@@ -106,7 +107,7 @@ pub fn figures_json(gpu: &Gpu, live: &Live) -> Value {
 
 /// A process in `gpupin status --json`: `holder` is the holder's id, `foreign` whether no
 /// holder owns it (null, with user and command, when /proc does not show it).
-pub fn process_json(seen: &Seen, whose: &Whose) -> Value {
+pub(super) fn process_json(seen: &Seen, whose: &Whose) -> Value {
     let p = seen.process.as_ref();
     json!({
         "pid": seen.pid,

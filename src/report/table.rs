@@ -3,24 +3,24 @@
 
 use std::fmt::Write;
 
-pub const ELLIPSIS: char = '…';
+pub(super) const ELLIPSIS: char = '…';
 
 /// One cell. `Tail` text (`(shared, 20GiB)`) stays whole when the cell is cut, `keep_end`
 /// cells lose their start rather than their end (an image's tag is what tells it apart).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Cell {
+pub(super) struct Cell {
     pub text: String,
     pub tail: String,
     pub keep_end: bool,
 }
 
 impl Cell {
-    pub fn width(&self) -> usize {
+    pub(super) fn width(&self) -> usize {
         self.text.chars().count() + self.tail.chars().count()
     }
 
     /// The cell's text in at most `width` characters.
-    pub fn fit(&self, width: usize) -> String {
+    pub(super) fn fit(&self, width: usize) -> String {
         if self.width() <= width {
             return format!("{}{}", self.text, self.tail);
         }
@@ -74,7 +74,7 @@ pub(super) fn cut(text: &str, width: usize, keep_end: bool) -> String {
 
 /// Left-aligned columns separated by two spaces, trailing spaces trimmed: every column
 /// as wide as its widest cell.
-pub fn table<R: AsRef<[String]>>(rows: &[R]) -> String {
+pub(super) fn table<R: AsRef<[String]>>(rows: &[R]) -> String {
     let cells: Vec<Vec<Cell>> = rows
         .iter()
         .map(|r| r.as_ref().iter().map(|s| Cell::from(s.as_str())).collect())
@@ -85,7 +85,7 @@ pub fn table<R: AsRef<[String]>>(rows: &[R]) -> String {
 /// Like `table`, but when the lines would be longer than `max_width`, the columns in
 /// `shrink` (index, narrowest it may get) lose a character at a time, the widest first,
 /// until the lines fit or none may shrink further.
-pub fn fitted(rows: &[Vec<Cell>], max_width: usize, shrink: &[(usize, usize)]) -> String {
+pub(super) fn fitted(rows: &[Vec<Cell>], max_width: usize, shrink: &[(usize, usize)]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let mut widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -119,7 +119,7 @@ pub fn fitted(rows: &[Vec<Cell>], max_width: usize, shrink: &[(usize, usize)]) -
 
 /// Columns separated by two spaces, as `gpupin status` prints them; the columns in
 /// `right` aligned right (numbers), trailing spaces trimmed.
-pub fn aligned(rows: &[Vec<String>], right: &[usize]) -> String {
+pub(super) fn aligned(rows: &[Vec<String>], right: &[usize]) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -149,7 +149,7 @@ pub fn aligned(rows: &[Vec<String>], right: &[usize]) -> String {
 
 /// How a row stands out on a terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Style {
+pub(super) enum Style {
     Plain,
     Header,
     /// Wants a look: a process started without gpupin.
@@ -172,7 +172,7 @@ impl Style {
 
 /// The lines of `text`, line `i` in `styles[i]` (plain beyond), as ANSI escapes: added
 /// after the table is laid out, so that they take no column's width.
-pub fn paint(text: &str, styles: &[Style]) -> String {
+pub(super) fn paint(text: &str, styles: &[Style]) -> String {
     let mut out = String::with_capacity(text.len() + 8 * styles.len());
     for (i, line) in text.lines().enumerate() {
         match styles.get(i).and_then(|s| s.sgr()) {

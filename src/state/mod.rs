@@ -4,7 +4,7 @@
 pub mod audit;
 pub mod ledger;
 pub mod metrics;
-pub mod node_access;
+pub(crate) mod node_access;
 pub mod usage;
 
 use crate::input::config::{Config, NodeAccess};

@@ -9,16 +9,16 @@ use serde::{Deserialize, Deserializer};
 use std::path::{Path, PathBuf};
 
 /// The only kind gpupin applies.
-pub const KIND: &str = "nvidia.com/gpu";
+pub(crate) const KIND: &str = "nvidia.com/gpu";
 
 /// The device name that stands for every GPU; gpupin never applies it.
-pub const ALL: &str = "all";
+pub(crate) const ALL: &str = "all";
 
 /// One spec file. Fields gpupin does not use (annotations, intelRdt, netDevices) are
 /// tolerated and ignored, as are fields a later CDI version adds.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Spec {
+pub(crate) struct Spec {
     pub cdi_version: String,
     pub kind: String,
     #[serde(default, deserialize_with = "or_empty")]
@@ -30,7 +30,7 @@ pub struct Spec {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Device {
+pub(crate) struct Device {
     pub name: String,
     #[serde(default, deserialize_with = "or_empty")]
     pub container_edits: Edits,
@@ -38,7 +38,7 @@ pub struct Device {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Edits {
+pub(crate) struct Edits {
     /// `KEY=VALUE` entries.
     #[serde(default, deserialize_with = "or_empty")]
     pub env: Vec<String>,
@@ -56,7 +56,7 @@ pub struct Edits {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Node {
+pub(crate) struct Node {
     /// Where the node is in the container.
     pub path: String,
     /// Where it is on the host, when that differs (a driver root); stat'ed for missing
@@ -72,7 +72,7 @@ pub struct Node {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Hook {
+pub(crate) struct Hook {
     /// The OCI hook stage: `createContainer` for nvidia-cdi-hook.
     pub hook_name: String,
     pub path: String,
@@ -85,7 +85,7 @@ pub struct Hook {
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Mount {
+pub(crate) struct Mount {
     pub host_path: String,
     pub container_path: String,
     #[serde(rename = "type")]
@@ -106,7 +106,7 @@ where
 /// A spec file as found, with its directory's rank (a later spec dir outranks an earlier
 /// one, as in the CDI reference).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Found {
+pub(crate) struct Found {
     pub path: PathBuf,
     pub rank: usize,
     pub spec: Spec,
@@ -153,7 +153,7 @@ fn distrust(meta: &std::fs::Metadata) -> Option<String> {
 /// none), each dir's files in name order. A file that cannot be read or parsed is an
 /// error naming it: skipping it could hide the spec that holds the chosen GPUs, and
 /// the container would start without its driver. Files of other kinds are skipped.
-pub fn load(dirs: &[PathBuf]) -> Result<Vec<Found>, CdiError> {
+pub(crate) fn load(dirs: &[PathBuf]) -> Result<Vec<Found>, CdiError> {
     let mut found = Vec::new();
     for (rank, dir) in dirs.iter().enumerate() {
         for path in spec_files(dir)? {
@@ -198,7 +198,7 @@ fn spec_files(dir: &Path) -> Result<Vec<PathBuf>, CdiError> {
 /// One file: `None` when it is not an `nvidia.com/gpu` spec. Admins link specs into the
 /// dirs, so a link is followed; a FIFO or a directory is refused, never waited on, and so
 /// is a file another user could write (`distrust`).
-pub fn read(path: &Path) -> Result<Option<Spec>, CdiError> {
+pub(crate) fn read(path: &Path) -> Result<Option<Spec>, CdiError> {
     let read_err = |source| CdiError::Read {
         path: path.to_path_buf(),
         source,

@@ -8,7 +8,7 @@
 //! legacy hook reads NVIDIA_VISIBLE_DEVICES, which gpupin leaves for it. What NVIDIA's
 //! stack put into a spec besides gpupin (GPU nodes, requests) is `admission::foreign`'s.
 
-pub mod cdi;
+pub(crate) mod cdi;
 mod select;
 
 pub use select::{CdiEdits, SelectError};

@@ -82,7 +82,7 @@ pub enum SelectError {
 
 /// The edits for the GPUs `uuids` from the specs in `found` (none empty). A GPU the
 /// inventory does not know is left out, as its node is.
-pub fn edits_for(
+pub(super) fn edits_for(
     found: &[Found],
     inventory: &Inventory,
     uuids: &[String],
@@ -118,7 +118,7 @@ pub fn edits_for(
 /// The fully qualified CDI names (`nvidia.com/gpu=GPU-...`) of the entries of the GPUs
 /// `uuids`, found as `edits_for` finds them, in the order of `uuids`: what a kubelet
 /// device plugin hands the runtime instead of the edits themselves.
-pub fn qualified_names(
+pub(super) fn qualified_names(
     found: &[Found],
     inventory: &Inventory,
     uuids: &[String],

@@ -11,7 +11,7 @@ use serde_json::Value;
 use std::path::Path;
 
 /// The created container the edits go into.
-pub struct Target<'a> {
+pub(crate) struct Target<'a> {
     /// Its init process, not yet started: its mount namespace and device cgroup.
     pub pid: i32,
     /// Its root on the host, before pivot_root.
@@ -25,7 +25,7 @@ pub struct Target<'a> {
 /// for a spec the runtime has not read yet, and have none here; a cpuset needs the spec
 /// edited before create, and the prestart entry point refuses such a request first. A
 /// GPU node of another GPU in the spec is refused ([`crate::admission::foreign::strip_created`]).
-pub fn apply(edits: &ContainerEdits, target: Target<'_>) -> Result<(), ApplyError> {
+pub(crate) fn apply(edits: &ContainerEdits, target: Target<'_>) -> Result<(), ApplyError> {
     if edits.cpuset.is_some() {
         return Err(ApplyError::NeedsCreate("a cpuset"));
     }

@@ -7,8 +7,8 @@
 
 mod cpuset;
 mod hook_command;
-pub mod inject;
-pub mod spec;
+pub(crate) mod inject;
+pub(crate) mod spec;
 
 pub use hook_command::HookCommand;
 

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 /// Writes every edit into `spec`, then takes the GPUs the container was not given out of
 /// it (a CDI device or `--device` that came with it). Idempotent: applied twice, the spec
 /// is the same. On an error the spec may be half edited: callers write it only on `Ok`.
-pub fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), ApplyError> {
+pub(crate) fn apply(edits: &ContainerEdits, spec: &mut Value) -> Result<(), ApplyError> {
     spec::add_devices(spec, &edits.nodes)?;
     for (key, value) in &edits.env {
         spec::set_env(spec, key, value)?;

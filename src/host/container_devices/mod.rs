@@ -131,7 +131,7 @@ pub enum InjectError {
 /// Must be called from a single-threaded process (the hook is one): setns(CLONE_NEWNS)
 /// fails with EINVAL when the caller shares its fs_struct with another thread, and that
 /// is reported as [`InjectError::MultiThreaded`] with nothing done.
-pub fn create_nodes_in_container(
+pub(crate) fn create_nodes_in_container(
     pid: i32,
     rootfs: &Path,
     nodes: &[DeviceNode],
@@ -157,7 +157,7 @@ pub fn create_nodes_in_container(
 
 /// Grants read/write/mknod access to `nodes` in the device cgroup of `pid`
 /// (cgroup v1; on a v2-only host this fails closed).
-pub fn allow_in_device_cgroup(pid: i32, nodes: &[DeviceNode]) -> Result<(), InjectError> {
+pub(crate) fn allow_in_device_cgroup(pid: i32, nodes: &[DeviceNode]) -> Result<(), InjectError> {
     cgroup::allow(Path::new("/proc"), pid, nodes)
 }
 
@@ -165,7 +165,7 @@ pub fn allow_in_device_cgroup(pid: i32, nodes: &[DeviceNode]) -> Result<(), Inje
 /// container's mount namespace needs CAP_SYS_ADMIN, making its device nodes CAP_MKNOD.
 /// Asked before anything is allocated, so that a hook run without them (a runtime that
 /// drops capabilities from its hooks) fails with one clear line, not halfway.
-pub fn missing_capability() -> Option<&'static str> {
+pub(crate) fn missing_capability() -> Option<&'static str> {
     use caps::{CapSet, Capability};
     [
         (Capability::CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),

@@ -3,7 +3,7 @@
 
 /// Parses a cpulist into CPU numbers, ascending; `None` when malformed. An empty list
 /// (blank string) is valid and empty, as sysfs writes it for a node without CPUs.
-pub fn parse(text: &str) -> Option<Vec<u32>> {
+pub(crate) fn parse(text: &str) -> Option<Vec<u32>> {
     let text = text.trim();
     if text.is_empty() {
         return Some(Vec::new());
@@ -33,7 +33,7 @@ fn number(text: &str) -> Option<u32> {
 }
 
 /// Formats CPU numbers (ascending, no duplicates) as a cpulist with ranges.
-pub fn format(cpus: &[u32]) -> String {
+pub(crate) fn format(cpus: &[u32]) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut i = 0;
     while i < cpus.len() {

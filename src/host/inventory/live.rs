@@ -189,7 +189,7 @@ pub(super) fn entries_json(gpus: &[(String, Live)]) -> Vec<Value> {
 }
 
 /// The live file format for `gpus`, by UUID.
-pub fn to_json(gpus: &[(String, Live)]) -> String {
+pub(crate) fn to_json(gpus: &[(String, Live)]) -> String {
     json!({ "gpus": entries_json(gpus) }).to_string()
 }
 

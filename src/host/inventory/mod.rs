@@ -7,7 +7,7 @@ mod cache;
 pub(crate) mod cpulist;
 mod file;
 pub mod import;
-pub mod live;
+pub(crate) mod live;
 mod live_cache;
 mod mig_file;
 mod nvml;

@@ -45,7 +45,7 @@ pub(super) struct Roots {
 }
 
 impl Roots {
-    pub fn host() -> Self {
+    pub(super) fn host() -> Self {
         Roots {
             proc: PathBuf::from("/proc"),
             sys: PathBuf::from("/sys"),

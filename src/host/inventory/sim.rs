@@ -58,7 +58,7 @@ use crate::model::link::Link;
 use crate::model::mig::{MigAccess, MigInstance};
 
 /// The names of the simulated machines; `machine` accepts exactly these.
-pub fn names() -> &'static [&'static str] {
+pub(crate) fn names() -> &'static [&'static str] {
     &[
         "nvswitch8",
         "pcie8",
@@ -74,7 +74,7 @@ pub fn names() -> &'static [&'static str] {
     ]
 }
 
-pub fn machine(name: &str) -> Result<Inventory, InventoryError> {
+pub(crate) fn machine(name: &str) -> Result<Inventory, InventoryError> {
     let spec = MACHINES
         .iter()
         .find(|m| m.name == name && names().contains(&name))

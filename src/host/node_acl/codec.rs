@@ -17,11 +17,11 @@ const UNDEFINED_ID: u32 = u32::MAX;
 const ENTRY_LEN: usize = 8;
 
 /// Read and write: what a holder's user gets on its GPU's node.
-pub const RW: u16 = 0o6;
+pub(crate) const RW: u16 = 0o6;
 
 /// An access ACL: the three entries every file has, the named entries, and the mask.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Acl {
+pub(crate) struct Acl {
     pub owner: u16,
     pub users: BTreeMap<u32, u16>,
     pub group: u16,
@@ -32,7 +32,7 @@ pub struct Acl {
 
 /// Why bytes are no access ACL.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AclFormatError {
+pub(crate) enum AclFormatError {
     #[error("{len} bytes are no POSIX ACL (a 4-byte header, then 8 bytes an entry)")]
     Length { len: usize },
     #[error("ACL version {0}, expected 2")]
@@ -47,7 +47,7 @@ pub enum AclFormatError {
 
 impl Acl {
     /// The ACL a file without one acts by: its mode's owner, group and other bits.
-    pub fn from_mode(mode: u32) -> Acl {
+    pub(crate) fn from_mode(mode: u32) -> Acl {
         Acl {
             owner: ((mode >> 6) & 7) as u16,
             users: BTreeMap::new(),
@@ -62,7 +62,7 @@ impl Acl {
     /// kept. The mask becomes the union of the group class, as setfacl computes it, and
     /// goes when no named entry is left: a minimal ACL, which the kernel folds back into
     /// the mode (group bits from the group entry again) and removes.
-    pub fn with_users(&self, uids: impl IntoIterator<Item = u32>, perm: u16) -> Acl {
+    pub(crate) fn with_users(&self, uids: impl IntoIterator<Item = u32>, perm: u16) -> Acl {
         let users: BTreeMap<u32, u16> = uids.into_iter().map(|u| (u, perm)).collect();
         let named = users.values().chain(self.groups.values());
         let mask = named.fold(None, |m: Option<u16>, p| Some(m.unwrap_or(self.group) | p));
@@ -73,7 +73,7 @@ impl Acl {
         }
     }
 
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = VERSION.to_le_bytes().to_vec();
         let mut push = |tag: u16, perm: u16, id: u32| {
             out.extend_from_slice(&tag.to_le_bytes());
@@ -95,7 +95,7 @@ impl Acl {
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Acl, AclFormatError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Acl, AclFormatError> {
         if bytes.len() < 4 || !(bytes.len() - 4).is_multiple_of(ENTRY_LEN) {
             return Err(AclFormatError::Length { len: bytes.len() });
         }

@@ -9,7 +9,7 @@
 
 mod codec;
 
-pub use codec::{Acl, AclFormatError, RW};
+pub(crate) use codec::{Acl, AclFormatError, RW};
 
 use rustix::fs::{FileType, Mode, OFlags};
 use std::collections::BTreeSet;
@@ -22,7 +22,7 @@ const MAX_ACL: usize = 8 << 10;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum NodeAclError {
+pub(crate) enum NodeAclError {
     #[error("opening device node {path}")]
     Open {
         path: PathBuf,
@@ -62,7 +62,7 @@ pub enum NodeAclError {
 
 /// A device node and the users who should have named entries on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeUsers {
+pub(crate) struct NodeUsers {
     /// Where the node is on the host.
     pub path: PathBuf,
     pub major: u32,
@@ -73,7 +73,7 @@ pub struct NodeUsers {
 /// Makes the named-user entries of `node.path`'s ACL exactly `node.uids`, read and write
 /// each; writes nothing when they are already (the common case: a handful of getxattr
 /// calls for a change that touched no host holder). `true`: the ACL was rewritten.
-pub fn set_users(node: &NodeUsers) -> Result<bool, NodeAclError> {
+pub(crate) fn set_users(node: &NodeUsers) -> Result<bool, NodeAclError> {
     let path = &node.path;
     let (fd, mode) = open_node(node)?;
     let proc = format!("/proc/self/fd/{}", fd.as_raw_fd());
@@ -101,8 +101,9 @@ pub fn set_users(node: &NodeUsers) -> Result<bool, NodeAclError> {
     Ok(true)
 }
 
-/// The uids with named entries on the node, for `gpupin doctor` and tests.
-pub fn users(node: &NodeUsers) -> Result<BTreeSet<u32>, NodeAclError> {
+/// The uids with named entries on the node, for the tests (nothing else reads them back).
+#[cfg(test)]
+pub(crate) fn users(node: &NodeUsers) -> Result<BTreeSet<u32>, NodeAclError> {
     let (fd, _) = open_node(node)?;
     let proc = format!("/proc/self/fd/{}", fd.as_raw_fd());
     Ok(read(&proc, &node.path)?

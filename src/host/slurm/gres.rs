@@ -73,8 +73,10 @@ impl Line {
 }
 
 /// The GPU device files of `node` in Slurm's order, from gres.conf `text` (one file per
-/// GPU: the first file of a MultipleFiles= line stands for it).
-pub fn gpu_files(text: &str, node: &str) -> Result<Vec<String>, GresError> {
+/// GPU: the first file of a MultipleFiles= line stands for it). Only the tests ask for
+/// the files alone; the Slurm lookup in `mod.rs` reads `gpu_units`.
+#[cfg(test)]
+pub(super) fn gpu_files(text: &str, node: &str) -> Result<Vec<String>, GresError> {
     Ok(gpu_units(text, node)?
         .into_iter()
         .filter_map(|files| files.into_iter().next())
@@ -83,7 +85,7 @@ pub fn gpu_files(text: &str, node: &str) -> Result<Vec<String>, GresError> {
 
 /// The GPUs of `node` in Slurm's order, each as its device files: one for a `File=`
 /// entry, all of a `MultipleFiles=` line (a MIG instance).
-pub fn gpu_units(text: &str, node: &str) -> Result<Vec<Vec<String>>, GresError> {
+pub(super) fn gpu_units(text: &str, node: &str) -> Result<Vec<Vec<String>>, GresError> {
     let lines = parse(text)?;
     refuse_autodetect(&lines, node)?;
     let mut files = Vec::new();
@@ -129,7 +131,7 @@ pub fn gpu_units(text: &str, node: &str) -> Result<Vec<Vec<String>>, GresError> 
 }
 
 /// Whether a device file is a MIG capability node (`/dev/nvidia-caps/nvidia-cap<N>`).
-pub fn is_cap_file(file: &str) -> bool {
+pub(super) fn is_cap_file(file: &str) -> bool {
     std::path::Path::new(file)
         .file_name()
         .and_then(|n| n.to_str())

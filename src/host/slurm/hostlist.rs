@@ -6,7 +6,7 @@
 
 /// More names than any node has GPUs or any gres.conf line names nodes: a range beyond
 /// this is a typo, not a machine.
-pub const MAX_NAMES: usize = 65_536;
+pub(super) const MAX_NAMES: usize = 65_536;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostlistError {
@@ -17,7 +17,7 @@ pub enum HostlistError {
 }
 
 /// Every name `list` stands for, in order.
-pub fn expand(list: &str) -> Result<Vec<String>, HostlistError> {
+pub(super) fn expand(list: &str) -> Result<Vec<String>, HostlistError> {
     let invalid = |reason| HostlistError::Invalid {
         list: list.to_string(),
         reason,

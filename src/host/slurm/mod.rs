@@ -1,7 +1,7 @@
 //! Slurm nodes: the hold a job's prolog makes (`slurm-<job id>`, see slurm/prolog), and
 //! Slurm's GPU numbers (`SLURM_JOB_GPUS`) as the device minors gpupin holds GPUs by.
 
-pub mod gres;
+mod gres;
 mod hostlist;
 
 use crate::base::safe_open::{self, Links};

@@ -9,7 +9,7 @@ const SCOPE_PREFIXES: [&str; 4] = ["docker-", "libpod-", "cri-containerd-", "cri
 
 /// Whether some line of `cgroup` (/proc/PID/cgroup: `hierarchy:controllers:path`) has a
 /// path component that names container `id`.
-pub fn names_container(cgroup: &str, id: &str) -> bool {
+pub(crate) fn names_container(cgroup: &str, id: &str) -> bool {
     if id.is_empty() {
         return false;
     }

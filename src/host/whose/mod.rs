@@ -9,9 +9,9 @@ mod cgroup;
 mod passwd;
 mod proc;
 
-pub use cgroup::names_container;
-pub use passwd::{files_owner, passwd_name};
-pub use proc::{Process, read, read_in};
+pub(crate) use cgroup::names_container;
+pub(crate) use passwd::{files_owner, passwd_name};
+pub(crate) use proc::{Process, read};
 
 use crate::model::live::Live;
 
@@ -26,7 +26,7 @@ pub struct Seen {
 
 /// The processes on each GPU, by position as in `live`, each read from /proc once (a pid
 /// on two GPUs is read twice: rare, and cheap). `names` turns a uid into a user name.
-pub fn observe(live: &[Live], names: &dyn Fn(u32) -> Option<String>) -> Vec<Vec<Seen>> {
+pub(crate) fn observe(live: &[Live], names: &dyn Fn(u32) -> Option<String>) -> Vec<Vec<Seen>> {
     live.iter()
         .map(|gpu| {
             gpu.processes
@@ -44,7 +44,7 @@ pub fn observe(live: &[Live], names: &dyn Fn(u32) -> Option<String>) -> Vec<Vec<
 
 /// `processes` without the ones that have ended since they were observed (their pid is
 /// gone, or belongs to a later process now).
-pub fn still_running(processes: &[Vec<Seen>]) -> Vec<Vec<Seen>> {
+pub(crate) fn still_running(processes: &[Vec<Seen>]) -> Vec<Vec<Seen>> {
     processes
         .iter()
         .map(|gpu| {
@@ -62,7 +62,7 @@ pub fn still_running(processes: &[Vec<Seen>]) -> Vec<Vec<Seen>> {
 
 /// Whether `process` belongs to the holder whose process is `pid` (it, or a descendant),
 /// or, for a container, whose id is `container_id` (its cgroup is named after it).
-pub fn belongs_to(process: &Process, pid: Option<i32>, container_id: Option<&str>) -> bool {
+pub(crate) fn belongs_to(process: &Process, pid: Option<i32>, container_id: Option<&str>) -> bool {
     // Pid 1 is everyone's ancestor; no holder's process is init.
     let by_pid =
         pid.is_some_and(|pid| pid > 1 && (process.pid == pid || process.ancestors.contains(&pid)));

@@ -8,7 +8,7 @@ use std::path::Path;
 const PASSWD: &str = "/etc/passwd";
 
 /// The name /etc/passwd gives `uid`, if any.
-pub fn passwd_name(uid: u32) -> Option<String> {
+pub(crate) fn passwd_name(uid: u32) -> Option<String> {
     // Admins manage /etc/passwd with links at times (NixOS): followed; never a FIFO.
     let text = safe_open::read_to_string(Path::new(PASSWD), Links::Follow).ok()?;
     name_in(&text, uid)
@@ -19,7 +19,7 @@ const GROUP: &str = "/etc/group";
 /// The owner record of the user `name` as the files database knows it: uid from
 /// /etc/passwd, groups from /etc/group (the primary one first). For the static hook and
 /// shim, where `users::owner_named` (NSS) must not run.
-pub fn files_owner(name: &str) -> Option<crate::model::holder::Owner> {
+pub(crate) fn files_owner(name: &str) -> Option<crate::model::holder::Owner> {
     let passwd = safe_open::read_to_string(Path::new(PASSWD), Links::Follow).ok()?;
     let group = safe_open::read_to_string(Path::new(GROUP), Links::Follow).unwrap_or_default();
     owner_in(&passwd, &group, name)

@@ -63,12 +63,16 @@ fn cut(text: &str, max: usize) -> String {
 }
 
 /// `pid` from the host's /proc; `None` when it is gone, a zombie, or hidden.
-pub fn read(pid: i32, names: &dyn Fn(u32) -> Option<String>) -> Option<Process> {
+pub(crate) fn read(pid: i32, names: &dyn Fn(u32) -> Option<String>) -> Option<Process> {
     read_in(Path::new("/proc"), pid, names)
 }
 
 /// As `read`, under another /proc root (tests use a fake tree).
-pub fn read_in(root: &Path, pid: i32, names: &dyn Fn(u32) -> Option<String>) -> Option<Process> {
+pub(crate) fn read_in(
+    root: &Path,
+    pid: i32,
+    names: &dyn Fn(u32) -> Option<String>,
+) -> Option<Process> {
     let start_time = crate::base::procinfo::start_time_in(root, pid)?;
     let dir = root.join(pid.to_string());
     let status = std::fs::read_to_string(dir.join("status")).ok()?;

@@ -6,7 +6,7 @@ use super::Config;
 
 /// `line 7 in [limits]: unknown key "polcy"; did you mean the top-level "policy"? ...`,
 /// for an error of `toml::from_str` on `text`.
-pub fn explain(text: &str, error: &toml::de::Error) -> String {
+pub(super) fn explain(text: &str, error: &toml::de::Error) -> String {
     let message = super::one_line(error.message());
     let Some(span) = error.span() else {
         return message;

@@ -1,16 +1,16 @@
 //! gpupin's configuration: `--config FILE`, else `$GPUPIN_CONFIG`, else
 //! /etc/gpupin/config.toml; a missing default file means defaults.
 
-pub mod audit_log;
-pub mod driver;
+mod audit_log;
+mod driver;
 mod effective;
 mod fields;
 pub mod inventory;
-pub mod ledger;
-pub mod leftovers;
+mod ledger;
+mod leftovers;
 mod located;
-pub mod policy;
-pub mod serve;
+mod policy;
+mod serve;
 
 pub use effective::effective_toml;
 

@@ -32,7 +32,7 @@ impl Default for ServeSettings {
 /// `[serve]` as written.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ServeFile {
+pub(super) struct ServeFile {
     max_connections: Option<u32>,
     max_connections_per_user: Option<u32>,
     max_watched_per_user: Option<u32>,
@@ -41,7 +41,7 @@ pub struct ServeFile {
 
 impl ServeFile {
     /// The settings, or one line naming the bad value.
-    pub fn settings(self) -> Result<ServeSettings, String> {
+    pub(super) fn settings(self) -> Result<ServeSettings, String> {
         let mut s = ServeSettings::default();
         let at_least_one = |key: &str, v: Option<u32>, into: &mut u32| match v {
             Some(0) => Err(format!("serve.{key} 0: expected at least 1")),

@@ -3,7 +3,7 @@
 //! of user input happens here, so that nothing past this point sees a count of 0 or a
 //! policy it does not know.
 
-pub mod pod;
+mod pod;
 
 use crate::input::config::PolicyName;
 use crate::model::holder::HolderId;

@@ -13,7 +13,7 @@ use crate::input::request::{RequestError, invalid_value};
 use std::collections::HashMap;
 
 /// The annotation naming the containers a pod's request is for.
-pub const CONTAINERS_ANNOTATION: &str = crate::model::names::annotation!("containers");
+pub(super) const CONTAINERS_ANNOTATION: &str = crate::model::names::annotation!("containers");
 
 /// How containerd's CRI and CRI-O mark a pod's sandbox container.
 const SANDBOX_MARKS: &[(&str, &str)] = &[
@@ -31,7 +31,7 @@ const CONTAINERS_EXPECTED: &str =
     "expected a comma-separated list of container names (letters, digits, '-', '.', '_')";
 
 /// Whether these are a pod sandbox's annotations.
-pub fn is_sandbox(annotations: &HashMap<String, String>) -> bool {
+pub(super) fn is_sandbox(annotations: &HashMap<String, String>) -> bool {
     SANDBOX_MARKS
         .iter()
         .any(|(k, v)| annotations.get(*k).is_some_and(|got| got == v))
@@ -39,7 +39,7 @@ pub fn is_sandbox(annotations: &HashMap<String, String>) -> bool {
 
 /// Whether the pod's annotation request is for this container: yes without
 /// `gpupin.containers`, else only when its name is listed.
-pub fn annotation_request_applies(
+pub(super) fn annotation_request_applies(
     annotations: &HashMap<String, String>,
 ) -> Result<bool, RequestError> {
     let Some(list) = annotations.get(CONTAINERS_ANNOTATION) else {

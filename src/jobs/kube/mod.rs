@@ -106,7 +106,7 @@ pub(crate) mod testing {
     use crate::state::ledger::Record;
 
     /// A live record of `id` holding `gpus`, of the plugin when `id` starts with `k8s-`.
-    pub fn record(id: &str, gpus: &[&str]) -> Record {
+    pub(crate) fn record(id: &str, gpus: &[&str]) -> Record {
         let plugin = id.starts_with(super::HOLDER_PREFIX);
         Record {
             kind: if plugin {
@@ -129,7 +129,7 @@ pub(crate) mod testing {
     }
 
     /// `record`, nested in `within`.
-    pub fn nested(id: &str, gpus: &[&str], within: &str) -> Record {
+    pub(crate) fn nested(id: &str, gpus: &[&str], within: &str) -> Record {
         let mut r = record(id, gpus);
         r.request.within = Some(within.into());
         r

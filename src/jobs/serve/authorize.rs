@@ -12,13 +12,13 @@ use crate::state::ledger::{LedgerError, Record};
 /// For whom a hold is: the caller, or (root only) the user it names. A user may name
 /// themselves by name or uid.
 #[derive(Debug, PartialEq, Eq)]
-pub enum HoldFor<'a> {
+pub(super) enum HoldFor<'a> {
     Caller,
     Named(&'a str),
 }
 
 /// Whom `asked_user` makes the holder of a hold the caller (`me`, `peer`) asks for.
-pub fn hold_for<'a>(
+pub(super) fn hold_for<'a>(
     peer: Peer,
     me: &str,
     asked_user: Option<&'a str>,
@@ -33,7 +33,7 @@ pub fn hold_for<'a>(
 }
 
 /// A user's hold ends with a process of theirs; only root holds until released.
-pub fn may_hold_without_process(
+pub(super) fn may_hold_without_process(
     peer: Peer,
     until_release: bool,
     pid: Option<i32>,
@@ -48,7 +48,7 @@ pub fn may_hold_without_process(
 
 /// Whether a hold may be bound to the process `pid`, whose parent and uid are `found`
 /// (`None`: it is gone): a process of the caller's own uid, any for root.
-pub fn may_pin(peer: Peer, pid: i32, found: Option<(i32, u32)>) -> Result<(), String> {
+pub(super) fn may_pin(peer: Peer, pid: i32, found: Option<(i32, u32)>) -> Result<(), String> {
     match found {
         Some((_, uid)) if peer.uid == 0 || uid == peer.uid => Ok(()),
         _ => Err(format!("pid {pid} is not a process of uid {}", peer.uid)),
@@ -56,20 +56,20 @@ pub fn may_pin(peer: Peer, pid: i32, found: Option<(i32, u32)>) -> Result<(), St
 }
 
 /// Whether the caller's requests are held to `[limits]`: everyone's but root's.
-pub fn limited(peer: Peer) -> bool {
+pub(super) fn limited(peer: Peer) -> bool {
     peer.uid != 0
 }
 
 /// Whether a process whose parent pid and uid are `found` (from /proc, while it is pinned)
 /// is a child the caller started as itself: a job takes its caller's GPUs, so it must be
 /// the caller's own child, not any process of the same user, nor one running as another.
-pub fn started_by(peer: Peer, found: Option<(i32, u32)>) -> bool {
+pub(super) fn started_by(peer: Peer, found: Option<(i32, u32)>) -> bool {
     matches!(found, Some((parent, uid)) if parent == peer.pid && uid == peer.uid)
 }
 
 /// Whether the caller may have the key to `record`: whoever holds it may let others in
 /// (a container of theirs, a colleague's job), and no one else but root may.
-pub fn may_have_key(peer: Peer, record: &Record) -> Result<(), String> {
+pub(super) fn may_have_key(peer: Peer, record: &Record) -> Result<(), String> {
     let owners = record.owner.as_ref().is_some_and(|o| o.uid == peer.uid);
     if peer.uid == 0 || owners {
         return Ok(());
@@ -88,13 +88,13 @@ pub fn may_have_key(peer: Peer, record: &Record) -> Result<(), String> {
 /// when the record was written (`recorded`) is the one /proc gives now (`now`), and its
 /// pidfd says it runs (`alive`). A pid ended and taken by another process in between
 /// must not get the hold.
-pub fn still_the_process(recorded: Option<u64>, now: Option<u64>, alive: bool) -> bool {
+pub(super) fn still_the_process(recorded: Option<u64>, now: Option<u64>, alive: bool) -> bool {
     recorded.is_some() && recorded == now && alive
 }
 
 /// Whether a ledger's refusal means the caller asked for what is not theirs (a denial,
 /// which the audit log keeps), rather than for what could not be done.
-pub fn is_denial(error: &LedgerError) -> bool {
+pub(super) fn is_denial(error: &LedgerError) -> bool {
     matches!(
         error,
         LedgerError::NotYours { .. } | LedgerError::NotYourRequest { .. }

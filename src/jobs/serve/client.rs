@@ -61,7 +61,7 @@ fn connect_hint(path: &Path, error: &std::io::Error) -> String {
 /// The name of the group that owns the socket at `path` (the config's `socket_group`,
 /// as `gpupin serve` made it), read from the socket itself: the client may have another
 /// config than the daemon.
-pub fn socket_group(path: &Path) -> Option<String> {
+pub(super) fn socket_group(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let gid = std::fs::symlink_metadata(path).ok()?.gid();
     nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))

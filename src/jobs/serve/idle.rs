@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Looks until `stopping`, with the config `config` gives at each look (a reload changes
 /// the rule from the next look on). Never fails: a look that cannot be made is logged
 /// and the next one tried.
-pub fn looks(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool) {
+pub(super) fn looks(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool) {
     loop {
         let now = config();
         let rule = IdleRule::of(&now);

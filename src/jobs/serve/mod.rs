@@ -15,15 +15,15 @@
 
 mod accept;
 mod authorize;
-pub mod client;
+mod client;
 mod connections;
 mod dispatch;
 mod error;
 mod idle;
 pub mod listen;
 mod ops;
-pub mod peer;
-pub mod protocol;
+mod peer;
+mod protocol;
 mod signals;
 #[cfg(test)]
 mod testing;

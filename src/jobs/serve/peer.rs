@@ -7,12 +7,12 @@ use std::os::unix::net::UnixStream;
 
 /// The process at the other end of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer {
+pub(super) struct Peer {
     pub pid: i32,
     pub uid: u32,
 }
 
-pub fn of(stream: &UnixStream) -> std::io::Result<Peer> {
+pub(super) fn of(stream: &UnixStream) -> std::io::Result<Peer> {
     let cred = rustix::net::sockopt::socket_peercred(stream)?;
     Ok(Peer {
         pid: cred.pid.as_raw_nonzero().get(),
@@ -22,13 +22,13 @@ pub fn of(stream: &UnixStream) -> std::io::Result<Peer> {
 
 /// A process pinned by a pidfd: what /proc says of its pid is about this very process as
 /// long as `alive` is true afterwards (a pid reused since would leave the pidfd readable).
-pub struct Pinned {
+pub(super) struct Pinned {
     pub pid: i32,
     pub fd: OwnedFd,
 }
 
 impl Pinned {
-    pub fn open(pid: i32) -> std::io::Result<Pinned> {
+    pub(super) fn open(pid: i32) -> std::io::Result<Pinned> {
         let raw = rustix::process::Pid::from_raw(pid)
             .ok_or_else(|| std::io::Error::other(format!("pid {pid} is no process id")))?;
         let fd = rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty())?;
@@ -36,7 +36,7 @@ impl Pinned {
     }
 
     /// Whether the process still runs (its pidfd is not readable yet).
-    pub fn alive(&self) -> bool {
+    pub(super) fn alive(&self) -> bool {
         let mut fds = [rustix::event::PollFd::new(
             &self.fd,
             rustix::event::PollFlags::IN,
@@ -48,8 +48,9 @@ impl Pinned {
         matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(0))
     }
 
-    /// Blocks until the process ends.
-    pub fn wait_exit(&self) {
+    /// Blocks until the process ends (the tests wait so; the daemon only polls `alive`).
+    #[cfg(test)]
+    pub(super) fn wait_exit(&self) {
         let mut fds = [rustix::event::PollFd::new(
             &self.fd,
             rustix::event::PollFlags::IN,
@@ -58,7 +59,7 @@ impl Pinned {
     }
 
     /// The parent pid and real uid /proc/<pid>/status gives, while the process lives.
-    pub fn parent_and_owner(&self) -> Option<(i32, u32)> {
+    pub(super) fn parent_and_owner(&self) -> Option<(i32, u32)> {
         let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
         let field = |name: &str| {
             text.lines()

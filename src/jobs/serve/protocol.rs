@@ -12,10 +12,10 @@ use crate::state::audit::GpuRef;
 use serde::{Deserialize, Serialize};
 
 /// The most one message may take: requests are a few hundred bytes.
-pub const MAX_MESSAGE: u64 = 64 << 10;
+pub(super) const MAX_MESSAGE: u64 = 64 << 10;
 
 /// The protocol version this daemon and its clients speak.
-pub const VERSION: u32 = 1;
+pub(super) const VERSION: u32 = 1;
 
 /// The version a request that names none speaks: every client before versions did.
 fn first_version() -> u32 {
@@ -110,7 +110,7 @@ fn hide_key(within: &str) -> String {
 
 /// A request with its protocol version, as it travels: `{"v":1,"op":"hold",...}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Envelope {
+pub(super) struct Envelope {
     #[serde(default = "first_version")]
     pub v: u32,
     #[serde(flatten)]
@@ -118,7 +118,7 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    pub fn new(request: Request) -> Envelope {
+    pub(super) fn new(request: Request) -> Envelope {
         Envelope {
             v: VERSION,
             request,
@@ -186,7 +186,10 @@ impl Reply {
 }
 
 /// Writes `message` as one line.
-pub fn send<T: Serialize>(out: &mut impl std::io::Write, message: &T) -> std::io::Result<()> {
+pub(super) fn send<T: Serialize>(
+    out: &mut impl std::io::Write,
+    message: &T,
+) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
     line.push(b'\n');
     out.write_all(&line)?;
@@ -196,7 +199,9 @@ pub fn send<T: Serialize>(out: &mut impl std::io::Write, message: &T) -> std::io
 /// Reads one request: `Ok(None)` when the peer closed the connection, `Err` when the line
 /// is no request this daemon reads, with the one line that says why (a version it does
 /// not speak first, whatever else the line holds).
-pub fn receive_request(input: &mut impl std::io::BufRead) -> Result<Option<Request>, String> {
+pub(super) fn receive_request(
+    input: &mut impl std::io::BufRead,
+) -> Result<Option<Request>, String> {
     let unreadable = |e: &dyn std::fmt::Display| format!("unreadable request: {e}");
     let Some(line) = receive::<serde_json::Value>(input).map_err(|e| unreadable(&e))? else {
         return Ok(None);
@@ -217,7 +222,7 @@ pub fn receive_request(input: &mut impl std::io::BufRead) -> Result<Option<Reque
 
 /// Reads one line (at most `MAX_MESSAGE` bytes) as a `T`. `Ok(None)`: the peer closed the
 /// connection.
-pub fn receive<T: for<'de> Deserialize<'de>>(
+pub(super) fn receive<T: for<'de> Deserialize<'de>>(
     input: &mut impl std::io::BufRead,
 ) -> std::io::Result<Option<T>> {
     use std::io::{BufRead, Read};

@@ -6,7 +6,7 @@ use std::io;
 
 /// What a signal asks of the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Asked {
+pub(super) enum Asked {
     Reload,
     Stop,
 }
@@ -25,7 +25,7 @@ fn signal_set() -> libc::sigset_t {
 
 /// Blocks the daemon's signals in this thread and every thread it starts afterwards, so
 /// that only `wait` takes them. Call before any thread is started.
-pub fn block() -> io::Result<()> {
+pub(super) fn block() -> io::Result<()> {
     let set = signal_set();
     // SAFETY: a valid set; the old mask is not needed.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
@@ -36,7 +36,7 @@ pub fn block() -> io::Result<()> {
 }
 
 /// Waits for the next of the daemon's signals.
-pub fn wait() -> io::Result<Asked> {
+pub(super) fn wait() -> io::Result<Asked> {
     let set = signal_set();
     loop {
         // SAFETY: a valid set and a siginfo to fill.

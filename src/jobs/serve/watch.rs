@@ -19,7 +19,7 @@ const CHECK_AGAIN: Duration = exec::LEFTOVERS_POLL;
 
 /// What a release step says of a holder whose process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Check {
+pub(super) enum Check {
     /// Released (or nothing was left to release).
     Done,
     /// Not over yet (processes left in its cgroup, `leftovers`): look again later.
@@ -36,7 +36,7 @@ fn finish(config: &Config, holder: &HolderId, pid: i32, cgroup: Option<&JobCgrou
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum WatchError {
+pub(super) enum WatchError {
     #[error(
         "uid {uid} has {watched} holders with a process watched by gpupin serve; the limit is {limit} (serve.max_watched_per_user): release some first"
     )]
@@ -118,7 +118,7 @@ impl State {
 
 /// The handle the connections use; the thread runs as long as the daemon.
 #[derive(Clone)]
-pub struct Watcher {
+pub(super) struct Watcher {
     state: Arc<Mutex<State>>,
     config: Arc<Config>,
     /// The write end of the pipe that wakes the thread when a process is added.
@@ -128,7 +128,7 @@ pub struct Watcher {
 
 impl Watcher {
     /// Starts the watching thread. An error: the thread could not be started.
-    pub fn start(config: Arc<Config>, max_per_user: u32) -> std::io::Result<Watcher> {
+    pub(super) fn start(config: Arc<Config>, max_per_user: u32) -> std::io::Result<Watcher> {
         use rustix::pipe::{PipeFlags, pipe_with};
         let (read, write) = pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
         let state = Arc::new(Mutex::new(State::default()));
@@ -151,7 +151,12 @@ impl Watcher {
 
     /// Whether `uid` may have one more holder watched, unless `holder` of process `pid`
     /// is watched already (asked again).
-    pub fn admits(&self, uid: u32, holder: &str, pid: Option<i32>) -> Result<(), WatchError> {
+    pub(super) fn admits(
+        &self,
+        uid: u32,
+        holder: &str,
+        pid: Option<i32>,
+    ) -> Result<(), WatchError> {
         let mut state = self.lock();
         if let Some(pid) = pid
             && state
@@ -176,7 +181,7 @@ impl Watcher {
     /// A holder whose process ended while no daemon watched it, but whose job left
     /// processes in its cgroup: checked from now on as one whose process just ended, so
     /// that `leftovers = "kill"` kills them and the GPUs go once the cgroup is empty.
-    pub fn check_later(&self, uid: u32, holder: HolderId, pid: i32) {
+    pub(super) fn check_later(&self, uid: u32, holder: HolderId, pid: i32) {
         self.lock().pending.push(Pending {
             pid,
             holding: Holding {
@@ -188,7 +193,7 @@ impl Watcher {
         });
     }
 
-    pub fn watch(
+    pub(super) fn watch(
         &self,
         uid: u32,
         holder: HolderId,

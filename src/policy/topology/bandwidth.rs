@@ -58,7 +58,7 @@ impl Path {
 
 /// A GPU generation as the table sees it. Rates are MB/s (10^6 bytes) per direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Family {
+pub(crate) struct Family {
     /// The architecture, for docs and `--explain`.
     pub name: &'static str,
     /// Tokens of a GPU name that mark this family: any one set, all of its tokens
@@ -74,7 +74,7 @@ pub struct Family {
 
 impl Family {
     /// Every NVLink of the GPU: the bandwidth an NVSwitch gives each pair.
-    pub fn nvlink_full(&self) -> u64 {
+    pub(crate) fn nvlink_full(&self) -> u64 {
         self.nvlink_per_link * self.nvlinks
     }
 }
@@ -82,7 +82,7 @@ impl Family {
 /// The table, first match wins (so "RTX 6000 Ada" is met before the Turing "Quadro RTX
 /// 6000"). Per-link rates: NVIDIA's per-GPU NVLink totals (bidirectional) divided by
 /// the link count and by two.
-pub const FAMILIES: &[Family] = &[
+pub(crate) const FAMILIES: &[Family] = &[
     Family {
         name: "Blackwell (NVLink 5)",
         tokens: &[&["B100"], &["B200"], &["B300"], &["GB200"], &["GB300"]],
@@ -150,7 +150,7 @@ pub const FAMILIES: &[Family] = &[
 
 /// A GPU the table does not know: the NVLink rate shared by NVLink 2 to 4 and Hopper's
 /// link count (so `NVS` is never beaten by an `NV<k>`), PCIe 4.
-pub const OTHER: Family = Family {
+pub(crate) const OTHER: Family = Family {
     name: "other",
     tokens: &[],
     nvlink_per_link: 25_000,
@@ -159,7 +159,7 @@ pub const OTHER: Family = Family {
 };
 
 /// The family of a GPU by its name.
-pub fn family(gpu_name: &str) -> &'static Family {
+pub(crate) fn family(gpu_name: &str) -> &'static Family {
     let words: Vec<&str> = gpu_name
         .split(|c: char| c.is_whitespace() || c == '-')
         .filter(|w| !w.is_empty())
@@ -174,7 +174,7 @@ pub fn family(gpu_name: &str) -> &'static Family {
 /// The x16 rate of a PCIe generation per direction, MB/s: lanes x transfer rate x line
 /// code (128b/130b for 3 to 5, FLIT 242/256 for 6), from the PCI-SIG specifications.
 /// Generations before 3 count as 3.
-pub fn pcie_x16(generation: u8) -> u64 {
+pub(crate) fn pcie_x16(generation: u8) -> u64 {
     match generation {
         0..=3 => 15_754,
         4 => 31_508,
@@ -185,7 +185,7 @@ pub fn pcie_x16(generation: u8) -> u64 {
 
 /// The estimate for one pair: bandwidth (MB/s per direction) and PCIe path. Between two
 /// generations, the slower one's figures count.
-pub fn pair(link: Link, a: &'static Family, b: &'static Family) -> (u64, Path) {
+pub(crate) fn pair(link: Link, a: &'static Family, b: &'static Family) -> (u64, Path) {
     let (a_nv, b_nv) = (with_nvlink(a), with_nvlink(b));
     let nv = if a_nv.nvlink_full() <= b_nv.nvlink_full() {
         a_nv

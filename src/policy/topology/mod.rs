@@ -70,13 +70,13 @@
 //! tree, eight cube-meshes) it finishes well inside the budget; see
 //! docs/policy-benchmarks.md. [`search`] reports whether an answer is exact.
 
-pub mod bandwidth;
+pub(crate) mod bandwidth;
 mod clique;
 mod explain;
 mod greedy;
 mod problem;
 mod ranker;
-pub mod ring;
+pub(crate) mod ring;
 mod search;
 
 pub use bandwidth::Path;

@@ -21,7 +21,7 @@ pub(super) struct Problem {
 
 impl Problem {
     /// `None` without link data.
-    pub fn new(inventory: &Inventory, free: &[bool]) -> Option<Self> {
+    pub(super) fn new(inventory: &Inventory, free: &[bool]) -> Option<Self> {
         let links = inventory.links.as_ref()?;
         let positions: Vec<usize> = (0..free.len()).filter(|&p| free[p]).collect();
         let families: Vec<_> = positions
@@ -52,15 +52,15 @@ impl Problem {
         })
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.n
     }
 
-    pub fn bw(&self, a: usize, b: usize) -> u64 {
+    pub(super) fn bw(&self, a: usize, b: usize) -> u64 {
         self.bw[a * self.n + b]
     }
 
-    pub fn path(&self, a: usize, b: usize) -> Path {
+    pub(super) fn path(&self, a: usize, b: usize) -> Path {
         self.path[a * self.n + b]
     }
 
@@ -68,12 +68,12 @@ impl Problem {
     /// one size, the lexicographically smallest sorted set is the one whose smallest
     /// differing member it holds, i.e. the one with the larger sum of `1 << (127 - i)`.
     /// Past 128 free GPUs the weight is 0 and ties there fall to search order.
-    pub fn low_bit(i: usize) -> u128 {
+    pub(super) fn low_bit(i: usize) -> u128 {
         if i < 128 { 1u128 << (127 - i) } else { 0 }
     }
 
     /// The ranking terms of a set of free indices.
-    pub fn terms(&self, set: &[usize]) -> Terms {
+    pub(super) fn terms(&self, set: &[usize]) -> Terms {
         let mut t = Terms::EMPTY;
         let mut slowest = u64::MAX;
         for (x, &a) in set.iter().enumerate() {
@@ -92,7 +92,7 @@ impl Problem {
     }
 
     /// The full ranking key of a set of free indices.
-    pub fn key(&self, set: &[usize]) -> Key {
+    pub(super) fn key(&self, set: &[usize]) -> Key {
         Key::new(
             &self.terms(set),
             set.iter().map(|&a| Problem::low_bit(a)).sum(),
@@ -117,7 +117,7 @@ impl Problem {
     }
 
     /// Groups of twins, each ascending, best-connected first.
-    pub fn classes(&self) -> Classes {
+    pub(super) fn classes(&self) -> Classes {
         let mut members: Vec<Vec<usize>> = Vec::new();
         for a in 0..self.n {
             match members.iter_mut().find(|m| self.twins(m[0], a)) {
@@ -161,15 +161,15 @@ pub(super) struct Classes {
 }
 
 impl Classes {
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.members.len()
     }
 
-    pub fn between(&self, x: usize, y: usize) -> u64 {
+    pub(super) fn between(&self, x: usize, y: usize) -> u64 {
         self.between[x * self.len() + y]
     }
 
-    pub fn path(&self, x: usize, y: usize) -> Path {
+    pub(super) fn path(&self, x: usize, y: usize) -> Path {
         self.path[x * self.len() + y]
     }
 }

@@ -11,11 +11,11 @@
 //! 128 GPUs only the two-links-per-GPU part of that bound is checked.)
 
 /// Up to this many GPUs the bottleneck is exact.
-pub const EXACT_RING: usize = 8;
+pub(crate) const EXACT_RING: usize = 8;
 
 /// The bottleneck of the ring through `set` (any order), bandwidth of a pair from `bw`.
 /// One GPU has no ring (0); two make a ring of their one link, both ways.
-pub fn bottleneck(set: &[usize], bw: impl Fn(usize, usize) -> u64) -> u64 {
+pub(crate) fn bottleneck(set: &[usize], bw: impl Fn(usize, usize) -> u64) -> u64 {
     let k = set.len();
     if k < 2 {
         return 0;

@@ -30,7 +30,7 @@ pub(crate) mod testing;
 
 pub use decide::{
     Allocation, DecideError, LimitReached, Machine, MigUnavailable, NotEnoughMig, NotYourHolder,
-    mig, resolve_devices,
+    resolve_devices,
 };
 pub use life::{
     ClaimError, ClaimToken, Ended, IDLE_FILE, Idle, IdleLook, IdleRule, Released, Releaser,

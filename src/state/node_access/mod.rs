@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum NodeAccessError {
+pub(crate) enum NodeAccessError {
     #[error("loading the inventory for node ACLs")]
     Inventory(#[source] inventory::InventoryError),
     #[error(transparent)]
@@ -40,7 +40,7 @@ fn on_host(record: &Record) -> bool {
 /// Every GPU node and MIG capability node of `inventory`, under `node_dir`, each with the
 /// uids that should have entries on it: the owners (root aside) of `records` that are
 /// `live` and `on_host`. Pure: records and inventory in, the ACLs wanted out.
-pub fn wanted(
+pub(crate) fn wanted(
     inventory: &Inventory,
     records: &[Record],
     live: impl Fn(&Record) -> bool,
@@ -82,14 +82,14 @@ fn host_path(node_dir: &Path, dev_path: &str) -> PathBuf {
 /// What a reconcile did: nodes rewritten, and the nodes it could not set (each error
 /// names its node); the others were set all the same.
 #[derive(Debug, Default)]
-pub struct Reconciled {
+pub(crate) struct Reconciled {
     pub rewritten: Vec<PathBuf>,
     pub failed: Vec<NodeAclError>,
 }
 
 /// Brings every GPU node's ACL in line with `ledger` now. The caller holds the ledger's
 /// lock (an observer's call), or accepts that a change meanwhile reconciles again.
-pub fn reconcile(sync: &AclSync, ledger: &Ledger) -> Result<Reconciled, NodeAccessError> {
+pub(crate) fn reconcile(sync: &AclSync, ledger: &Ledger) -> Result<Reconciled, NodeAccessError> {
     let inventory = sync.inventory.load().map_err(NodeAccessError::Inventory)?;
     let records = ledger.records()?;
     let mut done = Reconciled::default();
@@ -111,7 +111,7 @@ pub fn reconcile(sync: &AclSync, ledger: &Ledger) -> Result<Reconciled, NodeAcce
 /// The ledger's observer under `node_access = "acl"`, and what it reads besides the
 /// ledger: the inventory, and where the GPU nodes are.
 #[derive(Debug, Clone)]
-pub struct AclSync {
+pub(crate) struct AclSync {
     pub inventory: InventorySettings,
     /// The directory the GPU nodes are in (`node_dir`).
     pub node_dir: PathBuf,
@@ -119,7 +119,7 @@ pub struct AclSync {
 
 impl AclSync {
     /// The observer `config` names.
-    pub fn new(config: &Config) -> AclSync {
+    pub(crate) fn new(config: &Config) -> AclSync {
         AclSync {
             inventory: config.inventory_settings(),
             node_dir: config.node_dir.clone(),

@@ -332,7 +332,7 @@ pub(in crate::state::ledger) fn named(
 }
 
 /// Whether anyone holds the GPU's instance `uuid` or the GPU itself (for status).
-pub fn is_held(instance: &MigInstance, live: &[Record]) -> bool {
+pub(crate) fn is_held(instance: &MigInstance, live: &[Record]) -> bool {
     holders_of(&instance.uuid, live).next().is_some()
         || holders_of(&instance.parent_uuid, live).next().is_some()
 }

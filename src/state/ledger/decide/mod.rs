@@ -4,10 +4,10 @@
 //! the live records and the request; the ledger calls them under its lock.
 
 mod error;
-pub mod machine;
-pub mod mig;
-pub mod plan;
-pub mod scope;
+mod machine;
+pub(crate) mod mig;
+pub(crate) mod plan;
+pub(crate) mod scope;
 
 pub use error::{DecideError, LimitReached, MigUnavailable, NotEnoughMig, NotYourHolder};
 pub use machine::Machine;

@@ -25,13 +25,13 @@ pub(in crate::state::ledger) struct Scope {
 }
 
 impl Scope {
-    pub fn allows(&self, position: usize) -> bool {
+    pub(crate) fn allows(&self, position: usize) -> bool {
         self.allowed.as_ref().is_none_or(|a| a[position])
     }
 
     /// Whether a nested request's enclosing holder holds the unit `uuid` (true when the
     /// request is not nested).
-    pub fn within_has(&self, uuid: &str) -> bool {
+    pub(crate) fn within_has(&self, uuid: &str) -> bool {
         self.within_gpus
             .as_ref()
             .is_none_or(|gpus| gpus.iter().any(|u| u == uuid))

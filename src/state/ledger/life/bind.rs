@@ -12,7 +12,7 @@ use crate::state::ledger::{Ledger, LedgerError};
 
 /// Why a bind was refused. Every message names the claim's holder id, never its secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(super) enum Refusal {
     /// No record under the claim's id (it was released, reaped, or never existed).
     Unknown,
     /// A record exists, but the secret in the spec is not the one it was made with.
@@ -24,7 +24,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub fn reason(self) -> &'static str {
+    pub(super) fn reason(self) -> &'static str {
         match self {
             Refusal::Unknown => "no such claim is held",
             Refusal::WrongSecret => "gpupin did not make that claim for this container",

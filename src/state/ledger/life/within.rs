@@ -35,7 +35,7 @@ pub(in crate::state::ledger) struct NodeSecret(Vec<u8>);
 impl NodeSecret {
     /// Reads `<dir>/within.secret`, making it when missing. Refuses one that others may
     /// read or that is not this user's: a key anyone could compute guards nothing.
-    pub fn load_or_create(dir: &Path) -> Result<NodeSecret, LedgerError> {
+    pub(crate) fn load_or_create(dir: &Path) -> Result<NodeSecret, LedgerError> {
         let path = dir.join(SECRET_FILE);
         match safe_open::open(&path, Links::Refuse) {
             Ok(file) => {
@@ -69,7 +69,7 @@ impl NodeSecret {
     }
 
     /// The key of `record`.
-    pub fn key_for(&self, record: &Record) -> WithinKey {
+    pub(crate) fn key_for(&self, record: &Record) -> WithinKey {
         let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
         mac.update(b"gpupin within key v1\0");
         mac.update(record.id.as_bytes());
@@ -82,7 +82,7 @@ impl NodeSecret {
     }
 
     /// Whether `key` is `record`'s, compared in constant time.
-    pub fn opens(&self, record: &Record, key: &WithinKey) -> bool {
+    pub(crate) fn opens(&self, record: &Record, key: &WithinKey) -> bool {
         super::claim::same_secret(self.key_for(record).as_str(), key.as_str())
     }
 }

@@ -20,7 +20,7 @@ pub fn audit_write_failures(state_dir: &Path) -> u64 {
 /// Counts one audit line that could not be written. The ledger calls it under its lock,
 /// so that no count is lost to a concurrent one. Best effort: the state dir is a tmpfs
 /// of its own by default, so a full log disk does not stop it.
-pub fn count_audit_write_failure(state_dir: &Path) {
+pub(crate) fn count_audit_write_failure(state_dir: &Path) {
     let n = audit_write_failures(state_dir) + 1;
     let path = state_dir.join(AUDIT_FAILURES_FILE);
     if let Err(error) = crate::base::atomic::replace(

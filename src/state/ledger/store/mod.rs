@@ -17,21 +17,21 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-pub const LOCK_FILE: &str = "lock";
-pub const HOLDERS_DIR: &str = "holders";
-pub const CURSOR_FILE: &str = "cursor";
+pub(super) const LOCK_FILE: &str = "lock";
+pub(super) const HOLDERS_DIR: &str = "holders";
+pub(super) const CURSOR_FILE: &str = "cursor";
 
 /// Directories: everyone may read the ledger (`gpupin status`), only its owner write it.
 const DIR_MODE: u32 = 0o755;
 /// Records, the cursor, queue tickets and queue-seq.
-pub const FILE_MODE: u32 = 0o644;
+pub(super) const FILE_MODE: u32 = 0o644;
 /// Only the ledger's writer may take the lock: a reader holding it would stall every start.
 const LOCK_MODE: u32 = 0o600;
 
 /// Creates `dir` (0755 whatever the umask) when missing, then refuses it when it is a
 /// symlink, not a directory, writable by group or others, or owned by another non-root
 /// user: whoever can write the ledger can hand out any GPU.
-pub fn ensure_safe_dir(dir: &Path) -> Result<(), LedgerError> {
+pub(super) fn ensure_safe_dir(dir: &Path) -> Result<(), LedgerError> {
     if fs::symlink_metadata(dir).is_err() {
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             fs::DirBuilder::new()
@@ -57,7 +57,7 @@ pub fn ensure_safe_dir(dir: &Path) -> Result<(), LedgerError> {
     check_safe_dir(dir)
 }
 
-pub fn check_safe_dir(dir: &Path) -> Result<(), LedgerError> {
+pub(super) fn check_safe_dir(dir: &Path) -> Result<(), LedgerError> {
     let unsafe_dir = |reason: &'static str| LedgerError::UnsafeStateDir {
         path: dir.to_path_buf(),
         reason,
@@ -85,7 +85,7 @@ pub fn check_safe_dir(dir: &Path) -> Result<(), LedgerError> {
 
 /// `<dir>/<name>`, created (0755) when missing and held to the state dir's rules: a
 /// subdirectory anyone can write lets anyone forge its entries.
-pub fn ensure_subdir(dir: &Path, name: &str) -> Result<PathBuf, LedgerError> {
+pub(super) fn ensure_subdir(dir: &Path, name: &str) -> Result<PathBuf, LedgerError> {
     let path = dir.join(name);
     match make_dir(&path) {
         Ok(()) => {}
@@ -103,7 +103,7 @@ pub fn ensure_subdir(dir: &Path, name: &str) -> Result<PathBuf, LedgerError> {
 }
 
 /// `<dir>/<name>` when it exists and passes the state dir's checks; `None` when missing.
-pub fn existing_subdir(dir: &Path, name: &str) -> Result<Option<PathBuf>, LedgerError> {
+pub(super) fn existing_subdir(dir: &Path, name: &str) -> Result<Option<PathBuf>, LedgerError> {
     let path = dir.join(name);
     match fs::symlink_metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -125,11 +125,11 @@ fn make_dir(path: &Path) -> std::io::Result<()> {
 }
 
 /// An exclusive flock on `<dir>/lock`, released when dropped.
-pub struct LockGuard {
+pub(super) struct LockGuard {
     _file: File,
 }
 
-pub fn lock(dir: &Path) -> Result<LockGuard, LedgerError> {
+pub(super) fn lock(dir: &Path) -> Result<LockGuard, LedgerError> {
     let path = dir.join(LOCK_FILE);
     let file = safe_open::open_read_write(&path, LOCK_MODE).map_err(|source| LedgerError::Io {
         action: "opening lock file",
@@ -144,13 +144,13 @@ pub fn lock(dir: &Path) -> Result<LockGuard, LedgerError> {
     Ok(LockGuard { _file: file })
 }
 
-pub fn holders_dir(dir: &Path) -> PathBuf {
+pub(super) fn holders_dir(dir: &Path) -> PathBuf {
     dir.join(HOLDERS_DIR)
 }
 
 /// What `holders/` holds, sorted out.
 #[derive(Debug, Default)]
-pub struct Scan {
+pub(super) struct Scan {
     /// Every record that reads, in id order.
     pub records: Vec<Record>,
     /// Entries that cannot be anyone's record (`entry::Entry::Stray`), with why.
@@ -165,7 +165,7 @@ pub struct Scan {
 }
 
 /// Reads every entry of `holders/` without following or blocking on any.
-pub fn scan_holders(dir: &Path) -> Result<Scan, LedgerError> {
+pub(super) fn scan_holders(dir: &Path) -> Result<Scan, LedgerError> {
     let mut scan = Scan::default();
     let Some(holders) = existing_subdir(dir, HOLDERS_DIR)? else {
         return Ok(scan);
@@ -213,7 +213,7 @@ fn written_before_boot(path: &Path) -> bool {
 
 /// Every record, in id order. An entry that is not a readable record is an error, since
 /// skipping it could hand its GPUs out twice; the error says how to clear it.
-pub fn read_records(dir: &Path) -> Result<Vec<Record>, LedgerError> {
+pub(super) fn read_records(dir: &Path) -> Result<Vec<Record>, LedgerError> {
     let scan = scan_holders(dir)?;
     if let Some((path, reason)) = scan.stray.into_iter().next() {
         return Err(LedgerError::StrayEntry { path, reason });
@@ -225,7 +225,7 @@ pub fn read_records(dir: &Path) -> Result<Vec<Record>, LedgerError> {
 }
 
 /// The entries of `dir` with their file types (as lstat sees them), in name order.
-pub fn list(dir: &Path) -> Result<Vec<(PathBuf, fs::FileType)>, LedgerError> {
+pub(super) fn list(dir: &Path) -> Result<Vec<(PathBuf, fs::FileType)>, LedgerError> {
     let listing = |source| LedgerError::Io {
         action: "listing",
         path: dir.to_path_buf(),
@@ -263,7 +263,7 @@ fn read_trusted(path: &Path) -> std::io::Result<String> {
     String::from_utf8(safe_open::read_file(file)?).map_err(|_| untrusted("not UTF-8 text".into()))
 }
 
-pub fn read_record(path: &Path) -> Result<Record, LedgerError> {
+pub(super) fn read_record(path: &Path) -> Result<Record, LedgerError> {
     let corrupt = |reason: String| LedgerError::CorruptRecord {
         path: path.to_path_buf(),
         reason,
@@ -291,14 +291,18 @@ pub fn read_record(path: &Path) -> Result<Record, LedgerError> {
 }
 
 /// Writes a record: temp file, rename (see `write_atomic` for why without fsync).
-pub fn write_record(dir: &Path, file_name: &str, record: &Record) -> Result<(), LedgerError> {
+pub(super) fn write_record(
+    dir: &Path,
+    file_name: &str,
+    record: &Record,
+) -> Result<(), LedgerError> {
     let holders = ensure_subdir(dir, HOLDERS_DIR)?;
     let mut text = serde_json::to_string_pretty(record).expect("records serialize");
     text.push('\n');
     write_atomic(&holders, file_name, text.as_bytes())
 }
 
-pub fn remove_record(dir: &Path, file_name: &str) -> Result<bool, LedgerError> {
+pub(super) fn remove_record(dir: &Path, file_name: &str) -> Result<bool, LedgerError> {
     let holders = holders_dir(dir);
     let path = holders.join(file_name);
     match fs::remove_file(&path) {
@@ -314,7 +318,7 @@ pub fn remove_record(dir: &Path, file_name: &str) -> Result<bool, LedgerError> {
 
 /// Removes the entry at `path` whatever it is, without following it: a directory with
 /// all it holds (`remove_dir_all` does not follow links inside), anything else unlinked.
-pub fn remove_entry(path: &Path, kind: fs::FileType) -> Result<(), LedgerError> {
+pub(super) fn remove_entry(path: &Path, kind: fs::FileType) -> Result<(), LedgerError> {
     let removed = if kind.is_dir() {
         fs::remove_dir_all(path)
     } else {
@@ -329,7 +333,7 @@ pub fn remove_entry(path: &Path, kind: fs::FileType) -> Result<(), LedgerError> 
 
 /// Removes the temp files in `dir` whose writer is gone (killed between create and
 /// rename); returns their paths. A live writer's file is left to it.
-pub fn remove_dead_temps(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
+pub(super) fn remove_dead_temps(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
     let mut removed = Vec::new();
     for (path, kind) in list(dir)? {
         let name = path.file_name().unwrap_or_default();
@@ -353,7 +357,7 @@ pub fn remove_dead_temps(dir: &Path) -> Result<Vec<PathBuf>, LedgerError> {
 /// the old one either way (rename is atomic); a file a crash left half written is from
 /// an earlier boot, which the readers recognise (`Record::from_an_earlier_boot`,
 /// `Scan::leftovers`, a ticket's dead pid, the cursor as a hint).
-pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), LedgerError> {
+pub(super) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), LedgerError> {
     atomic::replace(&dir.join(name), bytes, FILE_MODE, Durability::Renamed).map_err(|e| {
         LedgerError::Io {
             action: "writing",
@@ -365,25 +369,25 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), LedgerEr
 
 /// A small number from a state file (the cursor, queue-seq); `None` when it is missing,
 /// not a regular file or not a number.
-pub fn read_number<T: std::str::FromStr>(path: &Path) -> Option<T> {
+pub(super) fn read_number<T: std::str::FromStr>(path: &Path) -> Option<T> {
     safe_open::read_to_string(path, Links::Refuse)
         .ok()
         .and_then(|s| s.trim().parse().ok())
 }
 
-pub fn read_cursor(dir: &Path) -> usize {
+pub(super) fn read_cursor(dir: &Path) -> usize {
     read_number(&dir.join(CURSOR_FILE)).unwrap_or(0)
 }
 
 /// The spread cursor is a hint, not an invariant: losing it in a crash only restarts the
 /// rotation, so it is renamed into place without fsync.
-pub fn write_cursor(dir: &Path, cursor: usize) -> Result<(), LedgerError> {
+pub(super) fn write_cursor(dir: &Path, cursor: usize) -> Result<(), LedgerError> {
     write_atomic(dir, CURSOR_FILE, format!("{cursor}\n").as_bytes())
 }
 
 /// `name` for an audit line: as it is when it is plain, else escaped, so that no name
 /// can start a forged line.
-pub fn audit_name(name: &[u8]) -> String {
+pub(super) fn audit_name(name: &[u8]) -> String {
     if name.iter().all(|b| b.is_ascii_graphic()) {
         String::from_utf8_lossy(name).into_owned()
     } else {
