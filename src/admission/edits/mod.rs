@@ -91,7 +91,7 @@ pub struct ContainerEdits {
     /// /dev/dri/renderD* that only their group may open).
     pub additional_gids: Vec<u32>,
     /// The nodes of the machine's other GPUs: the spec writer takes them, and NVIDIA's
-    /// requests for them, out of a spec that came with them ([`crate::admission::foreign::strip`]).
+    /// requests for them, out of a spec that came with them (`admission::foreign::strip`).
     pub withheld: Vec<DeviceNode>,
     /// The driver comes from a CDI spec: NVIDIA's legacy prestart hook (added by Docker's
     /// `--gpus` or a hooks.d file) would inject the GPUs a second time, so the spec

@@ -207,7 +207,7 @@ pub enum Origin {
     Cli,
     /// NVIDIA's own request found in the spec: GPU device nodes put there around gpupin
     /// (CDI, `--device`), or under `unrequested = "request"` a `cdi.k8s.io` annotation, a
-    /// volume-mount request or `NVIDIA_VISIBLE_DEVICES` ([`crate::admission::foreign`]).
+    /// volume-mount request or `NVIDIA_VISIBLE_DEVICES` (`admission::foreign`).
     Nvidia,
 }
 
@@ -497,7 +497,7 @@ pub trait Sources {
     fn docker_gpus(&mut self) -> Result<Option<GpuRequest>, Self::Error> {
         Ok(None)
     }
-    /// What NVIDIA's stack was asked for around gpupin ([`crate::admission::foreign::request`]); only
+    /// What NVIDIA's stack was asked for around gpupin (`admission::foreign::request`); only
     /// the entry points that edit the spec before create read it.
     fn foreign(&mut self) -> Result<Option<GpuRequest>, Self::Error> {
         Ok(None)

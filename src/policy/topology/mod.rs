@@ -5,7 +5,7 @@
 //!
 //! Each pair of GPUs gets an estimate of what one direction of its link carries, from its
 //! `nvidia-smi topo -m` entry and the GPUs' generation (from their names), in
-//! [`bandwidth`]:
+//! `bandwidth`:
 //!
 //! | link | bandwidth per direction | source |
 //! |---|---|---|
@@ -29,7 +29,7 @@
 //!    joins: never a `SYS` pair when a set of the same size without one is free, never a
 //!    `NODE` pair when one without is free, and so on to `PIX`; sets whose pairs are all
 //!    NVLinked come first;
-//! 2. the highest ring bottleneck ([`ring`]): over every order of the set, the slowest
+//! 2. the highest ring bottleneck (`ring`): over every order of the set, the slowest
 //!    link on the closed ring through it, at its best; exact up to 8 GPUs, above that a
 //!    sound upper bound (the set stays 2-connected over links that fast);
 //! 3. the fastest slowest pair (what an all-to-all or a tree meets at worst);
