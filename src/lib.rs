@@ -1,13 +1,19 @@
 //! gpupin: pins NVIDIA GPUs to containers on one shared machine.
 //!
-//! What the library offers, re-exported here (the modules below are how it does it):
-//! - [`Config`]: the configuration (`Config::discover`: flag, `$GPUPIN_CONFIG`, default).
-//! - [`GpuRequest`] and [`find`]: one request from a container's sources (annotations,
-//!   labels, env, Docker's `--gpus`, GPU nodes), each source a [`Sources`].
-//! - [`Inventory`] ([`load_inventory`]) and [`PolicyName`] (pure policies, `policy`).
-//! - [`Ledger`] ([`open_ledger`]): which holder has which GPU, under one lock.
-//! - [`admit`]: a container's request to its GPUs, handed to the caller's `apply` as
-//!   [`ContainerEdits`] (plain data: nodes, env, CDI edits), undone if `apply` fails.
+//! What the library offers is the layers below: a module is `pub` where the binaries,
+//! the tests or the benches name it, `pub(crate)` or private otherwise. The entry points:
+//! - [`Config`], re-exported here: the configuration (`Config::discover`: flag,
+//!   `$GPUPIN_CONFIG`, default).
+//! - [`input::request::find`]: one [`input::request::GpuRequest`] from a container's
+//!   sources (annotations, labels, env, Docker's `--gpus`, GPU nodes), each source an
+//!   [`input::request::Sources`].
+//! - [`model::gpu::Inventory`] ([`input::config::inventory::load`]) and
+//!   [`input::config::PolicyName`] (pure policies, `policy`).
+//! - [`state::ledger::Ledger`] ([`state::open_ledger`]): which holder has which GPU,
+//!   under one lock.
+//! - [`admission::admit::admit`]: a container's request to its GPUs, handed to the
+//!   caller's `apply` as [`admission::edits::ContainerEdits`] (plain data: nodes, env, CDI
+//!   edits), undone if `apply` fails.
 //!
 //! Data flows one way, through `admit` for every container: a request is found, the
 //! inventory says which GPUs exist, the ledger allocates under its lock with a policy,
@@ -19,15 +25,9 @@
 // means "offered to the binaries, tests and benches": a `pub` item they cannot reach warns.
 #![warn(unreachable_pub)]
 
-pub use admission::admit::{Admission, AdmitError, admit};
-pub use admission::edits::ContainerEdits;
+// The one name outside code takes from the root (tests/docs_truth.rs); the binaries name
+// the layers' modules.
 pub use input::config::Config;
-pub use input::config::PolicyName;
-pub use input::config::inventory::load as load_inventory;
-pub use input::request::{GpuRequest, Sources, find};
-pub use model::gpu::Inventory;
-pub use state::ledger::Ledger;
-pub use state::open_ledger;
 
 // The layers, bottom first: each imports only from those above it in this list
 // (tests/layering.rs checks it, and that no folder has a cycle). A blank line between
