@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// The simulated machines' numbers (the contract of `sim:nvswitch8` and `sim:pcie8`):
-/// GPU nodes 195:<minor>, minors 0..7, and three control nodes.
+/// GPU nodes `195:<minor>`, minors 0..7, and three control nodes.
 pub const GPU_MAJOR: u32 = 195;
 pub const CONTROL_NODES: &[(&str, u32, u32)] = &[
     ("nvidiactl", 195, 255),

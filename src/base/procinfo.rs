@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-/// The start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), or
+/// The start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`), or
 /// `None` when no such process exists or it is a zombie (it has exited; only its parent
 /// has not reaped it yet).
 pub fn start_time(pid: i32) -> Option<u64> {

@@ -67,7 +67,7 @@ pub struct HoldRequest {
     /// The holder id.
     pub id: String,
     /// GPUs by index, UUID or bus id, comma-separated; device minors with `by_minor`
-    /// (Slurm numbers GPUs by gres.conf's File= order, /dev/nvidia<minor>).
+    /// (Slurm numbers GPUs by gres.conf's File= order, `/dev/nvidia<minor>`).
     pub devices: String,
     #[serde(default)]
     pub by_minor: bool,

@@ -1,5 +1,5 @@
 //! Where a pid's cgroups are on this machine: its path in each hierarchy (from
-//! /proc/<pid>/cgroup) under wherever that hierarchy is mounted (from our mountinfo;
+//! `/proc/<pid>/cgroup`) under wherever that hierarchy is mounted (from our mountinfo;
 //! distributions, hybrids and containers mount them in different places).
 
 use super::{Confine, ConfineError, Mechanism};
@@ -107,7 +107,7 @@ fn read(path: &Path) -> Result<String, ConfineError> {
     })
 }
 
-/// The path in the cgroup2 hierarchy from a /proc/<pid>/cgroup text: the `0::<path>`
+/// The path in the cgroup2 hierarchy from a `/proc/<pid>/cgroup` text: the `0::<path>`
 /// line (cgroups(7)), present on pure v2 and hybrid hosts.
 fn cgroup2_path(text: &str) -> Option<String> {
     text.lines()

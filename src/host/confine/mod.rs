@@ -1,6 +1,6 @@
 //! Confinement of a bare-metal job (`gpupin exec`, `gpupin serve`) to its GPUs: a device
 //! cgroup of its own in which the machine's other GPUs cannot be opened, so a job that
-//! ignores CUDA_VISIBLE_DEVICES still cannot open another holder's /dev/nvidia<minor>.
+//! ignores CUDA_VISIBLE_DEVICES still cannot open another holder's `/dev/nvidia<minor>`.
 //!
 //! Two mechanisms, used side by side where both exist (on a hybrid host the kernel asks
 //! cgroup2's device programs first, then the v1 controller, and both must allow):

@@ -81,7 +81,7 @@ impl Job {
         self.1.as_ref().unwrap().as_fd()
     }
 
-    /// Its /proc/<pid>/cgroup line for `hierarchy` ("devices", or "" for cgroup2).
+    /// Its `/proc/<pid>/cgroup` line for `hierarchy` ("devices", or "" for cgroup2).
     fn cgroup(&self, hierarchy: &str) -> String {
         let text = std::fs::read_to_string(format!("/proc/{}/cgroup", self.pid())).unwrap();
         let line = text.lines().find(|line| {

@@ -1,7 +1,7 @@
 //! Running work inside another process's mount namespace and always coming back.
 //!
 //! At prestart/createRuntime, runc's init has mounted the container's /dev tmpfs at
-//! <rootfs>/dev in the container's mount namespace but not yet pivoted; the hook runs in
+//! `<rootfs>/dev` in the container's mount namespace but not yet pivoted; the hook runs in
 //! the host namespaces, where that tmpfs is invisible. So the hook enters the container's
 //! mount namespace for the duration of the work.
 
@@ -74,7 +74,7 @@ fn open_ns(path: &Path) -> Result<OwnedFd, InjectError> {
 }
 
 /// setns, with the kernel checking that the fd is a mount namespace. EINVAL from a
-/// /proc/<pid>/ns/mnt fd can then only mean another thread shares our fs_struct.
+/// `/proc/<pid>/ns/mnt` fd can then only mean another thread shares our fs_struct.
 fn enter(target: &OwnedFd, pid: i32) -> Result<(), InjectError> {
     move_into_link_name_space(target.as_fd(), Some(LinkNameSpaceType::Mount)).map_err(|e| {
         if e == Errno::INVAL {
