@@ -4,8 +4,9 @@
 //! GPU's processes are; and which GPUs a person asked to see (`GpuFilter`).
 
 use super::Status;
-use crate::base::message::one_line;
+use crate::base::message::{escape_controls, one_line};
 use crate::host::inventory::{self, InventoryError};
+use crate::host::users;
 use crate::host::whose::{self, Seen};
 use crate::input::config::Config;
 use crate::model::gpu::{Gpu, Inventory};
@@ -154,27 +155,20 @@ impl Snapshot {
     }
 }
 
-/// A uid's name through NSS (LDAP and sssd users too), else /etc/passwd; each uid
-/// looked up once a look.
+/// A uid's name through NSS (LDAP and sssd users too), else /etc/passwd, as text that
+/// cannot steer a terminal; each uid looked up once a look.
 fn user_names() -> impl Fn(u32) -> Option<String> {
     let seen: RefCell<HashMap<u32, Option<String>>> = RefCell::default();
     move |uid| {
         seen.borrow_mut()
             .entry(uid)
             .or_insert_with(|| {
-                let nss = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid));
-                nss.ok()
-                    .flatten()
-                    .map(|u| one_line_name(&u.name))
+                users::name_of(uid)
+                    .map(|name| escape_controls(&name))
                     .or_else(|| whose::passwd_name(uid))
             })
             .clone()
     }
-}
-
-/// A user name as text that cannot steer a terminal.
-fn one_line_name(name: &str) -> String {
-    crate::base::message::escape_controls(name)
 }
 
 #[cfg(test)]
