@@ -124,41 +124,14 @@ impl DecideError {
     /// The refusal naming the holder as people know it, where its engine told a name:
     /// the container they started, not the id gpupin filed it under (a podman container
     /// is refused while it is still a claim, `claim-...`).
-    pub fn naming(self, meta: &HolderMeta) -> DecideError {
-        let Some(name) = meta.container.as_ref().and_then(|c| c.name.clone()) else {
-            return self;
-        };
-        match self {
-            DecideError::NotEnoughFree {
-                wanted,
-                held,
-                total,
-                busy,
-                ever,
-                detail,
-                ..
-            } => DecideError::NotEnoughFree {
-                id: name,
-                wanted,
-                held,
-                total,
-                busy,
-                ever,
-                detail,
-            },
-            DecideError::DeviceUnavailable {
-                index,
-                uuid,
-                reason,
-                ..
-            } => DecideError::DeviceUnavailable {
-                id: name,
-                index,
-                uuid,
-                reason,
-            },
-            other => other,
+    pub fn naming(mut self, meta: &HolderMeta) -> DecideError {
+        if let Some(name) = meta.container.as_ref().and_then(|c| c.name.clone())
+            && let DecideError::NotEnoughFree { id, .. } | DecideError::DeviceUnavailable { id, .. } =
+                &mut self
+        {
+            *id = name;
         }
+        self
     }
 
     /// A short, fixed name for why an allocation was refused (`LedgerError::code`).
