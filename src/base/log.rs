@@ -6,6 +6,7 @@
 //! hook runs on every container start.
 
 use tracing::level_filters::LevelFilter;
+use tracing_subscriber::filter::Targets;
 
 /// The target of the events that carry an audit line the audit log could not take
 /// (`audit_failure = "warn"`): the binaries write these to stderr whatever the level,
@@ -97,23 +98,14 @@ pub fn init_from_config(configured: Option<Level>) {
 
 /// A subscriber for `AUDIT_FALLBACK` events alone.
 fn install_audit_fallback() {
-    use tracing_subscriber::filter::Targets;
-    use tracing_subscriber::layer::SubscriberExt;
     let targets = Targets::new().with_target(AUDIT_FALLBACK, LevelFilter::ERROR);
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(LevelFilter::ERROR)
-        .finish()
-        .with(targets);
-    let _ = tracing::subscriber::set_global_default(subscriber);
+    install_stderr(LevelFilter::ERROR, targets);
 }
 
 fn install(level: Level) {
     if level == Level::Off {
         return;
     }
-    use tracing_subscriber::filter::Targets;
-    use tracing_subscriber::layer::SubscriberExt;
     // gpupin's own events at the level asked for; the libraries' (the HTTP/2 and gRPC
     // stack of `gpupin device-plugin` logs every frame at debug) at info at most.
     let ours = level.filter();
@@ -121,12 +113,18 @@ fn install(level: Level) {
         .with_default(ours.min(LevelFilter::INFO))
         .with_targets(["gpupin", "gpupin_hook", "gpupin_runtime"].map(|t| (t, ours)))
         .with_target(AUDIT_FALLBACK, LevelFilter::ERROR);
+    install_stderr(ours, targets);
+}
+
+/// The process's one subscriber: `targets` up to `max`, written to stderr. A second
+/// set-up (a config loaded twice, or the fallback after a level) keeps the first.
+fn install_stderr(max: LevelFilter, targets: Targets) {
+    use tracing_subscriber::layer::SubscriberExt;
     let subscriber = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(ours)
+        .with_max_level(max)
         .finish()
         .with(targets);
-    // A second set-up (a config loaded twice) keeps the first.
     let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
