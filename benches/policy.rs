@@ -17,13 +17,10 @@
 //! `GPUPIN_BENCH_GPUALLOCATOR_TIMEOUT=<seconds>` sets another limit for a quicker look.
 
 use criterion::{BenchmarkId, Criterion};
-use gpupin::input::config::InventorySource;
-use gpupin::input::config::PolicyName;
-use gpupin::input::config::inventory::load;
-use gpupin::model::gpu::{Gpu, Inventory};
-use gpupin::model::link::Link;
-use gpupin::model::live::Live;
-use gpupin::policy::{PolicyInput, reference, topology};
+use gpupin::parts::{
+    Gpu, Inventory, InventorySource, Link, Live, PolicyInput, PolicyName, load_inventory,
+    reference, topology,
+};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -126,10 +123,10 @@ fn machines(quick: bool) -> Vec<Machine> {
         all.into_iter().filter(|&c| !quick || c <= 8).collect()
     };
     let sim = |name: &'static str| {
-        let inventory = load(
+        let inventory = load_inventory(
             &InventorySource::Sim(name.into()),
             Path::new("/nonexistent"),
-            &gpupin::host::inventory::NvmlAccess::InProcess,
+            &gpupin::parts::NvmlAccess::InProcess,
         )
         .expect("built-in machine");
         Machine {

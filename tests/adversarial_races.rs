@@ -658,7 +658,7 @@ fn a_record_whose_pid_was_reused_is_reaped_and_a_live_one_is_kept() {
     }
     let rig = Rig::new(test, 2);
     let me = std::process::id() as i32;
-    let my_start = gpupin::base::procinfo::start_time(me).unwrap();
+    let my_start = gpupin::parts::start_time(me).unwrap();
     let c = rig.container();
     let reused = allocate(&rig, "reused", 4, &c);
     let live = allocate(&rig, "live", 2, &c);

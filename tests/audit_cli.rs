@@ -501,7 +501,7 @@ fn a_flood_of_refusals_leaves_an_honest_hold_in_the_log() {
     let refusals: Vec<&str> = json.lines().filter(|l| l.contains("\"refuse\"")).collect();
     assert!(
         !refusals.is_empty()
-            && refusals.len() <= 2 * gpupin::state::audit::REFUSALS_PER_MINUTE as usize + 1,
+            && refusals.len() <= 2 * gpupin::parts::REFUSALS_PER_MINUTE as usize + 1,
         "{} refusal lines",
         refusals.len()
     );

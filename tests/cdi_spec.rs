@@ -4,12 +4,9 @@
 //! `gpupin demo` builds on both; the end-to-end suites use the spec NVIDIA's nvidia-ctk
 //! generates (gpupin-sandbox harness::toolkit).
 
-use gpupin::admission::driver;
+use gpupin::parts::driver;
 
-use gpupin::admission::edits::ContainerEdits;
-use gpupin::host::inventory::NvmlAccess;
-use gpupin::input::config::Driver;
-use gpupin::input::config::InventorySource;
+use gpupin::parts::{ContainerEdits, Driver, InventorySource, NvmlAccess};
 use gpupin_sandbox::harness::driver::{DRIVER_VERSION, DriverRoot, FakeGpu, driver_files};
 use gpupin_sandbox::harness::{self, GPU_MAJOR};
 use std::path::Path;
@@ -21,8 +18,7 @@ fn the_generated_spec_gives_gpupins_choice_its_entry_and_the_driver_files() {
     }
     let dir = tempfile::tempdir().unwrap();
     let source: InventorySource = "sim:nvswitch8".parse().unwrap();
-    let inv = gpupin::input::config::inventory::load(&source, dir.path(), &NvmlAccess::InProcess)
-        .unwrap();
+    let inv = gpupin::parts::load_inventory(&source, dir.path(), &NvmlAccess::InProcess).unwrap();
     let gpus: Vec<FakeGpu> = inv
         .gpus
         .iter()

@@ -34,7 +34,7 @@ fn table_after(text: &str, heading: &str) -> Vec<Vec<String>> {
 
 /// The keys serde takes at the top of the config file, as its own error lists them.
 fn config_keys() -> BTreeSet<String> {
-    let error = toml::from_str::<gpupin::Config>("gpupin_no_such_key = 0")
+    let error = toml::from_str::<gpupin::parts::Config>("gpupin_no_such_key = 0")
         .expect_err("an unknown key is refused");
     let message = error.message().to_string();
     let (_, expected) = message
@@ -108,7 +108,7 @@ fn the_references_config_table_has_every_key_and_its_default() {
 #[test]
 fn the_references_simulated_machines_are_the_ones_the_code_has() {
     let config = Path::new("/nonexistent/gpupin.toml");
-    let error = gpupin::Config::parse("inventory = \"sim:gpupin-no-such\"", config)
+    let error = gpupin::parts::Config::parse("inventory = \"sim:gpupin-no-such\"", config)
         .expect_err("an unknown machine is refused")
         .to_string();
     let (_, names) = error

@@ -3,11 +3,7 @@
 //! hook without capabilities, which needs root): none of these get as
 //! far as touching a container.
 
-use gpupin::admission::admit::{self, Admission};
-use gpupin::input::config::Config;
-use gpupin::input::request;
-use gpupin::model::holder::HolderId;
-use gpupin::state::ledger::HolderMeta;
+use gpupin::parts::{Admission, Config, HolderId, HolderMeta, admit, request};
 use gpupin_sandbox::harness::{Gpupin, Sleeper, stderr};
 use serde_json::json;
 use std::path::Path;
@@ -55,7 +51,7 @@ fn hold_one_gpu(g: &Gpupin) -> Sleeper {
     };
     let config = Config::load(&g.config).unwrap();
     let (record, ()) = admit::admit(&config, admission, |_| {
-        Ok::<_, gpupin::admission::edits::ApplyError>(())
+        Ok::<_, gpupin::parts::ApplyError>(())
     })
     .unwrap();
     assert_eq!(record.gpus.len(), 1);

@@ -3,9 +3,7 @@
 //! list) becomes the inventory file beside it (NAME.json), which describes the same
 //! machine as `sim:NAME`. Needs neither root nor GPUs.
 
-use gpupin::host::inventory::{self, NvmlAccess};
-use gpupin::input::config::InventorySource;
-use gpupin::model::gpu::Inventory;
+use gpupin::parts::{Inventory, InventorySource, NvmlAccess, inventory};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -32,7 +30,7 @@ fn import(args: &[&Path]) -> Inventory {
 }
 
 fn file(name: &str) -> Inventory {
-    gpupin::input::config::inventory::load(
+    gpupin::parts::load_inventory(
         &InventorySource::File(fixture(&format!("{name}.json"))),
         Path::new("/nonexistent"),
         &NvmlAccess::InProcess,
@@ -41,7 +39,7 @@ fn file(name: &str) -> Inventory {
 }
 
 fn sim(name: &str) -> Inventory {
-    gpupin::input::config::inventory::load(
+    gpupin::parts::load_inventory(
         &InventorySource::Sim(name.into()),
         Path::new("/nonexistent"),
         &NvmlAccess::InProcess,

@@ -9,16 +9,13 @@
 mod gpuallocator;
 
 use gpuallocator::{Answer, Case, Worth};
-use gpupin::host::inventory::{NvmlAccess, from_json};
-use gpupin::input::config::InventorySource;
-use gpupin::input::config::inventory::load;
-use gpupin::model::gpu::Inventory;
+use gpupin::parts::{Inventory, InventorySource, NvmlAccess, from_json, load_inventory};
 use gpupin_sandbox::harness::required;
 use std::path::Path;
 use std::time::Duration;
 
 fn sim(name: &str) -> Inventory {
-    load(
+    load_inventory(
         &InventorySource::Sim(name.into()),
         Path::new("/nonexistent"),
         &NvmlAccess::InProcess,

@@ -15,10 +15,7 @@
 // Both the bench and the test include this file; neither uses all of it.
 #![allow(dead_code)]
 
-use gpupin::host::inventory::to_json;
-use gpupin::model::gpu::Inventory;
-use gpupin::policy::PolicyInput;
-use gpupin::policy::topology::{self, Terms};
+use gpupin::parts::{Inventory, PolicyInput, Terms, to_json, topology};
 use serde::Deserialize;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;

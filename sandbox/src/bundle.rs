@@ -46,7 +46,7 @@ impl HookCommand {
 }
 
 /// One entry of `hooks.<stage>` in OCI form, with the arguments gpupin writes into specs
-/// itself (argv[0] is the program name).
+/// itself (`argv[0]` is the program name).
 fn hook_entry(hook: &HookCommand, stage: &str) -> Value {
     json!({
         "path": hook.exe,

@@ -239,7 +239,7 @@ impl DriverRoot {
         y
     }
 
-    /// A createContainer hook item of the stand-in, argv[0] `nvidia-cdi-hook`.
+    /// A createContainer hook item of the stand-in, `argv[0]` `nvidia-cdi-hook`.
     fn hook_entry(&self, item: usize, args: &[&str]) -> String {
         let (dash, field, sub) = (" ".repeat(item), " ".repeat(item + 2), " ".repeat(item + 4));
         let mut y = format!(

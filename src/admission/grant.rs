@@ -136,7 +136,7 @@ pub fn machine<'a>(config: &'a Config, loaded: &'a Loaded) -> Machine<'a> {
 
 /// Allocates for `holder` under `config`; returns the machine's inventory with the record,
 /// since every caller goes on to turn the record's UUIDs into device nodes.
-pub fn allocate(
+pub(crate) fn allocate(
     config: &Config,
     holder: &HolderId,
     request: &GpuRequest,

@@ -43,7 +43,7 @@ pub fn write(
 
 /// As `write`, but the file always gets exactly `mode` and the writer as owner, whatever
 /// stood at `path` before: for state files, whose old mode and owner are not to be trusted.
-pub fn replace(
+pub(crate) fn replace(
     path: &Path,
     bytes: &[u8],
     mode: u32,
@@ -153,7 +153,7 @@ fn temp_path(path: &Path, dir: &Path) -> PathBuf {
 /// The pid of the writer of a temp file `temp_path` named `name`, `None` when `name` is
 /// not such a name: a writer killed between create and rename leaves its temp file
 /// behind, and only its pid tells whether it may still be writing.
-pub fn temp_writer(name: &str) -> Option<i32> {
+pub(crate) fn temp_writer(name: &str) -> Option<i32> {
     let inner = name.strip_prefix('.')?.strip_suffix(".tmp")?;
     let (_, tail) = inner.rsplit_once(".gpupin-")?;
     let (pid, n) = tail.split_once('-')?;

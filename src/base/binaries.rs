@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 pub const CLI: &str = "gpupin";
 pub const HOOK: &str = "gpupin-hook";
-pub const RUNTIME: &str = "gpupin-runtime";
+pub(crate) const RUNTIME: &str = "gpupin-runtime";
 
 /// `name` in the directory of `exe`.
 pub fn beside(exe: &Path, name: &str) -> PathBuf {

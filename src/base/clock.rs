@@ -7,7 +7,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// 9999-12-31T23:59:59Z, the last second RFC 3339 (and `humantime`) can write.
-pub const LATEST_UNIX_SECS: u64 = 253_402_300_799;
+pub(crate) const LATEST_UNIX_SECS: u64 = 253_402_300_799;
 
 /// `secs` since the epoch, held to `LATEST_UNIX_SECS`.
 pub fn unix(secs: u64) -> SystemTime {

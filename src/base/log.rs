@@ -11,10 +11,10 @@ use tracing_subscriber::filter::Targets;
 /// The target of the events that carry an audit line the audit log could not take
 /// (`audit_failure = "warn"`): the binaries write these to stderr whatever the level,
 /// since they are the trail's, not a log's.
-pub const AUDIT_FALLBACK: &str = "gpupin::audit_fallback";
+pub(crate) const AUDIT_FALLBACK: &str = "gpupin::audit_fallback";
 
 /// The environment variable that turns logging on, and wins over the config key.
-pub const LOG_ENV: &str = "GPUPIN_LOG";
+pub(crate) const LOG_ENV: &str = "GPUPIN_LOG";
 
 /// A log level as an admin writes it (`GPUPIN_LOG=debug`, `log = "debug"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +69,7 @@ impl std::str::FromStr for Level {
 
 /// The level `GPUPIN_LOG` asks for: `Ok(None)` when it is unset or empty (the config key
 /// may then decide). A value that is not valid UTF-8 is refused like any other.
-pub fn from_env() -> Result<Option<Level>, BadLevel> {
+pub(crate) fn from_env() -> Result<Option<Level>, BadLevel> {
     level_of(std::env::var_os(LOG_ENV).as_deref())
 }
 

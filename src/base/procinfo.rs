@@ -11,7 +11,7 @@ pub fn start_time(pid: i32) -> Option<u64> {
 }
 
 /// As `start_time`, with a different /proc root (tests use a fake tree).
-pub fn start_time_in(proc_root: &Path, pid: i32) -> Option<u64> {
+pub(crate) fn start_time_in(proc_root: &Path, pid: i32) -> Option<u64> {
     if pid <= 0 {
         return None;
     }
@@ -34,7 +34,7 @@ fn parse_start_time(stat: &str) -> Option<u64> {
 /// When this boot began, in seconds since the Unix epoch (`btime` in /proc/stat), read
 /// once per process. Nothing gpupin records outlives a reboot: a record made before it
 /// belongs to a process that is gone.
-pub fn boot_time() -> Option<u64> {
+pub(crate) fn boot_time() -> Option<u64> {
     static BOOT_TIME: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *BOOT_TIME.get_or_init(|| {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
@@ -50,7 +50,7 @@ fn parse_boot_time(stat: &str) -> Option<u64> {
 
 /// Whether the process `pid` that started at `started` still runs (and is not a zombie
 /// whose container is gone).
-pub fn is_alive(pid: i32, started: u64) -> bool {
+pub(crate) fn is_alive(pid: i32, started: u64) -> bool {
     start_time(pid) == Some(started)
 }
 

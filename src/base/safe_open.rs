@@ -19,12 +19,12 @@ pub enum Links {
 }
 
 /// The most any reader here takes: records, specs and configs are kilobytes.
-pub const MAX_LEN: u64 = 16 << 20;
+pub(crate) const MAX_LEN: u64 = 16 << 20;
 
 /// Opens `path` for reading without blocking on a FIFO or device and without following a
 /// final symlink unless `links` allows it; anything but a regular file is refused with
 /// `InvalidInput` (a symlink with `Links::Refuse`: the kernel's ELOOP).
-pub fn open(path: &Path, links: Links) -> io::Result<File> {
+pub(crate) fn open(path: &Path, links: Links) -> io::Result<File> {
     let mut flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
     if links == Links::Refuse {
         flags |= OFlags::NOFOLLOW;
@@ -36,14 +36,14 @@ pub fn open(path: &Path, links: Links) -> io::Result<File> {
 
 /// Opens `path` for appending, creating it with `mode` (whatever the umask) when missing;
 /// never through a symlink, never a FIFO.
-pub fn open_append(path: &Path, mode: u32) -> io::Result<File> {
+pub(crate) fn open_append(path: &Path, mode: u32) -> io::Result<File> {
     open_created(path, OFlags::WRONLY | OFlags::APPEND, mode)
 }
 
 /// Opens `path` for reading and writing (a lock file to flock), creating it with `mode`
 /// when missing; never through a symlink, never a FIFO (a FIFO opened read-write does not
 /// block on Linux, but it is no file of ours either).
-pub fn open_read_write(path: &Path, mode: u32) -> io::Result<File> {
+pub(crate) fn open_read_write(path: &Path, mode: u32) -> io::Result<File> {
     open_created(path, OFlags::RDWR, mode)
 }
 
@@ -81,7 +81,7 @@ pub fn read(path: &Path, links: Links) -> io::Result<Vec<u8>> {
 
 /// The whole of a file `open` returned, at most `MAX_LEN` bytes: for callers that look at
 /// its metadata (owner, mode) before they trust what it says.
-pub fn read_file(file: File) -> io::Result<Vec<u8>> {
+pub(crate) fn read_file(file: File) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     file.take(MAX_LEN + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_LEN {

@@ -4,9 +4,7 @@
 //! the stage's work, so that a container without a request pays little more than an exec.
 //! NVML, when a stage needs it, is asked of the `gpupin` binary beside this one.
 
-use gpupin::base::binaries;
-use gpupin::engines::hook::stage;
-use gpupin::host::inventory::NvmlAccess;
+use gpupin::hook::{NvmlAccess, binaries, stage};
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
@@ -29,8 +27,8 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    if let Err(err) = gpupin::base::log::init_from_env() {
-        let line = gpupin::base::message::one_line(&err);
+    if let Err(err) = gpupin::hook::init_from_env() {
+        let line = gpupin::hook::one_line(&err);
         let _ = writeln!(
             std::io::stderr().lock(),
             "gpupin: warning: {line}; logging off"
@@ -72,7 +70,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            report(&gpupin::base::message::one_line(err.as_ref()));
+            report(&gpupin::hook::one_line(err.as_ref()));
             ExitCode::FAILURE
         }
     }

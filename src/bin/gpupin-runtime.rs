@@ -2,11 +2,9 @@
 //! and hands every command to the real runtime (runc). Thin: the work, the runtime's
 //! child included, is in `gpupin::engines::runtime::run`; this only execs and exits.
 
-use gpupin::admission::entry::EntryError;
-use gpupin::base::binaries;
-use gpupin::engines::runtime::{self, Handover, argv, argv::Invocation};
-use gpupin::host::inventory::NvmlAccess;
-use gpupin::input::config::CONFIG_ENV;
+use gpupin::shim::{
+    CONFIG_ENV, EntryError, Handover, Invocation, NvmlAccess, argv, binaries, runtime,
+};
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -14,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
 
 fn main() -> ExitCode {
-    if let Err(err) = gpupin::base::log::init_from_env() {
-        let line = gpupin::base::message::one_line(&err);
+    if let Err(err) = gpupin::shim::init_from_env() {
+        let line = gpupin::shim::one_line(&err);
         let _ = writeln!(
             std::io::stderr().lock(),
             "gpupin: warning: {line}; logging off"
@@ -55,7 +53,7 @@ fn run(inv: &Invocation) -> anyhow::Result<ExitCode> {
     }
     // Linked statically in release builds: NVML is asked of the `gpupin` beside it.
     config.nvml = NvmlAccess::Helper(binaries::beside(&own_exe, binaries::CLI));
-    gpupin::base::log::init_from_config(config.log);
+    gpupin::shim::init_from_config(config.log);
     match runtime::run(inv, &config, &own_exe)? {
         Handover::Exec { runtime } => Err(exec(&runtime, &inv.runtime_args)),
         Handover::Ran(status) => Ok(exit_code(status)),
@@ -85,7 +83,7 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 /// error line of that file to the user (`docker run` prints it).
 fn fail(log_file: Option<&Path>, err: &anyhow::Error) -> ExitCode {
     use std::io::Write;
-    let msg = format!("gpupin: {}", gpupin::base::message::one_line(err.as_ref()));
+    let msg = format!("gpupin: {}", gpupin::shim::one_line(err.as_ref()));
     // A closed or full stderr is no reason to panic: the log file may still get the line.
     let _ = writeln!(std::io::stderr().lock(), "{msg}");
     if let Some(path) = log_file {

@@ -13,7 +13,7 @@ const LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// The driver's answers. Errors are kept as errors: each check words them its own way.
 #[derive(Debug)]
-pub struct Hardware {
+pub(crate) struct Hardware {
     /// The loaded kernel module's version (`<proc>/driver/nvidia/version`); `None`
     /// when no NVIDIA module is loaded.
     pub module: Option<String>,
@@ -23,7 +23,7 @@ pub struct Hardware {
 
 /// What NVML answered.
 #[derive(Debug)]
-pub struct NvmlReading {
+pub(crate) struct NvmlReading {
     /// The user-space driver's version (`550.54.15`), which must be the module's.
     pub driver: String,
     pub nvml: String,
@@ -34,17 +34,12 @@ pub struct NvmlReading {
 
 impl Hardware {
     /// Asks this host's driver, with procfs at `proc`, `sys` and `dev`.
-    pub fn probe(proc: &Path, sys: &Path, dev: &Path) -> Hardware {
+    pub(crate) fn probe(proc: &Path, sys: &Path, dev: &Path) -> Hardware {
         Hardware {
             module: module_version(proc),
             nvml: read_nvml(),
             procfs: inventory::probe_procfs_at(proc, sys, dev),
         }
-    }
-
-    /// Whether the driver sees any GPU at all, by either way of asking.
-    pub fn has_gpus(&self) -> bool {
-        self.nvml.is_ok() || self.procfs.is_ok()
     }
 }
 

@@ -24,13 +24,14 @@ mod hooks;
 mod inventory;
 mod nodes;
 mod serve;
-pub mod smi;
+pub(crate) mod smi;
 mod state;
 mod toolkit;
 mod xml;
 
-pub use finding::{Finding, Report, Status};
-pub use hardware::{Hardware, NvmlReading};
+pub(crate) use finding::Status;
+pub use finding::{Finding, Report};
+pub(crate) use hardware::Hardware;
 
 use crate::base::binaries;
 use crate::input::config::{Config, DEFAULT_CONFIG_PATH};
@@ -81,7 +82,7 @@ pub enum HooksSource {
 }
 
 /// The hooks dirs podman reads on the host under `root`, as containers.conf says.
-pub fn podman_hooks_dirs(root: &Path) -> (Vec<PathBuf>, HooksSource) {
+pub(crate) fn podman_hooks_dirs(root: &Path) -> (Vec<PathBuf>, HooksSource) {
     use crate::engines::install::containers_conf::{ContainersConf, PODMAN_DEFAULT};
     match ContainersConf::at(root).hooks_dirs(false) {
         Ok(dirs) => (
@@ -183,7 +184,7 @@ pub fn examine(setup: &Setup) -> Report {
 }
 
 /// Checks the host with the driver's answers already in hand.
-pub fn examine_with(setup: &Setup, hardware: &Hardware) -> Report {
+pub(crate) fn examine_with(setup: &Setup, hardware: &Hardware) -> Report {
     let mut report = Report::default();
     let findings = &mut report.findings;
     findings.push(config(setup));
@@ -274,6 +275,7 @@ fn siblings(setup: &Setup) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::doctor::hardware::NvmlReading;
     use crate::input::config::InventorySource;
     use crate::model::gpu::Inventory;
     use std::os::unix::fs::PermissionsExt;

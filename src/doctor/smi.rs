@@ -24,13 +24,13 @@ const MIB: u64 = 1 << 20;
 
 /// What nvidia-smi said about the machine, as it wrote it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SmiLog {
+pub(crate) struct SmiLog {
     pub driver_version: Option<String>,
     pub gpus: Vec<SmiGpu>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SmiGpu {
+pub(crate) struct SmiGpu {
     pub uuid: Option<String>,
     pub minor: Option<String>,
     pub bus_id: Option<String>,
@@ -39,7 +39,7 @@ pub struct SmiGpu {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum SmiError {
+pub(crate) enum SmiError {
     #[error("running {program} -q -x")]
     Start {
         program: PathBuf,
@@ -65,7 +65,7 @@ pub enum SmiError {
 }
 
 /// Runs `program -q -x` and reads its log.
-pub fn query(program: &Path) -> Result<SmiLog, SmiError> {
+pub(crate) fn query(program: &Path) -> Result<SmiLog, SmiError> {
     let text = run(program)?;
     parse(&text).map_err(|err| match err {
         ParseError::Xml(source) => SmiError::Xml {
@@ -81,13 +81,13 @@ pub fn query(program: &Path) -> Result<SmiLog, SmiError> {
 
 /// Why a text is not nvidia-smi's log.
 #[derive(Debug)]
-pub enum ParseError {
+pub(crate) enum ParseError {
     Xml(XmlError),
     Root(String),
 }
 
 /// The GPUs of an `nvidia-smi -q -x` log.
-pub fn parse(text: &str) -> Result<SmiLog, ParseError> {
+pub(crate) fn parse(text: &str) -> Result<SmiLog, ParseError> {
     let root = xml::parse(text).map_err(ParseError::Xml)?;
     if root.name != ROOT {
         return Err(ParseError::Root(root.name));
@@ -195,7 +195,7 @@ impl Comparison {
 }
 
 /// NVML's GPUs (by index) beside nvidia-smi's (in its order).
-pub fn compare(nvml: &[Gpu], smi: &SmiLog) -> Vec<Comparison> {
+pub(crate) fn compare(nvml: &[Gpu], smi: &SmiLog) -> Vec<Comparison> {
     let count = nvml.len().max(smi.gpus.len());
     (0..count)
         .map(|index| {

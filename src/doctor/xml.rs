@@ -43,7 +43,7 @@ impl Element {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("invalid XML at byte {offset}: {reason}")]
-pub struct XmlError {
+pub(crate) struct XmlError {
     pub offset: usize,
     pub reason: String,
 }

@@ -2,7 +2,7 @@
 
 pub(crate) mod docker;
 pub(crate) mod engine;
-pub mod hook;
-pub mod install;
+pub(crate) mod hook;
+pub(crate) mod install;
 pub(crate) mod podman;
-pub mod runtime;
+pub(crate) mod runtime;

@@ -22,14 +22,14 @@ pub enum UserError {
 }
 
 /// This process's user name, else its uid: how an admin's `usermod` names the caller.
-pub fn own_name() -> String {
+pub(crate) fn own_name() -> String {
     let uid = nix::unistd::getuid().as_raw();
     name_of(uid).unwrap_or_else(|| uid.to_string())
 }
 
 /// The name of `uid` in the user database; `None` where it has none or the lookup
 /// failed (callers fall back to the uid or /etc/passwd).
-pub fn name_of(uid: u32) -> Option<String> {
+pub(crate) fn name_of(uid: u32) -> Option<String> {
     User::from_uid(Uid::from_raw(uid))
         .ok()
         .flatten()

@@ -1,4 +1,4 @@
 //! What operators and requesters say: the configuration, and requests from every source.
 
-pub mod config;
-pub mod request;
+pub(crate) mod config;
+pub(crate) mod request;

@@ -18,13 +18,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// How long past the grace the holder may take to be gone (its engine's cleanup, the
 /// hook's release) before evict gives up.
-pub const SETTLE: Duration = Duration::from_secs(20);
+pub(crate) const SETTLE: Duration = Duration::from_secs(20);
 const POLL: Duration = Duration::from_millis(100);
 /// The longest grace a user's eviction through `gpupin serve` gets: the daemon's thread
 /// waits it out.
-pub const MAX_USER_GRACE: Duration = Duration::from_secs(60);
+pub(crate) const MAX_USER_GRACE: Duration = Duration::from_secs(60);
 /// The longest `--reason` taken: one line of an audit log, a job's stderr.
-pub const MAX_REASON: usize = 200;
+pub(crate) const MAX_REASON: usize = 200;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -145,12 +145,12 @@ struct Hold<'a> {
 }
 
 /// The longest reason a hold keeps: it is shown in status and written to the audit log.
-pub const MAX_REASON: usize = 200;
+pub(crate) const MAX_REASON: usize = 200;
 /// The longest `--for`: a year and a day, in days. A longer time is no plan but a typo
 /// (`500000000000y`), and the end it would store breaks every reader of times.
 pub const LONGEST_DAYS: u64 = 366;
 /// `LONGEST_DAYS` in seconds.
-pub const LONGEST_SECS: u64 = LONGEST_DAYS * 86_400;
+pub(crate) const LONGEST_SECS: u64 = LONGEST_DAYS * 86_400;
 
 /// Refuses a hold time longer than `LONGEST_DAYS`: the one check for the CLI's `--for`
 /// and for a `for_secs` the daemon was sent.
@@ -179,7 +179,7 @@ pub fn hold(
 /// checks come in their order: `gpupin serve`'s hold with request keys: a policy,
 /// memory, a wait in the queue), instead of `asked.devices` or `asked.count`; a wait
 /// ends once `still_wanted` says no.
-pub fn hold_with(
+pub(crate) fn hold_with(
     config: &Config,
     asked: &HoldRequest,
     whose: &HoldOwner,

@@ -1,7 +1,7 @@
 //! Holders beyond containers: bare-metal jobs, holds, the daemon, the Kubernetes device plugin.
 
-pub mod evict;
-pub mod exec;
-pub mod hold;
-pub mod kube;
-pub mod serve;
+pub(crate) mod evict;
+pub(crate) mod exec;
+pub(crate) mod hold;
+pub(crate) mod kube;
+pub(crate) mod serve;

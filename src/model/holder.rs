@@ -18,17 +18,18 @@ pub struct HolderId(String);
 )]
 pub struct BadHolderId(pub String);
 
-pub const MAX_LEN: usize = 128;
+pub(crate) const MAX_LEN: usize = 128;
 
 /// How the holder ids gpupin makes itself begin: Slurm jobs' holds, the device plugin's,
 /// podman's claims, unnamed jobs. A user may not choose them (`Ledger::allocate`).
-pub const RESERVED_PREFIXES: &[&str] = &[SLURM_PREFIX, KUBE_PREFIX, CLAIM_PREFIX, EXEC_PREFIX];
+pub(crate) const RESERVED_PREFIXES: &[&str] =
+    &[SLURM_PREFIX, KUBE_PREFIX, CLAIM_PREFIX, EXEC_PREFIX];
 /// A Slurm job's hold: `slurm-<job id>`, made by the prolog.
-pub const SLURM_PREFIX: &str = "slurm-";
+pub(crate) const SLURM_PREFIX: &str = "slurm-";
 /// The device plugin's holds: `k8s-<digest>`.
-pub const KUBE_PREFIX: &str = "k8s-";
+pub(crate) const KUBE_PREFIX: &str = "k8s-";
 /// podman's claims before its container has an id: `claim-<random hex>`.
-pub const CLAIM_PREFIX: &str = "claim-";
+pub(crate) const CLAIM_PREFIX: &str = "claim-";
 /// A job that names no holder: `exec-<user>`.
 pub const EXEC_PREFIX: &str = "exec-";
 
@@ -117,13 +118,13 @@ fn short_id(id: &str) -> &str {
 
 /// `id` as a message shows it: an engine's long hex id (32 digits or more: Docker's,
 /// containerd's, podman's) cut as `short_id` cuts it, any other id whole.
-pub fn shown_id(id: &str) -> &str {
+pub(crate) fn shown_id(id: &str) -> &str {
     let engine_id = id.len() >= 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
     if engine_id { short_id(id) } else { id }
 }
 
 /// Hex digits of a holder's key: 128 bits, beyond guessing while a holder lives.
-pub const KEY_HEX: usize = 32;
+pub(crate) const KEY_HEX: usize = 32;
 
 /// A holder's key as a request presents it. Its `Debug` hides it: requests are logged.
 #[derive(Clone, PartialEq, Eq)]

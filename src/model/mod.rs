@@ -2,11 +2,11 @@
 //! `link`), what they are doing now (`live`), who holds GPUs, the limits on users, the
 //! MIG instances a GPU is cut into, gpupin's own names and NVIDIA's.
 
-pub mod gpu;
-pub mod holder;
+pub(crate) mod gpu;
+pub(crate) mod holder;
 pub(crate) mod limits;
-pub mod link;
-pub mod live;
+pub(crate) mod link;
+pub(crate) mod live;
 pub(crate) mod mig;
 pub(crate) mod names;
 pub(crate) mod nvidia;

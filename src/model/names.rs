@@ -20,9 +20,9 @@ macro_rules! env_name {
 pub(crate) use env_name;
 
 /// Prefix of every annotation and Docker label gpupin reads or writes.
-pub const ANNOTATION_PREFIX: &str = annotation!("");
+pub(crate) const ANNOTATION_PREFIX: &str = annotation!("");
 /// Prefix of every env name of a request.
-pub const ENV_PREFIX: &str = env_name!("");
+pub(crate) const ENV_PREFIX: &str = env_name!("");
 /// The label a spawner sets to say whose a container is: not a request key, but read by
 /// admission where the config trusts it (`trusted_user_label`), refused where it does not.
-pub const USER_LABEL: &str = annotation!("user");
+pub(crate) const USER_LABEL: &str = annotation!("user");

@@ -21,7 +21,7 @@ pub(super) const EXHAUSTIVE_UP_TO: u64 = 20_000;
 /// `input.count` positions that contain `fixed`, the others chosen by `policy` among
 /// `input.free` (which need not contain `fixed`); `None` when too few are free or `fixed`
 /// alone is more than `input.count`. The result is sorted.
-pub fn choose_including(
+pub(crate) fn choose_including(
     policy: &dyn Policy,
     input: &PolicyInput,
     fixed: &[usize],

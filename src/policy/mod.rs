@@ -8,11 +8,11 @@
 mod include;
 pub(crate) mod load;
 pub(crate) mod pack;
-pub mod reference;
+pub(crate) mod reference;
 pub(crate) mod spread;
-pub mod topology;
+pub(crate) mod topology;
 
-pub use include::choose_including;
+pub(crate) use include::choose_including;
 
 use crate::model::gpu::Inventory;
 use crate::model::live::Live;

@@ -20,7 +20,7 @@ pub struct Leftover {
 
 /// The processes left in the cgroups of jobs whose main process has exited, read from
 /// the cgroups the records name and /proc (what `ps` shows anyone).
-pub fn leftovers(records: &[Record]) -> Vec<Leftover> {
+pub(crate) fn leftovers(records: &[Record]) -> Vec<Leftover> {
     let mut found = Vec::new();
     for r in records
         .iter()

@@ -5,26 +5,27 @@
 //! binary asks. The binary prints them.
 
 mod audit;
-pub mod explain;
+pub(crate) mod explain;
 mod holder;
 mod inventory;
 mod leftovers;
 mod live;
 mod queue;
-pub mod status;
+pub(crate) mod status;
 mod table;
 mod usage;
 
 pub use audit::{log_row, log_table};
 pub use inventory::{inventory_json, inventory_table};
-pub use leftovers::{Leftover, leftovers};
+pub(crate) use leftovers::Leftover;
+pub(crate) use leftovers::leftovers;
 pub use queue::{queue_json, queue_table};
-pub use status::{Status, status_json, status_table};
+pub use status::{Status, status_table};
 use table::Style;
 pub use usage::{usage_json, usage_table};
 
 /// The widest a status line gets: a terminal's 80 columns.
-pub const STATUS_WIDTH: usize = 80;
+pub(crate) const STATUS_WIDTH: usize = 80;
 
 /// Bytes as the GiB figure nvidia-smi users expect.
 fn gib(bytes: u64) -> String {

@@ -1,11 +1,11 @@
 //! What is held and what happened: the audit trail (below), the ledger (on it), the
 //! metrics and usage (reading both). `open_ledger` puts them together for a configuration.
 
-pub mod audit;
-pub mod ledger;
-pub mod metrics;
+pub(crate) mod audit;
+pub(crate) mod ledger;
+pub(crate) mod metrics;
 pub(crate) mod node_access;
-pub mod usage;
+pub(crate) mod usage;
 
 use crate::input::config::{Config, NodeAccess};
 use ledger::{ChangeObserver, Ledger, LedgerError};

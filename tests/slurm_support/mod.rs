@@ -100,7 +100,7 @@ impl Cluster {
 
     fn write_config(&self, g: &Gpupin, prolog_env: &[(&str, &str)]) {
         let d = &self.dir;
-        let host = gpupin::host::slurm::short_hostname().unwrap();
+        let host = gpupin::parts::short_hostname().unwrap();
         let [ctld_port, slurmd_port] = free_ports();
         let slurm_conf = format!(
             "ClusterName=gpupin

@@ -11,7 +11,7 @@
 pub(crate) mod cdi;
 mod select;
 
-pub use select::{CdiEdits, SelectError};
+pub(crate) use select::SelectError;
 
 use crate::admission::edits::ContainerEdits;
 use crate::input::config::Driver;
@@ -69,7 +69,7 @@ pub fn add_for_spec(
 /// The CDI device names of the GPUs `uuids` (`nvidia.com/gpu=<entry>`), for a runtime
 /// that applies CDI itself (the kubelet's device plugin API); an error where no
 /// `nvidia.com/gpu` spec is found or a GPU has no entry.
-pub fn cdi_names(
+pub(crate) fn cdi_names(
     dirs: &[PathBuf],
     inventory: &Inventory,
     uuids: &[String],
@@ -83,7 +83,7 @@ pub fn cdi_names(
 
 /// The prestart path (after create) cannot give the driver's files: under `cdi` it is
 /// refused, before anything is allocated.
-pub fn check_prestart(driver: Driver) -> Result<(), DriverError> {
+pub(crate) fn check_prestart(driver: Driver) -> Result<(), DriverError> {
     match driver {
         Driver::Cdi => Err(DriverError::NeedsCreate),
         Driver::Auto | Driver::None => Ok(()),
@@ -92,7 +92,7 @@ pub fn check_prestart(driver: Driver) -> Result<(), DriverError> {
 
 /// Says, under `auto`, that a container admitted on the prestart path gets no driver
 /// files from gpupin: once per container, after its GPUs are allocated.
-pub fn note_prestart(driver: Driver, container: &str) {
+pub(crate) fn note_prestart(driver: Driver, container: &str) {
     if driver == Driver::Auto {
         tracing::warn!(
             container,

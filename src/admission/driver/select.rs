@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// What the chosen GPUs' CDI entries give a container, ready to merge into gpupin's own
 /// edits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CdiEdits {
+pub(super) struct CdiEdits {
     pub nodes: Vec<DeviceNode>,
     pub env: Vec<(String, String)>,
     pub hooks: Vec<edits::Hook>,
@@ -480,7 +480,7 @@ impl CdiEdits {
     /// numbers are the driver's), env and mounts are added, and NVIDIA_VISIBLE_DEVICES
     /// becomes the spec's value (`void`: the devices are in the spec already; a list
     /// there would make NVIDIA's runtime add them again). `void` when the spec sets none.
-    pub fn merge_into(self, edits: &mut ContainerEdits) {
+    pub(super) fn merge_into(self, edits: &mut ContainerEdits) {
         for node in self.nodes {
             edits.nodes.retain(|n| n.path != node.path);
             edits.nodes.push(node);

@@ -54,7 +54,7 @@ fn object<'a>(
 /// Adds `nodes` to `linux.devices` (the runtime creates them in the container) and an
 /// allow rule for each to `linux.resources.devices` (the runtime grants them in the
 /// device cgroup, v1 or v2, and keeps them across `systemctl daemon-reload`).
-pub fn add_devices(spec: &mut Value, nodes: &[DeviceNode]) -> Result<(), SpecError> {
+pub(crate) fn add_devices(spec: &mut Value, nodes: &[DeviceNode]) -> Result<(), SpecError> {
     let devices = array_at(spec, &["linux", "devices"], "linux.devices")?;
     for node in nodes {
         // A node the spec already has at this path is replaced: ours is the one chosen.
@@ -82,7 +82,7 @@ pub fn add_devices(spec: &mut Value, nodes: &[DeviceNode]) -> Result<(), SpecErr
 
 /// Pins the container to `cpus` (and memory nodes `mems`) unless its spec already has a
 /// cpuset: a user's own `--cpuset-cpus` wins. Returns whether it set one.
-pub fn set_cpuset_unless_set(
+pub(crate) fn set_cpuset_unless_set(
     spec: &mut Value,
     cpus: &str,
     mems: Option<&str>,
@@ -111,7 +111,7 @@ pub fn set_cpuset_unless_set(
 /// Adds `gids` to `process.user.additionalGids`, each once; gid 0 is never added (as in
 /// the CDI reference: a spec must not make a container's process root's group). No gids:
 /// the spec is left as it was.
-pub fn add_additional_gids(spec: &mut Value, gids: &[u32]) -> Result<(), SpecError> {
+pub(crate) fn add_additional_gids(spec: &mut Value, gids: &[u32]) -> Result<(), SpecError> {
     if gids.iter().all(|g| *g == 0) {
         return Ok(());
     }
@@ -127,7 +127,7 @@ pub fn add_additional_gids(spec: &mut Value, gids: &[u32]) -> Result<(), SpecErr
 }
 
 /// Sets one annotation, replacing an earlier value.
-pub fn set_annotation(spec: &mut Value, key: &str, value: &str) -> Result<(), SpecError> {
+pub(crate) fn set_annotation(spec: &mut Value, key: &str, value: &str) -> Result<(), SpecError> {
     let root = object(spec, "spec")?;
     let annotations = root
         .entry("annotations")
@@ -137,7 +137,7 @@ pub fn set_annotation(spec: &mut Value, key: &str, value: &str) -> Result<(), Sp
 }
 
 /// Appends a hook to `hooks.<stage>` unless one with the same path and args is there.
-pub fn add_hook(
+pub(crate) fn add_hook(
     spec: &mut Value,
     stage: &'static str,
     path: &str,
@@ -150,7 +150,7 @@ pub fn add_hook(
 /// `hooks.<stage>` unless a hook with the same path and args is there already: podman or
 /// Docker may have applied a CDI spec's hooks before gpupin, and `update-ldcache` must
 /// not run twice. An absent `args` counts as an empty one.
-pub fn add_hook_entry(
+pub(crate) fn add_hook_entry(
     spec: &mut Value,
     stage: &'static str,
     entry: Value,
@@ -180,7 +180,7 @@ pub fn add_hook_entry(
 }
 
 /// Removes every `stage` hook that runs `path`; a missing list is left missing.
-pub fn remove_hooks(spec: &mut Value, stage: &str, path: &str) {
+pub(crate) fn remove_hooks(spec: &mut Value, stage: &str, path: &str) {
     if let Some(hooks) = spec
         .pointer_mut(&format!("/hooks/{stage}"))
         .and_then(Value::as_array_mut)

@@ -20,7 +20,7 @@ pub fn process_env(spec: &Value) -> Vec<String> {
 /// The first `KEY=` entry takes the new value and keeps its position; later `KEY=`
 /// entries are removed; the entry is appended only when absent. `process` and
 /// `process.env` are created when missing.
-pub fn set_env(spec: &mut Value, key: &str, value: &str) -> Result<(), SpecError> {
+pub(crate) fn set_env(spec: &mut Value, key: &str, value: &str) -> Result<(), SpecError> {
     if key.is_empty() || key.contains('=') || key.contains('\0') {
         return Err(SpecError::InvalidEnvKey {
             key: key.to_owned(),

@@ -11,7 +11,7 @@ const NEW_FILE_MODE: u32 = 0o644;
 
 /// Reads a bundle's config.json: a regular file, never through a symlink, never a FIFO
 /// (the bundle may be a hostile one).
-pub fn read(path: &Path) -> Result<Value, SpecError> {
+pub(crate) fn read(path: &Path) -> Result<Value, SpecError> {
     let text = safe_open::read(path, Links::Refuse).map_err(|source| SpecError::Read {
         path: path.to_owned(),
         source,
@@ -34,7 +34,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<Value, SpecError> {
 /// file, never half of one. No fsync: a bundle does not outlive the host's next boot
 /// (containerd and runc keep them under /run), and a container whose start a crash cut
 /// short is created again from a fresh bundle.
-pub fn write_atomic(path: &Path, spec: &Value) -> Result<(), SpecError> {
+pub(crate) fn write_atomic(path: &Path, spec: &Value) -> Result<(), SpecError> {
     let bytes = serde_json::to_vec(spec).map_err(|source| SpecError::Serialize {
         path: path.to_owned(),
         source,

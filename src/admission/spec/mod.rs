@@ -7,14 +7,16 @@ mod io;
 mod mount;
 mod view;
 
-pub use edit::{
+pub(crate) use edit::{
     add_additional_gids, add_devices, add_hook, add_hook_entry, remove_hooks, set_annotation,
     set_cpuset_unless_set,
 };
-pub use env::{process_env, set_env};
-pub use io::{parse, read, write_atomic};
-pub use mount::add_mounts;
-pub use view::{annotations, rootfs_path};
+pub use env::process_env;
+pub(crate) use env::set_env;
+pub use io::parse;
+pub(crate) use io::{read, write_atomic};
+pub(crate) use mount::add_mounts;
+pub(crate) use view::{annotations, rootfs_path};
 
 use std::path::PathBuf;
 

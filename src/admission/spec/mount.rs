@@ -11,7 +11,7 @@ use serde_json::Value;
 /// Adds `mounts` (OCI mount objects with a `destination`) to `spec.mounts`, each
 /// replacing one already at its destination; then sorts by depth. Idempotent. No mounts:
 /// the spec is left as it was, its order included.
-pub fn add_mounts(spec: &mut Value, mounts: &[Value]) -> Result<(), SpecError> {
+pub(crate) fn add_mounts(spec: &mut Value, mounts: &[Value]) -> Result<(), SpecError> {
     if mounts.is_empty() {
         return Ok(());
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// The host path of the container's root filesystem: `root.path`, relative to `bundle`
 /// when not absolute (OCI runtime spec, config.md "Root").
-pub fn rootfs_path(spec: &Value, bundle: &Path) -> Result<PathBuf, SpecError> {
+pub(crate) fn rootfs_path(spec: &Value, bundle: &Path) -> Result<PathBuf, SpecError> {
     let path = match spec.get("root").and_then(|root| root.get("path")) {
         None | Some(Value::Null) => return Err(SpecError::Missing { field: "root.path" }),
         Some(Value::String(path)) if path.is_empty() => {
@@ -28,7 +28,7 @@ pub fn rootfs_path(spec: &Value, bundle: &Path) -> Result<PathBuf, SpecError> {
 
 /// `annotations` as a map; entries whose value is not a string are skipped (the spec
 /// requires strings, and a malformed entry must not hide the valid ones).
-pub fn annotations(spec: &Value) -> HashMap<String, String> {
+pub(crate) fn annotations(spec: &Value) -> HashMap<String, String> {
     let Some(Value::Object(map)) = spec.get("annotations") else {
         return HashMap::new();
     };

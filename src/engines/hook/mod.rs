@@ -6,7 +6,7 @@
 
 mod precreate;
 mod prestart;
-pub mod stage;
+pub(crate) mod stage;
 
 use crate::admission::edits::EditsError;
 use crate::admission::entry::EntryError;

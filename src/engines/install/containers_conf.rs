@@ -13,11 +13,11 @@ use crate::base::safe_open::{self, Links};
 use std::path::{Path, PathBuf};
 
 /// Podman's hooks dir when containers.conf names none (containers/common's default).
-pub const PODMAN_DEFAULT: &str = "/usr/share/containers/oci/hooks.d";
+pub(crate) const PODMAN_DEFAULT: &str = "/usr/share/containers/oci/hooks.d";
 /// Where the Debian package puts gpupin's hooks.d files.
-pub const PACKAGE_HOOKS_DIR: &str = "/usr/share/gpupin/hooks.d";
+pub(crate) const PACKAGE_HOOKS_DIR: &str = "/usr/share/gpupin/hooks.d";
 /// Where `gpupin install podman` puts them (`podman::HOOKS_DIR`).
-pub const ADMIN_HOOKS_DIR: &str = super::podman::HOOKS_DIR;
+pub(crate) const ADMIN_HOOKS_DIR: &str = super::podman::HOOKS_DIR;
 /// The drop-in, relative to the root.
 const DROP_IN: &str = "etc/containers/containers.conf.d/50-gpupin.conf";
 /// The first line of a drop-in gpupin wrote: one without it is the admin's.
@@ -145,7 +145,7 @@ impl ContainersConf {
 
 /// The drop-in for a podman that reads `current` now: those dirs, then the package's,
 /// then the admin's last, so that its files win over the package's of the same name.
-pub fn drop_in_text(current: &[PathBuf]) -> String {
+pub(crate) fn drop_in_text(current: &[PathBuf]) -> String {
     let ours = [PACKAGE_HOOKS_DIR, ADMIN_HOOKS_DIR];
     let mut dirs: Vec<String> = current
         .iter()

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 /// Appended to the file's name for the copy taken before each change gpupin makes.
 /// One fixed name, overwritten by the next change: it always undoes the last change,
 /// and repeated installs do not pile up copies.
-pub const BACKUP_SUFFIX: &str = ".gpupin-backup";
+pub(crate) const BACKUP_SUFFIX: &str = ".gpupin-backup";
 /// Mode of a daemon.json gpupin creates (what Docker's packages ship).
 const NEW_FILE_MODE: u32 = 0o644;
 
@@ -40,7 +40,7 @@ pub fn read(path: &Path) -> Result<Option<String>, FileError> {
 }
 
 /// Where the backup of `path` goes.
-pub fn backup_path(path: &Path) -> PathBuf {
+pub(crate) fn backup_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(BACKUP_SUFFIX);
     PathBuf::from(name)

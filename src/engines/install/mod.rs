@@ -7,8 +7,8 @@
 //! hooks.d files (podman.rs), and the containers.conf drop-in through which podman reads
 //! them (containers_conf.rs).
 
-pub mod containers_conf;
-pub mod docker;
-pub mod file;
-pub mod podman;
-pub mod reload;
+pub(crate) mod containers_conf;
+pub(crate) mod docker;
+pub(crate) mod file;
+pub(crate) mod podman;
+pub(crate) mod reload;

@@ -15,10 +15,8 @@ use std::path::{Path, PathBuf};
 /// Where podman reads hooks configured by the administrator (podman also reads
 /// /usr/share/containers/oci/hooks.d, which belongs to packages).
 pub const HOOKS_DIR: &str = "/etc/containers/oci/hooks.d";
-/// The binary named in the example files under hooks/; `install` writes the real one.
-pub const PLACEHOLDER_EXE: &str = "/usr/local/bin/gpupin-hook";
 /// The stages gpupin hooks, in the order podman runs them.
-pub const STAGES: [&str; 3] = ["precreate", "prestart", "poststop"];
+pub(crate) const STAGES: [&str; 3] = ["precreate", "prestart", "poststop"];
 /// oci-hooks(5) matches annotation keys and values as regular expressions.
 const ANNOTATION_KEY_PATTERN: &str = "^gpupin\\.";
 
@@ -95,7 +93,7 @@ pub enum InstallError {
 }
 
 /// The file name of a stage's hook.
-pub fn file_name(stage: &str) -> String {
+pub(crate) fn file_name(stage: &str) -> String {
     format!("gpupin-{stage}.json")
 }
 
@@ -127,7 +125,7 @@ fn hook_json(hook: &HookCommand, stage: &str, trigger: Trigger) -> Value {
 /// `gpupin-hook [--config FILE] STAGE` (or, written by an older gpupin,
 /// `gpupin [--config FILE] hook STAGE`) at that stage only. Whatever else an
 /// administrator put in the directory is never overwritten or removed.
-pub fn is_gpupin_hook(content: &Value, stage: &str) -> bool {
+pub(crate) fn is_gpupin_hook(content: &Value, stage: &str) -> bool {
     let args: Option<Vec<&str>> = content["hook"]["args"]
         .as_array()
         .and_then(|a| a.iter().map(Value::as_str).collect());
@@ -283,6 +281,9 @@ pub(super) fn remove(path: &Path) -> Result<(), InstallError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The binary named in the example files under hooks/; `install` writes the real one.
+    const PLACEHOLDER_EXE: &str = "/usr/local/bin/gpupin-hook";
 
     fn hook(config: Option<&str>) -> HookCommand {
         HookCommand {

@@ -12,8 +12,8 @@ const GLOBAL_WITH_VALUE: &[&str] = &["--root", "--log", "--log-format", "--criu"
 /// (dockerd puts those before containerd's arguments): the config to read, and the real
 /// runtime to hand over to, which wins over the config's `runtime` (`gpupin install
 /// docker` writes it when it finds NVIDIA's runtime in daemon.json).
-pub const CONFIG_FLAG: &str = "--gpupin-config";
-pub const RUNTIME_FLAG: &str = "--gpupin-runtime";
+pub(crate) const CONFIG_FLAG: &str = "--gpupin-config";
+pub(crate) const RUNTIME_FLAG: &str = "--gpupin-runtime";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {

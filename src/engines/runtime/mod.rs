@@ -2,11 +2,11 @@
 //! On `create` it edits the bundle's spec (devices, cgroup rules, env, hooks) and then
 //! runs the real runtime; every other command passes through unchanged.
 
-pub mod argv;
-pub mod create;
+pub(crate) mod argv;
+pub(crate) mod create;
 mod shim;
 
-pub use shim::{Handover, release, run, run_without_config};
+pub use shim::{Handover, run, run_without_config};
 
 use crate::admission::entry::EntryError;
 use crate::admission::spec::SpecError;
@@ -51,7 +51,7 @@ crate::admission::entry::wrap_entry_errors!(ShimError);
 
 /// The real runtime's path: `runtime` from the config, searched on PATH when it is a
 /// bare name, and never this binary (which would recurse).
-pub fn real_runtime(config: &Config, own_exe: &Path) -> Result<PathBuf, ShimError> {
+pub(crate) fn real_runtime(config: &Config, own_exe: &Path) -> Result<PathBuf, ShimError> {
     let name = &config.runtime;
     let path = if name.components().count() > 1 {
         name.clone()

@@ -124,7 +124,7 @@ fn run_child(runtime: &Path, args: &[OsString]) -> Result<ExitStatus, ShimError>
 }
 
 /// Releases `id` if it holds anything. Cheap when it does not: one lstat of its record.
-pub fn release(config: &Config, id: &str) -> Result<(), ShimError> {
+pub(super) fn release(config: &Config, id: &str) -> Result<(), ShimError> {
     let holder = HolderId::new(id)?;
     let ledger = crate::state::open_ledger(config)?;
     if ledger.holds(&holder) {

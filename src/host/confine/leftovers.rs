@@ -29,7 +29,7 @@ pub(super) fn is_job_cgroup(dir: &Path) -> bool {
 /// Whether any process is in `dir` or below it. A cgroup that is gone is empty; one
 /// that cannot be read counts as populated, so that an error never frees GPUs a process
 /// may still use.
-pub fn populated(dir: &Path) -> bool {
+pub(crate) fn populated(dir: &Path) -> bool {
     if !is_job_cgroup(dir) {
         return false;
     }
@@ -88,7 +88,7 @@ fn subtree(dir: &Path) -> Vec<std::path::PathBuf> {
 /// A pid is signalled through a pidfd opened before `cgroup.procs` is read again: a pid
 /// listed the second time whose pidfd still refers to a live process is that very
 /// process, so a pid reused by someone else's process in between is never signalled.
-pub fn kill(dir: &Path) -> Result<(), ConfineError> {
+pub(crate) fn kill(dir: &Path) -> Result<(), ConfineError> {
     if is_job_cgroup(dir) && dir.join("cgroup.kill").exists() {
         return super::dir::write(dir, "cgroup.kill", "1");
     }
@@ -97,7 +97,7 @@ pub fn kill(dir: &Path) -> Result<(), ConfineError> {
 
 /// Sends `sig` to every process the `cgroup.procs` of `dir` and of the cgroups below it
 /// list, each through a pidfd (see `kill`).
-pub fn signal(dir: &Path, sig: rustix::process::Signal) -> Result<(), ConfineError> {
+pub(crate) fn signal(dir: &Path, sig: rustix::process::Signal) -> Result<(), ConfineError> {
     if !is_job_cgroup(dir) {
         return Ok(());
     }

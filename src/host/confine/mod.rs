@@ -23,9 +23,9 @@ mod v1;
 mod tests;
 
 pub use capabilities::{drop_job_caps, require_caps};
-pub use errors::ConfineError;
-pub use leftovers::{kill, populated, signal};
-pub use orphans::remove_orphans;
+pub(crate) use errors::ConfineError;
+pub(crate) use leftovers::{kill, populated, signal};
+pub(crate) use orphans::remove_orphans;
 
 use std::fmt;
 use std::os::fd::BorrowedFd;
@@ -84,7 +84,7 @@ impl fmt::Display for Confine {
 /// Which NVIDIA GPU nodes a job may NOT open: every GPU of the machine but its own, and
 /// every MIG capability node but those of its own instances.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceRules {
+pub(crate) struct DeviceRules {
     pub gpu_major: u32,
     pub denied_minors: Vec<u32>,
     /// Major of `/dev/nvidia-caps/nvidia-cap<N>` (`nvidia-caps`); 0 with no denied caps.
@@ -94,13 +94,8 @@ pub struct DeviceRules {
 }
 
 impl DeviceRules {
-    /// The rules for a job holding `own` among the machine's GPU minors `machine`.
-    pub fn all_but(gpu_major: u32, machine: impl IntoIterator<Item = u32>, own: &[u32]) -> Self {
-        Self::deny(gpu_major, machine.into_iter().filter(|m| !own.contains(m)))
-    }
-
     /// The rules denying the GPU nodes `minors` (a job's: `exec::denied_minors`).
-    pub fn deny(gpu_major: u32, minors: impl IntoIterator<Item = u32>) -> Self {
+    pub(crate) fn deny(gpu_major: u32, minors: impl IntoIterator<Item = u32>) -> Self {
         let mut denied_minors: Vec<u32> = minors.into_iter().collect();
         denied_minors.sort_unstable();
         denied_minors.dedup();
@@ -113,7 +108,11 @@ impl DeviceRules {
     }
 
     /// These rules, also denying the MIG capability nodes `minors` of major `caps_major`.
-    pub fn with_caps(mut self, caps_major: u32, minors: impl IntoIterator<Item = u32>) -> Self {
+    pub(crate) fn with_caps(
+        mut self,
+        caps_major: u32,
+        minors: impl IntoIterator<Item = u32>,
+    ) -> Self {
         let mut denied: Vec<u32> = minors.into_iter().collect();
         denied.sort_unstable();
         denied.dedup();
@@ -249,7 +248,7 @@ impl JobCgroup {
 
 /// Removes the job cgroups `dirs` (as a record names them), best effort as
 /// `JobCgroup::remove`; directories not named `gpupin-*` are never touched.
-pub fn remove_dirs(dirs: &[PathBuf]) -> Result<(), ConfineError> {
+pub(crate) fn remove_dirs(dirs: &[PathBuf]) -> Result<(), ConfineError> {
     let mut first = None;
     for dir in dirs.iter().filter(|d| leftovers::is_job_cgroup(d)) {
         if let Err(err) = dir::remove(dir) {
@@ -276,7 +275,7 @@ pub fn remove_dirs(dirs: &[PathBuf]) -> Result<(), ConfineError> {
 /// On error `pid` is back in its former cgroups where it had been moved (except after
 /// `Gone`: see above), the cgroups made are removed where they are empty, and the caller
 /// must not let the job run.
-pub fn confine(
+pub(crate) fn confine(
     pid: i32,
     pidfd: BorrowedFd<'_>,
     name: &str,
@@ -287,7 +286,7 @@ pub fn confine(
 }
 
 /// Whether the process a pidfd refers to still runs (its pidfd is not readable yet).
-pub fn pidfd_alive(pidfd: BorrowedFd<'_>) -> bool {
+pub(crate) fn pidfd_alive(pidfd: BorrowedFd<'_>) -> bool {
     let mut fds = [rustix::event::PollFd::new(
         &pidfd,
         rustix::event::PollFlags::IN,

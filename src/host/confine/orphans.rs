@@ -19,7 +19,7 @@ const MAX_DEPTH: usize = 32;
 
 /// Removes every empty `gpupin-<holder>` cgroup, under the v1 devices and cgroup2 mounts
 /// of this machine, whose holder `is_live` says is gone; returns the ones removed.
-pub fn remove_orphans(is_live: &dyn Fn(&str) -> bool) -> Vec<PathBuf> {
+pub(crate) fn remove_orphans(is_live: &dyn Fn(&str) -> bool) -> Vec<PathBuf> {
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };

@@ -11,6 +11,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 
+/// The rules for a job holding `own` among the machine's GPU minors `machine`.
+fn all_but(gpu_major: u32, machine: impl IntoIterator<Item = u32>, own: &[u32]) -> DeviceRules {
+    DeviceRules::deny(gpu_major, machine.into_iter().filter(|m| !own.contains(m)))
+}
+
 const MAJOR: u32 = 195;
 const ALLOWED: &str = "No such device or address";
 const DENIED: &str = "Operation not permitted";
@@ -33,7 +38,7 @@ fn fake_nodes() -> tempfile::TempDir {
 }
 
 fn deny_3() -> DeviceRules {
-    DeviceRules::all_but(MAJOR, [1, 3], &[1])
+    all_but(MAJOR, [1, 3], &[1])
 }
 
 fn unique(test: &str) -> String {
@@ -428,7 +433,7 @@ fn modes_parse_from_their_config_words() {
 
 #[test]
 fn the_rules_deny_every_gpu_but_the_jobs_own() {
-    let rules = DeviceRules::all_but(MAJOR, [3, 0, 2, 1, 3], &[0, 2]);
+    let rules = all_but(MAJOR, [3, 0, 2, 1, 3], &[0, 2]);
     assert_eq!(rules.denied_minors, [1, 3]);
 }
 

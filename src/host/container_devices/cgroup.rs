@@ -50,7 +50,7 @@ fn write_error(path: &Path, rule: &str, source: std::io::Error) -> InjectError {
 }
 
 /// The host directory of `pid`'s devices cgroup: its path in the hierarchy (from
-/// /proc/<pid>/cgroup) under wherever that hierarchy is mounted (from our mountinfo;
+/// `/proc/<pid>/cgroup`) under wherever that hierarchy is mounted (from our mountinfo;
 /// distributions and containers mount it in different places).
 fn devices_cgroup_dir(proc_root: &Path, pid: i32) -> Result<PathBuf, InjectError> {
     let cgroup_file = proc_root.join(pid.to_string()).join("cgroup");
@@ -74,7 +74,7 @@ fn read(path: &Path) -> Result<String, InjectError> {
     })
 }
 
-/// The path of the v1 `devices` controller in a /proc/<pid>/cgroup text
+/// The path of the v1 `devices` controller in a `/proc/<pid>/cgroup` text
 /// (`hierarchy-id:controller-list:path`, cgroups(7)); None on a v2-only system.
 pub(crate) fn devices_cgroup_path(text: &str) -> Option<String> {
     text.lines().find_map(|line| {

@@ -41,7 +41,7 @@ struct Cached {
 
 /// The inventory cached this boot for `source` (the configured source's name), else
 /// `probe`'s answer, stored for the next caller.
-pub fn load_or_probe(
+pub(crate) fn load_or_probe(
     source: &str,
     state_dir: &Path,
     probe: impl FnOnce() -> Result<Inventory, InventoryError>,
@@ -51,7 +51,7 @@ pub fn load_or_probe(
 
 /// `probe`'s answer, stored for `source` whatever the cache held; a failure to store it
 /// is reported.
-pub fn probe_and_store(
+pub(crate) fn probe_and_store(
     source: &str,
     state_dir: &Path,
     probe: impl FnOnce() -> Result<Inventory, InventoryError>,

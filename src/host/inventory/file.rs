@@ -133,7 +133,7 @@ pub(super) fn node(path: &str, major: u32, minor: u32) -> DeviceNode {
 
 /// Reads an inventory file; a link is followed (admins name it), anything but a regular
 /// file is refused without blocking.
-pub fn load(path: &Path) -> Result<Inventory, InventoryError> {
+pub(crate) fn load(path: &Path) -> Result<Inventory, InventoryError> {
     let text =
         safe_open::read_to_string(path, Links::Follow).map_err(|source| InventoryError::Read {
             path: path.to_path_buf(),

@@ -11,12 +11,13 @@ pub(crate) mod live;
 mod live_cache;
 mod mig_file;
 mod nvml;
-pub mod nvml_helper;
+pub(crate) mod nvml_helper;
 mod procfs;
 pub(crate) mod sim;
 
-pub use cache::{load_or_probe as cached, probe_and_store as probe_and_cache};
-pub use file::{from_json, load as from_file, to_json};
+pub(crate) use cache::{load_or_probe as cached, probe_and_store as probe_and_cache};
+pub(crate) use file::load as from_file;
+pub use file::{from_json, to_json};
 pub use nvml::{live_all_here as nvml_live_here, probe_here as nvml_probe_here};
 pub(crate) use procfs::char_majors;
 
@@ -27,11 +28,11 @@ use std::path::{Path, PathBuf};
 /// NVIDIA's control nodes, which a CUDA process needs beside its GPUs' own nodes. Each
 /// path is written once, here: the inventory sources make them, the cache and doctor
 /// look for the UVM pair.
-pub const CTL_NODE: &str = "/dev/nvidiactl";
-pub const MODESET_NODE: &str = "/dev/nvidia-modeset";
-pub const UVM_NODE: &str = "/dev/nvidia-uvm";
+pub(crate) const CTL_NODE: &str = "/dev/nvidiactl";
+pub(crate) const MODESET_NODE: &str = "/dev/nvidia-modeset";
+pub(crate) const UVM_NODE: &str = "/dev/nvidia-uvm";
 /// `/dev/nvidia-uvm-tools`; `starts_with(UVM_NODE)` matches both UVM nodes.
-pub const UVM_TOOLS_NODE: &str = "/dev/nvidia-uvm-tools";
+pub(crate) const UVM_TOOLS_NODE: &str = "/dev/nvidia-uvm-tools";
 
 /// Where NVML is called: in this process (the `gpupin` CLI), or in the `gpupin` binary
 /// beside a statically linked one (`nvml_helper` says why).
@@ -127,23 +128,27 @@ pub enum InventoryError {
 
 /// The `auto` backend: NVML first (it knows memory and NVLink), procfs when NVML cannot
 /// answer. `nvml` says where NVML runs.
-pub fn probe_auto(nvml: &NvmlAccess) -> Result<Inventory, InventoryError> {
+pub(crate) fn probe_auto(nvml: &NvmlAccess) -> Result<Inventory, InventoryError> {
     cache::probe_auto(|| nvml::probe(nvml), procfs::probe)
 }
 
 /// The `nvml` backend, probed afresh; `nvml` says where NVML runs.
-pub fn probe_nvml(nvml: &NvmlAccess) -> Result<Inventory, InventoryError> {
+pub(crate) fn probe_nvml(nvml: &NvmlAccess) -> Result<Inventory, InventoryError> {
     nvml::probe(nvml)
 }
 
 /// The `procfs` backend, probed afresh.
-pub fn probe_procfs() -> Result<Inventory, InventoryError> {
+pub(crate) fn probe_procfs() -> Result<Inventory, InventoryError> {
     procfs::probe()
 }
 
 /// The procfs backend's answer with /proc, /sys and /dev at other roots (`gpupin doctor`
 /// on fixtures or a mounted system), probed afresh and never cached.
-pub fn probe_procfs_at(proc: &Path, sys: &Path, dev: &Path) -> Result<Inventory, InventoryError> {
+pub(crate) fn probe_procfs_at(
+    proc: &Path,
+    sys: &Path,
+    dev: &Path,
+) -> Result<Inventory, InventoryError> {
     procfs::probe_at(&procfs::Roots {
         proc: proc.to_path_buf(),
         sys: sys.to_path_buf(),

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// The CLI's hidden subcommand and its two questions.
-pub const SUBCOMMAND: &str = "nvml";
+pub(crate) const SUBCOMMAND: &str = "nvml";
 pub const INVENTORY: &str = "inventory";
 pub const LIVE: &str = "live";
 /// The exit status of `gpupin nvml inventory` when a GPU in MIG mode has instances NVML

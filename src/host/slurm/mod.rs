@@ -9,15 +9,14 @@ use crate::model::holder::HolderId;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-pub use gres::GresError;
-pub use hostlist::HostlistError;
+pub(crate) use gres::GresError;
 
 /// The variable Slurm sets in every process of a job: the job's id.
 pub const JOB_ID_ENV: &str = "SLURM_JOB_ID";
 /// How the prolog names a job's hold: `slurm-<SLURM_JOB_ID>`.
-pub const HOLDER_PREFIX: &str = crate::model::holder::SLURM_PREFIX;
+pub(crate) const HOLDER_PREFIX: &str = crate::model::holder::SLURM_PREFIX;
 /// Where Slurm reads its configuration when `SLURM_CONF` does not say (Debian's path).
-pub const DEFAULT_SLURM_CONF: &str = "/etc/slurm/slurm.conf";
+pub(crate) const DEFAULT_SLURM_CONF: &str = "/etc/slurm/slurm.conf";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlurmError {
@@ -94,16 +93,6 @@ pub fn short_hostname() -> std::io::Result<String> {
         .next()
         .unwrap_or_default()
         .to_string())
-}
-
-/// Slurm's GPU numbers (`SLURM_JOB_GPUS`) of `node` as device minors: each number is a
-/// position in gres.conf's list of the node's GPU files (`gres`), and the minor is that
-/// file's, read from the file itself as Slurm reads it (stat, links followed).
-pub fn minors(gres_conf: &Path, node: &str, numbers: &str) -> Result<Vec<u32>, SlurmError> {
-    units(gres_conf, node, numbers)?
-        .into_iter()
-        .map(|unit| Ok(unit.gpu_minor))
-        .collect()
 }
 
 /// One of Slurm's GPUs by its device minors: a GPU's, or a MIG instance's GPU and
@@ -196,6 +185,16 @@ fn minor_of(file: &str, node: &str, gres_conf: &Path) -> Result<u32, SlurmError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Slurm's GPU numbers (`SLURM_JOB_GPUS`) of `node` as device minors: each number is a
+    /// position in gres.conf's list of the node's GPU files (`gres`), and the minor is that
+    /// file's, read from the file itself as Slurm reads it (stat, links followed).
+    fn minors(gres_conf: &Path, node: &str, numbers: &str) -> Result<Vec<u32>, SlurmError> {
+        units(gres_conf, node, numbers)?
+            .into_iter()
+            .map(|unit| Ok(unit.gpu_minor))
+            .collect()
+    }
 
     #[test]
     fn a_jobs_hold_is_named_after_its_numeric_id() {

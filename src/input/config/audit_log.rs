@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 
-pub const DEFAULT_AUDIT_LOG: &str = "/var/log/gpupin/audit.log";
+pub(crate) const DEFAULT_AUDIT_LOG: &str = "/var/log/gpupin/audit.log";
 /// A line is a few hundred bytes: 64 MiB is a few hundred thousand events.
-pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
+pub(crate) const DEFAULT_MAX_BYTES: u64 = 64 << 20;
 /// Rotated files kept beside the live one (audit.log.1 is the newest).
-pub const DEFAULT_KEEP: u32 = 4;
+pub(crate) const DEFAULT_KEEP: u32 = 4;
 /// What an allocation does when its audit line cannot be written (`audit_failure`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]

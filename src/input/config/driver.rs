@@ -2,7 +2,7 @@
 //! what becomes of NVIDIA's own request in a container that asks gpupin for nothing.
 
 /// Where CDI specs are looked for unless the config says otherwise; a later dir wins.
-pub const DEFAULT_CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+pub(crate) const DEFAULT_CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 
 /// The config's `driver` key: how a container gets the driver's files.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -118,7 +118,7 @@ pub fn load(
 }
 
 /// Probes the hardware again and rewrites the cache (`gpupin inventory --refresh`).
-pub fn refresh(
+pub(crate) fn refresh(
     source: &InventorySource,
     state_dir: &Path,
     nvml: &NvmlAccess,

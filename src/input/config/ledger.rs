@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The audit log of a ledger opened without a config: in its own directory.
-pub const LEDGER_AUDIT_FILE: &str = "audit.log";
+pub(super) const LEDGER_AUDIT_FILE: &str = "audit.log";
 
 /// What the ledger is opened with (`Ledger::open`, `Ledger::open_read_only`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,7 @@ mod audit_log;
 mod driver;
 mod effective;
 mod fields;
-pub mod inventory;
+pub(crate) mod inventory;
 mod ledger;
 mod leftovers;
 mod located;
@@ -14,12 +14,16 @@ mod serve;
 
 pub use effective::effective_toml;
 
-pub use audit_log::{AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES};
-pub use driver::{DEFAULT_CDI_SPEC_DIRS, Driver, Unrequested};
-pub use inventory::{InventorySettings, InventorySource};
-pub use ledger::{LEDGER_AUDIT_FILE, LedgerSettings};
-pub use leftovers::Leftovers;
-pub use serve::ServeSettings;
+pub(crate) use audit_log::{
+    AuditFailure, AuditLog, DEFAULT_AUDIT_LOG, DEFAULT_KEEP, DEFAULT_MAX_BYTES,
+};
+pub use driver::Driver;
+pub(crate) use driver::{DEFAULT_CDI_SPEC_DIRS, Unrequested};
+pub(crate) use inventory::InventorySettings;
+pub use inventory::InventorySource;
+pub(crate) use ledger::LedgerSettings;
+pub(crate) use leftovers::Leftovers;
+pub(crate) use serve::ServeSettings;
 
 use crate::base::log::Level;
 use crate::base::safe_open::{self, Links};
@@ -32,12 +36,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpupin/config.toml";
-pub const DEFAULT_STATE_DIR: &str = "/run/gpupin";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/run/gpupin";
 pub const CONFIG_ENV: &str = "GPUPIN_CONFIG";
 /// The socket a client of `gpupin serve` talks to, when set: it wins over the config's.
-pub const SOCKET_ENV: &str = "GPUPIN_SOCKET";
+pub(crate) const SOCKET_ENV: &str = "GPUPIN_SOCKET";
 /// How long GPUs assigned before create stay held without a container process.
-pub const DEFAULT_CLAIM_GRACE: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_CLAIM_GRACE: Duration = Duration::from_secs(120);
 
 /// The configuration: one field per key of the file (`path` and `nvml` aside, which the
 /// binary sets), each with its default and, where a value needs more than its type says,
@@ -275,11 +279,11 @@ impl std::str::FromStr for QueueOrder {
 }
 
 /// Utilization under which a GPU counts as doing nothing, by default, in percent.
-pub const DEFAULT_IDLE_UTILIZATION: u32 = 5;
+pub(crate) const DEFAULT_IDLE_UTILIZATION: u32 = 5;
 /// How long a holder's GPUs do nothing before it is idle, by default: long enough that
 /// a job loading data or between epochs is not called idle, short enough that a
 /// forgotten notebook is found the same morning.
-pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(3600);
 
 /// What happens to a holder found idle. Never more than releasing a hold: a container or
 /// a job that runs is not stopped for it (`gpupin evict` is for that).
@@ -373,7 +377,7 @@ impl std::str::FromStr for Foreign {
 
 /// How long a live snapshot serves, by default: a burst of starts pays once, and a
 /// process started since is missed for no longer than this.
-pub const DEFAULT_LIVE_CACHE: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_LIVE_CACHE: Duration = Duration::from_secs(2);
 
 /// How `gpupin exec` writes CUDA_VISIBLE_DEVICES.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -121,26 +121,27 @@ impl std::str::FromStr for Key {
     }
 }
 
-pub use crate::model::names::{ANNOTATION_PREFIX, ENV_PREFIX, USER_LABEL};
+pub(crate) use crate::model::names::{ANNOTATION_PREFIX, ENV_PREFIX, USER_LABEL};
 /// Annotation gpupin itself writes into an edited spec: the UUIDs it assigned.
-pub const ASSIGNED_ANNOTATION: &str = annotation!("assigned");
+pub(crate) const ASSIGNED_ANNOTATION: &str = annotation!("assigned");
 /// Annotation of a spec edited at podman's precreate: the claim its GPUs are held under
 /// until the prestart hook binds them to the container id.
-pub const CLAIM_ANNOTATION: &str = annotation!("claim");
+pub(crate) const CLAIM_ANNOTATION: &str = annotation!("claim");
 /// Annotation of a spec whose precreate failed: the reason, for gpupin's prestart hook
 /// to fail with (podman does not show a precreate hook's stderr).
-pub const ERROR_ANNOTATION: &str = annotation!("error");
+pub(crate) const ERROR_ANNOTATION: &str = annotation!("error");
 /// Keys gpupin writes, not users: ignored when reading a request, so that a retried
 /// create of an already edited spec reads the same request again.
-pub const WRITTEN_BY_GPUPIN: &[&str] = &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, ERROR_ANNOTATION];
+pub(crate) const WRITTEN_BY_GPUPIN: &[&str] =
+    &[ASSIGNED_ANNOTATION, CLAIM_ANNOTATION, ERROR_ANNOTATION];
 /// The longest `gpupin.wait` accepted: a runtime blocked for longer is a stuck host.
 pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// The longest value of any key but `gpupin.devices`: every valid one is far shorter,
 /// and a value ends up in messages and audit lines.
-pub const MAX_VALUE_LEN: usize = 256;
+pub(crate) const MAX_VALUE_LEN: usize = 256;
 /// The most GPUs `gpupin.devices` may name (each at most 64 bytes); the ledger then
 /// refuses a list longer than the machine has GPUs.
-pub const MAX_DEVICES: usize = 1024;
+pub(crate) const MAX_DEVICES: usize = 1024;
 /// How much of a refused value a message quotes.
 const SHOWN_VALUE_LEN: usize = 128;
 
@@ -378,14 +379,16 @@ const WITHIN_EXPECTED: &str = "expected HOLDER or HOLDER:KEY, a holder's id (1-1
 /// let err = from_annotations(&bad).unwrap_err().to_string();
 /// assert_eq!(err, r#"invalid gpupin.count="-1": expected a positive integer or "all""#);
 /// ```
-pub fn from_annotations(
+pub(crate) fn from_annotations(
     annotations: &HashMap<String, String>,
 ) -> Result<Option<GpuRequest>, RequestError> {
     from_keys(annotations, Origin::Annotations)
 }
 
 /// Reads a request from Docker labels, which use the annotation keys.
-pub fn from_labels(labels: &HashMap<String, String>) -> Result<Option<GpuRequest>, RequestError> {
+pub(crate) fn from_labels(
+    labels: &HashMap<String, String>,
+) -> Result<Option<GpuRequest>, RequestError> {
     from_keys(labels, Origin::Labels)
 }
 
@@ -428,7 +431,7 @@ pub fn from_env<S: AsRef<str>>(env: &[S]) -> Result<Option<GpuRequest>, RequestE
 /// The Slurm job an env says its process runs in: the hold `slurm-N` for
 /// `SLURM_JOB_ID=N` (the last occurrence wins, as for the process itself). `None` without
 /// the variable, or for a value that is no job id.
-pub fn slurm_job<S: AsRef<str>>(env: &[S]) -> Option<HolderId> {
+pub(crate) fn slurm_job<S: AsRef<str>>(env: &[S]) -> Option<HolderId> {
     let prefix = format!("{}=", crate::host::slurm::JOB_ID_ENV);
     env.iter()
         .rev()
@@ -710,7 +713,7 @@ fn assemble(p: Parts, origin: Origin, some_key: Key) -> Result<GpuRequest, Reque
 }
 
 /// A value refused for `key`, with what was expected (for request keys read elsewhere).
-pub fn invalid_value(key: &str, value: &str, expected: &'static str) -> RequestError {
+pub(crate) fn invalid_value(key: &str, value: &str, expected: &'static str) -> RequestError {
     invalid(key, value, expected)
 }
 

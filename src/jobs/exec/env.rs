@@ -7,12 +7,16 @@ use crate::state::ledger::Record;
 
 /// The holder id of the job, for scripts that want to name it (`gpupin release`,
 /// `gpupin exec --within`).
-pub const HOLDER_ENV: &str = "GPUPIN_HOLDER";
+pub(super) const HOLDER_ENV: &str = "GPUPIN_HOLDER";
 
 /// CUDA_VISIBLE_DEVICES (indices in PCI bus order with CUDA_DEVICE_ORDER=PCI_BUS_ID, since
 /// CUDA's default fastest-first order is not nvidia-smi's; or UUIDs), NVIDIA_VISIBLE_DEVICES
 /// (UUIDs, for NVIDIA's container tools a job may run) and GPUPIN_HOLDER.
-pub fn job_env(inventory: &Inventory, record: &Record, ids: CudaIds) -> Vec<(String, String)> {
+pub(crate) fn job_env(
+    inventory: &Inventory,
+    record: &Record,
+    ids: CudaIds,
+) -> Vec<(String, String)> {
     let mut gpus: Vec<_> = record
         .gpus
         .iter()

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::{Child, Command};
 
 /// The option of `gpupin exec-gate` that names the inherited pipe.
-pub const GATE_FD_ARG: &str = "--gate-fd";
+pub(super) const GATE_FD_ARG: &str = "--gate-fd";
 
 /// A started child waiting at its gate.
 pub struct Gated {

@@ -52,7 +52,7 @@ pub fn grant(
 
 /// `grant`, for a caller that may go away while its request waits in the queue
 /// (`gpupin serve`): the wait ends once `still_wanted` says no.
-pub fn grant_while(
+pub(crate) fn grant_while(
     config: &Config,
     holder: HolderId,
     request: &GpuRequest,

@@ -9,11 +9,10 @@ mod gate;
 mod job;
 mod wait;
 
-pub use env::{HOLDER_ENV, job_env};
-pub use gate::{GATE_FD_ARG, Gated, pass_gate, spawn_gated};
-pub use job::{
-    Finished, JobError, JobGrant, LEFTOVERS_POLL, abandon, finish, grant, grant_while, start,
-};
+pub(crate) use env::job_env;
+pub use gate::{Gated, pass_gate, spawn_gated};
+pub use job::{Finished, LEFTOVERS_POLL, abandon, finish, grant, start};
+pub(crate) use job::{JobError, JobGrant, grant_while};
 pub use wait::{
     block_signals, exit_code, forward_signals_and_wait, next_signal, unblock_all_signals,
 };
@@ -33,7 +32,7 @@ use crate::state::ledger::{HolderMeta, Record, StillWanted};
 /// unless the owner is root.
 /// `still_wanted`: polled while the request waits in the queue (`gpupin serve`: whether
 /// the caller's connection is still open).
-pub fn allocate(
+pub(crate) fn allocate(
     config: &Config,
     holder: &HolderId,
     request: &GpuRequest,
@@ -57,7 +56,7 @@ pub fn allocate(
 /// The device numbers a job holding `record` must not open: the nodes a container
 /// holding it is kept from (`ContainerEdits::withheld`), every other GPU's and every other
 /// MIG instance's capability nodes, as the rules the job's cgroup gets.
-pub fn denied_nodes(inventory: &Inventory, record: &Record) -> DeviceRules {
+pub(crate) fn denied_nodes(inventory: &Inventory, record: &Record) -> DeviceRules {
     let withheld = ContainerEdits::gpus_of(inventory, record).withheld;
     let is_cap = |n: &&DeviceNode| n.path.starts_with(CAPS_DIR);
     let gpus = withheld
@@ -75,11 +74,6 @@ pub fn denied_nodes(inventory: &Inventory, record: &Record) -> DeviceRules {
         ),
         None => rules,
     }
-}
-
-/// The GPU minors of `denied_nodes`.
-pub fn denied_minors(inventory: &Inventory, record: &Record) -> Vec<u32> {
-    denied_nodes(inventory, record).denied_minors
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +109,11 @@ pub fn job_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The GPU minors of `denied_nodes`.
+    fn denied_minors(inventory: &Inventory, record: &Record) -> Vec<u32> {
+        denied_nodes(inventory, record).denied_minors
+    }
 
     /// A job is kept from exactly the nodes a container holding the same GPUs is kept from.
     #[test]

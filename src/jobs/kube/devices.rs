@@ -16,12 +16,6 @@ pub struct DeviceState {
     pub numa_node: Option<u32>,
 }
 
-/// Every whole GPU of `inventory` (none in MIG mode), in its order, given the `live`
-/// (not stale) records.
-pub fn states(inventory: &Inventory, live: &[Record]) -> Vec<DeviceState> {
-    states_of(inventory, live, &Unit::Whole)
-}
-
 /// How MIG instances are advertised, as NVIDIA's device plugin names its strategies:
 /// `none` (whole GPUs only; a GPU in MIG mode is not advertised), `single` (every GPU in
 /// MIG mode with one profile: the instances under the one resource), `mixed` (whole GPUs
@@ -134,7 +128,7 @@ pub fn states_of(inventory: &Inventory, live: &[Record], unit: &Unit) -> Vec<Dev
 }
 
 /// Whether a holder outside Kubernetes holds GPU `uuid`.
-pub fn held_outside(uuid: &str, live: &[Record]) -> bool {
+pub(crate) fn held_outside(uuid: &str, live: &[Record]) -> bool {
     holders_of(uuid, live).any(|r| !inside_kubernetes(r, live))
 }
 
@@ -143,6 +137,12 @@ mod tests {
     use super::*;
     use crate::jobs::kube::testing::{nested, record};
     use crate::policy::testing::machine;
+
+    /// Every whole GPU of `inventory` (none in MIG mode), in its order, given the `live`
+    /// (not stale) records.
+    fn states(inventory: &Inventory, live: &[Record]) -> Vec<DeviceState> {
+        states_of(inventory, live, &Unit::Whole)
+    }
 
     fn health(live: &[Record]) -> Vec<bool> {
         states(&machine(4), live)

@@ -10,9 +10,9 @@
 //! and source are the plugin's own: nobody else's are ever released by it.
 
 pub mod allocate;
-pub mod devices;
-pub mod prefer;
-pub mod reconcile;
+pub(crate) mod devices;
+pub(crate) mod prefer;
+pub(crate) mod reconcile;
 
 use crate::state::ledger::Record;
 
@@ -22,13 +22,13 @@ use crate::model::holder::HolderKind;
 pub const DEFAULT_RESOURCE: &str = "gpupin.io/gpu";
 
 /// The `source` of the plugin's records.
-pub const SOURCE: &str = "device-plugin";
+pub(crate) const SOURCE: &str = "device-plugin";
 
 /// How the plugin's holder ids start.
-pub const HOLDER_PREFIX: &str = crate::model::holder::KUBE_PREFIX;
+pub(crate) const HOLDER_PREFIX: &str = crate::model::holder::KUBE_PREFIX;
 
 /// The engine the plugin's records name.
-pub const ENGINE: &str = "kubernetes";
+pub(crate) const ENGINE: &str = "kubernetes";
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -50,7 +50,7 @@ pub enum KubeError {
 }
 
 /// Whether `record` is one of the plugin's holders.
-pub fn is_plugin_holder(record: &Record) -> bool {
+pub(crate) fn is_plugin_holder(record: &Record) -> bool {
     record.kind == HolderKind::Hold
         && record.source == SOURCE
         && record.id.starts_with(HOLDER_PREFIX)
@@ -59,7 +59,7 @@ pub fn is_plugin_holder(record: &Record) -> bool {
 /// Whether `record` belongs to Kubernetes: one of the plugin's holders, or a holder
 /// nested in one (a container of the pod that went through gpupin's runtime, with the
 /// `gpupin.within` the plugin gave it), however deep.
-pub fn inside_kubernetes(record: &Record, live: &[Record]) -> bool {
+pub(crate) fn inside_kubernetes(record: &Record, live: &[Record]) -> bool {
     let mut next = Some(record);
     // A chain longer than the records is a loop in them.
     for _ in 0..=live.len() {

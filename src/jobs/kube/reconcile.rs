@@ -24,7 +24,7 @@ pub struct Unlisted(BTreeMap<String, SystemTime>);
 /// The plugin's holders in `records` to release, given the device ids pods hold
 /// (`assigned`) in a `List` at `now`: those `unlisted` has seen left out for at least
 /// `grace`. Updates `unlisted` with this `List`.
-pub fn unassigned<'r>(
+pub(crate) fn unassigned<'r>(
     records: &'r [Record],
     assigned: &BTreeSet<String>,
     now: SystemTime,

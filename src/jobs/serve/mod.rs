@@ -20,7 +20,7 @@ mod connections;
 mod dispatch;
 mod error;
 mod idle;
-pub mod listen;
+pub(crate) mod listen;
 mod ops;
 mod peer;
 mod protocol;
@@ -30,6 +30,6 @@ mod testing;
 mod watch;
 
 pub use accept::run;
-pub use client::{Client, ClientError};
+pub use client::Client;
 pub use connections::Reloaded;
 pub use protocol::{Reply, Request};

@@ -58,7 +58,7 @@ impl Pinned {
         while !matches!(rustix::event::poll(&mut fds, None), Ok(n) if n > 0) {}
     }
 
-    /// The parent pid and real uid /proc/<pid>/status gives, while the process lives.
+    /// The parent pid and real uid `/proc/<pid>/status` gives, while the process lives.
     pub(super) fn parent_and_owner(&self) -> Option<(i32, u32)> {
         let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
         let field = |name: &str| {

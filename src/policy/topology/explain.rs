@@ -53,7 +53,7 @@ pub struct Explanation {
 
 /// The explanation of the topology choice; `None` without link data, for a count of 0,
 /// or when too few GPUs are free.
-pub fn explain(input: &PolicyInput) -> Option<Explanation> {
+pub(crate) fn explain(input: &PolicyInput) -> Option<Explanation> {
     let p = Problem::new(input.inventory, input.free)?;
     let k = input.count;
     if k == 0 || p.len() < k {

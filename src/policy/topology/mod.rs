@@ -68,7 +68,7 @@
 //! and returns the best answer found: never worse than the greedy one. On the built-in
 //! machines and the 64-GPU machines of `benches/policy.rs` (NVSwitch islands, a PCIe
 //! tree, eight cube-meshes) it finishes well inside the budget; see
-//! docs/policy-benchmarks.md. [`search`] reports whether an answer is exact.
+//! docs/policy-benchmarks.md. [`search()`] reports whether an answer is exact.
 
 pub(crate) mod bandwidth;
 mod clique;
@@ -79,9 +79,9 @@ mod ranker;
 pub(crate) mod ring;
 mod search;
 
-pub use bandwidth::Path;
-pub use explain::{Explanation, Ranked, Term, explain};
-pub use ranker::{Rank, Ranker};
+pub(crate) use bandwidth::Path;
+pub(crate) use explain::{Explanation, Ranked, Term, explain};
+pub(crate) use ranker::{Rank, Ranker};
 
 use super::pack::Pack;
 use super::{Policy, PolicyInput};
@@ -89,11 +89,11 @@ use problem::Problem;
 use std::cmp::Reverse;
 
 /// Up to this many free GPUs the search is never cut short.
-pub const EXACT_UP_TO: usize = 16;
+pub(crate) const EXACT_UP_TO: usize = 16;
 
 /// Search nodes visited, with more than [`EXACT_UP_TO`] free GPUs, before the search
 /// settles for the best answer found so far: a few milliseconds at 64 GPUs on one core.
-pub const NODE_BUDGET: u64 = 10_000;
+pub(crate) const NODE_BUDGET: u64 = 10_000;
 
 /// A tree over at most 16 groups has fewer nodes than this: no cut-off below 17 GPUs.
 const WHOLE_TREE: u64 = 1 << (EXACT_UP_TO + 1);
@@ -178,8 +178,8 @@ pub fn search(input: &PolicyInput) -> Option<Outcome> {
     search_with_budget(input, budget)
 }
 
-/// [`search`] with another node budget, for tests of the fallback.
-pub fn search_with_budget(input: &PolicyInput, budget: u64) -> Option<Outcome> {
+/// [`search()`] with another node budget, for tests of the fallback.
+pub(crate) fn search_with_budget(input: &PolicyInput, budget: u64) -> Option<Outcome> {
     let Some(p) = Problem::new(input.inventory, input.free) else {
         let chosen = Pack.choose(input)?;
         return Some(Outcome {
@@ -216,7 +216,7 @@ pub fn search_with_budget(input: &PolicyInput, budget: u64) -> Option<Outcome> {
     })
 }
 
-pub struct Topology;
+pub(crate) struct Topology;
 
 impl Policy for Topology {
     fn choose(&self, input: &PolicyInput) -> Option<Vec<usize>> {

@@ -10,14 +10,14 @@ mod long;
 mod snapshot;
 mod summary;
 
-pub use snapshot::{GpuFilter, Snapshot, SnapshotError, served};
+pub(crate) use snapshot::served;
+pub use snapshot::{GpuFilter, Snapshot};
 
 use super::{Leftover, live};
 use crate::host::whose::Seen;
 use crate::model::gpu::Inventory;
 use crate::model::live::Live;
 use crate::state::ledger::{Idle, Record, Waiting, holders_of};
-use serde_json::Value;
 use std::time::{Duration, SystemTime};
 
 /// What `gpupin status` shows: the machine, its ledger, and, where a source has them,
@@ -42,12 +42,6 @@ pub struct Status<'a> {
     pub idle: &'a [Idle],
     /// Processes left in jobs' cgroups after their main processes exited.
     pub leftovers: &'a [Leftover],
-}
-
-/// `gpupin status --json` without live figures. `grace`: how long a holder may go
-/// without a pid.
-pub fn status_json(inventory: &Inventory, records: &[Record], grace: Duration) -> Value {
-    Status::new(inventory, records, grace).json()
 }
 
 /// `gpupin status` without live figures, uncoloured.

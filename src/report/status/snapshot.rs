@@ -31,7 +31,7 @@ pub enum SnapshotError {
 /// `gpupin.status()`): `gpupin status --json`'s JSON, without the GPUs' processes: whose
 /// they are is for each user's own `gpupin status` to read from /proc, not for the root
 /// daemon to hand to anyone who asks. The error is one line, for the reply.
-pub fn served(config: &Config) -> Result<serde_json::Value, String> {
+pub(crate) fn served(config: &Config) -> Result<serde_json::Value, String> {
     let snapshot = Snapshot::read(config, false).map_err(|e| one_line(&e))?;
     Ok(snapshot.status(None).json())
 }
@@ -174,9 +174,9 @@ fn user_names() -> impl Fn(u32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::input::config::DEFAULT_CLAIM_GRACE;
     use crate::model::holder::Owner;
     use crate::policy::testing::machine;
-    use crate::state::ledger::UNBOUND_GRACE;
     use crate::state::ledger::testing::record;
 
     /// Three GPUs: alice holds GPU 1, a process of no holder runs on GPU 2.
@@ -195,7 +195,7 @@ mod tests {
             process: None,
         };
         Snapshot {
-            grace: UNBOUND_GRACE,
+            grace: DEFAULT_CLAIM_GRACE,
             inventory: machine(3),
             records: vec![alice],
             waiting: Vec::new(),

@@ -2,10 +2,12 @@
 //! processes, the fit to 80 columns, colour only when asked.
 
 use super::*;
+use crate::input::config::DEFAULT_CLAIM_GRACE;
 use crate::model::holder::{ContainerInfo, HolderKind, Owner};
 use crate::policy::testing::machine;
 use crate::report::{STATUS_WIDTH, holder};
-use crate::state::ledger::{Mode, UNBOUND_GRACE};
+use crate::state::ledger::Mode;
+use serde_json::Value;
 use serde_json::json;
 
 use crate::state::ledger::testing::record;
@@ -63,7 +65,7 @@ fn words(line: &str) -> Vec<&str> {
 #[test]
 fn status_json_lists_holders_per_gpu() {
     let inv = machine(3);
-    let v = status_json(&inv, &[record("c1", &["GPU-test-1"])], UNBOUND_GRACE);
+    let v = Status::new(&inv, &[record("c1", &["GPU-test-1"])], DEFAULT_CLAIM_GRACE).json();
     assert_eq!(v["total"], 3);
     assert_eq!(v["free"], 2);
     assert_eq!(v["gpus"][1]["holders"][0]["id"], "c1");
@@ -83,7 +85,7 @@ fn status_json_says_who_holds_a_gpu() {
         container("abc", "GPU-test-0", "docker", "trainer", ""),
         hold_without_process("big-run", "GPU-test-1", "alice"),
     ];
-    let v = status_json(&inv, &records, UNBOUND_GRACE);
+    let v = Status::new(&inv, &records, DEFAULT_CLAIM_GRACE).json();
     let docker = &v["gpus"][0]["holders"][0];
     assert_eq!(
         docker["container"],
@@ -108,7 +110,7 @@ fn the_one_line_view_names_each_user_once() {
         job("b1", "GPU-test-0", HolderKind::Exec, "bob"),
         job("a2", "GPU-test-0", HolderKind::Exec, "alice"),
     ];
-    let status = Status::new(&inv, &records, UNBOUND_GRACE);
+    let status = Status::new(&inv, &records, DEFAULT_CLAIM_GRACE);
     let text = status.compact(false);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
@@ -138,7 +140,7 @@ fn an_idle_holder_is_marked_in_each_view() {
     }];
     let status = Status {
         idle: &idle,
-        ..Status::new(&inv, &records, UNBOUND_GRACE)
+        ..Status::new(&inv, &records, DEFAULT_CLAIM_GRACE)
     };
     let compact = status.compact(false);
     let lines: Vec<&str> = compact.lines().collect();
@@ -171,7 +173,7 @@ fn an_idle_holder_is_marked_in_each_view() {
 #[test]
 fn status_table_shows_holder_and_summary() {
     let inv = machine(2);
-    let t = status_table(&inv, &[record("c1", &["GPU-test-0"])], UNBOUND_GRACE);
+    let t = status_table(&inv, &[record("c1", &["GPU-test-0"])], DEFAULT_CLAIM_GRACE);
     let lines: Vec<&str> = t.lines().collect();
     assert_eq!(
         words(lines[0]),
@@ -194,7 +196,7 @@ fn status_table_names_containers_jobs_and_holds() {
         job("exec-42", "GPU-test-3", HolderKind::Exec, "bob"),
         hold_without_process("big-run", "GPU-test-4", "alice"),
     ];
-    let t = status_table(&inv, &records, UNBOUND_GRACE);
+    let t = status_table(&inv, &records, DEFAULT_CLAIM_GRACE);
     let row = |i| words(line(&t, i));
     assert_eq!(
         row(0),
@@ -263,7 +265,7 @@ fn status_table_fits_80_columns_whatever_the_names() {
         container("c2", "GPU-test-1", "containerd", &"n".repeat(200), ""),
         hold_without_process(&"h".repeat(100), "GPU-test-2", "alice"),
     ];
-    let t = status_table(&inv, &records, UNBOUND_GRACE);
+    let t = status_table(&inv, &records, DEFAULT_CLAIM_GRACE);
     for l in t.lines() {
         assert!(
             l.chars().count() <= STATUS_WIDTH,
@@ -288,7 +290,7 @@ fn status_table_marks_shared_holders_and_their_reservations() {
     a.request.reserve = Some(20 << 30);
     let mut b = record("b", &["GPU-test-0"]);
     b.mode = Mode::Shared;
-    let t = status_table(&inv, &[a, b], UNBOUND_GRACE);
+    let t = status_table(&inv, &[a, b], DEFAULT_CLAIM_GRACE);
     assert!(t.contains("a (shared, 20GiB)"), "{t}");
     assert!(t.contains("b (shared)"), "{t}");
     assert!(t.ends_with("0 of 1 GPUs free, 2 holders (test)\n"), "{t}");
@@ -348,7 +350,7 @@ fn status_table_shows_figures_and_whose_each_process_is() {
     let status = Status {
         live: Some(&live),
         processes: Some(&processes),
-        ..Status::new(&inv, &records, UNBOUND_GRACE)
+        ..Status::new(&inv, &records, DEFAULT_CLAIM_GRACE)
     };
     let t = status.table(false);
     assert!(
@@ -396,7 +398,7 @@ fn status_colours_headers_and_foreign_processes_only_when_asked() {
     let status = Status {
         live: Some(&live),
         processes: Some(&processes),
-        ..Status::new(&inv, &records, UNBOUND_GRACE)
+        ..Status::new(&inv, &records, DEFAULT_CLAIM_GRACE)
     };
     let t = status.table(true);
     let yellow: Vec<&str> = t.lines().filter(|l| l.starts_with("\x1b[33m")).collect();
@@ -415,7 +417,7 @@ fn status_json_carries_figures_and_processes() {
     let status = Status {
         live: Some(&live),
         processes: Some(&processes),
-        ..Status::new(&inv, &records, UNBOUND_GRACE)
+        ..Status::new(&inv, &records, DEFAULT_CLAIM_GRACE)
     };
     let v = status.json();
     assert_eq!(v["foreign"], 1);
@@ -440,7 +442,7 @@ fn status_json_carries_figures_and_processes() {
         (hidden["foreign"].clone(), hidden["command"].clone()),
         (Value::Null, Value::Null)
     );
-    let without = status_json(&inv, &records, UNBOUND_GRACE);
+    let without = Status::new(&inv, &records, DEFAULT_CLAIM_GRACE).json();
     assert_eq!(without["gpus"][0]["live"], Value::Null);
     assert_eq!(without["gpus"][0]["processes"], Value::Null);
 }
@@ -450,7 +452,7 @@ fn a_live_error_is_one_line_under_the_summary() {
     let inv = machine(1);
     let status = Status {
         live_error: Some("reading live file /x/live.json: No such file"),
-        ..Status::new(&inv, &[], UNBOUND_GRACE)
+        ..Status::new(&inv, &[], DEFAULT_CLAIM_GRACE)
     };
     let t = status.table(false);
     assert!(
@@ -464,6 +466,6 @@ fn status_table_marks_holders_that_are_gone() {
     let inv = machine(1);
     let mut gone = record("c1", &["GPU-test-0"]);
     gone.pid = Some(i32::MAX);
-    let t = status_table(&inv, &[gone], UNBOUND_GRACE);
+    let t = status_table(&inv, &[gone], DEFAULT_CLAIM_GRACE);
     assert!(line(&t, 0).contains("c1 (gone)"), "{t}");
 }

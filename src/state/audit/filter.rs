@@ -54,7 +54,7 @@ impl When {
 /// `Z` or an offset. A time without a zone is refused: it would be a guess. So is one
 /// before 1970 or after 9999 (an offset can move a time past either), which RFC 3339 text
 /// cannot show.
-pub fn parse_time(text: &str) -> Option<SystemTime> {
+pub(super) fn parse_time(text: &str) -> Option<SystemTime> {
     with_zone(text).filter(|t| *t >= UNIX_EPOCH && *t < UNIX_EPOCH + END_OF_TEXT)
 }
 

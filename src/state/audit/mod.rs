@@ -10,10 +10,11 @@ mod read;
 mod tail;
 mod write;
 
-pub use filter::{BadValue, Filter, GpuSelector, When, parse_time, parse_user};
-pub use read::{Entry, Events, ReadError};
-pub use tail::Tail;
-pub use write::{REFUSALS_PER_MINUTE, WriteError};
+pub(crate) use filter::BadValue;
+pub use filter::{Filter, GpuSelector, When, parse_user};
+pub use read::Entry;
+pub use write::REFUSALS_PER_MINUTE;
+pub(crate) use write::WriteError;
 
 use crate::input::request::{GpuRequest, Selection};
 use crate::model::holder::{ContainerInfo, HolderKind, Owner};
@@ -74,7 +75,7 @@ pub struct GpuRef {
 
 /// A unit as `log` and `usage` name it: a GPU by its index (else its UUID), a MIG
 /// instance by its GPU's index and its own UUID (`0:MIG-...`), under its parent.
-pub fn unit_name(index: Option<u32>, uuid: &str) -> String {
+pub(crate) fn unit_name(index: Option<u32>, uuid: &str) -> String {
     match (index, uuid.starts_with("MIG-")) {
         (Some(i), true) => format!("{i}:{uuid}"),
         (Some(i), false) => i.to_string(),
@@ -131,13 +132,13 @@ pub struct Event {
 }
 
 /// The longest value a refusal line keeps of a name, an id, an image.
-pub const MAX_VALUE: usize = 256;
+pub(crate) const MAX_VALUE: usize = 256;
 /// The longest reason a refusal line keeps (messages quote values, and are one line).
-pub const MAX_REASON: usize = 1024;
+pub(crate) const MAX_REASON: usize = 1024;
 /// The most named GPUs a refusal line keeps of a request, each at most `MAX_DEVICE` bytes
 /// (a UUID is 40, a bus id 16): more than any machine has.
-pub const MAX_DEVICES_LOGGED: usize = 64;
-pub const MAX_DEVICE: usize = 64;
+pub(crate) const MAX_DEVICES_LOGGED: usize = 64;
+pub(crate) const MAX_DEVICE: usize = 64;
 
 impl Event {
     /// An event about `holder` now, with nothing else known yet.
@@ -274,7 +275,7 @@ pub(crate) fn who<'a>(user: Option<&'a str>, engine: Option<&'a str>) -> &'a str
 }
 
 /// Whom `who` names when neither a user nor an engine is known.
-pub const NO_ENGINE: &str = "(no engine)";
+pub(crate) const NO_ENGINE: &str = "(no engine)";
 
 #[cfg(test)]
 mod tests {

@@ -28,22 +28,20 @@ mod survey;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use decide::{
-    Allocation, DecideError, LimitReached, Machine, MigUnavailable, NotEnoughMig, NotYourHolder,
-    resolve_devices,
-};
-pub use life::{
-    ClaimError, ClaimToken, Ended, IDLE_FILE, Idle, IdleLook, IdleRule, Released, Releaser,
-    WITHIN_SECRET_FILE, look_every, lookup,
-};
+pub use decide::Machine;
+pub(crate) use decide::resolve_devices;
+pub(crate) use decide::{Allocation, DecideError};
+pub(crate) use life::WITHIN_SECRET_FILE;
+pub(crate) use life::lookup;
+pub(crate) use life::{ClaimError, ClaimToken, Idle, IdleRule};
+pub use life::{Released, Releaser};
 pub use queue::{WaitReason, Waiting};
-pub use record::{
-    Figures, FiguresNow, HolderMeta, Mode, Record, StillWanted, UNBOUND_GRACE, holder_of,
-    holders_of, unix_now,
-};
-pub use store::entry::release_arg;
-pub use store::failures::{AUDIT_FAILURES_FILE, audit_write_failures};
-pub use survey::Survey;
+pub(crate) use record::{Figures, FiguresNow, Mode, StillWanted};
+pub use record::{HolderMeta, Record};
+pub(crate) use record::{holder_of, holders_of, unix_now};
+pub(crate) use store::entry::release_arg;
+pub(crate) use store::failures::audit_write_failures;
+pub(crate) use survey::Survey;
 
 use crate::input::config::{AuditFailure, AuditLog, LedgerSettings, QueueOrder};
 use crate::input::request::{GpuRequest, Share};

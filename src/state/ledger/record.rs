@@ -7,10 +7,6 @@ use crate::state::audit::{Event, EventKind, GpuRef};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// By default a holder that never got a pid is stale after this long (a claim whose
-/// container never started, or a runtime that died between allocation and binding).
-pub const UNBOUND_GRACE: Duration = crate::input::config::DEFAULT_CLAIM_GRACE;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
@@ -209,7 +205,10 @@ impl Record {
 }
 
 /// The records among `records` that hold the GPU `uuid`.
-pub fn holders_of<'r>(uuid: &str, records: &'r [Record]) -> impl Iterator<Item = &'r Record> {
+pub(crate) fn holders_of<'r>(
+    uuid: &str,
+    records: &'r [Record],
+) -> impl Iterator<Item = &'r Record> {
     records
         .iter()
         .filter(move |r| r.gpus.iter().any(|g| g == uuid))
@@ -217,7 +216,7 @@ pub fn holders_of<'r>(uuid: &str, records: &'r [Record]) -> impl Iterator<Item =
 
 /// The holder among `records` that `process` belongs to (`whose::belongs_to`): by its
 /// process tree first, then, for containers, by cgroup.
-pub fn holder_of<'r>(
+pub(crate) fn holder_of<'r>(
     process: &crate::host::whose::Process,
     records: &'r [Record],
 ) -> Option<&'r Record> {
@@ -232,7 +231,7 @@ pub fn holder_of<'r>(
         })
 }
 
-pub fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

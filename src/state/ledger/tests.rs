@@ -1,6 +1,6 @@
 use super::*;
 use crate::base::message::one_line;
-use crate::input::config::PolicyName;
+use crate::input::config::{DEFAULT_CLAIM_GRACE, PolicyName};
 use crate::input::request::{Origin, Selection};
 use crate::policy::testing::machine;
 use std::collections::HashSet;
@@ -471,10 +471,10 @@ fn unbound_holder_is_stale_after_the_grace_period() {
         )
         .unwrap();
     let now = SystemTime::now();
-    assert!(!a.record.is_stale(now, UNBOUND_GRACE));
+    assert!(!a.record.is_stale(now, DEFAULT_CLAIM_GRACE));
     assert!(a.record.is_stale(
-        now + UNBOUND_GRACE + std::time::Duration::from_secs(1),
-        UNBOUND_GRACE
+        now + DEFAULT_CLAIM_GRACE + std::time::Duration::from_secs(1),
+        DEFAULT_CLAIM_GRACE
     ));
 }
 
@@ -1156,7 +1156,7 @@ fn an_unbound_record_from_the_future_is_stale_after_the_grace() {
         )
         .unwrap();
     let now = SystemTime::now();
-    let grace = UNBOUND_GRACE;
+    let grace = DEFAULT_CLAIM_GRACE;
     let mut soon = a.record.clone();
     soon.created_at += 10; // a clock stepped back by seconds: still within the grace
     assert!(!soon.is_stale(now, grace));
@@ -1236,9 +1236,9 @@ fn a_pid_recorded_without_its_start_time_is_stale_even_if_the_pid_runs_now() {
     let mut record = alloc_record_for_staleness();
     record.pid = Some(std::process::id() as i32);
     record.start_time = None;
-    assert!(record.is_stale(SystemTime::now(), UNBOUND_GRACE));
+    assert!(record.is_stale(SystemTime::now(), DEFAULT_CLAIM_GRACE));
     record.start_time = crate::base::procinfo::start_time(std::process::id() as i32);
-    assert!(!record.is_stale(SystemTime::now(), UNBOUND_GRACE));
+    assert!(!record.is_stale(SystemTime::now(), DEFAULT_CLAIM_GRACE));
 }
 
 fn alloc_record_for_staleness() -> Record {

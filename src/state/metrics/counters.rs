@@ -13,7 +13,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// `allocate` and `hold` events, by holder kind (container, exec, hold).
     pub allocations: BTreeMap<String, u64>,
     /// `refuse` events, by code (`not_enough_free`, `limit`, ...); a summary line of
@@ -136,7 +136,7 @@ impl Tally {
 /// The counters of `log`, its refusals log and its users' logs, brought up to date from `before` (a
 /// cursor saved earlier, or the default to count everything). Files that cannot be read
 /// count as empty.
-pub fn update(log: &AuditLog, before: Counters) -> Counters {
+pub(super) fn update(log: &AuditLog, before: Counters) -> Counters {
     let main = before.main.update(log);
     let refused = before.refused.update(&log.refusals());
     let mut earlier = before.users;
@@ -170,7 +170,7 @@ pub fn update(log: &AuditLog, before: Counters) -> Counters {
 
 /// `update`, with the cursor kept in `cursor_file` (a state file of root's), for callers
 /// that may write it; others pass `None` and count from the start.
-pub fn update_saved(log: &AuditLog, cursor_file: Option<&Path>) -> Counters {
+pub(crate) fn update_saved(log: &AuditLog, cursor_file: Option<&Path>) -> Counters {
     let before = cursor_file
         .and_then(|p| safe_open::read(p, Links::Refuse).ok())
         .and_then(|b| serde_json::from_slice(&b).ok())

@@ -6,8 +6,8 @@
 mod counters;
 mod render;
 
-pub use counters::{Counters, update, update_saved};
-pub use render::{Holding, IdleHolder, Snapshot, render};
+pub(crate) use counters::{Counters, update_saved};
+pub(crate) use render::{Holding, IdleHolder, Snapshot, render};
 
 use crate::host::inventory;
 use crate::input::config::{AuditLog, Config, InventorySettings};
@@ -17,13 +17,13 @@ use crate::state::ledger::{Ledger, Record};
 use std::path::{Path, PathBuf};
 
 /// Where the cursor of the counters is kept (`update_saved`), in the state dir.
-pub const CURSOR_FILE: &str = "metrics-cursor.json";
+pub(crate) const CURSOR_FILE: &str = "metrics-cursor.json";
 /// How many audit lines could not be written, in the state dir: the audit log cannot
 /// count its own failures (`gpupin_audit_write_failures_total`).
 /// The `metrics_file`, rewritten after each change of the ledger it observes, and what
 /// it reads besides the ledger: the inventory, live figures, the audit log's counters.
 #[derive(Debug, Clone)]
-pub struct FileSink {
+pub(crate) struct FileSink {
     pub file: PathBuf,
     pub inventory: InventorySettings,
     /// Live figures only from a file (`live_file`): NVML would cost every container
@@ -35,7 +35,7 @@ pub struct FileSink {
 
 impl FileSink {
     /// The sink of `config`'s `metrics_file`, writing `file`.
-    pub fn new(file: PathBuf, config: &Config) -> FileSink {
+    pub(crate) fn new(file: PathBuf, config: &Config) -> FileSink {
         FileSink {
             file,
             inventory: config.inventory_settings(),
@@ -46,7 +46,7 @@ impl FileSink {
 }
 
 /// The holdings of `records`: one per GPU a record holds.
-pub fn holdings(records: &[Record], stale: impl Fn(&Record) -> bool) -> Vec<Holding> {
+pub(crate) fn holdings(records: &[Record], stale: impl Fn(&Record) -> bool) -> Vec<Holding> {
     records
         .iter()
         .flat_map(|r| {
@@ -119,7 +119,7 @@ impl FileSink {
     /// Rewrites the metrics file. Best effort by design, as the audit log: a metrics file
     /// must never be the reason a container does not start. Live figures only from a
     /// `live_file` (NVML would cost every container start a query).
-    pub fn refresh(&self, ledger: &Ledger) {
+    pub(crate) fn refresh(&self, ledger: &Ledger) {
         let written = self
             .inventory
             .load()

@@ -11,7 +11,7 @@ use std::fmt::Write;
 
 /// One GPU held by one holder.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holding {
+pub(crate) struct Holding {
     pub uuid: String,
     pub holder: String,
     pub kind: String,
@@ -23,7 +23,7 @@ pub struct Holding {
 }
 
 /// What the text is made from.
-pub struct Snapshot<'a> {
+pub(crate) struct Snapshot<'a> {
     pub inventory: &'a Inventory,
     pub holdings: Vec<Holding>,
     pub holders: &'a [Record],
@@ -38,7 +38,7 @@ pub struct Snapshot<'a> {
 
 /// A holder `gpupin serve` found idle, as the metrics label it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IdleHolder {
+pub(crate) struct IdleHolder {
     /// As `Holding::holder`: the name people know.
     pub holder: String,
     pub kind: String,
@@ -89,7 +89,7 @@ fn escape(value: &str) -> String {
     out
 }
 
-pub fn render(s: &Snapshot) -> String {
+pub(crate) fn render(s: &Snapshot) -> String {
     let mut out = String::new();
     let gpus = &s.inventory.gpus;
     // A GPU by its index, a MIG instance by its address (`0:2`).

@@ -2,7 +2,7 @@
 //! in one line what is wrong with it (exit 1), or print it whole, every key with the
 //! value gpupin uses (the defaults included), as TOML that reads back the same.
 
-use gpupin::input::config::{self, Config};
+use gpupin::command::{Config, config};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

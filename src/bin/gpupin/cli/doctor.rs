@@ -2,9 +2,10 @@
 //! it), NVML beside nvidia-smi as a table where both answer; exit status 1 when any
 //! finding is a problem. `--json` for scripts.
 
-use gpupin::base::message::{escape_controls, one_line};
-use gpupin::doctor::{self, DEFAULT_DAEMON_JSON, Finding, Report, Setup, smi::Comparison};
-use gpupin::input::config::{Config, DEFAULT_CONFIG_PATH};
+use gpupin::command::{
+    Comparison, Config, DEFAULT_CONFIG_PATH, DEFAULT_DAEMON_JSON, Finding, Report, Setup,
+    escape_controls, examine, one_line,
+};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -40,7 +41,7 @@ pub fn run(config_flag: Option<&Path>, args: &DoctorArgs) -> anyhow::Result<Exit
     let config_arg = super::install::absolute_config(config_flag)?;
     let (config, config_error) = match Config::discover(config_flag) {
         Ok(config) => {
-            gpupin::base::log::init_from_config(config.log);
+            gpupin::command::init_from_config(config.log);
             (config, None)
         }
         Err(err) => {
@@ -61,13 +62,13 @@ pub fn run(config_flag: Option<&Path>, args: &DoctorArgs) -> anyhow::Result<Exit
     setup.daemon_json = args.daemon_json.clone();
     if !args.hooks_dirs.is_empty() {
         setup.hooks_dirs = args.hooks_dirs.clone();
-        setup.hooks_source = gpupin::doctor::HooksSource::Given;
+        setup.hooks_source = gpupin::command::HooksSource::Given;
     }
     setup.nvidia_smi = args.nvidia_smi.clone();
     setup.proc = args.proc.clone();
     setup.sys = args.sys.clone();
     setup.dev = args.dev.clone();
-    let report = doctor::examine(&setup);
+    let report = examine(&setup);
     if args.json {
         outln!("{:#}", report.to_json())?;
     } else {

@@ -4,11 +4,7 @@
 //! stopping as root.
 
 use super::route::Route;
-use gpupin::input::config::Config;
-use gpupin::jobs::evict::{self, EvictError, Evictor};
-use gpupin::jobs::serve::{Client, Request};
-use gpupin::state::ledger::LedgerError;
-use gpupin::state::ledger::lookup::Match;
+use gpupin::command::{Client, Config, EvictError, Evictor, LedgerError, Match, Request, evict};
 use std::process::ExitCode;
 use std::time::Duration;
 

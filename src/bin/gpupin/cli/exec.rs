@@ -7,11 +7,7 @@ use super::exec_progress::Progress;
 use super::request_args::RequestArgs;
 use super::route::Route;
 use anyhow::Context;
-use gpupin::input::config::Config;
-use gpupin::input::request;
-use gpupin::jobs::exec::{self, Gated};
-use gpupin::jobs::serve::{Client, Request};
-use gpupin::state::ledger::Ledger;
+use gpupin::command::{Client, Config, Gated, Ledger, Request, exec, request};
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::process::ExitCode;
@@ -42,9 +38,9 @@ impl ExecArgs {
         });
         // Inside a Slurm job, its hold: for a user, the daemon then checks that the hold
         // is theirs, as for any --within.
-        let job = std::env::var(gpupin::host::slurm::JOB_ID_ENV)
+        let job = std::env::var(gpupin::command::JOB_ID_ENV)
             .ok()
-            .and_then(|id| gpupin::host::slurm::job_holder(&id));
+            .and_then(|id| gpupin::command::job_holder(&id));
         let within = request::slurm_within(own.as_deref(), job.as_ref(), |hold| {
             Ledger::open_read_only(&config.ledger_settings()).is_ok_and(|l| l.holds(hold))
         });
@@ -84,11 +80,11 @@ fn as_root(
     gpupin: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
     let (request, holder) = exec::job_request(pairs, args.name.as_deref(), me)?;
-    if config.confine != gpupin::host::confine::Confine::Off {
+    if config.confine != gpupin::command::Confine::Off {
         // Before anything is held: a refusal leaves the ledger as it was.
-        gpupin::host::confine::require_caps()?;
+        gpupin::command::require_caps()?;
     }
-    let owner = gpupin::host::users::owner_of(0)?;
+    let owner = gpupin::command::owner_of(0)?;
     let progress = Progress::start(config, holder.to_string(), request.wait.is_some());
     let grant = exec::grant(config, holder, &request, owner, me, "exec");
     progress.stop();
@@ -133,9 +129,9 @@ fn as_root(
 /// to gpupin meanwhile go to what is left of the job.
 fn wait_until_finished(
     config: &Config,
-    holder: &gpupin::model::holder::HolderId,
+    holder: &gpupin::command::HolderId,
     job: i32,
-    cgroup: Option<&gpupin::host::confine::JobCgroup>,
+    cgroup: Option<&gpupin::command::JobCgroup>,
 ) {
     let mut told = false;
     while exec::finish(config, holder, job, cgroup) == exec::Finished::Leftovers {
@@ -171,13 +167,10 @@ fn through_daemon(
 ) -> anyhow::Result<ExitCode> {
     let mut client = Client::connect(&config.client_socket())?;
     // The daemon names an unnamed job after the process that asks: this one.
-    let holder = args.name.clone().unwrap_or_else(|| {
-        format!(
-            "{}{}",
-            gpupin::model::holder::EXEC_PREFIX,
-            std::process::id()
-        )
-    });
+    let holder = args
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{}{}", gpupin::command::EXEC_PREFIX, std::process::id()));
     let progress = Progress::start(config, holder, args.wait.is_some());
     let granted = client.ask(&Request::Exec {
         request: pairs,
@@ -205,8 +198,7 @@ fn through_daemon(
 /// When the job was evicted, says on stderr who ended it and why, as the note the
 /// eviction left says (`Ledger::ended`): the job itself saw only a signal.
 fn tell_if_ended(config: &Config, holder: &str, started: std::time::SystemTime) {
-    let Ok(ledger) = gpupin::state::ledger::Ledger::open_read_only(&config.ledger_settings())
-    else {
+    let Ok(ledger) = gpupin::command::Ledger::open_read_only(&config.ledger_settings()) else {
         return;
     };
     if let Some(note) = ledger.ended(holder, started) {

@@ -23,12 +23,12 @@ pub struct ExecGateArgs {
 const NOT_STARTED: u8 = 125;
 
 pub fn run(args: &ExecGateArgs) -> anyhow::Result<ExitCode> {
-    if !gpupin::jobs::exec::pass_gate(args.gate_fd)? {
+    if !gpupin::command::pass_gate(args.gate_fd)? {
         return Ok(ExitCode::from(NOT_STARTED));
     }
-    gpupin::jobs::exec::unblock_all_signals()?;
+    gpupin::command::unblock_all_signals()?;
     if args.drop_caps {
-        gpupin::host::confine::drop_job_caps()
+        gpupin::command::drop_job_caps()
             .map_err(|e| anyhow::anyhow!("dropping the job's capabilities: {e}"))?;
     }
     let (program, rest) = args.command.split_first().expect("clap requires a command");

@@ -6,8 +6,7 @@
 //! changes. Read from the queue (read-only, as `gpupin queue` reads it), so it works
 //! whether root allocates or `gpupin serve` does.
 
-use gpupin::input::config::Config;
-use gpupin::state::ledger::{Ledger, WaitReason, Waiting};
+use gpupin::command::{Config, Ledger, WaitReason, Waiting};
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,7 +95,7 @@ fn on_change(config: &Config, holder: &str, done: &AtomicBool) {
 pub fn line(waiting: &[Waiting], holder: &str, now: SystemTime) -> Option<String> {
     let position = waiting.iter().position(|w| w.holder == holder)?;
     let me = &waiting[position];
-    let since = gpupin::base::clock::unix(me.queued_at);
+    let since = gpupin::command::clock::unix(me.queued_at);
     let waited = now.duration_since(since).unwrap_or_default().as_secs();
     let place = match (&me.reason, position) {
         (Some(reason), _) => reason.to_string(),

@@ -61,15 +61,15 @@ pub fn hold_for() -> Parsed<u64, String> {
     Parsed(|text| {
         let asked = humantime::parse_duration(text)
             .map_err(|_| format!("{text:?}: expected a duration, such as 2h or 30m"))?;
-        gpupin::jobs::hold::check_for(asked.as_secs().max(1))
-            .map_err(|_| format!("{text:?}: a hold lasts at most {} days; give a shorter --for, or hold with --until-release (root) and release it", gpupin::jobs::hold::LONGEST_DAYS))
+        gpupin::command::check_for(asked.as_secs().max(1))
+            .map_err(|_| format!("{text:?}: a hold lasts at most {} days; give a shorter --for, or hold with --until-release (root) and release it", gpupin::command::LONGEST_DAYS))
     })
 }
 
 /// How long a request may wait in the queue, as `gpupin.wait` takes it: at most 24h.
 pub fn wait() -> Parsed<std::time::Duration, String> {
     Parsed(|text| match humantime::parse_duration(text) {
-        Ok(d) if d <= gpupin::input::request::MAX_WAIT => Ok(d),
+        Ok(d) if d <= gpupin::command::MAX_WAIT => Ok(d),
         _ => Err(format!(
             "{text:?}: expected a duration of at most 24h, such as 10m"
         )),

@@ -1,10 +1,10 @@
 //! `gpupin gc`: release the GPUs of holders that are gone, and clear what no holder owns.
 
-use gpupin::input::config::Config;
+use gpupin::command::Config;
 use std::process::ExitCode;
 
 pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
-    let report = gpupin::state::open_ledger(config)?.gc()?;
+    let report = gpupin::command::open_ledger(config)?.gc()?;
     for r in &report.released {
         outln!(
             "released {} ({}): {}",
@@ -18,10 +18,7 @@ pub fn run(config: &Config) -> anyhow::Result<ExitCode> {
     }
     // Left in place on purpose; each says how to remove it once inspected.
     for err in &report.left {
-        super::out::note(format_args!(
-            "kept {}",
-            gpupin::base::message::one_line(err)
-        ));
+        super::out::note(format_args!("kept {}", gpupin::command::one_line(err)));
     }
     let n = report.released.len();
     outln!("{n} stale holder{} released", if n == 1 { "" } else { "s" })?;

@@ -3,10 +3,7 @@
 
 use super::route::Route;
 use anyhow::Context;
-use gpupin::host::slurm;
-use gpupin::input::config::Config;
-use gpupin::jobs::hold::{self, HoldOwner, HoldRequest};
-use gpupin::jobs::serve::{Client, Request};
+use gpupin::command::{Client, Config, HoldOwner, HoldRequest, Request, hold, slurm};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -103,8 +100,8 @@ pub fn run(config: &Config, args: &HoldArgs) -> anyhow::Result<ExitCode> {
 /// Root's hold, in the ledger: for itself or the user it names, no limits.
 fn as_root(config: &Config, asked: HoldRequest) -> anyhow::Result<(String, Vec<String>)> {
     let owner = match &asked.user {
-        Some(user) => gpupin::host::users::owner_named(user)?,
-        None => gpupin::host::users::owner_of(0)?,
+        Some(user) => gpupin::command::owner_named(user)?,
+        None => gpupin::command::owner_of(0)?,
     };
     let whose = HoldOwner {
         owner,
@@ -156,7 +153,7 @@ fn through_daemon(config: &Config, asked: HoldRequest) -> anyhow::Result<(String
 
 /// `--devices`, `--count` or `--mig` and `--wait` as the request keys gpupin serve reads.
 fn wait_request(asked: &HoldRequest, wait: std::time::Duration) -> Vec<(String, String)> {
-    use gpupin::input::request::Key;
+    use gpupin::command::Key;
     let mut pairs = Vec::new();
     let mut add = |key: Key, value: String| pairs.push((key.as_str().to_string(), value));
     if !asked.devices.trim().is_empty() {

@@ -1,8 +1,7 @@
 //! `gpupin holders` (hidden): each holder as `gpupin status` shows it, one a line, for the
 //! shell completions of `release`, `evict`, `key` and `log --holder`.
 
-use gpupin::input::config::Config;
-use gpupin::state::ledger::Ledger;
+use gpupin::command::{Config, Ledger};
 use std::process::ExitCode;
 
 pub fn run(config: &Config) -> anyhow::Result<ExitCode> {

@@ -2,9 +2,7 @@
 //! `engines::hook::stage`), kept for hooks.d files and specs written by an older gpupin,
 //! and for trying a stage by hand.
 
-use gpupin::base::binaries;
-use gpupin::engines::hook::stage::{self, StageArgs};
-use gpupin::host::inventory::NvmlAccess;
+use gpupin::command::{NvmlAccess, StageArgs, binaries, stage};
 use std::path::Path;
 use std::process::ExitCode;
 

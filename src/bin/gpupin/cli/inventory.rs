@@ -2,11 +2,9 @@
 //! inventory import`: an inventory file from what `nvidia-smi` prints.
 
 use anyhow::Context;
-use gpupin::base::atomic::{self, Durability};
-use gpupin::base::safe_open::{self, Links};
-use gpupin::host::inventory;
-use gpupin::input::config::Config;
-use gpupin::report;
+use gpupin::command::{
+    Config, Durability, Links, atomic, inventory, inventory_json, inventory_table, safe_open,
+};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -50,9 +48,9 @@ pub fn run(config: &Config, args: &InventoryArgs) -> anyhow::Result<ExitCode> {
         config.load_inventory()?
     };
     if args.json {
-        outln!("{:#}", report::inventory_json(&inv))?;
+        outln!("{:#}", inventory_json(&inv))?;
     } else {
-        out!("{}", report::inventory_table(&inv))?;
+        out!("{}", inventory_table(&inv))?;
     }
     Ok(ExitCode::SUCCESS)
 }

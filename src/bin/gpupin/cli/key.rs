@@ -4,9 +4,7 @@
 //! holders only.
 
 use super::route::Route;
-use gpupin::input::config::Config;
-use gpupin::jobs::serve::{Client, Request};
-use gpupin::model::holder::HolderId;
+use gpupin::command::{Client, Config, HolderId, Request};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -25,7 +23,7 @@ pub fn run(config: &Config, args: &KeyArgs) -> anyhow::Result<ExitCode> {
         outln!("{}", reply.key.unwrap_or_default())?;
         return Ok(ExitCode::SUCCESS);
     }
-    match gpupin::state::open_ledger(config)?.key(&holder)? {
+    match gpupin::command::open_ledger(config)?.key(&holder)? {
         Some((record, key)) => outln!("{}:{key}", record.id)?,
         None => {
             anyhow::bail!("gpupin key {holder}: no running holder {holder} (see gpupin status)")

@@ -1,8 +1,7 @@
 //! `gpupin log`: the audit trail, filtered, as a table or as the JSON lines it holds.
 
 use super::flag::Parsed;
-use gpupin::input::config::Config;
-use gpupin::state::audit::{self, Entry, Filter, GpuSelector, When};
+use gpupin::command::{Config, Entry, Filter, GpuSelector, When, audit};
 use std::process::ExitCode;
 use std::time::SystemTime;
 
@@ -58,7 +57,7 @@ pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if !args.json {
-        out!("{}", gpupin::report::log_table(&table))?;
+        out!("{}", gpupin::command::log_table(&table))?;
     }
     note_unreadable(events.unreadable());
     let Some(tail) = &mut tail else {
@@ -72,7 +71,7 @@ pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
             }
             match args.json {
                 true => outln!("{}", entry.line)?,
-                false => out!("{}", gpupin::report::log_row(&entry))?,
+                false => out!("{}", gpupin::command::log_row(&entry))?,
             }
         }
     }

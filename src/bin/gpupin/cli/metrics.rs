@@ -1,9 +1,7 @@
 //! `gpupin metrics`: Prometheus exposition text, for a scrape through a wrapper or a
 //! look by hand; `metrics_file` in the config keeps a file of it up to date instead.
 
-use gpupin::host::inventory;
-use gpupin::input::config::Config;
-use gpupin::state::ledger::Ledger;
+use gpupin::command::{Config, Ledger, inventory};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -18,7 +16,7 @@ pub fn run(config: &Config, _args: &MetricsArgs) -> anyhow::Result<ExitCode> {
     let ledger = Ledger::open_read_only(&config.ledger_settings())?;
     // The counters are read from the whole audit log: the saved cursor is the ledger's,
     // written under its lock.
-    let text = gpupin::state::metrics::snapshot_text(
+    let text = gpupin::command::snapshot_text(
         &config.audit(),
         &ledger,
         &inventory,

@@ -38,7 +38,7 @@ mod within;
 
 use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};
-use gpupin::input::config::Config;
+use gpupin::command::Config;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -150,8 +150,8 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
-    if let Err(err) = gpupin::base::log::init_from_env() {
-        let line = gpupin::base::message::one_line(&err);
+    if let Err(err) = gpupin::command::init_from_env() {
+        let line = gpupin::command::one_line(&err);
         let _ = writeln!(
             std::io::stderr().lock(),
             "gpupin: warning: {line}; logging off"
@@ -192,7 +192,7 @@ fn needs_root(err: &anyhow::Error) -> bool {
 fn report(err: &anyhow::Error) {
     out::note(format_args!(
         "gpupin: {}",
-        gpupin::base::message::one_line(err.as_ref())
+        gpupin::command::one_line(err.as_ref())
     ));
 }
 
@@ -346,6 +346,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 pub fn load_config(flag: Option<&std::path::Path>) -> anyhow::Result<Config> {
     let config = Config::discover(flag).context("loading configuration")?;
-    gpupin::base::log::init_from_config(config.log);
+    gpupin::command::init_from_config(config.log);
     Ok(config)
 }

@@ -2,7 +2,7 @@
 //! gpupin-hook and gpupin-runtime, which never load NVML themselves
 //! (`gpupin::host::inventory::nvml_helper` says why).
 
-use gpupin::host::inventory::{self, nvml_helper};
+use gpupin::command::{inventory, nvml_helper};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -18,10 +18,7 @@ pub fn run(args: &NvmlArgs) -> anyhow::Result<ExitCode> {
             // Its own status, so the asking binary does not fall back to procfs, which
             // may show that GPU whole.
             Err(err @ inventory::InventoryError::MigUnreadable { .. }) => {
-                super::out::note(format_args!(
-                    "gpupin: {}",
-                    gpupin::base::message::one_line(&err)
-                ));
+                super::out::note(format_args!("gpupin: {}", gpupin::command::one_line(&err)));
                 return Ok(ExitCode::from(nvml_helper::MIG_UNREADABLE_STATUS));
             }
             Err(err) => return Err(err.into()),

@@ -3,11 +3,7 @@
 //! for seeing what a policy does.
 
 use super::request_args::RequestArgs;
-use gpupin::admission::grant;
-use gpupin::input::config::Config;
-use gpupin::input::request::{self, Origin};
-use gpupin::report::explain;
-use gpupin::state::ledger::Ledger;
+use gpupin::command::{Config, Ledger, Origin, explain, grant, request};
 use serde_json::json;
 use std::process::ExitCode;
 
@@ -28,12 +24,12 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         .ok_or_else(|| anyhow::anyhow!("give --count or --devices"))?;
     let loaded = grant::load_machine(config, &request)?;
     // A what-if: instances an import left without GI and CI ids count as they would.
-    let machine = gpupin::state::ledger::Machine {
+    let machine = gpupin::command::Machine {
         what_if: true,
         ..grant::machine(config, &loaded)
     };
     // What the caller's own `gpupin exec` would get: their limits and groups apply.
-    let asker = gpupin::host::users::owner_of(rustix::process::getuid().as_raw()).ok();
+    let asker = gpupin::command::owner_of(rustix::process::getuid().as_raw()).ok();
     let preview = Ledger::open_read_only(&config.ledger_settings())?.preview_from(
         &request,
         &machine,

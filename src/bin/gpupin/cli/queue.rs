@@ -2,8 +2,7 @@
 //! order they will be served, with whose each is, what it asked for and how long it has
 //! waited. A container waiting shows as Created in `docker ps`; here it has its name.
 
-use gpupin::input::config::Config;
-use gpupin::state::ledger::Ledger;
+use gpupin::command::{Config, Ledger};
 use std::process::ExitCode;
 use std::time::SystemTime;
 
@@ -18,11 +17,11 @@ pub fn run(config: &Config, args: &QueueArgs) -> anyhow::Result<ExitCode> {
     let waiting = Ledger::open_read_only(&config.ledger_settings())?.waiting()?;
     let now = SystemTime::now();
     if args.json {
-        outln!("{:#}", gpupin::report::queue_json(&waiting, now))?;
+        outln!("{:#}", gpupin::command::queue_json(&waiting, now))?;
     } else if waiting.is_empty() {
         outln!("no request waits for GPUs")?;
     } else {
-        out!("{}", gpupin::report::queue_table(&waiting, now, false))?;
+        out!("{}", gpupin::command::queue_table(&waiting, now, false))?;
     }
     Ok(ExitCode::SUCCESS)
 }

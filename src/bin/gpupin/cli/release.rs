@@ -7,11 +7,9 @@
 //! holders through `gpupin serve`.
 
 use super::route::Route;
-use gpupin::input::config::Config;
-use gpupin::jobs::evict::{self, EvictError, Evictor};
-use gpupin::jobs::serve::{Client, Request};
-use gpupin::state::ledger::lookup::Match;
-use gpupin::state::ledger::{LedgerError, Released, Releaser};
+use gpupin::command::{
+    Client, Config, EvictError, Evictor, LedgerError, Match, Released, Releaser, Request, evict,
+};
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -73,7 +71,7 @@ fn as_root(config: &Config, args: &ReleaseArgs, force: bool) -> anyhow::Result<E
         },
         command: "release",
     };
-    let released = match gpupin::state::open_ledger(config)?.release_named(&args.id, &by) {
+    let released = match gpupin::command::open_ledger(config)?.release_named(&args.id, &by) {
         Ok(released) => released,
         Err(LedgerError::NoSuchHolder { given }) if args.ignore_missing => {
             outln!("no holder {given:?}: nothing to release")?;
@@ -131,7 +129,7 @@ pub fn operator() -> String {
 /// What `gpupin serve` did for a user's `release` or `evict`, as one line: a queued
 /// request cancelled, else the holder and the GPUs it gave back (`done` names both, in
 /// that order: `released {}: {}`).
-pub fn said_by_daemon(reply: &gpupin::jobs::serve::Reply, done: &str) -> anyhow::Result<ExitCode> {
+pub fn said_by_daemon(reply: &gpupin::command::Reply, done: &str) -> anyhow::Result<ExitCode> {
     let holder = reply.holder.clone().unwrap_or_default();
     if reply.cancelled {
         outln!("cancelled {holder}: it no longer waits for GPUs")?;

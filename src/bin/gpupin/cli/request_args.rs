@@ -1,7 +1,7 @@
 //! The request options `gpupin pick` and `gpupin exec` share, as annotation-named pairs
 //! for `request::from_pairs` (which does all the validation).
 
-use gpupin::input::request::Key;
+use gpupin::command::Key;
 
 #[derive(clap::Args)]
 pub struct RequestArgs {

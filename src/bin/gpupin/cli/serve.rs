@@ -3,9 +3,7 @@
 //! SIGHUP re-reads the config; SIGTERM (or Ctrl-C) stops it and removes the socket it made.
 
 use anyhow::Context;
-use gpupin::base::message::one_line;
-use gpupin::input::config::Config;
-use gpupin::jobs::serve::{self, Reloaded, listen};
+use gpupin::command::{Config, Reloaded, listen, one_line, serve};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -16,13 +14,13 @@ pub fn run(config: &Config, _args: &ServeArgs) -> anyhow::Result<ExitCode> {
         rustix::process::geteuid().is_root(),
         "gpupin serve must run as root: it allocates for other users and confines their jobs"
     );
-    if config.confine != gpupin::host::confine::Confine::Off {
-        gpupin::host::confine::require_caps()?;
+    if config.confine != gpupin::command::Confine::Off {
+        gpupin::command::require_caps()?;
     }
     // The ledger's directory first: the socket lives in it by default. What follows the
     // ledger (the GPU nodes' ACLs) is brought in line: a crashed daemon or a reboot may
     // have left it behind.
-    gpupin::state::open_ledger(config)?.resync()?;
+    gpupin::command::open_ledger(config)?.resync()?;
     let socket = config.socket_path();
     let (listener, ours) = match listen::from_systemd() {
         Some(l) => (l, false),

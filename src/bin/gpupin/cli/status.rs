@@ -2,10 +2,7 @@
 //! whose its processes are; `--watch` redraws it like `watch`. The look at the machine and
 //! its views are the library's (`report::status`); here are the arguments and the printing.
 
-use gpupin::base::message::one_line;
-use gpupin::input::config::Config;
-use gpupin::report::Status;
-use gpupin::report::status::{GpuFilter, Snapshot};
+use gpupin::command::{Config, GpuFilter, Snapshot, Status, one_line};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};

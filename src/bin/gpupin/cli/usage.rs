@@ -2,10 +2,7 @@
 //! holders the ledger has now.
 
 use super::flag::Parsed;
-use gpupin::input::config::Config;
-use gpupin::state::audit::{EventKind, When};
-use gpupin::state::ledger::Ledger;
-use gpupin::state::usage::{self, By};
+use gpupin::command::{By, Config, EventKind, Ledger, When, usage};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -44,9 +41,9 @@ pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
     }
     let usage = usage::usage(&ended, &records, since, now, args.by.unwrap_or_default());
     if args.json {
-        outln!("{:#}", gpupin::report::usage_json(&usage))?;
+        outln!("{:#}", gpupin::command::usage_json(&usage))?;
     } else {
-        out!("{}", gpupin::report::usage_table(&usage))?;
+        out!("{}", gpupin::command::usage_table(&usage))?;
     }
     super::log::note_unreadable(events.unreadable());
     Ok(ExitCode::SUCCESS)

@@ -9,9 +9,11 @@ pub(crate) mod mig;
 pub(crate) mod plan;
 pub(crate) mod scope;
 
-pub use error::{DecideError, LimitReached, MigUnavailable, NotEnoughMig, NotYourHolder};
+pub(crate) use error::DecideError;
+pub(crate) use error::{LimitReached, MigUnavailable, NotEnoughMig, NotYourHolder};
 pub use machine::Machine;
-pub use plan::{Allocation, resolve_devices};
+pub(crate) use plan::Allocation;
+pub(crate) use plan::resolve_devices;
 
 #[cfg(test)]
 mod tests;

@@ -720,7 +720,10 @@ fn device_unfit(
 }
 
 /// Positions in `inventory.gpus` of GPUs named by index, UUID or PCI bus id.
-pub fn resolve_devices(keys: &[String], inventory: &Inventory) -> Result<Vec<usize>, DecideError> {
+pub(crate) fn resolve_devices(
+    keys: &[String],
+    inventory: &Inventory,
+) -> Result<Vec<usize>, DecideError> {
     let mut positions: Vec<usize> = Vec::with_capacity(keys.len());
     for key in keys {
         let gpu = inventory.find(key).ok_or_else(|| DecideError::UnknownGpu {

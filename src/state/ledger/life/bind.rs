@@ -281,7 +281,7 @@ mod tests {
         let (_t2, l2, token2, gpus2) = claimed("ctr2");
         l2.bind(&id("ctr2"), &token2, me(), &gpus2).unwrap();
         let line = |l: &Ledger| {
-            std::fs::read_to_string(l.dir().join(crate::input::config::LEDGER_AUDIT_FILE))
+            std::fs::read_to_string(l.dir().join("audit.log"))
                 .unwrap()
                 .lines()
                 .find(|line| line.contains("\"event\":\"bind\""))

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 /// The file of the looks, in the state dir.
-pub const IDLE_FILE: &str = "idle.json";
+pub(super) const IDLE_FILE: &str = "idle.json";
 /// A look's verdicts outlive it by this many of its periods: a look late by a period or
 /// two (a busy machine, a slow NVML) keeps the streaks; a daemon that stopped does not.
 const FRESH_FOR: u64 = 3;
@@ -56,7 +56,7 @@ impl IdleRule {
 /// How often `gpupin serve` looks: a tenth of `idle_after`, so that a holder is called idle
 /// at most a tenth late, between once a second and once a minute (an NVML query a minute
 /// costs nothing; `idle_after` is an hour by default).
-pub fn look_every(after: Duration) -> Duration {
+pub(super) fn look_every(after: Duration) -> Duration {
     (after / 10).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 

@@ -10,10 +10,10 @@ use crate::state::ledger::LedgerError;
 use crate::state::ledger::record::Record;
 
 /// The shortest id prefix taken: shorter ones fit too many holders to be meant.
-pub const MIN_PREFIX: usize = 4;
+pub(crate) const MIN_PREFIX: usize = 4;
 
 #[derive(Debug, PartialEq)]
-pub enum Lookup<'r> {
+pub(crate) enum Lookup<'r> {
     Found(&'r Record),
     /// Each of these fits equally well.
     Ambiguous(Vec<&'r Record>),
@@ -33,7 +33,7 @@ pub enum Match {
 /// the shown name, then a prefix of at least MIN_PREFIX hex digits of a container's id
 /// (container ids are hex; a prefix of another holder's id, `slurm-42` of `slurm-421`,
 /// would be another job).
-pub fn find<'r>(records: &'r [Record], given: &str, how: Match) -> Lookup<'r> {
+pub(crate) fn find<'r>(records: &'r [Record], given: &str, how: Match) -> Lookup<'r> {
     if let Some(exact) = records.iter().find(|r| r.id == given) {
         return Lookup::Found(exact);
     }
@@ -61,7 +61,7 @@ pub fn find<'r>(records: &'r [Record], given: &str, how: Match) -> Lookup<'r> {
 
 /// The one holder `given` names, else the error a person reads: no such holder, or the
 /// candidates of an ambiguous name.
-pub fn the_one<'r>(
+pub(crate) fn the_one<'r>(
     records: &'r [Record],
     given: &str,
     how: Match,
@@ -88,7 +88,7 @@ fn one(mut fits: Vec<&Record>) -> Lookup<'_> {
 
 /// `web (3f2a1b2c3d4e), web (9c8d7e6f5a4b)`: the candidates of an ambiguous name, each
 /// with its id shortened as docker shortens it, so that the next try can be exact.
-pub fn candidates(fits: &[&Record]) -> String {
+pub(crate) fn candidates(fits: &[&Record]) -> String {
     fits.iter()
         .map(|r| format!("{} ({})", r.display_name(), shown_id(&r.id)))
         .collect::<Vec<_>>()

@@ -11,14 +11,13 @@ mod claim;
 mod ended;
 mod idle;
 mod job;
-pub mod lookup;
+pub(crate) mod lookup;
 mod release;
 mod remove;
 pub(in crate::state::ledger) mod within;
 
-pub use claim::{ClaimError, ClaimToken};
-pub use ended::Ended;
-pub use idle::{IDLE_FILE, Idle, IdleLook, IdleRule, look_every};
+pub(crate) use claim::{ClaimError, ClaimToken};
+pub(crate) use idle::{Idle, IdleRule};
 pub use release::Releaser;
 pub use remove::Released;
-pub use within::SECRET_FILE as WITHIN_SECRET_FILE;
+pub(crate) use within::SECRET_FILE as WITHIN_SECRET_FILE;

@@ -23,7 +23,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// The node's secret, in the state dir: root only.
-pub const SECRET_FILE: &str = "within.secret";
+pub(crate) const SECRET_FILE: &str = "within.secret";
 const SECRET_MODE: u32 = 0o600;
 const SECRET_BYTES: usize = 32;
 /// Bytes of a record's salt.

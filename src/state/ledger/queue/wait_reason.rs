@@ -113,7 +113,7 @@ mod tests {
 
     fn limit(group: Option<&str>) -> LedgerError {
         LedgerError::Decide(DecideError::LimitReached(Box::new(
-            crate::state::ledger::LimitReached {
+            crate::state::ledger::decide::LimitReached {
                 user: "alice".into(),
                 group: group.map(str::to_string),
                 held: 2,

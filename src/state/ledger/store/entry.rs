@@ -72,7 +72,7 @@ pub(in crate::state::ledger) fn release_names(name: &OsStr) -> Result<Vec<Vec<u8
 
 /// The argument of `gpupin release` that removes the entry at `path`, quoted for a shell
 /// and always on one line (a file name may hold a newline).
-pub fn release_arg(path: &Path) -> String {
+pub(crate) fn release_arg(path: &Path) -> String {
     let name = path.file_name().unwrap_or_default();
     let bytes = name.as_bytes();
     if let Some(stem) = bytes.strip_suffix(RECORD_SUFFIX.as_bytes())

@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
-pub const AUDIT_FAILURES_FILE: &str = "audit-write-failures";
+pub(crate) const AUDIT_FAILURES_FILE: &str = "audit-write-failures";
 
 /// The audit lines that could not be written, as counted in `state_dir`.
-pub fn audit_write_failures(state_dir: &Path) -> u64 {
+pub(crate) fn audit_write_failures(state_dir: &Path) -> u64 {
     crate::base::safe_open::read_to_string(
         &state_dir.join(AUDIT_FAILURES_FILE),
         crate::base::safe_open::Links::Refuse,

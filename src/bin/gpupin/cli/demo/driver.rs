@@ -5,9 +5,7 @@
 
 use super::{Setup, gpu_list, nvidia_nodes};
 use anyhow::Context;
-use gpupin::admission::edits::HookCommand;
-use gpupin::engines::runtime::create;
-use gpupin::model::holder::HolderId;
+use gpupin::command::{HolderId, HookCommand, create};
 use gpupin_sandbox::driver::{DriverRoot, FakeGpu, driver_files};
 use gpupin_sandbox::{self as sandbox, BundleSpec, Container, Runc};
 use std::path::Path;
@@ -63,7 +61,7 @@ pub fn start(
         Ok(container) => container,
         Err(err) => {
             // As gpupin-runtime does when the runtime fails: no poststop will come.
-            gpupin::state::open_ledger(&setup.config)?.release(&HolderId::new(&id)?)?;
+            gpupin::command::open_ledger(&setup.config)?.release(&HolderId::new(&id)?)?;
             outln!("  cuda    failed: {err}")?;
             return Ok((false, None));
         }

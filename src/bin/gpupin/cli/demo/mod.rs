@@ -13,10 +13,7 @@ mod no_container;
 
 use super::out;
 use anyhow::Context;
-use gpupin::input::config::Config;
-use gpupin::model::gpu::Inventory;
-use gpupin::report;
-use gpupin::state::ledger::{Ledger, Record};
+use gpupin::command::{Config, Inventory, Ledger, Record, status_table};
 use gpupin_sandbox::{self as sandbox, BundleSpec, Container, HookCommand, Requirements, Runc};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
@@ -260,7 +257,7 @@ fn print_status(setup: &Setup) -> anyhow::Result<()> {
     let records = setup_records(setup)?;
     out!(
         "{}",
-        report::status_table(&setup.inventory, &records, setup.config.claim_grace)
+        status_table(&setup.inventory, &records, setup.config.claim_grace)
     )?;
     Ok(())
 }
@@ -335,7 +332,7 @@ fn with_containers(setup: &Setup, reqs: &Requirements) -> anyhow::Result<bool> {
          would write for it ({}); gpupin applies the entry of the GPU it chose:",
         driver_root.root.display()
     )?;
-    let lib_hook = gpupin::admission::edits::HookCommand {
+    let lib_hook = gpupin::command::HookCommand {
         exe: hook.exe.clone(),
         config: hook.config.clone(),
     };
@@ -479,10 +476,7 @@ fn without_containers(setup: &Setup) -> anyhow::Result<bool> {
             Ok(None) => report_line(scenario, "untouched", false),
             Err(e) => report_line(
                 scenario,
-                &format!(
-                    "refused: gpupin: {}",
-                    gpupin::base::message::one_line(e.as_ref())
-                ),
+                &format!("refused: gpupin: {}", gpupin::command::one_line(e.as_ref())),
                 true,
             ),
         }?;

@@ -7,15 +7,10 @@
 //! namespace and device cgroup of a real container, and root. Poststop is the hook's own.
 
 use anyhow::Context;
-use gpupin::admission::admit::{self, Admission};
-use gpupin::admission::edits::ApplyError;
-use gpupin::admission::{edits, spec};
-use gpupin::base::safe_open::{self, Links};
-use gpupin::engines::hook::{self, Outcome, Stage};
-use gpupin::input::config::Config;
-use gpupin::input::request;
-use gpupin::model::holder::HolderId;
-use gpupin::state::ledger::{HolderMeta, Record};
+use gpupin::command::{
+    Admission, ApplyError, Config, HolderId, HolderMeta, Links, Outcome, Record, Stage, admit,
+    edits, hook, request, safe_open, spec,
+};
 use oci_spec::runtime::State;
 use std::collections::HashMap;
 use std::path::Path;

@@ -4,11 +4,7 @@
 use super::Endpoints;
 use super::service::Plugin;
 use anyhow::Context;
-use gpupin::input::config::Config;
-use gpupin::jobs::kube::devices::{self, DeviceState};
-use gpupin::jobs::kube::{self, reconcile};
-use gpupin::model::gpu::Inventory;
-use gpupin::state::ledger::Ledger;
+use gpupin::command::{Config, DeviceState, Inventory, Ledger, devices, kube, reconcile};
 use gpupin_kubelet_api::DEVICE_PLUGIN_VERSION;
 use gpupin_kubelet_api::deviceplugin::device_plugin_server::DevicePluginServer;
 use gpupin_kubelet_api::deviceplugin::registration_client::RegistrationClient;
@@ -239,7 +235,7 @@ async fn reconcile_loop(config: Arc<Config>, endpoints: Endpoints, timing: Timin
                 let config = config.clone();
                 let mut seen = unlisted.clone();
                 let released = tokio::task::spawn_blocking(move || {
-                    let ledger = gpupin::state::open_ledger(&config)?;
+                    let ledger = gpupin::command::open_ledger(&config)?;
                     let released =
                         reconcile::release_unassigned(&ledger, &assigned, timing.grace, &mut seen);
                     released.map(|_| seen)
@@ -248,7 +244,7 @@ async fn reconcile_loop(config: Arc<Config>, endpoints: Endpoints, timing: Timin
                 match released {
                     Ok(Ok(seen)) => unlisted = seen,
                     Ok(Err(err)) => {
-                        tracing::warn!(error = %gpupin::base::message::one_line(&err), "reconcile")
+                        tracing::warn!(error = %gpupin::command::one_line(&err), "reconcile")
                     }
                     Err(_) => {}
                 }
@@ -298,7 +294,7 @@ fn line(err: &anyhow::Error) -> String {
             text.push_str(&part);
         }
     }
-    gpupin::base::message::escape_controls(&text)
+    gpupin::command::escape_controls(&text)
 }
 
 /// SIGTERM (the DaemonSet's pod stopping) or SIGINT.

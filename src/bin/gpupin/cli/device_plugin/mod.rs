@@ -16,9 +16,7 @@
 mod kubelet;
 mod service;
 
-use gpupin::input::config::Config;
-use gpupin::jobs::kube::DEFAULT_RESOURCE;
-use gpupin::jobs::kube::devices::{self, MigStrategy, Unit};
+use gpupin::command::{Config, DEFAULT_RESOURCE, MigStrategy, Unit, devices};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -95,7 +93,7 @@ pub fn run(config: &Config, args: &DevicePluginArgs) -> anyhow::Result<ExitCode>
         "invalid --socket-name {:?}: expected a file name in --plugin-dir, without '/'",
         args.socket_name
     );
-    gpupin::state::open_ledger(config)?;
+    gpupin::command::open_ledger(config)?;
     let inventory = config.load_inventory()?;
     let strategy = match args.mig_strategy.as_str() {
         "single" => MigStrategy::Single,

@@ -2,13 +2,9 @@
 //! `gpupin::jobs::kube` on a blocking thread (the ledger takes a file lock) and turns the answer
 //! into the API's messages.
 
-use gpupin::input::config::Config;
-use gpupin::jobs::kube::allocate::Granted;
-use gpupin::jobs::kube::devices::DeviceState;
-use gpupin::jobs::kube::{self, KubeError, prefer};
-use gpupin::model::gpu::Inventory;
-use gpupin::model::holder::HolderId;
-use gpupin::state::ledger::{Ledger, Machine};
+use gpupin::command::{
+    Config, DeviceState, Granted, HolderId, Inventory, KubeError, Ledger, Machine, kube, prefer,
+};
 use gpupin_kubelet_api::deviceplugin::device_plugin_server::DevicePlugin;
 use gpupin_kubelet_api::deviceplugin::{
     AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
@@ -47,7 +43,7 @@ pub fn device_list(states: &[DeviceState]) -> ListAndWatchResponse {
 
 /// A library error as the kubelet's error: one line, with a code for what went wrong.
 fn status(err: KubeError) -> Status {
-    let message = gpupin::base::message::one_line(&err);
+    let message = gpupin::command::one_line(&err);
     match err {
         KubeError::UnknownDevice { .. } | KubeError::NoDevices => Status::invalid_argument(message),
         KubeError::Grant(_) | KubeError::Driver(_) => Status::failed_precondition(message),
@@ -94,7 +90,7 @@ fn allocate_all(
     inventory: &Inventory,
     request: &AllocateRequest,
 ) -> Result<AllocateResponse, KubeError> {
-    let ledger = gpupin::state::open_ledger(config)?;
+    let ledger = gpupin::command::open_ledger(config)?;
     let before: Vec<String> = ledger.records()?.into_iter().map(|r| r.id).collect();
     let mut made: Vec<String> = Vec::new();
     let mut responses = Vec::new();
@@ -112,7 +108,7 @@ fn allocate_all(
                     if let Ok(id) = HolderId::new(&id)
                         && let Err(undo) = ledger.release(&id)
                     {
-                        tracing::warn!(holder = %id, error = %gpupin::base::message::one_line(&undo), "could not undo");
+                        tracing::warn!(holder = %id, error = %gpupin::command::one_line(&undo), "could not undo");
                     }
                 }
                 return Err(err);
@@ -171,7 +167,7 @@ impl DevicePlugin for Plugin {
             let ledger = Ledger::open_read_only(&config.ledger_settings()).map_err(|e| status(e.into()))?;
             let live = kube::live_records(&ledger).map_err(|e| status(e.into()))?;
             let figures = match config.policy.needs_live() {
-                true => gpupin::host::inventory::read_live(
+                true => gpupin::command::read_live(
                     config.live_file.as_deref(),
                     &inventory,
                     &config.nvml,
@@ -216,7 +212,7 @@ impl DevicePlugin for Plugin {
             allocate_all(&config, &inventory, &request)
                 .map(Response::new)
                 .map_err(|err| {
-                    tracing::warn!(error = %gpupin::base::message::one_line(&err), "Allocate refused");
+                    tracing::warn!(error = %gpupin::command::one_line(&err), "Allocate refused");
                     status(err)
                 })
         })

@@ -4,10 +4,9 @@ mod podman;
 
 use super::out;
 use anyhow::Context;
-use gpupin::engines::install::docker::{self, NvidiaRuntime, RuntimeEntry};
-use gpupin::engines::install::file;
-use gpupin::engines::install::reload::{self, Reload};
-use gpupin::input::config::{CONFIG_ENV, Config};
+use gpupin::command::{
+    CONFIG_ENV, Config, NvidiaRuntime, Reload, RuntimeEntry, docker, file, reload,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

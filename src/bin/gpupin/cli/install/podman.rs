@@ -1,9 +1,7 @@
 //! `gpupin install podman` / `gpupin uninstall podman`: the hooks.d files.
 
 use anyhow::Context;
-use gpupin::admission::edits::HookCommand;
-use gpupin::engines::install::containers_conf::ContainersConf;
-use gpupin::engines::install::podman::{self, Change, Step, Trigger};
+use gpupin::command::{Change, ContainersConf, HookCommand, Step, Trigger, podman};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
