@@ -72,21 +72,32 @@ fn redraw(config: &Config, holder: &str, done: &AtomicBool) {
     }
 }
 
-/// Elsewhere: a line when the wait is first seen and when its reason changes; the line's
-/// clock alone changes nothing.
+/// Elsewhere: a line once the waiter's first look said why it waits, and each time the
+/// reason changes; the line's clock alone changes nothing.
 fn on_change(config: &Config, holder: &str, done: &AtomicBool) {
-    let mut last: Option<Option<WaitReason>> = None;
+    let mut last: Option<WaitReason> = None;
     while !done.load(Ordering::SeqCst) {
-        let waiting = queue(config);
-        if let Some(me) = waiting.iter().find(|w| w.holder == holder)
-            && last.as_ref() != Some(&me.reason)
-            && let Some(line) = line(&waiting, holder, SystemTime::now())
+        if let Some((line, reason)) = changed_line(&queue(config), holder, &last, SystemTime::now())
         {
             let _ = writeln!(std::io::stderr().lock(), "{line}");
-            last = Some(me.reason.clone());
+            last = Some(reason);
         }
         std::thread::sleep(EVERY);
     }
+}
+
+/// The line a log gets now, with the reason it says, when the request waits for a reason
+/// other than `last`. Nothing before the waiter's first look: a request that look refuses
+/// outright (no wait can help it) leaves one line, its refusal, not a wait that never was.
+fn changed_line(
+    waiting: &[Waiting],
+    holder: &str,
+    last: &Option<WaitReason>,
+    now: SystemTime,
+) -> Option<(String, WaitReason)> {
+    let me = waiting.iter().find(|w| w.holder == holder)?;
+    let reason = me.reason.clone().filter(|r| Some(r) != last.as_ref())?;
+    Some((line(waiting, holder, now)?, reason))
 }
 
 /// `gpupin: waiting for count=2 (own limit), 1m 20s`: why it waits, as its ticket says;
@@ -139,6 +150,23 @@ mod tests {
             "gpupin: waiting for count=2 (first in the queue), 1m 40s"
         );
         assert_eq!(line(&queue, "gone", now), None);
+    }
+
+    #[test]
+    fn a_log_gets_a_line_once_the_waiter_looked_and_again_only_when_the_reason_changes() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut me = waiting("me", 920);
+        assert_eq!(changed_line(&[me.clone()], "me", &None, now), None);
+        me.reason = Some(WaitReason::TooFewFree);
+        let (first, said) = changed_line(&[me.clone()], "me", &None, now).unwrap();
+        assert_eq!(first, "gpupin: waiting for count=2 (too few GPUs free), 1m 20s");
+        assert_eq!(
+            changed_line(&[me.clone()], "me", &Some(said.clone()), now),
+            None
+        );
+        me.reason = Some(WaitReason::OwnLimit);
+        assert!(changed_line(&[me], "me", &Some(said), now).is_some());
+        assert_eq!(changed_line(&[], "me", &None, now), None);
     }
 
     #[test]
