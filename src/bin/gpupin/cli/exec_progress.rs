@@ -159,7 +159,10 @@ mod tests {
         assert_eq!(changed_line(&[me.clone()], "me", &None, now), None);
         me.reason = Some(WaitReason::TooFewFree);
         let (first, said) = changed_line(&[me.clone()], "me", &None, now).unwrap();
-        assert_eq!(first, "gpupin: waiting for count=2 (too few GPUs free), 1m 20s");
+        assert_eq!(
+            first,
+            "gpupin: waiting for count=2 (too few GPUs free), 1m 20s"
+        );
         assert_eq!(
             changed_line(&[me.clone()], "me", &Some(said.clone()), now),
             None
