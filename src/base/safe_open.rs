@@ -25,13 +25,19 @@ pub(crate) const MAX_LEN: u64 = 16 << 20;
 /// final symlink unless `links` allows it; anything but a regular file is refused with
 /// `InvalidInput` (a symlink with `Links::Refuse`: the kernel's ELOOP).
 pub(crate) fn open(path: &Path, links: Links) -> io::Result<File> {
+    open_with_stat(path, links).map(|(file, _)| file)
+}
+
+/// As `open`, with the file's stat (the one that called it regular): for callers that
+/// judge its owner and mode, and read it whole at once (`read_file`).
+pub(crate) fn open_with_stat(path: &Path, links: Links) -> io::Result<(File, rustix::fs::Stat)> {
     let mut flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
     if links == Links::Refuse {
         flags |= OFlags::NOFOLLOW;
     }
     let fd = rustix::fs::open(path, flags, Mode::empty())?;
-    ensure_regular(&fd)?;
-    Ok(File::from(fd))
+    let stat = ensure_regular(&fd)?;
+    Ok((File::from(fd), stat))
 }
 
 /// Opens `path` for appending, creating it with `mode` (whatever the umask) when missing;
@@ -76,13 +82,17 @@ fn open_created(path: &Path, access: OFlags, mode: u32) -> io::Result<File> {
 
 /// The whole of a regular file, at most `MAX_LEN` bytes (`InvalidData` beyond).
 pub fn read(path: &Path, links: Links) -> io::Result<Vec<u8>> {
-    read_file(open(path, links)?)
+    let (file, stat) = open_with_stat(path, links)?;
+    read_file(file, stat.st_size as u64)
 }
 
 /// The whole of a file `open` returned, at most `MAX_LEN` bytes: for callers that look at
 /// its metadata (owner, mode) before they trust what it says.
-pub(crate) fn read_file(file: File) -> io::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
+/// `size`: what its stat said, so that a file that does not grow meanwhile is read in one
+/// read (a record is read at every allocation, thousands of them on a busy machine).
+pub(crate) fn read_file(file: File, size: u64) -> io::Result<Vec<u8>> {
+    // One byte more than the size, so that the read that finds the end fits too.
+    let mut bytes = Vec::with_capacity(size.min(MAX_LEN) as usize + 1);
     file.take(MAX_LEN + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_LEN {
         return Err(io::Error::new(
@@ -99,10 +109,10 @@ pub fn read_to_string(path: &Path, links: Links) -> io::Result<String> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
-fn ensure_regular(fd: &impl std::os::fd::AsFd) -> io::Result<()> {
+fn ensure_regular(fd: &impl std::os::fd::AsFd) -> io::Result<rustix::fs::Stat> {
     let stat = rustix::fs::fstat(fd)?;
     match FileType::from_raw_mode(stat.st_mode) {
-        FileType::RegularFile => Ok(()),
+        FileType::RegularFile => Ok(stat),
         other => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("not a regular file but a {}", describe(other)),

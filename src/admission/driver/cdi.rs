@@ -205,14 +205,15 @@ pub(crate) fn read(path: &Path) -> Result<Option<Spec>, CdiError> {
     };
     let file = safe_open::open(path, Links::Follow).map_err(read_err)?;
     // The opened file's owner and mode, so the check and the read see the same file.
-    if let Some(reason) = distrust(&file.metadata().map_err(read_err)?) {
+    let meta = file.metadata().map_err(read_err)?;
+    if let Some(reason) = distrust(&meta) {
         return Err(CdiError::Untrusted {
             what: "file",
             path: path.to_path_buf(),
             reason,
         });
     }
-    let bytes = safe_open::read_file(file).map_err(read_err)?;
+    let bytes = safe_open::read_file(file, meta.len()).map_err(read_err)?;
     let parse_err = |reason: String| CdiError::Parse {
         path: path.to_path_buf(),
         reason: reason.split_whitespace().collect::<Vec<_>>().join(" "),

@@ -46,7 +46,8 @@ impl NodeSecret {
                         reason: "it must be owned by root with mode 600 (remove it: gpupin makes a new one, and keys given out so far stop working)",
                     });
                 }
-                let text = safe_open::read_file(file).map_err(|source| io(&path, source))?;
+                let text =
+                    safe_open::read_file(file, meta.len()).map_err(|source| io(&path, source))?;
                 let secret = std::str::from_utf8(&text)
                     .ok()
                     .and_then(|t| unhex(t.trim()))
