@@ -54,9 +54,42 @@ pub(crate) fn is_alive(pid: i32, started: u64) -> bool {
     start_time(pid) == Some(started)
 }
 
+/// Which processes live, each asked of /proc once: one look at the ledger asks about
+/// every holder's process, and on a busy machine thousands of holders name a few
+/// processes (the containers of one pod, an inference server's many shares). Kept for
+/// one look only: a process that ends after it is seen by the next.
+#[derive(Debug, Default)]
+pub(crate) struct Liveness {
+    seen: std::collections::HashMap<(i32, u64), bool>,
+}
+
+impl Liveness {
+    /// `is_alive`, asked once per process for this look.
+    pub(crate) fn is_alive(&mut self, pid: i32, started: u64) -> bool {
+        *self
+            .seen
+            .entry((pid, started))
+            .or_insert_with(|| is_alive(pid, started))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_look_asks_about_each_process_once_and_answers_as_proc_does() {
+        let me = std::process::id() as i32;
+        let started = start_time(me).unwrap();
+        let mut look = Liveness::default();
+        assert!(look.is_alive(me, started));
+        assert!(look.is_alive(me, started));
+        assert!(
+            !look.is_alive(me, started + 1),
+            "another process under the same pid"
+        );
+        assert_eq!(look.seen.len(), 2);
+    }
 
     #[test]
     fn parses_start_time_despite_odd_comm() {

@@ -605,9 +605,10 @@ impl Ledger {
     ) -> Result<Preview, LedgerError> {
         let records = store::read_records(&self.dir)?;
         let now = SystemTime::now();
+        let mut look = crate::base::procinfo::Liveness::default();
         let live: Vec<Record> = records
             .into_iter()
-            .filter(|r| !r.is_stale(now, self.unbound_grace))
+            .filter(|r| !r.is_stale_in(now, self.unbound_grace, &mut look))
             .collect();
         let holder = HolderId::new("gpupin-pick").expect("a valid id");
         let cursor = store::read_cursor(&self.dir);
@@ -794,8 +795,9 @@ impl Ledger {
     /// Deletes stale records (caller holds the lock) and returns the live ones.
     fn reap(&self, records: Vec<Record>, now: SystemTime) -> Result<Vec<Record>, LedgerError> {
         let mut live = Vec::with_capacity(records.len());
+        let mut look = crate::base::procinfo::Liveness::default();
         for record in records {
-            if record.is_stale(now, self.unbound_grace) {
+            if record.is_stale_in(now, self.unbound_grace, &mut look) {
                 let id = HolderId::new(&record.id)?;
                 // The line before the removal (see `remove_entry`).
                 self.audit_done(&Event::for_record(EventKind::Reap, &record).held_since(&record));

@@ -129,13 +129,24 @@ impl Record {
     /// creation, before or after: see below). The cgroups are read only once the pid is
     /// gone, so the usual check stays one read of /proc.
     pub fn is_stale(&self, now: SystemTime, grace: Duration) -> bool {
+        self.is_stale_in(now, grace, &mut procinfo::Liveness::default())
+    }
+
+    /// `is_stale`, as part of a look at many records: `look` asks /proc about each
+    /// process once.
+    pub(crate) fn is_stale_in(
+        &self,
+        now: SystemTime,
+        grace: Duration,
+        look: &mut procinfo::Liveness,
+    ) -> bool {
         if self.from_an_earlier_boot() || self.expired(now) {
             return true;
         }
         match (self.pid, self.start_time) {
             (None, _) if self.until_release => false,
             (Some(pid), Some(started)) => {
-                !procinfo::is_alive(pid, started)
+                !look.is_alive(pid, started)
                     && !self
                         .cgroups
                         .iter()

@@ -87,12 +87,16 @@ pub(in crate::state::ledger) fn plan(
     if total == 0 {
         return Err(DecideError::NoGpus);
     }
-    // The enclosing holders of a nested request hold its GPUs for it.
-    let others: Vec<Record> = live
-        .iter()
-        .filter(|r| !scope.enclosing.contains(&r.id))
-        .cloned()
-        .collect();
+    // The enclosing holders of a nested request hold its GPUs for it. Most requests nest
+    // in none, and then the others are all the live records, not a copy of thousands.
+    let others: std::borrow::Cow<[Record]> = match scope.enclosing.is_empty() {
+        true => std::borrow::Cow::Borrowed(live),
+        false => live
+            .iter()
+            .filter(|r| !scope.enclosing.contains(&r.id))
+            .cloned()
+            .collect(),
+    };
     if request.mig.is_some() {
         let uuids = mig::choose(holder, request, machine, &others, scope)?;
         return Ok(mig_plan(uuids, machine, &others, cursor));

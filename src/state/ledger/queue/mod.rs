@@ -416,9 +416,11 @@ impl Ledger {
             let waiter = std::process::id() as i32;
             // What it could ever take: its scope read as if its key opened the holder (a
             // wrong key is refused at the first look below, and the ticket goes).
+            let now = SystemTime::now();
+            let mut look = crate::base::procinfo::Liveness::default();
             let live: Vec<Record> = records
                 .iter()
-                .filter(|r| !self.is_stale(r))
+                .filter(|r| !r.is_stale_in(now, self.unbound_grace, &mut look))
                 .cloned()
                 .collect();
             let wants = decide::scope::scope::<DecideError>(
