@@ -62,6 +62,9 @@ fn main() {
 /// A machine with its ledger filled, and the process every holder names.
 struct Box_ {
     config: PathBuf,
+    /// The ledger's records, and how many were made.
+    holders: PathBuf,
+    size: usize,
     bundle: PathBuf,
     /// `gpupin exec`, and the pid of the job it started, which the records name.
     exec: Option<(Child, i32)>,
@@ -125,8 +128,13 @@ impl Box_ {
                 copy["id"] = format!("bench-{n}").into();
                 copy["gpus"] = serde_json::json!([uuid(gpu)]);
                 copy["indices"] = serde_json::json!([gpu]);
-                let path = holders.join(format!("bench-{n}.json"));
-                std::fs::write(&path, serde_json::to_string_pretty(&copy).unwrap() + "\n").unwrap();
+                // Written beside the ledger and renamed into it, as gpupin writes records:
+                // the exec's job looks at the ledger meanwhile, and must never see half a
+                // record.
+                let staged = dir.join("record.json");
+                std::fs::write(&staged, serde_json::to_string_pretty(&copy).unwrap() + "\n")
+                    .unwrap();
+                std::fs::rename(&staged, holders.join(format!("bench-{n}.json"))).unwrap();
             }
         }
         let bundle = dir.join("bundle");
@@ -144,6 +152,8 @@ impl Box_ {
         .unwrap();
         Box_ {
             config,
+            holders: state.join("holders"),
+            size,
             bundle,
             exec,
         }
@@ -190,6 +200,9 @@ impl Box_ {
             pair.push(start_cpu + stop_cpu);
             rss.push(start_rss);
         }
+        // Every holder was there all along: none went stale, the containers' went again.
+        let records = std::fs::read_dir(&self.holders).map_or(0, |d| d.count());
+        assert_eq!(records, self.size, "records in {}", self.holders.display());
         Figures {
             pick_ms: median_ms(&mut pick),
             pair_ms: median_ms(&mut pair),
