@@ -75,6 +75,7 @@ impl Drop for Box_ {
         if let Some((exec, job_pid)) = &mut self.exec {
             // SAFETY: a plain kill of the job this bench started.
             unsafe { libc::kill(*job_pid, libc::SIGKILL) };
+            let _ = exec.kill();
             let _ = exec.wait();
         }
     }
@@ -112,9 +113,7 @@ impl Box_ {
                 .spawn()
                 .unwrap();
             let holders = state.join("holders");
-            let first = wait_for_record(&holders, &mut started);
-            let record: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(&first).unwrap()).unwrap();
+            let record = wait_for_record(&holders, &mut started);
             let job_pid = record["pid"].as_i64().unwrap() as i32;
             exec = Some((started, job_pid));
             let uuid = |gpu: usize| {
@@ -254,8 +253,9 @@ fn run(command: &mut Command, stdin: &[u8]) -> (Duration, u64) {
     )
 }
 
-/// The record `gpupin exec` wrote, once it is there.
-fn wait_for_record(holders: &Path, exec: &mut Child) -> PathBuf {
+/// The record `gpupin exec` wrote, once it names the job (bound to it) rather than the
+/// exec itself.
+fn wait_for_record(holders: &Path, exec: &mut Child) -> serde_json::Value {
     for _ in 0..500 {
         let record = std::fs::read_dir(holders).ok().and_then(|entries| {
             entries
@@ -263,7 +263,15 @@ fn wait_for_record(holders: &Path, exec: &mut Child) -> PathBuf {
                 .map(|e| e.path())
                 .find(|p| p.extension().is_some_and(|x| x == "json"))
         });
-        if let Some(record) = record {
+        let bound = record
+            .and_then(|path| std::fs::read(path).ok())
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .filter(|r| {
+                r["pid"]
+                    .as_i64()
+                    .is_some_and(|pid| pid != i64::from(exec.id()))
+            });
+        if let Some(record) = bound {
             return record;
         }
         assert!(exec.try_wait().unwrap().is_none(), "gpupin exec ended");
