@@ -101,11 +101,12 @@ pub(in crate::state::ledger) fn plan(
         let uuids = mig::choose(holder, request, machine, &others, scope)?;
         return Ok(mig_plan(uuids, machine, &others, cursor));
     }
+    let held = held_per_gpu(inventory, &others);
     let fit: Vec<Result<(), Unfit>> = (0..total)
         .map(|p| {
             if scope.allows(p) {
                 let in_the_way = in_the_way(machine, p, live, &scope.enclosing);
-                fits(p, request, machine, &others, in_the_way)
+                fits(p, request, machine, &held[p], in_the_way)
             } else {
                 Err(Unfit::OutOfScope)
             }
@@ -292,13 +293,42 @@ fn in_the_way<'m>(
     })
 }
 
-/// Whether the GPU at `position` can take `request` now; `in_the_way`: a process on it
-/// that an exclusive request must not share it with.
+/// The records holding each GPU, by inventory position, in one pass over the records
+/// (rather than one pass per GPU: a busy machine has thousands of holders).
+pub(super) fn held_per_gpu<'r>(
+    inventory: &Inventory,
+    records: &'r [Record],
+) -> Vec<Vec<&'r Record>> {
+    let position: std::collections::HashMap<&str, usize> = inventory
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(p, gpu)| (gpu.uuid.as_str(), p))
+        .collect();
+    let mut held: Vec<Vec<&Record>> = vec![Vec::new(); inventory.gpus.len()];
+    for record in records {
+        // A MIG instance's UUID is no GPU's; a GPU a record names twice holds it once.
+        for uuid in &record.gpus {
+            if let Some(&p) = position.get(uuid.as_str())
+                && !held[p]
+                    .last()
+                    .is_some_and(|r: &&Record| std::ptr::eq(*r, record))
+            {
+                held[p].push(record);
+            }
+        }
+    }
+    held
+}
+
+/// Whether the GPU at `position` can take `request` now; `holders`: the records that
+/// hold it; `in_the_way`: a process on it that an exclusive request must not share it
+/// with.
 fn fits(
     position: usize,
     request: &GpuRequest,
     machine: &Machine,
-    live: &[Record],
+    holders: &[&Record],
     in_the_way: Option<&Seen>,
 ) -> Result<(), Unfit> {
     let gpu = &machine.inventory.gpus[position];
@@ -322,11 +352,10 @@ fn fits(
             return Err(Unfit::Memory);
         }
     }
-    let holders: Vec<&Record> = holders_of(&gpu.uuid, live).collect();
     match request.share {
         Share::Exclusive if !holders.is_empty() => Err(Unfit::Held),
         Share::Exclusive => in_the_way.map_or(Ok(()), |seen| Err(Unfit::Foreign(seen.pid))),
-        Share::Shared => shared_fit(gpu, request, machine, &holders),
+        Share::Shared => shared_fit(gpu, request, machine, holders),
     }
 }
 

@@ -1,7 +1,7 @@
 //! decide/ as pure functions: a machine, records and a request in, a plan or a refusal
 //! out, with no ledger directory anywhere.
 
-use super::plan::{gpus_of_units, plan, resolve_devices};
+use super::plan::{gpus_of_units, held_per_gpu, plan, resolve_devices};
 use super::scope::{Scope, check, scope};
 use super::{DecideError, Machine};
 use crate::base::message::one_line;
@@ -228,4 +228,20 @@ fn a_plan_past_the_users_limit_is_refused_and_held_gpus_count_once() {
         ..alice_asks()
     };
     check(&root, &m, &live, &["GPU-test-1".into()]).unwrap();
+}
+
+#[test]
+fn each_gpu_lists_the_records_that_hold_it_once_and_a_mig_instance_is_no_gpu() {
+    let inv = machine(3);
+    let (g0, g2) = (inv.gpus[0].uuid.clone(), inv.gpus[2].uuid.clone());
+    let records = [
+        record("a", &[&g0]),
+        record("b", &[&g0, &g2, &g2]),
+        record("c", &["MIG-not-a-gpu"]),
+    ];
+    let held = held_per_gpu(&inv, &records);
+    let ids = |p: usize| held[p].iter().map(|r| r.id.as_str()).collect::<Vec<_>>();
+    assert_eq!(ids(0), ["a", "b"]);
+    assert!(ids(1).is_empty());
+    assert_eq!(ids(2), ["b"]);
 }
