@@ -435,6 +435,21 @@ impl Ledger {
         record.is_stale(SystemTime::now(), self.unbound_grace)
     }
 
+    /// The ids of `records` that are stale by this ledger's rules, in one look: each
+    /// holder's process asked of /proc once (what the observers redo after every change).
+    pub(crate) fn stale_ids<'r>(
+        &self,
+        records: &'r [Record],
+    ) -> std::collections::HashSet<&'r str> {
+        let now = SystemTime::now();
+        let mut look = crate::base::procinfo::Liveness::default();
+        records
+            .iter()
+            .filter(|r| r.is_stale_in(now, self.unbound_grace, &mut look))
+            .map(|r| r.id.as_str())
+            .collect()
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

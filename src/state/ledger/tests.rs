@@ -1291,3 +1291,17 @@ fn a_holdings_end_is_in_the_log_before_its_record_goes() {
     assert_eq!(steps("reap"), ["line", "removed"]);
     assert!(l.records().unwrap().is_empty());
 }
+
+#[test]
+fn stale_ids_names_the_holders_whose_process_is_gone_and_no_other() {
+    let (_t, l) = ledger();
+    let alive = testing::record("alive", &["GPU-test-0"]);
+    let also_alive = testing::record("also-alive", &["GPU-test-1"]);
+    let gone = Record {
+        start_time: alive.start_time.map(|t| t + 1),
+        ..testing::record("gone", &["GPU-test-2"])
+    };
+    let records = [alive, gone, also_alive];
+    let stale = l.stale_ids(&records);
+    assert_eq!(stale.into_iter().collect::<Vec<_>>(), ["gone"]);
+}

@@ -93,9 +93,10 @@ pub fn snapshot_text(
             })
         })
         .collect();
+    let stale = ledger.stale_ids(&records);
     let snapshot = Snapshot {
         inventory,
-        holdings: holdings(&records, |r| ledger.is_stale(r)),
+        holdings: holdings(&records, |r| stale.contains(r.id.as_str())),
         holders: &records,
         queue_length: waiting.len(),
         oldest_wait_seconds: waiting

@@ -92,11 +92,12 @@ pub(crate) struct Reconciled {
 pub(crate) fn reconcile(sync: &AclSync, ledger: &Ledger) -> Result<Reconciled, NodeAccessError> {
     let inventory = sync.inventory.load().map_err(NodeAccessError::Inventory)?;
     let records = ledger.records()?;
+    let stale = ledger.stale_ids(&records);
     let mut done = Reconciled::default();
     for node in wanted(
         &inventory,
         &records,
-        |r| !ledger.is_stale(r),
+        |r| !stale.contains(r.id.as_str()),
         &sync.node_dir,
     ) {
         match node_acl::set_users(&node) {
