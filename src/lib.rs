@@ -139,17 +139,17 @@ pub mod command {
     }
     pub mod inventory {
         pub use crate::host::inventory::{
-            InventoryError, import, nvml_live_here, nvml_probe_here, read_live, to_json,
+            InventoryError, import, nvml_live_here, nvml_probe_here, to_json,
         };
     }
     pub mod slurm {
         pub use crate::host::slurm::{SlurmUnit, gres_conf_path, short_hostname, units};
     }
     pub mod config {
-        pub use crate::input::config::{DEFAULT_CONFIG_PATH, effective_toml};
+        pub use crate::input::config::effective_toml;
     }
     pub mod request {
-        pub use crate::input::request::{Key, Sources, find, from_pairs, slurm_within};
+        pub use crate::input::request::{Sources, find, from_pairs, slurm_within};
     }
     pub mod audit {
         pub use crate::state::audit::parse_user;
@@ -205,7 +205,7 @@ pub mod command {
         pub use crate::jobs::hold::hold;
     }
     pub mod devices {
-        pub use crate::jobs::kube::devices::{Unit, resources, states_of};
+        pub use crate::jobs::kube::devices::{resources, states_of};
     }
     pub mod kube {
         pub use crate::jobs::kube::{allocate, live_records};

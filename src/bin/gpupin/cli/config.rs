@@ -2,7 +2,7 @@
 //! in one line what is wrong with it (exit 1), or print it whole, every key with the
 //! value gpupin uses (the defaults included), as TOML that reads back the same.
 
-use gpupin::command::{Config, config};
+use gpupin::command::{Config, DEFAULT_CONFIG_PATH, config};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -30,7 +30,7 @@ pub fn run(flag: Option<&std::path::Path>, args: &ConfigArgs) -> anyhow::Result<
     };
     let source = match &config.path {
         Some(path) => format!("{} is valid", path.display()),
-        None => format!("no {}: the defaults", config::DEFAULT_CONFIG_PATH),
+        None => format!("no {}: the defaults", DEFAULT_CONFIG_PATH),
     };
     outln!("# {source}; the configuration gpupin uses, every key:")?;
     out!("{}", config::effective_toml(&config))?;

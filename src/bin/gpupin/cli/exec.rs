@@ -7,7 +7,7 @@ use super::exec_progress::Progress;
 use super::request_args::RequestArgs;
 use super::route::Route;
 use anyhow::Context;
-use gpupin::command::{Client, Config, Gated, Ledger, Request, exec, request};
+use gpupin::command::{Client, Config, Gated, Key, Ledger, Request, exec, request};
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::process::ExitCode;
@@ -32,7 +32,7 @@ pub struct ExecArgs {
 impl ExecArgs {
     fn pairs(&self, config: &Config) -> anyhow::Result<Vec<(String, String)>> {
         let own = self.within.resolve()?.or_else(|| {
-            std::env::var(request::Key::Within.env())
+            std::env::var(Key::Within.env())
                 .ok()
                 .filter(|v| !v.is_empty())
         });
@@ -50,10 +50,7 @@ impl ExecArgs {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        for (key, value) in [
-            (request::Key::Wait, self.wait.clone()),
-            (request::Key::Within, within),
-        ] {
+        for (key, value) in [(Key::Wait, self.wait.clone()), (Key::Within, within)] {
             if let Some(v) = value {
                 pairs.push((key.as_str().to_string(), v));
             }

@@ -1,7 +1,7 @@
 //! `gpupin metrics`: Prometheus exposition text, for a scrape through a wrapper or a
 //! look by hand; `metrics_file` in the config keeps a file of it up to date instead.
 
-use gpupin::command::{Config, Ledger, inventory};
+use gpupin::command::{Config, Ledger, read_live};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -10,7 +10,7 @@ pub struct MetricsArgs {}
 pub fn run(config: &Config, _args: &MetricsArgs) -> anyhow::Result<ExitCode> {
     let inventory = config.load_inventory()?;
     // Live figures where there are any (NVML, a live file); none is no error here.
-    let live = inventory::read_live(config.live_file.as_deref(), &inventory, &config.nvml, None)
+    let live = read_live(config.live_file.as_deref(), &inventory, &config.nvml, None)
         .ok()
         .flatten();
     let ledger = Ledger::open_read_only(&config.ledger_settings())?;

@@ -4,7 +4,7 @@
 use super::Endpoints;
 use super::service::Plugin;
 use anyhow::Context;
-use gpupin::command::{Config, DeviceState, Inventory, Ledger, devices, kube, reconcile};
+use gpupin::command::{Config, DeviceState, Inventory, Ledger, Unit, devices, kube, reconcile};
 use gpupin_kubelet_api::DEVICE_PLUGIN_VERSION;
 use gpupin_kubelet_api::deviceplugin::device_plugin_server::DevicePluginServer;
 use gpupin_kubelet_api::deviceplugin::registration_client::RegistrationClient;
@@ -176,7 +176,7 @@ fn remove_socket(path: &Path) -> anyhow::Result<()> {
 async fn read_devices(
     config: &Arc<Config>,
     inventory: &Arc<Inventory>,
-    unit: &devices::Unit,
+    unit: &Unit,
 ) -> anyhow::Result<Vec<DeviceState>> {
     let (config, inventory, unit) = (config.clone(), inventory.clone(), unit.clone());
     tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<DeviceState>> {
@@ -194,7 +194,7 @@ async fn read_devices(
 async fn poll(
     config: Arc<Config>,
     inventory: Arc<Inventory>,
-    unit: devices::Unit,
+    unit: Unit,
     tx: watch::Sender<Vec<DeviceState>>,
     period: Duration,
 ) {
