@@ -48,8 +48,9 @@ impl Ledger {
         assigned: &[String],
     ) -> Result<Record, LedgerError> {
         let _lock = store::lock(&self.dir)?;
-        let records = store::read_records(&self.dir)?;
-        let find = |id: &HolderId| records.iter().find(|r| r.id == id.as_str());
+        // The claim's record and the container's, read alone: binding hands out nothing,
+        // so it has no reason to read the thousands of other holders' records.
+        let claim = store::read_holder(&self.dir, token.holder())?;
         let refuse = |refusal: Refusal| LedgerError::ClaimRefused {
             id: container.to_string(),
             claim: token.holder().to_string(),
@@ -57,13 +58,13 @@ impl Ledger {
         };
         let start_time = crate::base::procinfo::start_time(pid);
         let bound_here = |r: &Record| r.pid == Some(pid) && r.start_time == start_time;
-        let Some(found) = find(token.holder()) else {
+        let Some(found) = claim.as_ref() else {
             // Already bound and renamed by an earlier hook of this same container.
-            return match find(container) {
-                Some(r) if token.matches(r.claim_digest.as_deref()) => match bound_here(r) {
+            return match store::read_holder(&self.dir, container)? {
+                Some(r) if token.matches(r.claim_digest.as_deref()) => match bound_here(&r) {
                     true => {
                         tracing::debug!(container = %container, pid, "already bound by an earlier hook");
-                        Ok(r.clone())
+                        Ok(r)
                     }
                     false => Err(refuse(Refusal::BoundElsewhere)),
                 },
@@ -76,7 +77,7 @@ impl Ledger {
         if found.pid.is_some() && !bound_here(found) {
             return Err(refuse(Refusal::BoundElsewhere));
         }
-        if token.holder() != container && find(container).is_some() {
+        if token.holder() != container && store::read_holder(&self.dir, container)?.is_some() {
             return Err(refuse(Refusal::HoldsOther));
         }
         if !crate::state::ledger::same_set(&found.gpus, assigned) {
@@ -271,6 +272,20 @@ mod tests {
         let e = err_text(l.bind(&id("ctr"), &forged, me(), &gpus));
         assert!(e.contains("no such claim"), "{e}");
         assert_eq!(l.records().unwrap(), [bound]);
+    }
+
+    /// Binding reads the claim's record and the container's, nothing else: another
+    /// holder's unreadable record (which stops every allocation until an operator clears
+    /// it) does not stop a container whose GPUs were granted from starting with them.
+    #[test]
+    fn a_claim_binds_whatever_the_other_records_say() {
+        let (_t, l, token, gpus) = claimed("claim-0123abcd");
+        let other = l.dir().join("holders/someone-else.json");
+        std::fs::write(&other, "{").unwrap();
+        let bound = l.bind(&id("ctr"), &token, me(), &gpus).unwrap();
+        assert_eq!((bound.id.as_str(), bound.gpus), ("ctr", gpus));
+        assert!(l.dir().join("holders/ctr.json").exists());
+        assert!(!l.dir().join("holders/claim-0123abcd.json").exists());
     }
 
     /// The audit line of a bind says which claim the container took over.

@@ -190,6 +190,18 @@ pub(super) fn scan_holders(dir: &Path) -> Result<Scan, LedgerError> {
     Ok(scan)
 }
 
+/// The record of holder `id`, read alone (its file name says where, so nothing else of
+/// `holders/` is listed or read); `None` when it has none.
+pub(super) fn read_holder(
+    dir: &Path,
+    id: &crate::model::holder::HolderId,
+) -> Result<Option<Record>, LedgerError> {
+    let Some(holders) = existing_subdir(dir, HOLDERS_DIR)? else {
+        return Ok(None);
+    };
+    read_listed(&holders.join(id.file_name()))
+}
+
 /// A record a listing named; `None` when it is gone by now. Read without the lock
 /// (`gpupin status`), a record can be released between the listing and the read: gone,
 /// not broken. Under the lock nothing is removed meanwhile.
