@@ -262,12 +262,28 @@ fn a_queued_request_is_cancelled_by_its_owner_or_root_by_the_queues_name() {
     );
     let (exit, stderr) = bobs.wait();
     assert_eq!(exit.code(), Some(1), "{stderr}");
+    // Its log may say it waits first (a line once its first look said why, whenever
+    // the cancel comes after its progress reader's next look); the last line is why it
+    // ended.
+    let (last, before) = stderr
+        .trim_end()
+        .lines()
+        .collect::<Vec<_>>()
+        .split_last()
+        .map(|(l, b)| (l.to_string(), b.to_vec()))
+        .unwrap();
     assert_eq!(
-        stderr.trim_end(),
+        last,
         format!(
             "gpupin: bob-q was cancelled by {} (gpupin release) while it waited for GPUs",
             bob.name
         )
+    );
+    assert!(
+        before
+            .iter()
+            .all(|l| l.starts_with("gpupin: waiting for count=1 (")),
+        "{stderr}"
     );
     assert_eq!(queued(&g), 0);
 
