@@ -27,16 +27,13 @@ impl Ledger {
         to_fd: BorrowedFd<'_>,
     ) -> Result<Record, LedgerError> {
         let _lock = store::lock(&self.dir)?;
-        let records = store::read_records(&self.dir)?;
         let refuse = |reason: &'static str| LedgerError::NotAdopted {
             id: holder.to_string(),
             pid: to,
             reason,
         };
-        let mut record = records
-            .into_iter()
-            .find(|r| r.id == holder.as_str())
-            .ok_or_else(|| refuse("it holds nothing"))?;
+        let mut record =
+            store::read_holder(&self.dir, holder)?.ok_or_else(|| refuse("it holds nothing"))?;
         if record.pid != Some(from) {
             return Err(refuse("its record names another process"));
         }
@@ -62,10 +59,8 @@ impl Ledger {
         dirs: &[PathBuf],
     ) -> Result<(), LedgerError> {
         let _lock = store::lock(&self.dir)?;
-        let records = store::read_records(&self.dir)?;
-        let Some(mut record) = records
-            .into_iter()
-            .find(|r| r.id == holder.as_str() && r.pid == Some(pid))
+        let Some(mut record) =
+            store::read_holder(&self.dir, holder)?.filter(|r| r.pid == Some(pid))
         else {
             return Err(LedgerError::NotAdopted {
                 id: holder.to_string(),
@@ -81,13 +76,11 @@ impl Ledger {
     /// `uid` is root's. `Ok(None)`: nothing held under that id.
     pub fn release_for(&self, holder: &HolderId, uid: u32) -> Result<Option<Record>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
-        if uid != 0 {
-            let records = store::read_records(&self.dir)?;
-            if let Some(record) = records.iter().find(|r| r.id == holder.as_str())
-                && record.owner.as_ref().is_none_or(|o| o.uid != uid)
-            {
-                return Err(crate::state::ledger::not_yours(record, uid));
-            }
+        if uid != 0
+            && let Some(record) = store::read_holder(&self.dir, holder)?
+            && record.owner.as_ref().is_none_or(|o| o.uid != uid)
+        {
+            return Err(crate::state::ledger::not_yours(&record, uid));
         }
         self.remove_record_locked(holder)
     }
@@ -96,8 +89,7 @@ impl Ledger {
     /// never a record the id was given to since.
     pub fn release_job(&self, holder: &HolderId, pid: i32) -> Result<Option<Record>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
-        let records = store::read_records(&self.dir)?;
-        match records.iter().find(|r| r.id == holder.as_str()) {
+        match store::read_holder(&self.dir, holder)? {
             Some(r) if r.pid == Some(pid) => self.remove_record_locked(holder),
             _ => Ok(None),
         }

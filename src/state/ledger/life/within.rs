@@ -139,9 +139,7 @@ impl Ledger {
     /// `None`: no live holder of that name.
     pub fn key(&self, holder: &HolderId) -> Result<Option<(Record, WithinKey)>, LedgerError> {
         let _lock = store::lock(&self.dir)?;
-        let Some(record) = store::read_records(&self.dir)?
-            .into_iter()
-            .find(|r| r.id == holder.as_str() && !self.is_stale(r))
+        let Some(record) = store::read_holder(&self.dir, holder)?.filter(|r| !self.is_stale(r))
         else {
             return Ok(None);
         };
