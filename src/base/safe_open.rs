@@ -40,6 +40,20 @@ pub(crate) fn open_with_stat(path: &Path, links: Links) -> io::Result<(File, rus
     Ok((File::from(fd), stat))
 }
 
+/// As `open_with_stat` with `Links::Refuse`, for `name` in the directory `dir` is open
+/// on: a reader of thousands of files in one directory walks its path once, not once a
+/// file.
+pub(crate) fn open_at_with_stat(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+) -> io::Result<(File, rustix::fs::Stat)> {
+    let flags =
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NOFOLLOW;
+    let fd = rustix::fs::openat(dir, name, flags, Mode::empty())?;
+    let stat = ensure_regular(&fd)?;
+    Ok((File::from(fd), stat))
+}
+
 /// Opens `path` for appending, creating it with `mode` (whatever the umask) when missing;
 /// never through a symlink, never a FIFO.
 pub(crate) fn open_append(path: &Path, mode: u32) -> io::Result<File> {

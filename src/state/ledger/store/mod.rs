@@ -13,6 +13,7 @@ use crate::base::safe_open::{self, Links};
 use entry::Entry;
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use std::fs::{self, File};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -170,9 +171,21 @@ pub(super) fn scan_holders(dir: &Path) -> Result<Scan, LedgerError> {
     let Some(holders) = existing_subdir(dir, HOLDERS_DIR)? else {
         return Ok(scan);
     };
+    // The records are opened relative to the directory (checked just now, and opened
+    // without following a link): its path is walked once, not once per record.
+    let holders_fd = rustix::fs::open(
+        &holders,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| LedgerError::Io {
+        action: "opening",
+        path: holders.clone(),
+        source: e.into(),
+    })?;
     for (path, kind) in list(&holders)? {
         match entry::classify(path.file_name().unwrap_or_default(), kind) {
-            Entry::Record => match read_listed(&path) {
+            Entry::Record => match read_listed_in(Some(holders_fd.as_fd()), &path) {
                 Ok(Some(record)) => scan.records.push(record),
                 Ok(None) => {}
                 Err(LedgerError::CorruptRecord { .. }) if written_before_boot(&path) => {
@@ -206,7 +219,12 @@ pub(super) fn read_holder(
 /// (`gpupin status`), a record can be released between the listing and the read: gone,
 /// not broken. Under the lock nothing is removed meanwhile.
 fn read_listed(path: &Path) -> Result<Option<Record>, LedgerError> {
-    match read_record(path) {
+    read_listed_in(None, path)
+}
+
+/// `read_listed`, opened in `dir` (the directory `path` names) where it is given.
+fn read_listed_in(dir: Option<BorrowedFd<'_>>, path: &Path) -> Result<Option<Record>, LedgerError> {
+    match read_record_in(dir, path) {
         Ok(record) => Ok(Some(record)),
         Err(LedgerError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             Ok(None)
@@ -248,21 +266,27 @@ pub(super) fn list(dir: &Path) -> Result<Vec<(PathBuf, fs::FileType)>, LedgerErr
         let entry = entry.map_err(listing)?;
         // DirEntry::file_type does not follow a symlink.
         let kind = entry.file_type().map_err(listing)?;
-        entries.push((entry.path(), kind));
+        entries.push((entry.file_name(), entry.path(), kind));
     }
-    // By name, as bytes: one directory, so the names alone order it (comparing the
-    // whole paths component by component costs more than the rest of a listing).
-    entries.sort_by(|a, b| a.0.file_name().cmp(&b.0.file_name()));
-    Ok(entries)
+    // By name, as bytes, taken once from each entry: one directory, so the names alone
+    // order it, and parsing paths at every comparison cost more than the listing.
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(entries
+        .into_iter()
+        .map(|(_, path, kind)| (path, kind))
+        .collect())
 }
 
 /// A record's text, from a regular file that only its owner can write and whose owner is
 /// root or gpupin's own user, as every record gpupin writes is: a record anyone else could
 /// have written (planted while the directory was open, or chowned away since) could hand
 /// out any GPU, and is refused like a corrupt one.
-fn read_trusted(path: &Path) -> std::io::Result<String> {
+fn read_trusted(dir: Option<BorrowedFd<'_>>, path: &Path) -> std::io::Result<String> {
     // The stat that called it regular is the one judged: no second look at the file.
-    let (file, stat) = safe_open::open_with_stat(path, Links::Refuse)?;
+    let (file, stat) = match dir {
+        Some(dir) => safe_open::open_at_with_stat(dir, path.file_name().unwrap_or_default())?,
+        None => safe_open::open_with_stat(path, Links::Refuse)?,
+    };
     let me = rustix::process::geteuid().as_raw();
     let untrusted = |reason: String| std::io::Error::new(std::io::ErrorKind::InvalidData, reason);
     if stat.st_uid != 0 && stat.st_uid != me {
@@ -279,11 +303,16 @@ fn read_trusted(path: &Path) -> std::io::Result<String> {
 }
 
 pub(super) fn read_record(path: &Path) -> Result<Record, LedgerError> {
+    read_record_in(None, path)
+}
+
+/// `read_record`, opened in `dir` (the directory `path` names) where it is given.
+fn read_record_in(dir: Option<BorrowedFd<'_>>, path: &Path) -> Result<Record, LedgerError> {
     let corrupt = |reason: String| LedgerError::CorruptRecord {
         path: path.to_path_buf(),
         reason,
     };
-    let text = read_trusted(path).map_err(|source| {
+    let text = read_trusted(dir, path).map_err(|source| {
         match source.kind() {
             // Not a regular file after all, too large, not text: unreadable as a record.
             std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
