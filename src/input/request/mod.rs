@@ -367,18 +367,6 @@ const WITHIN_EXPECTED: &str = "expected HOLDER or HOLDER:KEY, a holder's id (1-1
 
 /// Reads a request from OCI annotations. `Ok(None)`: no `gpupin.` key at all. Keys are
 /// read in byte order, so that of several bad keys the same one is always reported.
-///
-/// ```
-/// use gpupin::input::request::{from_annotations, Selection};
-/// use std::collections::HashMap;
-///
-/// let ann = HashMap::from([("gpupin.count".to_string(), "2".to_string())]);
-/// assert_eq!(from_annotations(&ann).unwrap().unwrap().selection, Selection::Count(2));
-///
-/// let bad = HashMap::from([("gpupin.count".to_string(), "-1".to_string())]);
-/// let err = from_annotations(&bad).unwrap_err().to_string();
-/// assert_eq!(err, r#"invalid gpupin.count="-1": expected a positive integer or "all""#);
-/// ```
 pub(crate) fn from_annotations(
     annotations: &HashMap<String, String>,
 ) -> Result<Option<GpuRequest>, RequestError> {
@@ -802,6 +790,24 @@ fn parse_policy(key: &str, value: &str) -> Result<PolicyName, RequestError> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// What was this function's doc example: a doctest cannot reach a crate-private item.
+    #[test]
+    fn annotations_give_a_count_and_a_bad_one_is_named_with_what_was_expected() {
+        let ann = HashMap::from([("gpupin.count".to_string(), "2".to_string())]);
+        assert_eq!(
+            from_annotations(&ann).unwrap().unwrap().selection,
+            Selection::Count(2)
+        );
+        assert_eq!(from_annotations(&HashMap::new()).unwrap(), None);
+        let bad = HashMap::from([("gpupin.count".to_string(), "-1".to_string())]);
+        let err = from_annotations(&bad).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            r#"invalid gpupin.count="-1": expected a positive integer or "all""#
+        );
+    }
 
     #[test]
     fn a_summary_names_what_was_asked_in_few_words() {
@@ -825,7 +831,6 @@ mod tests {
             .unwrap();
         assert_eq!(r.summary(), "count=all");
     }
-    use super::*;
 
     #[test]
     fn each_key_parses_from_both_its_names_and_nothing_else() {
