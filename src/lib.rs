@@ -278,7 +278,7 @@ pub mod parts {
     pub use crate::base::procinfo::start_time;
 
     pub use crate::model::gpu::{Gpu, Inventory};
-    pub use crate::model::holder::HolderId;
+    pub use crate::model::holder::{ContainerInfo, HolderId, HolderKind};
     pub use crate::model::link::Link;
     pub use crate::model::live::Live;
 
@@ -290,6 +290,7 @@ pub mod parts {
 
     pub use crate::input::config::inventory::load as load_inventory;
     pub use crate::input::config::{Config, Driver, InventorySource, PolicyName};
+    pub use crate::input::request::{GpuRequest, Origin, Selection, Share};
 
     pub use crate::state::audit::REFUSALS_PER_MINUTE;
     pub use crate::state::ledger::HolderMeta;
@@ -308,6 +309,10 @@ pub mod parts {
     }
     pub mod request {
         pub use crate::input::request::from_env;
+    }
+    /// The audit log's lines as gpupin writes them (benches/audit_year generates a year).
+    pub mod audit {
+        pub use crate::state::audit::{Event, EventKind, GpuRef};
     }
     pub mod admit {
         pub use crate::admission::admit::admit;
