@@ -94,7 +94,7 @@ pub mod command {
     pub use crate::state::ledger::{
         HolderMeta, Ledger, LedgerError, Machine, Record, Released, Releaser, WaitReason, Waiting,
     };
-    pub use crate::state::metrics::snapshot_text;
+    pub use crate::state::metrics::{cursor_of, snapshot_text};
     pub use crate::state::open_ledger;
     pub use crate::state::usage::By;
 

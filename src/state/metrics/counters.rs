@@ -113,6 +113,12 @@ impl Tally {
         let (first, mut from) = match start {
             // Truncated in place (audit_keep = 0): what it holds now is all new.
             Some(i) if len_of(&files[i]) < tally.offset => (i, 0),
+            // A cursor that does not end a line of its file (torn, planted, another
+            // log's) says nothing true about the counts: all is counted again.
+            Some(i) if !ends_a_line(&files[i], tally.offset) => {
+                tally = Tally::default();
+                (0, 0)
+            }
             Some(i) => (i, tally.offset),
             None => {
                 tally = Tally::default();
@@ -131,6 +137,18 @@ impl Tally {
         tally.offset = end;
         tally
     }
+}
+
+/// Whether `offset` is 0 or just after a newline of `path`: where a cursor can be.
+fn ends_a_line(path: &Path, offset: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    if offset == 0 {
+        return true;
+    }
+    let mut byte = [0u8];
+    safe_open::open(path, Links::Refuse)
+        .and_then(|f| f.read_exact_at(&mut byte, offset - 1))
+        .is_ok_and(|()| byte[0] == b'\n')
 }
 
 /// The counters of `log`, its refusals log and its users' logs, brought up to date from `before` (a
@@ -168,15 +186,18 @@ pub(super) fn update(log: &AuditLog, before: Counters) -> Counters {
     }
 }
 
-/// `update`, with the cursor kept in `cursor_file` (a state file of root's), for callers
-/// that may write it; others pass `None` and count from the start.
+/// `update`, from the cursor in `cursor_file` (a state file) where there is one to trust,
+/// else from the start; the new cursor is saved there by the state dir's owner (root: the
+/// metrics file's writer, root's `gpupin metrics`). Anyone else only reads it: a user's
+/// `gpupin metrics` writes nothing, and costs what the lines since the last save cost.
 pub(crate) fn update_saved(log: &AuditLog, cursor_file: Option<&Path>) -> Counters {
     let before = cursor_file
-        .and_then(|p| safe_open::read(p, Links::Refuse).ok())
+        .and_then(|p| read_trusted(p).ok())
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default();
     let counters = update(log, before);
     if let Some(path) = cursor_file
+        && keeps_cursor(path)
         && let Ok(bytes) = serde_json::to_vec(&counters)
     {
         let _ = crate::base::atomic::replace(
@@ -187,6 +208,33 @@ pub(crate) fn update_saved(log: &AuditLog, cursor_file: Option<&Path>) -> Counte
         );
     }
     counters
+}
+
+/// The cursor's bytes, from a regular file (never through a symlink) that root or this
+/// user owns and no one else may write, as `update_saved` writes it: counts anyone else
+/// could have planted are not counts of the log.
+fn read_trusted(path: &Path) -> std::io::Result<Vec<u8>> {
+    let file = safe_open::open(path, Links::Refuse)?;
+    let meta = file.metadata()?;
+    let me = rustix::process::geteuid().as_raw();
+    if (meta.uid() != 0 && meta.uid() != me) || meta.mode() & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "a cursor others could have written",
+        ));
+    }
+    safe_open::read_file(file, meta.len())
+}
+
+/// Whether this process is the one to save the cursor at `path`: it owns the directory
+/// (the state dir is root's; in tests, the user's own).
+fn keeps_cursor(path: &Path) -> bool {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == rustix::process::geteuid().as_raw())
 }
 
 #[cfg(test)]
@@ -230,6 +278,81 @@ mod tests {
         // Counted again from scratch: the same (as long as nothing rotated away).
         assert_eq!(update_saved(&log, Some(&cursor)), c);
         assert_eq!(update_saved(&log, None), c);
+    }
+
+    /// A cursor that cannot be trusted (torn, garbage, ending mid-line, a
+    /// symlink, writable by others) gives the counts of a full recount, never others.
+    #[test]
+    fn a_torn_stale_or_planted_cursor_counts_as_a_full_recount() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let log = AuditLog::at(tmp.path().join("audit.log"));
+        for _ in 0..5 {
+            log.append(&Event::new(EventKind::Allocate, "a")).unwrap();
+            log.append(&refusal("limit")).unwrap();
+        }
+        let full = update(&log, Counters::default());
+        let cursor = tmp.path().join("cursor.json");
+        let good = serde_json::to_vec(&full).unwrap();
+        // Counts of another log: the cursor in the middle of a line of this one.
+        let moved = |offset: u64| {
+            let mut c = full.clone();
+            c.main.offset = offset;
+            c.allocations.insert("container".into(), 1_000);
+            c.main.allocations.insert("container".into(), 1_000);
+            serde_json::to_vec(&c).unwrap()
+        };
+        let len = std::fs::metadata(&log.path).unwrap().len();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("torn", good[..good.len() / 2].to_vec()),
+            ("garbage", b"\x00\xff not json".to_vec()),
+            ("empty", Vec::new()),
+            ("mid-line", moved(7)),
+            ("one short of a line end", moved(len - 1)),
+        ];
+        for (what, bytes) in cases {
+            std::fs::write(&cursor, &bytes).unwrap();
+            let c = update_saved(&log, Some(&cursor));
+            assert_eq!(c.allocations, full.allocations, "{what}");
+            assert_eq!(c.refusals, full.refusals, "{what}");
+        }
+        // Counts others could have written, however well formed, are not read.
+        let planted = {
+            let mut c = full.clone();
+            c.main.allocations.insert("container".into(), 1_000);
+            serde_json::to_vec(&c).unwrap()
+        };
+        std::fs::write(&cursor, &planted).unwrap();
+        std::fs::set_permissions(&cursor, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let c = update_saved(&log, Some(&cursor));
+        assert_eq!(c.allocations, full.allocations, "writable by others");
+        let elsewhere = tmp.path().join("elsewhere.json");
+        std::fs::write(&elsewhere, &planted).unwrap();
+        std::fs::remove_file(&cursor).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &cursor).unwrap();
+        let c = update_saved(&log, Some(&cursor));
+        assert_eq!(c.allocations, full.allocations, "a symlink");
+        // A good cursor saved by the dir's owner reads on from where it ended.
+        std::fs::remove_file(&cursor).unwrap();
+        assert_eq!(
+            update_saved(&log, Some(&cursor)).allocations,
+            full.allocations
+        );
+        log.append(&Event::new(EventKind::Allocate, "b")).unwrap();
+        let c = update_saved(&log, Some(&cursor));
+        assert_eq!(c.allocations["container"], 6);
+        assert_eq!(c, update(&log, Counters::default()));
+    }
+
+    /// Only the owner of the cursor's directory saves it: a reader who is not (a user's
+    /// `gpupin metrics` against root's state dir) writes nothing.
+    #[test]
+    fn only_the_state_dirs_owner_saves_the_cursor() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(keeps_cursor(&tmp.path().join("cursor.json")));
+        // The root directory is root's: anyone else is only a reader there.
+        let me = rustix::process::geteuid().as_raw();
+        assert_eq!(keeps_cursor(Path::new("/cursor.json")), me == 0);
     }
 
     #[test]

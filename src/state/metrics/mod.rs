@@ -18,6 +18,13 @@ use std::path::{Path, PathBuf};
 
 /// Where the cursor of the counters is kept (`update_saved`), in the state dir.
 pub(crate) const CURSOR_FILE: &str = "metrics-cursor.json";
+
+/// The counters' cursor of `ledger`: in its state dir, kept by the state dir's owner (the
+/// metrics file's writer, root's `gpupin metrics`), read by everyone's `gpupin metrics`
+/// so that a scrape reads only the audit lines written since.
+pub fn cursor_of(ledger: &Ledger) -> PathBuf {
+    ledger.dir().join(CURSOR_FILE)
+}
 /// How many audit lines could not be written, in the state dir: the audit log cannot
 /// count its own failures (`gpupin_audit_write_failures_total`).
 /// The `metrics_file`, rewritten after each change of the ledger it observes, and what
@@ -138,7 +145,7 @@ impl FileSink {
                     None => None,
                 };
                 // The counters' cursor is the ledger's, as is the state dir it is in.
-                let cursor = ledger.dir().join(CURSOR_FILE);
+                let cursor = cursor_of(ledger);
                 snapshot_text(
                     &self.audit,
                     ledger,

@@ -14,14 +14,16 @@ pub fn run(config: &Config, _args: &MetricsArgs) -> anyhow::Result<ExitCode> {
         .ok()
         .flatten();
     let ledger = Ledger::open_read_only(&config.ledger_settings())?;
-    // The counters are read from the whole audit log: the saved cursor is the ledger's,
-    // written under its lock.
+    // The counters start from the cursor the state dir's owner keeps (the metrics file's
+    // writer, or root's own `gpupin metrics`), so that a scrape reads only the audit lines
+    // since; without one the whole log is counted. Only that owner writes the cursor.
+    let cursor = gpupin::command::cursor_of(&ledger);
     let text = gpupin::command::snapshot_text(
         &config.audit(),
         &ledger,
         &inventory,
         live.as_deref(),
-        None,
+        Some(&cursor),
     )?;
     out!("{text}")?;
     Ok(ExitCode::SUCCESS)
