@@ -15,7 +15,7 @@
 
 use crate::state::audit::{BadValue, Event, EventKind};
 use crate::state::ledger::Record;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What the rows are.
@@ -113,10 +113,14 @@ pub fn usage(
 ) -> Usage {
     let (from, until) = (unix(since), unix(now));
     let mut spans: Vec<Span> = events.iter().filter_map(event_span).collect();
+    // Only the ids of live records can have a release among the events.
+    let ids: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
+    let ended = index_by_holder(&spans, |id| ids.contains(id));
     let released = |r: &Record| {
-        spans
-            .iter()
-            .any(|s| s.holder == r.id && s.start.abs_diff(r.created_at) <= 1)
+        ended.get(r.id.as_str()).is_some_and(|of| {
+            of.iter()
+                .any(|&i| spans[i].start.abs_diff(r.created_at) <= 1)
+        })
     };
     let live: Vec<Span> = records
         .iter()
@@ -124,7 +128,12 @@ pub fn usage(
         .map(|r| record_span(r, until))
         .collect();
     spans.extend(live);
-    let parents: Vec<Option<usize>> = (0..spans.len()).map(|i| parent(&spans, i)).collect();
+    // Only the ids some holding was nested in can be parents.
+    let parent_ids: HashSet<&str> = spans.iter().filter_map(|s| s.within).collect();
+    let of_holder = index_by_holder(&spans, |id| parent_ids.contains(id));
+    let parents: Vec<Option<usize>> = (0..spans.len())
+        .map(|i| parent(&spans, &of_holder, i))
+        .collect();
 
     let mut rows: BTreeMap<String, (u64, BTreeSet<&str>)> = BTreeMap::new();
     let mut total = (0, BTreeSet::new());
@@ -187,17 +196,34 @@ pub fn usage(
     }
 }
 
+/// The indices of `spans` by holder id, of the ids `wanted` keeps, each list in index
+/// order: a nested holder's parent is looked up among the holdings of one id, not among
+/// all (a year holds hundreds of thousands; looking through all for each nested one was
+/// quadratic), and only the few ids looked up are indexed.
+fn index_by_holder<'a>(
+    spans: &[Span<'a>],
+    wanted: impl Fn(&str) -> bool,
+) -> HashMap<&'a str, Vec<usize>> {
+    let mut of: HashMap<&'a str, Vec<usize>> = HashMap::new();
+    for (i, span) in spans.iter().enumerate() {
+        if wanted(span.holder) {
+            of.entry(span.holder).or_default().push(i);
+        }
+    }
+    of
+}
+
 /// The holding `spans[child]` was nested in: the one of its parent's id that was there
 /// when it began (started no later, ended no earlier). Of several (an id released and
 /// taken again within one second), the earliest: a later one began after the child.
-fn parent(spans: &[Span], child: usize) -> Option<usize> {
+fn parent(spans: &[Span], of_holder: &HashMap<&str, Vec<usize>>, child: usize) -> Option<usize> {
     let c = &spans[child];
     let within = c.within?;
-    spans
+    of_holder
+        .get(within)?
         .iter()
-        .enumerate()
-        .filter(|&(i, p)| i != child && p.holder == within)
-        .filter(|(_, p)| p.start <= c.start && c.start <= p.end)
+        .map(|&i| (i, &spans[i]))
+        .filter(|&(i, p)| i != child && p.start <= c.start && c.start <= p.end)
         .min_by_key(|(i, p)| (p.start, *i))
         .map(|(i, _)| i)
 }
@@ -616,6 +642,49 @@ mod tests {
         released.user = None;
         let u = sums(&[released], &records, 0, By::Holder);
         assert_eq!(rows(&u), [("web", HOUR + 1, 1)]);
+    }
+
+    /// `parent` looks among the holdings of one id; the answer is the one a look through
+    /// all of them gives (ids reused within a second, nested chains, self-references).
+    #[test]
+    fn the_parent_found_by_id_is_the_parent_found_among_all() {
+        let naive = |spans: &[Span], child: usize| {
+            let c = &spans[child];
+            let within = c.within?;
+            spans
+                .iter()
+                .enumerate()
+                .filter(|&(i, p)| i != child && p.holder == within)
+                .filter(|(_, p)| p.start <= c.start && c.start <= p.end)
+                .min_by_key(|(i, p)| (p.start, *i))
+                .map(|(i, _)| i)
+        };
+        let ids = ["a", "b", "c", "d"];
+        let mut seed = 34u64;
+        let mut next = move |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) % n
+        };
+        for _ in 0..200 {
+            let spans: Vec<Span> = (0..12)
+                .map(|_| {
+                    let start = next(20);
+                    Span {
+                        holder: ids[next(4) as usize],
+                        shown: "-",
+                        who: "-",
+                        gpus: Vec::new(),
+                        start,
+                        end: start + next(10),
+                        within: (next(2) == 0).then(|| ids[next(4) as usize]),
+                    }
+                })
+                .collect();
+            let of_holder = index_by_holder(&spans, |_| true);
+            for i in 0..spans.len() {
+                assert_eq!(parent(&spans, &of_holder, i), naive(&spans, i));
+            }
+        }
     }
 
     #[test]
