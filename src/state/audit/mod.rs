@@ -6,6 +6,7 @@
 //! ledger's live records (`gpupin usage`); the report layer renders both for people.
 
 mod filter;
+mod line;
 mod read;
 mod tail;
 mod write;
@@ -84,8 +85,8 @@ pub(crate) fn unit_name(index: Option<u32>, uuid: &str) -> String {
 }
 
 /// One line of the audit log. Every field but `time`, `event` and `holder` is left out
-/// where it is not known.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// where it is not known. Read back by `line` (the same keys, without serde's flatten).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Event {
     /// RFC 3339, UTC, to the second.
     pub time: String,
