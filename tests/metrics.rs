@@ -151,10 +151,18 @@ fn the_metrics_file_follows_the_ledger_and_parses() {
     assert_eq!(samples["type:gpupin_allocations"], "counter");
     assert_eq!(samples["type:gpupin_gpu_held"], "gauge");
 
-    // `gpupin metrics` says the same, counted from the whole log.
+    // `gpupin metrics` says the same, from the cursor the file's rewrites keep, and
+    // again without it, counted from the whole log (a first scrape).
     let out = g.run(&["metrics"], "");
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(parse(&harness::stdout(&out)), samples);
+    let cursor = g.state_dir.join("metrics-cursor.json");
+    assert_file_mode(&cursor, 0o644);
+    std::fs::remove_file(&cursor).unwrap();
+    let out = g.run(&["metrics"], "");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(parse(&harness::stdout(&out)), samples);
+    assert!(cursor.exists(), "root's gpupin metrics keeps the cursor");
 
     // A release rewrites the file at once.
     ok(&g, &["release", "maint"]);
