@@ -36,7 +36,9 @@ pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
         // above, which may cover it in the period.
         let overlaps = entry.at >= since || entry.event.within.is_some();
         if overlaps && matches!(entry.event.event, EventKind::Release | EventKind::Reap) {
-            ended.push(entry.event);
+            // What usage needs of it, not the whole event: a year holds hundreds of
+            // thousands.
+            ended.extend(usage::Ended::of(&entry.event));
         }
     }
     let usage = usage::usage(&ended, &records, since, now, args.by.unwrap_or_default());
