@@ -21,6 +21,7 @@ use gpupin::parts::{
     Gpu, Inventory, InventorySource, Link, Live, PolicyInput, PolicyName, load_inventory,
     reference, topology,
 };
+use gpupin_sandbox::harness::rng::Rng;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -174,7 +175,7 @@ fn random(a: usize, b: usize) -> Link {
         Link::CrossSocket,
     ];
     let mut rng = Rng(((a.min(b) as u64) << 32) | a.max(b) as u64);
-    KINDS[(rng.next() % KINDS.len() as u64) as usize]
+    KINDS[(rng.next_u64() % KINDS.len() as u64) as usize]
 }
 
 /// Eight NVSwitch islands of eight; islands 0-3 on socket 0, 4-7 on socket 1.
@@ -261,19 +262,6 @@ fn synthetic(n: usize, gpu: &str, link: fn(usize, usize) -> Link) -> Inventory {
     }
 }
 
-/// splitmix64: a fixed, dependency-free stream so every run holds the same GPUs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 /// A quarter of the GPUs held at random (fewer when the count needs them), seeded by
 /// machine size and count.
 fn free_set(n: usize, count: usize) -> Vec<bool> {
@@ -281,7 +269,7 @@ fn free_set(n: usize, count: usize) -> Vec<bool> {
     let mut free = vec![true; n];
     let mut held = 0;
     while held < (n / 4).min(n - count) {
-        let p = (rng.next() % n as u64) as usize;
+        let p = (rng.next_u64() % n as u64) as usize;
         if free[p] {
             free[p] = false;
             held += 1;
@@ -294,8 +282,8 @@ fn live(n: usize) -> Vec<Live> {
     let mut rng = Rng(n as u64);
     (0..n)
         .map(|_| Live {
-            utilization: Some((rng.next() % 101) as u32),
-            memory_free: rng.next() % (80 << 30),
+            utilization: Some((rng.next_u64() % 101) as u32),
+            memory_free: rng.next_u64() % (80 << 30),
             ..Live::default()
         })
         .collect()

@@ -18,6 +18,7 @@
 
 use gpupin::parts::audit::{Event, EventKind, GpuRef};
 use gpupin::parts::{ContainerInfo, GpuRequest, HolderKind, Origin, Selection, Share};
+use gpupin_sandbox::harness::rng::Rng;
 use std::collections::BinaryHeap;
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -53,27 +54,6 @@ pub struct Written {
     pub files: Vec<PathBuf>,
     /// A holder id that occurs in the trail (`gpupin log --holder`).
     pub a_holder: String,
-}
-
-/// splitmix64: seeded, no dependency, the same lines for the same seed everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
 }
 
 /// One line waiting for its time, earliest first out of the heap (then in the order made).
@@ -196,7 +176,7 @@ fn duration(rng: &mut Rng) -> u64 {
 }
 
 fn hex_id(rng: &mut Rng) -> String {
-    (0..4).map(|_| format!("{:016x}", rng.next())).collect()
+    (0..4).map(|_| format!("{:016x}", rng.next_u64())).collect()
 }
 
 /// Writes the trail into `dir` (`audit.log`, its rotated files, `audit.refusals.log`).

@@ -13,6 +13,7 @@ pub mod driver;
 mod fake;
 pub mod ledger;
 mod nodes;
+pub mod rng;
 mod setup;
 pub mod status;
 pub mod toolkit;
