@@ -54,6 +54,23 @@ pub(crate) fn open_at_with_stat(
     Ok((File::from(fd), stat))
 }
 
+/// Whether `stat` (of a state file just opened) says that only root or this user could
+/// have written it: owned by one of them, writable by no one else. `Err`: why not, for a
+/// message. Whoever else could write a state file could make it say anything.
+pub(crate) fn written_by_us(stat: &rustix::fs::Stat) -> Result<(), String> {
+    let me = rustix::process::geteuid().as_raw();
+    if stat.st_uid != 0 && stat.st_uid != me {
+        return Err(format!("owned by uid {}, not root", stat.st_uid));
+    }
+    if stat.st_mode & 0o022 != 0 {
+        return Err(format!(
+            "mode {:o} lets others write it",
+            stat.st_mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
 /// Opens `path` for appending, creating it with `mode` (whatever the umask) when missing;
 /// never through a symlink, never a FIFO.
 pub(crate) fn open_append(path: &Path, mode: u32) -> io::Result<File> {
@@ -150,6 +167,30 @@ fn describe(kind: FileType) -> &'static str {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_state_file_others_may_write_is_not_ours() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("state");
+        std::fs::write(&path, "1").unwrap();
+        let stat = |mode: u32| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            open_with_stat(&path, Links::Refuse).unwrap().1
+        };
+        assert_eq!(written_by_us(&stat(0o644)), Ok(()));
+        assert_eq!(
+            written_by_us(&stat(0o664)),
+            Err("mode 664 lets others write it".into())
+        );
+        assert_eq!(
+            written_by_us(&stat(0o646)),
+            Err("mode 646 lets others write it".into())
+        );
+        let mut theirs = stat(0o644);
+        theirs.st_uid = rustix::process::geteuid().as_raw() + 1;
+        let why = format!("owned by uid {}, not root", theirs.st_uid);
+        assert_eq!(written_by_us(&theirs), Err(why));
+    }
 
     fn fifo(path: &Path) {
         rustix::fs::mknodat(

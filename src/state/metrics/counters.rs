@@ -214,16 +214,10 @@ pub(crate) fn update_saved(log: &AuditLog, cursor_file: Option<&Path>) -> Counte
 /// user owns and no one else may write, as `update_saved` writes it: counts anyone else
 /// could have planted are not counts of the log.
 fn read_trusted(path: &Path) -> std::io::Result<Vec<u8>> {
-    let file = safe_open::open(path, Links::Refuse)?;
-    let meta = file.metadata()?;
-    let me = rustix::process::geteuid().as_raw();
-    if (meta.uid() != 0 && meta.uid() != me) || meta.mode() & 0o022 != 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            "a cursor others could have written",
-        ));
-    }
-    safe_open::read_file(file, meta.len())
+    let (file, stat) = safe_open::open_with_stat(path, Links::Refuse)?;
+    safe_open::written_by_us(&stat)
+        .map_err(|why| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why))?;
+    safe_open::read_file(file, stat.st_size as u64)
 }
 
 /// Whether this process is the one to save the cursor at `path`: it owns the directory

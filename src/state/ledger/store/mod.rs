@@ -287,17 +287,8 @@ fn read_trusted(dir: Option<BorrowedFd<'_>>, path: &Path) -> std::io::Result<Str
         Some(dir) => safe_open::open_at_with_stat(dir, path.file_name().unwrap_or_default())?,
         None => safe_open::open_with_stat(path, Links::Refuse)?,
     };
-    let me = rustix::process::geteuid().as_raw();
     let untrusted = |reason: String| std::io::Error::new(std::io::ErrorKind::InvalidData, reason);
-    if stat.st_uid != 0 && stat.st_uid != me {
-        return Err(untrusted(format!("owned by uid {}, not root", stat.st_uid)));
-    }
-    if stat.st_mode & 0o022 != 0 {
-        return Err(untrusted(format!(
-            "mode {:o} lets others write it",
-            stat.st_mode & 0o7777
-        )));
-    }
+    safe_open::written_by_us(&stat).map_err(untrusted)?;
     let bytes = safe_open::read_file(file, stat.st_size as u64)?;
     String::from_utf8(bytes).map_err(|_| untrusted("not UTF-8 text".into()))
 }
