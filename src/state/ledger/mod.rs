@@ -47,6 +47,7 @@ use crate::input::config::{AuditFailure, AuditLog, LedgerSettings, QueueOrder};
 use crate::input::request::{GpuRequest, Share};
 use crate::model::holder::{BadHolderId, HolderId, HolderKind, WithinKey};
 use crate::state::audit::{Event, EventKind};
+use decide::occupancy::{Held, Occupancy};
 use life::within;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -518,9 +519,14 @@ impl Ledger {
             Ok(secret.as_ref().is_some_and(|s| s.opens(parent, key)))
         };
         let scope = decide::scope::scope(holder, request, machine, &meta, live, &mut opens)?;
-        let plan = decide::plan::plan(holder, request, machine, live, cursor, &scope)
+        let occupancy = Occupancy::of(live);
+        let held = Held {
+            records: live,
+            occupancy: &occupancy,
+        };
+        let plan = decide::plan::plan(holder, request, machine, held, cursor, &scope)
             .map_err(|e| e.naming(&meta))?;
-        decide::scope::check(&meta, machine, live, &plan.uuids)?;
+        decide::scope::check(&meta, machine, &occupancy, &plan.uuids)?;
         let taking = decide::plan::gpus_of_units(&plan.uuids, machine.inventory);
         let in_the_way = ahead.iter().filter(|t| t.could_use_any(&taking)).count();
         if in_the_way > 0 {
@@ -643,8 +649,13 @@ impl Ledger {
             &live,
             &mut |_, _| Ok(false),
         )?;
-        let plan = decide::plan::plan(&holder, request, machine, &live, cursor, &scope)?;
-        decide::scope::check(&looking, machine, &live, &plan.uuids)?;
+        let occupancy = Occupancy::of(&live);
+        let held = Held {
+            records: &live,
+            occupancy: &occupancy,
+        };
+        let plan = decide::plan::plan(&holder, request, machine, held, cursor, &scope)?;
+        decide::scope::check(&looking, machine, &occupancy, &plan.uuids)?;
         Ok(Preview {
             uuids: plan.uuids,
             free: plan.free,

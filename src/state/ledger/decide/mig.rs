@@ -10,6 +10,7 @@
 
 use super::DecideError;
 use super::machine::Machine;
+use super::occupancy::Occupancy;
 use super::scope::Scope;
 use crate::base::units::format_size;
 use crate::input::config::MigUnits;
@@ -18,7 +19,7 @@ use crate::input::request::{GpuRequest, MigWant, Selection};
 use crate::model::gpu::{Gpu, Inventory};
 use crate::model::holder::HolderId;
 use crate::model::mig::MigInstance;
-use crate::state::ledger::record::{Record, holders_of};
+use crate::state::ledger::record::Record;
 use std::collections::BTreeMap;
 
 /// Why an instance cannot take this request.
@@ -68,7 +69,12 @@ pub(in crate::state::ledger) fn count_may_take_instances(
         && machine.inventory.has_mig()
 }
 
-/// The holders standing in the way of an instance: its own, and its GPU's whole.
+/// Whether a holder stands in the way of an instance: its own, or its GPU's whole.
+fn blocked(instance: &MigInstance, others: &Occupancy) -> bool {
+    others.is_held(&instance.uuid) || others.is_held(&instance.parent_uuid)
+}
+
+/// The holders standing in the way of an instance, for a refusal that names them.
 fn blockers<'r>(
     instance: &MigInstance,
     others: &'r [Record],
@@ -88,7 +94,7 @@ fn fits(
     parent: &Gpu,
     position: usize,
     request: &GpuRequest,
-    others: &[Record],
+    others: &Occupancy,
     scope: &Scope,
     by_profile: bool,
 ) -> Result<(), Unfit> {
@@ -119,7 +125,7 @@ fn fits(
     if !scope.allows(position) || !scope.within_has(&instance.uuid) {
         return Err(Unfit::OutOfScope);
     }
-    if blockers(instance, others).next().is_some() {
+    if blocked(instance, others) {
         return Err(Unfit::Held);
     }
     Ok(())
@@ -135,7 +141,7 @@ pub(in crate::state::ledger) fn choose(
     holder: &HolderId,
     request: &GpuRequest,
     machine: &Machine,
-    others: &[Record],
+    others: &Occupancy,
     scope: &Scope,
 ) -> Result<Vec<String>, DecideError> {
     let count = match request.selection {
@@ -159,7 +165,7 @@ pub(in crate::state::ledger) fn choose(
             if fit == Err(Unfit::NoAccess) {
                 no_access += 1;
             }
-            if blockers(instance, others).next().is_none() {
+            if !blocked(instance, others) {
                 *free_per_parent.entry(parent.index).or_default() += 1;
             }
             if fit.is_ok() {
@@ -304,7 +310,7 @@ pub(in crate::state::ledger) fn named(
     request: &GpuRequest,
     machine: &Machine,
     all: &[Record],
-    others: &[Record],
+    others: &Occupancy,
     scope: &Scope,
 ) -> Option<Result<String, DecideError>> {
     let inventory = machine.inventory;
@@ -331,8 +337,7 @@ pub(in crate::state::ledger) fn named(
     )
 }
 
-/// Whether anyone holds the GPU's instance `uuid` or the GPU itself (for status).
-pub(crate) fn is_held(instance: &MigInstance, live: &[Record]) -> bool {
-    holders_of(&instance.uuid, live).next().is_some()
-        || holders_of(&instance.parent_uuid, live).next().is_some()
+/// Whether anyone among the counted holders holds the instance or its GPU whole.
+pub(in crate::state::ledger) fn is_held(instance: &MigInstance, others: &Occupancy) -> bool {
+    blocked(instance, others)
 }

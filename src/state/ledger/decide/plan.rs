@@ -4,6 +4,7 @@
 use super::DecideError;
 use super::machine::Machine;
 use super::mig;
+use super::occupancy::{Held, Occupancy, UnitUse};
 use super::scope::Scope;
 use crate::base::units::format_size;
 use crate::host::whose::Seen;
@@ -78,7 +79,7 @@ pub(in crate::state::ledger) fn plan(
     holder: &HolderId,
     request: &GpuRequest,
     machine: &Machine,
-    live: &[Record],
+    held: Held,
     cursor: usize,
     scope: &Scope,
 ) -> Result<Plan, DecideError> {
@@ -87,26 +88,29 @@ pub(in crate::state::ledger) fn plan(
     if total == 0 {
         return Err(DecideError::NoGpus);
     }
+    let live = held.records;
     // The enclosing holders of a nested request hold its GPUs for it. Most requests nest
-    // in none, and then the others are all the live records, not a copy of thousands.
-    let others: std::borrow::Cow<[Record]> = match scope.enclosing.is_empty() {
-        true => std::borrow::Cow::Borrowed(live),
-        false => live
-            .iter()
-            .filter(|r| !scope.enclosing.contains(&r.id))
-            .cloned()
-            .collect(),
+    // in none, and then the others are everyone's counts as they are, not a copy.
+    let others: std::borrow::Cow<Occupancy> = match scope.enclosing.is_empty() {
+        true => std::borrow::Cow::Borrowed(held.occupancy),
+        false => {
+            let mut others = held.occupancy.clone();
+            for record in live.iter().filter(|r| scope.enclosing.contains(&r.id)) {
+                others.remove(record);
+            }
+            std::borrow::Cow::Owned(others)
+        }
     };
     if request.mig.is_some() {
         let uuids = mig::choose(holder, request, machine, &others, scope)?;
         return Ok(mig_plan(uuids, machine, &others, cursor));
     }
-    let held = held_per_gpu(inventory, &others);
     let fit: Vec<Result<(), Unfit>> = (0..total)
         .map(|p| {
             if scope.allows(p) {
                 let in_the_way = in_the_way(machine, p, live, &scope.enclosing);
-                fits(p, request, machine, &held[p], in_the_way)
+                let used = others.unit(&inventory.gpus[p].uuid);
+                fits(p, request, machine, used, in_the_way)
             } else {
                 Err(Unfit::OutOfScope)
             }
@@ -221,7 +225,7 @@ pub(in crate::state::ledger) fn plan(
 }
 
 /// The plan of MIG instances: `free` says which GPUs have an instance no one holds.
-fn mig_plan(mut uuids: Vec<String>, machine: &Machine, others: &[Record], cursor: usize) -> Plan {
+fn mig_plan(mut uuids: Vec<String>, machine: &Machine, others: &Occupancy, cursor: usize) -> Plan {
     uuids.sort();
     let free = machine
         .inventory
@@ -287,48 +291,20 @@ fn in_the_way<'m>(
     enclosing: &[String],
 ) -> Option<&'m Seen> {
     machine.processes?.get(position)?.iter().find(|seen| {
-        seen.process
-            .as_ref()
-            .is_some_and(|p| !holder_of(p, records).is_some_and(|r| enclosing.contains(&r.id)))
+        seen.process.as_ref().is_some_and(|p| {
+            enclosing.is_empty()
+                || !holder_of(p, records).is_some_and(|r| enclosing.contains(&r.id))
+        })
     })
 }
 
-/// The records holding each GPU, by inventory position, in one pass over the records
-/// (rather than one pass per GPU: a busy machine has thousands of holders).
-pub(super) fn held_per_gpu<'r>(
-    inventory: &Inventory,
-    records: &'r [Record],
-) -> Vec<Vec<&'r Record>> {
-    let position: std::collections::HashMap<&str, usize> = inventory
-        .gpus
-        .iter()
-        .enumerate()
-        .map(|(p, gpu)| (gpu.uuid.as_str(), p))
-        .collect();
-    let mut held: Vec<Vec<&Record>> = vec![Vec::new(); inventory.gpus.len()];
-    for record in records {
-        // A MIG instance's UUID is no GPU's; a GPU a record names twice holds it once.
-        for uuid in &record.gpus {
-            if let Some(&p) = position.get(uuid.as_str())
-                && !held[p]
-                    .last()
-                    .is_some_and(|r: &&Record| std::ptr::eq(*r, record))
-            {
-                held[p].push(record);
-            }
-        }
-    }
-    held
-}
-
-/// Whether the GPU at `position` can take `request` now; `holders`: the records that
-/// hold it; `in_the_way`: a process on it that an exclusive request must not share it
-/// with.
+/// Whether the GPU at `position` can take `request` now; `used`: how its holders hold
+/// it; `in_the_way`: a process on it that an exclusive request must not share it with.
 fn fits(
     position: usize,
     request: &GpuRequest,
     machine: &Machine,
-    holders: &[&Record],
+    used: UnitUse,
     in_the_way: Option<&Seen>,
 ) -> Result<(), Unfit> {
     let gpu = &machine.inventory.gpus[position];
@@ -353,9 +329,9 @@ fn fits(
         }
     }
     match request.share {
-        Share::Exclusive if !holders.is_empty() => Err(Unfit::Held),
+        Share::Exclusive if used.holders() > 0 => Err(Unfit::Held),
         Share::Exclusive => in_the_way.map_or(Ok(()), |seen| Err(Unfit::Foreign(seen.pid))),
-        Share::Shared => shared_fit(gpu, request, machine, holders),
+        Share::Shared => shared_fit(gpu, request, machine, used),
     }
 }
 
@@ -365,16 +341,16 @@ fn shared_fit(
     gpu: &Gpu,
     request: &GpuRequest,
     machine: &Machine,
-    holders: &[&Record],
+    used: UnitUse,
 ) -> Result<(), Unfit> {
-    if holders.iter().any(|r| r.request.share == Share::Exclusive) {
+    if used.exclusive > 0 {
         return Err(Unfit::Held);
     }
-    if holders.len() >= machine.max_shared as usize {
+    if used.holders() >= machine.max_shared {
         return Err(Unfit::SharedFull);
     }
     if let Some(reserve) = request.reserve {
-        let reserved: u64 = holders.iter().filter_map(|r| r.request.reserve).sum();
+        let reserved = used.reserved;
         // Memory 0 means unknown (procfs): no reservation can be promised on it.
         if gpu.memory_bytes == 0 || reserved.saturating_add(reserve) > gpu.memory_bytes {
             return Err(Unfit::NoRoom);

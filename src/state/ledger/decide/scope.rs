@@ -4,6 +4,7 @@
 
 use super::DecideError;
 use super::machine::Machine;
+use super::occupancy::Occupancy;
 use crate::model::holder::WithinKey;
 use crate::model::holder::{HolderId, HolderKind};
 use crate::state::ledger::record::{HolderMeta, Record};
@@ -166,36 +167,30 @@ pub(in crate::state::ledger) fn may_enter<E: From<DecideError>>(
 
 /// Refuses `planned` when it would take the requester past one of their limits. GPUs they
 /// (or their group) hold already do not count twice: a job inside their own hold adds none.
+/// `held`: what every live holder holds.
 pub(in crate::state::ledger) fn check(
     meta: &HolderMeta,
     machine: &Machine,
-    live: &[Record],
+    held: &Occupancy,
     planned: &[String],
 ) -> Result<(), DecideError> {
     let (true, Some(limits), Some(owner)) = (meta.limited, machine.limits, &meta.owner) else {
         return Ok(());
     };
     for limit in limits.applicable(&owner.user, &owner.groups) {
-        let counted = |r: &&Record| {
-            r.owner.as_ref().is_some_and(|o| match &limit.group {
-                None => o.uid == owner.uid,
-                Some(g) => o.groups.contains(g),
-            })
+        let theirs: BTreeSet<&str> = match &limit.group {
+            None => held.held_by_uid(owner.uid).collect(),
+            Some(group) => held.held_by_group(group).collect(),
         };
-        let held: BTreeSet<&str> = live
-            .iter()
-            .filter(counted)
-            .flat_map(|r| r.gpus.iter().map(String::as_str))
-            .collect();
         let wanted = planned
             .iter()
-            .filter(|u| !held.contains(u.as_str()))
+            .filter(|u| !theirs.contains(u.as_str()))
             .count();
-        if held.len() + wanted > limit.max_gpus as usize {
+        if theirs.len() + wanted > limit.max_gpus as usize {
             return Err(DecideError::LimitReached(Box::new(super::LimitReached {
                 user: owner.user.clone(),
                 group: limit.group,
-                held: held.len(),
+                held: theirs.len(),
                 wanted,
                 limit: limit.max_gpus,
                 key: limit.key,

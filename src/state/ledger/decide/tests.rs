@@ -1,7 +1,8 @@
 //! decide/ as pure functions: a machine, records and a request in, a plan or a refusal
 //! out, with no ledger directory anywhere.
 
-use super::plan::{gpus_of_units, held_per_gpu, plan, resolve_devices};
+use super::occupancy::{Held, Occupancy, UnitUse};
+use super::plan::{Plan, gpus_of_units, plan, resolve_devices};
 use super::scope::{Scope, check, scope};
 use super::{DecideError, Machine};
 use crate::base::message::one_line;
@@ -47,12 +48,29 @@ fn alice_asks() -> HolderMeta {
     }
 }
 
+/// `plan` on `live` as the ledger's slow path gives it: the records and their counts.
+fn planned(
+    holder: &HolderId,
+    request: &GpuRequest,
+    m: &Machine,
+    live: &[Record],
+    cursor: usize,
+    scope: &Scope,
+) -> Result<Plan, DecideError> {
+    let occupancy = Occupancy::of(live);
+    let held = Held {
+        records: live,
+        occupancy: &occupancy,
+    };
+    plan(holder, request, m, held, cursor, scope)
+}
+
 #[test]
 fn a_count_takes_gpus_nobody_holds() {
     let inv = machine(4);
     let m = Machine::new(&inv, PolicyName::Pack);
     let live = [record("a", &["GPU-test-0"])];
-    let plan = plan(
+    let plan = planned(
         &id("b"),
         &request(Selection::Count(2)),
         &m,
@@ -70,7 +88,7 @@ fn a_count_takes_gpus_nobody_holds() {
 fn a_count_past_the_machine_or_an_empty_machine_is_refused() {
     let inv = machine(4);
     let m = Machine::new(&inv, PolicyName::Pack);
-    let err = plan(
+    let err = planned(
         &id("b"),
         &request(Selection::Count(5)),
         &m,
@@ -86,7 +104,7 @@ fn a_count_past_the_machine_or_an_empty_machine_is_refused() {
     assert_eq!(err.code(), "count_too_large");
     let none = machine(0);
     let m = Machine::new(&none, PolicyName::Pack);
-    let err = plan(
+    let err = planned(
         &id("b"),
         &request(Selection::Count(1)),
         &m,
@@ -104,7 +122,7 @@ fn a_held_gpu_named_is_refused_under_the_containers_own_name() {
     let inv = machine(2);
     let m = Machine::new(&inv, PolicyName::Pack);
     let live = [record("a", &["GPU-test-0"])];
-    let err = plan(
+    let err = planned(
         &id("claim-3f0c1d2e"),
         &request(Selection::Devices(vec!["0".into()])),
         &m,
@@ -215,33 +233,70 @@ fn a_plan_past_the_users_limit_is_refused_and_held_gpus_count_once() {
         ..Machine::new(&inv, PolicyName::Pack)
     };
     let live = [alices("a", &["GPU-test-0"])];
-    let err = check(&alice_asks(), &m, &live, &["GPU-test-1".into()]).unwrap_err();
+    let err = check(
+        &alice_asks(),
+        &m,
+        &Occupancy::of(&live),
+        &["GPU-test-1".into()],
+    )
+    .unwrap_err();
     let DecideError::LimitReached(reached) = &err else {
         panic!("{err}");
     };
     assert_eq!((reached.held, reached.wanted, reached.limit), (1, 1, 1));
     assert_eq!(err.code(), "limit");
-    check(&alice_asks(), &m, &live, &["GPU-test-0".into()]).unwrap();
+    check(
+        &alice_asks(),
+        &m,
+        &Occupancy::of(&live),
+        &["GPU-test-0".into()],
+    )
+    .unwrap();
     // Root's own requests are not limited.
     let root = HolderMeta {
         limited: false,
         ..alice_asks()
     };
-    check(&root, &m, &live, &["GPU-test-1".into()]).unwrap();
+    check(&root, &m, &Occupancy::of(&live), &["GPU-test-1".into()]).unwrap();
 }
 
 #[test]
-fn each_gpu_lists_the_records_that_hold_it_once_and_a_mig_instance_is_no_gpu() {
+fn the_counts_hold_each_unit_once_per_record_and_removing_undoes_adding() {
     let inv = machine(3);
     let (g0, g2) = (inv.gpus[0].uuid.clone(), inv.gpus[2].uuid.clone());
+    let shared = |id: &str, gpus: &[&str], reserve: u64| {
+        let mut r = alices(id, gpus);
+        r.request.share = crate::input::request::Share::Shared;
+        r.request.reserve = Some(reserve);
+        r.owner.as_mut().unwrap().groups = vec!["lab".into(), "lab".into()];
+        r
+    };
     let records = [
         record("a", &[&g0]),
-        record("b", &[&g0, &g2, &g2]),
-        record("c", &["MIG-not-a-gpu"]),
+        shared("b", &[&g2, &g2], 5),
+        shared("c", &[&g2], 7),
+        record("d", &["MIG-an-instance"]),
     ];
-    let held = held_per_gpu(&inv, &records);
-    let ids = |p: usize| held[p].iter().map(|r| r.id.as_str()).collect::<Vec<_>>();
-    assert_eq!(ids(0), ["a", "b"]);
-    assert!(ids(1).is_empty());
-    assert_eq!(ids(2), ["b"]);
+    let all = Occupancy::of(&records);
+    let unit = |e, s, r| UnitUse {
+        exclusive: e,
+        shared: s,
+        reserved: r,
+    };
+    assert_eq!(all.unit(&g0), unit(1, 0, 0));
+    assert_eq!(all.unit(&g2), unit(0, 2, 12));
+    assert_eq!(all.unit(&inv.gpus[1].uuid), unit(0, 0, 0));
+    assert!(all.is_held("MIG-an-instance") && !all.is_held(&inv.gpus[1].uuid));
+    assert_eq!(all.held_by_uid(1001).collect::<Vec<_>>(), [g2.as_str()]);
+    assert_eq!(all.held_by_group("lab").collect::<Vec<_>>(), [g2.as_str()]);
+    assert_eq!(all.held_by_uid(0).count(), 0);
+    // Taking a record away leaves what the others alone would count, in any order.
+    let mut less = all.clone();
+    less.remove(&records[1]);
+    assert_eq!(less, Occupancy::of([&records[3], &records[0], &records[2]]));
+    assert_eq!(less.unit(&g2), unit(0, 1, 7));
+    less.remove(&records[2]);
+    less.remove(&records[0]);
+    less.remove(&records[3]);
+    assert_eq!(less, Occupancy::default());
 }

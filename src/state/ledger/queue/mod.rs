@@ -639,7 +639,8 @@ impl Ledger {
         // Names no record holds: each counts as a GPU the user does not hold yet. (Past the
         // holder's own GPUs the request never fits; it is counted as before.)
         probe.extend((probe.len()..n).map(|i| format!("\0gpupin-probe-{i}")));
-        match decide::scope::check(meta, machine, live, &probe) {
+        let held = decide::occupancy::Occupancy::of(live);
+        match decide::scope::check(meta, machine, &held, &probe) {
             Err(err) => WaitReason::of_limit(&err),
             Ok(_) => None,
         }
