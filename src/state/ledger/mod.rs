@@ -473,6 +473,9 @@ impl Ledger {
         meta: HolderMeta,
     ) -> Result<Allocation, LedgerError> {
         let _lock = store::lock(&self.dir)?;
+        if let Some(allocation) = self.allocate_on_index(holder, request, machine, &meta)? {
+            return Ok(allocation);
+        }
         let records = store::read_records(&self.dir)?;
         if let Some(existing) = records.iter().find(|r| r.id == holder.as_str())
             && let Some(allocation) = self.again(existing, request, machine, &meta)?
@@ -480,16 +483,63 @@ impl Ledger {
             return Ok(allocation);
         }
         let live = self.reap(records, SystemTime::now())?;
-        // A parked ticket (a waiter held back only by its own user's limit) is in no
-        // one's way; the others only where this request would take a GPU they could use.
-        let ahead: Vec<queue::Ticket> = queue::live_tickets(&self.dir)?
-            .into_iter()
-            .filter(|t| !t.parked)
-            .collect();
-        self.commit(holder, request, machine, meta, &live, &ahead)
+        // `holders/` read whole and reaped: the index starts again from it.
+        store::index::rebuild(&self.dir, &live);
+        let ahead = self.ahead()?;
+        let occupancy = Occupancy::of(&live);
+        let held = Held {
+            records: &live,
+            occupancy: &occupancy,
+        };
+        self.commit(holder, request, machine, meta, held, &ahead)
     }
 
-    /// Plans and writes one allocation; the caller holds the lock. `ahead`: the waiters
+    /// The waiters an allocation must not overtake. A parked ticket (a waiter held back
+    /// only by its own user's limit) is in no one's way; the others only where this
+    /// request would take a GPU they could use.
+    fn ahead(&self) -> Result<Vec<queue::Ticket>, LedgerError> {
+        Ok(queue::live_tickets(&self.dir)?
+            .into_iter()
+            .filter(|t| !t.parked)
+            .collect())
+    }
+
+    /// `allocate` decided on the index (`store::index`) instead of the records: the same
+    /// answer at 10,000 holders as at none, for what most allocations are: a new holder,
+    /// nested in none, on a ledger none of whose holders is stale. `None`: the records
+    /// decide (no index that is theirs, a stale holder to reap, a name asked again, a
+    /// nested request), and so does every refusal, whose message names holders and which a
+    /// reap could turn into a grant. Caller holds the lock.
+    fn allocate_on_index(
+        &self,
+        holder: &HolderId,
+        request: &GpuRequest,
+        machine: &Machine,
+        meta: &HolderMeta,
+    ) -> Result<Option<Allocation>, LedgerError> {
+        if request.within.is_some() {
+            return Ok(None);
+        }
+        let Some(index) = store::index::load_fresh(&self.dir, self.unbound_grace) else {
+            return Ok(None);
+        };
+        if store::read_holder(&self.dir, holder)?.is_some() {
+            return Ok(None);
+        }
+        let held = Held {
+            records: &[],
+            occupancy: index.occupancy(),
+        };
+        let ahead = self.ahead()?;
+        match self.commit(holder, request, machine, meta.clone(), held, &ahead) {
+            Ok(allocation) => Ok(Some(allocation)),
+            Err(LedgerError::Decide(_) | LedgerError::QueueAhead { .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Plans and writes one allocation; the caller holds the lock. `held`: the live
+    /// holders (their records where read, see `Held`). `ahead`: the waiters
     /// this request must not overtake: it is refused (`QueueAhead`) when it would take a
     /// GPU one of them could use (`queue::Ticket::wants`).
     fn commit(
@@ -498,7 +548,7 @@ impl Ledger {
         request: &GpuRequest,
         machine: &Machine,
         meta: HolderMeta,
-        live: &[Record],
+        held: Held,
         ahead: &[queue::Ticket],
     ) -> Result<Allocation, LedgerError> {
         // Processes seen on the GPUs before the lock, or before a wait in the queue, that
@@ -518,15 +568,11 @@ impl Ledger {
             }
             Ok(secret.as_ref().is_some_and(|s| s.opens(parent, key)))
         };
-        let scope = decide::scope::scope(holder, request, machine, &meta, live, &mut opens)?;
-        let occupancy = Occupancy::of(live);
-        let held = Held {
-            records: live,
-            occupancy: &occupancy,
-        };
+        let scope =
+            decide::scope::scope(holder, request, machine, &meta, held.records, &mut opens)?;
         let plan = decide::plan::plan(holder, request, machine, held, cursor, &scope)
             .map_err(|e| e.naming(&meta))?;
-        decide::scope::check(&meta, machine, &occupancy, &plan.uuids)?;
+        decide::scope::check(&meta, machine, held.occupancy, &plan.uuids)?;
         let taking = decide::plan::gpus_of_units(&plan.uuids, machine.inventory);
         let in_the_way = ahead.iter().filter(|t| t.could_use_any(&taking)).count();
         if in_the_way > 0 {
@@ -624,6 +670,19 @@ impl Ledger {
         machine: &Machine,
         asker: Option<&crate::model::holder::Owner>,
     ) -> Result<Preview, LedgerError> {
+        // On the index where it is the records' own and none of them is stale (as
+        // `allocate`); a refusal is said from the records, which name the holders.
+        if request.within.is_none()
+            && let Some(index) = store::index::load_fresh(&self.dir, self.unbound_grace)
+        {
+            let held = Held {
+                records: &[],
+                occupancy: index.occupancy(),
+            };
+            if let Ok(preview) = self.preview_on(request, machine, asker, held) {
+                return Ok(preview);
+            }
+        }
         let records = store::read_records(&self.dir)?;
         let now = SystemTime::now();
         let mut look = crate::base::procinfo::Liveness::default();
@@ -631,6 +690,22 @@ impl Ledger {
             .into_iter()
             .filter(|r| !r.is_stale_in(now, self.unbound_grace, &mut look))
             .collect();
+        let occupancy = Occupancy::of(&live);
+        let held = Held {
+            records: &live,
+            occupancy: &occupancy,
+        };
+        self.preview_on(request, machine, asker, held)
+    }
+
+    /// `preview_from` on the live holders `held`.
+    fn preview_on(
+        &self,
+        request: &GpuRequest,
+        machine: &Machine,
+        asker: Option<&crate::model::holder::Owner>,
+        held: Held,
+    ) -> Result<Preview, LedgerError> {
         let holder = HolderId::new("gpupin-pick").expect("a valid id");
         let cursor = store::read_cursor(&self.dir);
         // A preview takes nothing: it shows what a holder's GPUs would give whoever may
@@ -646,16 +721,11 @@ impl Ledger {
             request,
             machine,
             &looking,
-            &live,
+            held.records,
             &mut |_, _| Ok(false),
         )?;
-        let occupancy = Occupancy::of(&live);
-        let held = Held {
-            records: &live,
-            occupancy: &occupancy,
-        };
         let plan = decide::plan::plan(&holder, request, machine, held, cursor, &scope)?;
-        decide::scope::check(&looking, machine, &occupancy, &plan.uuids)?;
+        decide::scope::check(&looking, machine, held.occupancy, &plan.uuids)?;
         Ok(Preview {
             uuids: plan.uuids,
             free: plan.free,
@@ -785,6 +855,11 @@ impl Ledger {
                 cleared.extend(store::remove_dead_temps(&sub)?);
             }
         }
+        // `holders/` read whole and cleared: the index starts again from it, unless a
+        // record that does not read may hold GPUs no count could show.
+        if scan.corrupt.is_empty() {
+            store::index::rebuild(&self.dir, &live);
+        }
         // Whatever was reaped or not: what follows the ledger is brought in line.
         self.changed();
         Ok(GcReport {
@@ -870,3 +945,6 @@ mod tests_queue;
 
 #[cfg(test)]
 mod tests_mig;
+
+#[cfg(test)]
+mod tests_index;

@@ -566,7 +566,13 @@ impl Ledger {
         let ahead = tickets_ahead(&self.dir, ticket, self.queue_order)?;
         let records = store::read_records(&self.dir)?;
         let live: Vec<Record> = self.reap(records, SystemTime::now())?;
-        match self.commit(holder, request, machine, meta.clone(), &live, &ahead) {
+        store::index::rebuild(&self.dir, &live);
+        let occupancy = decide::occupancy::Occupancy::of(&live);
+        let held = decide::occupancy::Held {
+            records: &live,
+            occupancy: &occupancy,
+        };
+        match self.commit(holder, request, machine, meta.clone(), held, &ahead) {
             Ok(allocation) => {
                 dequeue(&self.dir, ticket);
                 served(&self.dir, ticket);

@@ -4,6 +4,7 @@
 
 pub(in crate::state::ledger) mod entry;
 pub(in crate::state::ledger) mod failures;
+pub(in crate::state::ledger) mod index;
 
 use super::LedgerError;
 use super::record::Record;
@@ -325,7 +326,8 @@ fn read_record_in(dir: Option<BorrowedFd<'_>>, path: &Path) -> Result<Record, Le
     Ok(record)
 }
 
-/// Writes a record: temp file, rename (see `write_atomic` for why without fsync).
+/// Writes a record: temp file, rename (see `write_atomic` for why without fsync). The
+/// index (`index`), where it is the records' own, follows. Caller holds the lock.
 pub(super) fn write_record(
     dir: &Path,
     file_name: &str,
@@ -334,14 +336,22 @@ pub(super) fn write_record(
     let holders = ensure_subdir(dir, HOLDERS_DIR)?;
     let mut text = serde_json::to_string_pretty(record).expect("records serialize");
     text.push('\n');
-    write_atomic(&holders, file_name, text.as_bytes())
+    let index = index::before_change(dir, file_name);
+    write_atomic(&holders, file_name, text.as_bytes())?;
+    index::after_change(dir, index, Some(record));
+    Ok(())
 }
 
+/// Removes a record; the index follows, as for `write_record`. `false`: there was none.
 pub(super) fn remove_record(dir: &Path, file_name: &str) -> Result<bool, LedgerError> {
     let holders = holders_dir(dir);
     let path = holders.join(file_name);
+    let index = index::before_change(dir, file_name);
     match fs::remove_file(&path) {
-        Ok(()) => Ok(true),
+        Ok(()) => {
+            index::after_change(dir, index, None);
+            Ok(true)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(source) => Err(LedgerError::Io {
             action: "removing record",
