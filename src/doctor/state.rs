@@ -14,8 +14,9 @@ const LEDGER_CHECK: &str = "ledger";
 /// The lock: only the ledger's writer may take it (`ledger::store`).
 const LOCK_MODE: u32 = 0o600;
 /// Files gpupin keeps directly in the state dir beside the lock.
-const FILES: [&str; 7] = [
+const FILES: [&str; 8] = [
     "cursor",
+    "holders.index",
     "queue-seq",
     "queue-round",
     "idle.json",
