@@ -483,15 +483,25 @@ impl Ledger {
             return Ok(allocation);
         }
         let live = self.reap(records, SystemTime::now())?;
-        // `holders/` read whole and reaped: the index starts again from it.
-        store::index::rebuild(&self.dir, &live);
         let ahead = self.ahead()?;
         let occupancy = Occupancy::of(&live);
         let held = Held {
             records: &live,
             occupancy: &occupancy,
         };
-        self.commit(holder, request, machine, meta, held, &ahead)
+        let allocation = self.commit(holder, request, machine, meta, held, &ahead)?;
+        self.index_anew(live, &allocation);
+        Ok(allocation)
+    }
+
+    /// After an allocation decided on the records (`live`, read whole under the lock and
+    /// reaped): where no index matches them (none yet, or a change it missed), one is
+    /// written now, with the new holder. Only after a grant: a refusal writes nothing.
+    fn index_anew(&self, mut live: Vec<Record>, allocation: &Allocation) {
+        if store::index::load(&self.dir).is_none() {
+            live.push(allocation.record.clone());
+            store::index::rebuild(&self.dir, &live);
+        }
     }
 
     /// The waiters an allocation must not overtake. A parked ticket (a waiter held back

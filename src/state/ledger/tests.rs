@@ -1085,7 +1085,12 @@ fn a_record_others_could_have_written_is_refused_like_a_corrupt_one() {
     let (_t, l) = ledger();
     alloc(&l, "a").unwrap();
     let record = l.dir().join("holders/a.json");
+    // A chmod or chown in place needs root and leaves `holders/` as it was, so the index
+    // would still match and the allocation read no record; any other change of
+    // `holders/` (a record planted, another gpupin's) makes the records be read, as here.
+    let index = l.dir().join(store::index::INDEX_FILE);
     std::fs::set_permissions(&record, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::fs::remove_file(&index).unwrap();
     let err = alloc(&l, "b").unwrap_err().to_string();
     assert!(
         err.starts_with("corrupt ledger record") && err.contains("mode 666 lets others write it"),

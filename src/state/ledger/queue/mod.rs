@@ -566,7 +566,6 @@ impl Ledger {
         let ahead = tickets_ahead(&self.dir, ticket, self.queue_order)?;
         let records = store::read_records(&self.dir)?;
         let live: Vec<Record> = self.reap(records, SystemTime::now())?;
-        store::index::rebuild(&self.dir, &live);
         let occupancy = decide::occupancy::Occupancy::of(&live);
         let held = decide::occupancy::Held {
             records: &live,
@@ -576,6 +575,7 @@ impl Ledger {
             Ok(allocation) => {
                 dequeue(&self.dir, ticket);
                 served(&self.dir, ticket);
+                self.index_anew(live, &allocation);
                 Ok(Some(allocation))
             }
             Err(err) => {

@@ -160,12 +160,15 @@ impl Index {
             && procinfo::boot_time() == Some(self.boot)
             && self.expiries.keys().next().is_none_or(|&end| secs < end)
             && self.unbound.keys().next().is_none_or(|&c| within_grace(c))
-            && self.unbound.keys().next_back().is_none_or(|&c| within_grace(c))
-            && self.processes.iter().all(|(&pid, starts)| {
-                starts
-                    .keys()
-                    .all(|&started| look.is_alive(pid, started))
-            })
+            && self
+                .unbound
+                .keys()
+                .next_back()
+                .is_none_or(|&c| within_grace(c))
+            && self
+                .processes
+                .iter()
+                .all(|(&pid, starts)| starts.keys().all(|&started| look.is_alive(pid, started)))
     }
 }
 
