@@ -260,14 +260,16 @@ fn a_record_an_older_gpupin_wrote_beside_the_index_is_seen() {
 /// stamped with the directory's mtime as it is now.
 fn forged(l: &Ledger) -> Vec<u8> {
     let mut index = serde_json::to_value(Index::of(&[]).unwrap()).unwrap();
-    let meta = rustix::fs::lstat(&store::holders_dir(l.dir())).unwrap();
+    let meta = rustix::fs::lstat(store::holders_dir(l.dir())).unwrap();
     index["stamp"] = serde_json::json!([meta.st_mtime, meta.st_mtime_nsec]);
     serde_json::to_vec(&index).unwrap()
 }
 
 #[test]
 fn a_forged_index_matching_the_stamp_is_refused_unless_root_or_gpupin_wrote_it() {
-    let cases: [(&str, fn(&Path, &[u8])); 3] = [
+    /// How the forgery is put in the index's place.
+    type Plant = fn(&Path, &[u8]);
+    let cases: [(&str, Plant); 3] = [
         ("writable by others", |path, forged| {
             std::fs::write(path, forged).unwrap();
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).unwrap();
@@ -313,7 +315,9 @@ fn a_torn_zeroed_or_garbage_index_is_rebuilt_from_the_records() {
             serde_json::to_value(Index::of(&[]).unwrap()).unwrap()["occupancy"].clone();
         serde_json::to_vec(&v).unwrap()
     };
-    let cases: [(&str, &dyn Fn(&[u8]) -> Vec<u8>); 5] = [
+    /// How the index's own bytes are spoilt.
+    type Spoil<'f> = &'f dyn Fn(&[u8]) -> Vec<u8>;
+    let cases: [(&str, Spoil); 5] = [
         ("torn", &torn),
         ("zeroed", &zeroed),
         ("garbage", &garbage),

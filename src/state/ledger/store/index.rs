@@ -181,7 +181,7 @@ pub(in crate::state::ledger) fn load(dir: &Path) -> Option<Index> {
     safe_open::written_by_us(&stat).ok()?;
     let bytes = safe_open::read_file(file, stat.st_size as u64).ok()?;
     let index: Index = serde_json::from_slice(&bytes).ok()?;
-    let holders = rustix::fs::lstat(&super::holders_dir(dir)).ok()?;
+    let holders = rustix::fs::lstat(super::holders_dir(dir)).ok()?;
     let matches = index.version == VERSION
         && rustix::fs::FileType::from_raw_mode(holders.st_mode) == rustix::fs::FileType::Directory
         && (holders.st_mtime, holders.st_mtime_nsec as i64) == index.stamp;
