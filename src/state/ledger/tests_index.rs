@@ -336,19 +336,50 @@ fn a_torn_zeroed_or_garbage_index_is_rebuilt_from_the_records() {
     }
 }
 
+/// A holder of GPU 0 made by `meta`, stale by the time the next request comes, is reaped
+/// by it though the index matches: the next request gets GPU 0 (packed), where counting
+/// the stale holder as live would give it GPU 1.
+fn reaped_by_the_next(l: &Ledger, meta: HolderMeta) {
+    let inv = machine(2);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let old = l.allocate(&id("old"), &exclusive(1), &m, meta).unwrap();
+    assert_eq!(old.record.gpus, ["GPU-test-0"]);
+    assert!(index::load(l.dir()).is_some(), "the index matches");
+    assert_eq!(next_gets(l, &inv), ["GPU-test-0"]);
+    assert!(!l.holds(&id("old")), "reaped");
+}
+
 #[test]
 fn a_holder_whose_process_ended_is_reaped_though_the_index_matches() {
     let (_t, l) = ledger();
-    let inv = machine(1);
-    let m = Machine::new(&inv, PolicyName::Pack);
+    // Recorded with no start time (its process had ended): stale at any look.
     let gone = HolderMeta {
         pid: Some(ended_pid()),
         ..running()
     };
-    // Recorded with no start time (its process had ended): stale at any look.
-    l.allocate(&id("gone"), &exclusive(1), &m, gone).unwrap();
-    assert!(index::load(l.dir()).is_some());
-    let b = l.allocate(&id("b"), &exclusive(1), &m, running()).unwrap();
-    assert_eq!(b.record.gpus, ["GPU-test-0"]);
-    assert!(!l.holds(&id("gone")));
+    reaped_by_the_next(&l, gone);
+}
+
+#[test]
+fn a_claim_past_its_grace_and_a_hold_past_its_end_are_reaped_though_the_index_matches() {
+    let t = tempfile::tempdir().unwrap();
+    let settings = LedgerSettings {
+        claim_grace: Duration::ZERO,
+        ..LedgerSettings::at(&t.path().join("state"))
+    };
+    let l = Ledger::open(&settings).unwrap();
+    let claim = HolderMeta {
+        pid: None,
+        ..running()
+    };
+    reaped_by_the_next(&l, claim);
+    let (_t, l) = ledger();
+    let ended = HolderMeta {
+        pid: None,
+        kind: HolderKind::Hold,
+        until_release: true,
+        expires_at: Some(record::unix_now()),
+        ..running()
+    };
+    reaped_by_the_next(&l, ended);
 }

@@ -153,9 +153,16 @@ impl Index {
         look: &mut Liveness,
     ) -> bool {
         let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let grace = grace.as_secs_f64();
-        // A claim's age either way: a clock stepped back makes it "from the future".
-        let within_grace = |created: u64| (secs as f64 - created as f64).abs() <= grace;
+        // A claim's age either way, to the nanosecond as the record's own look takes it:
+        // a clock stepped back makes it "from the future".
+        let within_grace = |created: u64| {
+            let created = crate::base::clock::unix(created);
+            let age = match now.duration_since(created) {
+                Ok(age) => age,
+                Err(ahead) => ahead.duration(),
+            };
+            age <= grace
+        };
         self.doomed == 0
             && procinfo::boot_time() == Some(self.boot)
             && self.expiries.keys().next().is_none_or(|&end| secs < end)
