@@ -155,7 +155,7 @@ pub mod command {
         pub use crate::state::audit::parse_user;
     }
     pub mod usage {
-        pub use crate::state::usage::{Ended, usage};
+        pub use crate::state::usage::{Ended, could_end_in, counts, usage};
     }
     pub mod admit {
         pub use crate::admission::admit::admit;

@@ -7,12 +7,14 @@
 
 mod filter;
 mod line;
+mod prefilter;
 mod read;
 mod tail;
 mod write;
 
 pub(crate) use filter::BadValue;
 pub use filter::{Filter, GpuSelector, When, parse_user};
+pub(crate) use prefilter::{Needle, before, escaped};
 pub use read::Entry;
 pub use write::REFUSALS_PER_MINUTE;
 pub(crate) use write::WriteError;

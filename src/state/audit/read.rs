@@ -50,7 +50,12 @@ struct Stream {
     open: Option<(PathBuf, BufReader<File>)>,
     unreadable: usize,
     line: Vec<u8>,
+    /// Which lines are parsed at all (`AuditLog::events_where`).
+    could_be: CouldBe,
 }
+
+/// A test of a raw line: could it hold an event the reader wants (see `prefilter`)?
+type CouldBe = std::rc::Rc<dyn Fn(&[u8]) -> bool>;
 
 impl AuditLog {
     /// Every event of the rotated files and the live one, and of the refusals log and the
@@ -58,12 +63,21 @@ impl AuditLog {
     /// not exist has no events (a machine where nothing happened yet, or a file rotated
     /// away while this reads); any other failure ends the iteration with an error.
     pub fn events(&self) -> Events {
+        self.events_where(|_| true)
+    }
+
+    /// `events`, parsing only the lines `could_be` says could hold an event the reader
+    /// wants (`Filter::line_test`, `usage::could_end_in`); the others are skipped as
+    /// read, neither parsed nor counted unreadable. A year of a busy box is 750,000 lines
+    /// and most readers want few of them.
+    pub fn events_where(&self, could_be: impl Fn(&[u8]) -> bool + 'static) -> Events {
+        let could_be: CouldBe = std::rc::Rc::new(could_be);
         let mut streams = vec![
-            Stream::new(self.files()),
-            Stream::new(self.refusals().files()),
+            Stream::new(self.files(), could_be.clone()),
+            Stream::new(self.refusals().files(), could_be.clone()),
         ];
         for uid in self.user_logs() {
-            streams.push(Stream::new(self.of_user(uid).files()));
+            streams.push(Stream::new(self.of_user(uid).files(), could_be.clone()));
         }
         Events {
             heads: streams.iter().map(|_| None).collect(),
@@ -113,12 +127,13 @@ impl Iterator for Events {
 }
 
 impl Stream {
-    fn new(files: Vec<PathBuf>) -> Stream {
+    fn new(files: Vec<PathBuf>, could_be: CouldBe) -> Stream {
         Stream {
             files: files.into(),
             open: None,
             unreadable: 0,
             line: Vec::new(),
+            could_be,
         }
     }
 
@@ -130,6 +145,7 @@ impl Stream {
             match reader.read_until(b'\n', &mut self.line) {
                 Ok(0) => return None,
                 Ok(_) if self.line.trim_ascii().is_empty() => {}
+                Ok(_) if !(self.could_be)(&self.line) => {}
                 Ok(_) => match parse_line(&self.line) {
                     Some(entry) => return Some(Ok(entry)),
                     None => self.unreadable += 1,

@@ -16,7 +16,7 @@
 use crate::state::audit::{BadValue, Event, EventKind};
 use crate::state::ledger::Record;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What the rows are.
@@ -151,6 +151,29 @@ impl Ended {
     }
 }
 
+/// Whether the log's event `event` at `at` is one `usage` counts from `since`: the end
+/// of a holding (a release or a reap) since `since`, or before it and nested (a nested
+/// holding that ended before still links a holder nested in it to the holders above,
+/// which may cover it in the period).
+pub fn counts(at: SystemTime, event: &Event, since: SystemTime) -> bool {
+    matches!(event.event, EventKind::Release | EventKind::Reap)
+        && (at >= since || event.within.is_some())
+}
+
+/// Whether a raw log line could be an event `counts` keeps, told from its bytes
+/// (`AuditLog::events_where`): a line without "release" or "reap" in it, or certainly
+/// before `since` without "within", is none. A year of lines is read at the speed of a
+/// substring search, and only the ends of holdings parsed. Built once, asked of every
+/// line.
+pub fn could_end_in(since: SystemTime) -> impl Fn(&[u8]) -> bool + 'static {
+    use crate::state::audit::{Needle, before, escaped};
+    let [release, reap, within] = [b"release".as_slice(), b"reap", b"within"].map(Needle::new);
+    move |line: &[u8]| {
+        escaped(line)
+            || ((release.in_(line) || reap.in_(line)) && (!before(line, since) || within.in_(line)))
+    }
+}
+
 /// GPU-hours between `since` and `now`, from the holdings that ended (`Ended::of` the
 /// log's `release` and `reap` events) and the ledger's `records`.
 ///
@@ -191,8 +214,10 @@ pub fn usage(
         .map(|i| parent(&spans, &of_holder, i))
         .collect();
 
-    let mut rows: BTreeMap<String, (u64, BTreeSet<&str>)> = BTreeMap::new();
-    let mut total = (0, BTreeSet::new());
+    // Hashed, not ordered, while a year of holdings goes in: the rows are sorted once at
+    // the end (an ordered map compared hundreds of thousands of ids a row).
+    let mut rows: HashMap<&str, (u64, HashSet<&str>)> = HashMap::new();
+    let mut total = (0, HashSet::new());
     for (i, span) in spans.iter().enumerate() {
         let (start, end) = (span.start.max(from), span.end.min(until));
         if end < start {
@@ -218,7 +243,7 @@ pub fn usage(
                 By::Holder => span.shown,
                 By::Gpu => &gpu.key,
             };
-            let row = rows.entry(key.to_string()).or_default();
+            let row = rows.entry(key).or_default();
             row.0 += seconds;
             row.1.insert(span.holder);
             total.0 += seconds;
@@ -228,7 +253,7 @@ pub fn usage(
     let mut rows: Vec<UsageRow> = rows
         .into_iter()
         .map(|(key, (gpu_seconds, holders))| UsageRow {
-            key,
+            key: key.to_string(),
             gpu_seconds,
             holders: holders.len(),
         })
@@ -381,6 +406,49 @@ mod tests {
     const HOUR: u64 = 3600;
     /// "Now" in these tests: 2024-05-01T12:00:00Z.
     const NOW: u64 = 1_714_564_800;
+
+    proptest::proptest! {
+        /// Whatever the kind, the time, the names (quotes, backslashes, "release" in a
+        /// reason) and the nesting, an event `counts` keeps is never ruled out by the
+        /// bytes of its line.
+        #[test]
+        fn a_line_usage_counts_is_never_ruled_out_by_its_bytes(
+            kind in proptest::sample::select(vec![EventKind::Release, EventKind::Reap, EventKind::Allocate, EventKind::Hold, EventKind::Refuse]),
+            holder in "[a-z\"\\\\é-]{1,10}",
+            within in proptest::option::of("[a-z\"\\\\-]{1,8}"),
+            reason in proptest::option::of("(released|reaped|[a-z \"\\\\]{0,8})"),
+            end in NOW - 10..NOW + 10,
+            since in NOW - 10..NOW + 10,
+        ) {
+            let mut event = Event::new(kind, &holder);
+            event.time = humantime::format_rfc3339_seconds(time(end)).to_string();
+            event.within = within;
+            event.reason = reason;
+            let line = serde_json::to_string(&event).unwrap();
+            let read: Event = serde_json::from_str(&line).unwrap();
+            if counts(read.at().unwrap(), &read, time(since)) {
+                proptest::prop_assert!(could_end_in(time(since))(line.as_bytes()), "{}", line);
+            }
+        }
+    }
+
+    #[test]
+    fn lines_that_cannot_end_a_holding_in_the_period_are_ruled_out_by_their_bytes() {
+        let line = |kind: &str, secs: u64, extra: &str| {
+            let at = humantime::format_rfc3339_seconds(time(secs));
+            format!(r#"{{"time":"{at}","event":"{kind}","holder":"h"{extra}}}"#)
+        };
+        let since = time(NOW);
+        let test = could_end_in(since);
+        let could = |l: String| test(l.as_bytes());
+        assert!(!could(line("allocate", NOW + 5, "")));
+        assert!(!could(line("release", NOW - 5, "")));
+        assert!(could(line("release", NOW + 5, "")));
+        assert!(could(line("reap", NOW, "")));
+        assert!(could(line("release", NOW - 5, r#","within":"p""#)));
+        // An escape can spell anything: parsed.
+        assert!(could(line("allocate", NOW - 5, r#","reason":"a\"b""#)));
+    }
 
     fn time(secs: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(secs)

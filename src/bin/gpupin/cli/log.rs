@@ -42,7 +42,8 @@ pub fn run(config: &Config, args: &LogArgs) -> anyhow::Result<ExitCode> {
         true => Some(config.audit().tail()?),
         false => None,
     };
-    let mut events = config.audit().events();
+    // Only the lines that could be an event the filter keeps are parsed.
+    let mut events = config.audit().events_where(filter.line_test());
     let mut table: Vec<Entry> = Vec::new();
     for entry in events.by_ref() {
         let entry = entry?;

@@ -2,7 +2,7 @@
 //! holders the ledger has now.
 
 use super::flag::Parsed;
-use gpupin::command::{By, Config, EventKind, Ledger, When, usage};
+use gpupin::command::{By, Config, Ledger, When, usage};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -27,15 +27,12 @@ pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
     // The ledger before the log: a holder released in between is then in both, which
     // `usage` counts once, rather than in neither.
     let records = Ledger::open_read_only(&config.ledger_settings())?.records()?;
-    let mut events = config.audit().events();
+    // Only the lines that could be the end of a holding are parsed.
+    let mut events = config.audit().events_where(usage::could_end_in(since));
     let mut ended = Vec::new();
     for entry in events.by_ref() {
         let entry = entry?;
-        // Only the ends of holdings since `since` can overlap the period; a nested
-        // holding that ended before still links a holder nested in it to the holders
-        // above, which may cover it in the period.
-        let overlaps = entry.at >= since || entry.event.within.is_some();
-        if overlaps && matches!(entry.event.event, EventKind::Release | EventKind::Reap) {
+        if usage::counts(entry.at, &entry.event, since) {
             // What usage needs of it, not the whole event: a year holds hundreds of
             // thousands.
             ended.extend(usage::Ended::of(&entry.event));
