@@ -287,6 +287,34 @@ fn a_corrupt_record_is_a_problem_with_the_release_that_clears_it() {
 }
 
 #[test]
+fn a_record_changed_in_place_behind_the_ledgers_index_is_a_problem_gc_fixes() {
+    let host = good_host("");
+    host.gpupin(&["hold", "maint", "--devices", "0", "--until-release"]);
+    // An editor writing the record in place: holders/ keeps the stamp gpupin gave it with
+    // the index, so allocations would still decide on the index's counts.
+    let record = host.g.state_dir.join("holders/maint.json");
+    let text = std::fs::read_to_string(&record).unwrap();
+    let moved = text.replace("\"GPU-", "\"GPU-X");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&record)
+        .unwrap();
+    std::io::Write::write_all(&mut file, moved.as_bytes()).unwrap();
+    drop(file);
+    assert_problem(
+        &host,
+        &format!(
+            "problem ledger: holders.index does not count what the records hold (a record changed in place, by hand?); allocations are decided on the index until it is written anew; fix: gpupin --config {} gc",
+            host.g.config.display()
+        ),
+    );
+    host.gpupin(&["gc"]);
+    let out = host.doctor(&[]);
+    assert!(!stdout(&out).contains("holders.index"), "{}", stdout(&out));
+}
+
+#[test]
 fn a_config_that_does_not_load_is_a_problem_and_the_other_checks_still_run() {
     let host = good_host("");
     std::fs::write(&host.g.config, "bogus = 1\n").unwrap();

@@ -5,7 +5,7 @@
 use super::{Finding, Setup};
 use crate::base::message::one_line;
 use crate::input::config::LedgerSettings;
-use crate::state::ledger::{Ledger, LedgerError, Survey, release_arg};
+use crate::state::ledger::{IndexState, Ledger, LedgerError, Survey, release_arg};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
@@ -249,6 +249,15 @@ fn ledger(setup: &Setup, survey: &Survey) -> Vec<Finding> {
                     if ids.len() == 1 { "" } else { "s" },
                     ids.join(", ")
                 ),
+            )
+            .fix(gc.clone()),
+        );
+    }
+    if survey.index == IndexState::Disagrees {
+        findings.push(
+            Finding::problem(
+                LEDGER_CHECK,
+                "ledger: holders.index does not count what the records hold (a record changed in place, by hand?); allocations are decided on the index until it is written anew".to_string(),
             )
             .fix(gc.clone()),
         );

@@ -41,7 +41,7 @@ pub use record::{HolderMeta, Record};
 pub(crate) use record::{holder_of, holders_of, unix_now};
 pub(crate) use store::entry::release_arg;
 pub(crate) use store::failures::audit_write_failures;
-pub(crate) use survey::Survey;
+pub(crate) use survey::{IndexState, Survey};
 
 use crate::input::config::{AuditFailure, AuditLog, LedgerSettings, QueueOrder};
 use crate::input::request::{GpuRequest, Share};

@@ -32,12 +32,43 @@ pub struct Survey {
     pub waiting: usize,
     /// Queue tickets nobody can be served through (waiter gone, unreadable).
     pub stale_tickets: Vec<PathBuf>,
+    /// How the index (`holders.index`) stands against the records.
+    pub index: IndexState,
+}
+
+/// How the ledger's index stands against the records it counts, as `survey` read them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IndexState {
+    /// None that matches `holders/` (none yet, a change it did not see, or `holders/`
+    /// changed while it was read): allocations read the records, and the next grant
+    /// writes one.
+    #[default]
+    Unmatched,
+    /// It matches `holders/`, and its counts are the records'.
+    Agrees,
+    /// It matches `holders/` but its counts are not the records': a record was changed
+    /// in place (by hand: gpupin replaces records whole), and allocations are decided on
+    /// counts the records do not say. `gpupin gc` writes it anew.
+    Disagrees,
 }
 
 impl Ledger {
     /// The ledger's state, read only: nothing is reaped, cleared or locked.
     pub fn survey(&self) -> Result<Survey, LedgerError> {
+        let index_before = store::index::load(&self.dir);
         let scan = store::scan_holders(&self.dir)?;
+        // The same index, stamp and all, before and after the records were read: nothing
+        // changed `holders/` in between, so the two are of one moment.
+        let index = match (index_before, store::index::load(&self.dir)) {
+            (Some(before), Some(after)) if before == after && before.of_this_boot() => {
+                let counted = store::index::Index::of(&scan.records).map(|i| i.unstamped());
+                match counted == Some(before.unstamped()) && scan.corrupt.is_empty() {
+                    true => IndexState::Agrees,
+                    false => IndexState::Disagrees,
+                }
+            }
+            _ => IndexState::Unmatched,
+        };
         let now = SystemTime::now();
         let (stale, live) = scan
             .records
@@ -59,6 +90,7 @@ impl Ledger {
             dead_temps,
             waiting,
             stale_tickets,
+            index,
         })
     }
 }

@@ -383,3 +383,33 @@ fn a_claim_past_its_grace_and_a_hold_past_its_end_are_reaped_though_the_index_ma
     };
     reaped_by_the_next(&l, ended);
 }
+
+#[test]
+fn a_survey_tells_an_index_that_counts_what_the_records_do_from_one_that_does_not() {
+    let (_t, l, inv) = held_by_a();
+    assert_eq!(l.survey().unwrap().index, survey::IndexState::Agrees);
+    // A record rewritten in place (an editor, by hand): `holders/` keeps its stamp, so the
+    // index still matches, but it no longer counts what the records say.
+    let path = l.dir().join("holders/a.json");
+    let mut record: Record = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record.gpus = vec![inv.gpus[1].uuid.clone()];
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::io::Write::write_all(
+        &mut file,
+        serde_json::to_string(&record).unwrap().as_bytes(),
+    )
+    .unwrap();
+    drop(file);
+    assert!(index::load(l.dir()).is_some());
+    assert_eq!(l.survey().unwrap().index, survey::IndexState::Disagrees);
+    // `gpupin gc` writes it anew from the records.
+    l.gc().unwrap();
+    assert_eq!(l.survey().unwrap().index, survey::IndexState::Agrees);
+    // Without an index that matches: unmatched, and nothing is wrong.
+    std::fs::remove_file(l.dir().join(INDEX_FILE)).unwrap();
+    assert_eq!(l.survey().unwrap().index, survey::IndexState::Unmatched);
+}

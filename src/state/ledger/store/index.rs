@@ -82,10 +82,14 @@ impl Index {
     }
 
     /// The index as it would be of the same records under any stamp, for comparing.
-    #[cfg(test)]
     pub(in crate::state::ledger) fn unstamped(mut self) -> Index {
         self.stamp = (0, 0);
         self
+    }
+
+    /// Whether it was written in this boot (an index of another is never trusted).
+    pub(in crate::state::ledger) fn of_this_boot(&self) -> bool {
+        procinfo::boot_time() == Some(self.boot)
     }
 
     /// What the ledger's counts say: what an allocation is decided on.
