@@ -40,8 +40,6 @@ pub(in crate::state::ledger) struct Index {
     /// The boot (its time) the index was written in: every record of an earlier boot is
     /// stale.
     boot: u64,
-    /// How many records there are.
-    holders: u64,
     /// What they hold.
     occupancy: Occupancy,
     /// Per pid, per start time: how many records name that process.
@@ -110,10 +108,6 @@ impl Index {
     /// What `record` adds to (or takes from) each count: the same facts
     /// `Record::is_stale_in` reads, so that `none_stale` answers as it would for each.
     fn apply(&mut self, record: &Record, adding: bool) {
-        match adding {
-            true => self.holders += 1,
-            false => self.holders = self.holders.saturating_sub(1),
-        }
         match adding {
             true => self.occupancy.add(record),
             false => self.occupancy.remove(record),
@@ -306,4 +300,111 @@ pub(in crate::state::ledger) fn after_change(
         index.add(new);
     }
     save(dir, index);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::ledger::testing::record;
+
+    const GRACE: Duration = Duration::from_secs(60);
+
+    fn boot() -> u64 {
+        procinfo::boot_time().unwrap()
+    }
+
+    /// Whether an index of `records` says none is stale at `now` (seconds).
+    fn fresh(records: &[Record], now: u64) -> bool {
+        let index = Index::of(records).unwrap();
+        index.none_stale(
+            crate::base::clock::unix(now),
+            GRACE,
+            &mut Liveness::default(),
+        )
+    }
+
+    fn made_at(created_at: u64) -> Record {
+        Record {
+            created_at,
+            ..record("r", &["GPU-0"])
+        }
+    }
+
+    fn claim(created_at: u64) -> Record {
+        Record {
+            pid: None,
+            start_time: None,
+            ..made_at(created_at)
+        }
+    }
+
+    #[test]
+    fn a_record_of_an_earlier_boot_is_stale_and_one_of_its_first_second_is_not() {
+        let now = boot() + 3600;
+        assert!(!fresh(&[made_at(boot() - 1)], now));
+        assert!(fresh(&[made_at(boot())], now));
+    }
+
+    #[test]
+    fn a_claim_is_stale_past_its_grace_either_way_and_a_hold_until_release_never() {
+        let now = boot() + 3600;
+        assert!(fresh(&[claim(now - 60)], now));
+        assert!(!fresh(&[claim(now - 61)], now));
+        // Created "in the future": the clock was stepped back.
+        assert!(fresh(&[claim(now + 60)], now));
+        assert!(!fresh(&[claim(now + 61)], now));
+        let hold = Record {
+            until_release: true,
+            ..claim(now - 3000)
+        };
+        assert!(fresh(&[hold], now));
+    }
+
+    #[test]
+    fn a_hold_is_stale_from_its_end_on() {
+        let now = boot() + 3600;
+        let ending = |end| Record {
+            expires_at: Some(end),
+            until_release: true,
+            ..claim(now - 10)
+        };
+        assert!(fresh(&[ending(now + 1)], now));
+        assert!(!fresh(&[ending(now)], now));
+    }
+
+    #[test]
+    fn a_pid_without_its_start_time_or_a_process_that_ended_is_stale() {
+        let now = boot() + 3600;
+        let live = made_at(now - 10);
+        assert!(fresh(std::slice::from_ref(&live), now));
+        let without_start = Record {
+            start_time: None,
+            ..live.clone()
+        };
+        assert!(!fresh(&[live.clone(), without_start], now));
+        let restarted = Record {
+            start_time: live.start_time.map(|t| t + 1),
+            ..live.clone()
+        };
+        assert!(!fresh(&[live, restarted], now));
+    }
+
+    #[test]
+    fn removing_a_record_undoes_adding_it() {
+        let now = boot() + 3600;
+        let records = [
+            made_at(now - 10),
+            claim(now - 20),
+            Record {
+                expires_at: Some(now + 5),
+                ..claim(now - 5)
+            },
+            made_at(boot() - 5),
+        ];
+        let mut index = Index::of(&records).unwrap();
+        for r in &records {
+            index.remove(r);
+        }
+        assert_eq!(index, Index::of(&[]).unwrap());
+    }
 }
