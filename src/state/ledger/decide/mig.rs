@@ -70,7 +70,7 @@ pub(in crate::state::ledger) fn count_may_take_instances(
 }
 
 /// Whether a holder stands in the way of an instance: its own, or its GPU's whole.
-fn blocked(instance: &MigInstance, others: &Occupancy) -> bool {
+pub(in crate::state::ledger) fn blocked(instance: &MigInstance, others: &Occupancy) -> bool {
     others.is_held(&instance.uuid) || others.is_held(&instance.parent_uuid)
 }
 
@@ -335,9 +335,4 @@ pub(in crate::state::ledger) fn named(
             }
         },
     )
-}
-
-/// Whether anyone among the counted holders holds the instance or its GPU whole.
-pub(in crate::state::ledger) fn is_held(instance: &MigInstance, others: &Occupancy) -> bool {
-    blocked(instance, others)
 }

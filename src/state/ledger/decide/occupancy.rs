@@ -70,7 +70,8 @@ impl Occupancy {
             false => *n = n.saturating_sub(1),
         };
         let reserve = record.request.reserve.unwrap_or(0);
-        for unit in units_of(record) {
+        let units = units_of(record);
+        for &unit in &units {
             let used = self.units.entry(unit.to_string()).or_default();
             match record.request.share {
                 Share::Exclusive => step(&mut used.exclusive),
@@ -88,7 +89,7 @@ impl Occupancy {
             return;
         };
         let count = |per_unit: &mut BTreeMap<String, u32>| {
-            for unit in units_of(record) {
+            for &unit in &units {
                 let n = per_unit.entry(unit.to_string()).or_default();
                 step(n);
                 if *n == 0 {

@@ -231,7 +231,7 @@ fn mig_plan(mut uuids: Vec<String>, machine: &Machine, others: &Occupancy, curso
         .inventory
         .gpus
         .iter()
-        .map(|g| g.mig_instances().iter().any(|m| !mig::is_held(m, others)))
+        .map(|g| g.mig_instances().iter().any(|m| !mig::blocked(m, others)))
         .collect();
     Plan {
         uuids,
