@@ -4,6 +4,7 @@
 //!
 //!     cargo bench --bench audit_year                              # 365 days, 3 rounds
 //!     GPUPIN_BENCH_AUDIT_DAYS=3 GPUPIN_BENCH_ROUNDS=1 cargo test --bench audit_year    # smoke
+//!     GPUPIN_BENCH_KEEP=1 cargo bench --bench audit_year      # keeps the trail, to profile
 //!
 //! `.ci/run` runs the smoke size in the test profile: the generator and every command
 //! still run; no figure is judged.
@@ -16,7 +17,9 @@
 //! times; the table gives the median cpu, the largest peak RSS and the median wall time.
 //! `gpupin metrics` runs as the user running the bench, who owns the state dir and so
 //! keeps the counters' cursor there, as root does; its last row removes the cursor before
-//! each run (a first scrape).
+//! each run (a first scrape). Likewise `gpupin usage` writes its digests of the log's files
+//! (`audit.digests/`) on the untimed run, as root's first read does; the row "no digests"
+//! removes them before each run.
 
 #[path = "audit_year/generate.rs"]
 mod generate;
@@ -39,7 +42,17 @@ fn main() {
     let days: u32 = env_number("GPUPIN_BENCH_AUDIT_DAYS", 365);
     let rounds: usize = env_number("GPUPIN_BENCH_ROUNDS", 3).max(1);
     let dir = tempfile::tempdir().expect("a temp dir");
-    let log_dir = dir.path().join("log");
+    if std::env::var_os("GPUPIN_BENCH_KEEP").is_some() {
+        // To profile a command by hand: the trail and its config stay.
+        let kept = dir.keep();
+        println!("audit_year: the trail is kept in {}", kept.display());
+        return main_in(&kept, days, rounds);
+    }
+    main_in(dir.path(), days, rounds);
+}
+
+fn main_in(dir: &Path, days: u32, rounds: usize) {
+    let log_dir = dir.join("log");
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("a clock after 1970")
@@ -63,12 +76,12 @@ fn main() {
     );
     // The state dir a box that has allocated before has (root's, 0755), where the
     // counters' cursor is kept.
-    let state = dir.path().join("state");
+    let state = dir.join("state");
     std::fs::DirBuilder::new()
         .mode(0o755)
         .create(&state)
         .expect("creating the state dir");
-    let config = dir.path().join("gpupin.toml");
+    let config = dir.join("gpupin.toml");
     std::fs::write(
         &config,
         format!(
@@ -79,25 +92,34 @@ fn main() {
     )
     .expect("writing the config");
     let holder = written.a_holder.clone();
-    let commands: Vec<Vec<&str>> = vec![
-        vec!["usage", "--since", "365d"],
-        vec!["usage", "--since", "365d", "--by", "gpu"],
-        vec!["usage", "--since", "365d", "--by", "holder"],
-        vec!["usage", "--since", "7d"],
-        vec!["log", "--holder", &holder],
-        vec!["metrics"],
-        vec!["metrics"],
+    let commands: Vec<(Vec<&str>, Forget)> = vec![
+        (vec!["usage", "--since", "365d"], Forget::Nothing),
+        (
+            vec!["usage", "--since", "365d", "--by", "gpu"],
+            Forget::Nothing,
+        ),
+        (
+            vec!["usage", "--since", "365d", "--by", "holder"],
+            Forget::Nothing,
+        ),
+        (vec!["usage", "--since", "7d"], Forget::Nothing),
+        (vec!["usage", "--since", "365d"], Forget::Digests),
+        (vec!["log", "--holder", &holder], Forget::Nothing),
+        (vec!["metrics"], Forget::Nothing),
+        (vec!["metrics"], Forget::Cursor),
     ];
     println!("\n| command | cpu (median of {rounds}) | peak RSS | wall (median) |");
     println!("|---|---:|---:|---:|");
     let cursor = state.join("metrics-cursor.json");
-    for (n, args) in commands.iter().enumerate() {
-        // The last row again without the counters' cursor: a first scrape (after a
-        // reboot, or by a user where root never scraped and no metrics file is kept).
-        let first_scrape = n + 1 == commands.len();
-        let forget = || {
-            if first_scrape {
+    let digests = log_dir.join("audit.digests");
+    for (args, forgotten) in &commands {
+        let forget = || match forgotten {
+            Forget::Nothing => {}
+            Forget::Cursor => {
                 let _ = std::fs::remove_file(&cursor);
+            }
+            Forget::Digests => {
+                let _ = std::fs::remove_dir_all(&digests);
             }
         };
         forget();
@@ -118,9 +140,10 @@ fn main() {
             .map(|a| if *a == holder { "X" } else { a })
             .collect::<Vec<_>>()
             .join(" ");
-        let label = match first_scrape {
-            true => format!("`gpupin {shown}`, no cursor"),
-            false => format!("`gpupin {shown}`"),
+        let label = match forgotten {
+            Forget::Nothing => format!("`gpupin {shown}`"),
+            Forget::Cursor => format!("`gpupin {shown}`, no cursor"),
+            Forget::Digests => format!("`gpupin {shown}`, no digests"),
         };
         println!(
             "| {label} | {:.3} s | {:.1} MiB | {:.3} s |",
@@ -129,6 +152,17 @@ fn main() {
             walls[walls.len() / 2].as_secs_f64()
         );
     }
+}
+
+/// What a row removes before each run, to time a first read.
+enum Forget {
+    Nothing,
+    /// The counters' cursor: a first scrape (after a reboot, or by a user where root
+    /// never scraped and no metrics file is kept).
+    Cursor,
+    /// `usage`'s digests of the log's files: the first read after an upgrade, which
+    /// writes them (the bench runs as the log's owner, as root does).
+    Digests,
 }
 
 fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {

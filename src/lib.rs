@@ -155,7 +155,9 @@ pub mod command {
         pub use crate::state::audit::parse_user;
     }
     pub mod usage {
-        pub use crate::state::usage::{Ended, could_end_in, counts, usage};
+        pub use crate::state::usage::{
+            Ended, Rows, TrailUsage, Usage, UsageRow, could_end_in, counts, usage, usage_of_trail,
+        };
     }
     pub mod admit {
         pub use crate::admission::admit::admit;

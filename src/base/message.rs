@@ -26,9 +26,15 @@ pub fn one_line(err: &dyn Error) -> String {
 /// C0, DEL and C1 (`char::is_control`), and the Unicode line and paragraph separators,
 /// which some terminals and log viewers also break lines at.
 pub fn escape_controls(text: &str) -> String {
+    controls_escaped(text).into_owned()
+}
+
+/// `escape_controls`, borrowing `text` where it has nothing to escape (nearly always): a
+/// table of hundreds of thousands of rows allocates nothing for them.
+pub(crate) fn controls_escaped(text: &str) -> std::borrow::Cow<'_, str> {
     let breaks_line = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
     if !text.contains(breaks_line) {
-        return text.to_string();
+        return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
@@ -38,7 +44,7 @@ pub fn escape_controls(text: &str) -> String {
             out.push(c);
         }
     }
-    out
+    std::borrow::Cow::Owned(out)
 }
 
 #[cfg(test)]

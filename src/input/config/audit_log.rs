@@ -86,6 +86,13 @@ impl AuditLog {
         self.path.with_file_name(format!("{stem}.users"))
     }
 
+    /// Where `gpupin usage` keeps its digests of the log's files (`audit.digests/`).
+    pub fn digests_dir(&self) -> PathBuf {
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        let stem = name.strip_suffix(".log").unwrap_or(&name);
+        self.path.with_file_name(format!("{stem}.digests"))
+    }
+
     /// The log of one user's holders (`audit.users/<uid>.log`), rotated on its own, so
     /// that no user's flood of events rotates another's, or root's, out of the trail.
     pub fn of_user(&self, uid: u32) -> AuditLog {

@@ -18,6 +18,8 @@ use std::time::SystemTime;
 pub enum ReadError {
     #[error("refusing audit log {}: a symlink (gpupin never reads or writes the log through one)", path.display())]
     Link { path: PathBuf },
+    #[error("audit log {} was rotated while gpupin read it, {tries} times over; run the command again", path.display())]
+    Rotated { path: PathBuf, tries: usize },
     #[error("reading audit log {}", path.display())]
     Io {
         path: PathBuf,
@@ -185,10 +187,46 @@ impl Iterator for Stream {
     }
 }
 
-/// The file at `path`, or `None` where there is none.
-pub(super) fn open_log(path: &std::path::Path) -> Result<Option<File>, ReadError> {
-    match safe_open::open(path, Links::Refuse) {
-        Ok(file) => Ok(Some(file)),
+/// The lines of one file of the log between two byte offsets, each with its offset:
+/// `usage` reads a file in parts (`state::usage::digest` covers its start), and only up to
+/// where it first looked (a line appended since is read next time, or never twice).
+pub(crate) struct Lines {
+    reader: BufReader<io::Take<File>>,
+    at: u64,
+    line: Vec<u8>,
+}
+
+impl Lines {
+    /// The lines of `file` from byte `from` (a line's start) up to byte `to`.
+    pub(crate) fn of(mut file: File, from: u64, to: u64) -> io::Result<Lines> {
+        use std::io::{Read, Seek, SeekFrom};
+        file.seek(SeekFrom::Start(from))?;
+        Ok(Lines {
+            reader: BufReader::with_capacity(1 << 16, file.take(to.saturating_sub(from))),
+            at: from,
+            line: Vec::new(),
+        })
+    }
+
+    /// The next line (with its newline, where it has one) and its offset; `None` at the end.
+    pub(crate) fn next_line(&mut self) -> io::Result<Option<(u64, &[u8])>> {
+        self.line.clear();
+        let read = self.reader.read_until(b'\n', &mut self.line)?;
+        if read == 0 {
+            return Ok(None);
+        }
+        let at = self.at;
+        self.at += read as u64;
+        Ok(Some((at, &self.line)))
+    }
+}
+
+/// The file at `path` and its stat, or `None` where there is none.
+pub(crate) fn open_log_with_stat(
+    path: &std::path::Path,
+) -> Result<Option<(File, rustix::fs::Stat)>, ReadError> {
+    match safe_open::open_with_stat(path, Links::Refuse) {
+        Ok(opened) => Ok(Some(opened)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         // O_NOFOLLOW's answer to a symlink.
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(ReadError::Link {
@@ -201,8 +239,13 @@ pub(super) fn open_log(path: &std::path::Path) -> Result<Option<File>, ReadError
     }
 }
 
+/// The file at `path`, or `None` where there is none.
+pub(super) fn open_log(path: &std::path::Path) -> Result<Option<File>, ReadError> {
+    Ok(open_log_with_stat(path)?.map(|(file, _)| file))
+}
+
 /// One line of the log as an event; `None` for a line that is none.
-pub(super) fn parse_line(bytes: &[u8]) -> Option<Entry> {
+pub(crate) fn parse_line(bytes: &[u8]) -> Option<Entry> {
     let line = std::str::from_utf8(bytes)
         .ok()?
         .trim_end_matches(['\n', '\r']);

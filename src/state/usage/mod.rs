@@ -13,11 +13,18 @@
 //! not have) it is the nested holder's own. Holder ids are reused, so a parent is the
 //! holding of that id that was there when the nested holder began, never a later one.
 
+mod digest;
+mod rows;
+mod tally;
+mod trail;
+
+pub use rows::{Rows, UsageRow};
+pub use trail::{TrailUsage, usage_of_trail};
+
 use crate::state::audit::{BadValue, Event, EventKind};
 use crate::state::ledger::Record;
-use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
+use tally::{Gpu, Span, Tally};
 
 /// What the rows are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,50 +57,15 @@ impl By {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageRow {
-    pub key: String,
-    /// GPU-seconds: exact, where hours would be rounded.
-    pub gpu_seconds: u64,
-    /// Distinct holders that had a part in the row.
-    pub holders: usize,
-}
-
-impl UsageRow {
-    pub fn gpu_hours(&self) -> f64 {
-        self.gpu_seconds as f64 / 3600.0
-    }
-}
-
 /// The sums over [since, until], the largest row first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Usage {
     pub since: SystemTime,
     pub until: SystemTime,
     pub by: By,
-    pub rows: Vec<UsageRow>,
+    pub rows: Rows,
     /// All rows together; `holders` counts each holder once, whichever rows it is in.
-    pub total: UsageRow,
-}
-
-/// One holding: who, which GPUs, from when to when (Unix seconds), and inside whose.
-struct Span<'a> {
-    holder: &'a str,
-    /// The row `--by holder` puts it in: a container's name, else the id (a container's
-    /// cut to 12 characters), as `gpupin status` and `gpupin log` show it.
-    shown: &'a str,
-    who: &'a str,
-    gpus: Vec<Gpu<'a>>,
-    start: u64,
-    end: u64,
-    within: Option<&'a str>,
-}
-
-/// One GPU of a holding: the UUID that says which GPU it is (indices are only what it
-/// was allocated under), and the row key people read (the index where known).
-struct Gpu<'a> {
-    uuid: &'a str,
-    key: Cow<'a, str>,
+    pub total: UsageRow<'static>,
 }
 
 /// A holding that ended (a `release` or `reap` line), as `usage` needs it: who, which
@@ -115,20 +87,23 @@ impl Ended {
     /// The holding `event` ends; `None` for an event that ends none (neither a release
     /// nor a reap, or without the time or the `held_s` that place it).
     pub fn of(event: &Event) -> Option<Ended> {
-        let span = event_span(event)?;
-        Some(Ended {
+        Some(Ended::from_span(&event_span(event)?))
+    }
+
+    fn from_span(span: &Span<'_>) -> Ended {
+        Ended {
             holder: span.holder.into(),
             shown: span.shown.into(),
             who: span.who.into(),
             gpus: span
                 .gpus
-                .into_iter()
-                .map(|g| (g.uuid.into(), g.key.into()))
+                .iter()
+                .map(|g| (g.uuid.into(), g.key.as_ref().into()))
                 .collect(),
             start: span.start,
             end: span.end,
             within: span.within.map(Into::into),
-        })
+        }
     }
 
     fn span(&self) -> Span<'_> {
@@ -141,7 +116,7 @@ impl Ended {
                 .iter()
                 .map(|(uuid, key)| Gpu {
                     uuid,
-                    key: Cow::Borrowed(key),
+                    key: std::borrow::Cow::Borrowed(key),
                 })
                 .collect(),
             start: self.start,
@@ -190,159 +165,12 @@ pub fn usage(
     now: SystemTime,
     by: By,
 ) -> Usage {
-    let (from, until) = (unix(since), unix(now));
-    let mut spans: Vec<Span> = ended.iter().map(Ended::span).collect();
-    // Only the ids of live records can have a release among the events.
-    let ids: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
-    let ended = index_by_holder(&spans, |id| ids.contains(id));
-    let released = |r: &Record| {
-        ended.get(r.id.as_str()).is_some_and(|of| {
-            of.iter()
-                .any(|&i| spans[i].start.abs_diff(r.created_at) <= 1)
-        })
-    };
-    let live: Vec<Span> = records
-        .iter()
-        .filter(|r| !released(r))
-        .map(|r| record_span(r, until))
-        .collect();
-    spans.extend(live);
-    // Only the ids some holding was nested in can be parents.
-    let parent_ids: HashSet<&str> = spans.iter().filter_map(|s| s.within).collect();
-    let of_holder = index_by_holder(&spans, |id| parent_ids.contains(id));
-    let parents: Vec<Option<usize>> = (0..spans.len())
-        .map(|i| parent(&spans, &of_holder, i))
-        .collect();
-
-    // Hashed, not ordered, while a year of holdings goes in: the rows are sorted once at
-    // the end (an ordered map compared hundreds of thousands of ids a row).
-    let mut rows: HashMap<&str, (u64, HashSet<&str>)> = HashMap::new();
-    let mut total = (0, HashSet::new());
-    for (i, span) in spans.iter().enumerate() {
-        let (start, end) = (span.start.max(from), span.end.min(until));
-        if end < start {
-            continue;
-        }
-        let chain = ancestors(&parents, i);
-        let nested = !chain.is_empty();
-        for gpu in &span.gpus {
-            let covers: Vec<(u64, u64)> = chain
-                .iter()
-                .map(|&a| &spans[a])
-                .filter(|a| a.gpus.iter().any(|g| g.uuid == gpu.uuid))
-                .map(|a| (a.start, a.end))
-                .collect();
-            let seconds = uncovered(start, end, covers);
-            // A holder with time of its own is one of the row's; a nested one whose
-            // time was all its parent's is not (it added nothing).
-            if nested && seconds == 0 {
-                continue;
-            }
-            let key = match by {
-                By::User => span.who,
-                By::Holder => span.shown,
-                By::Gpu => &gpu.key,
-            };
-            let row = rows.entry(key).or_default();
-            row.0 += seconds;
-            row.1.insert(span.holder);
-            total.0 += seconds;
-            total.1.insert(span.holder);
-        }
+    let parent_ids = ended.iter().filter_map(|e| e.within.as_deref());
+    let mut tally = Tally::new(records, parent_ids, since, now, by);
+    for holding in ended {
+        tally.add(&holding.span());
     }
-    let mut rows: Vec<UsageRow> = rows
-        .into_iter()
-        .map(|(key, (gpu_seconds, holders))| UsageRow {
-            key: key.to_string(),
-            gpu_seconds,
-            holders: holders.len(),
-        })
-        .collect();
-    // Largest first; equal sums in key order, so that the output is stable.
-    rows.sort_by(|a, b| {
-        b.gpu_seconds
-            .cmp(&a.gpu_seconds)
-            .then_with(|| a.key.cmp(&b.key))
-    });
-    Usage {
-        since,
-        until: now,
-        by,
-        rows,
-        total: UsageRow {
-            key: "total".into(),
-            gpu_seconds: total.0,
-            holders: total.1.len(),
-        },
-    }
-}
-
-/// The indices of `spans` by holder id, of the ids `wanted` keeps, each list in index
-/// order: a nested holder's parent is looked up among the holdings of one id, not among
-/// all (a year holds hundreds of thousands; looking through all for each nested one was
-/// quadratic), and only the few ids looked up are indexed.
-fn index_by_holder<'a>(
-    spans: &[Span<'a>],
-    wanted: impl Fn(&str) -> bool,
-) -> HashMap<&'a str, Vec<usize>> {
-    let mut of: HashMap<&'a str, Vec<usize>> = HashMap::new();
-    for (i, span) in spans.iter().enumerate() {
-        if wanted(span.holder) {
-            of.entry(span.holder).or_default().push(i);
-        }
-    }
-    of
-}
-
-/// The holding `spans[child]` was nested in: the one of its parent's id that was there
-/// when it began (started no later, ended no earlier). Of several (an id released and
-/// taken again within one second), the earliest: a later one began after the child.
-fn parent(spans: &[Span], of_holder: &HashMap<&str, Vec<usize>>, child: usize) -> Option<usize> {
-    let c = &spans[child];
-    let within = c.within?;
-    of_holder
-        .get(within)?
-        .iter()
-        .map(|&i| (i, &spans[i]))
-        .filter(|&(i, p)| i != child && p.start <= c.start && c.start <= p.end)
-        .min_by_key(|(i, p)| (p.start, *i))
-        .map(|(i, _)| i)
-}
-
-/// The holdings above `spans[i]`, its parent first. A loop (ids reused within a second
-/// can make one) ends the chain where it comes back.
-fn ancestors(parents: &[Option<usize>], i: usize) -> Vec<usize> {
-    let mut chain = Vec::new();
-    let mut at = parents[i];
-    while let Some(p) = at {
-        if p == i || chain.contains(&p) {
-            break;
-        }
-        chain.push(p);
-        at = parents[p];
-    }
-    chain
-}
-
-/// Seconds of [start, end] that none of `covers` overlaps.
-fn uncovered(start: u64, end: u64, mut covers: Vec<(u64, u64)>) -> u64 {
-    covers.sort_unstable();
-    let mut at = start;
-    let mut free = 0;
-    for (s, e) in covers {
-        if e <= at {
-            continue;
-        }
-        if s >= end {
-            break;
-        }
-        free += s.saturating_sub(at);
-        at = at.max(e);
-        if at >= end {
-            return free;
-        }
-    }
-    free + end.saturating_sub(at)
+    tally.finish()
 }
 
 fn event_span(event: &Event) -> Option<Span<'_>> {
@@ -368,30 +196,8 @@ fn event_span(event: &Event) -> Option<Span<'_>> {
     })
 }
 
-fn record_span(record: &Record, now: u64) -> Span<'_> {
-    let user = record.owner.as_ref().map(|o| o.user.as_str());
-    let engine = record.container.as_ref().and_then(|c| c.engine.as_deref());
-    Span {
-        holder: &record.id,
-        shown: record.shown_name(),
-        who: crate::state::audit::who(user, engine),
-        gpus: record
-            .gpus
-            .iter()
-            .enumerate()
-            .map(|(i, uuid)| Gpu {
-                uuid,
-                key: crate::state::audit::unit_name(record.indices.get(i).copied(), uuid).into(),
-            })
-            .collect(),
-        start: record.created_at,
-        end: now,
-        within: record.request.within.as_deref(),
-    }
-}
-
 /// Seconds since the epoch; a time before it (a broken clock) as the epoch.
-fn unix(time: SystemTime) -> u64 {
+pub(crate) fn unix(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -499,7 +305,7 @@ mod tests {
     fn rows(u: &Usage) -> Vec<(&str, u64, usize)> {
         u.rows
             .iter()
-            .map(|r| (r.key.as_str(), r.gpu_seconds, r.holders))
+            .map(|r| (r.key, r.gpu_seconds, r.holders))
             .collect()
     }
 
@@ -560,7 +366,7 @@ mod tests {
         )];
         let u = sums(&events, &[], 0, By::User);
         assert_eq!(rows(&u), [("bob", 2 * HOUR, 1)]);
-        assert_eq!(u.rows[0].gpu_hours(), 2.0);
+        assert_eq!(u.rows.iter().next().unwrap().gpu_hours(), 2.0);
     }
 
     #[test]
@@ -650,7 +456,7 @@ mod tests {
         let rows = u
             .rows
             .iter()
-            .map(|r| (r.key.clone(), r.gpu_seconds))
+            .map(|r| (r.key.to_string(), r.gpu_seconds))
             .collect();
         (rows, u.total.gpu_seconds)
     }
@@ -708,11 +514,7 @@ mod tests {
         // GPU 0 was held over [0, 80], GPU 1 over [0, 50], GPU 2 over [0, 30].
         assert_eq!(total, 80 + 50 + 30);
         let by_gpu = sums(&[a.clone(), b.clone(), c.clone()], &[], 0, By::Gpu);
-        let gpus: Vec<(&str, u64)> = by_gpu
-            .rows
-            .iter()
-            .map(|r| (r.key.as_str(), r.gpu_seconds))
-            .collect();
+        let gpus: Vec<(&str, u64)> = by_gpu.rows.iter().map(|r| (r.key, r.gpu_seconds)).collect();
         assert_eq!(gpus, [("0", 80), ("1", 50), ("2", 30)]);
         // With A up to the end, A covers C through B although B is gone.
         let long_a = ended(EventKind::Release, "a", "alice", &[0, 1, 2], t0 + 100, 100);
@@ -767,49 +569,6 @@ mod tests {
         released.user = None;
         let u = sums(&[released], &records, 0, By::Holder);
         assert_eq!(rows(&u), [("web", HOUR + 1, 1)]);
-    }
-
-    /// `parent` looks among the holdings of one id; the answer is the one a look through
-    /// all of them gives (ids reused within a second, nested chains, self-references).
-    #[test]
-    fn the_parent_found_by_id_is_the_parent_found_among_all() {
-        let naive = |spans: &[Span], child: usize| {
-            let c = &spans[child];
-            let within = c.within?;
-            spans
-                .iter()
-                .enumerate()
-                .filter(|&(i, p)| i != child && p.holder == within)
-                .filter(|(_, p)| p.start <= c.start && c.start <= p.end)
-                .min_by_key(|(i, p)| (p.start, *i))
-                .map(|(i, _)| i)
-        };
-        let ids = ["a", "b", "c", "d"];
-        let mut seed = 34u64;
-        let mut next = move |n: u64| {
-            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            (seed >> 33) % n
-        };
-        for _ in 0..200 {
-            let spans: Vec<Span> = (0..12)
-                .map(|_| {
-                    let start = next(20);
-                    Span {
-                        holder: ids[next(4) as usize],
-                        shown: "-",
-                        who: "-",
-                        gpus: Vec::new(),
-                        start,
-                        end: start + next(10),
-                        within: (next(2) == 0).then(|| ids[next(4) as usize]),
-                    }
-                })
-                .collect();
-            let of_holder = index_by_holder(&spans, |_| true);
-            for i in 0..spans.len() {
-                assert_eq!(parent(&spans, &of_holder, i), naive(&spans, i));
-            }
-        }
     }
 
     #[test]

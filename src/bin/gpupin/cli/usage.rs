@@ -27,23 +27,14 @@ pub fn run(config: &Config, args: &UsageArgs) -> anyhow::Result<ExitCode> {
     // The ledger before the log: a holder released in between is then in both, which
     // `usage` counts once, rather than in neither.
     let records = Ledger::open_read_only(&config.ledger_settings())?.records()?;
-    // Only the lines that could be the end of a holding are parsed.
-    let mut events = config.audit().events_where(usage::could_end_in(since));
-    let mut ended = Vec::new();
-    for entry in events.by_ref() {
-        let entry = entry?;
-        if usage::counts(entry.at, &entry.event, since) {
-            // What usage needs of it, not the whole event: a year holds hundreds of
-            // thousands.
-            ended.extend(usage::Ended::of(&entry.event));
-        }
-    }
-    let usage = usage::usage(&ended, &records, since, now, args.by.unwrap_or_default());
+    let by = args.by.unwrap_or_default();
+    let read = usage::usage_of_trail(&config.audit(), &records, since, now, by)?;
+    let usage = read.usage;
     if args.json {
         outln!("{:#}", gpupin::command::usage_json(&usage))?;
     } else {
         out!("{}", gpupin::command::usage_table(&usage))?;
     }
-    super::log::note_unreadable(events.unreadable());
+    super::log::note_unreadable(read.unreadable);
     Ok(ExitCode::SUCCESS)
 }
