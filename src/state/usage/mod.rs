@@ -18,6 +18,9 @@ mod rows;
 mod tally;
 mod trail;
 
+#[cfg(test)]
+mod tests_trail;
+
 pub use rows::{Rows, UsageRow};
 pub use trail::{TrailUsage, usage_of_trail};
 
