@@ -233,7 +233,7 @@ fn usage_through_digests_is_the_full_scans_answer() {
 /// The live file past 4 MiB is digested up to where it was: lines appended after are read
 /// raw; once it is rotated, its digest is made whole again.
 #[test]
-fn a_live_file_is_read_through_its_digest_and_raw_past_it() {
+fn usage_reads_a_live_file_through_its_digest_and_raw_past_it() {
     let dir = tempfile::tempdir().unwrap();
     let end = SystemTime::now()
         .duration_since(UNIX_EPOCH)

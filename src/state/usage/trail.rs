@@ -25,7 +25,7 @@ use crate::state::audit::{Lines, Needle, ReadError, escaped, open_log_with_stat,
 use crate::state::ledger::Record;
 use std::collections::HashSet;
 use std::fs::File;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -278,7 +278,11 @@ impl Digests {
         let log_dir = dir.parent().unwrap_or(Path::new("/"));
         let owns_log_dir = log_dir.symlink_metadata().is_ok_and(|m| m.uid() == me);
         if owns_log_dir && dir.symlink_metadata().is_err() {
-            let _ = std::fs::DirBuilder::new().mode(DIR_MODE).create(&dir);
+            // As open as the log, whatever the umask (a 0750 log directory keeps both private).
+            let made = std::fs::DirBuilder::new().mode(DIR_MODE).create(&dir);
+            if made.is_ok() {
+                let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(DIR_MODE));
+            }
         }
         let safe = dir
             .symlink_metadata()
