@@ -135,8 +135,14 @@ fn same_as_full_scan(config: &Config, now: SystemTime, what: &str) {
         }
     }
     let entries: Vec<_> = config.audit().events().map(Result::unwrap).collect();
-    for since in sinces {
-        for by in [By::User, By::Holder, By::Gpu] {
+    for (n, since) in sinces.into_iter().enumerate() {
+        // The key only names the rows: every key for the year and the day, the finest
+        // (holders) at each file's ends.
+        let keys = match n {
+            0 | 1 => vec![By::User, By::Holder, By::Gpu],
+            _ => vec![By::Holder],
+        };
+        for by in keys {
             let read = usage::usage_of_trail(&config.audit(), &[], since, now, by).unwrap();
             let (expected, unreadable) = full_scan(config, &entries, since, now, by);
             assert_eq!(read.usage, expected, "{what}: since {since:?} by {by:?}");
