@@ -10,9 +10,7 @@
 //! Root, containerd, runc, busybox-static and the built kubelet are needed; elsewhere the
 //! test says why it skips (under CI=true it fails instead).
 
-#[allow(dead_code)]
 mod containerd_support;
-#[allow(dead_code)]
 mod cri_support;
 mod kubelet_support;
 

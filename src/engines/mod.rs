@@ -4,5 +4,6 @@ pub(crate) mod docker;
 pub(crate) mod engine;
 pub(crate) mod hook;
 pub(crate) mod install;
+pub(crate) mod nri;
 pub(crate) mod podman;
 pub(crate) mod runtime;

@@ -4,6 +4,8 @@
 //! `GPUPIN_ENGINES=modern` containerd, ctr, the shim and runc are the peers' cache's
 //! (containerd 2.x, runc 1.5; `harness::engines`), also for what containerd starts.
 
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
 use gpupin_sandbox::harness::{self, Gpupin, engines, status};
 use gpupin_sandbox::{find_on_path, find_static_busybox, is_root};
 use std::path::{Path, PathBuf};
@@ -129,13 +131,27 @@ pub fn is_v2() -> bool {
 /// /var/run/nri/nri.sock, which every private containerd of the parallel tests (and any
 /// other on the machine) would take over from the last: off, as gpupin does not use it.
 pub fn config(top: &str, tables: &str) -> String {
-    if is_v2() {
-        format!(
-            "version = 3\n{top}{tables}[plugins.'io.containerd.nri.v1.nri']\n  disable = true\n"
-        )
-    } else {
-        format!("version = 2\n{top}{tables}")
+    config_with_nri(top, tables, None)
+}
+
+/// `config`, with NRI on at `nri_socket` (containerd 2.x), a socket of the test's own;
+/// pre-installed plugins none (their directory is the test's, empty).
+pub fn config_with_nri(top: &str, tables: &str, nri_socket: Option<&Path>) -> String {
+    if !is_v2() {
+        return format!("version = 2\n{top}{tables}");
     }
+    let nri = match nri_socket {
+        None => "  disable = true\n".to_string(),
+        Some(socket) => {
+            let dir = socket.parent().unwrap();
+            format!(
+                "  disable = false\n  socket_path = {socket:?}\n  plugin_path = {:?}\n  plugin_config_path = {:?}\n",
+                dir.join("nri-plugins"),
+                dir.join("nri-conf.d"),
+            )
+        }
+    };
+    format!("version = 3\n{top}{tables}[plugins.'io.containerd.nri.v1.nri']\n{nri}")
 }
 
 pub fn text(bytes: &[u8]) -> String {

@@ -5,6 +5,8 @@
 //! imported as the sandbox (pause) image and the containers' image, and a CRI client
 //! that drives pods the way the kubelet does (host-network pods, so no CNI is needed).
 
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
 pub mod api;
 mod client;
 mod image;
@@ -41,7 +43,21 @@ pub struct Node {
 impl Node {
     /// `None` where a requirement is missing (the test skips; under CI=true it fails).
     pub fn start(test: &str) -> Option<Node> {
-        let containerd = Containerd::start(test, &["tar"], "", containerd_config)?;
+        Node::start_with(test, false)
+    }
+
+    /// `start`, with containerd 2.x's NRI on at `nri_socket` (`Node::nri_socket`).
+    pub fn start_with_nri(test: &str) -> Option<Node> {
+        Node::start_with(test, true)
+    }
+
+    /// Where NRI plugins connect when `start_with_nri` started it.
+    pub fn nri_socket(&self) -> std::path::PathBuf {
+        self.containerd.dir().join("nri.sock")
+    }
+
+    fn start_with(test: &str, nri: bool) -> Option<Node> {
+        let containerd = Containerd::start(test, &["tar"], "", |dir| containerd_config(dir, nri))?;
         let archive = image::busybox_archive(containerd.dir(), IMAGE);
         let archive = archive.to_str().unwrap();
         assert_ran(
@@ -74,10 +90,15 @@ impl Node {
 
     /// Runs pod `name` (namespace `default`) with these annotations through the handler.
     pub fn run_pod(&self, name: &str, annotations: &[(&str, &str)]) -> Pod<'_> {
+        self.run_pod_on(name, annotations, HANDLER)
+    }
+
+    /// `run_pod` through runtime handler `handler` (`""`: containerd's default, runc).
+    pub fn run_pod_on(&self, name: &str, annotations: &[(&str, &str)], handler: &str) -> Pod<'_> {
         let config = sandbox_config(name, annotations);
         let id = self
             .cri
-            .run_pod_sandbox(&config, HANDLER)
+            .run_pod_sandbox(&config, handler)
             .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", self.containerd.log()));
         Pod {
             node: self,
@@ -268,7 +289,7 @@ impl Drop for Pod<'_> {
 /// containerd's config: the CRI plugin with this temp dir's CNI dirs (empty: host-network
 /// pods need none), the imported image as sandbox image, and the shipped handler config
 /// naming the gpupin-runtime under test.
-fn containerd_config(dir: &Path) -> String {
+fn containerd_config(dir: &Path, nri: bool) -> String {
     let shipped = if is_v2() {
         HANDLER_CONFIG_V3
     } else {
@@ -286,7 +307,7 @@ fn containerd_config(dir: &Path) -> String {
         std::fs::create_dir_all(d).unwrap();
     }
     if is_v2() {
-        return containerd_config_v3(dir, &handler, &cni_bin, &cni_conf);
+        return containerd_config_v3(dir, &handler, &cni_bin, &cni_conf, nri);
     }
     format!(
         "version = 2\n\
@@ -314,13 +335,20 @@ fn containerd_config(dir: &Path) -> String {
 /// the CRI into (`io.containerd.cri.v1.images`, `io.containerd.cri.v1.runtime`), and the
 /// shipped handler as the drop-in docs/integrations.md describes, in `imports`. CDI is on (2.x's
 /// default) with this temp dir's spec dir, so that a test can put NVIDIA's spec there.
-fn containerd_config_v3(dir: &Path, handler: &str, cni_bin: &Path, cni_conf: &Path) -> String {
+fn containerd_config_v3(
+    dir: &Path,
+    handler: &str,
+    cni_bin: &Path,
+    cni_conf: &Path,
+    nri: bool,
+) -> String {
     let drop_in = dir.join("conf.d/gpupin.toml");
     std::fs::create_dir_all(drop_in.parent().unwrap()).unwrap();
     std::fs::write(&drop_in, handler).unwrap();
     let cdi = cdi_dir(dir);
     std::fs::create_dir_all(&cdi).unwrap();
-    crate::containerd_support::config(
+    let nri_socket = nri.then(|| dir.join("nri.sock"));
+    crate::containerd_support::config_with_nri(
         &format!("imports = [{drop_in:?}]\n"),
         &format!(
             "[plugins.'io.containerd.cri.v1.images'.pinned_images]\n\
@@ -336,6 +364,7 @@ fn containerd_config_v3(dir: &Path, handler: &str, cni_bin: &Path, cni_conf: &Pa
              \x20 bin_dirs = [{cni_bin:?}]\n\
              \x20 conf_dir = {cni_conf:?}\n"
         ),
+        nri_socket.as_deref(),
     )
 }
 

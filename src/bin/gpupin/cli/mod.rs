@@ -25,6 +25,8 @@ mod inventory;
 mod key;
 mod log;
 mod metrics;
+#[cfg(feature = "nri")]
+mod nri;
 mod nvml;
 mod pick;
 mod queue;
@@ -120,6 +122,9 @@ pub enum Command {
     /// Serve the kubelet's device plugin API: advertise the GPUs, allocate what the kubelet assigns
     #[cfg(feature = "device-plugin")]
     DevicePlugin(device_plugin::DevicePluginArgs),
+    /// Serve containerd's or CRI-O's NRI: every container their CRI creates goes through the ledger
+    #[cfg(feature = "nri")]
+    Nri(nri::NriArgs),
     /// Register gpupin with a container engine
     Install(install::InstallArgs),
     /// Take gpupin out of a container engine's configuration again
@@ -339,6 +344,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(&config, cli.config.as_deref(), &args),
         #[cfg(feature = "device-plugin")]
         Command::DevicePlugin(args) => device_plugin::run(&config, &args),
+        #[cfg(feature = "nri")]
+        Command::Nri(args) => nri::run(&config, &args),
         Command::Install(args) => install::install(cli.config.as_deref(), &config, &args),
         Command::Uninstall(args) => install::uninstall(&args),
     }

@@ -1,0 +1,370 @@
+//! `gpupin nri`: gpupin as an NRI plugin of containerd 2.x or CRI-O. It dials the
+//! runtime's NRI socket (or takes the one a runtime that started it passes), registers,
+//! and answers the runtime's calls one at a time: Configure (the events it wants),
+//! Synchronize (the containers there are: holders of containers gone are released),
+//! CreateContainer (the container's GPUs, as an adjustment), StopContainer and
+//! RemoveContainer (its GPUs back). The decisions are the library's
+//! (`gpupin::command::nri`); this is the wire around them (`gpupin-nri-api`).
+
+use anyhow::Context;
+use gpupin::command::{Config, HookCommand, nri};
+use gpupin_nri_api::api::{self, event};
+use gpupin_nri_api::wire::{self, Frame, Reader};
+use prost::Message;
+use std::collections::HashSet;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct NriArgs {
+    /// The runtime's NRI socket (a runtime that starts the plugin passes its own instead,
+    /// in NRI_PLUGIN_SOCKET)
+    #[arg(long, value_name = "FILE", default_value = gpupin_nri_api::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// The name the plugin registers under
+    #[arg(long, value_name = "NAME", default_value = "gpupin")]
+    pub name: String,
+    /// Two digits: the runtime calls plugins in this order, lowest first
+    #[arg(long, value_name = "NN", default_value = "50", value_parser = index())]
+    pub index: String,
+}
+
+fn index() -> super::flag::Parsed<String, String> {
+    super::flag::Parsed(
+        |text| match text.len() == 2 && text.bytes().all(|b| b.is_ascii_digit()) {
+            true => Ok(text.to_string()),
+            false => Err(format!("{text:?}: expected two digits, such as 50")),
+        },
+    )
+}
+
+/// The events gpupin wants besides Configure and Synchronize, which come anyway. Only
+/// events NRI 0.8 knows (containerd 2.0 refuses a plugin that asks for more).
+const EVENTS: i32 = event::bit(event::CREATE_CONTAINER)
+    | event::bit(event::STOP_CONTAINER)
+    | event::bit(event::REMOVE_CONTAINER);
+
+pub fn run(config: &Config, args: &NriArgs) -> anyhow::Result<ExitCode> {
+    let socket = match std::env::var("NRI_PLUGIN_SOCKET") {
+        Ok(fd) => {
+            let fd: i32 = fd
+                .parse()
+                .with_context(|| format!("NRI_PLUGIN_SOCKET={fd:?}: expected a file descriptor"))?;
+            // SAFETY: a runtime that starts a plugin passes it this end of a socketpair,
+            // open, under this number, and nothing else in this process owns it.
+            unsafe { <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+        }
+        Err(_) => UnixStream::connect(&args.socket)
+            .with_context(|| format!("connecting to the NRI socket {}", args.socket.display()))?,
+    };
+    let name = std::env::var("NRI_PLUGIN_NAME").unwrap_or_else(|_| args.name.clone());
+    let index = std::env::var("NRI_PLUGIN_IDX").unwrap_or_else(|_| args.index.clone());
+    let own_exe = std::env::current_exe().context("finding gpupin's own binary")?;
+    let mut plugin = Plugin {
+        config,
+        hook: HookCommand::beside(&own_exe, config.path.clone()),
+        runtime: String::from("containerd"),
+        synchronizing: HashSet::new(),
+    };
+    let mut out = socket.try_clone().context("the NRI socket")?;
+    let register = api::RegisterPluginRequest {
+        plugin_name: name.clone(),
+        plugin_idx: index.clone(),
+        nri_version: String::new(),
+    };
+    call(&mut out, 1, "RegisterPlugin", &register)?;
+    tracing::info!(name, index, socket = %args.socket.display(), "registering with the runtime");
+    let mut reader = Reader::new(&socket);
+    while let Some(frame) = reader.next_frame().context("reading from the runtime")? {
+        match (frame.conn, frame.kind) {
+            (wire::RUNTIME_CONN, wire::RESPONSE) => registered(&frame)?,
+            (wire::PLUGIN_CONN, wire::REQUEST) => {
+                let answer = plugin.answer(&frame.data);
+                wire::write_message(
+                    &mut out,
+                    wire::PLUGIN_CONN,
+                    frame.stream,
+                    wire::RESPONSE,
+                    &answer.encode_to_vec(),
+                )
+                .context("answering the runtime")?;
+            }
+            (conn, kind) => {
+                tracing::debug!(conn, kind, "a message gpupin does not expect: ignored")
+            }
+        }
+    }
+    tracing::info!("the runtime closed the NRI socket");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Calls the runtime's `method` on stream `stream` (the answer comes back in the loop).
+fn call(
+    out: &mut impl Write,
+    stream: u32,
+    method: &str,
+    message: &impl Message,
+) -> anyhow::Result<()> {
+    let request = wire::Request {
+        service: api::RUNTIME_SERVICE.into(),
+        method: method.into(),
+        payload: message.encode_to_vec(),
+        timeout_nano: 0,
+    };
+    wire::write_message(
+        out,
+        wire::RUNTIME_CONN,
+        stream,
+        wire::REQUEST,
+        &request.encode_to_vec(),
+    )
+    .with_context(|| format!("calling the runtime's {method}"))
+}
+
+/// The runtime's answer to the registration: an error ends the plugin.
+fn registered(frame: &Frame) -> anyhow::Result<()> {
+    let response = wire::Response::decode(frame.data.as_slice()).context("the runtime's answer")?;
+    match response.status {
+        Some(status) if status.code != 0 => {
+            anyhow::bail!("the runtime refused the registration: {}", status.message)
+        }
+        _ => {
+            tracing::info!("registered");
+            Ok(())
+        }
+    }
+}
+
+struct Plugin<'a> {
+    config: &'a Config,
+    hook: HookCommand,
+    /// The runtime's name, from Configure: the engine of the holders.
+    runtime: String,
+    /// The containers of a Synchronize split over several calls, so far.
+    synchronizing: HashSet<String>,
+}
+
+impl Plugin<'_> {
+    /// The response to one request of the runtime.
+    fn answer(&mut self, data: &[u8]) -> wire::Response {
+        let request = match wire::Request::decode(data) {
+            Ok(request) if request.service == api::PLUGIN_SERVICE => request,
+            Ok(request) => {
+                return failed(
+                    wire::code::UNIMPLEMENTED,
+                    format!("service {}", request.service),
+                );
+            }
+            Err(err) => {
+                return failed(
+                    wire::code::INVALID_ARGUMENT,
+                    format!("a request that does not decode: {err}"),
+                );
+            }
+        };
+        let payload = request.payload.as_slice();
+        let answered = match request.method.as_str() {
+            "Configure" => self.configure(payload),
+            "Synchronize" => self.synchronize(payload),
+            "CreateContainer" => self.create(payload),
+            "StopContainer" => self
+                .stopped(payload)
+                .map(|()| api::StopContainerResponse::default().encode_to_vec()),
+            "RemoveContainer" => self.stopped(payload).map(|()| Vec::new()),
+            "StateChange" => self.state_change(payload),
+            "Shutdown" => Ok(Vec::new()),
+            // A runtime of NRI 0.12 sends the event again as StateChange.
+            other => return failed(wire::code::UNIMPLEMENTED, format!("method {other}")),
+        };
+        match answered {
+            Ok(payload) => wire::Response {
+                status: None,
+                payload,
+            },
+            Err(err) => {
+                let line = gpupin::command::one_line(&*err);
+                tracing::warn!(method = request.method, error = %line, "refused");
+                failed(wire::code::INTERNAL, format!("gpupin: {line}"))
+            }
+        }
+    }
+
+    fn configure(&mut self, payload: &[u8]) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+        let configure = api::ConfigureRequest::decode(payload)?;
+        if !configure.runtime_name.is_empty() {
+            self.runtime = configure.runtime_name;
+        }
+        tracing::info!(
+            runtime = self.runtime,
+            version = configure.runtime_version,
+            "configured"
+        );
+        Ok(api::ConfigureResponse { events: EVENTS }.encode_to_vec())
+    }
+
+    fn synchronize(&mut self, payload: &[u8]) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+        let sync = api::SynchronizeRequest::decode(payload)?;
+        self.synchronizing.extend(
+            sync.containers
+                .iter()
+                .filter(|c| c.state != CONTAINER_STOPPED)
+                .map(|c| c.id.clone()),
+        );
+        if !sync.more {
+            let running = std::mem::take(&mut self.synchronizing);
+            for record in nri::reconcile(self.config, |id| running.contains(id))? {
+                tracing::info!(
+                    holder = record.shown_name(),
+                    "released: its container is gone"
+                );
+            }
+        }
+        // Split: echo `more`, and update nothing before the last part.
+        Ok(api::SynchronizeResponse {
+            update: Vec::new(),
+            more: sync.more,
+        }
+        .encode_to_vec())
+    }
+
+    fn create(&mut self, payload: &[u8]) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+        let request = api::ContainerRequest::decode(payload)?;
+        let pod = request.pod.unwrap_or_default();
+        let container = request.container.unwrap_or_default();
+        let created = nri::Created {
+            runtime: &self.runtime,
+            pod_namespace: &pod.namespace,
+            pod_name: &pod.name,
+            pod_annotations: Some(&pod.annotations),
+            id: &container.id,
+            name: &container.name,
+            annotations: Some(&container.annotations),
+            env: &container.env,
+            devices: container
+                .linux
+                .iter()
+                .flat_map(|l| &l.devices)
+                .map(|d| d.path.as_str())
+                .collect(),
+        };
+        let adjust = match nri::create(self.config, &self.hook, &created)? {
+            None => None,
+            Some((record, adjustment)) => {
+                tracing::info!(holder = record.shown_name(), gpus = ?record.indices, "allocated");
+                Some(adjustment_message(adjustment))
+            }
+        };
+        Ok(api::CreateContainerResponse {
+            adjust,
+            ..Default::default()
+        }
+        .encode_to_vec())
+    }
+
+    fn stopped(&mut self, payload: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
+        let request = api::ContainerRequest::decode(payload)?;
+        self.release(request.container.as_ref())
+    }
+
+    fn state_change(&mut self, payload: &[u8]) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+        let change = api::StateChangeEvent::decode(payload)?;
+        if matches!(
+            change.event,
+            event::STOP_CONTAINER | event::REMOVE_CONTAINER
+        ) {
+            self.release(change.container.as_ref())?;
+        }
+        Ok(Vec::new())
+    }
+
+    fn release(
+        &mut self,
+        container: Option<&api::Container>,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        if let Some(container) = container
+            && let Some(record) = nri::release(self.config, &container.id)?
+        {
+            tracing::info!(holder = record.shown_name(), "released");
+        }
+        Ok(())
+    }
+}
+
+/// NRI's `CONTAINER_STOPPED`.
+const CONTAINER_STOPPED: i32 = 4;
+
+fn failed(code: i32, message: String) -> wire::Response {
+    wire::Response {
+        status: Some(wire::Status { code, message }),
+        payload: Vec::new(),
+    }
+}
+
+/// The library's adjustment as NRI's message.
+fn adjustment_message(adjustment: nri::Adjustment) -> api::ContainerAdjustment {
+    let mut devices: Vec<api::LinuxDevice> = adjustment
+        .devices
+        .iter()
+        .map(|node| api::LinuxDevice {
+            path: node.path.clone(),
+            r#type: "c".into(),
+            major: node.major.into(),
+            minor: node.minor.into(),
+            file_mode: Some(api::OptionalFileMode { value: 0o666 }),
+            uid: Some(api::OptionalUInt32 { value: 0 }),
+            gid: Some(api::OptionalUInt32 { value: 0 }),
+        })
+        .collect();
+    devices.extend(
+        adjustment
+            .remove_devices
+            .iter()
+            .map(|path| api::LinuxDevice {
+                path: format!("-{path}"),
+                ..Default::default()
+            }),
+    );
+    let mut hooks = api::Hooks::default();
+    for hook in &adjustment.hooks {
+        let entry = api::Hook {
+            path: hook.path.clone(),
+            args: hook.args.clone(),
+            env: hook.env.clone(),
+            timeout: hook.timeout.map(|t| api::OptionalInt64 { value: t.into() }),
+        };
+        match hook.stage {
+            "prestart" => hooks.prestart.push(entry),
+            "createRuntime" => hooks.create_runtime.push(entry),
+            "createContainer" => hooks.create_container.push(entry),
+            "startContainer" => hooks.start_container.push(entry),
+            "poststart" => hooks.poststart.push(entry),
+            _ => hooks.poststop.push(entry),
+        }
+    }
+    api::ContainerAdjustment {
+        annotations: adjustment.annotations.into_iter().collect(),
+        mounts: adjustment
+            .mounts
+            .into_iter()
+            .map(|m| api::Mount {
+                destination: m.destination,
+                r#type: m.kind.unwrap_or_default(),
+                source: m.source,
+                options: m.options,
+            })
+            .collect(),
+        env: adjustment
+            .env
+            .into_iter()
+            .map(|(key, value)| api::KeyValue { key, value })
+            .collect(),
+        hooks: Some(hooks),
+        linux: Some(api::LinuxContainerAdjustment {
+            devices,
+            resources: None,
+        }),
+        cdi_devices: Vec::new(),
+    }
+}

@@ -1,0 +1,226 @@
+//! gpupin as containerd 2.x's NRI plugin (`gpupin nri`): a private containerd with NRI on
+//! at a socket of the test's own, `gpupin nri` connected to it, and pods driven over the
+//! CRI as the kubelet drives them, through containerd's default runtime (runc): no
+//! RuntimeClass, no gpupin runtime handler. A container annotated `gpupin.count` gets
+//! exactly its GPUs' nodes and their UUIDs, bound to its process by gpupin's hook; one
+//! that asks for nothing gets no GPU and holds nothing; stopping the pod releases them.
+//!
+//! NRI is containerd 2.x's: these run in the modern pass (`GPUPIN_ENGINES=modern`, as
+//! .ci/run runs them); on Debian's containerd 1.6, which has none, each says so and passes
+//! without running. Root, containerd, ctr, runc, tar and busybox-static are needed;
+//! elsewhere each test says why it skips (under CI=true it fails instead).
+
+mod containerd_support;
+mod cri_support;
+
+use containerd_support::is_v2;
+use cri_support::{Node, Pod};
+use gpupin_sandbox::harness::{self, gpu_nodes, status};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long containerd and the plugin may take to start and register (a readiness wait).
+const READY_WAIT: Duration = Duration::from_secs(60);
+
+/// `gpupin nri`, connected to the node's NRI socket; killed when dropped.
+struct Plugin {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Plugin {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A node with NRI on and `gpupin nri` registered with it; `None` where the test skips.
+fn node_with_plugin(test: &str) -> Option<(Node, Plugin)> {
+    if !is_v2() {
+        println!(
+            "{test}: containerd 1.x has no NRI; this runs on containerd 2.x (GPUPIN_ENGINES=modern)"
+        );
+        return None;
+    }
+    let node = Node::start_with_nri(test)?;
+    let socket = node.nri_socket();
+    let started = Instant::now();
+    while !socket.exists() {
+        assert!(
+            started.elapsed() < READY_WAIT,
+            "no NRI socket at {}\n{}",
+            socket.display(),
+            node.containerd.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = node.containerd.dir().join("gpupin-nri.log");
+    let child = Command::new(harness::binary(env!("CARGO_BIN_EXE_gpupin")))
+        .env_remove("GPUPIN_CONFIG")
+        .env("GPUPIN_LOG", "info")
+        .arg("--config")
+        .arg(&node.containerd.gpupin.config)
+        .args(["nri", "--socket"])
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let plugin = Plugin { child, log };
+    // Registered, configured and synchronized: the runtime sends events from then on.
+    while !plugin.log().contains("configured") {
+        assert!(
+            started.elapsed() < READY_WAIT,
+            "gpupin nri did not register: {}\n{}",
+            plugin.log(),
+            node.containerd.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some((node, plugin))
+}
+
+fn holders(node: &Node) -> Vec<Value> {
+    node.status()["holders"].as_array().unwrap().clone()
+}
+
+fn holder(node: &Node, id: &str) -> Value {
+    let all = holders(node);
+    all.iter()
+        .find(|h| h["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} holds nothing: {all:#?}"))
+}
+
+fn uuids(holder: &Value) -> Vec<String> {
+    let mut gpus: Vec<String> = holder["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap().to_string())
+        .collect();
+    gpus.sort();
+    gpus
+}
+
+fn held_nodes(node: &Node, id: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = status::held_minors(&node.status(), id)
+        .iter()
+        .map(|m| format!("nvidia{m}"))
+        .collect();
+    nodes.sort();
+    nodes
+}
+
+fn nodes_inside(pod: &Pod, id: &str) -> Vec<String> {
+    let mut nodes = gpu_nodes(pod.exec(id, &["ls", "/dev"]).split_whitespace());
+    nodes.sort();
+    nodes
+}
+
+/// `NAME=` of the container's own process (its pid 1).
+fn main_process_env(pod: &Pod, container: &str, name: &str) -> Option<String> {
+    let environ = pod.exec(container, &["cat", "/proc/1/environ"]);
+    environ
+        .split('\0')
+        .find_map(|v| v.strip_prefix(&format!("{name}=")).map(str::to_string))
+}
+
+#[test]
+fn a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri() {
+    let test = "a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri";
+    let Some((node, plugin)) = node_with_plugin(test) else {
+        return;
+    };
+    // containerd's default handler (runc): gpupin-runtime never runs.
+    let pod = node.run_pod_on("trainer", &[("gpupin.count", "2")], "");
+    assert_eq!(
+        holders(&node),
+        Vec::<Value>::new(),
+        "the sandbox asks for nothing"
+    );
+    let trainer = pod.start_container("trainer", &[], &[]);
+    let record = holder(&node, &trainer);
+    assert_eq!(uuids(&record).len(), 2, "{record:#}\n{}", plugin.log());
+    assert_eq!(record["source"], "nri", "{record:#}");
+    assert_eq!(
+        record["container"]["name"], "default/trainer/trainer",
+        "{record:#}"
+    );
+    assert_eq!(record["container"]["engine"], "containerd", "{record:#}");
+    // gpupin's prestart hook, which NRI put into the spec, bound the claim to the
+    // container's process.
+    assert!(record["pid"].is_u64(), "not bound to a process: {record:#}");
+    assert_eq!(record["state"], "running", "{record:#}");
+
+    // What the container sees: exactly its GPUs' nodes, their UUIDs in its env.
+    assert_eq!(nodes_inside(&pod, &trainer), held_nodes(&node, &trainer));
+    let visible = main_process_env(&pod, &trainer, "NVIDIA_VISIBLE_DEVICES")
+        .expect("NVIDIA_VISIBLE_DEVICES in the container's env");
+    let mut visible: Vec<String> = visible.split(',').map(str::to_string).collect();
+    visible.sort();
+    assert_eq!(visible, uuids(&record));
+
+    // A second pod's container gets two other GPUs.
+    let other = node.run_pod_on("eval", &[("gpupin.count", "2")], "");
+    let eval = other.start_container("eval", &[], &[]);
+    let second = holder(&node, &eval);
+    assert!(
+        uuids(&second).iter().all(|g| !uuids(&record).contains(g)),
+        "a GPU handed out twice: {record:#} {second:#}"
+    );
+
+    pod.stop();
+    other.stop();
+    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+    pod.remove();
+    other.remove();
+    assert_eq!(
+        holders(&node),
+        Vec::<Value>::new(),
+        "after RemovePodSandbox"
+    );
+}
+
+#[test]
+fn a_container_that_asks_for_nothing_gets_no_gpu_through_nri() {
+    let test = "a_container_that_asks_for_nothing_gets_no_gpu_through_nri";
+    let Some((node, plugin)) = node_with_plugin(test) else {
+        return;
+    };
+    let pod = node.run_pod_on("web", &[], "");
+    let web = pod.start_container("web", &[], &[]);
+    assert_eq!(holders(&node), Vec::<Value>::new(), "{}", plugin.log());
+    assert_eq!(nodes_inside(&pod, &web), Vec::<String>::new());
+    assert_eq!(main_process_env(&pod, &web, "NVIDIA_VISIBLE_DEVICES"), None);
+}
+
+#[test]
+fn a_request_gpupin_refuses_fails_the_create_with_its_one_line() {
+    let test = "a_request_gpupin_refuses_fails_the_create_with_its_one_line";
+    let Some((node, _plugin)) = node_with_plugin(test) else {
+        return;
+    };
+    let pod = node.run_pod_on("huge", &[("gpupin.count", "9")], "");
+    let err = pod.create_container("huge", &[], &[]).unwrap_err();
+    let message = err.message();
+    assert!(
+        message.contains("gpupin: ") && message.contains("count 9"),
+        "{message}"
+    );
+    assert_eq!(
+        holders(&node),
+        Vec::<Value>::new(),
+        "nothing held after a refusal"
+    );
+}
