@@ -255,7 +255,12 @@ mod tests {
 
     fn ids(config: &Config) -> Vec<String> {
         let ledger = crate::state::open_ledger(config).unwrap();
-        let mut ids: Vec<String> = ledger.records().unwrap().into_iter().map(|r| r.id).collect();
+        let mut ids: Vec<String> = ledger
+            .records()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
         ids.sort();
         ids
     }
@@ -270,7 +275,10 @@ mod tests {
             .unwrap();
         assert_eq!(record.gpus.len(), 2);
         assert_eq!(record.source, SOURCE);
-        assert!(record.claim_digest.is_some(), "held under a claim: {record:?}");
+        assert!(
+            record.claim_digest.is_some(),
+            "held under a claim: {record:?}"
+        );
         let info = record.container.unwrap();
         assert_eq!(info.name.as_deref(), Some("default/pod/main"));
         assert_eq!(info.engine.as_deref(), Some("containerd"));
@@ -290,7 +298,10 @@ mod tests {
             .map(|(_, v)| v.clone());
         assert_eq!(visible, Some(record.gpus.join(",")));
         assert!(
-            adjustment.annotations.iter().any(|(k, _)| k == "gpupin.claim"),
+            adjustment
+                .annotations
+                .iter()
+                .any(|(k, _)| k == "gpupin.claim"),
             "{:?}",
             adjustment.annotations
         );
@@ -330,7 +341,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let config = config(tmp.path());
         let none = HashMap::new();
-        assert!(create(&config, &hook(), &created("c1", &none)).unwrap().is_none());
+        assert!(
+            create(&config, &hook(), &created("c1", &none))
+                .unwrap()
+                .is_none()
+        );
         let nine = asks(&[("gpupin.count", "9")]);
         let err = create(&config, &hook(), &created("c2", &nine)).unwrap_err();
         assert!(err.to_string().contains("count 9"), "{err}");
@@ -360,15 +375,23 @@ mod tests {
         let config = config(tmp.path());
         let one = asks(&[("gpupin.count", "1")]);
         for id in ["c1", "c2", "c3"] {
-            create(&config, &hook(), &created(id, &one)).unwrap().unwrap();
+            create(&config, &hook(), &created(id, &one))
+                .unwrap()
+                .unwrap();
         }
         crate::jobs::hold::testing::roots(&config, "maintenance", "7");
-        assert!(release(&config, "maintenance").unwrap().is_none(), "not the plugin's");
+        assert!(
+            release(&config, "maintenance").unwrap().is_none(),
+            "not the plugin's"
+        );
         assert_eq!(release(&config, "c1").unwrap().unwrap().id, "c1");
         assert!(release(&config, "c1").unwrap().is_none(), "released once");
         // The runtime lists c3 alone: c2 went while the plugin was away.
         let released = reconcile(&config, |id| id == "c3").unwrap();
-        assert_eq!(released.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["c2"]);
+        assert_eq!(
+            released.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            ["c2"]
+        );
         assert_eq!(ids(&config), ["c3", "maintenance"]);
     }
 }
