@@ -63,21 +63,28 @@ fn node_with_plugin(test: &str) -> Option<(Node, Plugin)> {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let log = node.containerd.dir().join("gpupin-nri.log");
+    let plugin = start_plugin(&node, "gpupin-nri.log");
+    Some((node, plugin))
+}
+
+/// `gpupin nri` connected to `node`'s socket, logging to `log` in its dir; returns once
+/// the runtime has configured it (synchronized next: events come from then on).
+fn start_plugin(node: &Node, log: &str) -> Plugin {
+    let log = node.containerd.dir().join(log);
     let child = Command::new(harness::binary(env!("CARGO_BIN_EXE_gpupin")))
         .env_remove("GPUPIN_CONFIG")
         .env("GPUPIN_LOG", "info")
         .arg("--config")
         .arg(&node.containerd.gpupin.config)
         .args(["nri", "--socket"])
-        .arg(&socket)
+        .arg(node.nri_socket())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let plugin = Plugin { child, log };
-    // Registered, configured and synchronized: the runtime sends events from then on.
+    let started = Instant::now();
     while !plugin.log().contains("configured") {
         assert!(
             started.elapsed() < READY_WAIT,
@@ -87,7 +94,7 @@ fn node_with_plugin(test: &str) -> Option<(Node, Plugin)> {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    Some((node, plugin))
+    plugin
 }
 
 fn holders(node: &Node) -> Vec<Value> {
@@ -223,4 +230,31 @@ fn a_request_gpupin_refuses_fails_the_create_with_its_one_line() {
         Vec::<Value>::new(),
         "nothing held after a refusal"
     );
+}
+
+/// The plugin killed and started again: the runtime's Synchronize lists the running
+/// container, which keeps its GPUs; the next pod gets others.
+#[test]
+fn a_plugin_started_again_keeps_what_running_containers_hold() {
+    let test = "a_plugin_started_again_keeps_what_running_containers_hold";
+    let Some((node, plugin)) = node_with_plugin(test) else {
+        return;
+    };
+    let pod = node.run_pod_on("trainer", &[("gpupin.count", "4")], "");
+    let trainer = pod.start_container("trainer", &[], &[]);
+    let before = uuids(&holder(&node, &trainer));
+    drop(plugin);
+    let again = start_plugin(&node, "gpupin-nri-again.log");
+    // Synchronize follows Configure at once; a pod created next is served after it.
+    let other = node.run_pod_on("eval", &[("gpupin.count", "4")], "");
+    let eval = other.start_container("eval", &[], &[]);
+    assert_eq!(uuids(&holder(&node, &trainer)), before, "{}", again.log());
+    let second = uuids(&holder(&node, &eval));
+    assert!(
+        second.iter().all(|g| !before.contains(g)),
+        "a GPU handed out twice: {before:?} {second:?}"
+    );
+    pod.stop();
+    other.stop();
+    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
 }

@@ -42,6 +42,11 @@ pub struct Created<'a> {
     pub env: &'a [String],
     /// The paths of the device nodes it has already.
     pub devices: Vec<&'a str>,
+    /// How long the runtime waits for the plugin's answer (NRI's request timeout): a
+    /// request that would wait longer for busy GPUs (`gpupin.wait`) waits half of it,
+    /// then is refused. A plugin that answers late is dropped by the runtime, and every
+    /// container operation on the node waits for it meanwhile.
+    pub budget: std::time::Duration,
 }
 
 /// What gpupin changes in a container being created, for the runtime to apply.
@@ -119,9 +124,10 @@ pub fn create(
         annotations,
         env: created.env,
     };
-    let Some(found) = request::find(&mut sources)? else {
+    let Some(mut found) = request::find(&mut sources)? else {
         return Ok(None);
     };
+    found.wait = found.wait.map(|wait| wait.min(created.budget / 2));
     // Annotations only gpupin writes, set by the pod's author, would be taken for
     // gpupin's own by the hook that binds the claim.
     edits::refuse_reserved(&sources.annotations)?;
@@ -242,6 +248,7 @@ mod tests {
             id,
             name: "main",
             annotations: Some(annotations),
+            budget: std::time::Duration::from_secs(2),
             ..Created::default()
         }
     }
@@ -354,6 +361,23 @@ mod tests {
         let err = create(&config, &hook(), &created("c3", &forged)).unwrap_err();
         assert!(err.to_string().contains("gpupin.claim"), "{err}");
         assert_eq!(ids(&config), Vec::<String>::new());
+    }
+
+    /// NRI gives a plugin 2 s an answer: a request that may wait for busy GPUs waits 1 s
+    /// of it, then is refused with the ledger's line, and holds nothing.
+    #[test]
+    fn a_request_that_would_wait_longer_than_nri_allows_waits_half_of_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        crate::jobs::hold::testing::roots(&config, "all", "0,1,2,3,4,5,6,7");
+        let waits = asks(&[("gpupin.count", "1"), ("gpupin.wait", "10m")]);
+        let err = create(&config, &hook(), &created("c1", &waits)).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("gave up waiting for GPUs for c1 after 1s: "),
+            "{err}"
+        );
+        assert_eq!(ids(&config), ["all"]);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct NriArgs {
@@ -47,18 +48,6 @@ const EVENTS: i32 = event::bit(event::CREATE_CONTAINER)
     | event::bit(event::REMOVE_CONTAINER);
 
 pub fn run(config: &Config, args: &NriArgs) -> anyhow::Result<ExitCode> {
-    let socket = match std::env::var("NRI_PLUGIN_SOCKET") {
-        Ok(fd) => {
-            let fd: i32 = fd
-                .parse()
-                .with_context(|| format!("NRI_PLUGIN_SOCKET={fd:?}: expected a file descriptor"))?;
-            // SAFETY: a runtime that starts a plugin passes it this end of a socketpair,
-            // open, under this number, and nothing else in this process owns it.
-            unsafe { <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) }
-        }
-        Err(_) => UnixStream::connect(&args.socket)
-            .with_context(|| format!("connecting to the NRI socket {}", args.socket.display()))?,
-    };
     let name = std::env::var("NRI_PLUGIN_NAME").unwrap_or_else(|_| args.name.clone());
     let index = std::env::var("NRI_PLUGIN_IDX").unwrap_or_else(|_| args.index.clone());
     let own_exe = std::env::current_exe().context("finding gpupin's own binary")?;
@@ -66,38 +55,45 @@ pub fn run(config: &Config, args: &NriArgs) -> anyhow::Result<ExitCode> {
         config,
         hook: HookCommand::beside(&own_exe, config.path.clone()),
         runtime: String::from("containerd"),
+        budget: DEFAULT_REQUEST_TIMEOUT,
         synchronizing: HashSet::new(),
     };
-    let mut out = socket.try_clone().context("the NRI socket")?;
-    let register = api::RegisterPluginRequest {
-        plugin_name: name.clone(),
-        plugin_idx: index.clone(),
-        nri_version: String::new(),
-    };
-    call(&mut out, 1, "RegisterPlugin", &register)?;
-    tracing::info!(name, index, socket = %args.socket.display(), "registering with the runtime");
-    let mut reader = Reader::new(&socket);
-    while let Some(frame) = reader.next_frame().context("reading from the runtime")? {
-        match (frame.conn, frame.kind) {
-            (wire::RUNTIME_CONN, wire::RESPONSE) => registered(&frame)?,
-            (wire::PLUGIN_CONN, wire::REQUEST) => {
-                let answer = plugin.answer(&frame.data);
-                wire::write_message(
-                    &mut out,
-                    wire::PLUGIN_CONN,
-                    frame.stream,
-                    wire::RESPONSE,
-                    &answer.encode_to_vec(),
-                )
-                .context("answering the runtime")?;
-            }
-            (conn, kind) => {
-                tracing::debug!(conn, kind, "a message gpupin does not expect: ignored")
-            }
-        }
+    if let Ok(fd) = std::env::var("NRI_PLUGIN_SOCKET") {
+        // Started by the runtime (a pre-installed plugin): its socket, once.
+        let fd: i32 = fd
+            .parse()
+            .with_context(|| format!("NRI_PLUGIN_SOCKET={fd:?}: expected a file descriptor"))?;
+        // SAFETY: a runtime that starts a plugin passes it this end of a socketpair,
+        // open, under this number, and nothing else in this process owns it.
+        let socket = unsafe { <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        plugin.serve(&socket, &name, &index)?;
+        return Ok(ExitCode::SUCCESS);
     }
-    tracing::info!("the runtime closed the NRI socket");
-    Ok(ExitCode::SUCCESS)
+    // Dialed: connected again whenever the runtime goes away (a restart of containerd),
+    // and until it is there at all.
+    let mut told = false;
+    loop {
+        match UnixStream::connect(&args.socket) {
+            Ok(socket) => {
+                told = false;
+                tracing::info!(socket = %args.socket.display(), "connected");
+                if let Err(err) = plugin.serve(&socket, &name, &index) {
+                    // Refused: connecting again would be refused again.
+                    if err.downcast_ref::<Refused>().is_some() {
+                        return Err(err);
+                    }
+                    tracing::warn!(error = %format!("{err:#}"), "the NRI connection failed");
+                }
+                tracing::info!("the runtime closed the NRI socket: connecting again");
+            }
+            Err(err) if !told => {
+                told = true;
+                tracing::warn!(socket = %args.socket.display(), error = %err, "no NRI socket to connect to yet: trying every 2 s");
+            }
+            Err(_) => {}
+        }
+        std::thread::sleep(RECONNECT);
+    }
 }
 
 /// Calls the runtime's `method` on stream `stream` (the answer comes back in the loop).
@@ -123,13 +119,16 @@ fn call(
     .with_context(|| format!("calling the runtime's {method}"))
 }
 
+/// The runtime refused the registration (a name or index it does not take).
+#[derive(Debug, thiserror::Error)]
+#[error("the runtime refused the registration: {0}")]
+struct Refused(String);
+
 /// The runtime's answer to the registration: an error ends the plugin.
 fn registered(frame: &Frame) -> anyhow::Result<()> {
     let response = wire::Response::decode(frame.data.as_slice()).context("the runtime's answer")?;
     match response.status {
-        Some(status) if status.code != 0 => {
-            anyhow::bail!("the runtime refused the registration: {}", status.message)
-        }
+        Some(status) if status.code != 0 => Err(Refused(status.message).into()),
         _ => {
             tracing::info!("registered");
             Ok(())
@@ -142,11 +141,46 @@ struct Plugin<'a> {
     hook: HookCommand,
     /// The runtime's name, from Configure: the engine of the holders.
     runtime: String,
+    /// How long the runtime waits for an answer, from Configure.
+    budget: Duration,
     /// The containers of a Synchronize split over several calls, so far.
     synchronizing: HashSet<String>,
 }
 
 impl Plugin<'_> {
+    /// Registers on `socket` and answers the runtime until it closes it.
+    fn serve(&mut self, socket: &UnixStream, name: &str, index: &str) -> anyhow::Result<()> {
+        let mut out = socket.try_clone().context("the NRI socket")?;
+        let register = api::RegisterPluginRequest {
+            plugin_name: name.to_string(),
+            plugin_idx: index.to_string(),
+            nri_version: String::new(),
+        };
+        call(&mut out, 1, "RegisterPlugin", &register)?;
+        tracing::info!(name, index, "registering with the runtime");
+        let mut reader = Reader::new(socket);
+        while let Some(frame) = reader.next_frame().context("reading from the runtime")? {
+            match (frame.conn, frame.kind) {
+                (wire::RUNTIME_CONN, wire::RESPONSE) => registered(&frame)?,
+                (wire::PLUGIN_CONN, wire::REQUEST) => {
+                    let answer = self.answer(&frame.data);
+                    wire::write_message(
+                        &mut out,
+                        wire::PLUGIN_CONN,
+                        frame.stream,
+                        wire::RESPONSE,
+                        &answer.encode_to_vec(),
+                    )
+                    .context("answering the runtime")?;
+                }
+                (conn, kind) => {
+                    tracing::debug!(conn, kind, "a message gpupin does not expect: ignored")
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The response to one request of the runtime.
     fn answer(&mut self, data: &[u8]) -> wire::Response {
         let request = match wire::Request::decode(data) {
@@ -195,6 +229,9 @@ impl Plugin<'_> {
         let configure = api::ConfigureRequest::decode(payload)?;
         if !configure.runtime_name.is_empty() {
             self.runtime = configure.runtime_name;
+        }
+        if configure.request_timeout > 0 {
+            self.budget = Duration::from_millis(configure.request_timeout as u64);
         }
         tracing::info!(
             runtime = self.runtime,
@@ -248,6 +285,7 @@ impl Plugin<'_> {
                 .flat_map(|l| &l.devices)
                 .map(|d| d.path.as_str())
                 .collect(),
+            budget: self.budget,
         };
         let adjust = match nri::create(self.config, &self.hook, &created)? {
             None => None,
@@ -291,6 +329,12 @@ impl Plugin<'_> {
         Ok(())
     }
 }
+
+/// How long `gpupin nri` waits before it connects again.
+const RECONNECT: Duration = Duration::from_secs(2);
+
+/// NRI's default request timeout, until Configure says the runtime's.
+const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// NRI's `CONTAINER_STOPPED`.
 const CONTAINER_STOPPED: i32 = 4;
