@@ -14,7 +14,8 @@ mod containerd_support;
 mod cri_support;
 
 use containerd_support::is_v2;
-use cri_support::{Node, Pod};
+use cri_support::{Node, Pod, cdi_dir};
+use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
 use gpupin_sandbox::harness::{self, gpu_nodes, status};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -256,5 +257,65 @@ fn a_plugin_started_again_keeps_what_running_containers_hold() {
     );
     pod.stop();
     other.stop();
+    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+}
+
+/// GPUs that reach a container around gpupin under NRI: NVIDIA_VISIBLE_DEVICES of a
+/// container that asks gpupin for nothing becomes `void` (`unrequested = "strip"`, the
+/// default), nothing held; a GPU containerd's own CDI gave it (the CRI's CDIDevices, from
+/// a device plugin's answer) is its request: NRI takes no node out of a container, so it
+/// holds exactly that GPU in the ledger; beside a request of its own, such a GPU is
+/// denied in its device cgroup.
+#[test]
+fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
+    let test = "gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned";
+    let Some((node, plugin)) = node_with_plugin(test) else {
+        return;
+    };
+    let gpus = FakeGpu::from_status(&node.status());
+    let dir = node.containerd.dir();
+    let root = DriverRoot::create(&dir.join("driver"), &gpus).unwrap();
+    root.write_cdi_spec(&cdi_dir(dir), &gpus).unwrap();
+    let pod = node.run_pod_on("mixed", &[], "");
+    let env_only = pod
+        .create_container("env", &[("NVIDIA_VISIBLE_DEVICES", "all")], &[])
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", plugin.log()));
+    node.cri.start_container(&env_only).unwrap();
+    assert_eq!(
+        main_process_env(&pod, &env_only, "NVIDIA_VISIBLE_DEVICES").as_deref(),
+        Some("void")
+    );
+    assert_eq!(holders(&node), Vec::<Value>::new(), "{}", plugin.log());
+
+    let cdi = pod
+        .create_container_with("cdi", &[], &[], &[], &["nvidia.com/gpu=1"])
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", plugin.log()));
+    node.cri.start_container(&cdi).unwrap();
+    let record = holder(&node, &cdi);
+    assert_eq!(uuids(&record).len(), 1, "{record:#}");
+    assert_eq!(nodes_inside(&pod, &cdi), ["nvidia1"], "{}", plugin.log());
+    assert_eq!(
+        held_nodes(&node, &cdi),
+        ["nvidia1"],
+        "the GPU it came with is its own"
+    );
+
+    // Its own request besides a GPU CDI gave it: NRI cannot take the node out; its device
+    // cgroup denies it.
+    let both = pod
+        .create_container_with(
+            "both",
+            &[],
+            &[],
+            &[("gpupin.devices", "0")],
+            &["nvidia.com/gpu=2"],
+        )
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", plugin.log()));
+    node.cri.start_container(&both).unwrap();
+    assert_eq!(held_nodes(&node, &both), ["nvidia0"]);
+    let opened = node.cri.exec_sync(&both, &["cat", "/dev/nvidia2"]).unwrap();
+    let said = String::from_utf8_lossy(&opened.stderr);
+    assert!(said.contains("Operation not permitted"), "{said}");
+    pod.stop();
     assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
 }

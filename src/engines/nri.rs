@@ -17,11 +17,15 @@
 
 use crate::admission::admit::{self, Admission, AdmitError, Claim};
 use crate::admission::edits::{self, ContainerEdits, EditsError, Hook, HookCommand, Mount};
-use crate::input::config::Config;
+use crate::admission::foreign::{self, GpuNumbers};
+use crate::host::inventory::InventoryError;
+use crate::input::config::{Config, Unrequested};
 use crate::input::request::{self, RequestError};
 use crate::model::gpu::DeviceNode;
 use crate::model::holder::{ContainerInfo, HolderId, HolderKind};
+use crate::model::nvidia::VISIBLE_DEVICES;
 use crate::state::ledger::{ClaimError, ClaimToken, HolderMeta, LedgerError, Record};
+use serde_json::{Value, json};
 use std::collections::HashMap;
 
 /// The source of the records this plugin makes (`gpupin status`, the audit log).
@@ -40,8 +44,8 @@ pub struct Created<'a> {
     pub annotations: Option<&'a HashMap<String, String>>,
     /// `KEY=VALUE`.
     pub env: &'a [String],
-    /// The paths of the device nodes it has already.
-    pub devices: Vec<&'a str>,
+    /// The device nodes it has already: (path, type, major, minor).
+    pub devices: Vec<(&'a str, &'a str, i64, i64)>,
     /// How long the runtime waits for the plugin's answer (NRI's request timeout): a
     /// request that would wait longer for busy GPUs (`gpupin.wait`) waits half of it,
     /// then is refused. A plugin that answers late is dropped by the runtime, and every
@@ -53,8 +57,12 @@ pub struct Created<'a> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Adjustment {
     pub devices: Vec<DeviceNode>,
-    /// Nodes of GPUs the container was not given that it came with: taken out.
-    pub remove_devices: Vec<String>,
+    /// Nodes of GPUs the container was not given that it came with: taken out where
+    /// another plugin added them, and denied in its device cgroup (NRI takes no node out
+    /// that the runtime put there: the node stays, and cannot be opened).
+    pub remove_devices: Vec<DeviceNode>,
+    /// Annotations taken out (NVIDIA's CDI requests of a stripped container).
+    pub remove_annotations: Vec<String>,
     pub env: Vec<(String, String)>,
     pub annotations: Vec<(String, String)>,
     pub hooks: Vec<Hook>,
@@ -74,6 +82,8 @@ pub enum NriError {
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Claim(#[from] ClaimError),
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
     #[error("container id {0:?} cannot name a holder: expected letters, digits, '_', '.' or '-'")]
     Id(String),
 }
@@ -87,20 +97,63 @@ pub struct Unadjustable {
     gids: Vec<u32>,
 }
 
-/// Where `create` finds a request: the container's annotations over its pod's, its env.
+/// Where `create` finds a request: the container's annotations over its pod's, its env,
+/// then the GPUs NVIDIA's stack was asked for around gpupin (`foreign`), read from the
+/// container as a spec (`as_spec`).
 struct NriSources<'a> {
     annotations: HashMap<String, String>,
     env: &'a [String],
+    spec: &'a Value,
+    config: &'a Config,
 }
 
 impl request::Sources for NriSources<'_> {
-    type Error = RequestError;
+    type Error = NriError;
     fn annotations(&self) -> &HashMap<String, String> {
         &self.annotations
     }
-    fn env(&mut self) -> Result<Vec<String>, RequestError> {
+    fn env(&mut self) -> Result<Vec<String>, NriError> {
         Ok(self.env.to_vec())
     }
+    fn foreign(&mut self) -> Result<Option<request::GpuRequest>, NriError> {
+        let config = self.config;
+        if foreign::has_char_devices(self.spec) {
+            let inventory = config.load_inventory()?;
+            let minors = foreign::gpu_minors(self.spec, &GpuNumbers::of(&inventory));
+            if !minors.is_empty() {
+                // NRI takes no node out of a container (only out of what other plugins
+                // add): the GPUs it came with are the ones it gets, if no one holds them.
+                let indices = inventory
+                    .gpus
+                    .iter()
+                    .filter(|g| minors.contains(&g.minor))
+                    .map(|g| g.index.to_string())
+                    .collect();
+                return Ok(Some(request::GpuRequest::new(
+                    request::Selection::Devices(indices),
+                    request::Origin::Nvidia,
+                )));
+            }
+        }
+        foreign::request(self.spec, config.unrequested, || {
+            Ok(GpuNumbers::of(&config.load_inventory()?))
+        })
+    }
+}
+
+/// The container as much of an OCI spec as the rules on GPUs that came around gpupin read
+/// (`admission::foreign`): its env, device nodes and annotations.
+fn as_spec(created: &Created<'_>, annotations: &HashMap<String, String>) -> Value {
+    let devices: Vec<Value> = created
+        .devices
+        .iter()
+        .map(|(path, kind, major, minor)| json!({"path": path, "type": kind, "major": major, "minor": minor}))
+        .collect();
+    json!({
+        "process": {"env": created.env},
+        "linux": {"devices": devices},
+        "annotations": annotations,
+    })
 }
 
 /// The container's annotations over its pod's, with its name where CRI puts it (so
@@ -113,19 +166,38 @@ fn merged(created: &Created<'_>) -> HashMap<String, String> {
     all
 }
 
-/// Admits `created`'s request, if it has one: `None` where it asks for nothing.
+/// What `create` did.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The container asks for no GPU and came with none.
+    Nothing,
+    /// It asks gpupin for none, and what it asked NVIDIA's stack for is voided
+    /// (`unrequested = "strip"`).
+    Stripped(Adjustment),
+    /// Its GPUs, held (boxed: a record is large beside the other answers).
+    Admitted(Box<Record>, Adjustment),
+}
+
+/// Admits `created`'s request, if it has one; else voids what it asked NVIDIA's stack
+/// for around gpupin, as `unrequested` says.
 pub fn create(
     config: &Config,
     hook: &HookCommand,
     created: &Created<'_>,
-) -> Result<Option<(Record, Adjustment)>, NriError> {
+) -> Result<Outcome, NriError> {
     let annotations = merged(created);
+    let spec = as_spec(created, created.annotations.unwrap_or(&HashMap::new()));
     let mut sources = NriSources {
         annotations,
         env: created.env,
+        spec: &spec,
+        config,
     };
     let Some(mut found) = request::find(&mut sources)? else {
-        return Ok(None);
+        return Ok(match stripped(config, &spec)? {
+            Some(adjustment) => Outcome::Stripped(adjustment),
+            None => Outcome::Nothing,
+        });
     };
     found.wait = found.wait.map(|wait| wait.min(created.budget / 2));
     // Annotations only gpupin writes, set by the pod's author, would be taken for
@@ -163,11 +235,45 @@ pub fn create(
     let (record, adjustment) = admit::admit(config, admission, |edits| {
         adjustment(edits, &created.devices)
     })?;
-    Ok(Some((record, adjustment)))
+    Ok(Outcome::Admitted(Box::new(record), adjustment))
 }
 
-/// The edits as NRI applies them.
-fn adjustment(edits: &ContainerEdits, has: &[&str]) -> Result<Adjustment, Unadjustable> {
+/// `unrequested = "strip"` for a container that asks gpupin for nothing: what `void`
+/// changes in its spec, as an adjustment (`NVIDIA_VISIBLE_DEVICES=void`, NVIDIA's
+/// annotations removed); `None` where it asked NVIDIA's stack for nothing.
+fn stripped(config: &Config, spec: &Value) -> Result<Option<Adjustment>, NriError> {
+    if config.unrequested != Unrequested::Strip {
+        return Ok(None);
+    }
+    let mut voided = spec.clone();
+    if !foreign::void(&mut voided) {
+        return Ok(None);
+    }
+    let mut adjustment = Adjustment::default();
+    let env = |spec: &Value| spec["process"]["env"].clone();
+    if env(&voided) != env(spec) {
+        adjustment
+            .env
+            .push((VISIBLE_DEVICES.to_string(), "void".to_string()));
+    }
+    if let (Some(before), Some(after)) = (
+        spec["annotations"].as_object(),
+        voided["annotations"].as_object(),
+    ) {
+        adjustment.remove_annotations = before
+            .keys()
+            .filter(|k| !after.contains_key(*k))
+            .cloned()
+            .collect();
+    }
+    Ok(Some(adjustment))
+}
+
+/// The edits as NRI applies them; `has`, the device nodes the container came with.
+fn adjustment(
+    edits: &ContainerEdits,
+    has: &[(&str, &str, i64, i64)],
+) -> Result<Adjustment, Unadjustable> {
     if !edits.additional_gids.is_empty() {
         return Err(Unadjustable {
             gids: edits.additional_gids.clone(),
@@ -175,16 +281,27 @@ fn adjustment(edits: &ContainerEdits, has: &[&str]) -> Result<Adjustment, Unadju
     }
     Ok(Adjustment {
         devices: edits.nodes.clone(),
-        remove_devices: edits
-            .withheld
+        // By number: a node keeps its device whatever its path in the container.
+        remove_devices: has
             .iter()
-            .filter(|node| has.contains(&node.path.as_str()))
-            .map(|node| node.path.clone())
+            .filter(|(_, kind, major, minor)| {
+                *kind == "c"
+                    && edits
+                        .withheld
+                        .iter()
+                        .any(|w| i64::from(w.major) == *major && i64::from(w.minor) == *minor)
+            })
+            .map(|(path, _, major, minor)| DeviceNode {
+                path: path.to_string(),
+                major: *major as u32,
+                minor: *minor as u32,
+            })
             .collect(),
         env: edits.env.clone(),
         annotations: edits.annotations.clone(),
         hooks: edits.hooks.clone(),
         mounts: edits.mounts.clone(),
+        ..Adjustment::default()
     })
 }
 
@@ -225,6 +342,15 @@ pub fn reconcile(config: &Config, running: impl Fn(&str) -> bool) -> Result<Vec<
 mod tests {
     use super::*;
     use std::path::Path;
+
+    impl Outcome {
+        fn admitted(self) -> (Record, Adjustment) {
+            match self {
+                Outcome::Admitted(record, adjustment) => (*record, adjustment),
+                other => panic!("not admitted: {other:?}"),
+            }
+        }
+    }
 
     fn config(state_dir: &Path) -> Config {
         Config {
@@ -279,7 +405,7 @@ mod tests {
         let two = asks(&[("gpupin.count", "2")]);
         let (record, adjustment) = create(&config, &hook(), &created("c1", &two))
             .unwrap()
-            .unwrap();
+            .admitted();
         assert_eq!(record.gpus.len(), 2);
         assert_eq!(record.source, SOURCE);
         assert!(
@@ -324,14 +450,14 @@ mod tests {
             pod_annotations: Some(&pod),
             ..created("c1", &none)
         };
-        let (record, _) = create(&config, &hook(), &from_pod).unwrap().unwrap();
+        let (record, _) = create(&config, &hook(), &from_pod).unwrap().admitted();
         assert_eq!(record.gpus.len(), 1);
         let three = asks(&[("gpupin.count", "3")]);
         let own = Created {
             pod_annotations: Some(&pod),
             ..created("c2", &three)
         };
-        let (record, _) = create(&config, &hook(), &own).unwrap().unwrap();
+        let (record, _) = create(&config, &hook(), &own).unwrap().admitted();
         assert_eq!(record.gpus.len(), 3);
         // `gpupin.containers` on the pod names the containers its request is for.
         let for_others = asks(&[("gpupin.count", "1"), ("gpupin.containers", "trainer")]);
@@ -339,7 +465,10 @@ mod tests {
             pod_annotations: Some(&for_others),
             ..created("c3", &none)
         };
-        assert!(create(&config, &hook(), &not_named).unwrap().is_none());
+        assert!(matches!(
+            create(&config, &hook(), &not_named).unwrap(),
+            Outcome::Nothing
+        ));
         assert_eq!(ids(&config), ["c1", "c2"]);
     }
 
@@ -348,11 +477,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let config = config(tmp.path());
         let none = HashMap::new();
-        assert!(
-            create(&config, &hook(), &created("c1", &none))
-                .unwrap()
-                .is_none()
-        );
+        let outcome = create(&config, &hook(), &created("c1", &none)).unwrap();
+        assert!(matches!(outcome, Outcome::Nothing), "{outcome:?}");
         let nine = asks(&[("gpupin.count", "9")]);
         let err = create(&config, &hook(), &created("c2", &nine)).unwrap_err();
         assert!(err.to_string().contains("count 9"), "{err}");
@@ -380,17 +506,94 @@ mod tests {
         assert_eq!(ids(&config), ["all"]);
     }
 
+    /// GPU nodes a container came with (containerd's own CDI, a `--device`), asking
+    /// gpupin for nothing: NRI cannot take them out, so those GPUs are its request; one
+    /// another holds is refused, naming the holder, and nothing is held.
+    #[test]
+    fn gpu_nodes_a_container_came_with_are_its_request() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        crate::jobs::hold::testing::roots(&config, "taken", "3");
+        let none = HashMap::new();
+        // A node's path in the container need not be the host's.
+        let came_with = |id, minor| Created {
+            devices: vec![
+                ("/dev/gpu-from-cdi", "c", 195, minor),
+                ("/dev/nvidiactl", "c", 195, 255),
+            ],
+            ..created(id, &none)
+        };
+        let (record, adjustment) = create(&config, &hook(), &came_with("c1", 2))
+            .unwrap()
+            .admitted();
+        assert_eq!(record.indices, [2]);
+        assert_eq!(adjustment.remove_devices, Vec::<DeviceNode>::new());
+        let err = create(&config, &hook(), &came_with("c2", 3)).unwrap_err();
+        assert!(err.to_string().contains("taken"), "{err}");
+        assert_eq!(ids(&config), ["c1", "taken"]);
+    }
+
+    /// `unrequested = "strip"` (the default): NVIDIA_VISIBLE_DEVICES becomes `void` and
+    /// NVIDIA's CDI annotations go; nothing is held. `pass` leaves them.
+    #[test]
+    fn what_a_container_asked_nvidias_stack_for_around_gpupin_is_voided() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let cdi = asks(&[("cdi.k8s.io/gpu", "nvidia.com/gpu=1"), ("team", "ml")]);
+        let env = vec!["NVIDIA_VISIBLE_DEVICES=all".to_string(), "A=1".to_string()];
+        let around = Created {
+            env: &env,
+            ..created("c1", &cdi)
+        };
+        let Outcome::Stripped(adjustment) = create(&config, &hook(), &around).unwrap() else {
+            panic!("not stripped");
+        };
+        assert_eq!(
+            adjustment.env,
+            [("NVIDIA_VISIBLE_DEVICES".to_string(), "void".to_string())]
+        );
+        assert_eq!(adjustment.remove_annotations, ["cdi.k8s.io/gpu"]);
+        assert_eq!(ids(&config), Vec::<String>::new());
+        let pass = Config {
+            unrequested: Unrequested::Pass,
+            ..config.clone()
+        };
+        assert!(matches!(
+            create(&pass, &hook(), &around).unwrap(),
+            Outcome::Nothing
+        ));
+        let plain = vec!["A=1".to_string()];
+        let none = HashMap::new();
+        let asks_nothing = Created {
+            env: &plain,
+            ..created("c2", &none)
+        };
+        assert!(matches!(
+            create(&config, &hook(), &asks_nothing).unwrap(),
+            Outcome::Nothing
+        ));
+    }
+
     #[test]
     fn gpus_the_container_came_with_that_it_was_not_given_are_taken_out() {
         let tmp = tempfile::tempdir().unwrap();
         let config = config(tmp.path());
         let one = asks(&[("gpupin.devices", "0")]);
         let with_others = Created {
-            devices: vec!["/dev/nvidia0", "/dev/nvidia5", "/dev/fuse"],
+            devices: vec![
+                ("/dev/nvidia0", "c", 195, 0),
+                ("/dev/nvidia5", "c", 195, 5),
+                ("/dev/fuse", "c", 10, 229),
+            ],
             ..created("c1", &one)
         };
-        let (_, adjustment) = create(&config, &hook(), &with_others).unwrap().unwrap();
-        assert_eq!(adjustment.remove_devices, ["/dev/nvidia5"]);
+        let (_, adjustment) = create(&config, &hook(), &with_others).unwrap().admitted();
+        let removed: Vec<(&str, u32)> = adjustment
+            .remove_devices
+            .iter()
+            .map(|d| (d.path.as_str(), d.minor))
+            .collect();
+        assert_eq!(removed, [("/dev/nvidia5", 5)]);
     }
 
     #[test]
@@ -401,7 +604,7 @@ mod tests {
         for id in ["c1", "c2", "c3"] {
             create(&config, &hook(), &created(id, &one))
                 .unwrap()
-                .unwrap();
+                .admitted();
         }
         crate::jobs::hold::testing::roots(&config, "maintenance", "7");
         assert!(

@@ -283,13 +283,20 @@ impl Plugin<'_> {
                 .linux
                 .iter()
                 .flat_map(|l| &l.devices)
-                .map(|d| d.path.as_str())
+                .map(|d| (d.path.as_str(), d.r#type.as_str(), d.major, d.minor))
                 .collect(),
             budget: self.budget,
         };
         let adjust = match nri::create(self.config, &self.hook, &created)? {
-            None => None,
-            Some((record, adjustment)) => {
+            nri::Outcome::Nothing => None,
+            nri::Outcome::Stripped(adjustment) => {
+                tracing::info!(
+                    container = container.name,
+                    "what it asked NVIDIA's stack for around gpupin voided (unrequested = \"strip\")"
+                );
+                Some(adjustment_message(adjustment))
+            }
+            nri::Outcome::Admitted(record, adjustment) => {
                 tracing::info!(holder = record.shown_name(), gpus = ?record.indices, "allocated");
                 Some(adjustment_message(adjustment))
             }
@@ -365,11 +372,26 @@ fn adjustment_message(adjustment: nri::Adjustment) -> api::ContainerAdjustment {
         adjustment
             .remove_devices
             .iter()
-            .map(|path| api::LinuxDevice {
-                path: format!("-{path}"),
+            .map(|node| api::LinuxDevice {
+                path: format!("-{}", node.path),
                 ..Default::default()
             }),
     );
+    let denied: Vec<api::LinuxDeviceCgroup> = adjustment
+        .remove_devices
+        .iter()
+        .map(|node| api::LinuxDeviceCgroup {
+            allow: false,
+            r#type: "c".into(),
+            major: Some(api::OptionalInt64 {
+                value: node.major.into(),
+            }),
+            minor: Some(api::OptionalInt64 {
+                value: node.minor.into(),
+            }),
+            access: "rwm".into(),
+        })
+        .collect();
     let mut hooks = api::Hooks::default();
     for hook in &adjustment.hooks {
         let entry = api::Hook {
@@ -387,8 +409,16 @@ fn adjustment_message(adjustment: nri::Adjustment) -> api::ContainerAdjustment {
             _ => hooks.poststop.push(entry),
         }
     }
+    let mut annotations: std::collections::HashMap<String, String> =
+        adjustment.annotations.into_iter().collect();
+    annotations.extend(
+        adjustment
+            .remove_annotations
+            .iter()
+            .map(|key| (format!("-{key}"), String::new())),
+    );
     api::ContainerAdjustment {
-        annotations: adjustment.annotations.into_iter().collect(),
+        annotations,
         mounts: adjustment
             .mounts
             .into_iter()
@@ -407,7 +437,7 @@ fn adjustment_message(adjustment: nri::Adjustment) -> api::ContainerAdjustment {
         hooks: Some(hooks),
         linux: Some(api::LinuxContainerAdjustment {
             devices,
-            resources: None,
+            resources: (!denied.is_empty()).then_some(api::LinuxResources { devices: denied }),
         }),
         cdi_devices: Vec::new(),
     }
