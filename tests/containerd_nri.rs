@@ -52,7 +52,7 @@ fn node_with_plugin(test: &str) -> Option<(Node, Plugin)> {
         );
         return None;
     }
-    let node = Node::start_with_nri(test)?;
+    let node = Node::start_with_nri(test, |_| {})?;
     let socket = node.nri_socket();
     let started = Instant::now();
     while !socket.exists() {
@@ -316,6 +316,66 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
     let opened = node.cri.exec_sync(&both, &["cat", "/dev/nvidia2"]).unwrap();
     let said = String::from_utf8_lossy(&opened.stderr);
     assert!(said.contains("Operation not permitted"), "{said}");
+    pod.stop();
+    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+}
+
+/// The pre-installed form (k8s/nri/50-gpupin in NRI's plugin dir): containerd starts
+/// gpupin itself, with a socket of its own, and a pod's container gets its GPUs.
+#[test]
+fn a_plugin_containerd_starts_itself_gives_a_pod_its_gpus() {
+    let test = "a_plugin_containerd_starts_itself_gives_a_pod_its_gpus";
+    if !is_v2() {
+        println!(
+            "{test}: containerd 1.x has no NRI; this runs on containerd 2.x (GPUPIN_ENGINES=modern)"
+        );
+        return;
+    }
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/nri/50-gpupin");
+    let script = std::fs::read_to_string(shipped).unwrap();
+    let installed = "exec /usr/local/bin/gpupin nri";
+    assert!(script.contains(installed), "{shipped}: {script}");
+    let gpupin = harness::binary(env!("CARGO_BIN_EXE_gpupin"));
+    let log = std::sync::OnceLock::new();
+    let Some(node) = Node::start_with_nri(test, |plugins| {
+        // The test's gpupin and config; its log beside, since containerd keeps none.
+        let config = plugins.parent().unwrap().join("gpupin.toml");
+        let out = plugins.parent().unwrap().join("gpupin-nri.log");
+        let ours = format!(
+            "GPUPIN_LOG=info exec {} --config {} nri 2>>{}",
+            gpupin.display(),
+            config.display(),
+            out.display()
+        );
+        let path = plugins.join("50-gpupin");
+        std::fs::write(&path, script.replace(installed, &ours)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        log.set(out).unwrap();
+    }) else {
+        return;
+    };
+    let log = log.get().unwrap();
+    let started = Instant::now();
+    let text = || std::fs::read_to_string(log).unwrap_or_default();
+    while !text().contains("configured") {
+        assert!(
+            started.elapsed() < READY_WAIT,
+            "containerd did not start gpupin nri: {}\n{}",
+            text(),
+            node.containerd.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pod = node.run_pod_on("trainer", &[("gpupin.count", "1")], "");
+    let trainer = pod.start_container("trainer", &[], &[]);
+    assert_eq!(
+        nodes_inside(&pod, &trainer),
+        held_nodes(&node, &trainer),
+        "{}",
+        text()
+    );
+    assert_eq!(held_nodes(&node, &trainer).len(), 1);
     pod.stop();
     assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
 }

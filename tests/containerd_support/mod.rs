@@ -134,25 +134,35 @@ pub fn config(top: &str, tables: &str) -> String {
     config_with_nri(top, tables, None)
 }
 
-/// `config`, with NRI on at `nri_socket` (containerd 2.x), a socket of the test's own;
-/// pre-installed plugins none (their directory is the test's, empty).
+/// `config`, with NRI on at `nri_socket` (containerd 2.x), a socket of the test's own:
+/// the shipped section (k8s/nri/containerd-nri.toml) with the test's socket and its
+/// plugin and plugin config dirs (`nri-plugins/`, `nri-conf.d/` beside the socket).
 pub fn config_with_nri(top: &str, tables: &str, nri_socket: Option<&Path>) -> String {
     if !is_v2() {
         return format!("version = 2\n{top}{tables}");
     }
     let nri = match nri_socket {
-        None => "  disable = true\n".to_string(),
+        None => "[plugins.'io.containerd.nri.v1.nri']\n  disable = true\n".to_string(),
         Some(socket) => {
             let dir = socket.parent().unwrap();
-            format!(
-                "  disable = false\n  socket_path = {socket:?}\n  plugin_path = {:?}\n  plugin_config_path = {:?}\n",
-                dir.join("nri-plugins"),
-                dir.join("nri-conf.d"),
-            )
+            let shipped = std::fs::read_to_string(NRI_CONFIG).unwrap();
+            let mut text = shipped.clone();
+            for (from, to) in [
+                ("/var/run/nri/nri.sock", socket.to_path_buf()),
+                ("/opt/nri/plugins", dir.join("nri-plugins")),
+                ("/etc/nri/conf.d", dir.join("nri-conf.d")),
+            ] {
+                assert!(text.contains(from), "{NRI_CONFIG} names no {from}");
+                text = text.replace(from, to.to_str().unwrap());
+            }
+            text
         }
     };
-    format!("version = 3\n{top}{tables}[plugins.'io.containerd.nri.v1.nri']\n{nri}")
+    format!("version = 3\n{top}{tables}{nri}")
 }
+
+/// The shipped containerd 2.x NRI section.
+const NRI_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/nri/containerd-nri.toml");
 
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

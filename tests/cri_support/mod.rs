@@ -43,12 +43,14 @@ pub struct Node {
 impl Node {
     /// `None` where a requirement is missing (the test skips; under CI=true it fails).
     pub fn start(test: &str) -> Option<Node> {
-        Node::start_with(test, false)
+        Node::start_with(test, false, |_| {})
     }
 
-    /// `start`, with containerd 2.x's NRI on at `nri_socket` (`Node::nri_socket`).
-    pub fn start_with_nri(test: &str) -> Option<Node> {
-        Node::start_with(test, true)
+    /// `start`, with containerd 2.x's NRI on at `nri_socket` (`Node::nri_socket`);
+    /// `plugins` is given NRI's plugin dir (`nri-plugins/`), made, before containerd
+    /// starts (it starts the pre-installed plugins there).
+    pub fn start_with_nri(test: &str, plugins: impl FnOnce(&Path)) -> Option<Node> {
+        Node::start_with(test, true, plugins)
     }
 
     /// Where NRI plugins connect when `start_with_nri` started it.
@@ -56,8 +58,13 @@ impl Node {
         self.containerd.dir().join("nri.sock")
     }
 
-    fn start_with(test: &str, nri: bool) -> Option<Node> {
-        let containerd = Containerd::start(test, &["tar"], "", |dir| containerd_config(dir, nri))?;
+    fn start_with(test: &str, nri: bool, plugins: impl FnOnce(&Path)) -> Option<Node> {
+        let containerd = Containerd::start(test, &["tar"], "", |dir| {
+            let plugin_dir = dir.join("nri-plugins");
+            std::fs::create_dir_all(&plugin_dir).unwrap();
+            plugins(&plugin_dir);
+            containerd_config(dir, nri)
+        })?;
         let archive = image::busybox_archive(containerd.dir(), IMAGE);
         let archive = archive.to_str().unwrap();
         assert_ran(
