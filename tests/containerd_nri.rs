@@ -14,7 +14,7 @@ mod containerd_support;
 mod cri_support;
 
 use containerd_support::is_v2;
-use cri_support::{Node, Pod, cdi_dir};
+use cri_support::{Cri, Node, Pod, cdi_dir, container_config, sandbox_config};
 use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
 use gpupin_sandbox::harness::{self, gpu_nodes, status};
 use serde_json::Value;
@@ -378,4 +378,62 @@ fn a_plugin_containerd_starts_itself_gives_a_pod_its_gpus() {
     assert_eq!(held_nodes(&node, &trainer).len(), 1);
     pod.stop();
     assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+}
+
+/// Fifty pods created at once, each asking for a GPU of the node's eight: eight are
+/// created, each with a GPU of its own; the others are refused with gpupin's line and
+/// hold nothing.
+#[test]
+fn fifty_pods_at_once_never_get_a_gpu_twice() {
+    let test = "fifty_pods_at_once_never_get_a_gpu_twice";
+    let Some((node, plugin)) = node_with_plugin(test) else {
+        return;
+    };
+    let socket = node.containerd.socket.clone();
+    let created: Vec<(String, Result<String, String>)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..50)
+            .map(|n| {
+                let socket = &socket;
+                scope.spawn(move || {
+                    let cri = Cri::new(socket);
+                    let sandbox = sandbox_config(&format!("p{n}"), &[("gpupin.count", "1")]);
+                    let pod = cri.run_pod_sandbox(&sandbox, "").unwrap();
+                    let config = container_config("main", &[], &[], &[], &[]);
+                    let container = cri
+                        .create_container(&pod, config, &sandbox)
+                        .map_err(|e| e.message().to_string());
+                    (pod, container)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let ids: Vec<&String> = created
+        .iter()
+        .filter_map(|(_, c)| c.as_ref().ok())
+        .collect();
+    assert_eq!(ids.len(), 8, "{created:#?}\n{}", plugin.log());
+    for (_, refused) in created.iter().filter(|(_, c)| c.is_err()) {
+        let line = refused.as_ref().unwrap_err();
+        assert!(line.contains("gpupin: "), "{line}");
+    }
+    let all = holders(&node);
+    assert_eq!(all.len(), 8, "{all:#?}");
+    let mut gpus: Vec<String> = all.iter().flat_map(uuids).collect();
+    gpus.sort();
+    gpus.dedup();
+    assert_eq!(gpus.len(), 8, "a GPU handed out twice: {all:#?}");
+    for id in ids {
+        assert!(all.iter().any(|h| &h["id"] == id), "{id} holds nothing");
+    }
+    for (pod, _) in &created {
+        node.cri.stop_pod_sandbox(pod).unwrap();
+        node.cri.remove_pod_sandbox(pod).unwrap();
+    }
+    // Containers created and never started: removed with their pods, released then.
+    assert_eq!(
+        holders(&node),
+        Vec::<Value>::new(),
+        "after RemovePodSandbox"
+    );
 }

@@ -120,9 +120,52 @@ impl Node {
     }
 }
 
+/// A container's config as the kubelet sends it: `name` running `command` (none: the
+/// image's) with `env` besides the image's, its own annotations and CDI devices.
+pub fn container_config(
+    name: &str,
+    env: &[(&str, &str)],
+    command: &[&str],
+    annotations: &[(&str, &str)],
+    cdi_devices: &[&str],
+) -> ContainerConfig {
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: IMAGE.into(),
+        }),
+        linux: Some(LinuxContainerConfig {
+            security_context: Some(LinuxContainerSecurityContext {
+                namespace_options: Some(namespaces()),
+            }),
+        }),
+        command: command.iter().map(|c| c.to_string()).collect(),
+        envs: env
+            .iter()
+            .map(|(key, value)| KeyValue {
+                key: key.to_string(),
+                value: value.to_string(),
+            })
+            .collect(),
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        cdi_devices: cdi_devices
+            .iter()
+            .map(|name| CdiDevice {
+                name: name.to_string(),
+            })
+            .collect(),
+    }
+}
+
 /// The plain config the kubelet sends for a host-network pod without a shared process
 /// namespace.
-fn sandbox_config(name: &str, annotations: &[(&str, &str)]) -> PodSandboxConfig {
+pub fn sandbox_config(name: &str, annotations: &[(&str, &str)]) -> PodSandboxConfig {
     PodSandboxConfig {
         metadata: Some(PodSandboxMetadata {
             name: name.into(),
@@ -187,38 +230,7 @@ impl Pod<'_> {
         annotations: &[(&str, &str)],
         cdi_devices: &[&str],
     ) -> Result<String, tonic::Status> {
-        let config = ContainerConfig {
-            metadata: Some(ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(ImageSpec {
-                image: IMAGE.into(),
-            }),
-            linux: Some(LinuxContainerConfig {
-                security_context: Some(LinuxContainerSecurityContext {
-                    namespace_options: Some(namespaces()),
-                }),
-            }),
-            command: command.iter().map(|c| c.to_string()).collect(),
-            envs: env
-                .iter()
-                .map(|(key, value)| KeyValue {
-                    key: key.to_string(),
-                    value: value.to_string(),
-                })
-                .collect(),
-            annotations: annotations
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            cdi_devices: cdi_devices
-                .iter()
-                .map(|name| CdiDevice {
-                    name: name.to_string(),
-                })
-                .collect(),
-        };
+        let config = container_config(name, env, command, annotations, cdi_devices);
         self.node
             .cri
             .create_container(&self.id, config, &self.config)
