@@ -20,12 +20,7 @@ mod containerd_support;
 mod cri_support;
 
 use cri_support::{Node, container_config, sandbox_config};
-use gpupin_sandbox::harness;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// How long containerd and the plugin may take to start and register.
-const READY_WAIT: Duration = Duration::from_secs(60);
 
 struct Way {
     name: &'static str,
@@ -54,7 +49,7 @@ fn main() {
     let Some(nri) = Node::start_with_nri("nri_create nri", |_| {}) else {
         return;
     };
-    let _plugin = plugin(&nri);
+    let _plugin = nri.start_nri_plugin("gpupin-nri.log");
     let Some(handler) = Node::start("nri_create handler") else {
         return;
     };
@@ -119,44 +114,6 @@ fn create_and_start(way: &Way, round: usize) -> Duration {
     cri.stop_pod_sandbox(&pod).unwrap();
     cri.remove_pod_sandbox(&pod).unwrap();
     took
-}
-
-/// `gpupin nri` on `node`'s NRI socket, registered; killed when dropped.
-fn plugin(node: &Node) -> KillOnDrop {
-    let log = node.containerd.dir().join("gpupin-nri.log");
-    let child = Command::new(harness::binary(env!("CARGO_BIN_EXE_gpupin")))
-        .env_remove("GPUPIN_CONFIG")
-        .env("GPUPIN_LOG", "info")
-        .arg("--config")
-        .arg(&node.containerd.gpupin.config)
-        .args(["nri", "--socket"])
-        .arg(node.nri_socket())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("configured")
-    {
-        assert!(
-            started.elapsed() < READY_WAIT,
-            "gpupin nri did not register"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    KillOnDrop(child)
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// p50 and p99 (nearest rank) of `times`.

@@ -14,38 +14,17 @@ mod containerd_support;
 mod cri_support;
 
 use containerd_support::is_v2;
-use cri_support::{Cri, Node, Pod, cdi_dir, container_config, sandbox_config};
+use cri_support::{Cri, Node, NriPlugin, Pod, cdi_dir, container_config, sandbox_config};
 use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
 use gpupin_sandbox::harness::{self, gpu_nodes, status};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long containerd and the plugin may take to start and register (a readiness wait).
 const READY_WAIT: Duration = Duration::from_secs(60);
 
-/// `gpupin nri`, connected to the node's NRI socket; killed when dropped.
-struct Plugin {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Plugin {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A node with NRI on and `gpupin nri` registered with it; `None` where the test skips.
-fn node_with_plugin(test: &str) -> Option<(Node, Plugin)> {
+fn node_with_plugin(test: &str) -> Option<(Node, NriPlugin)> {
     if !is_v2() {
         println!(
             "{test}: containerd 1.x has no NRI; this runs on containerd 2.x (GPUPIN_ENGINES=modern)"
@@ -64,38 +43,8 @@ fn node_with_plugin(test: &str) -> Option<(Node, Plugin)> {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let plugin = start_plugin(&node, "gpupin-nri.log");
+    let plugin = node.start_nri_plugin("gpupin-nri.log");
     Some((node, plugin))
-}
-
-/// `gpupin nri` connected to `node`'s socket, logging to `log` in its dir; returns once
-/// the runtime has configured it (synchronized next: events come from then on).
-fn start_plugin(node: &Node, log: &str) -> Plugin {
-    let log = node.containerd.dir().join(log);
-    let child = Command::new(harness::binary(env!("CARGO_BIN_EXE_gpupin")))
-        .env_remove("GPUPIN_CONFIG")
-        .env("GPUPIN_LOG", "info")
-        .arg("--config")
-        .arg(&node.containerd.gpupin.config)
-        .args(["nri", "--socket"])
-        .arg(node.nri_socket())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let plugin = Plugin { child, log };
-    let started = Instant::now();
-    while !plugin.log().contains("configured") {
-        assert!(
-            started.elapsed() < READY_WAIT,
-            "gpupin nri did not register: {}\n{}",
-            plugin.log(),
-            node.containerd.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    plugin
 }
 
 fn holders(node: &Node) -> Vec<Value> {
@@ -245,7 +194,7 @@ fn a_plugin_started_again_keeps_what_running_containers_hold() {
     let trainer = pod.start_container("trainer", &[], &[]);
     let before = uuids(&holder(&node, &trainer));
     drop(plugin);
-    let again = start_plugin(&node, "gpupin-nri-again.log");
+    let again = node.start_nri_plugin("gpupin-nri-again.log");
     // Synchronize follows Configure at once; a pod created next is served after it.
     let other = node.run_pod_on("eval", &[("gpupin.count", "4")], "");
     let eval = other.start_container("eval", &[], &[]);

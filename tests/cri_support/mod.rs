@@ -118,6 +118,56 @@ impl Node {
     pub fn status(&self) -> serde_json::Value {
         self.containerd.status()
     }
+
+    /// `gpupin nri` connected to this node's NRI socket (`start_with_nri`), logging to
+    /// `log` in its dir; returns once the runtime has configured it (it synchronizes
+    /// next, and sends events from then on).
+    pub fn start_nri_plugin(&self, log: &str) -> NriPlugin {
+        let log = self.containerd.dir().join(log);
+        let child = std::process::Command::new(harness::binary(env!("CARGO_BIN_EXE_gpupin")))
+            .env_remove("GPUPIN_CONFIG")
+            .env("GPUPIN_LOG", "info")
+            .arg("--config")
+            .arg(&self.containerd.gpupin.config)
+            .args(["nri", "--socket"])
+            .arg(self.nri_socket())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let plugin = NriPlugin { child, log };
+        let started = Instant::now();
+        while !plugin.log().contains("configured") {
+            assert!(
+                started.elapsed() < START_WAIT,
+                "gpupin nri did not register: {}\n{}",
+                plugin.log(),
+                self.containerd.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        plugin
+    }
+}
+
+/// `gpupin nri` (`Node::start_nri_plugin`); killed when dropped.
+pub struct NriPlugin {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl NriPlugin {
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for NriPlugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A container's config as the kubelet sends it: `name` running `command` (none: the

@@ -12,6 +12,8 @@
 //!   nodes are not on the host: the missing ones are made (char devices of the
 //!   inventory's numbers, no driver behind them) and removed again.
 
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
 pub mod cri;
 
 use crate::cri_support::Node;
@@ -330,10 +332,24 @@ impl Kubelet {
 
     /// Writes the static pod `name` asking for `gpus` of the plugin's resource.
     pub fn add_pod(&self, name: &str, gpus: usize) {
+        self.write_pod(name, &json!({}), json!({RESOURCE: gpus.to_string()}));
+    }
+
+    /// Writes the static pod `name` with these annotations and no resource limits (a
+    /// request gpupin reads, through NRI or the runtime handler).
+    pub fn add_annotated_pod(&self, name: &str, annotations: &[(&str, &str)]) {
+        let annotations: serde_json::Map<String, Value> = annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        self.write_pod(name, &Value::Object(annotations), json!({}));
+    }
+
+    fn write_pod(&self, name: &str, annotations: &Value, limits: Value) {
         let pod = json!({
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default"},
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
             "spec": {
                 "hostNetwork": true,
                 "terminationGracePeriodSeconds": 1,
@@ -342,7 +358,7 @@ impl Kubelet {
                     "image": crate::cri_support::IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["sleep", "100000"],
-                    "resources": {"limits": {RESOURCE: gpus.to_string()}},
+                    "resources": {"limits": limits},
                 }],
             },
         });
