@@ -386,3 +386,49 @@ fn fifty_pods_at_once_never_get_a_gpu_twice() {
         "after RemovePodSandbox"
     );
 }
+
+/// containerd restarted under a running pod: `gpupin nri` connects again by itself, the
+/// running container keeps its GPUs (Synchronize lists it), and the next pod gets others
+/// through the plugin.
+#[test]
+fn the_plugin_connects_again_when_containerd_restarts() {
+    let test = "the_plugin_connects_again_when_containerd_restarts";
+    let Some((mut node, plugin)) = node_with_plugin(test) else {
+        return;
+    };
+    let pod_id = {
+        let pod = node.run_pod_on("trainer", &[("gpupin.count", "4")], "");
+        let trainer = pod.start_container("trainer", &[], &[]);
+        let id = pod.id.clone();
+        // Stopped by hand below: containerd is restarted meanwhile, which needs the
+        // node back from the pod's borrow.
+        std::mem::forget(pod);
+        (id, trainer)
+    };
+    let before = uuids(&holder(&node, &pod_id.1));
+    node.containerd.restart();
+    // The CRI client's connection went with containerd: a new one.
+    node.cri = Cri::new(&node.containerd.socket);
+    let started = Instant::now();
+    while plugin.log().matches("configured").count() < 2 {
+        assert!(
+            started.elapsed() < READY_WAIT,
+            "gpupin nri did not connect again: {}",
+            plugin.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let other = node.run_pod_on("eval", &[("gpupin.count", "4")], "");
+    let eval = other.start_container("eval", &[], &[]);
+    assert_eq!(uuids(&holder(&node, &pod_id.1)), before, "{}", plugin.log());
+    let second = uuids(&holder(&node, &eval));
+    assert_eq!(second.len(), 4, "{}", plugin.log());
+    assert!(
+        second.iter().all(|g| !before.contains(g)),
+        "{before:?} {second:?}"
+    );
+    other.stop();
+    node.cri.stop_pod_sandbox(&pod_id.0).unwrap();
+    node.cri.remove_pod_sandbox(&pod_id.0).unwrap();
+    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+}

@@ -53,37 +53,41 @@ impl Containerd {
         let socket = dir.join("containerd.sock");
         let config_file = dir.join("containerd.toml");
         std::fs::write(&config_file, config(dir)).unwrap();
-        let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = engines::command("containerd")
-            .arg("--config")
-            .arg(&config_file)
-            .arg("--root")
-            .arg(dir.join("root"))
-            .arg("--state")
-            .arg(dir.join("state-containerd"))
-            .arg("--address")
-            .arg(&socket)
-            .env("GPUPIN_CONFIG", &gpupin.config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("starting containerd");
+        let child = spawn(dir, &config_file, &socket, &gpupin.config);
         let c = Containerd {
             child,
             socket,
             gpupin,
         };
+        c.wait_ready();
+        Some(c)
+    }
+
+    /// Stops containerd (SIGKILL: its shims and containers run on) and starts it again
+    /// with the same config, root and state, as a crash and `systemctl start` do.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = self.dir().to_path_buf();
+        self.child = spawn(
+            &dir,
+            &dir.join("containerd.toml"),
+            &self.socket,
+            &self.gpupin.config,
+        );
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
         let started = Instant::now();
-        while !c.ctr(&["version"]).status.success() {
+        while !self.ctr(&["version"]).status.success() {
             assert!(
                 started.elapsed() < START_WAIT,
                 "containerd did not answer: {}",
-                c.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(c)
     }
 
     /// The temp dir everything of this containerd lives in.
@@ -118,6 +122,30 @@ impl Drop for Containerd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// containerd with everything in `dir`, its log appended to `containerd.log` there.
+fn spawn(dir: &Path, config_file: &Path, socket: &Path, gpupin_config: &Path) -> Child {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join("containerd.log"))
+        .unwrap();
+    engines::command("containerd")
+        .arg("--config")
+        .arg(config_file)
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--state")
+        .arg(dir.join("state-containerd"))
+        .arg("--address")
+        .arg(socket)
+        .env("GPUPIN_CONFIG", gpupin_config)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting containerd")
 }
 
 /// Whether the suites run on containerd 2.x (`GPUPIN_ENGINES=modern`), whose config is
