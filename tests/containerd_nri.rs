@@ -432,3 +432,57 @@ fn the_plugin_connects_again_when_containerd_restarts() {
     node.cri.remove_pod_sandbox(&pod_id.0).unwrap();
     assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
 }
+
+/// `driver = "cdi"` under NRI: the adjustment names the GPU's CDI device, and containerd
+/// applies the driver's CDI spec itself (its nodes, mounts, hooks): the container has the
+/// driver's files and exactly its GPU.
+#[test]
+fn under_driver_cdi_containerd_applies_the_gpus_cdi_device_by_name() {
+    let test = "under_driver_cdi_containerd_applies_the_gpus_cdi_device_by_name";
+    if !is_v2() {
+        println!(
+            "{test}: containerd 1.x has no NRI; this runs on containerd 2.x (GPUPIN_ENGINES=modern)"
+        );
+        return;
+    }
+    let Some(node) = Node::start_with_nri(test, |_| {}) else {
+        return;
+    };
+    let gpus = FakeGpu::from_status(&node.status());
+    let dir = node.containerd.dir();
+    let root = DriverRoot::create(&dir.join("driver"), &gpus).unwrap();
+    root.write_cdi_spec(&cdi_dir(dir), &gpus).unwrap();
+    // gpupin's config: the driver from that spec, by name.
+    let config = &node.containerd.gpupin.config;
+    let mut text = std::fs::read_to_string(config).unwrap();
+    text.push_str(&format!(
+        "driver = \"cdi\"\ncdi_spec_dirs = [{:?}]\n",
+        cdi_dir(dir)
+    ));
+    std::fs::write(config, text).unwrap();
+    let plugin = node.start_nri_plugin("gpupin-nri.log");
+
+    let pod = node.run_pod_on("trainer", &[("gpupin.count", "1")], "");
+    let trainer = pod.start_container("trainer", &[], &[]);
+    assert_eq!(
+        nodes_inside(&pod, &trainer),
+        held_nodes(&node, &trainer),
+        "{}",
+        plugin.log()
+    );
+    assert_eq!(held_nodes(&node, &trainer).len(), 1);
+    // Named, not copied: containerd applied the spec.
+    assert!(
+        plugin.log().contains("cdi_devices=[\"nvidia.com/gpu="),
+        "{}",
+        plugin.log()
+    );
+    // The spec's mounts: the driver's nvidia-smi, from the fake driver root.
+    pod.exec(&trainer, &["ls", "/usr/bin/nvidia-smi"]);
+    assert_eq!(
+        main_process_env(&pod, &trainer, "NVIDIA_VISIBLE_DEVICES").as_deref(),
+        Some("void")
+    );
+    pod.stop();
+    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+}

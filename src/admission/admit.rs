@@ -14,9 +14,10 @@ use crate::admission::driver::{self, DriverError};
 use crate::admission::edits::{ApplyError, ContainerEdits, EditsError, HookCommand};
 use crate::admission::grant::{self, GrantError};
 use crate::admission::trusted_user::{self, TrustedUserError};
-use crate::input::config::Config;
+use crate::input::config::{Config, Driver};
 use crate::input::request::GpuRequest;
 use crate::model::holder::HolderId;
+use crate::model::nvidia::VISIBLE_DEVICES;
 use crate::state::ledger::{ClaimToken, HolderMeta, Ledger, LedgerError, Record};
 use std::collections::HashMap;
 
@@ -39,6 +40,10 @@ pub struct Admission<'a> {
 pub struct Claim<'a> {
     pub token: &'a ClaimToken,
     pub hook: &'a HookCommand,
+    /// The runtime applies CDI specs itself (NRI's adjustment names CDI devices): under
+    /// `driver = "cdi"` the edits name the GPUs' CDI devices (`cdi_devices`) instead of
+    /// carrying the spec's edits, so that the runtime applies all of it (groups too).
+    pub driver_by_name: bool,
 }
 
 /// Why an admission failed. `E` is the error of the caller's `apply` (the library's own
@@ -134,7 +139,17 @@ pub fn admit<T, E: std::error::Error + 'static>(
             None => edits,
         })
         .and_then(|mut edits| {
-            if claim.is_some() {
+            let by_name = claim.as_ref().is_some_and(|c| c.driver_by_name);
+            if by_name && config.driver == Driver::Cdi {
+                edits.cdi_devices =
+                    driver::cdi_names(&config.cdi_spec_dirs, &inventory, &record.gpus)?;
+                // The spec's edits bring the driver: NVIDIA's runtime must add nothing.
+                edits.env.retain(|(k, _)| k != VISIBLE_DEVICES);
+                edits
+                    .env
+                    .push((VISIBLE_DEVICES.to_string(), "void".to_string()));
+                edits.driver_from_cdi = true;
+            } else if claim.is_some() {
                 driver::add_for_spec(
                     config.driver,
                     &config.cdi_spec_dirs,
@@ -399,6 +414,7 @@ mod tests {
             claim: Some(Claim {
                 token: &token,
                 hook: &hook,
+                driver_by_name: false,
             }),
             ..admission(holder, &request_one)
         };

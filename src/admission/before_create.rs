@@ -186,6 +186,7 @@ pub(crate) fn edit_spec<T>(
         claim: Some(Claim {
             token: step.token,
             hook: step.hook,
+            driver_by_name: false,
         }),
         slurm_job: request::slurm_job(&spec::process_env(spec_value)),
         // The engine's labels over the annotations: Docker's are what a spawner sets.

@@ -67,6 +67,8 @@ pub struct Adjustment {
     pub annotations: Vec<(String, String)>,
     pub hooks: Vec<Hook>,
     pub mounts: Vec<Mount>,
+    /// CDI devices the runtime applies (`driver = "cdi"`: the driver's spec, by name).
+    pub cdi_devices: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +230,7 @@ pub fn create(
         claim: Some(Claim {
             token: &token,
             hook,
+            driver_by_name: true,
         }),
         slurm_job: request::slurm_job(created.env),
         labels: sources.annotations,
@@ -301,6 +304,7 @@ fn adjustment(
         annotations: edits.annotations.clone(),
         hooks: edits.hooks.clone(),
         mounts: edits.mounts.clone(),
+        cdi_devices: edits.cdi_devices.clone(),
         ..Adjustment::default()
     })
 }

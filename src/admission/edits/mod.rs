@@ -97,6 +97,10 @@ pub struct ContainerEdits {
     /// `--gpus` or a hooks.d file) would inject the GPUs a second time, so the spec
     /// writer takes it out, as NVIDIA's runtime does in its cdi mode.
     pub driver_from_cdi: bool,
+    /// The GPUs' CDI device names (`nvidia.com/gpu=...`), for a runtime that applies the
+    /// driver's CDI spec itself (`admit::Claim::driver_by_name`: NRI on containerd 2.x);
+    /// the spec writer and the injector have no use for them.
+    pub cdi_devices: Vec<String>,
 }
 
 impl ContainerEdits {

@@ -92,6 +92,7 @@ mod tests {
                 minor: 2,
             }],
             driver_from_cdi: false,
+            cdi_devices: Vec::new(),
         }
     }
 
@@ -104,6 +105,7 @@ mod tests {
         assert_eq!(spec["hooks"]["prestart"][0], legacy, "kept without CDI");
         let cdi = ContainerEdits {
             driver_from_cdi: true,
+            cdi_devices: Vec::new(),
             ..edits()
         };
         apply(&cdi, &mut spec).unwrap();

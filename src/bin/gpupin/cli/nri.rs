@@ -297,7 +297,12 @@ impl Plugin<'_> {
                 Some(adjustment_message(adjustment))
             }
             nri::Outcome::Admitted(record, adjustment) => {
-                tracing::info!(holder = record.shown_name(), gpus = ?record.indices, "allocated");
+                tracing::info!(
+                    holder = record.shown_name(),
+                    gpus = ?record.indices,
+                    cdi_devices = ?adjustment.cdi_devices,
+                    "allocated"
+                );
                 Some(adjustment_message(adjustment))
             }
         };
@@ -435,10 +440,14 @@ fn adjustment_message(adjustment: nri::Adjustment) -> api::ContainerAdjustment {
             .map(|(key, value)| api::KeyValue { key, value })
             .collect(),
         hooks: Some(hooks),
+        cdi_devices: adjustment
+            .cdi_devices
+            .into_iter()
+            .map(|name| api::CdiDevice { name })
+            .collect(),
         linux: Some(api::LinuxContainerAdjustment {
             devices,
             resources: (!denied.is_empty()).then_some(api::LinuxResources { devices: denied }),
         }),
-        cdi_devices: Vec::new(),
     }
 }
