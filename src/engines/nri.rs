@@ -23,7 +23,7 @@ use crate::input::config::{Config, Unrequested};
 use crate::input::request::{self, RequestError};
 use crate::model::gpu::DeviceNode;
 use crate::model::holder::{ContainerInfo, HolderId, HolderKind};
-use crate::model::nvidia::VISIBLE_DEVICES;
+use crate::model::nvidia::{CDI_GPU_PREFIX, VISIBLE_DEVICES};
 use crate::state::ledger::{ClaimError, ClaimToken, HolderMeta, LedgerError, Record};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -46,6 +46,9 @@ pub struct Created<'a> {
     pub env: &'a [String],
     /// The device nodes it has already: (path, type, major, minor).
     pub devices: Vec<(&'a str, &'a str, i64, i64)>,
+    /// CDI devices the runtime will apply (an NRI plugin before gpupin's added them, e.g.
+    /// NVIDIA's from the pod's `nvidia.cdi.k8s.io` annotation).
+    pub cdi_devices: Vec<&'a str>,
     /// How long the runtime waits for the plugin's answer (NRI's request timeout): a
     /// request that would wait longer for busy GPUs (`gpupin.wait`) waits half of it,
     /// then is refused. A plugin that answers late is dropped by the runtime, and every
@@ -88,6 +91,14 @@ pub enum NriError {
     Inventory(#[from] InventoryError),
     #[error("container id {0:?} cannot name a holder: expected letters, digits, '_', '.' or '-'")]
     Id(String),
+    #[error(
+        "the container asks gpupin for GPUs and was given CDI devices {0} besides (another NRI plugin, NVIDIA's?), which NRI cannot take out: ask one way"
+    )]
+    AroundGpupin(String),
+    #[error(
+        "CDI device {0:?} names no GPU gpupin can tell: expected nvidia.com/gpu=INDEX, =GPU-<uuid> or =all"
+    )]
+    CdiName(String),
 }
 
 /// An edit NRI has no way to make.
@@ -143,6 +154,52 @@ impl request::Sources for NriSources<'_> {
     }
 }
 
+/// The GPUs NVIDIA's CDI devices among `names` ask for (`nvidia.com/gpu=<index>`,
+/// `=<uuid>`, `=all`), as a request for exactly those; `None` where none does.
+fn nvidia_cdi(names: &[&str]) -> Result<Option<request::GpuRequest>, NriError> {
+    let wanted: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix(CDI_GPU_PREFIX))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(None);
+    }
+    let selection = if wanted.contains(&"all") {
+        request::Selection::All
+    } else {
+        let mut devices = Vec::new();
+        for entry in &wanted {
+            let known = entry.parse::<u32>().is_ok() || entry.starts_with("GPU-");
+            if !known {
+                return Err(NriError::CdiName(format!("{CDI_GPU_PREFIX}{entry}")));
+            }
+            devices.push(entry.to_string());
+        }
+        request::Selection::Devices(devices)
+    };
+    Ok(Some(request::GpuRequest::new(
+        selection,
+        request::Origin::Nvidia,
+    )))
+}
+
+/// The minors of the GPUs `selection` (from NVIDIA's CDI names) names.
+fn named_gpus(config: &Config, selection: &request::Selection) -> Result<Vec<u32>, NriError> {
+    let inventory = config.load_inventory()?;
+    Ok(inventory
+        .gpus
+        .iter()
+        .filter(|g| match selection {
+            request::Selection::All => true,
+            request::Selection::Devices(names) => names
+                .iter()
+                .any(|n| *n == g.index.to_string() || *n == g.uuid),
+            request::Selection::Count(_) => false,
+        })
+        .map(|g| g.minor)
+        .collect())
+}
+
 /// The container as much of an OCI spec as the rules on GPUs that came around gpupin read
 /// (`admission::foreign`): its env, device nodes and annotations.
 fn as_spec(created: &Created<'_>, annotations: &HashMap<String, String>) -> Value {
@@ -195,7 +252,22 @@ pub fn create(
         spec: &spec,
         config,
     };
-    let Some(mut found) = request::find(&mut sources)? else {
+    let named = nvidia_cdi(&created.cdi_devices)?;
+    let found = request::find(&mut sources)?;
+    // NRI takes no CDI device out of a container: the GPUs NVIDIA's name are its request
+    // (they are those of the nodes it came with, where the CRI's CDI made them), and
+    // beside a request of its own they are denied (`adjustment`).
+    let found = match (found, &named) {
+        (Some(own), _) if own.origin != request::Origin::Nvidia => Some(own),
+        (_, Some(named)) => Some(named.clone()),
+        (found, None) => found,
+    };
+    // The minors of the GPUs named, to deny those not given.
+    let named_minors: Vec<u32> = match &named {
+        Some(named) => named_gpus(config, &named.selection)?,
+        None => Vec::new(),
+    };
+    let Some(mut found) = found else {
         return Ok(match stripped(config, &spec)? {
             Some(adjustment) => Outcome::Stripped(adjustment),
             None => Outcome::Nothing,
@@ -236,7 +308,7 @@ pub fn create(
         labels: sources.annotations,
     };
     let (record, adjustment) = admit::admit(config, admission, |edits| {
-        adjustment(edits, &created.devices)
+        adjustment(edits, &created.devices, &named_minors)
     })?;
     Ok(Outcome::Admitted(Box::new(record), adjustment))
 }
@@ -276,30 +348,42 @@ fn stripped(config: &Config, spec: &Value) -> Result<Option<Adjustment>, NriErro
 fn adjustment(
     edits: &ContainerEdits,
     has: &[(&str, &str, i64, i64)],
+    named_minors: &[u32],
 ) -> Result<Adjustment, Unadjustable> {
     if !edits.additional_gids.is_empty() {
         return Err(Unadjustable {
             gids: edits.additional_gids.clone(),
         });
     }
+    // By number: a node keeps its device whatever its path in the container.
+    let mut remove_devices: Vec<DeviceNode> = has
+        .iter()
+        .filter(|(_, kind, major, minor)| {
+            *kind == "c"
+                && edits
+                    .withheld
+                    .iter()
+                    .any(|w| i64::from(w.major) == *major && i64::from(w.minor) == *minor)
+        })
+        .map(|(path, _, major, minor)| DeviceNode {
+            path: path.to_string(),
+            major: *major as u32,
+            minor: *minor as u32,
+        })
+        .collect();
+    // GPUs CDI devices name that it was not given: their nodes come after gpupin's answer.
+    for withheld in &edits.withheld {
+        let named = named_minors.contains(&withheld.minor);
+        let listed = remove_devices
+            .iter()
+            .any(|d| (d.major, d.minor) == (withheld.major, withheld.minor));
+        if named && !listed {
+            remove_devices.push(withheld.clone());
+        }
+    }
     Ok(Adjustment {
         devices: edits.nodes.clone(),
-        // By number: a node keeps its device whatever its path in the container.
-        remove_devices: has
-            .iter()
-            .filter(|(_, kind, major, minor)| {
-                *kind == "c"
-                    && edits
-                        .withheld
-                        .iter()
-                        .any(|w| i64::from(w.major) == *major && i64::from(w.minor) == *minor)
-            })
-            .map(|(path, _, major, minor)| DeviceNode {
-                path: path.to_string(),
-                major: *major as u32,
-                minor: *minor as u32,
-            })
-            .collect(),
+        remove_devices,
         env: edits.env.clone(),
         annotations: edits.annotations.clone(),
         hooks: edits.hooks.clone(),
@@ -576,6 +660,48 @@ mod tests {
             create(&config, &hook(), &asks_nothing).unwrap(),
             Outcome::Nothing
         ));
+    }
+
+    /// CDI devices another NRI plugin added before gpupin's (NVIDIA's, from the pod's
+    /// `nvidia.cdi.k8s.io`): containerd will apply them, so they are the request, held;
+    /// beside a request of the container's own, denied; a name gpupin cannot tell is
+    /// refused.
+    #[test]
+    fn nvidias_cdi_devices_from_another_plugin_are_held_or_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let none = HashMap::new();
+        let named = |id, names: Vec<&'static str>| Created {
+            cdi_devices: names,
+            ..created(id, &none)
+        };
+        let (record, _) = create(
+            &config,
+            &hook(),
+            &named("c1", vec!["nvidia.com/gpu=3", "other.com/x=1"]),
+        )
+        .unwrap()
+        .admitted();
+        assert_eq!(record.indices, [3]);
+        let err = create(&config, &hook(), &named("c2", vec!["nvidia.com/gpu=3"])).unwrap_err();
+        assert!(err.to_string().contains("it is held by"), "{err}");
+        let err = create(&config, &hook(), &named("c3", vec!["nvidia.com/gpu=0:1"])).unwrap_err();
+        assert!(err.to_string().contains("nvidia.com/gpu=0:1"), "{err}");
+        let two = asks(&[("gpupin.count", "2")]);
+        let both = Created {
+            cdi_devices: vec!["nvidia.com/gpu=5"],
+            ..created("c4", &two)
+        };
+        let (record, adjustment) = create(&config, &hook(), &both).unwrap().admitted();
+        assert_eq!(record.indices.len(), 2);
+        assert!(!record.indices.contains(&5), "{record:?}");
+        let denied: Vec<u32> = adjustment.remove_devices.iter().map(|d| d.minor).collect();
+        assert_eq!(denied, [5]);
+        assert!(matches!(
+            create(&config, &hook(), &named("c5", vec!["other.com/x=1"])).unwrap(),
+            Outcome::Nothing
+        ));
+        assert_eq!(ids(&config), ["c1", "c4"]);
     }
 
     #[test]

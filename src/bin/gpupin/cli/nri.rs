@@ -285,6 +285,11 @@ impl Plugin<'_> {
                 .flat_map(|l| &l.devices)
                 .map(|d| (d.path.as_str(), d.r#type.as_str(), d.major, d.minor))
                 .collect(),
+            cdi_devices: container
+                .cdi_devices
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect(),
             budget: self.budget,
         };
         let adjust = match nri::create(self.config, &self.hook, &created)? {
