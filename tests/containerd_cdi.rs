@@ -20,7 +20,6 @@ mod cri_support;
 
 use cri_support::{Node, Pod, cdi_dir};
 use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
-use gpupin_sandbox::harness::{gpu_nodes, status};
 use serde_json::Value;
 
 /// Writes the CDI spec of the node's simulated GPUs (`nvidia.com/gpu=0..7`, by UUID and
@@ -32,27 +31,6 @@ fn with_cdi_spec(node: &Node) -> Vec<FakeGpu> {
     std::fs::create_dir_all(cdi_dir(dir)).unwrap();
     root.write_cdi_spec(&cdi_dir(dir), &gpus).unwrap();
     gpus
-}
-
-/// The `nvidia<minor>` nodes the ledger gives `id`, sorted; none when it holds nothing.
-fn held_nodes(node: &Node, id: &str) -> Vec<String> {
-    let mut nodes: Vec<String> = status::held_minors(&node.status(), id)
-        .iter()
-        .map(|m| format!("nvidia{m}"))
-        .collect();
-    nodes.sort();
-    nodes
-}
-
-/// The GPU nodes in the container's /dev, sorted.
-fn nodes_inside(pod: &Pod, id: &str) -> Vec<String> {
-    let mut nodes = gpu_nodes(pod.exec(id, &["ls", "/dev"]).split_whitespace());
-    nodes.sort();
-    nodes
-}
-
-fn holders(node: &Node) -> Vec<Value> {
-    node.status()["holders"].as_array().unwrap().clone()
 }
 
 /// Creates and starts a container with these CDI devices and annotations.
@@ -83,7 +61,7 @@ fn cdi_devices_of_a_container_without_a_request_become_gpupins_choice() {
     // GPU 0 is held by another pod's container.
     let other = node.run_pod("other", &[("gpupin.devices", "0")]);
     let holder = other.start_container("holder", &[], &[]);
-    assert_eq!(held_nodes(&node, &holder), ["nvidia0"]);
+    assert_eq!(node.held_nodes(&holder), ["nvidia0"]);
 
     let pod = node.run_pod("cdi", &[]);
     // The kubelet's way (a device plugin's CDI devices) and the annotation way, both
@@ -97,25 +75,23 @@ fn cdi_devices_of_a_container_without_a_request_become_gpupins_choice() {
         &[],
     );
     for id in [&by_field, &by_annotation] {
-        let inside = nodes_inside(&pod, id);
-        let held = held_nodes(&node, id);
+        let inside = pod.gpu_nodes(id);
+        let held = node.held_nodes(id);
         assert_eq!(inside, held, "what {id} sees is what the ledger gives it");
         assert!(!inside.contains(&"nvidia0".to_string()), "{inside:?}");
         if containerd_support::is_v2() {
             // containerd 2.x injected GPU 0; gpupin made it a request for one GPU.
-            assert_eq!(held.len(), 1, "{:#?}", holders(&node));
+            assert_eq!(held.len(), 1, "{:#?}", node.holders());
         }
     }
     if containerd_support::is_v2() {
-        assert_ne!(
-            held_nodes(&node, &by_field),
-            held_nodes(&node, &by_annotation)
-        );
+        assert_ne!(node.held_nodes(&by_field), node.held_nodes(&by_annotation));
     }
     // Deleting the pod releases what its containers were given for their CDI devices.
     pod.stop();
     pod.remove();
-    let left: Vec<String> = holders(&node)
+    let left: Vec<String> = node
+        .holders()
         .iter()
         .map(|h| h["id"].as_str().unwrap().to_string())
         .collect();
@@ -131,14 +107,14 @@ fn cdi_devices_beside_a_request_give_way_to_gpupins_choice() {
     with_cdi_spec(&node);
     let other = node.run_pod("other", &[("gpupin.devices", "0,1")]);
     let holder = other.start_container("holder", &[], &[]);
-    assert_eq!(held_nodes(&node, &holder), ["nvidia0", "nvidia1"]);
+    assert_eq!(node.held_nodes(&holder), ["nvidia0", "nvidia1"]);
 
     let pod = node.run_pod("asks", &[("gpupin.count", "1")]);
     let id = start_with_cdi(&node, &pod, "trainer", &[], &["nvidia.com/gpu=all"]);
-    let held = held_nodes(&node, &id);
-    assert_eq!(held.len(), 1, "{:#?}", holders(&node));
+    let held = node.held_nodes(&id);
+    assert_eq!(held.len(), 1, "{:#?}", node.holders());
     assert_eq!(
-        nodes_inside(&pod, &id),
+        pod.gpu_nodes(&id),
         held,
         "only gpupin's choice is in the container"
     );
@@ -153,6 +129,6 @@ fn a_pod_cdi_annotation_reaches_no_container() {
     with_cdi_spec(&node);
     let pod = node.run_pod("podlevel", &[("cdi.k8s.io/gpus", "nvidia.com/gpu=all")]);
     let id = pod.start_container("worker", &[], &[]);
-    assert_eq!(nodes_inside(&pod, &id), Vec::<String>::new());
-    assert_eq!(holders(&node), Vec::<Value>::new());
+    assert_eq!(pod.gpu_nodes(&id), Vec::<String>::new());
+    assert_eq!(node.holders(), Vec::<Value>::new());
 }

@@ -11,65 +11,23 @@
 mod containerd_support;
 mod cri_support;
 
-use cri_support::{Node, Pod};
-use gpupin_sandbox::harness::gpu_nodes;
+use cri_support::{Node, Pod, uuids};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
 /// How long containerd may take to delete an exited container's task (a readiness wait).
 const RELEASE_WAIT: Duration = Duration::from_secs(60);
 
-fn holders(node: &Node) -> Vec<Value> {
-    node.status()["holders"].as_array().unwrap().clone()
-}
-
-/// The one holder `id`, which must be there.
-fn holder(node: &Node, id: &str) -> Value {
-    let all = holders(node);
-    all.iter()
-        .find(|h| h["id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("{id} holds nothing: {all:#?}"))
-}
-
-fn uuids(holder: &Value) -> Vec<String> {
-    let mut gpus: Vec<String> = holder["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| g.as_str().unwrap().to_string())
-        .collect();
-    gpus.sort();
-    gpus
-}
-
-/// Minors of the GPUs `id` holds, as `gpupin status` lists them.
-fn held_nodes(node: &Node, id: &str) -> Vec<String> {
-    let minors = gpupin_sandbox::harness::status::held_minors(&node.status(), id);
-    let mut nodes: Vec<String> = minors.iter().map(|m| format!("nvidia{m}")).collect();
-    nodes.sort();
-    nodes
-}
-
-/// The GPU nodes under the container's /dev, listed by a process exec'd into it.
-fn gpu_nodes_inside(pod: &Pod, container: &str) -> Vec<String> {
-    gpu_nodes(pod.exec(container, &["ls", "/dev"]).split_whitespace())
-}
-
-/// `NAME=` of the container's own process (its pid 1), not of an exec'd one.
-fn main_process_env(pod: &Pod, container: &str, name: &str) -> Option<String> {
-    let environ = pod.exec(container, &["cat", "/proc/1/environ"]);
-    environ
-        .split('\0')
-        .find_map(|v| v.strip_prefix(&format!("{name}=")).map(str::to_string))
-}
-
 /// Stops and removes the pod, as deleting it does; nothing is held after either.
 fn released(pod: Pod, node: &Node) {
     pod.stop();
-    assert_eq!(holders(node), Vec::<Value>::new(), "after StopPodSandbox");
+    assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
     pod.remove();
-    assert_eq!(holders(node), Vec::<Value>::new(), "after RemovePodSandbox");
+    assert_eq!(
+        node.holders(),
+        Vec::<Value>::new(),
+        "after RemovePodSandbox"
+    );
 }
 
 #[test]
@@ -79,12 +37,12 @@ fn a_pod_holds_exactly_its_request_and_its_sandbox_nothing() {
     };
     let pod = node.run_pod("trainer", &[("gpupin.count", "2")]);
     // The sandbox got the pod's annotation too (pod_annotations), and asked for nothing.
-    assert_eq!(holders(&node), Vec::<Value>::new(), "with the sandbox only");
+    assert_eq!(node.holders(), Vec::<Value>::new(), "with the sandbox only");
 
     let trainer = pod.start_container("trainer", &[], &[]);
-    let all = holders(&node);
+    let all = node.holders();
     assert_eq!(all.len(), 1, "one holder, the container: {all:#?}");
-    let record = holder(&node, &trainer);
+    let record = node.holder(&trainer);
     assert_eq!(uuids(&record).len(), 2, "{record:#}");
     assert_eq!(record["container"]["engine"], "containerd", "{record:#}");
     assert_eq!(
@@ -101,11 +59,9 @@ fn a_pod_holds_exactly_its_request_and_its_sandbox_nothing() {
     // What the container sees: exactly its GPUs' nodes, and their UUIDs in its own
     // process's env. A process exec'd into it (`kubectl exec`) sees the same nodes, but
     // its env comes from containerd's stored spec, which gpupin-runtime never edits.
-    assert_eq!(
-        gpu_nodes_inside(&pod, &trainer),
-        held_nodes(&node, &trainer)
-    );
-    let visible = main_process_env(&pod, &trainer, "NVIDIA_VISIBLE_DEVICES")
+    assert_eq!(pod.gpu_nodes(&trainer), node.held_nodes(&trainer));
+    let visible = pod
+        .main_process_env(&trainer, "NVIDIA_VISIBLE_DEVICES")
         .expect("NVIDIA_VISIBLE_DEVICES in the container's env");
     let mut visible: Vec<String> = visible.split(',').map(str::to_string).collect();
     visible.sort();
@@ -134,20 +90,17 @@ fn gpupin_containers_gives_a_pod_request_to_the_named_containers_only() {
     let sidecar = pod.start_container("sidecar", &[], &[]);
     // A container the pod's request is not for may still ask in its own env.
     let eval = pod.start_container("eval", &[("GPUPIN_COUNT", "2")], &[]);
-    let all = holders(&node);
+    let all = node.holders();
     assert_eq!(all.len(), 2, "the trainer and eval hold: {all:#?}");
-    let record = holder(&node, &trainer);
+    let record = node.holder(&trainer);
     assert_eq!(uuids(&record).len(), 1, "{record:#}");
     assert_eq!(record["container"]["name"], "default/job/trainer");
-    assert_eq!(
-        gpu_nodes_inside(&pod, &trainer),
-        held_nodes(&node, &trainer)
-    );
-    let record = holder(&node, &eval);
+    assert_eq!(pod.gpu_nodes(&trainer), node.held_nodes(&trainer));
+    let record = node.holder(&eval);
     assert_eq!(uuids(&record).len(), 2, "{record:#}");
     assert_eq!(record["request"]["origin"], "env", "{record:#}");
-    assert_eq!(gpu_nodes_inside(&pod, &eval), held_nodes(&node, &eval));
-    assert_eq!(gpu_nodes_inside(&pod, &sidecar), Vec::<String>::new());
+    assert_eq!(pod.gpu_nodes(&eval), node.held_nodes(&eval));
+    assert_eq!(pod.gpu_nodes(&sidecar), Vec::<String>::new());
     released(pod, &node);
 }
 
@@ -172,7 +125,7 @@ fn a_pod_asking_for_more_than_the_machine_fails_to_start_with_gpupins_reason() {
             .contains("gpupin: count 9 is more than the 8 GPUs of this machine"),
         "{err}"
     );
-    assert_eq!(holders(&node), Vec::<Value>::new());
+    assert_eq!(node.holders(), Vec::<Value>::new());
     released(pod, &node);
 }
 
@@ -188,11 +141,11 @@ fn a_container_that_exits_releases_its_gpus_while_its_pod_lives() {
     // containerd deletes the task of a container that exited (runc delete, so
     // gpupin-runtime delete): a readiness wait for that event.
     let started = Instant::now();
-    while !holders(&node).is_empty() {
+    while !node.holders().is_empty() {
         assert!(
             started.elapsed() < RELEASE_WAIT,
             "still held after the container exited: {:#?}",
-            holders(&node)
+            node.holders()
         );
         std::thread::sleep(Duration::from_millis(100));
     }

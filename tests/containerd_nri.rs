@@ -14,9 +14,9 @@ mod containerd_support;
 mod cri_support;
 
 use containerd_support::is_v2;
-use cri_support::{Cri, Node, NriPlugin, Pod, cdi_dir, container_config, sandbox_config};
+use cri_support::{Cri, Node, NriPlugin, cdi_dir, container_config, sandbox_config, uuids};
+use gpupin_sandbox::harness;
 use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
-use gpupin_sandbox::harness::{self, gpu_nodes, status};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -47,52 +47,6 @@ fn node_with_plugin(test: &str) -> Option<(Node, NriPlugin)> {
     Some((node, plugin))
 }
 
-fn holders(node: &Node) -> Vec<Value> {
-    node.status()["holders"].as_array().unwrap().clone()
-}
-
-fn holder(node: &Node, id: &str) -> Value {
-    let all = holders(node);
-    all.iter()
-        .find(|h| h["id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("{id} holds nothing: {all:#?}"))
-}
-
-fn uuids(holder: &Value) -> Vec<String> {
-    let mut gpus: Vec<String> = holder["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| g.as_str().unwrap().to_string())
-        .collect();
-    gpus.sort();
-    gpus
-}
-
-fn held_nodes(node: &Node, id: &str) -> Vec<String> {
-    let mut nodes: Vec<String> = status::held_minors(&node.status(), id)
-        .iter()
-        .map(|m| format!("nvidia{m}"))
-        .collect();
-    nodes.sort();
-    nodes
-}
-
-fn nodes_inside(pod: &Pod, id: &str) -> Vec<String> {
-    let mut nodes = gpu_nodes(pod.exec(id, &["ls", "/dev"]).split_whitespace());
-    nodes.sort();
-    nodes
-}
-
-/// `NAME=` of the container's own process (its pid 1).
-fn main_process_env(pod: &Pod, container: &str, name: &str) -> Option<String> {
-    let environ = pod.exec(container, &["cat", "/proc/1/environ"]);
-    environ
-        .split('\0')
-        .find_map(|v| v.strip_prefix(&format!("{name}=")).map(str::to_string))
-}
-
 #[test]
 fn a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri() {
     let test = "a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri";
@@ -102,12 +56,12 @@ fn a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri() {
     // containerd's default handler (runc): gpupin-runtime never runs.
     let pod = node.run_pod_on("trainer", &[("gpupin.count", "2")], "");
     assert_eq!(
-        holders(&node),
+        node.holders(),
         Vec::<Value>::new(),
         "the sandbox asks for nothing"
     );
     let trainer = pod.start_container("trainer", &[], &[]);
-    let record = holder(&node, &trainer);
+    let record = node.holder(&trainer);
     assert_eq!(uuids(&record).len(), 2, "{record:#}\n{}", plugin.log());
     assert_eq!(record["source"], "nri", "{record:#}");
     assert_eq!(
@@ -121,8 +75,9 @@ fn a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri() {
     assert_eq!(record["state"], "running", "{record:#}");
 
     // What the container sees: exactly its GPUs' nodes, their UUIDs in its env.
-    assert_eq!(nodes_inside(&pod, &trainer), held_nodes(&node, &trainer));
-    let visible = main_process_env(&pod, &trainer, "NVIDIA_VISIBLE_DEVICES")
+    assert_eq!(pod.gpu_nodes(&trainer), node.held_nodes(&trainer));
+    let visible = pod
+        .main_process_env(&trainer, "NVIDIA_VISIBLE_DEVICES")
         .expect("NVIDIA_VISIBLE_DEVICES in the container's env");
     let mut visible: Vec<String> = visible.split(',').map(str::to_string).collect();
     visible.sort();
@@ -131,7 +86,7 @@ fn a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri() {
     // A second pod's container gets two other GPUs.
     let other = node.run_pod_on("eval", &[("gpupin.count", "2")], "");
     let eval = other.start_container("eval", &[], &[]);
-    let second = holder(&node, &eval);
+    let second = node.holder(&eval);
     assert!(
         uuids(&second).iter().all(|g| !uuids(&record).contains(g)),
         "a GPU handed out twice: {record:#} {second:#}"
@@ -139,11 +94,11 @@ fn a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri() {
 
     pod.stop();
     other.stop();
-    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+    assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
     pod.remove();
     other.remove();
     assert_eq!(
-        holders(&node),
+        node.holders(),
         Vec::<Value>::new(),
         "after RemovePodSandbox"
     );
@@ -157,9 +112,9 @@ fn a_container_that_asks_for_nothing_gets_no_gpu_through_nri() {
     };
     let pod = node.run_pod_on("web", &[], "");
     let web = pod.start_container("web", &[], &[]);
-    assert_eq!(holders(&node), Vec::<Value>::new(), "{}", plugin.log());
-    assert_eq!(nodes_inside(&pod, &web), Vec::<String>::new());
-    assert_eq!(main_process_env(&pod, &web, "NVIDIA_VISIBLE_DEVICES"), None);
+    assert_eq!(node.holders(), Vec::<Value>::new(), "{}", plugin.log());
+    assert_eq!(pod.gpu_nodes(&web), Vec::<String>::new());
+    assert_eq!(pod.main_process_env(&web, "NVIDIA_VISIBLE_DEVICES"), None);
 }
 
 #[test]
@@ -176,7 +131,7 @@ fn a_request_gpupin_refuses_fails_the_create_with_its_one_line() {
         "{message}"
     );
     assert_eq!(
-        holders(&node),
+        node.holders(),
         Vec::<Value>::new(),
         "nothing held after a refusal"
     );
@@ -192,21 +147,21 @@ fn a_plugin_started_again_keeps_what_running_containers_hold() {
     };
     let pod = node.run_pod_on("trainer", &[("gpupin.count", "4")], "");
     let trainer = pod.start_container("trainer", &[], &[]);
-    let before = uuids(&holder(&node, &trainer));
+    let before = uuids(&node.holder(&trainer));
     drop(plugin);
     let again = node.start_nri_plugin("gpupin-nri-again.log");
     // Synchronize follows Configure at once; a pod created next is served after it.
     let other = node.run_pod_on("eval", &[("gpupin.count", "4")], "");
     let eval = other.start_container("eval", &[], &[]);
-    assert_eq!(uuids(&holder(&node, &trainer)), before, "{}", again.log());
-    let second = uuids(&holder(&node, &eval));
+    assert_eq!(uuids(&node.holder(&trainer)), before, "{}", again.log());
+    let second = uuids(&node.holder(&eval));
     assert!(
         second.iter().all(|g| !before.contains(g)),
         "a GPU handed out twice: {before:?} {second:?}"
     );
     pod.stop();
     other.stop();
-    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+    assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
 }
 
 /// GPUs that reach a container around gpupin under NRI: NVIDIA_VISIBLE_DEVICES of a
@@ -231,20 +186,21 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
         .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", plugin.log()));
     node.cri.start_container(&env_only).unwrap();
     assert_eq!(
-        main_process_env(&pod, &env_only, "NVIDIA_VISIBLE_DEVICES").as_deref(),
+        pod.main_process_env(&env_only, "NVIDIA_VISIBLE_DEVICES")
+            .as_deref(),
         Some("void")
     );
-    assert_eq!(holders(&node), Vec::<Value>::new(), "{}", plugin.log());
+    assert_eq!(node.holders(), Vec::<Value>::new(), "{}", plugin.log());
 
     let cdi = pod
         .create_container_with("cdi", &[], &[], &[], &["nvidia.com/gpu=1"])
         .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", plugin.log()));
     node.cri.start_container(&cdi).unwrap();
-    let record = holder(&node, &cdi);
+    let record = node.holder(&cdi);
     assert_eq!(uuids(&record).len(), 1, "{record:#}");
-    assert_eq!(nodes_inside(&pod, &cdi), ["nvidia1"], "{}", plugin.log());
+    assert_eq!(pod.gpu_nodes(&cdi), ["nvidia1"], "{}", plugin.log());
     assert_eq!(
-        held_nodes(&node, &cdi),
+        node.held_nodes(&cdi),
         ["nvidia1"],
         "the GPU it came with is its own"
     );
@@ -261,12 +217,12 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
         )
         .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", plugin.log()));
     node.cri.start_container(&both).unwrap();
-    assert_eq!(held_nodes(&node, &both), ["nvidia0"]);
+    assert_eq!(node.held_nodes(&both), ["nvidia0"]);
     let opened = node.cri.exec_sync(&both, &["cat", "/dev/nvidia2"]).unwrap();
     let said = String::from_utf8_lossy(&opened.stderr);
     assert!(said.contains("Operation not permitted"), "{said}");
     pod.stop();
-    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+    assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
 }
 
 /// The pre-installed form (k8s/nri/50-gpupin in NRI's plugin dir): containerd starts
@@ -319,14 +275,14 @@ fn a_plugin_containerd_starts_itself_gives_a_pod_its_gpus() {
     let pod = node.run_pod_on("trainer", &[("gpupin.count", "1")], "");
     let trainer = pod.start_container("trainer", &[], &[]);
     assert_eq!(
-        nodes_inside(&pod, &trainer),
-        held_nodes(&node, &trainer),
+        pod.gpu_nodes(&trainer),
+        node.held_nodes(&trainer),
         "{}",
         text()
     );
-    assert_eq!(held_nodes(&node, &trainer).len(), 1);
+    assert_eq!(node.held_nodes(&trainer).len(), 1);
     pod.stop();
-    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+    assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
 }
 
 /// Fifty pods created at once, each asking for a GPU of the node's eight: eight are
@@ -366,7 +322,7 @@ fn fifty_pods_at_once_never_get_a_gpu_twice() {
         let line = refused.as_ref().unwrap_err();
         assert!(line.contains("gpupin: "), "{line}");
     }
-    let all = holders(&node);
+    let all = node.holders();
     assert_eq!(all.len(), 8, "{all:#?}");
     let mut gpus: Vec<String> = all.iter().flat_map(uuids).collect();
     gpus.sort();
@@ -381,7 +337,7 @@ fn fifty_pods_at_once_never_get_a_gpu_twice() {
     }
     // Containers created and never started: removed with their pods, released then.
     assert_eq!(
-        holders(&node),
+        node.holders(),
         Vec::<Value>::new(),
         "after RemovePodSandbox"
     );
@@ -405,7 +361,7 @@ fn the_plugin_connects_again_when_containerd_restarts() {
         std::mem::forget(pod);
         (id, trainer)
     };
-    let before = uuids(&holder(&node, &pod_id.1));
+    let before = uuids(&node.holder(&pod_id.1));
     node.containerd.restart();
     // The CRI client's connection went with containerd: a new one.
     node.cri = Cri::new(&node.containerd.socket);
@@ -420,8 +376,8 @@ fn the_plugin_connects_again_when_containerd_restarts() {
     }
     let other = node.run_pod_on("eval", &[("gpupin.count", "4")], "");
     let eval = other.start_container("eval", &[], &[]);
-    assert_eq!(uuids(&holder(&node, &pod_id.1)), before, "{}", plugin.log());
-    let second = uuids(&holder(&node, &eval));
+    assert_eq!(uuids(&node.holder(&pod_id.1)), before, "{}", plugin.log());
+    let second = uuids(&node.holder(&eval));
     assert_eq!(second.len(), 4, "{}", plugin.log());
     assert!(
         second.iter().all(|g| !before.contains(g)),
@@ -430,7 +386,7 @@ fn the_plugin_connects_again_when_containerd_restarts() {
     other.stop();
     node.cri.stop_pod_sandbox(&pod_id.0).unwrap();
     node.cri.remove_pod_sandbox(&pod_id.0).unwrap();
-    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+    assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
 }
 
 /// `driver = "cdi"` under NRI: the adjustment names the GPU's CDI device, and containerd
@@ -465,12 +421,12 @@ fn under_driver_cdi_containerd_applies_the_gpus_cdi_device_by_name() {
     let pod = node.run_pod_on("trainer", &[("gpupin.count", "1")], "");
     let trainer = pod.start_container("trainer", &[], &[]);
     assert_eq!(
-        nodes_inside(&pod, &trainer),
-        held_nodes(&node, &trainer),
+        pod.gpu_nodes(&trainer),
+        node.held_nodes(&trainer),
         "{}",
         plugin.log()
     );
-    assert_eq!(held_nodes(&node, &trainer).len(), 1);
+    assert_eq!(node.held_nodes(&trainer).len(), 1);
     // Named, not copied: containerd applied the spec.
     assert!(
         plugin.log().contains("cdi_devices=[\"nvidia.com/gpu="),
@@ -480,9 +436,10 @@ fn under_driver_cdi_containerd_applies_the_gpus_cdi_device_by_name() {
     // The spec's mounts: the driver's nvidia-smi, from the fake driver root.
     pod.exec(&trainer, &["ls", "/usr/bin/nvidia-smi"]);
     assert_eq!(
-        main_process_env(&pod, &trainer, "NVIDIA_VISIBLE_DEVICES").as_deref(),
+        pod.main_process_env(&trainer, "NVIDIA_VISIBLE_DEVICES")
+            .as_deref(),
         Some("void")
     );
     pod.stop();
-    assert_eq!(holders(&node), Vec::<Value>::new(), "after StopPodSandbox");
+    assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
 }

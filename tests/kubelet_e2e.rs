@@ -18,8 +18,8 @@ use cri_support::Node;
 use gpupin_sandbox::harness::{self, gpu_nodes};
 use kubelet_support::cri::{self, CONTAINER_NAME, CONTAINER_RUNNING};
 use kubelet_support::{
-    HostChanges, Kubelet, PATIENCE, PodResources, RESOURCE, checkpoint_sets, kubelet_binary,
-    plugin_dir_free, preferred_allocation_latencies, static_pod,
+    HostChanges, Kubelet, PodResources, RESOURCE, checkpoint_sets, kubelet_binary, plugin_dir_free,
+    preferred_allocation_latencies, static_pod, wait_for,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -107,26 +107,6 @@ impl Drop for World {
             let _ = self.node.cri.stop_pod_sandbox(&sandbox.id);
             let _ = self.node.cri.remove_pod_sandbox(&sandbox.id);
         }
-    }
-}
-
-/// Waits (bounded by PATIENCE) until `found` gives something; panics with `context()`.
-fn wait_for<T>(
-    what: &str,
-    mut found: impl FnMut() -> Option<T>,
-    context: impl Fn() -> String,
-) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(t) = found() {
-            return t;
-        }
-        assert!(
-            started.elapsed() < PATIENCE,
-            "no {what} after {PATIENCE:?}:\n{}",
-            context()
-        );
-        std::thread::sleep(Duration::from_millis(250));
     }
 }
 

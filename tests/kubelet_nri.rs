@@ -13,30 +13,13 @@ mod containerd_support;
 mod cri_support;
 mod kubelet_support;
 
-use cri_support::Node;
-use gpupin_sandbox::harness::{self, gpu_nodes, status};
+use cri_support::{Node, uuids};
+use gpupin_sandbox::harness::{self, gpu_nodes};
 use kubelet_support::cri::{self, CONTAINER_NAME, CONTAINER_RUNNING};
 use kubelet_support::{
-    HostChanges, Kubelet, PATIENCE, kubelet_binary, plugin_dir_free, static_pod,
+    HostChanges, Kubelet, kubelet_binary, plugin_dir_free, static_pod, wait_for,
 };
 use serde_json::Value;
-use std::time::{Duration, Instant};
-
-/// Until `found` answers, or PATIENCE; `context` for the failure.
-fn wait_for<T>(
-    what: &str,
-    mut found: impl FnMut() -> Option<T>,
-    context: impl Fn() -> String,
-) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = found() {
-            return value;
-        }
-        assert!(started.elapsed() < PATIENCE, "no {what}: {}", context());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 #[test]
 fn a_real_kubelets_pod_gets_its_gpus_through_nri_without_a_runtime_class() {
@@ -80,26 +63,14 @@ fn a_real_kubelets_pod_gets_its_gpus_through_nri_without_a_runtime_class() {
         },
         || format!("{}\n{}", kubelet.tail(), plugin.log()),
     );
-    let record = node.status()["holders"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["id"] == container.as_str())
-        .cloned()
-        .unwrap_or_else(|| panic!("{container} holds nothing: {}", plugin.log()));
-    assert_eq!(record["source"], "nri", "{record:#}");
+    let record = node.holder(&container);
+    assert_eq!(record["source"], "nri", "{record:#}\n{}", plugin.log());
     assert_eq!(
         record["container"]["name"],
         format!("default/{pod}/main"),
         "{record:#}"
     );
-    let mut gpus: Vec<String> = record["gpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| g.as_str().unwrap().to_string())
-        .collect();
-    gpus.sort();
+    let gpus = uuids(&record);
     assert_eq!(gpus.len(), 2, "{record:#}");
 
     // What its process sees: exactly those GPUs.
@@ -110,12 +81,7 @@ fn a_real_kubelets_pod_gets_its_gpus_through_nri_without_a_runtime_class() {
     };
     let mut inside = gpu_nodes(exec(&["ls", "/dev"]).split_whitespace());
     inside.sort();
-    let mut held: Vec<String> = status::held_minors(&node.status(), &container)
-        .iter()
-        .map(|m| format!("nvidia{m}"))
-        .collect();
-    held.sort();
-    assert_eq!(inside, held);
+    assert_eq!(inside, node.held_nodes(&container));
     let environ = exec(&["cat", "/proc/1/environ"]);
     let visible = environ
         .split('\0')
@@ -129,13 +95,7 @@ fn a_real_kubelets_pod_gets_its_gpus_through_nri_without_a_runtime_class() {
     kubelet.remove_pod("trainer");
     wait_for(
         "release of the pod's GPUs",
-        || {
-            node.status()["holders"]
-                .as_array()
-                .unwrap()
-                .is_empty()
-                .then_some(())
-        },
+        || node.holders().is_empty().then_some(()),
         || format!("{}\n{}", kubelet.tail(), plugin.log()),
     );
 }

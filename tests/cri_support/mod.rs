@@ -119,6 +119,31 @@ impl Node {
         self.containerd.status()
     }
 
+    /// The holders `gpupin status` lists.
+    pub fn holders(&self) -> Vec<serde_json::Value> {
+        self.status()["holders"].as_array().unwrap().clone()
+    }
+
+    /// The one holder `id`, which must be there.
+    pub fn holder(&self, id: &str) -> serde_json::Value {
+        let all = self.holders();
+        all.iter()
+            .find(|h| h["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{id} holds nothing: {all:#?}"))
+    }
+
+    /// The `nvidia<minor>` nodes of the GPUs `id` holds, as `gpupin status` lists them,
+    /// sorted; none when it holds nothing.
+    pub fn held_nodes(&self, id: &str) -> Vec<String> {
+        let mut nodes: Vec<String> = harness::status::held_minors(&self.status(), id)
+            .iter()
+            .map(|m| format!("nvidia{m}"))
+            .collect();
+        nodes.sort();
+        nodes
+    }
+
     /// `gpupin nri` connected to this node's NRI socket (`start_with_nri`), logging to
     /// `log` in its dir; returns once the runtime has configured it (it synchronizes
     /// next, and sends events from then on).
@@ -316,6 +341,22 @@ impl Pod<'_> {
         text(&out.stdout)
     }
 
+    /// The GPU nodes in the container's /dev, listed by a process exec'd into it, sorted.
+    pub fn gpu_nodes(&self, container: &str) -> Vec<String> {
+        let mut nodes =
+            harness::gpu_nodes(self.exec(container, &["ls", "/dev"]).split_whitespace());
+        nodes.sort();
+        nodes
+    }
+
+    /// `NAME=` of the container's own process (its pid 1), not of an exec'd one.
+    pub fn main_process_env(&self, container: &str, name: &str) -> Option<String> {
+        let environ = self.exec(container, &["cat", "/proc/1/environ"]);
+        environ
+            .split('\0')
+            .find_map(|v| v.strip_prefix(&format!("{name}=")).map(str::to_string))
+    }
+
     /// StopPodSandbox: every container of the pod and the sandbox are stopped. Tried
     /// again, as the kubelet does: containerd 1.6 can answer `ttrpc: closed` for a
     /// container whose shim is going away after it exited, and the next call finds it
@@ -440,4 +481,16 @@ fn containerd_config_v3(
 /// The CDI spec dir of containerd 2.x's CRI here (`enable_cdi`).
 pub fn cdi_dir(containerd_dir: &Path) -> std::path::PathBuf {
     containerd_dir.join("cdi")
+}
+
+/// A holder's GPU UUIDs, sorted.
+pub fn uuids(holder: &serde_json::Value) -> Vec<String> {
+    let mut gpus: Vec<String> = holder["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap().to_string())
+        .collect();
+    gpus.sort();
+    gpus
 }

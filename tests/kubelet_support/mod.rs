@@ -589,3 +589,23 @@ pub fn preferred_allocation_latencies(log: &str) -> Vec<f64> {
     }
     latencies
 }
+
+/// Waits (bounded by PATIENCE) until `found` gives something; panics with `context()`.
+pub fn wait_for<T>(
+    what: &str,
+    mut found: impl FnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(t) = found() {
+            return t;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "no {what} after {PATIENCE:?}:\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
