@@ -232,6 +232,18 @@ mod tests {
     fn rows_given_whole_are_sorted_largest_first_then_by_key() {
         let given = Rows::of([("b", 1, 1), ("c", 9, 2), ("a", 1, 3)]);
         assert_eq!(rows(&given), [("c", 9, 2), ("a", 1, 3), ("b", 1, 1)]);
+        assert!(!given.is_empty());
         assert!(Rows::of([]).is_empty());
+    }
+
+    /// Equal when they read the same, whatever order the keys were laid out in.
+    #[test]
+    fn rows_that_read_the_same_are_equal() {
+        let one = Rows::of([("a", 1, 1), ("b", 2, 1)]);
+        let mut summing = Summing::new();
+        summing.add("b", 2, 7);
+        summing.add("a", 1, 8);
+        assert_eq!(summing.finish(), one);
+        assert_ne!(Rows::of([("a", 1, 1), ("b", 2, 2)]), one);
     }
 }
