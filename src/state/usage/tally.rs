@@ -397,6 +397,33 @@ mod tests {
         }
     }
 
+    /// A holding nested in an id not named before the tally began makes it incomplete:
+    /// its parent may have gone by unkept (the reader reads again).
+    #[test]
+    fn a_holding_nested_in_an_unnamed_id_leaves_the_tally_incomplete() {
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1000);
+        let span = |holder, within| Span {
+            holder,
+            shown: holder,
+            who: "-",
+            gpus: vec![Gpu {
+                uuid: "GPU-0",
+                key: "0".into(),
+            }],
+            start: 10,
+            end: 20,
+            within,
+        };
+        let mut tally = Tally::new(&[], ["p"], std::time::UNIX_EPOCH, now, By::User);
+        tally.add(&span("a", None));
+        tally.add(&span("b", Some("p")));
+        assert!(tally.complete());
+        tally.add(&span("c", Some("q")));
+        assert!(!tally.complete());
+        tally.add(&span("d", Some("p")));
+        assert!(!tally.complete(), "stays incomplete");
+    }
+
     #[test]
     fn uncovered_counts_what_no_cover_overlaps() {
         assert_eq!(uncovered(0, 10, vec![]), 10);
