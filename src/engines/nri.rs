@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 
 /// The source of the records this plugin makes (`gpupin status`, the audit log).
-pub const SOURCE: &str = "nri";
+pub(crate) const SOURCE: &str = "nri";
 
 /// What the runtime says of a container it is creating.
 #[derive(Debug, Clone, Default)]
@@ -393,20 +393,17 @@ fn adjustment(
     })
 }
 
-/// Releases the GPUs this plugin gave container `id`, if it still holds them.
+/// Releases the GPUs container `id` holds, if it holds any (as poststop does: one lstat
+/// when it holds nothing, and never a record of that name that is no container's).
 pub fn release(config: &Config, id: &str) -> Result<Option<Record>, NriError> {
     let Ok(holder) = HolderId::new(id) else {
         return Ok(None);
     };
     let ledger = crate::state::open_ledger(config)?;
-    let ours = ledger
-        .records()?
-        .into_iter()
-        .any(|r| r.id == id && r.source == SOURCE);
-    if !ours {
+    if !ledger.holds(&holder) {
         return Ok(None);
     }
-    Ok(ledger.release(&holder)?)
+    Ok(ledger.release_container(&holder)?)
 }
 
 /// Releases the holders this plugin made for containers `running` does not know (gone
