@@ -135,7 +135,12 @@ impl Ended {
 /// which may cover it in the period).
 pub fn counts(at: SystemTime, event: &Event, since: SystemTime) -> bool {
     matches!(event.event, EventKind::Release | EventKind::Reap)
-        && (at >= since || event.within.is_some())
+        && counts_end(at, event.within.is_some(), since)
+}
+
+/// `counts` for the end of a holding at `at` (nested or not), as a digest keeps it.
+fn counts_end(at: SystemTime, nested: bool, since: SystemTime) -> bool {
+    at >= since || nested
 }
 
 /// Whether a raw log line could be an event `counts` keeps, told from its bytes

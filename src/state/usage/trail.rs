@@ -17,7 +17,7 @@
 
 use super::digest::{self, Head, Trouble};
 use super::tally::Tally;
-use super::{By, Usage, could_end_in, counts, event_span};
+use super::{By, Usage, could_end_in, counts, counts_end, event_span};
 use crate::base::atomic::{self, Durability};
 use crate::base::safe_open::{self, Links};
 use crate::input::config::AuditLog;
@@ -119,12 +119,14 @@ fn attempt(
         if let Some(head) = &source.digest {
             parent_ids.extend(head.withins.iter().cloned());
         }
-        each_raw_line(source, |_, line| {
-            if escaped(line) || within.in_(line) {
-                let nested = parse_line(line).and_then(|entry| entry.event.within);
-                parent_ids.extend(nested);
-            }
-        })?;
+        if source.raw.0 < source.raw.1 {
+            each_raw_line(source, reopen(source)?, |line| {
+                if escaped(line) || within.in_(line) {
+                    let nested = parse_line(line).and_then(|entry| entry.event.within);
+                    parent_ids.extend(nested);
+                }
+            })?;
+        }
     }
 
     // Pass 2: every holding that ended, as it comes.
@@ -138,10 +140,13 @@ fn attempt(
     let could = could_end_in(since);
     let mut unreadable = 0;
     for source in &sources {
+        let log = reopen(source)?;
         if let Some(head) = &source.digest {
-            let file = digests.open(source).ok_or(Again::BadDigest)?;
+            let file = digests
+                .open(source.dev, source.ino)
+                .ok_or(Again::BadDigest)?;
             let counted = |at: SystemTime, span: &super::tally::Span| {
-                if at >= since || span.within.is_some() {
+                if counts_end(at, span.within.is_some(), since) {
                     tally.add(span);
                 }
             };
@@ -149,7 +154,6 @@ fn attempt(
                 Trouble::Changed => Again::Rotated(source.path.clone()),
                 Trouble::Unreadable => Again::BadDigest,
             })?;
-            let log = reopen(source)?;
             for &(at, len) in &head.unreadable {
                 let mut line = vec![0; len as usize];
                 log.read_exact_at(&mut line, at)
@@ -157,7 +161,7 @@ fn attempt(
                 unreadable += usize::from(could(&line));
             }
         }
-        each_raw_line(source, |_, line| {
+        each_raw_line(source, log, |line| {
             if line.trim_ascii().is_empty() || !could(line) {
                 return;
             }
@@ -224,16 +228,15 @@ fn first_look(audit: &AuditLog, digests: &Digests) -> Result<Vec<Source>, ReadEr
 }
 
 /// Gives each raw line of `source` (those its digest does not cover, up to its size at
-/// the first look) to `each`, with its offset.
-fn each_raw_line(source: &Source, mut each: impl FnMut(u64, &[u8])) -> Result<(), Again> {
+/// the first look) to `each`; `file` is `source` opened again (`reopen`).
+fn each_raw_line(source: &Source, file: File, mut each: impl FnMut(&[u8])) -> Result<(), Again> {
     if source.raw.0 >= source.raw.1 {
         return Ok(());
     }
-    let file = reopen(source)?;
     let failed = |e| io_error(&source.path, e);
     let mut lines = Lines::of(file, source.raw.0, source.raw.1).map_err(failed)?;
-    while let Some((at, line)) = lines.next_line().map_err(failed)? {
-        each(at, line);
+    while let Some((_, line)) = lines.next_line().map_err(failed)? {
+        each(line);
     }
     Ok(())
 }
@@ -300,9 +303,10 @@ impl Digests {
         Some(self.dir.as_ref()?.join(format!("{dev}-{ino}.digest")))
     }
 
-    /// The digest file of `source`, when it is one that could only be root's or ours.
-    fn open(&self, source: &Source) -> Option<File> {
-        let path = self.path(source.dev, source.ino)?;
+    /// The digest file of the file `dev`/`ino`, when it is one that could only be root's
+    /// or ours.
+    fn open(&self, dev: u64, ino: u64) -> Option<File> {
+        let path = self.path(dev, ino)?;
         let (file, stat) = safe_open::open_with_stat(&path, Links::Refuse).ok()?;
         safe_open::written_by_us(&stat).ok()?;
         Some(file)
@@ -311,9 +315,7 @@ impl Digests {
     /// The head of the digest of `file` (`stat` its stat), where there is one that is
     /// still true of it.
     fn load(&self, file: &File, stat: &rustix::fs::Stat) -> Option<Head> {
-        let path = self.path(stat.st_dev, stat.st_ino)?;
-        let (digest, digest_stat) = safe_open::open_with_stat(&path, Links::Refuse).ok()?;
-        safe_open::written_by_us(&digest_stat).ok()?;
+        let digest = self.open(stat.st_dev, stat.st_ino)?;
         let head = digest::read_head(&mut digest::reader(digest))?;
         digest::matches(&head.covers, file, stat).then_some(head)
     }
