@@ -60,12 +60,7 @@ fn a_pod_holds_exactly_its_request_and_its_sandbox_nothing() {
     // process's env. A process exec'd into it (`kubectl exec`) sees the same nodes, but
     // its env comes from containerd's stored spec, which gpupin-runtime never edits.
     assert_eq!(pod.gpu_nodes(&trainer), node.held_nodes(&trainer));
-    let visible = pod
-        .main_process_env(&trainer, "NVIDIA_VISIBLE_DEVICES")
-        .expect("NVIDIA_VISIBLE_DEVICES in the container's env");
-    let mut visible: Vec<String> = visible.split(',').map(str::to_string).collect();
-    visible.sort();
-    assert_eq!(visible, uuids(&record));
+    assert_eq!(pod.visible_uuids(&trainer), uuids(&record));
     let exec_env = pod.exec(&trainer, &["env"]);
     assert!(
         !exec_env.contains("NVIDIA_VISIBLE_DEVICES="),

@@ -76,12 +76,7 @@ fn a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri() {
 
     // What the container sees: exactly its GPUs' nodes, their UUIDs in its env.
     assert_eq!(pod.gpu_nodes(&trainer), node.held_nodes(&trainer));
-    let visible = pod
-        .main_process_env(&trainer, "NVIDIA_VISIBLE_DEVICES")
-        .expect("NVIDIA_VISIBLE_DEVICES in the container's env");
-    let mut visible: Vec<String> = visible.split(',').map(str::to_string).collect();
-    visible.sort();
-    assert_eq!(visible, uuids(&record));
+    assert_eq!(pod.visible_uuids(&trainer), uuids(&record));
 
     // A second pod's container gets two other GPUs.
     let other = node.run_pod_on("eval", &[("gpupin.count", "2")], "");

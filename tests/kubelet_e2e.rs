@@ -188,16 +188,7 @@ fn plugin_holders(world: &World) -> BTreeMap<String, Vec<String>> {
     harness::status::holders(&world.node.status())
         .iter()
         .filter(|h| h["source"] == "device-plugin")
-        .map(|h| {
-            let mut gpus: Vec<String> = h["gpus"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|g| g.as_str().unwrap().to_string())
-                .collect();
-            gpus.sort();
-            (h["id"].as_str().unwrap().to_string(), gpus)
-        })
+        .map(|h| (h["id"].as_str().unwrap().to_string(), cri_support::uuids(h)))
         .collect()
 }
 

@@ -437,14 +437,7 @@ mod tests {
         }
     }
 
-    fn config(state_dir: &Path) -> Config {
-        Config {
-            state_dir: state_dir.to_path_buf(),
-            inventory: "sim:nvswitch8".parse().unwrap(),
-            audit_log: state_dir.join("audit.log"),
-            ..Config::default()
-        }
-    }
+    use crate::input::config::testing::sim8_in as config;
 
     fn hook() -> HookCommand {
         HookCommand::beside(Path::new("/usr/bin/gpupin"), None)

@@ -349,6 +349,16 @@ impl Pod<'_> {
         nodes
     }
 
+    /// The UUIDs in `NVIDIA_VISIBLE_DEVICES` of the container's own process, sorted.
+    pub fn visible_uuids(&self, container: &str) -> Vec<String> {
+        let visible = self
+            .main_process_env(container, "NVIDIA_VISIBLE_DEVICES")
+            .expect("NVIDIA_VISIBLE_DEVICES in the container's env");
+        let mut visible: Vec<String> = visible.split(',').map(str::to_string).collect();
+        visible.sort();
+        visible
+    }
+
     /// `NAME=` of the container's own process (its pid 1), not of an exec'd one.
     pub fn main_process_env(&self, container: &str, name: &str) -> Option<String> {
         let environ = self.exec(container, &["cat", "/proc/1/environ"]);
