@@ -16,7 +16,7 @@ pub(crate) use filter::BadValue;
 pub use filter::{Filter, GpuSelector, When, parse_user};
 pub(crate) use prefilter::{Needle, before, escaped};
 pub use read::Entry;
-pub(crate) use read::{Lines, ReadError, open_log_with_stat, parse_line};
+pub(crate) use read::{Lines, ReadError, Wanted, open_log_with_stat, wanted};
 pub use write::REFUSALS_PER_MINUTE;
 pub(crate) use write::WriteError;
 

@@ -49,9 +49,8 @@ pub struct Events {
 /// The events of one log's files, oldest file first.
 struct Stream {
     files: VecDeque<PathBuf>,
-    open: Option<(PathBuf, BufReader<File>)>,
+    open: Option<(PathBuf, Lines)>,
     unreadable: usize,
-    line: Vec<u8>,
     /// Which lines are parsed at all (`AuditLog::events_where`).
     could_be: CouldBe,
 }
@@ -134,23 +133,20 @@ impl Stream {
             files: files.into(),
             open: None,
             unreadable: 0,
-            line: Vec::new(),
             could_be,
         }
     }
 
     /// The next event of the file open now, or `None` at its end.
     fn next_in_file(&mut self) -> Option<Result<Entry, ReadError>> {
-        let (path, reader) = self.open.as_mut()?;
+        let (path, lines) = self.open.as_mut()?;
         loop {
-            self.line.clear();
-            match reader.read_until(b'\n', &mut self.line) {
-                Ok(0) => return None,
-                Ok(_) if self.line.trim_ascii().is_empty() => {}
-                Ok(_) if !(self.could_be)(&self.line) => {}
-                Ok(_) => match parse_line(&self.line) {
-                    Some(entry) => return Some(Ok(entry)),
-                    None => self.unreadable += 1,
+            match lines.next_line() {
+                Ok(None) => return None,
+                Ok(Some((_, line))) => match wanted(line, &*self.could_be) {
+                    Wanted::Skipped => {}
+                    Wanted::Unreadable => self.unreadable += 1,
+                    Wanted::Event(entry) => return Some(Ok(entry)),
                 },
                 Err(source) => {
                     let path = path.clone();
@@ -175,7 +171,14 @@ impl Iterator for Stream {
             }
             let path = self.files.pop_front()?;
             match open_log(&path) {
-                Ok(Some(file)) => self.open = Some((path, BufReader::new(file))),
+                Ok(Some(file)) => match Lines::of(file, 0, u64::MAX) {
+                    Ok(lines) => self.open = Some((path, lines)),
+                    Err(source) => {
+                        self.files.clear();
+                        self.open = None;
+                        return Some(Err(ReadError::Io { path, source }));
+                    }
+                },
                 Ok(None) => self.open = None,
                 Err(err) => {
                     self.files.clear();
@@ -202,7 +205,7 @@ impl Lines {
         use std::io::{Read, Seek, SeekFrom};
         file.seek(SeekFrom::Start(from))?;
         Ok(Lines {
-            reader: BufReader::with_capacity(1 << 16, file.take(to.saturating_sub(from))),
+            reader: BufReader::new(file.take(to.saturating_sub(from))),
             at: from,
             line: Vec::new(),
         })
@@ -244,8 +247,31 @@ pub(super) fn open_log(path: &std::path::Path) -> Result<Option<File>, ReadError
     Ok(open_log_with_stat(path)?.map(|(file, _)| file))
 }
 
+/// What one raw line is to a reader that wants the lines `could_be` lets through.
+// Returned and matched at once, never stored: boxing the entry would allocate per event.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Wanted {
+    /// Blank, or ruled out by its bytes: neither parsed nor counted.
+    Skipped,
+    /// Parsed, and no event: counted as unreadable.
+    Unreadable,
+    Event(Entry),
+}
+
+/// The one test every reader of raw lines applies, in this order: blank lines skipped,
+/// then `could_be`, then the parse.
+pub(crate) fn wanted(line: &[u8], could_be: &dyn Fn(&[u8]) -> bool) -> Wanted {
+    if line.trim_ascii().is_empty() || !could_be(line) {
+        return Wanted::Skipped;
+    }
+    match parse_line(line) {
+        Some(entry) => Wanted::Event(entry),
+        None => Wanted::Unreadable,
+    }
+}
+
 /// One line of the log as an event; `None` for a line that is none.
-pub(crate) fn parse_line(bytes: &[u8]) -> Option<Entry> {
+pub(super) fn parse_line(bytes: &[u8]) -> Option<Entry> {
     let line = std::str::from_utf8(bytes)
         .ok()?
         .trim_end_matches(['\n', '\r']);

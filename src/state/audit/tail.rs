@@ -3,7 +3,7 @@
 //! away (renamed to `.1`, a new one in its place) is read from the start of the new one, and a line not
 //! written whole yet waits for its end.
 
-use super::read::{Entry, ReadError, open_log, parse_line};
+use super::read::{Entry, ReadError, Wanted, open_log, wanted};
 use crate::input::config::AuditLog;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -129,12 +129,10 @@ impl Tail {
         let mut entries = Vec::new();
         for followed in &mut self.files {
             for line in followed.read_new()? {
-                if line.trim_ascii().is_empty() {
-                    continue;
-                }
-                match parse_line(&line) {
-                    Some(entry) => entries.push(entry),
-                    None => self.unreadable += 1,
+                match wanted(&line, &|_| true) {
+                    Wanted::Skipped => {}
+                    Wanted::Unreadable => self.unreadable += 1,
+                    Wanted::Event(entry) => entries.push(entry),
                 }
             }
         }

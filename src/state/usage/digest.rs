@@ -20,7 +20,7 @@
 //!    within]`, in the file's order.
 
 use super::tally::{Gpu, Span};
-use crate::state::audit::{Lines, Needle, escaped, parse_line};
+use crate::state::audit::{Lines, Needle, Wanted, escaped, wanted};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use std::borrow::Cow;
@@ -93,7 +93,9 @@ pub(super) struct Head {
 /// and returns its digest, as the bytes to write.
 pub(super) fn build(file: &File, stat: &rustix::fs::Stat) -> io::Result<Vec<u8>> {
     let size = stat.st_size as u64;
+    // What `usage::could_end_in` lets through from any period on: a digest serves them all.
     let [release, reap] = [b"release".as_slice(), b"reap"].map(Needle::new);
+    let could_end = |line: &[u8]| escaped(line) || release.in_(line) || reap.in_(line);
     let mut lines = Lines::of(file.try_clone()?, 0, size)?;
     let mut len = 0;
     let mut withins = BTreeSet::new();
@@ -107,12 +109,13 @@ pub(super) fn build(file: &File, stat: &rustix::fs::Stat) -> io::Result<Vec<u8>>
             break;
         }
         len = at + line.len() as u64;
-        if line.trim_ascii().is_empty() || !(escaped(line) || release.in_(line) || reap.in_(line)) {
-            continue;
-        }
-        let Some(entry) = parse_line(line) else {
-            unreadable.push((at, line.len() as u64));
-            continue;
+        let entry = match wanted(line, &could_end) {
+            Wanted::Skipped => continue,
+            Wanted::Unreadable => {
+                unreadable.push((at, line.len() as u64));
+                continue;
+            }
+            Wanted::Event(entry) => entry,
         };
         let Some(span) = super::event_span(&entry.event) else {
             continue;

@@ -21,7 +21,7 @@ use super::{By, Usage, could_end_in, counts, counts_end, event_span};
 use crate::base::atomic::{self, Durability};
 use crate::base::safe_open::{self, Links};
 use crate::input::config::AuditLog;
-use crate::state::audit::{Lines, Needle, ReadError, escaped, open_log_with_stat, parse_line};
+use crate::state::audit::{Lines, Needle, ReadError, Wanted, escaped, open_log_with_stat, wanted};
 use crate::state::ledger::Record;
 use std::collections::HashSet;
 use std::fs::File;
@@ -120,10 +120,10 @@ fn attempt(
             parent_ids.extend(head.withins.iter().cloned());
         }
         if source.raw.0 < source.raw.1 {
+            let says_within = |line: &[u8]| escaped(line) || within.in_(line);
             each_raw_line(source, reopen(source)?, |line| {
-                if escaped(line) || within.in_(line) {
-                    let nested = parse_line(line).and_then(|entry| entry.event.within);
-                    parent_ids.extend(nested);
+                if let Wanted::Event(entry) = wanted(line, &says_within) {
+                    parent_ids.extend(entry.event.within);
                 }
             })?;
         }
@@ -161,18 +161,15 @@ fn attempt(
                 unreadable += usize::from(could(&line));
             }
         }
-        each_raw_line(source, log, |line| {
-            if line.trim_ascii().is_empty() || !could(line) {
-                return;
-            }
-            let Some(entry) = parse_line(line) else {
-                unreadable += 1;
-                return;
-            };
-            if counts(entry.at, &entry.event, since)
-                && let Some(span) = event_span(&entry.event)
-            {
-                tally.add(&span);
+        each_raw_line(source, log, |line| match wanted(line, &could) {
+            Wanted::Skipped => {}
+            Wanted::Unreadable => unreadable += 1,
+            Wanted::Event(entry) => {
+                if counts(entry.at, &entry.event, since)
+                    && let Some(span) = event_span(&entry.event)
+                {
+                    tally.add(&span);
+                }
             }
         })?;
     }
