@@ -17,7 +17,6 @@ use crate::admission::trusted_user::{self, TrustedUserError};
 use crate::input::config::{Config, Driver};
 use crate::input::request::GpuRequest;
 use crate::model::holder::HolderId;
-use crate::model::nvidia::VISIBLE_DEVICES;
 use crate::state::ledger::{ClaimToken, HolderMeta, Ledger, LedgerError, Record};
 use std::collections::HashMap;
 
@@ -141,14 +140,7 @@ pub fn admit<T, E: std::error::Error + 'static>(
         .and_then(|mut edits| {
             let by_name = claim.as_ref().is_some_and(|c| c.driver_by_name);
             if by_name && config.driver == Driver::Cdi {
-                edits.cdi_devices =
-                    driver::cdi_names(&config.cdi_spec_dirs, &inventory, &record.gpus)?;
-                // The spec's edits bring the driver: NVIDIA's runtime must add nothing.
-                edits.env.retain(|(k, _)| k != VISIBLE_DEVICES);
-                edits
-                    .env
-                    .push((VISIBLE_DEVICES.to_string(), "void".to_string()));
-                edits.driver_from_cdi = true;
+                driver::add_by_name(&config.cdi_spec_dirs, &inventory, &record.gpus, &mut edits)?;
             } else if claim.is_some() {
                 driver::add_for_spec(
                     config.driver,

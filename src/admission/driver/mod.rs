@@ -16,6 +16,7 @@ pub(crate) use select::SelectError;
 use crate::admission::edits::ContainerEdits;
 use crate::input::config::Driver;
 use crate::model::gpu::Inventory;
+use crate::model::nvidia::VISIBLE_DEVICES;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,25 @@ pub fn add_for_spec(
     let cdi = select::edits_for(&found, inventory, uuids)?;
     tracing::debug!(container, files = ?cdi.files, mounts = cdi.mounts.len(), "CDI edits");
     cdi.merge_into(edits);
+    Ok(())
+}
+
+/// `add_for_spec` for a runtime that applies CDI itself (NRI's adjustment names CDI
+/// devices): the GPUs' CDI device names into `edits`, which it applies whole (the groups
+/// a spec adds too), and `NVIDIA_VISIBLE_DEVICES=void` as `merge_into` leaves it where the
+/// spec's edits bring the driver.
+pub(crate) fn add_by_name(
+    dirs: &[PathBuf],
+    inventory: &Inventory,
+    uuids: &[String],
+    edits: &mut ContainerEdits,
+) -> Result<(), DriverError> {
+    edits.cdi_devices = cdi_names(dirs, inventory, uuids)?;
+    edits.env.retain(|(k, _)| k != VISIBLE_DEVICES);
+    edits
+        .env
+        .push((VISIBLE_DEVICES.to_string(), "void".to_string()));
+    edits.driver_from_cdi = true;
     Ok(())
 }
 
