@@ -200,6 +200,39 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
         "the GPU it came with is its own"
     );
 
+    // A GPU a DRA claim allocated: NVIDIA's DRA driver writes a CDI spec of kind
+    // `k8s.gpu.nvidia.com/claim` per claim, and the kubelet passes its name in the CRI's
+    // CDIDevices. The container is recognised by the node it came with: it holds exactly
+    // that GPU and sees it, not stripped.
+    let claimed = &gpus[3];
+    let claim_spec = root
+        .cdi_spec(std::slice::from_ref(claimed))
+        .replace("kind: nvidia.com/gpu", "kind: k8s.gpu.nvidia.com/claim")
+        .replace(
+            &format!("- name: \"{}\"", claimed.index),
+            "- name: 5bd3c1e0-gpu-0",
+        );
+    std::fs::write(
+        cdi_dir(dir).join("k8s.gpu.nvidia.com-claim_5bd3c1e0.yaml"),
+        claim_spec,
+    )
+    .unwrap();
+    let dra = pod
+        .create_container_with(
+            "dra",
+            &[],
+            &[],
+            &[],
+            &["k8s.gpu.nvidia.com/claim=5bd3c1e0-gpu-0"],
+        )
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", plugin.log()));
+    node.cri.start_container(&dra).unwrap();
+    let record = node.holder(&dra);
+    assert_eq!(uuids(&record), [claimed.uuid.clone()], "{record:#}");
+    let claimed_node = format!("nvidia{}", claimed.minor);
+    assert_eq!(pod.gpu_nodes(&dra), [claimed_node.clone()], "{}", plugin.log());
+    assert_eq!(pod.visible_uuids(&dra), [claimed.uuid.clone()]);
+
     // Its own request besides a GPU CDI gave it: NRI cannot take the node out; its device
     // cgroup denies it.
     let both = pod

@@ -18,73 +18,16 @@ use cri_support::Node;
 use gpupin_sandbox::harness::{self, gpu_nodes};
 use kubelet_support::cri::{self, CONTAINER_NAME, CONTAINER_RUNNING};
 use kubelet_support::{
-    HostChanges, Kubelet, PodResources, RESOURCE, checkpoint_sets, kubelet_binary, plugin_dir_free,
-    preferred_allocation_latencies, static_pod, wait_for,
+    DevicePlugin, HostChanges, Kubelet, PodResources, RESOURCE, checkpoint_sets, kubelet_binary,
+    plugin_dir_free, preferred_allocation_latencies, static_pod, wait_for,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-
-const GPUPIN: &str = env!("CARGO_BIN_EXE_gpupin");
 
 /// The plugin's `--reconcile-grace`: a holder is released once every PodResources `List`
 /// for this long has left it out.
 const GRACE: Duration = Duration::from_secs(10);
-
-/// The plugin process (`gpupin device-plugin`), SIGKILLed if still running when dropped.
-struct Plugin {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Plugin {
-    fn start(config: &Path, pod_resources: &Path, log: PathBuf) -> Plugin {
-        let child = Command::new(harness::binary(GPUPIN))
-            .arg("--config")
-            .arg(config)
-            .arg("device-plugin")
-            .arg("--pod-resources-socket")
-            .arg(pod_resources)
-            // A pod's holder is released by the reconcile once the kubelet has not listed
-            // it for the grace.
-            .args(["--poll-interval", "200ms", "--reconcile-interval", "200ms"])
-            .arg("--reconcile-grace")
-            .arg(format!("{}s", GRACE.as_secs()))
-            .env("GPUPIN_LOG", "debug")
-            .stdin(Stdio::null())
-            .stderr(
-                std::fs::File::options()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            )
-            .spawn()
-            .expect("starting gpupin device-plugin");
-        Plugin { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn stop(&mut self) -> ExitStatus {
-        let pid = rustix::process::Pid::from_child(&self.child);
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 /// The kubelet, its containerd and what the test changed on the host. Dropped in this
 /// order: the kubelet stops (it would restart its pods), every pod it left is stopped
@@ -266,7 +209,12 @@ fn a_real_kubelet_gives_pods_the_gpus_gpupin_records() {
     // The plugin registers on the kubelet's socket; the kubelet counts every GPU healthy.
     let plugin_log = dir.join("device-plugin.log");
     let pod_resources_socket = world.kubelet.pod_resources_socket();
-    let mut plugin = Plugin::start(&gpupin_config, &pod_resources_socket, plugin_log.clone());
+    let mut plugin = DevicePlugin::start(
+        &gpupin_config,
+        &pod_resources_socket,
+        plugin_log.clone(),
+        GRACE,
+    );
     world.kubelet.wait("registration of the plugin", |k| {
         k.metric("kubelet_device_plugin_registration_total") >= 1.0
     });
@@ -416,7 +364,7 @@ fn a_real_kubelet_gives_pods_the_gpus_gpupin_records() {
     // the GPUs given back outside Kubernetes come back through the new registration.
     let exit = plugin.stop();
     assert!(exit.success(), "{exit}; log:\n{}", plugin.log());
-    let mut plugin = Plugin::start(&gpupin_config, &pod_resources_socket, plugin_log);
+    let mut plugin = DevicePlugin::start(&gpupin_config, &pod_resources_socket, plugin_log, GRACE);
     world
         .kubelet
         .wait("a second registration of the plugin", |k| {

@@ -414,6 +414,62 @@ impl Drop for Kubelet {
     }
 }
 
+/// `gpupin device-plugin` on the kubelet's plugin dir, SIGKILLed if still running when
+/// dropped.
+pub struct DevicePlugin {
+    child: Child,
+    log: PathBuf,
+}
+
+impl DevicePlugin {
+    /// Starts it with the node's gpupin `config`, reading the kubelet's PodResources at
+    /// `pod_resources`; a pod's holder is released by the reconcile once the kubelet has
+    /// not listed it for `grace`. Its stderr is appended to `log`.
+    pub fn start(config: &Path, pod_resources: &Path, log: PathBuf, grace: Duration) -> Self {
+        let child = Command::new(harness::binary(env!("CARGO_BIN_EXE_gpupin")))
+            .arg("--config")
+            .arg(config)
+            .arg("device-plugin")
+            .arg("--pod-resources-socket")
+            .arg(pod_resources)
+            .args(["--poll-interval", "200ms", "--reconcile-interval", "200ms"])
+            .arg("--reconcile-grace")
+            .arg(format!("{}s", grace.as_secs()))
+            .env("GPUPIN_LOG", "debug")
+            .stdin(Stdio::null())
+            .stderr(
+                std::fs::File::options()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            )
+            .spawn()
+            .expect("starting gpupin device-plugin");
+        DevicePlugin { child, log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, and its exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for DevicePlugin {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// The kubelet process, its log appended to `log`.
 fn spawn(binary: &Path, config_file: &Path, root: &Path, log: &Path) -> Child {
     let log = std::fs::File::options()
