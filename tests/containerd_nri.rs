@@ -14,7 +14,9 @@ mod containerd_support;
 mod cri_support;
 
 use containerd_support::is_v2;
-use cri_support::{Cri, Node, NriPlugin, cdi_dir, container_config, sandbox_config, uuids};
+use cri_support::{
+    Cri, Node, NriPlugin, cdi_dir, container_config, nvidia_nri_binary, sandbox_config, uuids,
+};
 use gpupin_sandbox::harness;
 use gpupin_sandbox::harness::driver::{DriverRoot, FakeGpu};
 use serde_json::Value;
@@ -230,7 +232,12 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
     let record = node.holder(&dra);
     assert_eq!(uuids(&record), [claimed.uuid.clone()], "{record:#}");
     let claimed_node = format!("nvidia{}", claimed.minor);
-    assert_eq!(pod.gpu_nodes(&dra), [claimed_node.clone()], "{}", plugin.log());
+    assert_eq!(
+        pod.gpu_nodes(&dra),
+        [claimed_node.clone()],
+        "{}",
+        plugin.log()
+    );
     assert_eq!(pod.visible_uuids(&dra), [claimed.uuid.clone()]);
 
     // Its own request besides a GPU CDI gave it: NRI cannot take the node out; its device
@@ -250,6 +257,114 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
     let said = String::from_utf8_lossy(&opened.stderr);
     assert!(said.contains("Operation not permitted"), "{said}");
     pod.stop();
+    assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
+}
+
+/// NVIDIA's own NRI plugin (the toolkit's, at its installer's index 10) beside gpupin's
+/// (50): NVIDIA's injects the CDI devices a pod names in `nvidia.cdi.k8s.io/*` and
+/// allocates nothing. NRI shows no plugin the CDI devices another adds, so gpupin's reads
+/// the pod's annotation as NVIDIA's does: the container holds exactly that GPU, a second
+/// pod naming the same GPU is refused with the holder's name, beside a request of the
+/// container's own the GPU NVIDIA's plugin named is denied, and the same holds with
+/// NVIDIA's plugin called after gpupin's.
+#[test]
+fn nvidias_nri_plugin_beside_gpupins_hands_out_only_what_the_ledger_holds() {
+    let test = "nvidias_nri_plugin_beside_gpupins_hands_out_only_what_the_ledger_holds";
+    let Some((node, plugin)) = node_with_plugin(test) else {
+        return;
+    };
+    let Some(nvidia) = harness::required(test, nvidia_nri_binary()) else {
+        return;
+    };
+    let gpus = FakeGpu::from_status(&node.status());
+    let dir = node.containerd.dir();
+    let root = DriverRoot::create(&dir.join("driver"), &gpus).unwrap();
+    root.write_cdi_spec(&cdi_dir(dir), &gpus).unwrap();
+    let nvidias = node.start_nvidia_nri_plugin(&nvidia, 10, "nvidia-nri.log");
+    let logs = || format!("gpupin's:\n{}\nNVIDIA's:\n{}", plugin.log(), nvidias.log());
+
+    let first = node.run_pod_on(
+        "first",
+        &[("nvidia.cdi.k8s.io/container.main", "nvidia.com/gpu=1")],
+        "",
+    );
+    let main = first
+        .create_container("main", &[], &[])
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", logs()));
+    node.cri.start_container(&main).unwrap();
+    assert!(
+        nvidias
+            .log()
+            .contains("injecting CDI devices [nvidia.com/gpu=1]"),
+        "{}",
+        logs()
+    );
+    let record = node.holder(&main);
+    assert_eq!(uuids(&record), [gpus[1].uuid.clone()], "{record:#}");
+    let node1 = format!("nvidia{}", gpus[1].minor);
+    assert_eq!(first.gpu_nodes(&main), [node1.clone()], "{}", logs());
+    assert_eq!(node.held_nodes(&main), [node1]);
+
+    let second = node.run_pod_on(
+        "second",
+        &[("nvidia.cdi.k8s.io/pod", "nvidia.com/gpu=1")],
+        "",
+    );
+    let err = second.create_container("main", &[], &[]).unwrap_err();
+    let message = err.message();
+    assert!(
+        message.contains("gpupin: ") && message.contains("held by"),
+        "{message}\n{}",
+        logs()
+    );
+
+    let third = node.run_pod_on(
+        "third",
+        &[
+            ("nvidia.cdi.k8s.io/pod", "nvidia.com/gpu=2"),
+            ("gpupin.devices", "0"),
+        ],
+        "",
+    );
+    let both = third
+        .create_container("main", &[], &[])
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", logs()));
+    node.cri.start_container(&both).unwrap();
+    assert_eq!(node.held_nodes(&both), [format!("nvidia{}", gpus[0].minor)]);
+    let opened = node
+        .cri
+        .exec_sync(&both, &["cat", &format!("/dev/nvidia{}", gpus[2].minor)])
+        .unwrap();
+    let said = String::from_utf8_lossy(&opened.stderr);
+    assert!(
+        said.contains("Operation not permitted"),
+        "{said}\n{}",
+        logs()
+    );
+
+    // NVIDIA's plugin called after gpupin's (index 90): the same.
+    drop(nvidias);
+    let nvidias = node.start_nvidia_nri_plugin(&nvidia, 90, "nvidia-nri-90.log");
+    let fourth = node.run_pod_on(
+        "fourth",
+        &[("nvidia.cdi.k8s.io/pod", "nvidia.com/gpu=3")],
+        "",
+    );
+    let late = fourth
+        .create_container("main", &[], &[])
+        .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", nvidias.log()));
+    node.cri.start_container(&late).unwrap();
+    let node3 = format!("nvidia{}", gpus[3].minor);
+    assert_eq!(
+        fourth.gpu_nodes(&late),
+        [node3.clone()],
+        "{}",
+        nvidias.log()
+    );
+    assert_eq!(node.held_nodes(&late), [node3]);
+    first.stop();
+    third.stop();
+    fourth.stop();
     assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
 }
 

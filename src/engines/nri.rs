@@ -46,8 +46,9 @@ pub struct Created<'a> {
     pub env: &'a [String],
     /// The device nodes it has already: (path, type, major, minor).
     pub devices: Vec<(&'a str, &'a str, i64, i64)>,
-    /// CDI devices the runtime will apply (an NRI plugin before gpupin's added them, e.g.
-    /// NVIDIA's from the pod's `nvidia.cdi.k8s.io` annotation).
+    /// CDI devices the runtime lists for the container. NRI lists none that another
+    /// plugin adds: those of NVIDIA's plugin are read from the pod's annotations
+    /// (`nvidia_plugin_devices`).
     pub cdi_devices: Vec<&'a str>,
     /// How long the runtime waits for the plugin's answer (NRI's request timeout): a
     /// request that would wait longer for busy GPUs (`gpupin.wait`) waits half of it,
@@ -91,10 +92,6 @@ pub enum NriError {
     Inventory(#[from] InventoryError),
     #[error("container id {0:?} cannot name a holder: expected letters, digits, '_', '.' or '-'")]
     Id(String),
-    #[error(
-        "the container asks gpupin for GPUs and was given CDI devices {0} besides (another NRI plugin, NVIDIA's?), which NRI cannot take out: ask one way"
-    )]
-    AroundGpupin(String),
     #[error(
         "CDI device {0:?} names no GPU gpupin can tell: expected nvidia.com/gpu=INDEX, =GPU-<uuid> or =all"
     )]
@@ -151,6 +148,38 @@ impl request::Sources for NriSources<'_> {
         foreign::request(self.spec, config.unrequested, || {
             Ok(GpuNumbers::of(&config.load_inventory()?))
         })
+    }
+}
+
+/// The annotation domain of NVIDIA's NRI plugin (the toolkit's, started by its installer
+/// with `--enable-nri-plugin`): it injects the CDI devices a pod names there.
+const NVIDIA_PLUGIN_DOMAIN: &str = "nvidia.cdi.k8s.io";
+
+/// The CDI devices NVIDIA's NRI plugin injects into `created`, from its pod's annotations
+/// as that plugin reads them: `nvidia.cdi.k8s.io/container.<name>`, else
+/// `nvidia.cdi.k8s.io/pod`, else `nvidia.cdi.k8s.io`, a comma-separated list.
+///
+/// Read here, not from the container: NRI gives no plugin the CDI devices another added
+/// (they are resolved by the runtime after every plugin answered), so whatever gpupin's
+/// index, NVIDIA's plugin would hand out these GPUs around the ledger unseen. Each must
+/// be a name gpupin can tell (`nvidia.com/gpu=INDEX|GPU-<uuid>|all`); any other (a MIG
+/// instance, `management.nvidia.com/gpu=all`, which is every GPU) is refused.
+fn nvidia_plugin_devices<'a>(created: &Created<'a>) -> Result<Vec<&'a str>, NriError> {
+    let Some(annotations) = created.pod_annotations else {
+        return Ok(Vec::new());
+    };
+    let keys = [
+        format!("{NVIDIA_PLUGIN_DOMAIN}/container.{}", created.name),
+        format!("{NVIDIA_PLUGIN_DOMAIN}/pod"),
+        NVIDIA_PLUGIN_DOMAIN.to_string(),
+    ];
+    let Some(value) = keys.iter().find_map(|k| annotations.get(k)) else {
+        return Ok(Vec::new());
+    };
+    let names: Vec<&str> = value.split(',').map(str::trim).collect();
+    match names.iter().find(|n| !n.starts_with(CDI_GPU_PREFIX)) {
+        Some(unknown) => Err(NriError::CdiName(unknown.to_string())),
+        None => Ok(names),
     }
 }
 
@@ -252,7 +281,10 @@ pub fn create(
         spec: &spec,
         config,
     };
-    let named = nvidia_cdi(&created.cdi_devices)?;
+    let injected = nvidia_plugin_devices(created)?;
+    let mut cdi_names = created.cdi_devices.clone();
+    cdi_names.extend(injected.iter().copied());
+    let named = nvidia_cdi(&cdi_names)?;
     let found = request::find(&mut sources)?;
     // NRI takes no CDI device out of a container: the GPUs NVIDIA's name are its request
     // (they are those of the nodes it came with, where the CRI's CDI made them), and
@@ -308,7 +340,7 @@ pub fn create(
         labels: sources.annotations,
     };
     let (record, adjustment) = admit::admit(config, admission, |edits| {
-        adjustment(edits, &created.devices, &named_minors)
+        adjustment(edits, &created.devices, &named_minors, &injected)
     })?;
     Ok(Outcome::Admitted(Box::new(record), adjustment))
 }
@@ -344,11 +376,14 @@ fn stripped(config: &Config, spec: &Value) -> Result<Option<Adjustment>, NriErro
     Ok(Some(adjustment))
 }
 
-/// The edits as NRI applies them; `has`, the device nodes the container came with.
+/// The edits as NRI applies them; `has`, the device nodes the container came with;
+/// `injected`, the CDI devices NVIDIA's plugin adds (NRI refuses a create where two
+/// plugins add the same CDI device, so gpupin leaves those to it).
 fn adjustment(
     edits: &ContainerEdits,
     has: &[(&str, &str, i64, i64)],
     named_minors: &[u32],
+    injected: &[&str],
 ) -> Result<Adjustment, Unadjustable> {
     if !edits.additional_gids.is_empty() {
         return Err(Unadjustable {
@@ -388,7 +423,12 @@ fn adjustment(
         annotations: edits.annotations.clone(),
         hooks: edits.hooks.clone(),
         mounts: edits.mounts.clone(),
-        cdi_devices: edits.cdi_devices.clone(),
+        cdi_devices: edits
+            .cdi_devices
+            .iter()
+            .filter(|name| !injected.contains(&name.as_str()))
+            .cloned()
+            .collect(),
         ..Adjustment::default()
     })
 }
@@ -652,12 +692,11 @@ mod tests {
         ));
     }
 
-    /// CDI devices another NRI plugin added before gpupin's (NVIDIA's, from the pod's
-    /// `nvidia.cdi.k8s.io`): containerd will apply them, so they are the request, held;
-    /// beside a request of the container's own, denied; a name gpupin cannot tell is
-    /// refused.
+    /// CDI devices the runtime lists for the container: containerd will apply them, so
+    /// they are the request, held; beside a request of the container's own, denied; a
+    /// name gpupin cannot tell is refused.
     #[test]
-    fn nvidias_cdi_devices_from_another_plugin_are_held_or_refused() {
+    fn nvidias_cdi_devices_the_runtime_lists_are_held_or_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let config = config(tmp.path());
         let none = HashMap::new();
@@ -692,6 +731,107 @@ mod tests {
             Outcome::Nothing
         ));
         assert_eq!(ids(&config), ["c1", "c4"]);
+    }
+
+    /// NVIDIA's NRI plugin injects the CDI devices of the pod's `nvidia.cdi.k8s.io`
+    /// annotations, which NRI never shows gpupin: read as that plugin reads them (the
+    /// container's key over the pod's over the bare domain), they are the container's
+    /// request whatever the plugins' order; a name gpupin cannot tell (every GPU's
+    /// management device, a MIG instance) is refused; under `driver = "cdi"` gpupin does
+    /// not add a CDI device NVIDIA's plugin adds (NRI fails a create where two do).
+    #[test]
+    fn what_nvidias_nri_plugin_will_inject_is_the_containers_request() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut config = config(tmp.path());
+        let none = HashMap::new();
+        let in_pod = |id, pod: &'static HashMap<String, String>| Created {
+            pod_annotations: Some(pod),
+            ..created(id, &none)
+        };
+        let leak = |pairs: &[(&str, &str)]| -> &'static HashMap<String, String> {
+            Box::leak(Box::new(asks(pairs)))
+        };
+        let keyed = leak(&[
+            (
+                "nvidia.cdi.k8s.io/container.main",
+                "nvidia.com/gpu=1,nvidia.com/gpu=2",
+            ),
+            ("nvidia.cdi.k8s.io/container.other", "nvidia.com/gpu=5"),
+            ("nvidia.cdi.k8s.io/pod", "nvidia.com/gpu=6"),
+        ]);
+        let (record, _) = create(&config, &hook(), &in_pod("c1", keyed))
+            .unwrap()
+            .admitted();
+        assert_eq!(record.indices, [1, 2]);
+        let (record, _) = create(
+            &config,
+            &hook(),
+            &in_pod("c2", leak(&[("nvidia.cdi.k8s.io/pod", "nvidia.com/gpu=3")])),
+        )
+        .unwrap()
+        .admitted();
+        assert_eq!(record.indices, [3]);
+        let (record, _) = create(
+            &config,
+            &hook(),
+            &in_pod("c3", leak(&[("nvidia.cdi.k8s.io", "nvidia.com/gpu=4")])),
+        )
+        .unwrap()
+        .admitted();
+        assert_eq!(record.indices, [4]);
+        let err = create(
+            &config,
+            &hook(),
+            &in_pod("c4", leak(&[("nvidia.cdi.k8s.io/pod", "nvidia.com/gpu=2")])),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("it is held by"), "{err}");
+        let management = leak(&[(
+            "nvidia.cdi.k8s.io/pod",
+            "nvidia.com/gpu=0,management.nvidia.com/gpu=all",
+        )]);
+        let err = create(&config, &hook(), &in_pod("c5", management)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"management.nvidia.com/gpu=all\""),
+            "{err}"
+        );
+        // Other annotations of the domain's shape are not NVIDIA's plugin's.
+        let unrelated = leak(&[("nvidia.cdi.k8s.io.example/pod", "nvidia.com/gpu=0")]);
+        assert!(matches!(
+            create(&config, &hook(), &in_pod("c6", unrelated)).unwrap(),
+            Outcome::Nothing
+        ));
+        assert_eq!(ids(&config), ["c1", "c2", "c3"]);
+
+        // driver = "cdi": gpupin names GPU 7's CDI device by its UUID, as NVIDIA's
+        // annotation does here.
+        let uuid = config.load_inventory().unwrap().gpus[7].uuid.clone();
+        let dir = tmp.path().join("cdi");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(
+            dir.join("nvidia.yaml"),
+            format!(
+                "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: {uuid}\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia7\n"
+            ),
+        )
+        .unwrap();
+        config.driver = crate::input::config::Driver::Cdi;
+        config.cdi_spec_dirs = vec![dir];
+        let name = format!("nvidia.com/gpu={uuid}");
+        let by_name = leak(&[("nvidia.cdi.k8s.io/pod", &name)]);
+        let (record, adjustment) = create(&config, &hook(), &in_pod("c7", by_name))
+            .unwrap()
+            .admitted();
+        assert_eq!(record.indices, [7]);
+        assert_eq!(adjustment.cdi_devices, Vec::<String>::new());
+        // Without NVIDIA's annotation the same grant names it.
+        let ask = asks(&[("gpupin.devices", "7")]);
+        release(&config, "c7").unwrap();
+        let (_, adjustment) = create(&config, &hook(), &created("c8", &ask))
+            .unwrap()
+            .admitted();
+        assert_eq!(adjustment.cdi_devices, [name]);
     }
 
     #[test]

@@ -176,7 +176,51 @@ impl Node {
     }
 }
 
-/// `gpupin nri` (`Node::start_nri_plugin`); killed when dropped.
+/// NVIDIA's NRI plugin as tests/peers/build built it (`nvidia-nri`), or why it is not
+/// there.
+pub fn nvidia_nri_binary() -> Result<std::path::PathBuf, String> {
+    let bin = harness::toolkit::peers_cache()?.join("nvidia-nri/nvidia-nri");
+    match bin.exists() {
+        true => Ok(bin),
+        false => Err(format!(
+            "no {}: run tests/peers/build (needs Go)",
+            bin.display()
+        )),
+    }
+}
+
+impl Node {
+    /// NVIDIA's NRI plugin (`binary`, from `nvidia_nri_binary`) connected to this node's
+    /// NRI socket with `index` (NVIDIA's installer's default is 10), logging to `log` in
+    /// its dir; returns once it has registered.
+    pub fn start_nvidia_nri_plugin(&self, binary: &Path, index: u32, log: &str) -> NriPlugin {
+        let log = self.containerd.dir().join(log);
+        let child = std::process::Command::new(binary)
+            .arg("-socket")
+            .arg(self.nri_socket())
+            .arg("-index")
+            .arg(index.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let plugin = NriPlugin { child, log };
+        let started = Instant::now();
+        while !plugin.log().contains("registered on") {
+            assert!(
+                started.elapsed() < START_WAIT,
+                "NVIDIA's NRI plugin did not register: {}\n{}",
+                plugin.log(),
+                self.containerd.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        plugin
+    }
+}
+
+/// `gpupin nri` (`Node::start_nri_plugin`), or NVIDIA's; killed when dropped.
 pub struct NriPlugin {
     child: std::process::Child,
     log: std::path::PathBuf,
