@@ -230,15 +230,19 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
         .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", plugin.log()));
     node.cri.start_container(&dra).unwrap();
     let record = node.holder(&dra);
-    assert_eq!(uuids(&record), [claimed.uuid.clone()], "{record:#}");
+    assert_eq!(
+        uuids(&record),
+        std::slice::from_ref(&claimed.uuid),
+        "{record:#}"
+    );
     let claimed_node = format!("nvidia{}", claimed.minor);
     assert_eq!(
         pod.gpu_nodes(&dra),
-        [claimed_node.clone()],
+        std::slice::from_ref(&claimed_node),
         "{}",
         plugin.log()
     );
-    assert_eq!(pod.visible_uuids(&dra), [claimed.uuid.clone()]);
+    assert_eq!(pod.visible_uuids(&dra), std::slice::from_ref(&claimed.uuid));
 
     // Its own request besides a GPU CDI gave it: NRI cannot take the node out; its device
     // cgroup denies it.
@@ -302,7 +306,12 @@ fn nvidias_nri_plugin_beside_gpupins_hands_out_only_what_the_ledger_holds() {
     let record = node.holder(&main);
     assert_eq!(uuids(&record), [gpus[1].uuid.clone()], "{record:#}");
     let node1 = format!("nvidia{}", gpus[1].minor);
-    assert_eq!(first.gpu_nodes(&main), [node1.clone()], "{}", logs());
+    assert_eq!(
+        first.gpu_nodes(&main),
+        std::slice::from_ref(&node1),
+        "{}",
+        logs()
+    );
     assert_eq!(node.held_nodes(&main), [node1]);
 
     let second = node.run_pod_on(
@@ -357,7 +366,7 @@ fn nvidias_nri_plugin_beside_gpupins_hands_out_only_what_the_ledger_holds() {
     let node3 = format!("nvidia{}", gpus[3].minor);
     assert_eq!(
         fourth.gpu_nodes(&late),
-        [node3.clone()],
+        std::slice::from_ref(&node3),
         "{}",
         nvidias.log()
     );
