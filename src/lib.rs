@@ -213,7 +213,9 @@ pub mod command {
         pub use crate::jobs::kube::{allocate, live_records};
     }
     pub mod nri {
-        pub use crate::engines::nri::{Adjustment, Created, Outcome, create, reconcile, release};
+        pub use crate::engines::nri::{
+            Adjustment, Created, Outcome, create, reconcile, release, serves,
+        };
     }
     pub mod serve {
         pub use crate::jobs::serve::run;

@@ -92,6 +92,13 @@ pub enum NriError {
     Inventory(#[from] InventoryError),
     #[error("container id {0:?} cannot name a holder: expected letters, digits, '_', '.' or '-'")]
     Id(String),
+    /// dockerd's NRI (experimental in Docker 29, moby v2) applies only env and mounts
+    /// from a plugin and sends no stop or remove: what gpupin must give a container
+    /// (nodes, the claim's annotations, the hooks that bind and release it) it refuses.
+    #[error(
+        "runtime {0:?} is dockerd, whose NRI applies no device nodes, hooks or annotations from a plugin and sends no stop or remove, so gpupin nri cannot give its containers GPUs: give Docker's containers their GPUs through gpupin's runtime (gpupin install docker) and take gpupin out of dockerd's NRI plugins"
+    )]
+    Dockerd(String),
     #[error(
         "CDI device {0:?} names no GPU gpupin can tell: expected nvidia.com/gpu=INDEX, =GPU-<uuid> or =all"
     )]
@@ -252,6 +259,15 @@ fn merged(created: &Created<'_>) -> HashMap<String, String> {
     all.entry("io.kubernetes.cri.container-name".into())
         .or_insert_with(|| created.name.to_string());
     all
+}
+
+/// Whether gpupin nri can serve the runtime that named itself `runtime` at Configure:
+/// not dockerd (`docker`), whose NRI cannot carry a grant (`NriError::Dockerd`).
+pub fn serves(runtime: &str) -> Result<(), NriError> {
+    match runtime {
+        "docker" => Err(NriError::Dockerd(runtime.to_string())),
+        _ => Ok(()),
+    }
 }
 
 /// What `create` did.
@@ -832,6 +848,19 @@ mod tests {
             .unwrap()
             .admitted();
         assert_eq!(adjustment.cdi_devices, [name]);
+    }
+
+    #[test]
+    fn dockerds_nri_is_not_served_and_the_refusal_says_what_to_use() {
+        for runtime in ["containerd", "cri-o", ""] {
+            assert!(serves(runtime).is_ok(), "{runtime}");
+        }
+        let line = serves("docker").unwrap_err().to_string();
+        assert!(
+            line.starts_with("runtime \"docker\" is dockerd")
+                && line.contains("gpupin install docker"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -79,7 +79,9 @@ pub fn run(config: &Config, args: &NriArgs) -> anyhow::Result<ExitCode> {
                 tracing::info!(socket = %args.socket.display(), "connected");
                 if let Err(err) = plugin.serve(&socket, &name, &index) {
                     // Refused: connecting again would be refused again.
-                    if err.downcast_ref::<Refused>().is_some() {
+                    if err.downcast_ref::<Refused>().is_some()
+                        || err.downcast_ref::<Unserved>().is_some()
+                    {
                         return Err(err);
                     }
                     tracing::warn!(error = %format!("{err:#}"), "the NRI connection failed");
@@ -123,6 +125,12 @@ fn call(
 #[derive(Debug, thiserror::Error)]
 #[error("the runtime refused the registration: {0}")]
 struct Refused(String);
+
+/// gpupin nri cannot serve this runtime (`nri::serves`): it told the runtime so at
+/// Configure, and ends.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Unserved(String);
 
 /// The runtime's answer to the registration: an error ends the plugin.
 fn registered(frame: &Frame) -> anyhow::Result<()> {
@@ -172,6 +180,9 @@ impl Plugin<'_> {
                         &answer.encode_to_vec(),
                     )
                     .context("answering the runtime")?;
+                    if let Err(err) = nri::serves(&self.runtime) {
+                        return Err(Unserved(gpupin::command::one_line(&err)).into());
+                    }
                 }
                 (conn, kind) => {
                     tracing::debug!(conn, kind, "a message gpupin does not expect: ignored")
@@ -230,6 +241,7 @@ impl Plugin<'_> {
         if !configure.runtime_name.is_empty() {
             self.runtime = configure.runtime_name;
         }
+        nri::serves(&self.runtime)?;
         if configure.request_timeout > 0 {
             self.budget = Duration::from_millis(configure.request_timeout as u64);
         }
