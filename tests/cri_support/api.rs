@@ -121,6 +121,10 @@ pub struct ContainerMetadata {
 pub struct ImageSpec {
     #[prost(string, tag = "1")]
     pub image: String,
+    /// The image as the pod spec names it (the kubelet sends it; CRI-O 1.34 checks
+    /// signatures against it and refuses a create without it).
+    #[prost(string, tag = "18")]
+    pub user_specified_image: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -9,7 +9,7 @@
 
 pub mod api;
 mod client;
-mod image;
+pub mod image;
 
 pub use client::Cri;
 
@@ -255,6 +255,7 @@ pub fn container_config(
         }),
         image: Some(ImageSpec {
             image: IMAGE.into(),
+            user_specified_image: IMAGE.into(),
         }),
         linux: Some(LinuxContainerConfig {
             security_context: Some(LinuxContainerSecurityContext {
