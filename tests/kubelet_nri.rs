@@ -20,8 +20,8 @@ use cri_support::{Node, NriPlugin, uuids};
 use gpupin_sandbox::harness::{self, gpu_nodes};
 use kubelet_support::cri::{self, CONTAINER_NAME, CONTAINER_RUNNING};
 use kubelet_support::{
-    DevicePlugin, HostChanges, Kubelet, PodResources, kubelet_binary, plugin_dir_free, static_pod,
-    wait_for,
+    DevicePlugin, HostChanges, Kubelet, PodResources, SandboxSweep, kubelet_binary,
+    plugin_dir_free, static_pod, wait_for,
 };
 use serde_json::Value;
 use std::time::Duration;
@@ -51,6 +51,7 @@ fn a_real_kubelets_pod_gets_its_gpus_through_nri_without_a_runtime_class() {
     ))
     .unwrap();
     let _host = HostChanges::prepare(&inventory);
+    let _sweep = SandboxSweep(&node);
     let mut kubelet = Kubelet::start(&kubelet_bin, &node, &dir);
 
     // A pod annotated for gpupin, no RuntimeClass, no limits.

@@ -59,6 +59,8 @@ fn programs() -> Result<Programs, String> {
 
 pub struct Crio {
     child: Child,
+    /// The runc crio runs containers with (its root is `<dir>/run/runc`).
+    runc: PathBuf,
     pub dir: PathBuf,
     pub socket: PathBuf,
     pub gpupin: Gpupin,
@@ -100,6 +102,7 @@ impl Crio {
         let socket = dir.join("crio.sock");
         let crio = Crio {
             child,
+            runc: programs.runc.clone(),
             cri: Cri::new(&socket),
             socket,
             dir,
@@ -161,6 +164,25 @@ impl Drop for Crio {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Containers run on without crio (under conmon): those a test left, passed or
+        // failed, are killed and deleted, and their conmons end with them.
+        let root = self.dir.join("run/runc");
+        let listed = Command::new(&self.runc)
+            .arg("--root")
+            .arg(&root)
+            .args(["list", "-q"])
+            .output();
+        for id in listed
+            .map(|o| harness::text(&o.stdout))
+            .unwrap_or_default()
+            .lines()
+        {
+            let _ = Command::new(&self.runc)
+                .arg("--root")
+                .arg(&root)
+                .args(["delete", "--force", id])
+                .output();
+        }
         // What crio and its storage mounted under its dir (the deepest first), so that
         // the temp dir can go.
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();

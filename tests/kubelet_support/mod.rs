@@ -414,6 +414,24 @@ impl Drop for Kubelet {
     }
 }
 
+/// Stops and removes every pod sandbox the node's CRI lists when dropped, so that a
+/// test, passed or failed, leaves no shim behind. Declare it before the kubelet: the
+/// kubelet is dropped (stopped) first, or it would start its pods again.
+pub struct SandboxSweep<'a>(pub &'a Node);
+
+impl Drop for SandboxSweep<'_> {
+    fn drop(&mut self) {
+        let listed: Result<cri::ListPodSandboxResponse, _> = self
+            .0
+            .cri
+            .call("ListPodSandbox", cri::ListPodSandboxRequest {});
+        for sandbox in listed.map(|l| l.items).unwrap_or_default() {
+            let _ = self.0.cri.stop_pod_sandbox(&sandbox.id);
+            let _ = self.0.cri.remove_pod_sandbox(&sandbox.id);
+        }
+    }
+}
+
 /// `gpupin device-plugin` on the kubelet's plugin dir, SIGKILLed if still running when
 /// dropped.
 pub struct DevicePlugin {
