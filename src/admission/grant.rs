@@ -131,6 +131,8 @@ pub fn machine<'a>(config: &'a Config, loaded: &'a Loaded) -> Machine<'a> {
         limits: Some(&config.limits),
         processes: loaded.processes.as_deref(),
         what_if: false,
+        // The ledger reads them under its lock, at each decision.
+        fenced: None,
     }
 }
 

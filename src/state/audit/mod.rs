@@ -50,6 +50,11 @@ pub enum EventKind {
     /// `gpupin serve`: once per holder (an idle hold's release under `idle_action =
     /// "release-holds"` follows as a `release` that says why).
     Idle,
+    /// A GPU taken out of allocation (`gpupin drain`; later, its health): `code` says
+    /// how (`drained`, `needs-reset`, `needs-reboot`), `reason` why, `user` who.
+    Drain,
+    /// A GPU put back into allocation (`gpupin undrain`): `reason` says what it was.
+    Undrain,
 }
 
 impl EventKind {
@@ -65,6 +70,8 @@ impl EventKind {
             EventKind::Clear => "clear",
             EventKind::Evict => "evict",
             EventKind::Idle => "idle",
+            EventKind::Drain => "drain",
+            EventKind::Undrain => "undrain",
         }
     }
 }

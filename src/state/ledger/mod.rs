@@ -67,6 +67,11 @@ pub enum LedgerError {
     UnsafeStateDir { path: PathBuf, reason: &'static str },
     #[error("refusing {path}: {reason}")]
     UnsafeStateFile { path: PathBuf, reason: &'static str },
+    /// The GPUs out of allocation cannot be read: nothing is handed out meanwhile.
+    #[error(
+        "refusing the fences file {path:?}: {reason}; no GPU is handed out while it stands: inspect it, then remove it (every GPU it took out comes back: drain those again)"
+    )]
+    CorruptFences { path: PathBuf, reason: String },
     #[error(
         "corrupt ledger record {path:?}: {reason} (inspect it, then remove it with `gpupin release {}`)",
         release_arg(.path)
@@ -282,6 +287,7 @@ impl LedgerError {
             LedgerError::Io { .. }
             | LedgerError::UnsafeStateDir { .. }
             | LedgerError::UnsafeStateFile { .. }
+            | LedgerError::CorruptFences { .. }
             | LedgerError::CorruptRecord { .. }
             | LedgerError::StrayEntry { .. }
             | LedgerError::BadEntryName { .. }
@@ -565,8 +571,11 @@ impl Ledger {
         // have ended since are in no one's way.
         reserved_for_gpupin(holder, &meta)?;
         let running = machine.processes.map(crate::host::whose::still_running);
+        // The GPUs out of allocation, as they stand under the lock.
+        let fences = store::fences::load(&self.dir)?;
         let machine = &Machine {
             processes: running.as_deref(),
+            fenced: Some(&fences),
             ..*machine
         };
         let cursor = store::read_cursor(&self.dir);
@@ -718,6 +727,11 @@ impl Ledger {
     ) -> Result<Preview, LedgerError> {
         let holder = HolderId::new("gpupin-pick").expect("a valid id");
         let cursor = store::read_cursor(&self.dir);
+        let fences = store::fences::load(&self.dir)?;
+        let machine = &Machine {
+            fenced: Some(&fences),
+            ..*machine
+        };
         // A preview takes nothing: it shows what a holder's GPUs would give whoever may
         // enter it, and so asks for no key.
         let looking = HolderMeta {
@@ -958,3 +972,6 @@ mod tests_mig;
 
 #[cfg(test)]
 mod tests_index;
+
+#[cfg(test)]
+mod tests_fence;

@@ -71,7 +71,12 @@ impl Tally {
             EventKind::Release | EventKind::Reap => {
                 bump(&mut self.releases, event.event.as_str(), 1);
             }
-            EventKind::Bind | EventKind::Clear | EventKind::Evict | EventKind::Idle => {}
+            EventKind::Bind
+            | EventKind::Clear
+            | EventKind::Evict
+            | EventKind::Idle
+            | EventKind::Drain
+            | EventKind::Undrain => {}
         }
     }
 

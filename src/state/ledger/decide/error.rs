@@ -29,9 +29,10 @@ pub enum DecideError {
     )]
     NotEnoughMig(Box<NotEnoughMig>),
     #[error(
-        "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {free} free{detail}",
+        "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {out}{free} free{detail}",
         s = if *wanted == 1 { "" } else { "s" },
-        free = total.saturating_sub(held + busy)
+        out = if *fenced > 0 { format!("{fenced} out of allocation, ") } else { String::new() },
+        free = total.saturating_sub(held + busy + fenced)
     )]
     NotEnoughFree {
         id: String,
@@ -41,6 +42,8 @@ pub enum DecideError {
         total: usize,
         /// GPUs no one holds that run a process of no holder: not free either.
         busy: usize,
+        /// GPUs no one holds that are out of allocation (drained, unhealthy).
+        fenced: usize,
         /// How many GPUs could take the request if every holder and process went: a
         /// wait can succeed only when this is at least `wanted`.
         ever: usize,

@@ -26,9 +26,17 @@ pub struct Machine<'a> {
     /// does not know (an import of `nvidia-smi -L`, without GI and CI ids) may be chosen,
     /// since no one is to open them.
     pub what_if: bool,
+    /// The GPUs out of allocation (drained, or unhealthy): none of them, nor any of their
+    /// MIG instances, is handed out. `None`: none is.
+    pub fenced: Option<&'a crate::model::fence::Fences>,
 }
 
 impl<'a> Machine<'a> {
+    /// The fence of the GPU with this UUID (a MIG instance's parent's), if it has one.
+    pub fn fence_of(&self, uuid: &str) -> Option<&'a crate::model::fence::Fence> {
+        self.fenced?.of(uuid)
+    }
+
     /// A machine without live figures and the default sharing limit.
     pub fn new(inventory: &'a Inventory, default_policy: PolicyName) -> Machine<'a> {
         Machine {
@@ -40,6 +48,7 @@ impl<'a> Machine<'a> {
             processes: None,
             mig_units: crate::input::config::MigUnits::WholeOnly,
             what_if: false,
+            fenced: None,
         }
     }
 }

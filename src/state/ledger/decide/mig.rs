@@ -32,6 +32,8 @@ pub(in crate::state::ledger) enum Unfit {
     Memory,
     Held,
     OutOfScope,
+    /// Its GPU is out of allocation (drained, or unhealthy).
+    Fenced,
 }
 
 impl Unfit {
@@ -53,6 +55,7 @@ impl Unfit {
             ),
             Unfit::Held => format!("it is held by {holders}"),
             Unfit::OutOfScope => "it is not among the GPUs this request may take".into(),
+            Unfit::Fenced => format!("its GPU {} is out of allocation (gpupin status says why)", instance.parent_index),
         }
     }
 }
@@ -124,6 +127,9 @@ fn fits(
     }
     if !scope.allows(position) || !scope.within_has(&instance.uuid) {
         return Err(Unfit::OutOfScope);
+    }
+    if machine.fence_of(&parent.uuid).is_some() {
+        return Err(Unfit::Fenced);
     }
     if blocked(instance, others) {
         return Err(Unfit::Held);

@@ -58,6 +58,8 @@ enum Unfit {
     Foreign(i32),
     /// In MIG mode: handed out as its instances, never whole.
     MigMode,
+    /// Out of allocation: drained by an admin, or unhealthy.
+    Fenced(crate::model::fence::FenceState),
 }
 
 impl Unfit {
@@ -71,6 +73,7 @@ impl Unfit {
             Unfit::NoRoom => "no-room-to-reserve",
             Unfit::Foreign(_) => "foreign-process",
             Unfit::MigMode => "mig-mode",
+            Unfit::Fenced(state) => state.as_str(),
         }
     }
 }
@@ -308,6 +311,9 @@ fn fits(
     in_the_way: Option<&Seen>,
 ) -> Result<(), Unfit> {
     let gpu = &machine.inventory.gpus[position];
+    if let Some(fence) = machine.fence_of(&gpu.uuid) {
+        return Err(Unfit::Fenced(fence.state));
+    }
     if gpu.in_mig_mode() {
         return Err(Unfit::MigMode);
     }
@@ -380,6 +386,12 @@ fn not_enough_error(
         .iter()
         .filter(|f| matches!(f, Err(Unfit::Foreign(_))))
         .count();
+    // Fenced and held counts among the held; fenced and free, here.
+    let fenced = whole
+        .iter()
+        .filter(|g| machine.fence_of(&g.uuid).is_some())
+        .filter(|g| !holders_of(&g.uuid, all).any(|r| !scope.enclosing.contains(&r.id)))
+        .count();
     let fitting = fit.iter().filter(|f| f.is_ok()).count();
     let ever = (0..gpus.len())
         .filter(|&p| could_ever_fit(p, request, machine, scope))
@@ -396,6 +408,7 @@ fn not_enough_error(
         held,
         total: whole.len(),
         busy,
+        fenced,
         ever,
         detail,
     }
@@ -424,7 +437,12 @@ pub(in crate::state::ledger) fn could_ever_fit(
         (Share::Shared, Some(reserve)) => gpu.memory_bytes >= reserve,
         _ => true,
     };
-    scope.allows(position) && !gpu.in_mig_mode() && model_fits && memory_fits && reserve_fits
+    scope.allows(position)
+        && !gpu.in_mig_mode()
+        && machine.fence_of(&gpu.uuid).is_none()
+        && model_fits
+        && memory_fits
+        && reserve_fits
 }
 
 /// The GPUs (by UUID; a MIG instance's GPU for an instance) a waiting `request` could
@@ -536,6 +554,13 @@ fn never_hint(request: &GpuRequest, machine: &Machine, scope: &Scope, ever: usiz
                 said(Key::Memory, &format_size(memory), request.origin)
             ));
         }
+    }
+    let fenced = count(&|g| machine.fence_of(&g.uuid).is_some());
+    if fenced > 0 {
+        why.push(format!(
+            "{fenced} {} out of allocation (drained or unhealthy: gpupin status says why)",
+            gpu_s(fenced)
+        ));
     }
     let outside = (0..gpus.len()).filter(|&p| !scope.allows(p)).count();
     if outside > 0 {
@@ -712,6 +737,10 @@ fn device_unfit(
             format!("it is held by {}", holders.join(", "))
         }
         Unfit::Foreign(pid) => format!("it runs {}", foreign_text(machine, all, position, *pid)),
+        Unfit::Fenced(_) => match machine.fence_of(&gpu.uuid) {
+            Some(fence) => fenced_reason(fence),
+            None => "it is out of allocation".into(),
+        },
         Unfit::MigMode => match gpu.mig_instances() {
             [] => "it is in MIG mode with no instances: it has nothing to give until an admin creates some".into(),
             list => format!(
@@ -725,6 +754,28 @@ fn device_unfit(
         index: gpu.index,
         uuid: gpu.uuid.clone(),
         reason,
+    }
+}
+
+/// `it is drained by alice: fan swap; it comes back with gpupin undrain 3`, or for a
+/// GPU whose health fenced it, `it needs a reset (XID 79: ...); it comes back after the
+/// reset, or with gpupin undrain 3`.
+pub(in crate::state::ledger) fn fenced_reason(fence: &crate::model::fence::Fence) -> String {
+    use crate::model::fence::FenceState;
+    let index = fence.index;
+    match fence.state {
+        FenceState::Drained => format!(
+            "it is drained by {}: {}; it comes back with gpupin undrain {index}",
+            fence.by, fence.reason
+        ),
+        FenceState::NeedsReset => format!(
+            "it needs a reset ({}); it comes back after the reset, or with gpupin undrain {index}",
+            fence.reason
+        ),
+        FenceState::NeedsReboot => format!(
+            "it needs the machine rebooted ({}); it comes back after the reboot, or with gpupin undrain {index}",
+            fence.reason
+        ),
     }
 }
 

@@ -2,13 +2,14 @@
 //! process (`claim`, `bind`), a record moving to its job (`job`), which holder a name
 //! means (`lookup`), a holder's entry given back (`remove`), a release by that name
 //! (`release`) or a queued request's cancel (`cancel`), the note an eviction or a
-//! cancel leaves (`ended`), idle holders (`idle`), and a holder's key for nested
-//! requests (`within`).
+//! cancel leaves (`ended`), idle holders (`idle`), a holder's key for nested
+//! requests (`within`), and GPUs taken out of allocation and put back (`fence`).
 
 mod bind;
 mod cancel;
 mod claim;
 mod ended;
+mod fence;
 mod idle;
 mod job;
 pub(crate) mod lookup;

@@ -106,6 +106,7 @@ mod tests {
             held: 8,
             total: 8,
             busy: 0,
+            fenced: 0,
             ever: 8,
             detail: String::new(),
         })

@@ -4,6 +4,7 @@
 
 pub(in crate::state::ledger) mod entry;
 pub(in crate::state::ledger) mod failures;
+pub(in crate::state::ledger) mod fences;
 pub(in crate::state::ledger) mod index;
 
 use super::LedgerError;

@@ -1,0 +1,163 @@
+//! GPUs taken out of allocation: an admin's drain (`gpupin drain`), and, from the GPU's
+//! health, a GPU that needs a reset or the machine a reboot. A fenced GPU is never
+//! handed out; its holders keep it until they end. It comes back with `gpupin undrain`
+//! (any fence), and a health fence also with the reset or reboot it asked for.
+
+use serde::{Deserialize, Serialize};
+
+/// Why a GPU is out of allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FenceState {
+    /// An admin took it out (maintenance), until `gpupin undrain`. It outlives a reboot
+    /// where the state dir does.
+    Drained,
+    /// Its health says it needs a reset (NVIDIA's XID catalog: "reset GPU").
+    NeedsReset,
+    /// Its health says the machine needs a reboot.
+    NeedsReboot,
+}
+
+impl FenceState {
+    /// The word status, refusals and metrics use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceState::Drained => "drained",
+            FenceState::NeedsReset => "needs-reset",
+            FenceState::NeedsReboot => "needs-reboot",
+        }
+    }
+
+    /// Whether a reboot ends it: the GPU was reset by it.
+    pub fn ends_at_reboot(self) -> bool {
+        !matches!(self, FenceState::Drained)
+    }
+}
+
+/// One GPU out of allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    pub uuid: String,
+    /// The GPU's index when it was fenced, as people name it.
+    pub index: u32,
+    pub state: FenceState,
+    /// What the admin said (`--reason`), or what the GPU reported.
+    pub reason: String,
+    /// Who: the admin's user name, or `gpupin serve` for a health fence.
+    pub by: String,
+    /// Unix seconds.
+    pub since: u64,
+}
+
+/// Every fence, at most one a GPU (the latest replaces the one before).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fences {
+    #[serde(default)]
+    pub gpus: Vec<Fence>,
+}
+
+impl Fences {
+    /// The fence of the GPU with this UUID, if it has one.
+    pub fn of(&self, uuid: &str) -> Option<&Fence> {
+        self.gpus.iter().find(|f| f.uuid == uuid)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+    }
+
+    /// Sets `fence`, replacing the GPU's fence before; the one replaced.
+    pub fn set(&mut self, fence: Fence) -> Option<Fence> {
+        let before = self
+            .gpus
+            .iter()
+            .position(|f| f.uuid == fence.uuid)
+            .map(|p| self.gpus.remove(p));
+        self.gpus.push(fence);
+        self.gpus.sort_by_key(|f| f.index);
+        before
+    }
+
+    /// Takes the GPU's fence away; the one taken.
+    pub fn clear(&mut self, uuid: &str) -> Option<Fence> {
+        let at = self.gpus.iter().position(|f| f.uuid == uuid)?;
+        Some(self.gpus.remove(at))
+    }
+
+    /// Without the fences a reboot at `boot` (unix seconds) ended: a health fence set
+    /// before it asked for the reset the reboot made.
+    pub fn after_boot(mut self, boot: Option<u64>) -> Fences {
+        if let Some(boot) = boot {
+            self.gpus
+                .retain(|f| !(f.state.ends_at_reboot() && f.since < boot));
+        }
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fence(uuid: &str, index: u32, state: FenceState, since: u64) -> Fence {
+        Fence {
+            uuid: uuid.into(),
+            index,
+            state,
+            reason: "why".into(),
+            by: "root".into(),
+            since,
+        }
+    }
+
+    #[test]
+    fn one_fence_a_gpu_the_latest_and_in_index_order() {
+        let mut fences = Fences::default();
+        assert_eq!(fences.set(fence("GPU-b", 3, FenceState::Drained, 1)), None);
+        assert_eq!(
+            fences.set(fence("GPU-a", 1, FenceState::NeedsReset, 2)),
+            None
+        );
+        let replaced = fences.set(fence("GPU-b", 3, FenceState::NeedsReboot, 3));
+        assert_eq!(replaced.map(|f| f.state), Some(FenceState::Drained));
+        let order: Vec<u32> = fences.gpus.iter().map(|f| f.index).collect();
+        assert_eq!(order, [1, 3]);
+        assert_eq!(
+            fences.of("GPU-b").map(|f| f.state),
+            Some(FenceState::NeedsReboot)
+        );
+        assert_eq!(fences.clear("GPU-a").map(|f| f.index), Some(1));
+        assert_eq!(fences.clear("GPU-a"), None);
+        assert!(fences.of("GPU-a").is_none());
+    }
+
+    #[test]
+    fn a_reboot_ends_health_fences_set_before_it_not_drains() {
+        let mut fences = Fences::default();
+        fences.set(fence("GPU-a", 0, FenceState::Drained, 10));
+        fences.set(fence("GPU-b", 1, FenceState::NeedsReset, 10));
+        fences.set(fence("GPU-c", 2, FenceState::NeedsReboot, 10));
+        fences.set(fence("GPU-d", 3, FenceState::NeedsReset, 30));
+        let left: Vec<String> = fences
+            .after_boot(Some(20))
+            .gpus
+            .into_iter()
+            .map(|f| f.uuid)
+            .collect();
+        assert_eq!(left, ["GPU-a", "GPU-d"]);
+    }
+
+    #[test]
+    fn states_are_written_as_people_read_them() {
+        let text = serde_json::to_string(&fence("GPU-a", 0, FenceState::NeedsReset, 1)).unwrap();
+        assert!(text.contains("\"state\":\"needs-reset\""), "{text}");
+        for state in [
+            FenceState::Drained,
+            FenceState::NeedsReset,
+            FenceState::NeedsReboot,
+        ] {
+            let json = serde_json::to_value(state).unwrap();
+            assert_eq!(json, state.as_str());
+        }
+    }
+}

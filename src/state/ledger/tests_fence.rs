@@ -1,0 +1,209 @@
+//! GPUs out of allocation (`fences.json`): a drained GPU is never handed out (by count,
+//! by name, as MIG instances, in a preview), its holders keep it, undrain brings it
+//! back, a health fence ends at a reboot, and a fences file anyone else could have
+//! written stops every allocation instead of being ignored.
+
+use super::tests::{id, ledger};
+use super::*;
+use crate::base::message::one_line;
+use crate::host::inventory::sim;
+use crate::input::config::PolicyName;
+use crate::input::request::{Origin, Selection, from_pairs};
+use crate::model::fence::{Fence, FenceState, Fences};
+use crate::policy::testing::machine;
+use std::os::unix::fs::PermissionsExt;
+
+fn me() -> HolderMeta {
+    HolderMeta {
+        source: "test".into(),
+        pid: Some(std::process::id() as i32),
+        ..HolderMeta::default()
+    }
+}
+
+fn ask(pairs: &[(&str, &str)]) -> GpuRequest {
+    from_pairs(pairs, Origin::Annotations).unwrap().unwrap()
+}
+
+fn take(l: &Ledger, m: &Machine, holder: &str, pairs: &[(&str, &str)]) -> Result<Vec<u32>, String> {
+    l.allocate(&id(holder), &ask(pairs), m, me())
+        .map(|a| a.record.indices)
+        .map_err(|e| one_line(&e))
+}
+
+#[test]
+fn a_drained_gpu_is_never_handed_out_and_undrain_brings_it_back() {
+    let (_t, l) = ledger();
+    let inv = machine(4);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let drained = l.drain(&[&inv.gpus[1]], "fan swap", "alice").unwrap();
+    assert_eq!(drained.len(), 1);
+    assert_eq!(
+        l.fences().unwrap().of("GPU-test-1").map(|f| f.state),
+        Some(FenceState::Drained)
+    );
+
+    assert_eq!(
+        take(&l, &m, "a", &[("gpupin.count", "3")]).unwrap(),
+        [0, 2, 3]
+    );
+    let before = l.records().unwrap();
+    let err = take(&l, &m, "b", &[("gpupin.count", "1")]).unwrap_err();
+    assert_eq!(
+        err,
+        "cannot allocate 1 GPU for b: 3 of 4 GPUs held, 1 out of allocation, 0 free; add gpupin.wait=10m to wait until they free up"
+    );
+    // A wait for more than the GPUs left in allocation cannot succeed, and says so.
+    let err = take(
+        &l,
+        &m,
+        "all",
+        &[("gpupin.count", "4"), ("gpupin.wait", "1h")],
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        "cannot allocate 4 GPUs for all: 3 of 4 GPUs held, 1 out of allocation, 0 free; 1 GPU is out of allocation (drained or unhealthy: gpupin status says why), so no wait helps: ask for at most 3"
+    );
+    let err = take(&l, &m, "c", &[("gpupin.devices", "1")]).unwrap_err();
+    assert_eq!(
+        err,
+        "cannot allocate GPU 1 (GPU-test-1) for c: it is drained by alice: fan swap; it comes back with gpupin undrain 1"
+    );
+    assert_eq!(l.records().unwrap(), before, "nothing held after a refusal");
+    // A preview (`gpupin pick`) says the same.
+    let preview = l.preview(&ask(&[("gpupin.devices", "1")]), &m);
+    assert!(one_line(&preview.unwrap_err()).contains("it is drained by alice"));
+
+    let cleared = l.undrain(&[&inv.gpus[1]], "root").unwrap();
+    assert_eq!(cleared.iter().map(|f| f.index).collect::<Vec<_>>(), [1]);
+    assert!(l.fences().unwrap().is_empty());
+    assert!(
+        !l.dir().join(store::fences::FENCES_FILE).exists(),
+        "no file without fences"
+    );
+    assert_eq!(take(&l, &m, "c", &[("gpupin.devices", "1")]).unwrap(), [1]);
+    // Undraining a GPU that has no fence changes nothing.
+    assert_eq!(l.undrain(&[&inv.gpus[1]], "root").unwrap(), Vec::new());
+}
+
+#[test]
+fn its_holders_keep_a_drained_gpu_until_they_end() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    assert_eq!(
+        take(&l, &m, "busy", &[("gpupin.devices", "0")]).unwrap(),
+        [0]
+    );
+    l.drain(&[&inv.gpus[0]], "row remap pending", "root")
+        .unwrap();
+    let holders: Vec<String> = l
+        .holders_of_gpus(&[&inv.gpus[0]])
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(holders, ["busy"]);
+    assert_eq!(l.holders_of_gpus(&[&inv.gpus[1]]).unwrap(), Vec::new());
+    l.release(&id("busy")).unwrap();
+    assert_eq!(l.holders_of_gpus(&[&inv.gpus[0]]).unwrap(), Vec::new());
+    // Still drained after its holder went.
+    assert!(take(&l, &m, "next", &[("gpupin.devices", "0")]).is_err());
+}
+
+#[test]
+fn a_drained_gpus_mig_instances_are_not_handed_out() {
+    let (_t, l) = ledger();
+    let inv = sim::machine("dgxa100mig").unwrap();
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let mig_gpus: Vec<&crate::model::gpu::Gpu> =
+        inv.gpus.iter().filter(|g| g.in_mig_mode()).collect();
+    assert!(!mig_gpus.is_empty());
+    // Every GPU in MIG mode drained: no instance is left to give.
+    l.drain(&mig_gpus, "maintenance", "root").unwrap();
+    let err = take(&l, &m, "a", &[("gpupin.mig", "1g.10gb")]).unwrap_err();
+    assert!(err.starts_with("cannot allocate"), "{err}");
+    let first = mig_gpus[0].mig_instances()[0].address();
+    let err = take(&l, &m, "b", &[("gpupin.devices", &first)]).unwrap_err();
+    assert!(err.contains("is out of allocation"), "{err}");
+    l.undrain(&mig_gpus, "root").unwrap();
+    assert!(take(&l, &m, "a", &[("gpupin.mig", "1g.10gb")]).is_ok());
+}
+
+#[test]
+fn a_reboot_ends_a_health_fence_but_not_a_drain() {
+    let (_t, l) = ledger();
+    let inv = machine(2);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let before_boot = |uuid: &str, index, state| Fence {
+        uuid: uuid.into(),
+        index,
+        state,
+        reason: "XID 79".into(),
+        by: "gpupin serve".into(),
+        since: 1,
+    };
+    let mut fences = Fences::default();
+    fences.set(before_boot("GPU-test-0", 0, FenceState::NeedsReset));
+    fences.set(before_boot("GPU-test-1", 1, FenceState::Drained));
+    store::fences::store(l.dir(), &fences).unwrap();
+    let left = l.fences().unwrap();
+    assert_eq!(left.gpus.iter().map(|f| f.index).collect::<Vec<_>>(), [1]);
+    let err = take(&l, &m, "a", &[("gpupin.count", "2")]).unwrap_err();
+    assert!(err.contains("1 out of allocation"), "{err}");
+    assert_eq!(take(&l, &m, "a", &[("gpupin.devices", "0")]).unwrap(), [0]);
+}
+
+/// Whoever could write the fences file could keep every GPU from everyone, or hand out
+/// one an admin took out by removing its line. One that could be someone else's is
+/// refused, and so is every allocation while it stands.
+#[test]
+fn a_fences_file_anyone_else_could_have_written_stops_allocation() {
+    let inv = machine(2);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let plant = |how: &dyn Fn(&std::path::Path)| -> String {
+        let (_t, l) = ledger();
+        l.drain(&[&inv.gpus[0]], "maintenance", "root").unwrap();
+        how(&l.dir().join(store::fences::FENCES_FILE));
+        let err = take(&l, &m, "a", &[("gpupin.count", "1")]).unwrap_err();
+        assert!(l.records().unwrap().is_empty(), "nothing held: {err}");
+        err
+    };
+    let writable =
+        plant(&|p| std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666)).unwrap());
+    assert!(
+        writable.starts_with("refusing the fences file")
+            && writable.contains("lets others write it"),
+        "{writable}"
+    );
+    let linked = plant(&|p| {
+        let target = p.with_extension("elsewhere");
+        std::fs::rename(p, &target).unwrap();
+        std::os::unix::fs::symlink(&target, p).unwrap();
+    });
+    assert!(linked.contains("a symlink"), "{linked}");
+    let fifo = plant(&|p| {
+        std::fs::remove_file(p).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            p,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+    });
+    assert!(fifo.contains("FIFO"), "{fifo}");
+    let torn = plant(&|p| std::fs::write(p, "{\"gpus\": [").unwrap());
+    assert!(torn.starts_with("refusing the fences file"), "{torn}");
+    // The positive control: the file as the ledger wrote it keeps GPU 0 out, no more.
+    let (_t, l) = ledger();
+    l.drain(&[&inv.gpus[0]], "maintenance", "root").unwrap();
+    assert_eq!(take(&l, &m, "a", &[("gpupin.count", "1")]).unwrap(), [1]);
+    let mode = std::fs::metadata(l.dir().join(store::fences::FENCES_FILE))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o644);
+}
