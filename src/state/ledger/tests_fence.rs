@@ -8,7 +8,7 @@ use super::*;
 use crate::base::message::one_line;
 use crate::host::inventory::sim;
 use crate::input::config::PolicyName;
-use crate::input::request::{Origin, Selection, from_pairs};
+use crate::input::request::{Origin, from_pairs};
 use crate::model::fence::{Fence, FenceState, Fences};
 use crate::policy::testing::machine;
 use std::os::unix::fs::PermissionsExt;

@@ -32,7 +32,7 @@ pub enum DecideError {
         "cannot allocate {wanted} GPU{s} for {id}: {held} of {total} GPUs held, {out}{free} free{detail}",
         s = if *wanted == 1 { "" } else { "s" },
         out = if *fenced > 0 { format!("{fenced} out of allocation, ") } else { String::new() },
-        free = total.saturating_sub(held + busy + fenced)
+        free = total.saturating_sub(held + *busy as usize + *fenced as usize)
     )]
     NotEnoughFree {
         id: String,
@@ -41,9 +41,9 @@ pub enum DecideError {
         held: usize,
         total: usize,
         /// GPUs no one holds that run a process of no holder: not free either.
-        busy: usize,
+        busy: u32,
         /// GPUs no one holds that are out of allocation (drained, unhealthy).
-        fenced: usize,
+        fenced: u32,
         /// How many GPUs could take the request if every holder and process went: a
         /// wait can succeed only when this is at least `wanted`.
         ever: usize,

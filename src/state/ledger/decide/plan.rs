@@ -407,8 +407,8 @@ fn not_enough_error(
         wanted,
         held,
         total: whole.len(),
-        busy,
-        fenced,
+        busy: busy as u32,
+        fenced: fenced as u32,
         ever,
         detail,
     }
