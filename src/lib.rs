@@ -114,6 +114,7 @@ pub mod command {
     pub use crate::engines::install::podman::{Change, Step, Trigger};
     pub use crate::engines::install::reload::Reload;
 
+    pub use crate::jobs::drain::{DrainError, Drained, Undrained};
     pub use crate::jobs::evict::{EvictError, Evictor};
     pub use crate::jobs::exec::{Gated, pass_gate, unblock_all_signals};
     pub use crate::jobs::hold::{HoldOwner, HoldRequest, LONGEST_DAYS, check_for};
@@ -193,6 +194,9 @@ pub mod command {
     }
     pub mod reload {
         pub use crate::engines::install::reload::{DEFAULT_PIDFILE, reload_dockerd};
+    }
+    pub mod drain {
+        pub use crate::jobs::drain::{drain, holders, undrain};
     }
     pub mod evict {
         pub use crate::jobs::evict::{cancel_queued, check_reason, evict};

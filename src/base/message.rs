@@ -47,6 +47,20 @@ pub(crate) fn controls_escaped(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// Whether `text` is one line someone may read in a log or a terminal: not blank, at most
+/// `max` characters, no control character, nothing that reorders what a terminal shows
+/// after it (Trojan Source). For the reasons people give (`--reason`).
+pub(crate) fn is_one_short_line(text: &str, max: usize) -> bool {
+    !text.trim().is_empty()
+        && text.chars().count() <= max
+        && !text.chars().any(|c| c.is_control() || is_bidi(c))
+}
+
+/// A character that reorders what a terminal shows after it.
+fn is_bidi(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

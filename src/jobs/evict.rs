@@ -110,20 +110,12 @@ pub struct Evictor {
 /// A reason as given, or why it is refused: bounded, printable, one line (it goes into
 /// the audit log and another user's terminal).
 pub fn check_reason(reason: &str) -> Result<(), EvictError> {
-    let reason_ok = !reason.trim().is_empty()
-        && reason.chars().count() <= MAX_REASON
-        && !reason.chars().any(|c| c.is_control() || is_bidi(c));
-    match reason_ok {
+    match crate::base::message::is_one_short_line(reason, MAX_REASON) {
         true => Ok(()),
         false => Err(EvictError::BadReason {
             given: reason.chars().take(MAX_REASON).collect(),
         }),
     }
-}
-
-/// A character that reorders what a terminal shows after it (Trojan Source).
-fn is_bidi(c: char) -> bool {
-    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
 }
 
 /// The holder `given` names among those `by` may end: root's are all, a user's their own;

@@ -1,5 +1,7 @@
-//! Holders beyond containers: bare-metal jobs, holds, the daemon, the Kubernetes device plugin.
+//! Holders beyond containers: bare-metal jobs, holds, the daemon, the Kubernetes device
+//! plugin; and GPUs an admin takes out of allocation (`drain`).
 
+pub(crate) mod drain;
 pub(crate) mod evict;
 pub(crate) mod exec;
 pub(crate) mod hold;

@@ -49,6 +49,29 @@ pub struct Fence {
     pub since: u64,
 }
 
+impl Fence {
+    /// `is drained by alice: fan swap; it comes back with gpupin undrain 3`, or for a GPU
+    /// its health took out, `needs a reset (XID 79 ...); it comes back after the reset, or
+    /// with gpupin undrain 3`: after "it" in a refusal, after "GPU 3" elsewhere.
+    pub fn why(&self) -> String {
+        let index = self.index;
+        match self.state {
+            FenceState::Drained => format!(
+                "is drained by {}: {}; it comes back with gpupin undrain {index}",
+                self.by, self.reason
+            ),
+            FenceState::NeedsReset => format!(
+                "needs a reset ({}); it comes back after the reset, or with gpupin undrain {index}",
+                self.reason
+            ),
+            FenceState::NeedsReboot => format!(
+                "needs the machine rebooted ({}); it comes back after the reboot, or with gpupin undrain {index}",
+                self.reason
+            ),
+        }
+    }
+}
+
 /// Every fence, at most one a GPU (the latest replaces the one before).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fences {

@@ -5,6 +5,7 @@
 //! counts them as allocated already.
 
 use super::{KubeError, inside_kubernetes};
+use crate::model::fence::Fences;
 use crate::model::gpu::Inventory;
 use crate::state::ledger::{Record, holders_of};
 
@@ -102,7 +103,14 @@ pub fn resources(
 }
 
 /// The devices of one resource, in inventory order: an instance's NUMA node is its GPU's.
-pub fn states_of(inventory: &Inventory, live: &[Record], unit: &Unit) -> Vec<DeviceState> {
+/// Unhealthy: held outside Kubernetes, or out of allocation (`fences`: drained, or its
+/// health took it out), a MIG instance where its GPU is.
+pub fn states_of(
+    inventory: &Inventory,
+    live: &[Record],
+    fences: &Fences,
+    unit: &Unit,
+) -> Vec<DeviceState> {
     let state = |uuid: &str, numa_node: Option<u32>| DeviceState {
         uuid: uuid.to_string(),
         healthy: !held_outside(uuid, live),
@@ -110,8 +118,11 @@ pub fn states_of(inventory: &Inventory, live: &[Record], unit: &Unit) -> Vec<Dev
     };
     let mut out = Vec::new();
     for g in &inventory.gpus {
+        let fenced = fences.of(&g.uuid).is_some();
         if *unit == Unit::Whole && !g.in_mig_mode() {
-            out.push(state(&g.uuid, g.numa_node));
+            let mut s = state(&g.uuid, g.numa_node);
+            s.healthy &= !fenced;
+            out.push(s);
         }
         for m in g.mig_instances().iter().filter(|m| match unit {
             Unit::Whole => false,
@@ -120,7 +131,7 @@ pub fn states_of(inventory: &Inventory, live: &[Record], unit: &Unit) -> Vec<Dev
         }) {
             // A GPU held whole (from before its geometry) keeps its instances from pods.
             let mut s = state(&m.uuid, g.numa_node);
-            s.healthy &= !held_outside(&g.uuid, live);
+            s.healthy &= !held_outside(&g.uuid, live) && !fenced;
             out.push(s);
         }
     }
@@ -141,7 +152,7 @@ mod tests {
     /// Every whole GPU of `inventory` (none in MIG mode), in its order, given the `live`
     /// (not stale) records.
     fn states(inventory: &Inventory, live: &[Record]) -> Vec<DeviceState> {
-        states_of(inventory, live, &Unit::Whole)
+        states_of(inventory, live, &Fences::default(), &Unit::Whole)
     }
 
     fn health(live: &[Record]) -> Vec<bool> {
@@ -149,6 +160,44 @@ mod tests {
             .iter()
             .map(|d| d.healthy)
             .collect()
+    }
+
+    /// A drained GPU (or one its health took out) is unhealthy to the kubelet, and so
+    /// is every MIG instance of it.
+    #[test]
+    fn a_gpu_out_of_allocation_is_unhealthy_with_its_instances() {
+        use crate::model::fence::{Fence, FenceState};
+        let inv = machine(4);
+        let mut fences = Fences::default();
+        fences.set(Fence {
+            uuid: inv.gpus[2].uuid.clone(),
+            index: 2,
+            state: FenceState::Drained,
+            reason: "fan".into(),
+            by: "root".into(),
+            since: 1,
+        });
+        let health: Vec<bool> = states_of(&inv, &[], &fences, &Unit::Whole)
+            .iter()
+            .map(|d| d.healthy)
+            .collect();
+        assert_eq!(health, [true, true, false, true]);
+        let mig = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let parent = mig.gpus.iter().find(|g| g.in_mig_mode()).unwrap();
+        let mut fences = Fences::default();
+        fences.set(Fence {
+            uuid: parent.uuid.clone(),
+            index: parent.index,
+            state: FenceState::NeedsReset,
+            reason: "XID 79".into(),
+            by: "gpupin serve".into(),
+            since: u64::MAX,
+        });
+        let instances = states_of(&mig, &[], &fences, &Unit::AllInstances);
+        for d in &instances {
+            let of_parent = parent.mig_instances().iter().any(|m| m.uuid == d.uuid);
+            assert_eq!(d.healthy, !of_parent, "{}", d.uuid);
+        }
     }
 
     #[test]
@@ -169,7 +218,10 @@ mod tests {
         let none = resources(&inv, MigStrategy::None, "nvidia.com/gpu").unwrap();
         assert_eq!(none.len(), 1);
         // GPUs 0 and 7 are in MIG mode: not advertised whole.
-        assert_eq!(states_of(&inv, &[], &none[0].unit).len(), 6);
+        assert_eq!(
+            states_of(&inv, &[], &Fences::default(), &none[0].unit).len(),
+            6
+        );
         let mixed = resources(&inv, MigStrategy::Mixed, "nvidia.com/gpu").unwrap();
         let names: Vec<&str> = mixed.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(
@@ -181,7 +233,7 @@ mod tests {
                 "nvidia.com/mig-3g.40gb"
             ]
         );
-        let small = states_of(&inv, &[], &mixed[1].unit);
+        let small = states_of(&inv, &[], &Fences::default(), &mixed[1].unit);
         let want: Vec<String> = ["0:2", "0:3"]
             .iter()
             .map(|a| inv.find_mig(a).unwrap().uuid.clone())
@@ -192,7 +244,7 @@ mod tests {
         );
         // An instance a container outside Kubernetes has is unhealthy.
         let live = [record("docker-c1", &[want[1].as_str()])];
-        let health: Vec<bool> = states_of(&inv, &live, &mixed[1].unit)
+        let health: Vec<bool> = states_of(&inv, &live, &Fences::default(), &mixed[1].unit)
             .iter()
             .map(|d| d.healthy)
             .collect();
@@ -208,7 +260,10 @@ mod tests {
         h100.gpus.truncate(2);
         let single = resources(&h100, MigStrategy::Single, "nvidia.com/gpu").unwrap();
         assert_eq!(single[0].unit, Unit::AllInstances);
-        assert_eq!(states_of(&h100, &[], &single[0].unit).len(), 14);
+        assert_eq!(
+            states_of(&h100, &[], &Fences::default(), &single[0].unit).len(),
+            14
+        );
     }
 
     #[test]

@@ -86,6 +86,12 @@ impl Status<'_> {
             if let Some(summary) = self.mig_summary(g) {
                 who.insert(0, summary);
             }
+            // Out of allocation: first, whoever still holds it.
+            let fence = self.fence_label(g);
+            if let Some(label) = &fence {
+                who.insert(0, label.clone());
+            }
+            let since = since.or_else(|| self.fence_of(g).map(|f| holder::idle_for(now, f.since)));
             rows.push(vec![
                 Cell::from(g.index.to_string()),
                 Cell::from(short_model(&g.name)),
@@ -111,7 +117,7 @@ impl Status<'_> {
             ]);
             styles.push(
                 match (
-                    foreign.is_empty(),
+                    foreign.is_empty() && fence.is_none(),
                     holders.iter().any(|r| r.is_stale(now, self.grace)),
                 ) {
                     (_, true) => Style::Bad,

@@ -37,6 +37,7 @@ impl Status<'_> {
                     "holders": holders,
                     "live": figures.map(|l| live::figures_json(g, l)),
                     "processes": processes,
+                    "fence": self.fence_of(g),
                 });
                 // A GPU in MIG mode: its instances, each with its holders.
                 if let Some(list) = &g.mig {
@@ -64,6 +65,8 @@ impl Status<'_> {
             "inventory": self.inventory.source,
             "total": total,
             "free": self.free_gpus(),
+            "fenced": self.fenced(),
+            "fences_error": self.fences_error,
             "mig_total": mig_total,
             "mig_free": mig_free,
             "gpus": gpus,

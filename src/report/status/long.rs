@@ -40,6 +40,11 @@ impl Status<'_> {
             if !self.shows(position) {
                 continue;
             }
+            // Out of allocation: a line saying why, then whoever still holds it.
+            if let Some(label) = self.fence_label(g) {
+                rows.push(vec![Cell::from(g.index.to_string()), Cell::from(label)]);
+                styles.push(Style::Warn);
+            }
             // A GPU in MIG mode: a line saying so, then its instances' lines.
             let mut units = vec![(g.index.to_string(), g.uuid.as_str())];
             if let Some(summary) = self.mig_summary(g) {
@@ -55,6 +60,9 @@ impl Status<'_> {
                 let index = Cell::from(name);
                 let holders: Vec<&Record> = holders_of(uuid, self.records).collect();
                 if holders.is_empty() {
+                    if self.fence_of(g).is_some() && g.mig.is_none() {
+                        continue;
+                    }
                     rows.push(vec![index, Cell::from("-")]);
                     styles.push(Style::Plain);
                     continue;

@@ -15,6 +15,7 @@ pub use snapshot::{GpuFilter, Snapshot};
 
 use super::{Leftover, live};
 use crate::host::whose::Seen;
+use crate::model::fence::{Fence, FenceState, Fences};
 use crate::model::gpu::Inventory;
 use crate::model::live::Live;
 use crate::state::ledger::{Idle, Record, Waiting, holders_of};
@@ -42,6 +43,10 @@ pub struct Status<'a> {
     pub idle: &'a [Idle],
     /// Processes left in jobs' cgroups after their main processes exited.
     pub leftovers: &'a [Leftover],
+    /// The GPUs out of allocation (drained, unhealthy); `None`: none is.
+    pub fences: Option<&'a Fences>,
+    /// Why the fences could not be read (then nothing is handed out), in one line.
+    pub fences_error: Option<&'a str>,
 }
 
 /// `gpupin status` without live figures, uncoloured.
@@ -63,7 +68,36 @@ impl<'a> Status<'a> {
             shown: None,
             idle: &[],
             leftovers: &[],
+            fences: None,
+            fences_error: None,
         }
+    }
+
+    /// The fence of GPU `g`, if it is out of allocation.
+    fn fence_of(&self, g: &crate::model::gpu::Gpu) -> Option<&'a Fence> {
+        self.fences?.of(&g.uuid)
+    }
+
+    /// `DRAINED: fan swap (alice)`, `NEEDS RESET: XID 79 ...`: what keeps GPU `g` out of
+    /// allocation, for the tables.
+    fn fence_label(&self, g: &crate::model::gpu::Gpu) -> Option<String> {
+        let fence = self.fence_of(g)?;
+        let state = fence.state.as_str().to_ascii_uppercase().replace('-', " ");
+        Some(match fence.state {
+            FenceState::Drained => format!("{state}: {} ({})", fence.reason, fence.by),
+            FenceState::NeedsReset | FenceState::NeedsReboot => {
+                format!("{state}: {}", fence.reason)
+            }
+        })
+    }
+
+    /// How many GPUs shown are out of allocation.
+    fn fenced(&self) -> usize {
+        self.inventory
+            .gpus
+            .iter()
+            .filter(|g| self.fence_of(g).is_some())
+            .count()
     }
 
     /// Since when `r` has been idle (seconds since the Unix epoch), if it is.
@@ -105,6 +139,7 @@ impl<'a> Status<'a> {
             .iter()
             .enumerate()
             .filter(|(_, g)| !g.in_mig_mode())
+            .filter(|(_, g)| self.fence_of(g).is_none())
             .filter(|(_, g)| holders_of(&g.uuid, self.records).next().is_none())
             .filter(|(position, _)| !busy(*position))
             .count()
@@ -122,8 +157,12 @@ impl<'a> Status<'a> {
     /// MIG instances in all, and those no one holds.
     fn mig_counts(&self) -> (usize, usize) {
         let all: Vec<_> = self.inventory.mig_instances().collect();
+        let fenced_parent = |m: &&crate::model::mig::MigInstance| {
+            self.fences.is_some_and(|f| f.of(&m.parent_uuid).is_some())
+        };
         let free = all
             .iter()
+            .filter(|m| !fenced_parent(m))
             .filter(|m| holders_of(&m.uuid, self.records).next().is_none())
             .count();
         (all.len(), free)

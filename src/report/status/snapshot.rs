@@ -9,6 +9,7 @@ use crate::host::inventory::{self, InventoryError};
 use crate::host::users;
 use crate::host::whose::{self, Seen};
 use crate::input::config::Config;
+use crate::model::fence::Fences;
 use crate::model::gpu::{Gpu, Inventory};
 use crate::model::live::Live;
 use crate::report::{Leftover, leftovers};
@@ -59,6 +60,8 @@ pub struct Snapshot {
     live: Option<Vec<Live>>,
     processes: Option<Vec<Vec<Seen>>>,
     live_error: Option<String>,
+    fences: Fences,
+    fences_error: Option<String>,
 }
 
 impl Snapshot {
@@ -73,6 +76,10 @@ impl Snapshot {
         // cannot say how long a holder has been quiet).
         let idle = ledger.idle(&records);
         let leftovers = leftovers(&records);
+        let (fences, fences_error) = match ledger.fences() {
+            Ok(fences) => (fences, None),
+            Err(err) => (Fences::default(), Some(one_line(&err))),
+        };
         // Fresh figures, not the allocations' snapshot cache: a person watching wants
         // now, and may not write the state dir.
         let file = config.live_file.as_deref();
@@ -95,6 +102,8 @@ impl Snapshot {
             live,
             processes,
             live_error,
+            fences,
+            fences_error,
         })
     }
 
@@ -108,6 +117,8 @@ impl Snapshot {
             waiting: &self.waiting,
             idle: &self.idle,
             leftovers: &self.leftovers,
+            fences: Some(&self.fences),
+            fences_error: self.fences_error.as_deref(),
             shown,
             ..Status::new(&self.inventory, &self.records, self.grace)
         }
@@ -147,7 +158,9 @@ impl Snapshot {
             })
             .filter(|(position, g)| {
                 !filter.free
-                    || (holders(g).iter().all(|r| r.is_stale(now, self.grace)) && !busy(*position))
+                    || (holders(g).iter().all(|r| r.is_stale(now, self.grace))
+                        && !busy(*position)
+                        && self.fences.of(&g.uuid).is_none())
             })
             .map(|(position, _)| position)
             .collect();
@@ -204,6 +217,8 @@ mod tests {
             live: None,
             processes: Some(vec![Vec::new(), Vec::new(), vec![stray]]),
             live_error: None,
+            fences: Fences::default(),
+            fences_error: None,
         }
     }
 

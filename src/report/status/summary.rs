@@ -21,6 +21,10 @@ impl Status<'_> {
         let holders = self.records.len();
         let foreign = self.foreign(running);
         let _ = write!(out, "{} of {total} GPUs free", self.free_gpus());
+        let fenced = self.fenced();
+        if fenced > 0 {
+            let _ = write!(out, ", {fenced} out of allocation");
+        }
         if self.inventory.has_mig() {
             let (all, free) = self.mig_counts();
             let _ = write!(out, ", {free} of {all} MIG instances free");
@@ -47,6 +51,9 @@ impl Status<'_> {
         }
         if let Some(error) = self.live_error {
             let _ = writeln!(out, "no live figures: {error}");
+        }
+        if let Some(error) = self.fences_error {
+            let _ = writeln!(out, "nothing is handed out: {error}");
         }
         if !self.waiting.is_empty() {
             out.push('\n');

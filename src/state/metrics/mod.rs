@@ -101,6 +101,7 @@ pub fn snapshot_text(
         })
         .collect();
     let stale = ledger.stale_ids(&records);
+    let fences = ledger.fences().ok();
     let snapshot = Snapshot {
         inventory,
         holdings: holdings(&records, |r| stale.contains(r.id.as_str())),
@@ -113,6 +114,7 @@ pub fn snapshot_text(
         counters: &counters,
         live,
         idle,
+        fences: fences.as_ref(),
     };
     Ok(render(&snapshot))
 }

@@ -3,6 +3,7 @@
 //! for every family.
 
 use super::Counters;
+use crate::model::fence::{FenceState, Fences};
 use crate::model::gpu::Inventory;
 use crate::model::live::Live;
 use crate::state::ledger::Record;
@@ -34,6 +35,9 @@ pub(crate) struct Snapshot<'a> {
     /// Holders found idle: how people know each, and for how many seconds
     /// (`IdleHolder`).
     pub idle: Vec<IdleHolder>,
+    /// The GPUs out of allocation; `None`: the fences file could not be read (then
+    /// nothing is handed out).
+    pub fences: Option<&'a Fences>,
 }
 
 /// A holder `gpupin serve` found idle, as the metrics label it.
@@ -136,6 +140,41 @@ pub(crate) fn render(s: &Snapshot) -> String {
             f.sample("gpupin_mig_instance_held", &labels, u8::from(held));
         }
     }
+
+    let mut f = Family::start(
+        &mut out,
+        "gpupin_gpu_fenced",
+        "gauge",
+        "Whether a GPU is out of allocation (1) in this state: drained by an admin, or its health says it needs a reset or a reboot.",
+    );
+    for g in gpus {
+        let fence = s.fences.and_then(|f| f.of(&g.uuid));
+        let i = g.index.to_string();
+        for state in [
+            FenceState::Drained,
+            FenceState::NeedsReset,
+            FenceState::NeedsReboot,
+        ] {
+            let on = fence.is_some_and(|f| f.state == state);
+            let labels = [
+                ("gpu", i.as_str()),
+                ("uuid", &g.uuid),
+                ("state", state.as_str()),
+            ];
+            f.sample("gpupin_gpu_fenced", &labels, u8::from(on));
+        }
+    }
+    let mut f = Family::start(
+        &mut out,
+        "gpupin_fences_unreadable",
+        "gauge",
+        "1 while the fences file cannot be trusted or read: no GPU is handed out meanwhile.",
+    );
+    f.sample(
+        "gpupin_fences_unreadable",
+        &[],
+        u8::from(s.fences.is_none()),
+    );
 
     let mut f = Family::start(
         &mut out,
@@ -323,6 +362,15 @@ mod tests {
     fn every_family_has_help_and_type_and_label_values_are_escaped() {
         let inv = machine(2);
         let counters = Counters::default();
+        let mut fences = Fences::default();
+        fences.set(crate::model::fence::Fence {
+            uuid: "GPU-test-0".into(),
+            index: 0,
+            state: FenceState::NeedsReset,
+            reason: "XID 79".into(),
+            by: "gpupin serve".into(),
+            since: 1,
+        });
         let snapshot = Snapshot {
             inventory: &inv,
             holdings: vec![Holding {
@@ -345,6 +393,7 @@ mod tests {
                 user: Some("alice".into()),
                 seconds: 4000,
             }],
+            fences: Some(&fences),
         };
         let text = render(&snapshot);
         assert!(
@@ -368,6 +417,23 @@ mod tests {
                 .count(),
             2
         );
+        // A series for every GPU and state, 1 where it is in that state.
+        let fenced: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gpupin_gpu_fenced{"))
+            .collect();
+        assert_eq!(fenced.len(), 6, "{text}");
+        let on: Vec<&&str> = fenced.iter().filter(|l| l.ends_with(" 1")).collect();
+        assert_eq!(
+            on,
+            [&"gpupin_gpu_fenced{gpu=\"0\",uuid=\"GPU-test-0\",state=\"needs-reset\"} 1"]
+        );
+        assert!(text.contains("gpupin_fences_unreadable 0\n"), "{text}");
+        let unreadable = render(&Snapshot {
+            fences: None,
+            ..snapshot
+        });
+        assert!(unreadable.contains("gpupin_fences_unreadable 1\n"));
     }
 
     #[test]
@@ -392,6 +458,7 @@ mod tests {
             counters: &counters,
             live: None,
             idle: vec![],
+            fences: None,
         };
         let text = render(&snapshot);
         let held = format!(

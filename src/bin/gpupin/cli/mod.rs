@@ -11,6 +11,7 @@ mod demo;
 #[cfg(feature = "device-plugin")]
 mod device_plugin;
 mod doctor;
+mod drain;
 mod evict;
 mod exec;
 mod exec_gate;
@@ -116,6 +117,13 @@ pub enum Command {
         after_long_help = "Examples:\n  gpupin evict exec-4242               your own job: SIGTERM, then its GPUs are released\n  sudo gpupin evict web-1              docker stop, then its GPUs are released\n  sudo gpupin evict train --grace 30s --reason \"node maintenance\"\n                                       SIGTERM, SIGKILL after 30 s; the job's stderr says why"
     )]
     Evict(evict::EvictArgs),
+    /// Take GPUs out of allocation for maintenance: new requests skip them, their holders keep them until they end
+    #[command(
+        after_long_help = "Examples:\n  sudo gpupin drain 3 --reason \"fan swap, ticket 4411\"\n  sudo gpupin drain 3 5 --reason \"driver update\" --wait   return once no holder has them\n  sudo gpupin undrain 3"
+    )]
+    Drain(drain::DrainArgs),
+    /// Put drained GPUs (or GPUs whose health took them out) back into allocation
+    Undrain(drain::UndrainArgs),
     /// Start real containers on a simulated machine and show gpupin at work
     #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
@@ -338,6 +346,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Holders => holders::run(&config),
         Command::Release(args) => release::run(&config, &args),
         Command::Evict(args) => evict::run(&config, &args),
+        Command::Drain(args) => drain::run_drain(&config, &args),
+        Command::Undrain(args) => drain::run_undrain(&config, &args),
         Command::Log(args) => log::run(&config, &args),
         Command::Usage(args) => usage::run(&config, &args),
         #[cfg(feature = "demo")]

@@ -36,6 +36,11 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         asker.as_ref(),
     )?;
     let inventory = &loaded.inventory;
+    // The GPUs out of allocation, for --explain (the preview refused any it named).
+    let fences = match args.explain {
+        true => Ledger::open_read_only(&config.ledger_settings())?.fences()?,
+        false => Default::default(),
+    };
     let gpus: Vec<_> = preview
         .uuids
         .iter()
@@ -62,6 +67,7 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         let mut out = json!({"policy": policy.as_str(), "gpus": list});
         if let Some(why) = &why {
             out["explain"] = explain::json(why, inventory);
+            out["fenced"] = serde_json::to_value(&fences.gpus)?;
         }
         outln!("{out:#}")?;
     } else {
@@ -87,6 +93,10 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
         }
         if let Some(why) = &why {
             out!("{}", explain::table(why, inventory))?;
+            // What no policy may choose from, and why.
+            for fence in &fences.gpus {
+                outln!("not chosen from: GPU {} {}", fence.index, fence.why())?;
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -738,7 +738,7 @@ fn device_unfit(
         }
         Unfit::Foreign(pid) => format!("it runs {}", foreign_text(machine, all, position, *pid)),
         Unfit::Fenced(_) => match machine.fence_of(&gpu.uuid) {
-            Some(fence) => fenced_reason(fence),
+            Some(fence) => format!("it {}", fence.why()),
             None => "it is out of allocation".into(),
         },
         Unfit::MigMode => match gpu.mig_instances() {
@@ -754,28 +754,6 @@ fn device_unfit(
         index: gpu.index,
         uuid: gpu.uuid.clone(),
         reason,
-    }
-}
-
-/// `it is drained by alice: fan swap; it comes back with gpupin undrain 3`, or for a
-/// GPU whose health fenced it, `it needs a reset (XID 79: ...); it comes back after the
-/// reset, or with gpupin undrain 3`.
-pub(in crate::state::ledger) fn fenced_reason(fence: &crate::model::fence::Fence) -> String {
-    use crate::model::fence::FenceState;
-    let index = fence.index;
-    match fence.state {
-        FenceState::Drained => format!(
-            "it is drained by {}: {}; it comes back with gpupin undrain {index}",
-            fence.by, fence.reason
-        ),
-        FenceState::NeedsReset => format!(
-            "it needs a reset ({}); it comes back after the reset, or with gpupin undrain {index}",
-            fence.reason
-        ),
-        FenceState::NeedsReboot => format!(
-            "it needs the machine rebooted ({}); it comes back after the reboot, or with gpupin undrain {index}",
-            fence.reason
-        ),
     }
 }
 

@@ -184,6 +184,7 @@ async fn read_devices(
         Ok(devices::states_of(
             &inventory,
             &kube::live_records(&ledger)?,
+            &ledger.fences()?,
             &unit,
         ))
     })

@@ -1,0 +1,176 @@
+//! `gpupin drain GPU... --reason TEXT` and `gpupin undrain GPU...`: an admin takes whole
+//! GPUs out of allocation for maintenance, and puts them back. New requests skip a
+//! drained GPU (a request that names it is refused saying who drained it and why); its
+//! holders keep it until they end (`holders` says who, for `--wait`); the device plugin
+//! reports it unhealthy, as it does a GPU held outside Kubernetes.
+
+use crate::host::inventory::InventoryError;
+use crate::input::config::Config;
+use crate::model::fence::Fence;
+use crate::model::gpu::{Gpu, Inventory};
+use crate::state::ledger::{Ledger, LedgerError, Record};
+
+/// The longest `--reason`: one line of the audit log and of `gpupin status`.
+pub(crate) const MAX_REASON: usize = 200;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DrainError {
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    #[error("unknown GPU {key:?}: this machine has GPUs {known} (by index, UUID or PCI bus id)")]
+    UnknownGpu { key: String, known: String },
+    #[error(
+        "{key:?} is a MIG instance: gpupin drain takes whole GPUs (drain GPU {gpu} to take all its instances out)"
+    )]
+    MigInstance { key: String, gpu: u32 },
+    #[error(
+        "--reason {given:?} is not one line of at most {MAX_REASON} printable characters: say why in a short line"
+    )]
+    BadReason { given: String },
+}
+
+/// What a drain did: the fences set, and who still holds those GPUs.
+#[derive(Debug)]
+pub struct Drained {
+    pub fences: Vec<Fence>,
+    pub holders: Vec<Record>,
+}
+
+/// What an undrain did: the fences taken away, and the GPUs named that had none.
+#[derive(Debug)]
+pub struct Undrained {
+    pub cleared: Vec<Fence>,
+    pub not_fenced: Vec<u32>,
+}
+
+/// Takes the GPUs `keys` name out of allocation, saying `reason`, as `by`.
+pub fn drain(
+    config: &Config,
+    keys: &[String],
+    reason: &str,
+    by: &str,
+) -> Result<Drained, DrainError> {
+    if !crate::base::message::is_one_short_line(reason, MAX_REASON) {
+        return Err(DrainError::BadReason {
+            given: reason.chars().take(MAX_REASON).collect(),
+        });
+    }
+    let inventory = config.load_inventory()?;
+    let gpus = named(&inventory, keys)?;
+    let ledger = crate::state::open_ledger(config)?;
+    let fences = ledger.drain(&gpus, reason, by)?;
+    let holders = ledger.holders_of_gpus(&gpus)?;
+    Ok(Drained { fences, holders })
+}
+
+/// Puts the GPUs `keys` name back into allocation, whatever took them out, as `by`.
+pub fn undrain(config: &Config, keys: &[String], by: &str) -> Result<Undrained, DrainError> {
+    let inventory = config.load_inventory()?;
+    let gpus = named(&inventory, keys)?;
+    let ledger = crate::state::open_ledger(config)?;
+    let cleared = ledger.undrain(&gpus, by)?;
+    let not_fenced = gpus
+        .iter()
+        .filter(|g| !cleared.iter().any(|f| f.uuid == g.uuid))
+        .map(|g| g.index)
+        .collect();
+    Ok(Undrained {
+        cleared,
+        not_fenced,
+    })
+}
+
+/// The live holders of the GPUs `keys` name: whom a drained GPU still waits for.
+pub fn holders(config: &Config, keys: &[String]) -> Result<Vec<Record>, DrainError> {
+    let inventory = config.load_inventory()?;
+    let gpus = named(&inventory, keys)?;
+    let ledger = Ledger::open_read_only(&config.ledger_settings())?;
+    Ok(ledger.holders_of_gpus(&gpus)?)
+}
+
+/// The whole GPUs `keys` name (index, UUID, bus id), each once, in the order given.
+fn named<'i>(inventory: &'i Inventory, keys: &[String]) -> Result<Vec<&'i Gpu>, DrainError> {
+    let mut gpus: Vec<&Gpu> = Vec::new();
+    for key in keys {
+        let gpu = match inventory.find(key) {
+            Some(gpu) => gpu,
+            None => {
+                return Err(match inventory.find_mig(key) {
+                    Some(m) => DrainError::MigInstance {
+                        key: key.clone(),
+                        gpu: m.parent_index,
+                    },
+                    None => DrainError::UnknownGpu {
+                        key: key.clone(),
+                        known: inventory
+                            .gpus
+                            .iter()
+                            .map(|g| g.index.to_string())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    },
+                });
+            }
+        };
+        if !gpus.iter().any(|g| g.uuid == gpu.uuid) {
+            gpus.push(gpu);
+        }
+    }
+    Ok(gpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::config::testing::sim8_in as config;
+
+    #[test]
+    fn drain_names_gpus_as_people_do_and_undrain_says_what_it_cleared() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let uuid = config.load_inventory().unwrap().gpus[5].uuid.clone();
+        let drained = drain(
+            &config,
+            &["3".into(), uuid.clone(), "3".into()],
+            "fan swap",
+            "alice",
+        )
+        .unwrap();
+        let indices: Vec<u32> = drained.fences.iter().map(|f| f.index).collect();
+        assert_eq!(indices, [3, 5]);
+        assert!(drained.holders.is_empty());
+        let undrained = undrain(&config, &["5".into(), "6".into()], "root").unwrap();
+        assert_eq!(
+            undrained
+                .cleared
+                .iter()
+                .map(|f| f.index)
+                .collect::<Vec<_>>(),
+            [5]
+        );
+        assert_eq!(undrained.not_fenced, [6]);
+    }
+
+    #[test]
+    fn bad_input_is_one_line_and_changes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let line = |e: DrainError| crate::base::message::one_line(&e);
+        let err = drain(&config, &["9".into()], "x", "root").unwrap_err();
+        assert_eq!(
+            line(err),
+            "unknown GPU \"9\": this machine has GPUs 0,1,2,3,4,5,6,7 (by index, UUID or PCI bus id)"
+        );
+        for reason in ["", "  ", "two\nlines", "\u{202E}evil"] {
+            let err = drain(&config, &["1".into()], reason, "root").unwrap_err();
+            assert!(line(err).starts_with("--reason "), "{reason:?}");
+        }
+        let long = "x".repeat(MAX_REASON + 1);
+        assert!(drain(&config, &["1".into()], &long, "root").is_err());
+        let ledger = crate::state::open_ledger(&config).unwrap();
+        assert!(ledger.fences().unwrap().is_empty());
+    }
+}
