@@ -235,7 +235,23 @@ impl MockHost {
         if self.live_file().exists() {
             cmd.env("GPUPIN_MOCK_NVML_LIVE", self.live_file());
         }
+        if self.health_file().exists() {
+            cmd.env("GPUPIN_MOCK_NVML_HEALTH", self.health_file());
+        }
         cmd
+    }
+
+    /// The mock's health file (events and error counters; tests/peers/mocknvml/health.go).
+    fn health_file(&self) -> PathBuf {
+        self.root().join("mock-health.json")
+    }
+
+    /// Rewrites the health file whole (renamed into place: the mock reads it at every
+    /// call and must never see half of it).
+    fn set_health(&self, health: &Value) {
+        let temp = self.root().join(".mock-health.json");
+        std::fs::write(&temp, health.to_string()).unwrap();
+        std::fs::rename(&temp, self.health_file()).unwrap();
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -1326,4 +1342,120 @@ fn a_job_on_an_nvml_mig_instance_opens_only_its_gpu_and_its_own_caps() {
         stdout.lines().any(|l| l == format!("NV {uuid}")),
         "{stdout}"
     );
+}
+
+/// `gpupin serve` watching the mock's GPUs' health, a scenario per class of event: an XID
+/// whose action is a reboot (79) or a reset (48) fences its GPU (status, refusals, metrics
+/// say why; the audit log has the fence by `gpupin serve`); one whose action is to restart
+/// the application (13) fences nothing and is told in the audit log; a pending row remap
+/// fences its GPU until the mock no longer reports it (as after a reset), then the GPU is
+/// back by itself; `gpupin undrain` puts an XID-fenced GPU back.
+#[test]
+fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
+    let test = "serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot";
+    let Some(host) = MockHost::new(test, "dgxa100", "nvml") else {
+        return;
+    };
+    host.set_health(&json!({"events": [], "gpus": []}));
+    let socket = host.root().join("gpupin.sock");
+    let mut config = std::fs::read_to_string(host.config()).unwrap();
+    config.push_str(&format!("socket = {socket:?}\n[health]\npoll = \"1s\"\n"));
+    std::fs::write(host.config(), config).unwrap();
+    let log = std::fs::File::create(host.root().join("serve.log")).unwrap();
+    let mut serve = host
+        .command(&host.config(), &["serve"])
+        .env("GPUPIN_LOG", "info")
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let serve_log = || std::fs::read_to_string(host.root().join("serve.log")).unwrap_or_default();
+    let fence_of =
+        |gpu: usize| -> Value { host.json(&["status", "--json"])["gpus"][gpu]["fence"].clone() };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "{what}: not seen\n{}",
+                serve_log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    until("serve's socket", &|| socket.exists());
+
+    // Each rewrite of the file keeps the events fired: the mock delivers each once.
+    let fired = json!([
+        {"index": 2, "type": "xid", "xid": 79},
+        {"index": 1, "type": "xid", "xid": 13},
+        {"index": 3, "type": "xid", "xid": 48},
+    ]);
+    host.set_health(&json!({"events": fired, "gpus": []}));
+    until("GPU 3 fenced", &|| !fence_of(3).is_null());
+    let reboot = fence_of(2);
+    assert_eq!(reboot["state"], "needs-reboot", "{reboot}");
+    assert_eq!(reboot["reason"], "XID 79");
+    assert_eq!(reboot["by"], "gpupin serve");
+    assert_eq!(fence_of(3)["state"], "needs-reset");
+    assert!(
+        fence_of(1).is_null(),
+        "XID 13 restarts the app, fences nothing"
+    );
+    let status = host.ok(&["status"]);
+    assert!(status.contains("NEEDS RESET: XID 48"), "{status}");
+    assert!(status.contains("NEEDS REBOOT: XID 79"), "{status}");
+    let refused = host.run(&["exec", "--devices", "3", "--", "true"]);
+    let line = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        line.contains(
+            "it needs a reset (XID 48); it comes back after the reset, or with gpupin undrain 3"
+        ),
+        "{line}"
+    );
+    let metrics = host.ok(&["metrics"]);
+    let uuid = |i: usize| host.gpus()[i]["uuid"].as_str().unwrap().to_string();
+    assert!(
+        metrics.contains(&format!(
+            "gpupin_gpu_fenced{{gpu=\"2\",uuid=\"{}\",state=\"needs-reboot\"}} 1",
+            uuid(2)
+        )),
+        "{metrics}"
+    );
+    let audit = std::fs::read_to_string(host.root().join("state/audit.log")).unwrap();
+    let events: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let told = events
+        .iter()
+        .find(|e| e["event"] == "health")
+        .unwrap_or_else(|| panic!("no health line: {audit}"));
+    assert_eq!(told["holder"], "gpu-1");
+    assert_eq!(told["code"], "restart-app");
+    assert_eq!(told["reason"], "XID 13");
+    assert!(
+        events.iter().any(|e| e["event"] == "drain"
+            && e["holder"] == "gpu-2"
+            && e["user"] == "gpupin serve"
+            && e["code"] == "needs-reboot"),
+        "{audit}"
+    );
+
+    // A pending row remap: out until the mock no longer reports it.
+    host.set_health(&json!({"events": fired, "gpus": [{"index": 4, "remap_pending": true}]}));
+    until("GPU 4 fenced", &|| !fence_of(4).is_null());
+    assert_eq!(fence_of(4)["reason"], "row remap pending");
+    assert_eq!(fence_of(4)["state"], "needs-reset");
+    host.set_health(&json!({"events": fired, "gpus": []}));
+    until("GPU 4 back", &|| fence_of(4).is_null());
+
+    // An admin's undrain puts an XID-fenced GPU back.
+    let said = host.ok(&["undrain", "3"]);
+    assert_eq!(
+        said,
+        "undrained GPU 3 (was needs-reset by gpupin serve: XID 48): it is handed out again\n"
+    );
+    assert!(fence_of(3).is_null());
+    let _ = serve.kill();
+    let _ = serve.wait();
 }

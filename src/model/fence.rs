@@ -47,6 +47,10 @@ pub struct Fence {
     pub by: String,
     /// Unix seconds.
     pub since: u64,
+    /// A health fence set by a condition that holds until a reset (a row remap pending,
+    /// double-bit errors counted): it goes by itself once the GPU no longer reports it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub until_clear: bool,
 }
 
 impl Fence {
@@ -130,6 +134,7 @@ mod tests {
             reason: "why".into(),
             by: "root".into(),
             since,
+            until_clear: false,
         }
     }
 

@@ -5,6 +5,7 @@
 
 pub(crate) mod fence;
 pub(crate) mod gpu;
+pub(crate) mod health;
 pub(crate) mod holder;
 pub(crate) mod limits;
 pub(crate) mod link;

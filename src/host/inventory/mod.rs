@@ -11,6 +11,7 @@ pub(crate) mod live;
 mod live_cache;
 mod mig_file;
 mod nvml;
+pub(crate) mod nvml_health;
 pub(crate) mod nvml_helper;
 mod procfs;
 pub(crate) mod sim;

@@ -9,7 +9,8 @@ use std::fmt::Write;
 use std::path::Path;
 use std::time::Duration;
 
-/// `config` as TOML: every key, the defaults included, then `[limits]` and `[serve]`.
+/// `config` as TOML: every key, the defaults included, then `[limits]`, `[serve]` and
+/// `[health]`.
 pub fn effective_toml(config: &Config) -> String {
     let mut out = String::new();
     let mut key = |name: &str, value: String| {
@@ -149,6 +150,19 @@ pub fn effective_toml(config: &Config) -> String {
         serve.max_connections_per_user,
         serve.max_watched_per_user,
         duration(serve.request_timeout)
+    );
+    let health = &config.health;
+    let xid: Vec<String> = health
+        .xid
+        .iter()
+        .map(|(xid, action)| format!("{xid} = {}", quoted(action.as_str())))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\n[health]\nwatch = {}\npoll = {}\nxid = {{ {} }}",
+        health.watch,
+        duration(health.poll),
+        xid.join(", ")
     );
     out
 }

@@ -277,6 +277,12 @@ pub(super) fn confine_value<'de, D: Deserializer<'de>>(d: D) -> Result<Confine, 
     }
 }
 
+pub(super) fn health<'de, D: Deserializer<'de>>(d: D) -> Result<super::HealthSettings, D::Error> {
+    super::health::HealthFile::deserialize(d)?
+        .settings()
+        .map_err(D::Error::custom)
+}
+
 pub(super) fn serve<'de, D: Deserializer<'de>>(d: D) -> Result<ServeSettings, D::Error> {
     super::serve::ServeFile::deserialize(d)?
         .settings()

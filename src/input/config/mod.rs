@@ -5,6 +5,7 @@ mod audit_log;
 mod driver;
 mod effective;
 mod fields;
+mod health;
 pub(crate) mod inventory;
 mod ledger;
 mod leftovers;
@@ -19,6 +20,7 @@ pub(crate) use audit_log::{
 };
 pub use driver::Driver;
 pub(crate) use driver::{DEFAULT_CDI_SPEC_DIRS, Unrequested};
+pub(crate) use health::HealthSettings;
 pub(crate) use inventory::InventorySettings;
 pub use inventory::InventorySource;
 pub(crate) use ledger::LedgerSettings;
@@ -165,6 +167,9 @@ pub struct Config {
     /// `gpupin serve`'s bounds (`[serve]`).
     #[serde(default, deserialize_with = "fields::serve")]
     pub serve: ServeSettings,
+    /// `gpupin serve`'s watch of the GPUs' health (`[health]`).
+    #[serde(default, deserialize_with = "fields::health")]
+    pub health: HealthSettings,
     /// In which order waiting requests are served (`QueueOrder`).
     #[serde(default, deserialize_with = "fields::queue_order")]
     pub queue: QueueOrder,

@@ -176,6 +176,7 @@ mod tests {
             reason: "fan".into(),
             by: "root".into(),
             since: 1,
+            until_clear: false,
         });
         let health: Vec<bool> = states_of(&inv, &[], &fences, &Unit::Whole)
             .iter()
@@ -192,6 +193,7 @@ mod tests {
             reason: "XID 79".into(),
             by: "gpupin serve".into(),
             since: u64::MAX,
+            until_clear: false,
         });
         let instances = states_of(&mig, &[], &fences, &Unit::AllInstances);
         for d in &instances {

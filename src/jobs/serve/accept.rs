@@ -57,6 +57,13 @@ pub fn run(
             .name("gpupin-idle".into())
             .spawn(move || super::idle::looks(|| shared.config(), &stopping))?;
     }
+    {
+        let shared = Arc::clone(&shared);
+        let stopping = Arc::clone(&stopping);
+        std::thread::Builder::new()
+            .name("gpupin-health".into())
+            .spawn(move || super::health::watch(|| shared.config(), &stopping))?;
+    }
     for stream in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {
             return Ok(());

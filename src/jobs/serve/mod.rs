@@ -19,6 +19,7 @@ mod client;
 mod connections;
 mod dispatch;
 mod error;
+mod health;
 mod idle;
 pub(crate) mod listen;
 mod ops;

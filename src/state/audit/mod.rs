@@ -53,8 +53,13 @@ pub enum EventKind {
     /// A GPU taken out of allocation (`gpupin drain`; later, its health): `code` says
     /// how (`drained`, `needs-reset`, `needs-reboot`), `reason` why, `user` who.
     Drain,
-    /// A GPU put back into allocation (`gpupin undrain`): `reason` says what it was.
+    /// A GPU put back into allocation (`gpupin undrain`, or its health once a reset
+    /// cleared what fenced it): `reason` says what it was.
     Undrain,
+    /// A GPU health event that fenced nothing (an XID whose action is to restart the
+    /// application, or one on a GPU fenced already): `code` says the action, `reason`
+    /// the event.
+    Health,
 }
 
 impl EventKind {
@@ -72,6 +77,7 @@ impl EventKind {
             EventKind::Idle => "idle",
             EventKind::Drain => "drain",
             EventKind::Undrain => "undrain",
+            EventKind::Health => "health",
         }
     }
 }

@@ -143,6 +143,7 @@ fn a_reboot_ends_a_health_fence_but_not_a_drain() {
         reason: "XID 79".into(),
         by: "gpupin serve".into(),
         since: 1,
+        until_clear: false,
     };
     let mut fences = Fences::default();
     fences.set(before_boot("GPU-test-0", 0, FenceState::NeedsReset));

@@ -76,7 +76,8 @@ impl Tally {
             | EventKind::Evict
             | EventKind::Idle
             | EventKind::Drain
-            | EventKind::Undrain => {}
+            | EventKind::Undrain
+            | EventKind::Health => {}
         }
     }
 

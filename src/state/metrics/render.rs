@@ -370,6 +370,7 @@ mod tests {
             reason: "XID 79".into(),
             by: "gpupin serve".into(),
             since: 1,
+            until_clear: false,
         });
         let snapshot = Snapshot {
             inventory: &inv,

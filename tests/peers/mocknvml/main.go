@@ -31,10 +31,12 @@
 //     "processes": [{"pid": 4242, "used_memory": 1048576}]}]}
 //     Without it the mock's own answers stand: memory used and free 0, utilization,
 //     temperature, power and processes not supported.
+//   - GPUPIN_MOCK_NVML_HEALTH: optional JSON of events (XIDs, double-bit ECC errors) and
+//     error counters per GPU, read again at every call (see health.go).
 //
 // Where a variable is unset (runc runs hooks with an empty environment), the files
-// mock-nvml.profile (the profile's name), mock-nvml-mig (the geometry) and
-// mock-nvml-live.json beside the loaded library stand in for them.
+// mock-nvml.profile (the profile's name), mock-nvml-mig (the geometry),
+// mock-nvml-live.json and mock-nvml-health.json beside the loaded library stand in for them.
 package main
 
 /*

@@ -9,6 +9,9 @@ use crate::state::audit::{Event, EventKind, GpuRef};
 use crate::state::ledger::record::Record;
 use crate::state::ledger::{Ledger, LedgerError, store};
 
+/// Who sets and clears health fences, in status and the audit log.
+pub(crate) const HEALTH_BY: &str = "gpupin serve";
+
 impl Ledger {
     /// The GPUs out of allocation now. A fences file that cannot be trusted is an error
     /// (`LedgerError::CorruptFences`), as it is to every allocation.
@@ -31,6 +34,7 @@ impl Ledger {
                 reason: reason.to_string(),
                 by: by.to_string(),
                 since,
+                until_clear: false,
             })
             .collect();
         for fence in &set {
@@ -60,6 +64,73 @@ impl Ledger {
         }
         self.changed();
         Ok(cleared)
+    }
+
+    /// Takes `gpu` out of allocation for its health (`gpupin serve`): a fence in `state`
+    /// saying `reason`; `until_clear`: it goes by itself once the condition is no longer
+    /// reported (`clear_health`). An admin's drain stands, as does a health fence as
+    /// grave or graver. The fence set, if one was.
+    pub fn fence_health(
+        &self,
+        gpu: &Gpu,
+        state: FenceState,
+        reason: &str,
+        until_clear: bool,
+    ) -> Result<Option<Fence>, LedgerError> {
+        let _lock = store::lock(self.dir())?;
+        let mut fences = store::fences::load(self.dir())?;
+        if let Some(before) = fences.of(&gpu.uuid)
+            && (before.state == FenceState::Drained || before.state >= state)
+        {
+            return Ok(None);
+        }
+        let fence = Fence {
+            uuid: gpu.uuid.clone(),
+            index: gpu.index,
+            state,
+            reason: reason.to_string(),
+            by: HEALTH_BY.to_string(),
+            since: crate::state::ledger::record::unix_now(),
+            until_clear,
+        };
+        fences.set(fence.clone());
+        store::fences::store(self.dir(), &fences)?;
+        self.audit_fence(EventKind::Drain, &fence, HEALTH_BY);
+        self.changed();
+        Ok(Some(fence))
+    }
+
+    /// Puts `gpu` back once the condition that fenced it is no longer reported (a reset
+    /// remapped its rows, cleared its volatile counters): only a fence set `until_clear`.
+    pub fn clear_health(&self, gpu: &Gpu) -> Result<Option<Fence>, LedgerError> {
+        let _lock = store::lock(self.dir())?;
+        let mut fences = store::fences::load(self.dir())?;
+        if !fences.of(&gpu.uuid).is_some_and(|f| f.until_clear) {
+            return Ok(None);
+        }
+        let cleared = fences.clear(&gpu.uuid);
+        store::fences::store(self.dir(), &fences)?;
+        if let Some(fence) = &cleared {
+            self.audit_fence(EventKind::Undrain, fence, HEALTH_BY);
+        }
+        self.changed();
+        Ok(cleared)
+    }
+
+    /// An audit line for a health event that sets no fence (an XID whose action is to
+    /// restart the application): the GPU, what its holders should do, and why.
+    pub fn note_health(&self, gpu: &Gpu, action: &str, reason: &str) {
+        let mut event = Event::new(EventKind::Health, &format!("gpu-{}", gpu.index));
+        event.user = Some(HEALTH_BY.to_string());
+        event.gpus = vec![GpuRef {
+            index: Some(gpu.index),
+            uuid: gpu.uuid.clone(),
+        }];
+        event.reason = Some(reason.to_string());
+        event.code = Some(action.to_string());
+        if let Err(source) = self.audit.append(&event) {
+            self.audit_failed(&source, Some(&event));
+        }
     }
 
     /// The live holders that hold any of `gpus` (a MIG instance of one included): who a

@@ -1,0 +1,163 @@
+//! The GPUs' health from NVML loaded into this process (`gpupin serve`, the dynamic
+//! binary): an event set registered for XIDs and double-bit ECC errors on every GPU that
+//! supports them, waited on in short slices, and every `poll` the conditions that hold
+//! until a reset (a row remap pending or failed, double-bit errors in the volatile
+//! counter, retired pages pending). What they mean is `model::health`'s; what is done,
+//! the caller's (`HealthSink`).
+
+use super::InventoryError;
+use crate::model::health::Signal;
+use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long one wait on the event set lasts: how soon a stop is noticed.
+const WAIT_SLICE_MS: u32 = 500;
+
+/// What the watch tells as it goes.
+pub(crate) trait HealthSink {
+    /// `signal` happened on the GPU with this UUID (an event: told once).
+    fn event(&mut self, uuid: &str, signal: Signal);
+    /// The conditions that hold on the GPU now (empty: none), at every poll.
+    fn conditions(&mut self, uuid: &str, now: &[Signal]);
+}
+
+/// Watches every GPU until `stop`, telling `sink`. Fails only where NVML cannot be
+/// loaded or has no GPU; a GPU that supports no event is polled only.
+pub(crate) fn watch(
+    poll: Duration,
+    sink: &mut dyn HealthSink,
+    stop: &AtomicBool,
+) -> Result<(), InventoryError> {
+    let nvml = Nvml::builder()
+        .lib_path(OsStr::new(super::nvml::LIBRARY))
+        .init()
+        .map_err(|source| InventoryError::NvmlUnavailable { source })?;
+    let count = nvml.device_count().map_err(|source| InventoryError::Nvml {
+        what: "device count".into(),
+        source,
+    })?;
+    let mut uuids = Vec::new();
+    for index in 0..count {
+        if let Ok(uuid) = nvml.device_by_index(index).and_then(|d| d.uuid()) {
+            uuids.push(uuid);
+        }
+    }
+    let set = register(&nvml, count);
+    let mut next_poll = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        if Instant::now() >= next_poll {
+            for uuid in &uuids {
+                if let Ok(device) = nvml.device_by_uuid(uuid.as_str()) {
+                    sink.conditions(uuid, &conditions(&nvml, &device));
+                }
+            }
+            next_poll = Instant::now() + poll;
+        }
+        match &set {
+            Some(set) => match set.wait(WAIT_SLICE_MS) {
+                Ok(event) => {
+                    let Ok(uuid) = event.device.uuid() else {
+                        continue;
+                    };
+                    if event.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                        let xid = match event.event_data {
+                            Some(XidError::Value(xid)) => xid,
+                            _ => 0,
+                        };
+                        sink.event(&uuid, Signal::Xid(xid));
+                    }
+                    if event.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                        sink.event(&uuid, Signal::DoubleBitEcc);
+                    }
+                }
+                Err(NvmlError::Timeout) => {}
+                Err(error) => {
+                    tracing::warn!(error = %error, "waiting for NVML events failed; polling only");
+                    std::thread::sleep(Duration::from_millis(u64::from(WAIT_SLICE_MS)));
+                }
+            },
+            None => std::thread::sleep(Duration::from_millis(u64::from(WAIT_SLICE_MS))),
+        }
+    }
+    Ok(())
+}
+
+/// One event set with every GPU registered for what it supports of XIDs and double-bit
+/// ECC errors; `None` where none supports either (a board or driver without events).
+fn register(nvml: &Nvml, count: u32) -> Option<nvml_wrapper::EventSet<'_>> {
+    let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
+    let mut set = nvml.create_event_set().ok()?;
+    let mut any = false;
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        let types = device
+            .supported_event_types()
+            .map(|t| t & wanted)
+            .unwrap_or(EventTypes::empty());
+        if types.is_empty() {
+            continue;
+        }
+        set = match device.register_events(types, set) {
+            Ok(set) => {
+                any = true;
+                set
+            }
+            Err(e) => {
+                // The failed registration took the set with it: polling only.
+                tracing::warn!(gpu = index, error = %e.error, "could not register for NVML events; polling only");
+                return None;
+            }
+        };
+    }
+    any.then_some(set)
+}
+
+/// The conditions that hold on `device` until a reset, where NVML can say.
+fn conditions(nvml: &Nvml, device: &nvml_wrapper::Device<'_>) -> Vec<Signal> {
+    let mut now = Vec::new();
+    match remapped_rows(nvml, device) {
+        Ok((_, true)) => now.push(Signal::RemapFailed),
+        Ok((true, false)) => now.push(Signal::RemapPending),
+        _ => {}
+    }
+    if device
+        .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        .is_ok_and(|n| n > 0)
+    {
+        now.push(Signal::DoubleBitEcc);
+    }
+    if device.are_pages_pending_retired().unwrap_or(false) {
+        now.push(Signal::RetiredPagesPending);
+    }
+    now
+}
+
+/// Whether a row remap is pending, and whether remapping has failed. nvml-wrapper 0.13 has
+/// no wrapper for it, so the library's function it loaded is called as nvml.h declares it.
+fn remapped_rows(
+    nvml: &Nvml,
+    device: &nvml_wrapper::Device<'_>,
+) -> Result<(bool, bool), NvmlError> {
+    let call = nvml_sym(nvml.lib().nvmlDeviceGetRemappedRows.as_ref())?;
+    let (mut corrected, mut uncorrected, mut pending, mut failure) = (0, 0, 0, 0);
+    // SAFETY: `device` is a handle NVML gave, valid while `nvml` is initialised (it
+    // outlives this call); the function writes four unsigned ints, here locals.
+    unsafe {
+        nvml_try(call(
+            device.handle(),
+            &mut corrected,
+            &mut uncorrected,
+            &mut pending,
+            &mut failure,
+        ))?;
+    }
+    Ok((pending != 0, failure != 0))
+}

@@ -1,0 +1,138 @@
+//! The daemon's watch of the GPUs' health, where the inventory comes from NVML and
+//! `[health] watch` is on: NVML's XID and double-bit ECC events as they come, and every
+//! `[health] poll` the conditions that hold until a reset (`host::inventory::nvml_health`).
+//! What each means is `model::health`'s; here it becomes a fence in the ledger (the GPU
+//! goes to no one until the reset or reboot, its holders keep it and are told through
+//! the audit log, status, the metrics and their alerts) or an audit line.
+
+use crate::base::message::one_line;
+use crate::host::inventory::InventoryError;
+use crate::host::inventory::nvml_health::{self, HealthSink};
+use crate::input::config::Config;
+use crate::input::config::inventory::InventorySource;
+use crate::model::gpu::{Gpu, Inventory};
+use crate::model::health::{Action, Signal, judge};
+use crate::state::ledger::Ledger;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+/// Watches until `stopping`, with the config `config` gives at each event (a reload
+/// changes the XID actions from the next event on). Never fails: what cannot be watched
+/// is logged once.
+pub(super) fn watch(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool) {
+    let now = config();
+    let nvml = match now.inventory {
+        InventorySource::Nvml | InventorySource::Auto => now.health.watch,
+        _ => false,
+    };
+    if !nvml {
+        return;
+    }
+    let inventory = match now.load_inventory() {
+        Ok(inventory) if inventory.source == "nvml" => inventory,
+        Ok(_) => return,
+        Err(error) => {
+            tracing::warn!(error = %one_line(&error), "GPU health is not watched: no inventory");
+            return;
+        }
+    };
+    let mut sink = Sink { config, inventory };
+    match nvml_health::watch(now.health.poll, &mut sink, stopping) {
+        Ok(()) => {}
+        Err(error @ InventoryError::NvmlUnavailable { .. }) => {
+            tracing::info!(error = %one_line(&error), "GPU health is not watched");
+        }
+        Err(error) => tracing::warn!(error = %one_line(&error), "GPU health watch ended"),
+    }
+}
+
+struct Sink<F> {
+    config: F,
+    inventory: Inventory,
+}
+
+impl<F: Fn() -> Arc<Config>> Sink<F> {
+    fn gpu(&self, uuid: &str) -> Option<&Gpu> {
+        self.inventory.gpus.iter().find(|g| g.uuid == uuid)
+    }
+
+    fn ledger(&self) -> Option<Ledger> {
+        crate::state::open_ledger(&(self.config)())
+            .inspect_err(|error| tracing::warn!(error = %one_line(error), "cannot open the ledger for a GPU health event"))
+            .ok()
+    }
+}
+
+impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
+    fn event(&mut self, uuid: &str, signal: Signal) {
+        let Some(gpu) = self.gpu(uuid) else {
+            return;
+        };
+        let (action, reason) = judge(signal, &(self.config)().health.xid);
+        if action == Action::Ignore {
+            tracing::debug!(gpu = gpu.index, reason, "ignored");
+            return;
+        }
+        let Some(ledger) = self.ledger() else {
+            return;
+        };
+        let fenced = match action.fence() {
+            Some(state) => ledger.fence_health(gpu, state, &reason, false),
+            None => Ok(None),
+        };
+        match fenced {
+            Ok(Some(fence)) => tracing::warn!(
+                gpu = gpu.index,
+                state = fence.state.as_str(),
+                reason,
+                "GPU out of allocation"
+            ),
+            // Restart-app, or a GPU out of allocation already: told in the trail.
+            Ok(None) => ledger.note_health(gpu, action.as_str(), &reason),
+            Err(error) => {
+                tracing::warn!(gpu = gpu.index, error = %one_line(&error), "could not fence the GPU")
+            }
+        }
+    }
+
+    fn conditions(&mut self, uuid: &str, now: &[Signal]) {
+        let Some(gpu) = self.gpu(uuid) else {
+            return;
+        };
+        let Some(ledger) = self.ledger() else {
+            return;
+        };
+        // Read without the lock first: most looks change nothing, and take no lock.
+        let fence = ledger.fences().ok().and_then(|f| f.of(uuid).cloned());
+        let result = match (now.first(), &fence) {
+            (Some(&signal), None) => {
+                let (action, reason) = judge(signal, &(self.config)().health.xid);
+                match action.fence() {
+                    Some(state) => ledger.fence_health(gpu, state, &reason, true),
+                    None => Ok(None),
+                }
+            }
+            (None, Some(f)) if f.until_clear => ledger.clear_health(gpu),
+            _ => Ok(None),
+        };
+        match result {
+            Ok(Some(f)) if now.is_empty() => {
+                tracing::info!(
+                    gpu = gpu.index,
+                    was = f.reason,
+                    "GPU back in allocation: no longer reported"
+                )
+            }
+            Ok(Some(f)) => tracing::warn!(
+                gpu = gpu.index,
+                state = f.state.as_str(),
+                reason = f.reason,
+                "GPU out of allocation"
+            ),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(gpu = gpu.index, error = %one_line(&error), "could not change the GPU's fence")
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! What a GPU's health says, and what gpupin does about it: an XID by the action NVIDIA's
+//! XID catalog names for it (ignore, restart the app, reset the GPU, reboot the machine;
+//! overridable per XID), a double-bit ECC error, a pending or failed row remap, retired
+//! pages pending. A reset or a reboot is a fence (`model::fence`): the GPU goes to no one
+//! until then; restart-app is told (the audit log), not fenced.
+
+use super::fence::FenceState;
+use std::collections::BTreeMap;
+
+/// What the driver reported of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// An XID event (NVML's critical XID event), with its number.
+    Xid(u64),
+    /// A double-bit (uncorrectable) ECC error: an event, or the volatile counter above 0.
+    DoubleBitEcc,
+    /// A row is marked for remapping; the remap happens at the next reset.
+    RemapPending,
+    /// Row remapping failed: the GPU is out of spare rows.
+    RemapFailed,
+    /// Pages are marked for retirement, which takes effect at the next reset.
+    RetiredPagesPending,
+}
+
+/// What a signal calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Action {
+    /// Nothing: logged at debug level only.
+    Ignore,
+    /// The application that hit it must restart; the GPU is fine: an audit line, no fence.
+    RestartApp,
+    /// The GPU needs a reset before anyone uses it again.
+    Reset,
+    /// The machine needs a reboot.
+    Reboot,
+}
+
+impl Action {
+    /// The word the config and the audit log use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Ignore => "ignore",
+            Action::RestartApp => "restart-app",
+            Action::Reset => "reset",
+            Action::Reboot => "reboot",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Action> {
+        [
+            Action::Ignore,
+            Action::RestartApp,
+            Action::Reset,
+            Action::Reboot,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == text)
+    }
+
+    /// The fence it sets, if any.
+    pub fn fence(self) -> Option<FenceState> {
+        match self {
+            Action::Ignore | Action::RestartApp => None,
+            Action::Reset => Some(FenceState::NeedsReset),
+            Action::Reboot => Some(FenceState::NeedsReboot),
+        }
+    }
+}
+
+/// The action for an XID, from NVIDIA's XID catalog's immediate resolution bucket for the
+/// XIDs gpupin knows (the ones a shared GPU server sees); any other XID restarts the app
+/// (told, not fenced). `[health] xid` in the config overrides any of them.
+pub(crate) fn xid_action(xid: u64) -> Action {
+    match xid {
+        // Preemptive cleanup after another error: nothing of its own.
+        45 => Action::Ignore,
+        // The application's own fault or a channel it lost (graphics engine exception, MMU
+        // page fault, engine timeouts, contained ECC error): restart the app.
+        8 | 13 | 31 | 32 | 43 | 68 | 69 | 94 => Action::RestartApp,
+        // The GPU's state is damaged until a reset: stopped processing, double-bit ECC
+        // error, internal microcontroller halt, row remapping recorded or failed, NVLink
+        // error, uncontained ECC error, GSP errors.
+        46 | 48 | 62 | 63 | 64 | 74 | 92 | 95 | 119 | 120 | 140 => Action::Reset,
+        // The GPU has fallen off the bus.
+        79 => Action::Reboot,
+        _ => Action::RestartApp,
+    }
+}
+
+/// What gpupin makes of `signal`: its action (per XID, `overrides` first) and the reason a
+/// fence or an audit line gives.
+pub(crate) fn judge(signal: Signal, overrides: &BTreeMap<u64, Action>) -> (Action, String) {
+    match signal {
+        Signal::Xid(xid) => {
+            let action = overrides
+                .get(&xid)
+                .copied()
+                .unwrap_or_else(|| xid_action(xid));
+            (action, format!("XID {xid}"))
+        }
+        Signal::DoubleBitEcc => (Action::Reset, "double-bit ECC error".into()),
+        Signal::RemapPending => (Action::Reset, "row remap pending".into()),
+        Signal::RemapFailed => (Action::Reset, "row remapping failed".into()),
+        Signal::RetiredPagesPending => (Action::Reset, "retired pages pending".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xids_take_the_catalogs_action_unless_the_config_says_otherwise() {
+        let none = BTreeMap::new();
+        assert_eq!(
+            judge(Signal::Xid(79), &none),
+            (Action::Reboot, "XID 79".into())
+        );
+        assert_eq!(judge(Signal::Xid(48), &none).0, Action::Reset);
+        assert_eq!(judge(Signal::Xid(13), &none).0, Action::RestartApp);
+        assert_eq!(judge(Signal::Xid(45), &none).0, Action::Ignore);
+        assert_eq!(judge(Signal::Xid(9999), &none).0, Action::RestartApp);
+        let mine = BTreeMap::from([(13, Action::Reset), (79, Action::Ignore)]);
+        assert_eq!(judge(Signal::Xid(13), &mine).0, Action::Reset);
+        assert_eq!(judge(Signal::Xid(79), &mine).0, Action::Ignore);
+        assert_eq!(judge(Signal::Xid(48), &mine).0, Action::Reset);
+    }
+
+    #[test]
+    fn memory_errors_need_a_reset_and_only_resets_and_reboots_fence() {
+        for s in [
+            Signal::DoubleBitEcc,
+            Signal::RemapPending,
+            Signal::RemapFailed,
+            Signal::RetiredPagesPending,
+        ] {
+            assert_eq!(judge(s, &BTreeMap::new()).0, Action::Reset, "{s:?}");
+        }
+        assert_eq!(Action::Reset.fence(), Some(FenceState::NeedsReset));
+        assert_eq!(Action::Reboot.fence(), Some(FenceState::NeedsReboot));
+        assert_eq!(Action::RestartApp.fence(), None);
+        assert_eq!(Action::Ignore.fence(), None);
+        for a in [
+            Action::Ignore,
+            Action::RestartApp,
+            Action::Reset,
+            Action::Reboot,
+        ] {
+            assert_eq!(Action::parse(a.as_str()), Some(a));
+        }
+        assert_eq!(Action::parse("drain"), None);
+    }
+}
