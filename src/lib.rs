@@ -226,7 +226,7 @@ pub mod command {
     }
     pub mod nvml_helper {
         pub use crate::host::inventory::nvml_helper::{
-            INVENTORY, LIVE, MIG_UNREADABLE_STATUS, live_json,
+            INVENTORY, LIVE, MEMORY_LIMIT, MIG_UNREADABLE_STATUS, live_json, memory_limit_here,
         };
     }
     pub mod explain {

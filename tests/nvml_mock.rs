@@ -1459,3 +1459,76 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
     let _ = serve.kill();
     let _ = serve.wait();
 }
+
+/// A shared job's memory reservation becomes a limit the driver enforces on the job's own
+/// cgroup (`nvmlDeviceSetMemoryLimits_v1`: the mock logs what was set), cleared before the
+/// cgroup goes; where the driver lacks the feature, the job runs and its record says the
+/// reservation is accounting only.
+#[test]
+fn a_shared_jobs_reservation_is_a_limit_the_driver_enforces_on_its_cgroup() {
+    let test = "a_shared_jobs_reservation_is_a_limit_the_driver_enforces_on_its_cgroup";
+    let Some(host) = MockHost::new(test, "dgxa100", "nvml") else {
+        return;
+    };
+    let limits = host.root().join("mock-limits.log");
+    let report = host.root().join("job-status.json");
+    // The job reports its own record, as gpupin status shows it, then ends.
+    let job = format!(
+        "{} --config {} status --json > {}",
+        binary(GPUPIN).display(),
+        host.config().display(),
+        report.display()
+    );
+    let ask = [
+        "exec",
+        "--share",
+        "shared",
+        "--reserve",
+        "20GiB",
+        "--devices",
+        "0",
+        "--",
+        "sh",
+        "-c",
+        job.as_str(),
+    ];
+    let out = host
+        .command(&host.config(), &ask)
+        .env("GPUPIN_MOCK_NVML_LIMITS", &limits)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let holder = &seen["holders"][0];
+    assert_eq!(holder["memory_limit"], "enforced", "{holder:#}");
+    let logged: Vec<Value> = std::fs::read_to_string(&limits)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let reserve = 20u64 << 30;
+    assert_eq!(logged.len(), 2, "{logged:?}");
+    assert_eq!(logged[0]["index"], 0);
+    assert_eq!(logged[0]["soft"], reserve);
+    assert_eq!(logged[0]["hard"], reserve);
+    let cgroup = logged[0]["cgroup"].as_str().unwrap();
+    let holder_id = holder["id"].as_str().unwrap();
+    assert!(cgroup.ends_with(&format!("gpupin-{holder_id}")), "{cgroup}");
+    assert_eq!(logged[1]["cgroup"], cgroup, "cleared on the same cgroup");
+    assert_eq!(logged[1]["soft"], 0);
+    assert_eq!(logged[1]["hard"], u64::MAX);
+
+    // A driver without the feature: the job runs; its reservation is accounting only.
+    let out = host.command(&host.config(), &ask).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(seen["holders"][0]["memory_limit"], "accounting-only");
+}

@@ -157,6 +157,7 @@ pub(super) fn json(r: &Record, now: SystemTime, grace: Duration, idle: Option<u6
         "state": if r.is_stale(now, grace) { "gone" } else { "running" },
         "request": r.request,
         "reason": r.reason,
+        "memory_limit": r.memory_limit,
         "expires_at": r.expires_at.map(|s| humantime::format_rfc3339_seconds(
             crate::base::clock::unix(s)
         ).to_string()),

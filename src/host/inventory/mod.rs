@@ -11,8 +11,13 @@ pub(crate) mod live;
 mod live_cache;
 mod mig_file;
 mod nvml;
+/// The NVML library every in-process use loads (the inventory, live figures, health,
+/// memory limits).
+const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
+
 pub(crate) mod nvml_health;
 pub(crate) mod nvml_helper;
+pub(crate) mod nvml_limits;
 mod procfs;
 pub(crate) mod sim;
 
@@ -99,6 +104,8 @@ pub enum InventoryError {
     NvmlHelperMigUnreadable { exe: PathBuf, reason: String },
     #[error("NVML reports no GPUs")]
     NoGpusInNvml,
+    #[error(transparent)]
+    MemoryLimit(Box<nvml_limits::LimitError>),
     #[error("NVML query failed: {what}")]
     Nvml {
         what: String,

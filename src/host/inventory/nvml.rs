@@ -44,7 +44,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 
 /// The library name NVIDIA installs with the driver (the unversioned name needs the dev package).
-pub(super) const LIBRARY: &str = "libnvidia-ml.so.1";
+const LIBRARY: &str = super::NVML_LIBRARY;
 /// NVML_NVLINK_MAX_LINKS in the current nvml.h (36 since NVLink 5; 18 in older headers,
 /// and in nvml-wrapper-sys, which does not re-export it). A link past what a GPU or an
 /// older driver has answers an error, which counts as no link, so asking for all 36

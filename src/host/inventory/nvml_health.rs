@@ -35,7 +35,7 @@ pub(crate) fn watch(
     stop: &AtomicBool,
 ) -> Result<(), InventoryError> {
     let nvml = Nvml::builder()
-        .lib_path(OsStr::new(super::nvml::LIBRARY))
+        .lib_path(OsStr::new(super::NVML_LIBRARY))
         .init()
         .map_err(|source| InventoryError::NvmlUnavailable { source })?;
     let count = nvml.device_count().map_err(|source| InventoryError::Nvml {

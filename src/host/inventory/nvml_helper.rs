@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 pub(crate) const SUBCOMMAND: &str = "nvml";
 pub const INVENTORY: &str = "inventory";
 pub const LIVE: &str = "live";
+pub const MEMORY_LIMIT: &str = "memory-limit";
 /// The exit status of `gpupin nvml inventory` when a GPU in MIG mode has instances NVML
 /// cannot read (`InventoryError::MigUnreadable`): not a machine without NVML, so
 /// `inventory = "auto"` must not fall back to procfs.
@@ -42,9 +43,59 @@ pub fn live_json(gpus: &[(String, Live)]) -> String {
     live::to_json(gpus)
 }
 
+/// A driver-enforced memory limit of `bytes` (`None`: cleared) for cgroup `cgroup` on
+/// each GPU of `uuids`, set by `exe nvml memory-limit`: a process of its own, so that
+/// NVML's threads never share a job's waiting process (its signals go to the job's
+/// waiter, not to a thread the library started).
+pub(crate) fn memory_limit(
+    exe: &Path,
+    uuids: &[&str],
+    cgroup: &Path,
+    bytes: Option<u64>,
+) -> Result<super::nvml_limits::Enforced, InventoryError> {
+    let mut args = vec![
+        cgroup.display().to_string(),
+        bytes.map_or("clear".to_string(), |b| b.to_string()),
+    ];
+    args.extend(uuids.iter().map(|u| u.to_string()));
+    let text = ask_with(exe, MEMORY_LIMIT, &args)?;
+    Ok(match text.trim() {
+        "enforced" => super::nvml_limits::Enforced::Yes,
+        _ => super::nvml_limits::Enforced::Unsupported,
+    })
+}
+
+/// What `gpupin nvml memory-limit CGROUP BYTES|clear UUID...` prints: `enforced`, or
+/// `unsupported` where the driver has no per-cgroup limits.
+pub fn memory_limit_here(args: &[String]) -> Result<String, InventoryError> {
+    let bad = |what: &str| InventoryError::NvmlHelper {
+        exe: std::path::PathBuf::from(SUBCOMMAND),
+        reason: format!("memory-limit {what}: expected CGROUP BYTES|clear UUID..."),
+    };
+    let [cgroup, bytes, uuids @ ..] = args else {
+        return Err(bad("needs a cgroup and bytes"));
+    };
+    let bytes = match bytes.as_str() {
+        "clear" => None,
+        n => Some(n.parse::<u64>().map_err(|_| bad(n))?),
+    };
+    let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
+    Ok(
+        match super::nvml_limits::set(&uuids, Path::new(cgroup), bytes)? {
+            super::nvml_limits::Enforced::Yes => "enforced".into(),
+            super::nvml_limits::Enforced::Unsupported => "unsupported".into(),
+        },
+    )
+}
+
 fn ask(exe: &Path, question: &str) -> Result<String, InventoryError> {
+    ask_with(exe, question, &[])
+}
+
+fn ask_with(exe: &Path, question: &str, rest: &[String]) -> Result<String, InventoryError> {
     let output = Command::new(exe)
         .args([SUBCOMMAND, question])
+        .args(rest)
         .stdin(Stdio::null())
         .output()
         .map_err(|source| InventoryError::NvmlHelperStart {

@@ -36,7 +36,7 @@ pub(crate) use life::lookup;
 pub(crate) use life::{ClaimError, ClaimToken, Idle, IdleRule};
 pub use life::{Released, Releaser};
 pub use queue::{WaitReason, Waiting};
-pub(crate) use record::{Figures, FiguresNow, Mode, StillWanted};
+pub(crate) use record::{Figures, FiguresNow, MemoryLimit, Mode, StillWanted};
 pub use record::{HolderMeta, Record};
 pub(crate) use record::{holder_of, holders_of, unix_now};
 pub(crate) use store::entry::release_arg;
@@ -630,6 +630,7 @@ impl Ledger {
             cgroups: Vec::new(),
             expires_at: meta.expires_at,
             reason: meta.reason,
+            memory_limit: None,
         };
         store::write_record(&self.dir, &holder.file_name(), &record)?;
         let event = match record.kind {

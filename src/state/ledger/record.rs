@@ -63,6 +63,20 @@ pub struct Record {
     /// Why the GPUs are held, as `gpupin hold --reason` said (status and the audit log).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// For a shared holder with a memory reservation on a machine NVML describes: whether
+    /// the driver enforces it on the holder's cgroup (`host::inventory::nvml_limits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<MemoryLimit>,
+}
+
+/// Whether a shared holder's memory reservation is a limit the driver enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryLimit {
+    /// Set on the holder's cgroup: the driver refuses it more.
+    Enforced,
+    /// The driver has no per-cgroup memory limits: the reservation is bookkeeping.
+    AccountingOnly,
 }
 
 /// What an allocation knows about the holder besides its id.

@@ -25,6 +25,7 @@ pub(crate) fn record(id: &str, gpus: &[&str]) -> Record {
         cgroups: Vec::new(),
         expires_at: None,
         reason: None,
+        memory_limit: None,
         // After this boot (2100-01-01), so that the holder counts as running.
         created_at: 4_102_444_800,
     }

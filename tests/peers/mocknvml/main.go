@@ -33,6 +33,8 @@
 //     temperature, power and processes not supported.
 //   - GPUPIN_MOCK_NVML_HEALTH: optional JSON of events (XIDs, double-bit ECC errors) and
 //     error counters per GPU, read again at every call (see health.go).
+//   - GPUPIN_MOCK_NVML_LIMITS: optional file the per-cgroup memory limits set are logged
+//     to; without it the driver lacks them (see limits.go).
 //
 // Where a variable is unset (runc runs hooks with an empty environment), the files
 // mock-nvml.profile (the profile's name), mock-nvml-mig (the geometry),

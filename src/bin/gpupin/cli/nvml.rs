@@ -1,14 +1,19 @@
 //! `gpupin nvml inventory|live` (hidden): NVML's answers as JSON on stdout, for
 //! gpupin-hook and gpupin-runtime, which never load NVML themselves
-//! (`gpupin::host::inventory::nvml_helper` says why).
+//! (`gpupin::host::inventory::nvml_helper` says why); and `gpupin nvml memory-limit
+//! CGROUP BYTES|clear UUID...`, a driver-enforced memory limit set for a job's cgroup
+//! by a process of its own (`nvml_helper::memory_limit`).
 
 use gpupin::command::{inventory, nvml_helper};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct NvmlArgs {
-    /// `inventory` (the inventory file format) or `live` (the live file format)
+    /// `inventory` (the inventory file format), `live` (the live file format) or
+    /// `memory-limit`
     pub question: String,
+    /// `memory-limit`'s: the cgroup, the bytes (or `clear`), the GPUs' UUIDs
+    pub rest: Vec<String>,
 }
 
 pub fn run(args: &NvmlArgs) -> anyhow::Result<ExitCode> {
@@ -24,10 +29,12 @@ pub fn run(args: &NvmlArgs) -> anyhow::Result<ExitCode> {
             Err(err) => return Err(err.into()),
         },
         nvml_helper::LIVE => nvml_helper::live_json(&inventory::nvml_live_here()?),
+        nvml_helper::MEMORY_LIMIT => nvml_helper::memory_limit_here(&args.rest)?,
         other => anyhow::bail!(
-            "unknown NVML question {other:?}: expected {} or {}",
+            "unknown NVML question {other:?}: expected {}, {} or {}",
             nvml_helper::INVENTORY,
-            nvml_helper::LIVE
+            nvml_helper::LIVE,
+            nvml_helper::MEMORY_LIMIT
         ),
     };
     outln!("{answer}")?;

@@ -4,7 +4,7 @@
 
 use crate::model::holder::HolderId;
 use crate::state::audit::{Event, EventKind};
-use crate::state::ledger::record::Record;
+use crate::state::ledger::record::{MemoryLimit, Record};
 use crate::state::ledger::store;
 use crate::state::ledger::{Ledger, LedgerError};
 use std::os::fd::BorrowedFd;
@@ -69,6 +69,24 @@ impl Ledger {
             });
         };
         record.cgroups = dirs.to_vec();
+        store::write_record(&self.dir, &holder.file_name(), &record)
+    }
+
+    /// Notes on `holder`'s record (if it still names process `pid`) whether the driver
+    /// enforces its memory reservation (`Record::memory_limit`).
+    pub fn record_memory_limit(
+        &self,
+        holder: &HolderId,
+        pid: i32,
+        limit: MemoryLimit,
+    ) -> Result<(), LedgerError> {
+        let _lock = store::lock(&self.dir)?;
+        let Some(mut record) =
+            store::read_holder(&self.dir, holder)?.filter(|r| r.pid == Some(pid))
+        else {
+            return Ok(());
+        };
+        record.memory_limit = Some(limit);
         store::write_record(&self.dir, &holder.file_name(), &record)
     }
 
