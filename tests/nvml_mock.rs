@@ -1532,3 +1532,71 @@ fn a_shared_jobs_reservation_is_a_limit_the_driver_enforces_on_its_cgroup() {
     let seen: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(seen["holders"][0]["memory_limit"], "accounting-only");
 }
+
+/// A shared container's reservation on the mock host: gpupin-hook (which never loads
+/// NVML) has the `gpupin` beside it set the driver's limit on the container's cgroup; the
+/// ledger says it is enforced. Without the feature in the driver the container runs and
+/// the reservation is accounting only.
+#[test]
+fn a_shared_containers_reservation_is_a_limit_on_its_cgroup() {
+    use gpupin_sandbox::Runc;
+    use gpupin_sandbox::harness::Sandbox;
+    use gpupin_sandbox::harness::status::holder;
+    let test = "a_shared_containers_reservation_is_a_limit_on_its_cgroup";
+    let Some(host) = MockHost::new(test, "dgxh100", "nvml") else {
+        return;
+    };
+    let Some(()) = required(
+        test,
+        Path::new(SYSTEM_LIB_DIR)
+            .is_dir()
+            .then_some(())
+            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
+    ) else {
+        return;
+    };
+    let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "") else {
+        return;
+    };
+    let runc = sb.runc.binary.clone();
+    let root = sb.runc.root.clone();
+    sb.runc = Runc::new(&host.runc_wrapper(&runc, true), &root);
+    // The helper runs with an empty environment, the library on a read-only overlay: a
+    // file beside it names the log.
+    let limits = host.root().join("mock-limits.log");
+    let named = host.root().join("lib/mock-nvml-limits.path");
+    std::fs::create_dir_all(host.root().join("lib")).unwrap();
+    std::fs::write(&named, limits.display().to_string()).unwrap();
+    let status = || {
+        let out = host.run_with(&sb.gpupin.config, &["status", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let spec = sb
+        .spec()
+        .annotation("gpupin.count", "1")
+        .annotation("gpupin.share", "shared")
+        .annotation("gpupin.reserve", "20GiB");
+    let id = sb.id("shared-limit");
+    let c = sb.start(&id, &spec).unwrap();
+    let record = holder(&status(), &id).expect("held while running");
+    assert_eq!(record["memory_limit"], "enforced", "{record:#}");
+    let logged: Vec<Value> = std::fs::read_to_string(&limits)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(logged[0]["hard"], 20u64 << 30);
+    let cgroup = logged[0]["cgroup"].as_str().unwrap();
+    assert!(cgroup.contains(&id), "the container's own cgroup: {cgroup}");
+    c.stop().unwrap();
+
+    // A driver without per-cgroup limits: the container runs, accounting only.
+    std::fs::remove_file(&named).unwrap();
+    let id = sb.id("shared-accounting");
+    let c = sb.start(&id, &spec).unwrap();
+    let record = holder(&status(), &id).expect("held while running");
+    assert_eq!(record["memory_limit"], "accounting-only", "{record:#}");
+    c.stop().unwrap();
+}

@@ -4,6 +4,7 @@
 //! holder to the container's pid; poststop releases. Podman's precreate stage passes the
 //! proposed spec instead and reads it back, edited, from stdout.
 
+mod limit;
 mod precreate;
 mod prestart;
 pub(crate) mod stage;
@@ -79,6 +80,11 @@ pub enum HookError {
         "container {0} asks for gpupin.cpus=numa, which needs its spec edited before create (gpupin-runtime or podman's precreate hook); the prestart hook cannot change a cpuset"
     )]
     CpusNeedSpecEdit(String),
+    /// A shared container's reservation could not be made the driver's limit.
+    #[error(
+        "cannot limit container {id}'s GPU memory to its reservation: {reason}; its GPUs were released"
+    )]
+    MemoryLimit { id: String, reason: String },
     /// Precreate failed and handed its reason to this hook in its arguments (`--refuse`).
     #[error("{0}")]
     Precreate(String),
@@ -220,6 +226,7 @@ fn run_stage(
             let pid = pid.ok_or_else(|| HookError::NoPid(id.to_string()))?;
             let ledger = crate::state::open_ledger(&config)?;
             let record = ledger.bind(&id, &token, pid, &uuids)?;
+            limit::memory(&config, &ledger, &record, pid)?;
             Ok(Outcome::Bound(record))
         }
         Task::Allocate { request, spec } => {
@@ -229,7 +236,12 @@ fn run_stage(
                 bundle: &bundle,
                 info: info_of(&state),
             };
-            prestart::prestart(&container, &request, spec, &config)
+            let outcome = prestart::prestart(&container, &request, spec, &config)?;
+            if let (Outcome::Allocated(record), Some(pid)) = (&outcome, pid) {
+                let ledger = crate::state::open_ledger(&config)?;
+                limit::memory(&config, &ledger, record, pid)?;
+            }
+            Ok(outcome)
         }
         Task::Unrequested { spec } => {
             let container = prestart::Container {

@@ -285,6 +285,19 @@ pub(crate) fn confine(
     confine_in(Path::new("/proc"), pid, pidfd, name, mode, rules)
 }
 
+/// The cgroup directory process `pid` is in, for a per-cgroup limit set from outside (a
+/// container's memory limit on its GPUs): its cgroup2 one where the host mounts cgroup2,
+/// else its v1 devices one.
+pub(crate) fn cgroup_dir_of(pid: i32) -> Result<PathBuf, ConfineError> {
+    let parents = hierarchy::parents(Path::new("/proc"), pid, Confine::Auto)?;
+    parents
+        .iter()
+        .find(|p| p.mechanism == Mechanism::Bpf)
+        .or_else(|| parents.first())
+        .map(|p| p.dir.clone())
+        .ok_or(ConfineError::NoMechanism { pid })
+}
+
 /// Whether the process a pidfd refers to still runs (its pidfd is not readable yet).
 pub(crate) fn pidfd_alive(pidfd: BorrowedFd<'_>) -> bool {
     let mut fds = [rustix::event::PollFd::new(

@@ -21,6 +21,7 @@ import "C"
 import (
 	"encoding/json"
 	"os"
+	"strings"
 	"unsafe"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -30,7 +31,13 @@ func limitsLog() string {
 	if path := os.Getenv("GPUPIN_MOCK_NVML_LIMITS"); path != "" {
 		return path
 	}
-	return besideLibrary("mock-nvml-limits.log")
+	// Beside a library that may sit on a read-only overlay: a file naming the log.
+	if named := besideLibrary("mock-nvml-limits.path"); named != "" {
+		if text, err := os.ReadFile(named); err == nil {
+			return strings.TrimSpace(string(text))
+		}
+	}
+	return ""
 }
 
 //export nvmlDeviceSetMemoryLimits_v1

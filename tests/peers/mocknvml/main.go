@@ -38,7 +38,8 @@
 //
 // Where a variable is unset (runc runs hooks with an empty environment), the files
 // mock-nvml.profile (the profile's name), mock-nvml-mig (the geometry),
-// mock-nvml-live.json and mock-nvml-health.json beside the loaded library stand in for them.
+// mock-nvml-live.json, mock-nvml-health.json and mock-nvml-limits.path beside the loaded
+// library stand in for them.
 package main
 
 /*
