@@ -1349,7 +1349,8 @@ fn a_job_on_an_nvml_mig_instance_opens_only_its_gpu_and_its_own_caps() {
 /// say why; the audit log has the fence by `gpupin serve`); one whose action is to restart
 /// the application (13) fences nothing and is told in the audit log; a pending row remap
 /// fences its GPU until the mock no longer reports it (as after a reset), then the GPU is
-/// back by itself; `gpupin undrain` puts an XID-fenced GPU back.
+/// back by itself; a GPU fallen off the bus needs a reboot; an ignored XID (45) leaves no
+/// trace; `gpupin undrain` puts an XID-fenced GPU back.
 #[test]
 fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
     let test = "serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot";
@@ -1386,6 +1387,7 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
 
     // Each rewrite of the file keeps the events fired: the mock delivers each once.
     let fired = json!([
+        {"index": 0, "type": "xid", "xid": 45},
         {"index": 2, "type": "xid", "xid": 79},
         {"index": 1, "type": "xid", "xid": 13},
         {"index": 3, "type": "xid", "xid": 48},
@@ -1401,6 +1403,7 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
         fence_of(1).is_null(),
         "XID 13 restarts the app, fences nothing"
     );
+    assert!(fence_of(0).is_null(), "XID 45 is ignored");
     let status = host.ok(&["status"]);
     assert!(status.contains("NEEDS RESET: XID 48"), "{status}");
     assert!(status.contains("NEEDS REBOOT: XID 79"), "{status}");
@@ -1430,6 +1433,10 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
         .iter()
         .find(|e| e["event"] == "health")
         .unwrap_or_else(|| panic!("no health line: {audit}"));
+    assert!(
+        !events.iter().any(|e| e["holder"] == "gpu-0"),
+        "nothing of the ignored XID 45 in the trail: {audit}"
+    );
     assert_eq!(told["holder"], "gpu-1");
     assert_eq!(told["code"], "restart-app");
     assert_eq!(told["reason"], "XID 13");
@@ -1448,6 +1455,12 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
     assert_eq!(fence_of(4)["state"], "needs-reset");
     host.set_health(&json!({"events": fired, "gpus": []}));
     until("GPU 4 back", &|| fence_of(4).is_null());
+
+    // A GPU fallen off the bus (NVML answers GPU_IS_LOST) needs a reboot.
+    host.set_health(&json!({"events": fired, "gpus": [{"index": 6, "lost": true}]}));
+    until("GPU 6 fenced", &|| !fence_of(6).is_null());
+    assert_eq!(fence_of(6)["state"], "needs-reboot");
+    assert_eq!(fence_of(6)["reason"], "fallen off the bus");
 
     // An admin's undrain puts an XID-fenced GPU back.
     let said = host.ok(&["undrain", "3"]);
@@ -1599,4 +1612,83 @@ fn a_shared_containers_reservation_is_a_limit_on_its_cgroup() {
     let record = holder(&status(), &id).expect("held while running");
     assert_eq!(record["memory_limit"], "accounting-only", "{record:#}");
     c.stop().unwrap();
+}
+
+/// `[health] evict = true`: the holder of a GPU the health fences is evicted (its
+/// process gets SIGTERM, its GPUs are released), and the trail says by whom and why.
+#[test]
+fn serve_evicts_the_holders_of_a_fenced_gpu_when_told_to() {
+    let test = "serve_evicts_the_holders_of_a_fenced_gpu_when_told_to";
+    let Some(host) = MockHost::new(test, "dgxa100", "nvml") else {
+        return;
+    };
+    host.set_health(&json!({"events": [], "gpus": []}));
+    let socket = host.root().join("gpupin.sock");
+    let mut config = std::fs::read_to_string(host.config()).unwrap();
+    config.push_str(&format!(
+        "socket = {socket:?}\n[health]\npoll = \"1s\"\nevict = true\n"
+    ));
+    std::fs::write(host.config(), config).unwrap();
+    let log = std::fs::File::create(host.root().join("serve.log")).unwrap();
+    let mut serve = host
+        .command(&host.config(), &["serve"])
+        .env("GPUPIN_LOG", "info")
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let serve_log = || std::fs::read_to_string(host.root().join("serve.log")).unwrap_or_default();
+    let started = std::time::Instant::now();
+    while !socket.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "{}",
+            serve_log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut job = Command::new("sleep").arg("600").spawn().unwrap();
+    let pid = job.id().to_string();
+    host.ok(&["hold", "busy", "--devices", "5", "--pid", &pid]);
+
+    host.set_health(&json!({"events": [{"index": 5, "type": "xid", "xid": 48}], "gpus": []}));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = job.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the holder's process still runs\n{}",
+            serve_log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(15), "SIGTERM");
+    let started = std::time::Instant::now();
+    while host.json(&["status", "--json"])["holders"]
+        .as_array()
+        .is_some_and(|h| !h.is_empty())
+    {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "{}",
+            serve_log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let audit = std::fs::read_to_string(host.root().join("state/audit.log")).unwrap();
+    let evicted: Value = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["event"] == "evict")
+        .unwrap_or_else(|| panic!("no evict line: {audit}"));
+    assert_eq!(evicted["holder"], "busy");
+    let reason = evicted["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("gpupin serve") && reason.contains("GPU 5 needs a reset (XID 48)"),
+        "{reason}"
+    );
+    let _ = serve.kill();
+    let _ = serve.wait();
 }

@@ -1,7 +1,7 @@
 //! What a GPU's health says, and what gpupin does about it: an XID by the action NVIDIA's
 //! XID catalog names for it (ignore, restart the app, reset the GPU, reboot the machine;
 //! overridable per XID), a double-bit ECC error, a pending or failed row remap, retired
-//! pages pending. A reset or a reboot is a fence (`model::fence`): the GPU goes to no one
+//! pages pending, a GPU fallen off the bus. A reset or a reboot is a fence (`model::fence`): the GPU goes to no one
 //! until then; restart-app is told (the audit log), not fenced.
 
 use super::fence::FenceState;
@@ -20,6 +20,8 @@ pub(crate) enum Signal {
     RemapFailed,
     /// Pages are marked for retirement, which takes effect at the next reset.
     RetiredPagesPending,
+    /// NVML answers that the GPU has fallen off the bus (GPU_IS_LOST).
+    Lost,
 }
 
 /// What a signal calls for.
@@ -102,6 +104,7 @@ pub(crate) fn judge(signal: Signal, overrides: &BTreeMap<u64, Action>) -> (Actio
         Signal::RemapPending => (Action::Reset, "row remap pending".into()),
         Signal::RemapFailed => (Action::Reset, "row remapping failed".into()),
         Signal::RetiredPagesPending => (Action::Reset, "retired pages pending".into()),
+        Signal::Lost => (Action::Reboot, "fallen off the bus".into()),
     }
 }
 
@@ -136,6 +139,10 @@ mod tests {
         ] {
             assert_eq!(judge(s, &BTreeMap::new()).0, Action::Reset, "{s:?}");
         }
+        assert_eq!(
+            judge(Signal::Lost, &BTreeMap::new()),
+            (Action::Reboot, "fallen off the bus".into())
+        );
         assert_eq!(Action::Reset.fence(), Some(FenceState::NeedsReset));
         assert_eq!(Action::Reboot.fence(), Some(FenceState::NeedsReboot));
         assert_eq!(Action::RestartApp.fence(), None);

@@ -2,7 +2,7 @@
 //! binary): an event set registered for XIDs and double-bit ECC errors on every GPU that
 //! supports them, waited on in short slices, and every `poll` the conditions that hold
 //! until a reset (a row remap pending or failed, double-bit errors in the volatile
-//! counter, retired pages pending). What they mean is `model::health`'s; what is done,
+//! counter, retired pages pending) or a reboot (a GPU fallen off the bus). What they mean is `model::health`'s; what is done,
 //! the caller's (`HealthSink`).
 
 use super::InventoryError;
@@ -53,8 +53,10 @@ pub(crate) fn watch(
     while !stop.load(Ordering::SeqCst) {
         if Instant::now() >= next_poll {
             for uuid in &uuids {
-                if let Ok(device) = nvml.device_by_uuid(uuid.as_str()) {
-                    sink.conditions(uuid, &conditions(&nvml, &device));
+                match nvml.device_by_uuid(uuid.as_str()) {
+                    Ok(device) => sink.conditions(uuid, &conditions(&nvml, &device)),
+                    Err(NvmlError::GpuLost) => sink.conditions(uuid, &[Signal::Lost]),
+                    Err(_) => {}
                 }
             }
             next_poll = Instant::now() + poll;
@@ -126,6 +128,8 @@ fn conditions(nvml: &Nvml, device: &nvml_wrapper::Device<'_>) -> Vec<Signal> {
     match remapped_rows(nvml, device) {
         Ok((_, true)) => now.push(Signal::RemapFailed),
         Ok((true, false)) => now.push(Signal::RemapPending),
+        // Nothing else can be asked of a GPU that has fallen off the bus.
+        Err(NvmlError::GpuLost) => return vec![Signal::Lost],
         _ => {}
     }
     if device

@@ -159,10 +159,11 @@ pub fn effective_toml(config: &Config) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "\n[health]\nwatch = {}\npoll = {}\nxid = {{ {} }}",
+        "\n[health]\nwatch = {}\npoll = {}\nxid = {{ {} }}\nevict = {}",
         health.watch,
         duration(health.poll),
-        xid.join(", ")
+        xid.join(", "),
+        health.evict
     );
     out
 }

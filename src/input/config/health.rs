@@ -7,6 +7,7 @@
 //! watch = true                          # where the inventory comes from NVML
 //! poll = "10s"                          # ECC counters, row remapping, retired pages
 //! xid = { 13 = "reset", 79 = "reboot" } # ignore, restart-app, reset or reboot
+//! evict = false                         # evict the holders of a GPU it fences
 //! ```
 
 use crate::model::health::Action;
@@ -18,6 +19,9 @@ pub struct HealthSettings {
     pub watch: bool,
     pub poll: Duration,
     pub xid: BTreeMap<u64, Action>,
+    /// Whether the holders of a GPU the health fences are evicted (`gpupin evict`, by
+    /// `gpupin serve`), rather than only told.
+    pub evict: bool,
 }
 
 impl Default for HealthSettings {
@@ -26,6 +30,7 @@ impl Default for HealthSettings {
             watch: true,
             poll: Duration::from_secs(10),
             xid: BTreeMap::new(),
+            evict: false,
         }
     }
 }
@@ -37,6 +42,7 @@ pub(super) struct HealthFile {
     watch: Option<bool>,
     poll: Option<String>,
     xid: Option<BTreeMap<String, String>>,
+    evict: Option<bool>,
 }
 
 impl HealthFile {
@@ -45,6 +51,9 @@ impl HealthFile {
         let mut s = HealthSettings::default();
         if let Some(watch) = self.watch {
             s.watch = watch;
+        }
+        if let Some(evict) = self.evict {
+            s.evict = evict;
         }
         if let Some(poll) = self.poll {
             s.poll = match humantime::parse_duration(&poll) {
@@ -84,9 +93,12 @@ mod tests {
     #[test]
     fn what_is_written_is_what_serve_uses_and_bad_values_are_one_line() {
         assert_eq!(parse("").unwrap(), HealthSettings::default());
-        let s = parse("watch = false\npoll = \"30s\"\nxid = { 13 = \"reset\", 79 = \"ignore\" }")
-            .unwrap();
+        let s = parse(
+            "watch = false\npoll = \"30s\"\nevict = true\nxid = { 13 = \"reset\", 79 = \"ignore\" }",
+        )
+        .unwrap();
         assert!(!s.watch);
+        assert!(s.evict);
         assert_eq!(s.poll, Duration::from_secs(30));
         assert_eq!(
             s.xid,

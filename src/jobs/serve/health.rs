@@ -10,9 +10,15 @@ use crate::host::inventory::InventoryError;
 use crate::host::inventory::nvml_health::{self, HealthSink};
 use crate::input::config::Config;
 use crate::input::config::inventory::InventorySource;
+use crate::jobs::evict::Evictor;
+use crate::model::fence::Fence;
 use crate::model::gpu::{Gpu, Inventory};
 use crate::model::health::{Action, Signal, judge};
-use crate::state::ledger::Ledger;
+use crate::state::ledger::lookup::Match;
+use crate::state::ledger::{HEALTH_BY, Ledger};
+
+/// How long a holder evicted for its GPU's health may take to stop before it is killed.
+const EVICT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -63,6 +69,39 @@ impl<F: Fn() -> Arc<Config>> Sink<F> {
     }
 }
 
+impl<F: Fn() -> Arc<Config>> Sink<F> {
+    /// Under `[health] evict = true`, the holders of a GPU just fenced are evicted as
+    /// `gpupin evict` does (grace `EVICT_GRACE`), saying why; otherwise they are only told.
+    fn evict_holders(&self, ledger: &Ledger, gpu: &Gpu, fence: &Fence) {
+        let config = (self.config)();
+        if !config.health.evict {
+            return;
+        }
+        let holders = ledger.holders_of_gpus(&[gpu]).unwrap_or_default();
+        let by = Evictor {
+            uid: 0,
+            user: HEALTH_BY.to_string(),
+            reason: Some(format!("GPU {} {}", gpu.index, fence.why())),
+            how: Match::Exact,
+        };
+        for holder in holders {
+            match crate::jobs::evict::evict(&config, &holder.id, &by, EVICT_GRACE) {
+                Ok(_) => tracing::warn!(
+                    gpu = gpu.index,
+                    holder = holder.shown_name(),
+                    "evicted: its GPU is out of allocation"
+                ),
+                Err(error) => tracing::warn!(
+                    gpu = gpu.index,
+                    holder = holder.shown_name(),
+                    error = %one_line(&error),
+                    "could not evict"
+                ),
+            }
+        }
+    }
+}
+
 impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
     fn event(&mut self, uuid: &str, signal: Signal) {
         let Some(gpu) = self.gpu(uuid) else {
@@ -81,12 +120,15 @@ impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
             None => Ok(None),
         };
         match fenced {
-            Ok(Some(fence)) => tracing::warn!(
-                gpu = gpu.index,
-                state = fence.state.as_str(),
-                reason,
-                "GPU out of allocation"
-            ),
+            Ok(Some(fence)) => {
+                tracing::warn!(
+                    gpu = gpu.index,
+                    state = fence.state.as_str(),
+                    reason,
+                    "GPU out of allocation"
+                );
+                self.evict_holders(&ledger, gpu, &fence);
+            }
             // Restart-app, or a GPU out of allocation already: told in the trail.
             Ok(None) => ledger.note_health(gpu, action.as_str(), &reason),
             Err(error) => {
@@ -123,12 +165,15 @@ impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
                     "GPU back in allocation: no longer reported"
                 )
             }
-            Ok(Some(f)) => tracing::warn!(
-                gpu = gpu.index,
-                state = f.state.as_str(),
-                reason = f.reason,
-                "GPU out of allocation"
-            ),
+            Ok(Some(f)) => {
+                tracing::warn!(
+                    gpu = gpu.index,
+                    state = f.state.as_str(),
+                    reason = f.reason,
+                    "GPU out of allocation"
+                );
+                self.evict_holders(&ledger, gpu, &f);
+            }
             Ok(None) => {}
             Err(error) => {
                 tracing::warn!(gpu = gpu.index, error = %one_line(&error), "could not change the GPU's fence")

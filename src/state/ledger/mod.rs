@@ -33,7 +33,7 @@ pub(crate) use decide::resolve_devices;
 pub(crate) use decide::{Allocation, DecideError};
 pub(crate) use life::WITHIN_SECRET_FILE;
 pub(crate) use life::lookup;
-pub(crate) use life::{ClaimError, ClaimToken, Idle, IdleRule};
+pub(crate) use life::{ClaimError, ClaimToken, HEALTH_BY, Idle, IdleRule};
 pub use life::{Released, Releaser};
 pub use queue::{WaitReason, Waiting};
 pub(crate) use record::{Figures, FiguresNow, MemoryLimit, Mode, StillWanted};

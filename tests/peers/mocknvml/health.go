@@ -6,7 +6,7 @@
 //	GPUPIN_MOCK_NVML_HEALTH (else mock-nvml-health.json beside the library):
 //	{"events": [{"index": 2, "type": "xid", "xid": 79}, {"index": 1, "type": "dbe"}],
 //	 "gpus": [{"index": 3, "remap_pending": true, "remap_failure": false,
-//	           "dbe_volatile": 2, "retired_pending": false}]}
+//	           "dbe_volatile": 2, "retired_pending": false, "lost": false}]}
 //
 // Each event set delivers the file's events in order, each once, to the GPUs registered
 // on it for that event's type (nvmlEventSetWait_v2 waits up to its timeout for the next
@@ -56,6 +56,8 @@ type healthFile struct {
 		RemapFailure   bool   `json:"remap_failure"`
 		DbeVolatile    uint64 `json:"dbe_volatile"`
 		RetiredPending bool   `json:"retired_pending"`
+		// Lost: fallen off the bus; its health queries answer GPU_IS_LOST.
+		Lost bool `json:"lost"`
 	} `json:"gpus"`
 }
 
@@ -217,11 +219,24 @@ func gpuHealth(i int) (remapPending, remapFailure bool, dbe uint64, retired bool
 	return false, false, 0, false
 }
 
+// gpuLost is whether GPU i has fallen off the bus in the file.
+func gpuLost(i int) bool {
+	for _, g := range readHealth().Gpus {
+		if g.Index == i {
+			return g.Lost
+		}
+	}
+	return false
+}
+
 //export nvmlDeviceGetRemappedRows
 func nvmlDeviceGetRemappedRows(h unsafe.Pointer, corr, unc, pending, failure *C.uint) C.int {
 	i := gpuIndex(h)
 	if i < 0 || corr == nil || unc == nil || pending == nil || failure == nil {
 		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	if gpuLost(i) {
+		return ret(nvml.ERROR_GPU_IS_LOST)
 	}
 	p, f, _, _ := gpuHealth(i)
 	*corr, *unc, *pending, *failure = 0, 0, 0, 0

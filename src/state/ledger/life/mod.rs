@@ -18,6 +18,7 @@ mod remove;
 pub(in crate::state::ledger) mod within;
 
 pub(crate) use claim::{ClaimError, ClaimToken};
+pub(crate) use fence::HEALTH_BY;
 pub(crate) use idle::{Idle, IdleRule};
 pub use release::Releaser;
 pub use remove::Released;
