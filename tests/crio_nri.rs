@@ -14,58 +14,10 @@ mod containerd_support;
 mod cri_support;
 mod crio_support;
 
-use cri_support::{container_config, sandbox_config, uuids};
-use crio_support::{Crio, PATIENCE};
+use cri_support::{NriPlugin, container_config, gpupin_nri, sandbox_config, uuids};
+use crio_support::Crio;
 use gpupin_sandbox::harness;
 use serde_json::Value;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// `gpupin nri` on crio's NRI socket, killed when dropped.
-struct Plugin {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Plugin {
-    fn start(crio: &Crio) -> Plugin {
-        let log = crio.dir.join("gpupin-nri.log");
-        let child = Command::new(harness::binary(env!("CARGO_BIN_EXE_gpupin")))
-            .env("GPUPIN_LOG", "info")
-            .arg("--config")
-            .arg(&crio.gpupin.config)
-            .args(["nri", "--socket"])
-            .arg(crio.nri_socket())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let plugin = Plugin { child, log };
-        let started = Instant::now();
-        while !plugin.log().contains("configured") {
-            assert!(
-                started.elapsed() < PATIENCE,
-                "gpupin nri did not register with crio: {}\n{}",
-                plugin.log(),
-                crio.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        plugin
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// What a container's own process sees: the GPU nodes under its /dev and its env's
 /// `NVIDIA_VISIBLE_DEVICES`, the nodes sorted.
@@ -95,7 +47,12 @@ fn crios_pods_get_exactly_their_gpus_through_nri() {
         "{test}: {} {}",
         version.runtime_name, version.runtime_version
     ));
-    let plugin = Plugin::start(&crio);
+    let plugin = NriPlugin::spawn(
+        gpupin_nri(&crio.gpupin.config, &crio.nri_socket()),
+        crio.dir.join("gpupin-nri.log"),
+        "configured",
+        || crio.log(),
+    );
     assert!(
         plugin.log().contains("runtime=\"cri-o\""),
         "{}",

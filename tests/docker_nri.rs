@@ -61,17 +61,7 @@ impl Dockerd {
 
 impl Drop for Dockerd {
     fn drop(&mut self) {
-        let pid = rustix::process::Pid::from_child(&self.child);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let started = Instant::now();
-        while started.elapsed() < PATIENCE {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        harness::terminate(&mut self.child, PATIENCE);
     }
 }
 

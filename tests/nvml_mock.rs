@@ -599,6 +599,34 @@ fn doctor_reads_the_mock() {
 const SYSTEM_LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
 impl MockHost {
+    /// Whether the mock can be overlaid on the loader's default directory (hooks and
+    /// runtimes run with an empty environment); `None` (after saying why) where not.
+    fn overlay_possible(&self, test: &str) -> Option<()> {
+        required(
+            test,
+            Path::new(SYSTEM_LIB_DIR)
+                .is_dir()
+                .then_some(())
+                .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
+        )
+    }
+
+    /// A sandbox whose gpupin config (`extra` lines besides) takes the inventory from
+    /// NVML and whose runc runs on the mock host (`runc_wrapper`), with the real runc's
+    /// path; `None` where the test cannot run.
+    fn sandbox(
+        &self,
+        test: &str,
+        extra: &str,
+    ) -> Option<(gpupin_sandbox::harness::Sandbox, PathBuf)> {
+        self.overlay_possible(test)?;
+        let mut sb = gpupin_sandbox::harness::Sandbox::with_config(GPUPIN, test, "nvml", extra)?;
+        let runc = sb.runc.binary.clone();
+        let root = sb.runc.root.clone();
+        sb.runc = gpupin_sandbox::Runc::new(&self.runc_wrapper(&runc, true), &root);
+        Some((sb, runc))
+    }
+
     /// A `runc` that runs the real one (`runc`) on the mock host, with the mock in the
     /// loader's default search path: an overlay of `<root>/lib` (a copy of the library,
     /// the profile's name and the live figures beside it) on SYSTEM_LIB_DIR, since runc
@@ -666,26 +694,15 @@ impl MockHost {
 fn the_hook_gets_the_mock_through_the_helper_then_from_its_cache() {
     use gpupin_sandbox::Runc;
     use gpupin_sandbox::harness::status::{held_minors, holder};
-    use gpupin_sandbox::harness::{Sandbox, char_node, nvidia_gpu_nodes, stat_node};
+    use gpupin_sandbox::harness::{char_node, nvidia_gpu_nodes, stat_node};
     let test = "the_hook_gets_the_mock_through_the_helper_then_from_its_cache";
     let Some(host) = MockHost::new(test, "dgxh100", "nvml") else {
         return;
     };
-    let Some(()) = required(
-        test,
-        Path::new(SYSTEM_LIB_DIR)
-            .is_dir()
-            .then_some(())
-            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
-    ) else {
+    let Some((mut sb, runc)) = host.sandbox(test, "live_cache = \"0s\"") else {
         return;
     };
-    let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "live_cache = \"0s\"") else {
-        return;
-    };
-    let runc = sb.runc.binary.clone();
     let root = sb.runc.root.clone();
-    sb.runc = Runc::new(&host.runc_wrapper(&runc, true), &root);
     // GPU 5 the least loaded, then GPU 2; the rest busy.
     let gpus: Vec<Value> = (0..8)
         .map(|i| match i {
@@ -774,15 +791,9 @@ fn the_runtime_gets_the_mock_through_the_helper() {
     let Some(host) = MockHost::new(test, "a30pcie", "nvml") else {
         return;
     };
-    let Some(()) = required(
-        test,
-        Path::new(SYSTEM_LIB_DIR)
-            .is_dir()
-            .then_some(())
-            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
-    ) else {
+    if host.overlay_possible(test).is_none() {
         return;
-    };
+    }
     let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "live_cache = \"0s\"") else {
         return;
     };
@@ -1151,28 +1162,15 @@ fn doctor_beside_the_mock_with_mig_finds_no_mismatch() {
 /// NVIDIA_VISIBLE_DEVICES; a second container gets the other 1g.10gb, never GPU 0 whole.
 #[test]
 fn a_container_given_an_nvml_mig_instance_sees_its_caps_and_uuid() {
-    use gpupin_sandbox::Runc;
     use gpupin_sandbox::harness::status::holder;
-    use gpupin_sandbox::harness::{Sandbox, char_node, nvidia_gpu_nodes, stat_node};
+    use gpupin_sandbox::harness::{char_node, nvidia_gpu_nodes, stat_node};
     let test = "a_container_given_an_nvml_mig_instance_sees_its_caps_and_uuid";
     let Some(host) = MockHost::with_mig(test, "dgxa100-80gb", "nvml", Some(MIG_GEOMETRY)) else {
         return;
     };
-    let Some(()) = required(
-        test,
-        Path::new(SYSTEM_LIB_DIR)
-            .is_dir()
-            .then_some(())
-            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
-    ) else {
+    let Some((sb, _)) = host.sandbox(test, "live_cache = \"0s\"") else {
         return;
     };
-    let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "live_cache = \"0s\"") else {
-        return;
-    };
-    let runc = sb.runc.binary.clone();
-    let root = sb.runc.root.clone();
-    sb.runc = Runc::new(&host.runc_wrapper(&runc, true), &root);
     let status = || {
         let out = host.run_with(&sb.gpupin.config, &["status", "--json"]);
         assert!(out.status.success(), "{out:?}");
@@ -1350,7 +1348,8 @@ fn a_job_on_an_nvml_mig_instance_opens_only_its_gpu_and_its_own_caps() {
 /// the application (13) fences nothing and is told in the audit log; a pending row remap
 /// fences its GPU until the mock no longer reports it (as after a reset), then the GPU is
 /// back by itself; a GPU fallen off the bus needs a reboot; an ignored XID (45) leaves no
-/// trace; `gpupin undrain` puts an XID-fenced GPU back.
+/// trace; a thermal slowdown is told when it starts and ends; `gpupin undrain` puts an
+/// XID-fenced GPU back.
 #[test]
 fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
     let test = "serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot";
@@ -1456,6 +1455,40 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
     host.set_health(&json!({"events": fired, "gpus": []}));
     until("GPU 4 back", &|| fence_of(4).is_null());
 
+    // A thermal slowdown is told, not fenced, once when it starts and once when it ends.
+    let audit_events = || -> Vec<Value> {
+        std::fs::read_to_string(host.root().join("state/audit.log"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let health_of = |gpu: &str| -> Vec<(String, String)> {
+        audit_events()
+            .iter()
+            .filter(|e| e["event"] == "health" && e["holder"] == gpu)
+            .map(|e| {
+                (
+                    e["code"].as_str().unwrap().to_string(),
+                    e["reason"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    host.set_health(&json!({"events": fired, "gpus": [{"index": 7, "throttle": 64}]}));
+    until("GPU 7's slowdown told", &|| !health_of("gpu-7").is_empty());
+    host.set_health(&json!({"events": fired, "gpus": []}));
+    until("GPU 7's slowdown ended", &|| health_of("gpu-7").len() == 2);
+    let thermal = "thermal slowdown (hardware)".to_string();
+    assert_eq!(
+        health_of("gpu-7"),
+        [
+            ("slowdown".to_string(), thermal.clone()),
+            ("slowdown-ended".to_string(), thermal)
+        ]
+    );
+    assert!(fence_of(7).is_null(), "a slowdown fences nothing");
+
     // A GPU fallen off the bus (NVML answers GPU_IS_LOST) needs a reboot.
     host.set_health(&json!({"events": fired, "gpus": [{"index": 6, "lost": true}]}));
     until("GPU 6 fenced", &|| !fence_of(6).is_null());
@@ -1552,28 +1585,14 @@ fn a_shared_jobs_reservation_is_a_limit_the_driver_enforces_on_its_cgroup() {
 /// the reservation is accounting only.
 #[test]
 fn a_shared_containers_reservation_is_a_limit_on_its_cgroup() {
-    use gpupin_sandbox::Runc;
-    use gpupin_sandbox::harness::Sandbox;
     use gpupin_sandbox::harness::status::holder;
     let test = "a_shared_containers_reservation_is_a_limit_on_its_cgroup";
     let Some(host) = MockHost::new(test, "dgxh100", "nvml") else {
         return;
     };
-    let Some(()) = required(
-        test,
-        Path::new(SYSTEM_LIB_DIR)
-            .is_dir()
-            .then_some(())
-            .ok_or(format!("no {SYSTEM_LIB_DIR} to overlay the mock on")),
-    ) else {
+    let Some((sb, _)) = host.sandbox(test, "") else {
         return;
     };
-    let Some(mut sb) = Sandbox::with_config(GPUPIN, test, "nvml", "") else {
-        return;
-    };
-    let runc = sb.runc.binary.clone();
-    let root = sb.runc.root.clone();
-    sb.runc = Runc::new(&host.runc_wrapper(&runc, true), &root);
     // The helper runs with an empty environment, the library on a read-only overlay: a
     // file beside it names the log.
     let limits = host.root().join("mock-limits.log");

@@ -89,6 +89,23 @@ pub(crate) fn xid_action(xid: u64) -> Action {
     }
 }
 
+/// The clock slowdowns NVML reports (its throttle reason bits) that say something about
+/// the GPU's health, in words: hardware slowdown, thermal (hardware or software), power
+/// brake. A power cap under load is normal and left out.
+pub(crate) fn slowdowns(bits: u64) -> Vec<&'static str> {
+    const WORDS: [(u64, &str); 4] = [
+        (0x8, "hardware slowdown"),
+        (0x20, "thermal slowdown (software)"),
+        (0x40, "thermal slowdown (hardware)"),
+        (0x80, "power brake slowdown"),
+    ];
+    WORDS
+        .iter()
+        .filter(|(bit, _)| bits & bit != 0)
+        .map(|(_, word)| *word)
+        .collect()
+}
+
 /// What gpupin makes of `signal`: its action (per XID, `overrides` first) and the reason a
 /// fence or an audit line gives.
 pub(crate) fn judge(signal: Signal, overrides: &BTreeMap<u64, Action>) -> (Action, String) {
@@ -127,6 +144,21 @@ mod tests {
         assert_eq!(judge(Signal::Xid(13), &mine).0, Action::Reset);
         assert_eq!(judge(Signal::Xid(79), &mine).0, Action::Ignore);
         assert_eq!(judge(Signal::Xid(48), &mine).0, Action::Reset);
+    }
+
+    #[test]
+    fn slowdowns_are_named_and_a_power_cap_is_not_one() {
+        assert_eq!(slowdowns(0), Vec::<&str>::new());
+        assert_eq!(slowdowns(0x4), Vec::<&str>::new(), "power cap");
+        assert_eq!(slowdowns(0x40), ["thermal slowdown (hardware)"]);
+        assert_eq!(
+            slowdowns(0x8 | 0x20 | 0x80 | 0x4),
+            [
+                "hardware slowdown",
+                "thermal slowdown (software)",
+                "power brake slowdown"
+            ]
+        );
     }
 
     #[test]

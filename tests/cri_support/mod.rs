@@ -148,32 +148,26 @@ impl Node {
     /// `log` in its dir; returns once the runtime has configured it (it synchronizes
     /// next, and sends events from then on).
     pub fn start_nri_plugin(&self, log: &str) -> NriPlugin {
-        let log = self.containerd.dir().join(log);
-        let child = std::process::Command::new(harness::binary(env!("CARGO_BIN_EXE_gpupin")))
-            .env_remove("GPUPIN_CONFIG")
-            .env("GPUPIN_LOG", "info")
-            .arg("--config")
-            .arg(&self.containerd.gpupin.config)
-            .args(["nri", "--socket"])
-            .arg(self.nri_socket())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let plugin = NriPlugin { child, log };
-        let started = Instant::now();
-        while !plugin.log().contains("configured") {
-            assert!(
-                started.elapsed() < START_WAIT,
-                "gpupin nri did not register: {}\n{}",
-                plugin.log(),
-                self.containerd.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        plugin
+        NriPlugin::spawn(
+            gpupin_nri(&self.containerd.gpupin.config, &self.nri_socket()),
+            self.containerd.dir().join(log),
+            "configured",
+            || self.containerd.log(),
+        )
     }
+}
+
+/// `gpupin --config CONFIG nri --socket SOCKET`, logging at info level.
+pub fn gpupin_nri(config: &Path, socket: &Path) -> std::process::Command {
+    let mut command = std::process::Command::new(harness::binary(env!("CARGO_BIN_EXE_gpupin")));
+    command
+        .env_remove("GPUPIN_CONFIG")
+        .env("GPUPIN_LOG", "info")
+        .arg("--config")
+        .arg(config)
+        .args(["nri", "--socket"])
+        .arg(socket);
+    command
 }
 
 /// NVIDIA's NRI plugin as tests/peers/build built it (`nvidia-nri`), or why it is not
@@ -194,29 +188,18 @@ impl Node {
     /// NRI socket with `index` (NVIDIA's installer's default is 10), logging to `log` in
     /// its dir; returns once it has registered.
     pub fn start_nvidia_nri_plugin(&self, binary: &Path, index: u32, log: &str) -> NriPlugin {
-        let log = self.containerd.dir().join(log);
-        let child = std::process::Command::new(binary)
+        let mut command = std::process::Command::new(binary);
+        command
             .arg("-socket")
             .arg(self.nri_socket())
             .arg("-index")
-            .arg(index.to_string())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let plugin = NriPlugin { child, log };
-        let started = Instant::now();
-        while !plugin.log().contains("registered on") {
-            assert!(
-                started.elapsed() < START_WAIT,
-                "NVIDIA's NRI plugin did not register: {}\n{}",
-                plugin.log(),
-                self.containerd.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        plugin
+            .arg(index.to_string());
+        NriPlugin::spawn(
+            command,
+            self.containerd.dir().join(log),
+            "registered on",
+            || self.containerd.log(),
+        )
     }
 }
 
@@ -227,6 +210,35 @@ pub struct NriPlugin {
 }
 
 impl NriPlugin {
+    /// Runs `command` (a plugin that dials the runtime's NRI socket) with its stderr in
+    /// `log`, and returns once the log says `ready`; `runtime_log` is said beside it when
+    /// it never does.
+    pub fn spawn(
+        mut command: std::process::Command,
+        log: std::path::PathBuf,
+        ready: &str,
+        runtime_log: impl Fn() -> String,
+    ) -> NriPlugin {
+        let child = command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let plugin = NriPlugin { child, log };
+        let started = Instant::now();
+        while !plugin.log().contains(ready) {
+            assert!(
+                started.elapsed() < START_WAIT,
+                "the NRI plugin did not register: {}\n{}",
+                plugin.log(),
+                runtime_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        plugin
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

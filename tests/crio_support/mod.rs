@@ -153,17 +153,7 @@ impl Crio {
 
 impl Drop for Crio {
     fn drop(&mut self) {
-        let pid = rustix::process::Pid::from_child(&self.child);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let started = Instant::now();
-        while started.elapsed() < PATIENCE {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        harness::terminate(&mut self.child, PATIENCE);
         // Containers run on without crio (under conmon): those a test left, passed or
         // failed, are killed and deleted, and their conmons end with them.
         let root = self.dir.join("run/runc");
@@ -183,18 +173,7 @@ impl Drop for Crio {
                 .args(["delete", "--force", id])
                 .output();
         }
-        // What crio and its storage mounted under its dir (the deepest first), so that
-        // the temp dir can go.
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts: Vec<&str> = mountinfo
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| Path::new(m).starts_with(&self.dir))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
-            let _ = rustix::mount::unmount(m, rustix::mount::UnmountFlags::DETACH);
-        }
+        harness::unmount_under(&self.dir);
     }
 }
 

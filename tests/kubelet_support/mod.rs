@@ -394,17 +394,7 @@ impl Kubelet {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mounts: Vec<&str> = mountinfo
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| Path::new(m).starts_with(&self.root))
-            .collect();
-        // The deepest first.
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
-            let _ = rustix::mount::unmount(m, rustix::mount::UnmountFlags::DETACH);
-        }
+        harness::unmount_under(&self.root);
     }
 }
 

@@ -113,3 +113,39 @@ pub fn run_with_input(cmd: &mut Command, input: &str) -> Output {
     let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
     child.wait_with_output().unwrap()
 }
+
+/// SIGTERM to `child`, then SIGKILL where it has not ended within `patience`; reaped
+/// either way. For a daemon a test started (dockerd, crio), when it is done with it.
+pub fn terminate(child: &mut std::process::Child, patience: std::time::Duration) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) with a pid this process spawned and has not reaped yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let started = std::time::Instant::now();
+    while started.elapsed() < patience {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Detaches every mount under `dir` this process's mountinfo lists, the deepest first:
+/// what a daemon mounted under its own dir, so that the temp dir can go.
+pub fn unmount_under(dir: &std::path::Path) {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| std::path::Path::new(m).starts_with(dir))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        if let Ok(path) = std::ffi::CString::new(m) {
+            // SAFETY: umount2(2) with a NUL-terminated path that outlives the call.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}

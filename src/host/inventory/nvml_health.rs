@@ -2,11 +2,12 @@
 //! binary): an event set registered for XIDs and double-bit ECC errors on every GPU that
 //! supports them, waited on in short slices, and every `poll` the conditions that hold
 //! until a reset (a row remap pending or failed, double-bit errors in the volatile
-//! counter, retired pages pending) or a reboot (a GPU fallen off the bus). What they mean is `model::health`'s; what is done,
+//! counter, retired pages pending) or a reboot (a GPU fallen off the bus), and the clock
+//! slowdowns (thermal, power brake). What they mean is `model::health`'s; what is done,
 //! the caller's (`HealthSink`).
 
 use super::InventoryError;
-use crate::model::health::Signal;
+use crate::model::health::{Signal, slowdowns};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
@@ -25,6 +26,9 @@ pub(crate) trait HealthSink {
     fn event(&mut self, uuid: &str, signal: Signal);
     /// The conditions that hold on the GPU now (empty: none), at every poll.
     fn conditions(&mut self, uuid: &str, now: &[Signal]);
+    /// The clock slowdowns NVML reports on the GPU now (`model::health::slowdowns`'s
+    /// words; empty: none), at every poll.
+    fn slowdowns(&mut self, uuid: &str, now: &[&'static str]);
 }
 
 /// Watches every GPU until `stop`, telling `sink`. Fails only where NVML cannot be
@@ -54,7 +58,12 @@ pub(crate) fn watch(
         if Instant::now() >= next_poll {
             for uuid in &uuids {
                 match nvml.device_by_uuid(uuid.as_str()) {
-                    Ok(device) => sink.conditions(uuid, &conditions(&nvml, &device)),
+                    Ok(device) => {
+                        sink.conditions(uuid, &conditions(&nvml, &device));
+                        if let Ok(reasons) = device.current_throttle_reasons() {
+                            sink.slowdowns(uuid, &slowdowns(reasons.bits()));
+                        }
+                    }
                     Err(NvmlError::GpuLost) => sink.conditions(uuid, &[Signal::Lost]),
                     Err(_) => {}
                 }

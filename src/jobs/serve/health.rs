@@ -19,6 +19,7 @@ use crate::state::ledger::{HEALTH_BY, Ledger};
 
 /// How long a holder evicted for its GPU's health may take to stop before it is killed.
 const EVICT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -42,7 +43,11 @@ pub(super) fn watch(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool) {
             return;
         }
     };
-    let mut sink = Sink { config, inventory };
+    let mut sink = Sink {
+        config,
+        inventory,
+        slowed: HashMap::new(),
+    };
     match nvml_health::watch(now.health.poll, &mut sink, stopping) {
         Ok(()) => {}
         Err(error @ InventoryError::NvmlUnavailable { .. }) => {
@@ -55,6 +60,8 @@ pub(super) fn watch(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool) {
 struct Sink<F> {
     config: F,
     inventory: Inventory,
+    /// The slowdowns each GPU had at the last poll: only a change is told.
+    slowed: HashMap<String, Vec<&'static str>>,
 }
 
 impl<F: Fn() -> Arc<Config>> Sink<F> {
@@ -134,6 +141,28 @@ impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
             Err(error) => {
                 tracing::warn!(gpu = gpu.index, error = %one_line(&error), "could not fence the GPU")
             }
+        }
+    }
+
+    fn slowdowns(&mut self, uuid: &str, now: &[&'static str]) {
+        let before = self
+            .slowed
+            .insert(uuid.to_string(), now.to_vec())
+            .unwrap_or_default();
+        if before == now {
+            return;
+        }
+        let Some(gpu) = self.gpu(uuid) else {
+            return;
+        };
+        let Some(ledger) = self.ledger() else {
+            return;
+        };
+        // Told, not fenced: a GPU that slows down still works, and its holders and the
+        // admin should know why it is slow.
+        match now.is_empty() {
+            true => ledger.note_health(gpu, "slowdown-ended", &before.join(", ")),
+            false => ledger.note_health(gpu, "slowdown", &now.join(", ")),
         }
     }
 

@@ -6,7 +6,8 @@
 //	GPUPIN_MOCK_NVML_HEALTH (else mock-nvml-health.json beside the library):
 //	{"events": [{"index": 2, "type": "xid", "xid": 79}, {"index": 1, "type": "dbe"}],
 //	 "gpus": [{"index": 3, "remap_pending": true, "remap_failure": false,
-//	           "dbe_volatile": 2, "retired_pending": false, "lost": false}]}
+//	           "dbe_volatile": 2, "retired_pending": false, "lost": false,
+//	           "throttle": 64}]}
 //
 // Each event set delivers the file's events in order, each once, to the GPUs registered
 // on it for that event's type (nvmlEventSetWait_v2 waits up to its timeout for the next
@@ -58,6 +59,8 @@ type healthFile struct {
 		RetiredPending bool   `json:"retired_pending"`
 		// Lost: fallen off the bus; its health queries answer GPU_IS_LOST.
 		Lost bool `json:"lost"`
+		// Throttle: NVML's clock throttle reason bits (0x40: hardware thermal slowdown).
+		Throttle uint64 `json:"throttle"`
 	} `json:"gpus"`
 }
 
@@ -281,3 +284,19 @@ func nvmlDeviceGetRetiredPagesPendingStatus(h unsafe.Pointer, pending *C.int) C.
 	}
 	return ret(nvml.SUCCESS)
 }
+
+//export nvmlDeviceGetCurrentClocksThrottleReasons
+func nvmlDeviceGetCurrentClocksThrottleReasons(h unsafe.Pointer, reasons *C.ulonglong) C.int {
+	i := gpuIndex(h)
+	if i < 0 || reasons == nil {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	*reasons = 0
+	for _, g := range readHealth().Gpus {
+		if g.Index == i {
+			*reasons = C.ulonglong(g.Throttle)
+		}
+	}
+	return ret(nvml.SUCCESS)
+}
+
