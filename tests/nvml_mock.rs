@@ -599,6 +599,37 @@ fn doctor_reads_the_mock() {
 const SYSTEM_LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 
 impl MockHost {
+    /// `gpupin serve` on the mock host, watching the GPUs' health (`[health]` with a 1 s
+    /// poll, and `health` lines besides) from an empty health file; returns once its
+    /// socket is there.
+    fn serve(&self, health: &str) -> Serve {
+        self.set_health(&json!({"events": [], "gpus": []}));
+        let socket = self.root().join("gpupin.sock");
+        let mut config = std::fs::read_to_string(self.config()).unwrap();
+        config.push_str(&format!(
+            "socket = {socket:?}\n[health]\npoll = \"1s\"\n{health}"
+        ));
+        std::fs::write(self.config(), config).unwrap();
+        let log = self.root().join("serve.log");
+        let child = self
+            .command(&self.config(), &["serve"])
+            .env("GPUPIN_LOG", "info")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let serve = Serve { child, log };
+        let started = std::time::Instant::now();
+        while !socket.exists() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "no socket from gpupin serve:\n{}",
+                serve.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        serve
+    }
+
     /// Whether the mock can be overlaid on the loader's default directory (hooks and
     /// runtimes run with an empty environment); `None` (after saying why) where not.
     fn overlay_possible(&self, test: &str) -> Option<()> {
@@ -1356,19 +1387,8 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
     let Some(host) = MockHost::new(test, "dgxa100", "nvml") else {
         return;
     };
-    host.set_health(&json!({"events": [], "gpus": []}));
-    let socket = host.root().join("gpupin.sock");
-    let mut config = std::fs::read_to_string(host.config()).unwrap();
-    config.push_str(&format!("socket = {socket:?}\n[health]\npoll = \"1s\"\n"));
-    std::fs::write(host.config(), config).unwrap();
-    let log = std::fs::File::create(host.root().join("serve.log")).unwrap();
-    let mut serve = host
-        .command(&host.config(), &["serve"])
-        .env("GPUPIN_LOG", "info")
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let serve_log = || std::fs::read_to_string(host.root().join("serve.log")).unwrap_or_default();
+    let serve = host.serve("");
+    let serve_log = || serve.log();
     let fence_of =
         |gpu: usize| -> Value { host.json(&["status", "--json"])["gpus"][gpu]["fence"].clone() };
     let until = |what: &str, done: &dyn Fn() -> bool| {
@@ -1382,7 +1402,6 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
     };
-    until("serve's socket", &|| socket.exists());
 
     // Each rewrite of the file keeps the events fired: the mock delivers each once.
     let fired = json!([
@@ -1502,8 +1521,6 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
         "undrained GPU 3 (was needs-reset by gpupin serve: XID 48): it is handed out again\n"
     );
     assert!(fence_of(3).is_null());
-    let _ = serve.kill();
-    let _ = serve.wait();
 }
 
 /// A shared job's memory reservation becomes a limit the driver enforces on the job's own
@@ -1641,30 +1658,8 @@ fn serve_evicts_the_holders_of_a_fenced_gpu_when_told_to() {
     let Some(host) = MockHost::new(test, "dgxa100", "nvml") else {
         return;
     };
-    host.set_health(&json!({"events": [], "gpus": []}));
-    let socket = host.root().join("gpupin.sock");
-    let mut config = std::fs::read_to_string(host.config()).unwrap();
-    config.push_str(&format!(
-        "socket = {socket:?}\n[health]\npoll = \"1s\"\nevict = true\n"
-    ));
-    std::fs::write(host.config(), config).unwrap();
-    let log = std::fs::File::create(host.root().join("serve.log")).unwrap();
-    let mut serve = host
-        .command(&host.config(), &["serve"])
-        .env("GPUPIN_LOG", "info")
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let serve_log = || std::fs::read_to_string(host.root().join("serve.log")).unwrap_or_default();
-    let started = std::time::Instant::now();
-    while !socket.exists() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(60),
-            "{}",
-            serve_log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let serve = host.serve("evict = true\n");
+    let serve_log = || serve.log();
     let mut job = Command::new("sleep").arg("600").spawn().unwrap();
     let pid = job.id().to_string();
     host.ok(&["hold", "busy", "--devices", "5", "--pid", &pid]);
@@ -1708,6 +1703,23 @@ fn serve_evicts_the_holders_of_a_fenced_gpu_when_told_to() {
         reason.contains("gpupin serve") && reason.contains("GPU 5 needs a reset (XID 48)"),
         "{reason}"
     );
-    let _ = serve.kill();
-    let _ = serve.wait();
+}
+
+/// `gpupin serve` on the mock host (`MockHost::serve`), killed when dropped.
+struct Serve {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl Serve {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

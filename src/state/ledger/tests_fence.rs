@@ -4,26 +4,14 @@
 //! written stops every allocation instead of being ignored.
 
 use super::tests::{id, ledger};
+use super::tests_mig::{ask, me};
 use super::*;
 use crate::base::message::one_line;
 use crate::host::inventory::sim;
 use crate::input::config::PolicyName;
-use crate::input::request::{Origin, from_pairs};
 use crate::model::fence::{Fence, FenceState, Fences};
 use crate::policy::testing::machine;
 use std::os::unix::fs::PermissionsExt;
-
-fn me() -> HolderMeta {
-    HolderMeta {
-        source: "test".into(),
-        pid: Some(std::process::id() as i32),
-        ..HolderMeta::default()
-    }
-}
-
-fn ask(pairs: &[(&str, &str)]) -> GpuRequest {
-    from_pairs(pairs, Origin::Annotations).unwrap().unwrap()
-}
 
 fn take(l: &Ledger, m: &Machine, holder: &str, pairs: &[(&str, &str)]) -> Result<Vec<u32>, String> {
     l.allocate(&id(holder), &ask(pairs), m, me())

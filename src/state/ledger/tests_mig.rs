@@ -11,7 +11,7 @@ use crate::input::request::{MigWant, Origin, Selection, from_pairs};
 use crate::model::gpu::Inventory;
 use std::collections::HashSet;
 
-fn me() -> HolderMeta {
+pub(super) fn me() -> HolderMeta {
     HolderMeta {
         source: "test".into(),
         pid: Some(std::process::id() as i32),
@@ -19,7 +19,7 @@ fn me() -> HolderMeta {
     }
 }
 
-fn ask(pairs: &[(&str, &str)]) -> GpuRequest {
+pub(super) fn ask(pairs: &[(&str, &str)]) -> GpuRequest {
     from_pairs(pairs, Origin::Annotations).unwrap().unwrap()
 }
 
