@@ -166,6 +166,6 @@ fn the_helper_answers_one_line_without_a_driver() {
         .unwrap();
     assert_one_gpupin_line(
         &out,
-        &["unknown NVML question \"topology\": expected inventory or live"],
+        &["unknown NVML question \"topology\": expected inventory, live or memory-limit"],
     );
 }
