@@ -28,9 +28,9 @@ const READY_WAIT: Duration = Duration::from_secs(60);
 /// A node with NRI on and `gpupin nri` registered with it; `None` where the test skips.
 fn node_with_plugin(test: &str) -> Option<(Node, NriPlugin)> {
     if !is_v2() {
-        println!(
+        harness::say(&format!(
             "{test}: containerd 1.x has no NRI; this runs on containerd 2.x (GPUPIN_ENGINES=modern)"
-        );
+        ));
         return None;
     }
     let node = Node::start_with_nri(test, |_| {})?;
@@ -383,9 +383,9 @@ fn nvidias_nri_plugin_beside_gpupins_hands_out_only_what_the_ledger_holds() {
 fn a_plugin_containerd_starts_itself_gives_a_pod_its_gpus() {
     let test = "a_plugin_containerd_starts_itself_gives_a_pod_its_gpus";
     if !is_v2() {
-        println!(
+        harness::say(&format!(
             "{test}: containerd 1.x has no NRI; this runs on containerd 2.x (GPUPIN_ENGINES=modern)"
-        );
+        ));
         return;
     }
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/nri/50-gpupin");
@@ -548,9 +548,9 @@ fn the_plugin_connects_again_when_containerd_restarts() {
 fn under_driver_cdi_containerd_applies_the_gpus_cdi_device_by_name() {
     let test = "under_driver_cdi_containerd_applies_the_gpus_cdi_device_by_name";
     if !is_v2() {
-        println!(
+        harness::say(&format!(
             "{test}: containerd 1.x has no NRI; this runs on containerd 2.x (GPUPIN_ENGINES=modern)"
-        );
+        ));
         return;
     }
     let Some(node) = Node::start_with_nri(test, |_| {}) else {

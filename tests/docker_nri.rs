@@ -69,9 +69,9 @@ impl Drop for Dockerd {
 fn gpupin_nri_refuses_dockerds_nri_with_one_line_and_holds_nothing() {
     let test = "gpupin_nri_refuses_dockerds_nri_with_one_line_and_holds_nothing";
     if engines::generation() == engines::Generation::Debian {
-        println!(
+        harness::say(&format!(
             "{test}: Debian's dockerd has no NRI; this runs on dockerd 29 (GPUPIN_ENGINES=modern)"
-        );
+        ));
         return;
     }
     if harness::required(test, engines::check(&["dockerd"])).is_none() || !harness::need_root(test)

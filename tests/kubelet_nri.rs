@@ -30,9 +30,9 @@ use std::time::Duration;
 fn a_real_kubelets_pod_gets_its_gpus_through_nri_without_a_runtime_class() {
     let test = "a_real_kubelets_pod_gets_its_gpus_through_nri_without_a_runtime_class";
     if !containerd_support::is_v2() {
-        println!(
+        harness::say(&format!(
             "{test}: containerd 1.x has no NRI; this runs on containerd 2.x (GPUPIN_ENGINES=modern)"
-        );
+        ));
         return;
     }
     let Some(kubelet_bin) = harness::required(test, kubelet_binary()) else {
