@@ -7,5 +7,6 @@ pub(crate) mod edits;
 pub(crate) mod entry;
 pub(crate) mod foreign;
 pub(crate) mod grant;
+pub(crate) mod memory_limit;
 pub(crate) mod spec;
 pub(crate) mod trusted_user;

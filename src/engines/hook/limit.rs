@@ -1,17 +1,15 @@
 //! A shared container's memory reservation as a limit the driver enforces on the
 //! container's cgroup (`host::inventory::nvml_limits`), set once the container's process
 //! holds its GPUs, where the machine is NVML's. The hook never loads NVML: the `gpupin`
-//! beside it sets the limit in a process of its own (`nvml_helper::memory_limit`). The
+//! beside it sets the limit in a process of its own (`admission::memory_limit`). The
 //! record says whether it is enforced or accounting only. The limit ends with the
 //! container's cgroup (the driver drops it when the cgroup goes: runc removes the cgroup
 //! before poststop runs).
 
 use super::HookError;
+use crate::admission::memory_limit;
 use crate::base::message::one_line;
-use crate::host::inventory::nvml_limits::Enforced;
-use crate::host::inventory::{NvmlAccess, nvml_helper};
 use crate::input::config::Config;
-use crate::input::request::Share;
 use crate::model::holder::HolderId;
 use crate::state::ledger::{Ledger, MemoryLimit, Record};
 
@@ -24,33 +22,18 @@ pub(super) fn memory(
     record: &Record,
     pid: i32,
 ) -> Result<(), HookError> {
-    let (Share::Shared, Some(bytes)) = (record.request.share, record.request.reserve) else {
+    let Some(bytes) = memory_limit::reservation(record) else {
         return Ok(());
     };
     let set = || -> Result<Option<MemoryLimit>, String> {
         let inventory = config.load_inventory().map_err(|e| one_line(&e))?;
-        if inventory.source != "nvml" {
+        if !memory_limit::has_driver(&inventory.source) {
             return Ok(None);
         }
-        let exe = match &config.nvml {
-            NvmlAccess::Helper(exe) => exe.clone(),
-            NvmlAccess::InProcess => std::env::current_exe().map_err(|e| e.to_string())?,
-        };
         let cgroup = crate::host::confine::cgroup_dir_of(pid).map_err(|e| one_line(&e))?;
-        let uuids: Vec<&str> = record
-            .gpus
-            .iter()
-            .map(String::as_str)
-            .filter(|u| !u.starts_with("MIG-"))
-            .collect();
-        Ok(Some(
-            match nvml_helper::memory_limit(&exe, &uuids, &cgroup, Some(bytes))
-                .map_err(|e| one_line(&e))?
-            {
-                Enforced::Yes => MemoryLimit::Enforced,
-                Enforced::Unsupported => MemoryLimit::AccountingOnly,
-            },
-        ))
+        memory_limit::set(&config.nvml, record, bytes, &cgroup)
+            .map(Some)
+            .map_err(|e| one_line(&e))
     };
     let holder = HolderId::new(&record.id).map_err(|_| HookError::MemoryLimit {
         id: record.id.clone(),

@@ -3,16 +3,15 @@
 //! the record moved to the job and the job confined; at its end, the release.
 
 use crate::admission::grant::GrantError;
+use crate::admission::memory_limit;
 use crate::host::confine::{self, ConfineError, JobCgroup};
 use crate::host::inventory::InventoryError;
-use crate::host::inventory::nvml_helper;
-use crate::host::inventory::nvml_limits::Enforced;
 use crate::input::config::Config;
 use crate::input::config::Leftovers;
-use crate::input::request::{GpuRequest, Share};
+use crate::input::request::GpuRequest;
 use crate::model::gpu::Inventory;
 use crate::model::holder::{HolderId, Owner};
-use crate::state::ledger::{LedgerError, MemoryLimit, Record, StillWanted};
+use crate::state::ledger::{LedgerError, Record, StillWanted};
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
@@ -130,7 +129,7 @@ pub fn start(
                 // The job never runs after an error here: the cgroup goes once the
                 // caller has reaped it (`gpupin gc` removes it otherwise).
                 ledger.record_cgroups(&grant.holder, job, cgroup.dirs())?;
-                limit_memory(&ledger, grant, job, cgroup)?;
+                limit_memory(config, &ledger, grant, job, cgroup)?;
             }
             Ok(cgroup)
         });
@@ -141,68 +140,29 @@ pub fn start(
 }
 
 /// A shared job's memory reservation as a limit the driver enforces on its cgroup, where
-/// the machine is NVML's (a simulated or file inventory has no driver: nothing is done).
-/// The record says whether it is enforced or accounting only; a driver that has limits
-/// but refuses this one fails the start.
+/// the machine is NVML's (`admission::memory_limit`). The record says whether it is
+/// enforced or accounting only; a driver that has limits but refuses this one fails the
+/// start.
 fn limit_memory(
+    config: &Config,
     ledger: &crate::state::ledger::Ledger,
     grant: &JobGrant,
     job: i32,
     cgroup: &JobCgroup,
 ) -> Result<(), JobError> {
-    let request = &grant.record.request;
-    let (Share::Shared, Some(bytes)) = (request.share, request.reserve) else {
+    let Some(bytes) = memory_limit::reservation(&grant.record) else {
         return Ok(());
     };
-    if grant.inventory.source != "nvml" {
+    if !memory_limit::has_driver(&grant.inventory.source) {
         return Ok(());
     }
     let Some(dir) = limit_dir(cgroup) else {
         return Ok(());
     };
-    let uuids = whole_gpus(&grant.record);
-    let limit = match nvml_helper::memory_limit(&helper()?, &uuids, dir, Some(bytes))? {
-        Enforced::Yes => MemoryLimit::Enforced,
-        Enforced::Unsupported => MemoryLimit::AccountingOnly,
-    };
+    let limit = memory_limit::set(&config.nvml, &grant.record, bytes, dir)?;
     tracing::info!(holder = %grant.holder, limit = ?limit, bytes, "memory reservation");
     ledger.record_memory_limit(&grant.holder, job, limit)?;
     Ok(())
-}
-
-/// Clears the driver's memory limit on a finished job's cgroup, where its record says
-/// one was set. A failure is logged: removing the cgroup clears it too.
-fn clear_memory_limit(
-    ledger: &crate::state::ledger::Ledger,
-    holder: &HolderId,
-    job: i32,
-    cgroup: &JobCgroup,
-) {
-    let record = ledger
-        .records()
-        .unwrap_or_default()
-        .into_iter()
-        .find(|r| r.id == holder.as_str() && r.pid == Some(job));
-    let Some(record) = record.filter(|r| r.memory_limit == Some(MemoryLimit::Enforced)) else {
-        return;
-    };
-    let Some(dir) = limit_dir(cgroup) else {
-        return;
-    };
-    let cleared =
-        helper().and_then(|exe| nvml_helper::memory_limit(&exe, &whole_gpus(&record), dir, None));
-    if let Err(err) = cleared {
-        tracing::warn!(holder = %holder, error = %crate::base::message::one_line(&err), "clearing the job's memory limit");
-    }
-}
-
-/// The `gpupin` binary that sets memory limits in a process of its own: this one (`gpupin
-/// exec` and `gpupin serve` are it).
-fn helper() -> Result<std::path::PathBuf, InventoryError> {
-    std::env::current_exe().map_err(|source| InventoryError::NvmlHelperStart {
-        exe: std::path::PathBuf::from("gpupin"),
-        source,
-    })
 }
 
 /// The cgroup the driver's memory limit goes on: the job's cgroup2 directory where it
@@ -215,16 +175,6 @@ fn limit_dir(cgroup: &JobCgroup) -> Option<&std::path::Path> {
         .position(|m| *m == confine::Mechanism::Bpf)
         .map(|p| dirs[p].as_path())
         .or_else(|| dirs.first().map(|d| d.as_path()))
-}
-
-/// The UUIDs of a record's whole GPUs (the driver's limits take no MIG handle).
-fn whole_gpus(record: &Record) -> Vec<&str> {
-    record
-        .gpus
-        .iter()
-        .map(String::as_str)
-        .filter(|u| !u.starts_with("MIG-"))
-        .collect()
 }
 
 /// What `finish` found.
@@ -278,16 +228,19 @@ pub fn finish(
             return Finished::Leftovers;
         }
     }
-    // The driver's memory limit is cleared before the cgroup goes.
-    if let Ok(ledger) = &ledger
-        && let Some(cgroup) = cgroup.or(recorded.as_ref())
+    let released = match &ledger {
+        Ok(ledger) => ledger.release_job(holder, job).unwrap_or_else(|err| {
+            tracing::warn!(holder = %holder, error = %crate::base::message::one_line(&err), "releasing a finished job");
+            None
+        }),
+        Err(_) => None,
+    };
+    // The driver's memory limit, where the released record says one was set, is cleared
+    // before the cgroup goes.
+    if let (Some(record), Some(dir)) = (&released, cgroup.or(recorded.as_ref()).and_then(limit_dir))
+        && let Err(err) = memory_limit::clear(&config.nvml, record, dir)
     {
-        clear_memory_limit(ledger, holder, job, cgroup);
-    }
-    if let Ok(ledger) = &ledger
-        && let Err(err) = ledger.release_job(holder, job)
-    {
-        tracing::warn!(holder = %holder, error = %crate::base::message::one_line(&err), "releasing a finished job");
+        tracing::warn!(holder = %holder, error = %crate::base::message::one_line(&err), "clearing the job's memory limit");
     }
     if let Some(cgroup) = cgroup.or(recorded.as_ref())
         && let Err(err) = cgroup.remove()
