@@ -16,12 +16,12 @@ use crate::model::gpu::{Gpu, Inventory};
 use crate::model::health::{Action, Signal, judge};
 use crate::state::ledger::lookup::Match;
 use crate::state::ledger::{HEALTH_BY, Ledger};
-
-/// How long a holder evicted for its GPU's health may take to stop before it is killed.
-const EVICT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+
+/// How long a holder evicted for its GPU's health may take to stop before it is killed.
+const EVICT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Watches until `stopping`, with the config `config` gives at each event (a reload
 /// changes the XID actions from the next event on). Never fails: what cannot be watched
@@ -74,9 +74,7 @@ impl<F: Fn() -> Arc<Config>> Sink<F> {
             .inspect_err(|error| tracing::warn!(error = %one_line(error), "cannot open the ledger for a GPU health event"))
             .ok()
     }
-}
 
-impl<F: Fn() -> Arc<Config>> Sink<F> {
     /// Under `[health] evict = true`, the holders of a GPU just fenced are evicted as
     /// `gpupin evict` does (grace `EVICT_GRACE`), saying why; otherwise they are only told.
     fn evict_holders(&self, ledger: &Ledger, gpu: &Gpu, fence: &Fence) {

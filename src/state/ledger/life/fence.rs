@@ -120,17 +120,13 @@ impl Ledger {
     /// An audit line for a health event that sets no fence (an XID whose action is to
     /// restart the application): the GPU, what its holders should do, and why.
     pub fn note_health(&self, gpu: &Gpu, action: &str, reason: &str) {
-        let mut event = Event::new(EventKind::Health, &format!("gpu-{}", gpu.index));
-        event.user = Some(HEALTH_BY.to_string());
-        event.gpus = vec![GpuRef {
-            index: Some(gpu.index),
-            uuid: gpu.uuid.clone(),
-        }];
-        event.reason = Some(reason.to_string());
-        event.code = Some(action.to_string());
-        if let Err(source) = self.audit.append(&event) {
-            self.audit_failed(&source, Some(&event));
-        }
+        self.audit_gpu(
+            EventKind::Health,
+            (gpu.index, &gpu.uuid),
+            HEALTH_BY,
+            reason.to_string(),
+            action,
+        );
     }
 
     /// The live holders that hold any of `gpus` (a MIG instance of one included): who a
@@ -144,31 +140,48 @@ impl Ledger {
             })
             .collect();
         let records = self.records()?;
-        let stale: Vec<String> = self
-            .stale_ids(&records)
-            .into_iter()
-            .map(str::to_string)
-            .collect();
+        let stale = self.stale_ids(&records);
         Ok(records
-            .into_iter()
-            .filter(|r| !stale.contains(&r.id))
+            .iter()
+            .filter(|r| !stale.contains(r.id.as_str()))
             .filter(|r| r.gpus.iter().any(|u| uuids.contains(&u.as_str())))
+            .cloned()
             .collect())
     }
 
     /// One audit line for a fence set or taken away: the GPU, who, and why.
     fn audit_fence(&self, kind: EventKind, fence: &Fence, by: &str) {
-        let mut event = Event::new(kind, &format!("gpu-{}", fence.index));
-        event.user = Some(by.to_string());
-        event.gpus = vec![GpuRef {
-            index: Some(fence.index),
-            uuid: fence.uuid.clone(),
-        }];
-        event.reason = Some(match kind {
+        let reason = match kind {
             EventKind::Undrain => format!("was {}: {}", fence.state.as_str(), fence.reason),
             _ => fence.reason.clone(),
-        });
-        event.code = Some(fence.state.as_str().to_string());
+        };
+        self.audit_gpu(
+            kind,
+            (fence.index, &fence.uuid),
+            by,
+            reason,
+            fence.state.as_str(),
+        );
+    }
+
+    /// One audit line about GPU `(index, uuid)`, named `gpu-<index>`: who, why, and a
+    /// short `code` for counting.
+    fn audit_gpu(
+        &self,
+        kind: EventKind,
+        (index, uuid): (u32, &str),
+        by: &str,
+        reason: String,
+        code: &str,
+    ) {
+        let mut event = Event::new(kind, &format!("gpu-{index}"));
+        event.user = Some(by.to_string());
+        event.gpus = vec![GpuRef {
+            index: Some(index),
+            uuid: uuid.to_string(),
+        }];
+        event.reason = Some(reason);
+        event.code = Some(code.to_string());
         if let Err(source) = self.audit.append(&event) {
             self.audit_failed(&source, Some(&event));
         }
