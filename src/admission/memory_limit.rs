@@ -21,12 +21,6 @@ pub(crate) fn reservation(record: &Record) -> Option<u64> {
     }
 }
 
-/// Whether a machine whose inventory came from `source` has a driver that could enforce
-/// a limit: only NVML's (a simulated or file inventory has none).
-pub(crate) fn has_driver(source: &str) -> bool {
-    source == "nvml"
-}
-
 /// Limits what `cgroup` may allocate on each of `record`'s whole GPUs to `bytes`:
 /// `Enforced`, or `AccountingOnly` where the driver has no per-cgroup limits.
 pub(crate) fn set(

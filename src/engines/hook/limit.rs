@@ -27,7 +27,8 @@ pub(super) fn memory(
     };
     let set = || -> Result<Option<MemoryLimit>, String> {
         let inventory = config.load_inventory().map_err(|e| one_line(&e))?;
-        if !memory_limit::has_driver(&inventory.source) {
+        // A simulated or file inventory has no driver to enforce it.
+        if !crate::host::inventory::from_nvml(&inventory) {
             return Ok(None);
         }
         let cgroup = crate::host::confine::cgroup_dir_of(pid).map_err(|e| one_line(&e))?;

@@ -11,6 +11,15 @@ pub(crate) mod live;
 mod live_cache;
 mod mig_file;
 mod nvml;
+/// The `source` of an inventory NVML gave (`Inventory::source`).
+pub(crate) const NVML_SOURCE: &str = "nvml";
+
+/// Whether `inventory` came from NVML: a machine with a driver to ask (live figures, its
+/// health, per-cgroup memory limits), not a simulated or file one.
+pub(crate) fn from_nvml(inventory: &Inventory) -> bool {
+    inventory.source == NVML_SOURCE
+}
+
 /// The NVML library every in-process use loads (the inventory, live figures, health,
 /// memory limits).
 const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -177,7 +186,7 @@ pub fn read_live(
     if let Some(path) = live_file {
         return live::from_file(path, inventory).map(Some);
     }
-    if inventory.source == "nvml" {
+    if from_nvml(inventory) {
         let ask = || nvml::live(inventory, nvml);
         return match cache {
             Some(cache) => live_cache::read_or_ask(cache, inventory, ask).map(Some),

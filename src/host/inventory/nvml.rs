@@ -98,7 +98,7 @@ fn probe_with(library: &OsStr, roots: &Roots) -> Result<Inventory, InventoryErro
     let links = links(&nvml, &gpus);
     let (gpu_major, control_nodes) = device_nodes(roots)?;
     Ok(Inventory {
-        source: "nvml".to_string(),
+        source: super::NVML_SOURCE.to_string(),
         gpu_major,
         gpus,
         control_nodes,

@@ -26,7 +26,7 @@ pub const MIG_UNREADABLE_STATUS: u8 = 3;
 pub(super) fn inventory(exe: &Path) -> Result<Inventory, InventoryError> {
     let text = ask(exe, INVENTORY)?;
     let mut inv = file::from_json(&text, exe)?;
-    inv.source = "nvml".to_string();
+    inv.source = super::NVML_SOURCE.to_string();
     Ok(inv)
 }
 
@@ -59,9 +59,10 @@ pub(crate) fn memory_limit(
     ];
     args.extend(uuids.iter().map(|u| u.to_string()));
     let text = ask_with(exe, MEMORY_LIMIT, &args)?;
-    Ok(match text.trim() {
-        "enforced" => super::nvml_limits::Enforced::Yes,
-        _ => super::nvml_limits::Enforced::Unsupported,
+    let enforced = super::nvml_limits::Enforced::Yes;
+    Ok(match text.trim() == enforced.word() {
+        true => enforced,
+        false => super::nvml_limits::Enforced::Unsupported,
     })
 }
 
@@ -80,12 +81,8 @@ pub fn memory_limit_here(args: &[String]) -> Result<String, InventoryError> {
         n => Some(n.parse::<u64>().map_err(|_| bad(n))?),
     };
     let uuids: Vec<&str> = uuids.iter().map(String::as_str).collect();
-    Ok(
-        match super::nvml_limits::set(&uuids, Path::new(cgroup), bytes)? {
-            super::nvml_limits::Enforced::Yes => "enforced".into(),
-            super::nvml_limits::Enforced::Unsupported => "unsupported".into(),
-        },
-    )
+    let enforced = super::nvml_limits::set(&uuids, Path::new(cgroup), bytes)?;
+    Ok(enforced.word().to_string())
 }
 
 fn ask(exe: &Path, question: &str) -> Result<String, InventoryError> {

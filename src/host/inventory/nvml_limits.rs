@@ -36,6 +36,16 @@ pub(crate) enum Enforced {
     Unsupported,
 }
 
+impl Enforced {
+    /// The word `gpupin nvml memory-limit` prints for it, and its asker reads back.
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            Enforced::Yes => "enforced",
+            Enforced::Unsupported => "unsupported",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("setting the memory limit of GPU {uuid} for cgroup {cgroup}: NVML error {code}")]
 pub struct LimitError {

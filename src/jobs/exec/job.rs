@@ -153,7 +153,8 @@ fn limit_memory(
     let Some(bytes) = memory_limit::reservation(&grant.record) else {
         return Ok(());
     };
-    if !memory_limit::has_driver(&grant.inventory.source) {
+    // A simulated or file inventory has no driver to enforce it.
+    if !crate::host::inventory::from_nvml(&grant.inventory) {
         return Ok(());
     }
     let Some(dir) = limit_dir(cgroup) else {

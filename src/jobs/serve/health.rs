@@ -36,7 +36,7 @@ pub(super) fn watch(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool) {
         return;
     }
     let inventory = match now.load_inventory() {
-        Ok(inventory) if inventory.source == "nvml" => inventory,
+        Ok(inventory) if crate::host::inventory::from_nvml(&inventory) => inventory,
         Ok(_) => return,
         Err(error) => {
             tracing::warn!(error = %one_line(&error), "GPU health is not watched: no inventory");
