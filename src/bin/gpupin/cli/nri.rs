@@ -57,6 +57,7 @@ pub fn run(config: &Config, args: &NriArgs) -> anyhow::Result<ExitCode> {
         runtime: String::from("containerd"),
         budget: DEFAULT_REQUEST_TIMEOUT,
         synchronizing: HashSet::new(),
+        unserved: None,
     };
     if let Ok(fd) = std::env::var("NRI_PLUGIN_SOCKET") {
         // Started by the runtime (a pre-installed plugin): its socket, once.
@@ -153,6 +154,9 @@ struct Plugin<'a> {
     budget: Duration,
     /// The containers of a Synchronize split over several calls, so far.
     synchronizing: HashSet<String>,
+    /// Why Configure refused the runtime (`nri::serves`): the plugin ends once it has
+    /// told the runtime so.
+    unserved: Option<String>,
 }
 
 impl Plugin<'_> {
@@ -180,8 +184,8 @@ impl Plugin<'_> {
                         &answer.encode_to_vec(),
                     )
                     .context("answering the runtime")?;
-                    if let Err(err) = nri::serves(&self.runtime) {
-                        return Err(Unserved(gpupin::command::one_line(&err)).into());
+                    if let Some(line) = self.unserved.take() {
+                        return Err(Unserved(line).into());
                     }
                 }
                 (conn, kind) => {
@@ -241,7 +245,10 @@ impl Plugin<'_> {
         if !configure.runtime_name.is_empty() {
             self.runtime = configure.runtime_name;
         }
-        nri::serves(&self.runtime)?;
+        if let Err(err) = nri::serves(&self.runtime) {
+            self.unserved = Some(gpupin::command::one_line(&err));
+            return Err(err.into());
+        }
         if configure.request_timeout > 0 {
             self.budget = Duration::from_millis(configure.request_timeout as u64);
         }
