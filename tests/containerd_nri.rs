@@ -49,6 +49,26 @@ fn node_with_plugin(test: &str) -> Option<(Node, NriPlugin)> {
     Some((node, plugin))
 }
 
+/// The simulated machine's GPUs, and a fake driver root whose `nvidia.com/gpu` CDI spec
+/// is in containerd's CDI dir.
+fn driver_with_cdi_spec(node: &Node) -> (Vec<FakeGpu>, DriverRoot) {
+    let gpus = FakeGpu::from_status(&node.status());
+    let dir = node.containerd.dir();
+    let root = DriverRoot::create(&dir.join("driver"), &gpus).unwrap();
+    root.write_cdi_spec(&cdi_dir(dir), &gpus).unwrap();
+    (gpus, root)
+}
+
+/// That `container` has the node of the GPU with `minor` but its device cgroup denies it.
+fn assert_denied(node: &Node, container: &str, minor: u32) {
+    let opened = node
+        .cri
+        .exec_sync(container, &["cat", &format!("/dev/nvidia{minor}")])
+        .unwrap();
+    let said = String::from_utf8_lossy(&opened.stderr);
+    assert!(said.contains("Operation not permitted"), "{said}");
+}
+
 #[test]
 fn a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri() {
     let test = "a_pod_without_a_runtime_class_gets_exactly_its_gpus_through_nri";
@@ -173,10 +193,7 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
     let Some((node, plugin)) = node_with_plugin(test) else {
         return;
     };
-    let gpus = FakeGpu::from_status(&node.status());
-    let dir = node.containerd.dir();
-    let root = DriverRoot::create(&dir.join("driver"), &gpus).unwrap();
-    root.write_cdi_spec(&cdi_dir(dir), &gpus).unwrap();
+    let (gpus, root) = driver_with_cdi_spec(&node);
     let pod = node.run_pod_on("mixed", &[], "");
     let env_only = pod
         .create_container("env", &[("NVIDIA_VISIBLE_DEVICES", "all")], &[])
@@ -215,7 +232,7 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
             "- name: 5bd3c1e0-gpu-0",
         );
     std::fs::write(
-        cdi_dir(dir).join("k8s.gpu.nvidia.com-claim_5bd3c1e0.yaml"),
+        cdi_dir(node.containerd.dir()).join("k8s.gpu.nvidia.com-claim_5bd3c1e0.yaml"),
         claim_spec,
     )
     .unwrap();
@@ -257,9 +274,7 @@ fn gpus_that_reach_a_container_around_gpupin_are_stripped_or_pinned() {
         .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", plugin.log()));
     node.cri.start_container(&both).unwrap();
     assert_eq!(node.held_nodes(&both), ["nvidia0"]);
-    let opened = node.cri.exec_sync(&both, &["cat", "/dev/nvidia2"]).unwrap();
-    let said = String::from_utf8_lossy(&opened.stderr);
-    assert!(said.contains("Operation not permitted"), "{said}");
+    assert_denied(&node, &both, 2);
     pod.stop();
     assert_eq!(node.holders(), Vec::<Value>::new(), "after StopPodSandbox");
 }
@@ -280,10 +295,7 @@ fn nvidias_nri_plugin_beside_gpupins_hands_out_only_what_the_ledger_holds() {
     let Some(nvidia) = harness::required(test, nvidia_nri_binary()) else {
         return;
     };
-    let gpus = FakeGpu::from_status(&node.status());
-    let dir = node.containerd.dir();
-    let root = DriverRoot::create(&dir.join("driver"), &gpus).unwrap();
-    root.write_cdi_spec(&cdi_dir(dir), &gpus).unwrap();
+    let (gpus, _root) = driver_with_cdi_spec(&node);
     let nvidias = node.start_nvidia_nri_plugin(&nvidia, 10, "nvidia-nri.log");
     let logs = || format!("gpupin's:\n{}\nNVIDIA's:\n{}", plugin.log(), nvidias.log());
 
@@ -340,16 +352,7 @@ fn nvidias_nri_plugin_beside_gpupins_hands_out_only_what_the_ledger_holds() {
         .unwrap_or_else(|e| panic!("CreateContainer: {e}\n{}", logs()));
     node.cri.start_container(&both).unwrap();
     assert_eq!(node.held_nodes(&both), [format!("nvidia{}", gpus[0].minor)]);
-    let opened = node
-        .cri
-        .exec_sync(&both, &["cat", &format!("/dev/nvidia{}", gpus[2].minor)])
-        .unwrap();
-    let said = String::from_utf8_lossy(&opened.stderr);
-    assert!(
-        said.contains("Operation not permitted"),
-        "{said}\n{}",
-        logs()
-    );
+    assert_denied(&node, &both, gpus[2].minor);
 
     // NVIDIA's plugin called after gpupin's (index 90): the same.
     drop(nvidias);
@@ -556,16 +559,13 @@ fn under_driver_cdi_containerd_applies_the_gpus_cdi_device_by_name() {
     let Some(node) = Node::start_with_nri(test, |_| {}) else {
         return;
     };
-    let gpus = FakeGpu::from_status(&node.status());
-    let dir = node.containerd.dir();
-    let root = DriverRoot::create(&dir.join("driver"), &gpus).unwrap();
-    root.write_cdi_spec(&cdi_dir(dir), &gpus).unwrap();
+    let (_, _root) = driver_with_cdi_spec(&node);
     // gpupin's config: the driver from that spec, by name.
     let config = &node.containerd.gpupin.config;
     let mut text = std::fs::read_to_string(config).unwrap();
     text.push_str(&format!(
         "driver = \"cdi\"\ncdi_spec_dirs = [{:?}]\n",
-        cdi_dir(dir)
+        cdi_dir(node.containerd.dir())
     ));
     std::fs::write(config, text).unwrap();
     let plugin = node.start_nri_plugin("gpupin-nri.log");
