@@ -1388,20 +1388,9 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
         return;
     };
     let serve = host.serve("");
-    let serve_log = || serve.log();
     let fence_of =
         |gpu: usize| -> Value { host.json(&["status", "--json"])["gpus"][gpu]["fence"].clone() };
-    let until = |what: &str, done: &dyn Fn() -> bool| {
-        let started = std::time::Instant::now();
-        while !done() {
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(60),
-                "{what}: not seen\n{}",
-                serve_log()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    };
+    let until = |what: &str, done: &dyn Fn() -> bool| serve.until(what, done);
 
     // Each rewrite of the file keeps the events fired: the mock delivers each once.
     let fired = json!([
@@ -1521,6 +1510,68 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
         "undrained GPU 3 (was needs-reset by gpupin serve: XID 48): it is handed out again\n"
     );
     assert!(fence_of(3).is_null());
+}
+
+/// The driver says what a GPU needs (its GPU recovery action): a GPU it asks to reset or
+/// reboot is fenced; an XID's fence it agrees with follows it; and once the driver reads
+/// none again, after the reset, the GPU is handed out again. An XID's fence on a driver
+/// without the field stays until an admin's undrain.
+#[test]
+fn a_gpu_the_driver_asks_to_reset_comes_back_after_the_reset() {
+    let test = "a_gpu_the_driver_asks_to_reset_comes_back_after_the_reset";
+    let Some(host) = MockHost::new(test, "dgxa100", "nvml") else {
+        return;
+    };
+    let serve = host.serve("");
+    let fence_of =
+        |gpu: usize| -> Value { host.json(&["status", "--json"])["gpus"][gpu]["fence"].clone() };
+    let fired = json!([
+        {"index": 2, "type": "xid", "xid": 48},
+        {"index": 5, "type": "xid", "xid": 48},
+    ]);
+    // GPU 2's driver lacks the field; GPU 5's asks for a reset; GPU 6's for a reboot
+    // with no XID told.
+    let asking = json!([
+        {"index": 2, "recovery_action": -1},
+        {"index": 5, "recovery_action": 1},
+        {"index": 6, "recovery_action": 2},
+    ]);
+    host.set_health(&json!({"events": fired, "gpus": asking}));
+    serve.until("GPU 5's fence follows the driver", &|| {
+        fence_of(5)["reason"] == "XID 48; the driver asks for a GPU reset"
+    });
+    serve.until("GPU 6 fenced", &|| !fence_of(6).is_null());
+    assert_eq!(fence_of(6)["state"], "needs-reboot");
+    assert_eq!(fence_of(6)["reason"], "the driver asks for a node reboot");
+    let status = host.ok(&["status", "--long"]);
+    assert!(
+        status.contains("NEEDS RESET: XID 48; the driver asks for a GPU reset"),
+        "{status}"
+    );
+
+    // The reset: the driver reads none again on GPUs 5 and 6 (and on GPU 2 it still
+    // cannot say).
+    let reset = json!([{"index": 2, "recovery_action": -1}]);
+    host.set_health(&json!({"events": fired, "gpus": reset}));
+    serve.until("GPUs 5 and 6 back", &|| {
+        fence_of(5).is_null() && fence_of(6).is_null()
+    });
+    // The poll that put GPU 5 back looked at GPU 2 first.
+    assert_eq!(fence_of(2)["reason"], "XID 48", "{}", serve.log());
+    let out = host.run(&["exec", "--devices", "5", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let audit = std::fs::read_to_string(host.root().join("state/audit.log")).unwrap();
+    let back: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["event"] == "undrain" && e["user"] == "gpupin serve")
+        .collect();
+    let holders: Vec<&str> = back.iter().map(|e| e["holder"].as_str().unwrap()).collect();
+    assert_eq!(holders, ["gpu-5", "gpu-6"], "{audit}");
 }
 
 /// A shared job's memory reservation becomes a limit the driver enforces on the job's own
@@ -1714,6 +1765,20 @@ struct Serve {
 impl Serve {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `done`, failing with serve's log after a minute (not a timed
+    /// assertion: a bound, so that what never happens fails instead of hanging).
+    fn until(&self, what: &str, done: &dyn Fn() -> bool) {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "{what}: not seen\n{}",
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     }
 }
 

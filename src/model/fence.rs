@@ -48,7 +48,8 @@ pub struct Fence {
     /// Unix seconds.
     pub since: u64,
     /// A health fence set by a condition that holds until a reset (a row remap pending,
-    /// double-bit errors counted): it goes by itself once the GPU no longer reports it.
+    /// double-bit errors counted, the driver's recovery action), or an XID's fence that
+    /// follows one: it goes by itself once the GPU no longer reports it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub until_clear: bool,
 }

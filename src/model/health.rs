@@ -1,8 +1,9 @@
 //! What a GPU's health says, and what gpupin does about it: an XID by the action NVIDIA's
 //! XID catalog names for it (ignore, restart the app, reset the GPU, reboot the machine;
 //! overridable per XID), a double-bit ECC error, a pending or failed row remap, retired
-//! pages pending, a GPU fallen off the bus. A reset or a reboot is a fence (`model::fence`): the GPU goes to no one
-//! until then; restart-app is told (the audit log), not fenced.
+//! pages pending, a GPU fallen off the bus, and the driver's own word on what the GPU
+//! needs (NVML's GPU recovery action). A reset or a reboot is a fence (`model::fence`):
+//! the GPU goes to no one until then; restart-app is told (the audit log), not fenced.
 
 use super::fence::FenceState;
 use std::collections::BTreeMap;
@@ -22,6 +23,10 @@ pub(crate) enum Signal {
     RetiredPagesPending,
     /// NVML answers that the GPU has fallen off the bus (GPU_IS_LOST).
     Lost,
+    /// The driver's GPU recovery action (nvml.h's `nvmlDeviceGpuRecoveryAction_t`, read
+    /// as the field `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`), other than none: what it says
+    /// the GPU needs before it is used again. It reads none again once that was done.
+    Recovery(u32),
 }
 
 /// What a signal calls for.
@@ -122,7 +127,32 @@ pub(crate) fn judge(signal: Signal, overrides: &BTreeMap<u64, Action>) -> (Actio
         Signal::RemapFailed => (Action::Reset, "row remapping failed".into()),
         Signal::RetiredPagesPending => (Action::Reset, "retired pages pending".into()),
         Signal::Lost => (Action::Reboot, "fallen off the bus".into()),
+        Signal::Recovery(code) => {
+            let (action, what) = match code {
+                1 => (Action::Reset, "a GPU reset".to_string()),
+                2 => (Action::Reboot, "a node reboot".into()),
+                3 => (Action::Reset, "peer-to-peer traffic drained".into()),
+                4 => (
+                    Action::Reset,
+                    "peer-to-peer traffic drained and a GPU reset".into(),
+                ),
+                5 => (Action::Reset, "its IMEX domain recovered".into()),
+                6 => (Action::Reset, "a PCIe bus reset".into()),
+                7 => (Action::Reboot, "a system reboot".into()),
+                // A newer driver's action gpupin does not know: out until it reads none.
+                other => (Action::Reset, format!("recovery action {other}")),
+            };
+            (action, format!("the driver asks for {what}"))
+        }
     }
+}
+
+/// Whether a health fence in `state` set by an event (an XID, told once) should from now
+/// on follow `condition`, which the GPU reports until it is reset: the condition asks for
+/// as much as the fence (a reset condition does not carry a fence that asked for a
+/// reboot). Then the fence goes when the condition does, which is how a reset shows.
+pub(crate) fn follows(state: FenceState, condition: Action) -> bool {
+    condition.fence().is_some_and(|asked| asked >= state)
 }
 
 #[cfg(test)]
@@ -144,6 +174,38 @@ mod tests {
         assert_eq!(judge(Signal::Xid(13), &mine).0, Action::Reset);
         assert_eq!(judge(Signal::Xid(79), &mine).0, Action::Ignore);
         assert_eq!(judge(Signal::Xid(48), &mine).0, Action::Reset);
+    }
+
+    #[test]
+    fn the_drivers_recovery_action_fences_as_it_asks() {
+        let none = BTreeMap::new();
+        assert_eq!(
+            judge(Signal::Recovery(1), &none),
+            (Action::Reset, "the driver asks for a GPU reset".into())
+        );
+        assert_eq!(judge(Signal::Recovery(2), &none).0, Action::Reboot);
+        assert_eq!(judge(Signal::Recovery(7), &none).0, Action::Reboot);
+        for code in [3, 4, 5, 6, 42] {
+            assert_eq!(
+                judge(Signal::Recovery(code), &none).0,
+                Action::Reset,
+                "{code}"
+            );
+        }
+        assert_eq!(
+            judge(Signal::Recovery(42), &none).1,
+            "the driver asks for recovery action 42"
+        );
+    }
+
+    #[test]
+    fn an_xid_fence_follows_a_condition_that_asks_as_much() {
+        assert!(follows(FenceState::NeedsReset, Action::Reset));
+        assert!(follows(FenceState::NeedsReset, Action::Reboot));
+        assert!(follows(FenceState::NeedsReboot, Action::Reboot));
+        assert!(!follows(FenceState::NeedsReboot, Action::Reset));
+        assert!(!follows(FenceState::NeedsReset, Action::RestartApp));
+        assert!(!follows(FenceState::NeedsReset, Action::Ignore));
     }
 
     #[test]

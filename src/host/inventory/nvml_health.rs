@@ -11,8 +11,10 @@ use crate::model::health::{Signal, slowdowns};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::structs::device::FieldId;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -150,7 +152,31 @@ fn conditions(nvml: &Nvml, device: &nvml_wrapper::Device<'_>) -> Vec<Signal> {
     if device.are_pages_pending_retired().unwrap_or(false) {
         now.push(Signal::RetiredPagesPending);
     }
+    if let Some(code) = recovery_action(device).filter(|&code| code != RECOVERY_NONE) {
+        now.push(Signal::Recovery(code));
+    }
     now
+}
+
+/// nvml.h's `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: the field that holds the driver's
+/// `nvmlDeviceGpuRecoveryAction_t` for the GPU.
+const FIELD_GPU_RECOVERY_ACTION: u32 = 230;
+
+/// `NVML_GPU_RECOVERY_ACTION_NONE`.
+const RECOVERY_NONE: u32 = 0;
+
+/// The driver's recovery action for `device`; `None` where the driver does not have the
+/// field (older than it, or a library without `nvmlDeviceGetFieldValues`).
+fn recovery_action(device: &nvml_wrapper::Device<'_>) -> Option<u32> {
+    let samples = device
+        .field_values_for(&[FieldId(FIELD_GPU_RECOVERY_ACTION)])
+        .ok()?;
+    match samples.into_iter().next()?.ok()?.value.ok()? {
+        SampleValue::U32(code) => Some(code),
+        SampleValue::U64(code) => u32::try_from(code).ok(),
+        SampleValue::I64(code) => u32::try_from(code).ok(),
+        _ => None,
+    }
 }
 
 /// Whether a row remap is pending, and whether remapping has failed. nvml-wrapper 0.13 has

@@ -173,14 +173,37 @@ impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
         };
         // Read without the lock first: most looks change nothing, and take no lock.
         let fence = ledger.fences().ok().and_then(|f| f.of(uuid).cloned());
-        let result = match (now.first(), &fence) {
-            (Some(&signal), None) => {
-                let (action, reason) = judge(signal, &(self.config)().health.xid);
-                match action.fence() {
-                    Some(state) => ledger.fence_health(gpu, state, &reason, true),
-                    None => Ok(None),
-                }
-            }
+        // The gravest condition speaks for the GPU: a row remap pending and the driver
+        // asking for a reboot is a reboot.
+        let xid = &(self.config)().health.xid;
+        let worst = now
+            .iter()
+            .map(|&signal| judge(signal, xid))
+            .max_by_key(|(action, _)| *action);
+        let result = match (worst, &fence) {
+            (Some((action, reason)), None) => match action.fence() {
+                Some(state) => ledger.fence_health(gpu, state, &reason, true),
+                None => Ok(None),
+            },
+            // A condition's fence turns graver with a graver condition.
+            (Some((action, reason)), Some(f)) if f.until_clear => match action.fence() {
+                Some(state) => ledger.fence_health(gpu, state, &reason, true),
+                None => Ok(None),
+            },
+            // An XID's fence, told once, follows a condition that asks as much (the
+            // driver's recovery action): the fence then goes with it, at the reset.
+            (Some((action, reason)), Some(f)) if f.by == HEALTH_BY => ledger
+                .follow_condition(gpu, action, &reason)
+                .map(|followed| {
+                    if let Some(f) = followed {
+                        tracing::info!(
+                            gpu = gpu.index,
+                            reason = f.reason,
+                            "the GPU's fence now ends when the driver no longer reports it"
+                        );
+                    }
+                    None
+                }),
             (None, Some(f)) if f.until_clear => ledger.clear_health(gpu),
             _ => Ok(None),
         };

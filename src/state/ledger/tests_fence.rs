@@ -196,3 +196,66 @@ fn a_fences_file_anyone_else_could_have_written_stops_allocation() {
         .mode();
     assert_eq!(mode & 0o777, 0o644);
 }
+
+/// An XID's fence has no end of its own (the event is told once); when the GPU goes on to
+/// report a condition that asks as much until its reset (the driver's recovery action),
+/// the fence follows it, and goes with it: the reset shows. An admin's drain and a fence
+/// graver than the condition stand.
+#[test]
+fn an_xid_fence_follows_the_drivers_condition_and_goes_with_its_reset() {
+    use crate::model::health::Action;
+    let (_t, l) = ledger();
+    let inv = machine(3);
+    let gpu = |i: usize| &inv.gpus[i];
+    l.fence_health(gpu(0), FenceState::NeedsReset, "XID 48", false)
+        .unwrap();
+    assert_eq!(
+        l.clear_health(gpu(0)).unwrap(),
+        None,
+        "an XID's fence does not go by itself"
+    );
+    let followed = l
+        .follow_condition(gpu(0), Action::Reset, "the driver asks for a GPU reset")
+        .unwrap()
+        .unwrap();
+    assert_eq!(followed.state, FenceState::NeedsReset);
+    assert_eq!(followed.reason, "XID 48; the driver asks for a GPU reset");
+    assert!(followed.until_clear);
+    assert_eq!(l.fences().unwrap().of("GPU-test-0"), Some(&followed));
+    assert_eq!(
+        l.follow_condition(gpu(0), Action::Reboot, "again").unwrap(),
+        None,
+        "followed once"
+    );
+    assert_eq!(l.clear_health(gpu(0)).unwrap(), Some(followed));
+    assert!(l.fences().unwrap().is_empty());
+
+    // A reboot's fence is not carried by a reset condition; it is by a reboot one, and
+    // a reset fence by a reboot condition takes the graver state.
+    l.fence_health(gpu(1), FenceState::NeedsReboot, "XID 79", false)
+        .unwrap();
+    assert_eq!(
+        l.follow_condition(gpu(1), Action::Reset, "r").unwrap(),
+        None
+    );
+    assert_eq!(
+        l.follow_condition(gpu(1), Action::RestartApp, "r").unwrap(),
+        None
+    );
+    l.fence_health(gpu(2), FenceState::NeedsReset, "XID 48", false)
+        .unwrap();
+    let graver = l
+        .follow_condition(gpu(2), Action::Reboot, "b")
+        .unwrap()
+        .unwrap();
+    assert_eq!(graver.state, FenceState::NeedsReboot);
+
+    // An admin's drain is the admin's to end.
+    l.undrain(&[gpu(1)], "root").unwrap();
+    l.drain(&[gpu(1)], "fan swap", "root").unwrap();
+    assert_eq!(
+        l.follow_condition(gpu(1), Action::Reset, "r").unwrap(),
+        None
+    );
+    assert!(!l.fences().unwrap().of("GPU-test-1").unwrap().until_clear);
+}

@@ -1,13 +1,21 @@
 // GPU health for gpupin's health tests: NVML's event sets (XIDs, double-bit ECC errors),
-// ECC counters, row remapping and retired pages pending. go-nvml's mock models none of
+// ECC counters, row remapping, retired pages pending and the driver's GPU recovery action
+// (the field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION). go-nvml's mock models none of
 // them, so this bridge answers them from a file the test writes, read again at every call
 // (a test fires an event by appending it, and changes a counter by rewriting the file):
 //
 //	GPUPIN_MOCK_NVML_HEALTH (else mock-nvml-health.json beside the library):
-//	{"events": [{"index": 2, "type": "xid", "xid": 79}, {"index": 1, "type": "dbe"}],
+//	{"events": [{"index": 2, "type": "xid", "xid": 79}, {"index": 1, "type": "dbe"},
+//	            {"index": 0, "type": "xid", "xid": 48, "gi": 2}],
 //	 "gpus": [{"index": 3, "remap_pending": true, "remap_failure": false,
 //	           "dbe_volatile": 2, "retired_pending": false, "lost": false,
-//	           "throttle": 64}]}
+//	           "throttle": 64, "recovery_action": 1}]}
+//
+// An event's "gi" (and "ci") attribute it to a MIG GPU instance (and compute instance), as
+// the driver does for an XID it can; without them the event is the whole GPU's. The
+// recovery action is nvml.h's nvmlDeviceGpuRecoveryAction_t (0 none, 1 GPU reset, 2 node
+// reboot, ...); "recovery_action": -1 answers NOT_SUPPORTED, as a driver older than the
+// field does.
 //
 // Each event set delivers the file's events in order, each once, to the GPUs registered
 // on it for that event's type (nvmlEventSetWait_v2 waits up to its timeout for the next
@@ -17,6 +25,16 @@ package main
 
 /*
 #include <stdlib.h>
+
+typedef struct {
+	unsigned int fieldId;
+	unsigned int scopeId;
+	long long timestamp;
+	long long latencyUsec;
+	int valueType;
+	int nvmlReturn;
+	unsigned long long value;
+} mockFieldValue;
 
 typedef struct {
 	void *device;
@@ -50,6 +68,9 @@ type healthFile struct {
 		Index int    `json:"index"`
 		Type  string `json:"type"`
 		Xid   uint64 `json:"xid"`
+		// Gi and Ci: the MIG GPU and compute instance it is attributable to, if any.
+		Gi *uint32 `json:"gi"`
+		Ci *uint32 `json:"ci"`
 	} `json:"events"`
 	Gpus []struct {
 		Index          int    `json:"index"`
@@ -61,6 +82,8 @@ type healthFile struct {
 		Lost bool `json:"lost"`
 		// Throttle: NVML's clock throttle reason bits (0x40: hardware thermal slowdown).
 		Throttle uint64 `json:"throttle"`
+		// RecoveryAction: the driver's GPU recovery action; -1: the field is not supported.
+		RecoveryAction int `json:"recovery_action"`
 	} `json:"gpus"`
 }
 
@@ -147,25 +170,43 @@ func nvmlDeviceRegisterEvents(h unsafe.Pointer, types C.ulonglong, set unsafe.Po
 	return ret(nvml.SUCCESS)
 }
 
+// noInstance is the gpuInstanceId and computeInstanceId of an event no instance has.
+const noInstance uint32 = 0xFFFFFFFF
+
+// firedEvent is one event an event set delivers.
+type firedEvent struct {
+	index  int
+	kind   uint64
+	data   uint64
+	gi, ci uint32
+}
+
 // nextEvent is the set's next event from the file that a registered GPU wants, if any.
-func nextEvent(s *eventSet) (index int, kind uint64, data uint64, found bool) {
+func nextEvent(s *eventSet) (firedEvent, bool) {
 	f := readHealth()
 	for s.next < len(f.Events) {
 		e := f.Events[s.next]
 		s.next++
+		fired := firedEvent{index: e.Index, gi: noInstance, ci: noInstance}
 		switch e.Type {
 		case "xid":
-			kind, data = eventXid, e.Xid
+			fired.kind, fired.data = eventXid, e.Xid
 		case "dbe":
-			kind, data = eventDoubleBitEcc, 0
+			fired.kind = eventDoubleBitEcc
 		default:
 			continue
 		}
-		if s.registered[e.Index]&kind != 0 {
-			return e.Index, kind, data, true
+		if e.Gi != nil {
+			fired.gi = *e.Gi
+		}
+		if e.Ci != nil {
+			fired.ci = *e.Ci
+		}
+		if s.registered[e.Index]&fired.kind != 0 {
+			return fired, true
 		}
 	}
-	return 0, 0, 0, false
+	return firedEvent{}, false
 }
 
 //export nvmlEventSetWait_v2
@@ -181,16 +222,16 @@ func nvmlEventSetWait_v2(set unsafe.Pointer, data *C.mockEventData, timeoutMs C.
 			setsMu.Unlock()
 			return ret(nvml.ERROR_INVALID_ARGUMENT)
 		}
-		index, kind, value, found := nextEvent(s)
+		fired, found := nextEvent(s)
 		setsMu.Unlock()
 		if found {
 			mu.Lock()
-			data.device = handles[index]
+			data.device = handles[fired.index]
 			mu.Unlock()
-			data.eventType = C.ulonglong(kind)
-			data.eventData = C.ulonglong(value)
-			data.gpuInstanceId = 0xFFFFFFFF
-			data.computeInstanceId = 0xFFFFFFFF
+			data.eventType = C.ulonglong(fired.kind)
+			data.eventData = C.ulonglong(fired.data)
+			data.gpuInstanceId = C.uint(fired.gi)
+			data.computeInstanceId = C.uint(fired.ci)
 			return ret(nvml.SUCCESS)
 		}
 		if !time.Now().Before(deadline) {
@@ -300,3 +341,39 @@ func nvmlDeviceGetCurrentClocksThrottleReasons(h unsafe.Pointer, reasons *C.ulon
 	return ret(nvml.SUCCESS)
 }
 
+
+// fieldRecoveryAction is nvml.h's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION.
+const fieldRecoveryAction = 230
+
+//export nvmlDeviceGetFieldValues
+func nvmlDeviceGetFieldValues(h unsafe.Pointer, count C.int, values *C.mockFieldValue) C.int {
+	i := gpuIndex(h)
+	if i < 0 || count < 0 || (count > 0 && values == nil) {
+		return ret(nvml.ERROR_INVALID_ARGUMENT)
+	}
+	action := 0
+	for _, g := range readHealth().Gpus {
+		if g.Index == i {
+			action = g.RecoveryAction
+		}
+	}
+	fields := unsafe.Slice(values, int(count))
+	for k := range fields {
+		f := &fields[k]
+		f.timestamp = C.longlong(time.Now().UnixMicro())
+		f.latencyUsec = 0
+		f.value = 0
+		switch {
+		case f.fieldId != fieldRecoveryAction || action < 0:
+			f.nvmlReturn = ret(nvml.ERROR_NOT_SUPPORTED)
+		case gpuLost(i):
+			f.nvmlReturn = ret(nvml.ERROR_GPU_IS_LOST)
+		default:
+			// NVML_VALUE_TYPE_UNSIGNED_INT: the low four bytes of the union.
+			f.valueType = 1
+			f.nvmlReturn = ret(nvml.SUCCESS)
+			f.value = C.ulonglong(uint32(action))
+		}
+	}
+	return ret(nvml.SUCCESS)
+}

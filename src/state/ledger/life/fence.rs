@@ -5,6 +5,7 @@
 
 use crate::model::fence::{Fence, FenceState, Fences};
 use crate::model::gpu::Gpu;
+use crate::model::health::{Action, follows};
 use crate::state::audit::{Event, EventKind, GpuRef};
 use crate::state::ledger::record::Record;
 use crate::state::ledger::{Ledger, LedgerError, store};
@@ -96,6 +97,45 @@ impl Ledger {
         fences.set(fence.clone());
         store::fences::store(self.dir(), &fences)?;
         self.audit_fence(EventKind::Drain, &fence, HEALTH_BY);
+        self.changed();
+        Ok(Some(fence))
+    }
+
+    /// Makes `gpu`'s health fence set by an event (an XID) follow a condition the GPU now
+    /// reports until its reset (the driver's recovery action, a row remap pending), where
+    /// the condition asks for as much (`model::health::follows`): the fence then goes by
+    /// itself with the condition (`clear_health`), which is how the reset shows. It takes
+    /// the graver state of the two, and its reason says both. An admin's drain, and a
+    /// fence that already follows one, stand. The fence changed, if it was.
+    pub fn follow_condition(
+        &self,
+        gpu: &Gpu,
+        condition: Action,
+        reason: &str,
+    ) -> Result<Option<Fence>, LedgerError> {
+        let Some(state) = condition.fence() else {
+            return Ok(None);
+        };
+        let _lock = store::lock(self.dir())?;
+        let mut fences = store::fences::load(self.dir())?;
+        let Some(before) = fences.of(&gpu.uuid) else {
+            return Ok(None);
+        };
+        if before.by != HEALTH_BY
+            || before.state == FenceState::Drained
+            || before.until_clear
+            || !follows(before.state, condition)
+        {
+            return Ok(None);
+        }
+        let fence = Fence {
+            state: before.state.max(state),
+            reason: format!("{}; {reason}", before.reason),
+            until_clear: true,
+            ..before.clone()
+        };
+        fences.set(fence.clone());
+        store::fences::store(self.dir(), &fences)?;
         self.changed();
         Ok(Some(fence))
     }
