@@ -1574,6 +1574,97 @@ fn a_gpu_the_driver_asks_to_reset_comes_back_after_the_reset() {
     assert_eq!(holders, ["gpu-5", "gpu-6"], "{audit}");
 }
 
+/// An XID the driver attributes to a MIG GPU instance takes that instance out alone: status
+/// shows it on the instance's line, a request naming it is told why, its GPU's other
+/// instances are handed out, the device plugin's metric has its series, and undrain by its
+/// address brings it back.
+#[test]
+fn an_xid_on_a_mig_instance_fences_that_instance_alone() {
+    let test = "an_xid_on_a_mig_instance_fences_that_instance_alone";
+    let Some(host) = MockHost::with_mig(test, "dgxa100-80gb", "nvml", Some(MIG_GEOMETRY)) else {
+        return;
+    };
+    let serve = host.serve("");
+    let migs = host.migs(0);
+    let (sick, sibling) = (&migs[2], &migs[3]);
+    assert_eq!(
+        (&sick["profile"], &sibling["profile"]),
+        (&json!("1g.10gb"), &json!("1g.10gb"))
+    );
+    let address = format!("0:{}", sick["index"]);
+    host.set_health(&json!({
+        "events": [{"index": 0, "type": "xid", "xid": 48, "gi": sick["gi"], "ci": sick["ci"]}],
+        "gpus": [],
+    }));
+    let status = || host.json(&["status", "--json"]);
+    serve.until("the instance fenced", &|| {
+        !status()["gpus"][0]["mig"][2]["fence"].is_null()
+    });
+    let st = status();
+    let fence = &st["gpus"][0]["mig"][2]["fence"];
+    assert_eq!(fence["state"], "needs-reset", "{fence}");
+    assert_eq!(fence["reason"], "XID 48");
+    assert_eq!(fence["uuid"], sick["uuid"]);
+    assert!(
+        st["gpus"][0]["fence"].is_null(),
+        "the GPU is not fenced: {st:#}"
+    );
+    assert!(st["gpus"][0]["mig"][3]["fence"].is_null());
+    let long = host.ok(&["status", "--long"]);
+    assert!(
+        long.lines()
+            .any(|l| l.trim_start().starts_with(&address) && l.contains("NEEDS RESET: XID 48")),
+        "{long}"
+    );
+    let table = host.ok(&["status"]);
+    let line = |i: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!(" {i} ")))
+            .unwrap()
+    };
+    assert!(line(&address).contains("NEEDS RESET: XID 48"), "{table}");
+    assert!(!line("0:3").contains("NEEDS"), "{table}");
+    assert!(table.contains("3 of 4 MIG instances free"), "{table}");
+
+    let refused = host.run(&["hold", "named", "--devices", &address, "--until-release"]);
+    let line = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        line.contains(&format!(
+            "it needs a reset (XID 48); it comes back after the reset, or with gpupin undrain {address}"
+        )),
+        "{line}"
+    );
+    host.ok(&["hold", "one", "--mig", "1g.10gb", "--until-release"]);
+    let st = status();
+    assert_eq!(st["gpus"][0]["mig"][3]["holders"][0]["id"], "one", "{st:#}");
+    let metrics = host.ok(&["metrics"]);
+    assert!(
+        metrics.contains(&format!(
+            "gpupin_gpu_fenced{{gpu=\"{address}\",uuid=\"{}\",state=\"needs-reset\"}} 1",
+            sick["uuid"].as_str().unwrap()
+        )),
+        "{metrics}"
+    );
+    let audit = std::fs::read_to_string(host.root().join("state/audit.log")).unwrap();
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains(&format!("\"holder\":\"gpu-{address}\""))
+                && l.contains("\"event\":\"drain\"")),
+        "{audit}"
+    );
+
+    let said = host.ok(&["undrain", &address]);
+    assert_eq!(
+        said,
+        format!(
+            "undrained MIG instance {address} (was needs-reset by gpupin serve: XID 48): it is handed out again\n"
+        )
+    );
+    host.ok(&["hold", "two", "--devices", &address, "--until-release"]);
+}
+
 /// A shared job's memory reservation becomes a limit the driver enforces on the job's own
 /// cgroup (`nvmlDeviceSetMemoryLimits_v1`: the mock logs what was set), cleared before the
 /// cgroup goes; where the driver lacks the feature, the job runs and its record says the

@@ -39,11 +39,12 @@ pub struct Drained {
     pub holders: Vec<Record>,
 }
 
-/// What an undrain did: the fences taken away, and the GPUs named that had none.
+/// What an undrain did: the fences taken away, and the GPUs (or MIG instances, by
+/// address) named that had none.
 #[derive(Debug)]
 pub struct Undrained {
     pub cleared: Vec<Fence>,
-    pub not_fenced: Vec<u32>,
+    pub not_fenced: Vec<String>,
 }
 
 /// Takes the GPUs `keys` name out of allocation, saying `reason`, as `by`.
@@ -66,16 +67,35 @@ pub fn drain(
     Ok(Drained { fences, holders })
 }
 
-/// Puts the GPUs `keys` name back into allocation, whatever took them out, as `by`.
+/// Puts the GPUs `keys` name back into allocation, whatever took them out, as `by`: a
+/// GPU with its MIG instances, or one instance (`3:1`) whose health fenced it alone.
 pub fn undrain(config: &Config, keys: &[String], by: &str) -> Result<Undrained, DrainError> {
     let inventory = config.load_inventory()?;
-    let gpus = named(&inventory, keys)?;
+    let mut named: Vec<(String, Vec<&str>)> = Vec::new();
+    for key in keys {
+        let (address, uuids) = match inventory.find(key) {
+            Some(gpu) => (
+                gpu.index.to_string(),
+                std::iter::once(gpu.uuid.as_str())
+                    .chain(gpu.mig_instances().iter().map(|m| m.uuid.as_str()))
+                    .collect(),
+            ),
+            None => match inventory.find_mig(key) {
+                Some(m) => (m.address(), vec![m.uuid.as_str()]),
+                None => return Err(unknown(&inventory, key)),
+            },
+        };
+        if !named.iter().any(|(a, _)| *a == address) {
+            named.push((address, uuids));
+        }
+    }
+    let uuids: Vec<&str> = named.iter().flat_map(|(_, u)| u.iter().copied()).collect();
     let ledger = crate::state::open_ledger(config)?;
-    let cleared = ledger.undrain(&gpus, by)?;
-    let not_fenced = gpus
-        .iter()
-        .filter(|g| !cleared.iter().any(|f| f.uuid == g.uuid))
-        .map(|g| g.index)
+    let cleared = ledger.undrain(&uuids, by)?;
+    let not_fenced = named
+        .into_iter()
+        .filter(|(_, uuids)| !cleared.iter().any(|f| uuids.contains(&f.uuid.as_str())))
+        .map(|(address, _)| address)
         .collect();
     Ok(Undrained {
         cleared,
@@ -103,15 +123,7 @@ fn named<'i>(inventory: &'i Inventory, keys: &[String]) -> Result<Vec<&'i Gpu>, 
                         key: key.clone(),
                         gpu: m.parent_index,
                     },
-                    None => DrainError::UnknownGpu {
-                        key: key.clone(),
-                        known: inventory
-                            .gpus
-                            .iter()
-                            .map(|g| g.index.to_string())
-                            .collect::<Vec<_>>()
-                            .join(","),
-                    },
+                    None => unknown(inventory, key),
                 });
             }
         };
@@ -120,6 +132,19 @@ fn named<'i>(inventory: &'i Inventory, keys: &[String]) -> Result<Vec<&'i Gpu>, 
         }
     }
     Ok(gpus)
+}
+
+/// The refusal of a key that names no GPU here.
+fn unknown(inventory: &Inventory, key: &str) -> DrainError {
+    DrainError::UnknownGpu {
+        key: key.to_string(),
+        known: inventory
+            .gpus
+            .iter()
+            .map(|g| g.index.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+    }
 }
 
 #[cfg(test)]
@@ -151,7 +176,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             [5]
         );
-        assert_eq!(undrained.not_fenced, [6]);
+        assert_eq!(undrained.not_fenced, ["6"]);
     }
 
     #[test]

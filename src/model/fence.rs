@@ -1,8 +1,11 @@
 //! GPUs taken out of allocation: an admin's drain (`gpupin drain`), and, from the GPU's
 //! health, a GPU that needs a reset or the machine a reboot. A fenced GPU is never
 //! handed out; its holders keep it until they end. It comes back with `gpupin undrain`
-//! (any fence), and a health fence also with the reset or reboot it asked for.
+//! (any fence), and a health fence also with the reset or reboot it asked for. A health
+//! fence may take out one MIG instance only, where the driver says the error was its.
 
+use super::gpu::Gpu;
+use super::mig::MigInstance;
 use serde::{Deserialize, Serialize};
 
 /// Why a GPU is out of allocation.
@@ -34,12 +37,16 @@ impl FenceState {
     }
 }
 
-/// One GPU out of allocation.
+/// One GPU, or one MIG instance, out of allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fence {
+    /// The GPU's UUID, or the MIG instance's.
     pub uuid: String,
-    /// The GPU's index when it was fenced, as people name it.
+    /// The GPU's index when it was fenced, as people name it (an instance's parent's).
     pub index: u32,
+    /// The MIG instance's index under GPU `index`, where the fence is an instance's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<u32>,
     pub state: FenceState,
     /// What the admin said (`--reason`), or what the GPU reported.
     pub reason: String,
@@ -54,12 +61,86 @@ pub struct Fence {
     pub until_clear: bool,
 }
 
+/// What a fence takes out of allocation: a whole GPU, or one MIG instance of one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceTarget<'a> {
+    pub uuid: &'a str,
+    pub index: u32,
+    pub mig: Option<u32>,
+}
+
+impl<'a> From<&'a Gpu> for FenceTarget<'a> {
+    fn from(gpu: &'a Gpu) -> Self {
+        FenceTarget {
+            uuid: &gpu.uuid,
+            index: gpu.index,
+            mig: None,
+        }
+    }
+}
+
+impl<'a> From<&'a MigInstance> for FenceTarget<'a> {
+    fn from(instance: &'a MigInstance) -> Self {
+        FenceTarget {
+            uuid: &instance.uuid,
+            index: instance.parent_index,
+            mig: Some(instance.index),
+        }
+    }
+}
+
+impl FenceTarget<'_> {
+    /// How people name it: `3`, or an instance's `3:1` (nvidia-ctk's form).
+    pub fn address(self) -> String {
+        match self.mig {
+            Some(mig) => format!("{}:{mig}", self.index),
+            None => self.index.to_string(),
+        }
+    }
+
+    /// The fence on it, in `state`, saying `reason`, by `by`, from `since`.
+    pub fn fence(self, state: FenceState, reason: &str, by: &str, since: u64) -> Fence {
+        Fence {
+            uuid: self.uuid.to_string(),
+            index: self.index,
+            mig: self.mig,
+            state,
+            reason: reason.to_string(),
+            by: by.to_string(),
+            since,
+            until_clear: false,
+        }
+    }
+}
+
 impl Fence {
+    /// What it fences.
+    pub fn target(&self) -> FenceTarget<'_> {
+        FenceTarget {
+            uuid: &self.uuid,
+            index: self.index,
+            mig: self.mig,
+        }
+    }
+
+    /// How people name what it fences: `3`, or an instance's `3:1`.
+    pub fn address(&self) -> String {
+        self.target().address()
+    }
+
+    /// `GPU 3`, or `MIG instance 3:1`: what it fences, for a sentence.
+    pub fn named(&self) -> String {
+        match self.mig {
+            Some(_) => format!("MIG instance {}", self.address()),
+            None => format!("GPU {}", self.index),
+        }
+    }
+
     /// `is drained by alice: fan swap; it comes back with gpupin undrain 3`, or for a GPU
     /// its health took out, `needs a reset (XID 79 ...); it comes back after the reset, or
     /// with gpupin undrain 3`: after "it" in a refusal, after "GPU 3" elsewhere.
     pub fn why(&self) -> String {
-        let index = self.index;
+        let index = self.address();
         match self.state {
             FenceState::Drained => format!(
                 "is drained by {}: {}; it comes back with gpupin undrain {index}",
@@ -85,9 +166,21 @@ pub struct Fences {
 }
 
 impl Fences {
-    /// The fence of the GPU with this UUID, if it has one.
+    /// The fence of the GPU (or MIG instance) with this UUID, if it has one.
     pub fn of(&self, uuid: &str) -> Option<&Fence> {
         self.gpus.iter().find(|f| f.uuid == uuid)
+    }
+
+    /// What keeps MIG instance `m` out of allocation: its own fence, else its GPU's.
+    pub fn of_instance(&self, m: &MigInstance) -> Option<&Fence> {
+        self.of(&m.uuid).or_else(|| self.of(&m.parent_uuid))
+    }
+
+    /// The fences of GPU `gpu` and of its MIG instances.
+    pub fn of_gpu_and_instances<'f>(&'f self, gpu: &'f Gpu) -> impl Iterator<Item = &'f Fence> {
+        self.gpus.iter().filter(move |f| {
+            f.uuid == gpu.uuid || gpu.mig_instances().iter().any(|m| m.uuid == f.uuid)
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -102,7 +195,7 @@ impl Fences {
             .position(|f| f.uuid == fence.uuid)
             .map(|p| self.gpus.remove(p));
         self.gpus.push(fence);
-        self.gpus.sort_by_key(|f| f.index);
+        self.gpus.sort_by_key(|f| (f.index, f.mig));
         before
     }
 
@@ -131,6 +224,7 @@ mod tests {
         Fence {
             uuid: uuid.into(),
             index,
+            mig: None,
             state,
             reason: "why".into(),
             by: "root".into(),

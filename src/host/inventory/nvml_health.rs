@@ -12,9 +12,10 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::enums::device::SampleValue;
-use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
+use nvml_wrapper_sys::bindings::nvmlEventData_t;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -24,8 +25,9 @@ const WAIT_SLICE_MS: u32 = 500;
 
 /// What the watch tells as it goes.
 pub(crate) trait HealthSink {
-    /// `signal` happened on the GPU with this UUID (an event: told once).
-    fn event(&mut self, uuid: &str, signal: Signal);
+    /// `signal` happened on the GPU with this UUID (an event: told once); `gpu_instance`:
+    /// the MIG GPU instance id the driver attributes it to, if it does.
+    fn event(&mut self, uuid: &str, gpu_instance: Option<u32>, signal: Signal);
     /// The conditions that hold on the GPU now (empty: none), at every poll.
     fn conditions(&mut self, uuid: &str, now: &[Signal]);
     /// The clock slowdowns NVML reports on the GPU now (`model::health::slowdowns`'s
@@ -73,20 +75,21 @@ pub(crate) fn watch(
             next_poll = Instant::now() + poll;
         }
         match &set {
-            Some(set) => match set.wait(WAIT_SLICE_MS) {
+            Some(set) => match wait(&nvml, set) {
                 Ok(event) => {
-                    let Ok(uuid) = event.device.uuid() else {
+                    // SAFETY: a handle NVML gave in the event, valid while `nvml` is.
+                    let device = unsafe { nvml_wrapper::Device::new(event.device, &nvml) };
+                    let Ok(uuid) = device.uuid() else {
                         continue;
                     };
-                    if event.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
-                        let xid = match event.event_data {
-                            Some(XidError::Value(xid)) => xid,
-                            _ => 0,
-                        };
-                        sink.event(&uuid, Signal::Xid(xid));
+                    let types = EventTypes::from_bits_truncate(event.eventType);
+                    let instance =
+                        (event.gpuInstanceId != NO_INSTANCE).then_some(event.gpuInstanceId);
+                    if types.contains(EventTypes::CRITICAL_XID_ERROR) {
+                        sink.event(&uuid, instance, Signal::Xid(event.eventData));
                     }
-                    if event.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
-                        sink.event(&uuid, Signal::DoubleBitEcc);
+                    if types.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                        sink.event(&uuid, instance, Signal::DoubleBitEcc);
                     }
                 }
                 Err(NvmlError::Timeout) => {}
@@ -99,6 +102,23 @@ pub(crate) fn watch(
         }
     }
     Ok(())
+}
+
+/// nvml.h's gpuInstanceId of an event no MIG instance is blamed for.
+const NO_INSTANCE: u32 = 0xFFFF_FFFF;
+
+/// The set's next event, waiting up to `WAIT_SLICE_MS`. nvml-wrapper's `EventSet::wait`
+/// leaves out the GPU instance the driver attributes an XID to, so the library's
+/// function is called as nvml.h declares it.
+fn wait(nvml: &Nvml, set: &nvml_wrapper::EventSet<'_>) -> Result<nvmlEventData_t, NvmlError> {
+    let call = nvml_sym(nvml.lib().nvmlEventSetWait_v2.as_ref())?;
+    // SAFETY: all-zero is a valid nvmlEventData_t (a null handle and integers); `set` is
+    // a live set of this `nvml`, and the call writes one struct, here a local.
+    unsafe {
+        let mut data: nvmlEventData_t = std::mem::zeroed();
+        nvml_try(call(set.handle(), &mut data, WAIT_SLICE_MS))?;
+        Ok(data)
+    }
 }
 
 /// One event set with every GPU registered for what it supports of XIDs and double-bit
@@ -158,18 +178,15 @@ fn conditions(nvml: &Nvml, device: &nvml_wrapper::Device<'_>) -> Vec<Signal> {
     now
 }
 
-/// nvml.h's `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: the field that holds the driver's
-/// `nvmlDeviceGpuRecoveryAction_t` for the GPU.
-const FIELD_GPU_RECOVERY_ACTION: u32 = 230;
-
 /// `NVML_GPU_RECOVERY_ACTION_NONE`.
 const RECOVERY_NONE: u32 = 0;
 
-/// The driver's recovery action for `device`; `None` where the driver does not have the
+/// The driver's recovery action for `device` (the field holds nvml.h's
+/// `nvmlDeviceGpuRecoveryAction_t`); `None` where the driver does not have the
 /// field (older than it, or a library without `nvmlDeviceGetFieldValues`).
 fn recovery_action(device: &nvml_wrapper::Device<'_>) -> Option<u32> {
     let samples = device
-        .field_values_for(&[FieldId(FIELD_GPU_RECOVERY_ACTION)])
+        .field_values_for(&[FieldId(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)])
         .ok()?;
     match samples.into_iter().next()?.ok()?.value.ok()? {
         SampleValue::U32(code) => Some(code),

@@ -104,7 +104,7 @@ pub fn resources(
 
 /// The devices of one resource, in inventory order: an instance's NUMA node is its GPU's.
 /// Unhealthy: held outside Kubernetes, or out of allocation (`fences`: drained, or its
-/// health took it out), a MIG instance where its GPU is.
+/// health took it out), a MIG instance where its GPU is or its health took it out alone.
 pub fn states_of(
     inventory: &Inventory,
     live: &[Record],
@@ -131,7 +131,7 @@ pub fn states_of(
         }) {
             // A GPU held whole (from before its geometry) keeps its instances from pods.
             let mut s = state(&m.uuid, g.numa_node);
-            s.healthy &= !held_outside(&g.uuid, live) && !fenced;
+            s.healthy &= !held_outside(&g.uuid, live) && fences.of_instance(m).is_none();
             out.push(s);
         }
     }
@@ -163,21 +163,14 @@ mod tests {
     }
 
     /// A drained GPU (or one its health took out) is unhealthy to the kubelet, and so
-    /// is every MIG instance of it.
+    /// is every MIG instance of it; an instance its health took out alone is, and its
+    /// GPU's other instances are not.
     #[test]
     fn a_gpu_out_of_allocation_is_unhealthy_with_its_instances() {
-        use crate::model::fence::{Fence, FenceState};
+        use crate::model::fence::{FenceState, FenceTarget};
         let inv = machine(4);
         let mut fences = Fences::default();
-        fences.set(Fence {
-            uuid: inv.gpus[2].uuid.clone(),
-            index: 2,
-            state: FenceState::Drained,
-            reason: "fan".into(),
-            by: "root".into(),
-            since: 1,
-            until_clear: false,
-        });
+        fences.set(FenceTarget::from(&inv.gpus[2]).fence(FenceState::Drained, "fan", "root", 1));
         let health: Vec<bool> = states_of(&inv, &[], &fences, &Unit::Whole)
             .iter()
             .map(|d| d.healthy)
@@ -186,20 +179,32 @@ mod tests {
         let mig = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
         let parent = mig.gpus.iter().find(|g| g.in_mig_mode()).unwrap();
         let mut fences = Fences::default();
-        fences.set(Fence {
-            uuid: parent.uuid.clone(),
-            index: parent.index,
-            state: FenceState::NeedsReset,
-            reason: "XID 79".into(),
-            by: "gpupin serve".into(),
-            since: u64::MAX,
-            until_clear: false,
-        });
+        fences.set(FenceTarget::from(parent).fence(
+            FenceState::NeedsReset,
+            "XID 79",
+            "gpupin serve",
+            u64::MAX,
+        ));
         let instances = states_of(&mig, &[], &fences, &Unit::AllInstances);
         for d in &instances {
             let of_parent = parent.mig_instances().iter().any(|m| m.uuid == d.uuid);
             assert_eq!(d.healthy, !of_parent, "{}", d.uuid);
         }
+        let alone = &parent.mig_instances()[1];
+        let mut fences = Fences::default();
+        fences.set(FenceTarget::from(alone).fence(
+            FenceState::NeedsReset,
+            "XID 48",
+            "gpupin serve",
+            u64::MAX,
+        ));
+        let instances = states_of(&mig, &[], &fences, &Unit::AllInstances);
+        let unhealthy: Vec<&str> = instances
+            .iter()
+            .filter(|d| !d.healthy)
+            .map(|d| d.uuid.as_str())
+            .collect();
+        assert_eq!(unhealthy, [alone.uuid.as_str()]);
     }
 
     #[test]

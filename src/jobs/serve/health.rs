@@ -11,7 +11,7 @@ use crate::host::inventory::nvml_health::{self, HealthSink};
 use crate::input::config::Config;
 use crate::input::config::inventory::InventorySource;
 use crate::jobs::evict::Evictor;
-use crate::model::fence::Fence;
+use crate::model::fence::{Fence, FenceTarget};
 use crate::model::gpu::{Gpu, Inventory};
 use crate::model::health::{Action, Signal, judge};
 use crate::state::ledger::lookup::Match;
@@ -75,29 +75,47 @@ impl<F: Fn() -> Arc<Config>> Sink<F> {
             .ok()
     }
 
-    /// Under `[health] evict = true`, the holders of a GPU just fenced are evicted as
-    /// `gpupin evict` does (grace `EVICT_GRACE`), saying why; otherwise they are only told.
-    fn evict_holders(&self, ledger: &Ledger, gpu: &Gpu, fence: &Fence) {
+    /// What an event on the GPU with `uuid` blames: the MIG instance of GPU instance
+    /// `gpu_instance` where the driver names one the inventory has, else the GPU.
+    fn target<'g>(gpu: &'g Gpu, gpu_instance: Option<u32>) -> FenceTarget<'g> {
+        let instance = gpu_instance.and_then(|gi| {
+            gpu.mig_instances()
+                .iter()
+                .find(|m| m.access.is_some_and(|a| a.gi == gi))
+        });
+        match instance {
+            Some(m) => m.into(),
+            None => gpu.into(),
+        }
+    }
+
+    /// Under `[health] evict = true`, the holders of what was just fenced (a GPU with its
+    /// MIG instances, or one instance) are evicted as `gpupin evict` does (grace
+    /// `EVICT_GRACE`), saying why; otherwise they are only told.
+    fn evict_holders(&self, ledger: &Ledger, fence: &Fence) {
         let config = (self.config)();
         if !config.health.evict {
             return;
         }
-        let holders = ledger.holders_of_gpus(&[gpu]).unwrap_or_default();
+        let holders = match (fence.mig, self.gpu(&fence.uuid)) {
+            (None, Some(gpu)) => ledger.holders_of_gpus(&[gpu]),
+            _ => ledger.holders_of(&[fence.uuid.as_str()]),
+        };
         let by = Evictor {
             uid: 0,
             user: HEALTH_BY.to_string(),
-            reason: Some(format!("GPU {} {}", gpu.index, fence.why())),
+            reason: Some(format!("{} {}", fence.named(), fence.why())),
             how: Match::Exact,
         };
-        for holder in holders {
+        for holder in holders.unwrap_or_default() {
             match crate::jobs::evict::evict(&config, &holder.id, &by, EVICT_GRACE) {
                 Ok(_) => tracing::warn!(
-                    gpu = gpu.index,
+                    gpu = fence.address(),
                     holder = holder.shown_name(),
                     "evicted: its GPU is out of allocation"
                 ),
                 Err(error) => tracing::warn!(
-                    gpu = gpu.index,
+                    gpu = fence.address(),
                     holder = holder.shown_name(),
                     error = %one_line(&error),
                     "could not evict"
@@ -108,36 +126,38 @@ impl<F: Fn() -> Arc<Config>> Sink<F> {
 }
 
 impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
-    fn event(&mut self, uuid: &str, signal: Signal) {
+    fn event(&mut self, uuid: &str, gpu_instance: Option<u32>, signal: Signal) {
         let Some(gpu) = self.gpu(uuid) else {
             return;
         };
+        let target = Self::target(gpu, gpu_instance);
         let (action, reason) = judge(signal, &(self.config)().health.xid);
         if action == Action::Ignore {
-            tracing::debug!(gpu = gpu.index, reason, "ignored");
+            tracing::debug!(gpu = target.address(), reason, "ignored");
             return;
         }
         let Some(ledger) = self.ledger() else {
             return;
         };
+        // An instance's error fences that instance; the others of its GPU go on.
         let fenced = match action.fence() {
-            Some(state) => ledger.fence_health(gpu, state, &reason, false),
+            Some(state) => ledger.fence_health(target, state, &reason, false),
             None => Ok(None),
         };
         match fenced {
             Ok(Some(fence)) => {
                 tracing::warn!(
-                    gpu = gpu.index,
+                    gpu = fence.address(),
                     state = fence.state.as_str(),
                     reason,
                     "GPU out of allocation"
                 );
-                self.evict_holders(&ledger, gpu, &fence);
+                self.evict_holders(&ledger, &fence);
             }
             // Restart-app, or a GPU out of allocation already: told in the trail.
-            Ok(None) => ledger.note_health(gpu, action.as_str(), &reason),
+            Ok(None) => ledger.note_health(target, action.as_str(), &reason),
             Err(error) => {
-                tracing::warn!(gpu = gpu.index, error = %one_line(&error), "could not fence the GPU")
+                tracing::warn!(gpu = target.address(), error = %one_line(&error), "could not fence the GPU")
             }
         }
     }
@@ -159,8 +179,8 @@ impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
         // Told, not fenced: a GPU that slows down still works, and its holders and the
         // admin should know why it is slow.
         match now.is_empty() {
-            true => ledger.note_health(gpu, "slowdown-ended", &before.join(", ")),
-            false => ledger.note_health(gpu, "slowdown", &now.join(", ")),
+            true => ledger.note_health(gpu.into(), "slowdown-ended", &before.join(", ")),
+            false => ledger.note_health(gpu.into(), "slowdown", &now.join(", ")),
         }
     }
 
@@ -182,12 +202,12 @@ impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
             .max_by_key(|(action, _)| *action);
         let result = match (worst, &fence) {
             (Some((action, reason)), None) => match action.fence() {
-                Some(state) => ledger.fence_health(gpu, state, &reason, true),
+                Some(state) => ledger.fence_health(gpu.into(), state, &reason, true),
                 None => Ok(None),
             },
             // A condition's fence turns graver with a graver condition.
             (Some((action, reason)), Some(f)) if f.until_clear => match action.fence() {
-                Some(state) => ledger.fence_health(gpu, state, &reason, true),
+                Some(state) => ledger.fence_health(gpu.into(), state, &reason, true),
                 None => Ok(None),
             },
             // An XID's fence, told once, follows a condition that asks as much (the
@@ -222,7 +242,7 @@ impl<F: Fn() -> Arc<Config>> HealthSink for Sink<F> {
                     reason = f.reason,
                     "GPU out of allocation"
                 );
-                self.evict_holders(&ledger, gpu, &f);
+                self.evict_holders(&ledger, &f);
             }
             Ok(None) => {}
             Err(error) => {

@@ -128,13 +128,18 @@ impl Status<'_> {
             // Its MIG instances under it, one row each with its holder.
             for m in g.mig_instances() {
                 let holders: Vec<&Record> = holders_of(&m.uuid, self.records).collect();
-                let who: Vec<String> = holders
+                let mut who: Vec<String> = holders
                     .iter()
                     .map(|r| match r.is_stale(now, self.grace) {
                         true => format!("{} (gone)", holder::label(r)),
                         false => holder::label(r),
                     })
                     .collect();
+                // Its health took it out alone: first, whoever still holds it.
+                let fence = self.instance_fence(m);
+                if let Some(fence) = fence {
+                    who.insert(0, super::label(fence));
+                }
                 let users: Vec<String> = holders
                     .iter()
                     .filter_map(|r| r.owner.as_ref().map(|o| o.user.clone()))
@@ -156,10 +161,13 @@ impl Status<'_> {
                     Cell::from(dash(users, ",")),
                     Cell::from(since.unwrap_or_else(|| "-".into())),
                 ]);
-                styles.push(match holders.iter().any(|r| r.is_stale(now, self.grace)) {
-                    true => Style::Bad,
-                    false => Style::Plain,
-                });
+                styles.push(
+                    match (holders.iter().any(|r| r.is_stale(now, self.grace)), fence) {
+                        (true, _) => Style::Bad,
+                        (false, Some(_)) => Style::Warn,
+                        (false, None) => Style::Plain,
+                    },
+                );
             }
         }
         // MODEL and HOLDER give way; the figures and the user are short already.

@@ -49,6 +49,7 @@ impl Status<'_> {
                                 "uuid": m.uuid,
                                 "profile": m.profile,
                                 "memory": m.memory_bytes,
+                                "fence": self.instance_fence(m),
                                 "holders": holders_of(&m.uuid, self.records)
                                     .map(|r| holder::json(r, now, self.grace, self.idle_since(r)))
                                     .collect::<Vec<_>>(),

@@ -46,21 +46,32 @@ impl Status<'_> {
                 styles.push(Style::Warn);
             }
             // A GPU in MIG mode: a line saying so, then its instances' lines.
-            let mut units = vec![(g.index.to_string(), g.uuid.as_str())];
+            let mut units = vec![(g.index.to_string(), g.uuid.as_str(), None)];
             if let Some(summary) = self.mig_summary(g) {
                 rows.push(vec![Cell::from(g.index.to_string()), Cell::from(summary)]);
                 styles.push(Style::Plain);
                 units = g
                     .mig_instances()
                     .iter()
-                    .map(|m| (format!(" {}", m.address()), m.uuid.as_str()))
+                    .map(|m| {
+                        (
+                            format!(" {}", m.address()),
+                            m.uuid.as_str(),
+                            self.instance_fence(m),
+                        )
+                    })
                     .collect();
             }
-            for (name, uuid) in units {
+            for (name, uuid, fence) in units {
                 let index = Cell::from(name);
+                // An instance its health took out alone: a line saying why, then holders.
+                if let Some(fence) = fence {
+                    rows.push(vec![index.clone(), Cell::from(super::label(fence))]);
+                    styles.push(Style::Warn);
+                }
                 let holders: Vec<&Record> = holders_of(uuid, self.records).collect();
                 if holders.is_empty() {
-                    if self.fence_of(g).is_some() && g.mig.is_none() {
+                    if (self.fence_of(g).is_some() && g.mig.is_none()) || fence.is_some() {
                         continue;
                     }
                     rows.push(vec![index, Cell::from("-")]);

@@ -78,17 +78,15 @@ impl<'a> Status<'a> {
         self.fences?.of(&g.uuid)
     }
 
+    /// The fence of MIG instance `m` itself (not its GPU's), if its health took it out.
+    fn instance_fence(&self, m: &crate::model::mig::MigInstance) -> Option<&'a Fence> {
+        self.fences?.of(&m.uuid)
+    }
+
     /// `DRAINED: fan swap (alice)`, `NEEDS RESET: XID 79 ...`: what keeps GPU `g` out of
     /// allocation, for the tables.
     fn fence_label(&self, g: &crate::model::gpu::Gpu) -> Option<String> {
-        let fence = self.fence_of(g)?;
-        let state = fence.state.as_str().to_ascii_uppercase().replace('-', " ");
-        Some(match fence.state {
-            FenceState::Drained => format!("{state}: {} ({})", fence.reason, fence.by),
-            FenceState::NeedsReset | FenceState::NeedsReboot => {
-                format!("{state}: {}", fence.reason)
-            }
-        })
+        self.fence_of(g).map(label)
     }
 
     /// How many GPUs shown are out of allocation.
@@ -157,12 +155,12 @@ impl<'a> Status<'a> {
     /// MIG instances in all, and those no one holds.
     fn mig_counts(&self) -> (usize, usize) {
         let all: Vec<_> = self.inventory.mig_instances().collect();
-        let fenced_parent = |m: &&crate::model::mig::MigInstance| {
-            self.fences.is_some_and(|f| f.of(&m.parent_uuid).is_some())
+        let fenced = |m: &&crate::model::mig::MigInstance| {
+            self.fences.is_some_and(|f| f.of_instance(m).is_some())
         };
         let free = all
             .iter()
-            .filter(|m| !fenced_parent(m))
+            .filter(|m| !fenced(m))
             .filter(|m| holders_of(&m.uuid, self.records).next().is_none())
             .count();
         (all.len(), free)
@@ -174,11 +172,22 @@ impl<'a> Status<'a> {
         if list.is_empty() {
             return Some("MIG mode, no instances".into());
         }
+        let out = list
+            .iter()
+            .filter(|m| self.instance_fence(m).is_some())
+            .count();
         let free = list
             .iter()
+            .filter(|m| self.instance_fence(m).is_none())
             .filter(|m| holders_of(&m.uuid, self.records).next().is_none())
             .count();
-        Some(format!("MIG: {free} of {} free", list.len()))
+        Some(match out {
+            0 => format!("MIG: {free} of {} free", list.len()),
+            _ => format!(
+                "MIG: {free} of {} free, {out} out of allocation",
+                list.len()
+            ),
+        })
     }
 
     /// How many processes on the GPUs no holder owns.
@@ -194,6 +203,15 @@ impl<'a> Status<'a> {
     /// Whether the GPU at `position` is one to show.
     fn shows(&self, position: usize) -> bool {
         self.shown.is_none_or(|shown| shown.contains(&position))
+    }
+}
+
+/// `DRAINED: fan swap (alice)`, `NEEDS RESET: XID 79 ...`: what a fence says in a table.
+fn label(fence: &Fence) -> String {
+    let state = fence.state.as_str().to_ascii_uppercase().replace('-', " ");
+    match fence.state {
+        FenceState::Drained => format!("{state}: {} ({})", fence.reason, fence.by),
+        FenceState::NeedsReset | FenceState::NeedsReboot => format!("{state}: {}", fence.reason),
     }
 }
 

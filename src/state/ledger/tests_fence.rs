@@ -63,7 +63,7 @@ fn a_drained_gpu_is_never_handed_out_and_undrain_brings_it_back() {
     let preview = l.preview(&ask(&[("gpupin.devices", "1")]), &m);
     assert!(one_line(&preview.unwrap_err()).contains("it is drained by alice"));
 
-    let cleared = l.undrain(&[&inv.gpus[1]], "root").unwrap();
+    let cleared = l.undrain(&["GPU-test-1"], "root").unwrap();
     assert_eq!(cleared.iter().map(|f| f.index).collect::<Vec<_>>(), [1]);
     assert!(l.fences().unwrap().is_empty());
     assert!(
@@ -72,7 +72,7 @@ fn a_drained_gpu_is_never_handed_out_and_undrain_brings_it_back() {
     );
     assert_eq!(take(&l, &m, "c", &[("gpupin.devices", "1")]).unwrap(), [1]);
     // Undraining a GPU that has no fence changes nothing.
-    assert_eq!(l.undrain(&[&inv.gpus[1]], "root").unwrap(), Vec::new());
+    assert_eq!(l.undrain(&["GPU-test-1"], "root").unwrap(), Vec::new());
 }
 
 #[test]
@@ -115,7 +115,8 @@ fn a_drained_gpus_mig_instances_are_not_handed_out() {
     let first = mig_gpus[0].mig_instances()[0].address();
     let err = take(&l, &m, "b", &[("gpupin.devices", &first)]).unwrap_err();
     assert!(err.contains("is out of allocation"), "{err}");
-    l.undrain(&mig_gpus, "root").unwrap();
+    let uuids: Vec<&str> = mig_gpus.iter().map(|g| g.uuid.as_str()).collect();
+    l.undrain(&uuids, "root").unwrap();
     assert!(take(&l, &m, "a", &[("gpupin.mig", "1g.10gb")]).is_ok());
 }
 
@@ -127,6 +128,7 @@ fn a_reboot_ends_a_health_fence_but_not_a_drain() {
     let before_boot = |uuid: &str, index, state| Fence {
         uuid: uuid.into(),
         index,
+        mig: None,
         state,
         reason: "XID 79".into(),
         by: "gpupin serve".into(),
@@ -207,7 +209,7 @@ fn an_xid_fence_follows_the_drivers_condition_and_goes_with_its_reset() {
     let (_t, l) = ledger();
     let inv = machine(3);
     let gpu = |i: usize| &inv.gpus[i];
-    l.fence_health(gpu(0), FenceState::NeedsReset, "XID 48", false)
+    l.fence_health(gpu(0).into(), FenceState::NeedsReset, "XID 48", false)
         .unwrap();
     assert_eq!(
         l.clear_health(gpu(0)).unwrap(),
@@ -232,7 +234,7 @@ fn an_xid_fence_follows_the_drivers_condition_and_goes_with_its_reset() {
 
     // A reboot's fence is not carried by a reset condition; it is by a reboot one, and
     // a reset fence by a reboot condition takes the graver state.
-    l.fence_health(gpu(1), FenceState::NeedsReboot, "XID 79", false)
+    l.fence_health(gpu(1).into(), FenceState::NeedsReboot, "XID 79", false)
         .unwrap();
     assert_eq!(
         l.follow_condition(gpu(1), Action::Reset, "r").unwrap(),
@@ -242,7 +244,7 @@ fn an_xid_fence_follows_the_drivers_condition_and_goes_with_its_reset() {
         l.follow_condition(gpu(1), Action::RestartApp, "r").unwrap(),
         None
     );
-    l.fence_health(gpu(2), FenceState::NeedsReset, "XID 48", false)
+    l.fence_health(gpu(2).into(), FenceState::NeedsReset, "XID 48", false)
         .unwrap();
     let graver = l
         .follow_condition(gpu(2), Action::Reboot, "b")
@@ -251,11 +253,65 @@ fn an_xid_fence_follows_the_drivers_condition_and_goes_with_its_reset() {
     assert_eq!(graver.state, FenceState::NeedsReboot);
 
     // An admin's drain is the admin's to end.
-    l.undrain(&[gpu(1)], "root").unwrap();
+    l.undrain(&["GPU-test-1"], "root").unwrap();
     l.drain(&[gpu(1)], "fan swap", "root").unwrap();
     assert_eq!(
         l.follow_condition(gpu(1), Action::Reset, "r").unwrap(),
         None
     );
     assert!(!l.fences().unwrap().of("GPU-test-1").unwrap().until_clear);
+}
+
+/// An XID the driver blames on one MIG instance fences that instance alone: a request
+/// that names it is told why and how it comes back, a request by profile gets the
+/// GPU's other instances, and undrain by its UUID brings it back.
+#[test]
+fn an_instance_its_health_took_out_alone_is_not_handed_out_its_siblings_are() {
+    let (_t, l) = ledger();
+    let inv = sim::machine("dgxa100mig").unwrap();
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let ones: Vec<&crate::model::mig::MigInstance> = inv
+        .mig_instances()
+        .filter(|i| i.profile.as_deref() == Some("1g.10gb"))
+        .collect();
+    assert_eq!(ones.len(), 2);
+    let (sick, fine) = (ones[0], ones[1]);
+    let fence = l
+        .fence_health(sick.into(), FenceState::NeedsReset, "XID 48", false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(fence.address(), sick.address());
+    assert_eq!(fence.named(), format!("MIG instance {}", sick.address()));
+
+    let err = take(&l, &m, "a", &[("gpupin.devices", &sick.address())]).unwrap_err();
+    assert_eq!(
+        err,
+        format!(
+            "cannot allocate MIG instance {} ({}) for a: it needs a reset (XID 48); it comes back after the reset, or with gpupin undrain {}",
+            sick.address(),
+            sick.uuid,
+            sick.address()
+        )
+    );
+    let err = take(
+        &l,
+        &m,
+        "b",
+        &[("gpupin.mig", "1g.10gb"), ("gpupin.count", "2")],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("; 1 out of allocation (drained or unhealthy: gpupin status says why)"),
+        "{err}"
+    );
+    let got = l
+        .allocate(&id("c"), &ask(&[("gpupin.mig", "1g.10gb")]), &m, me())
+        .unwrap();
+    assert_eq!(got.record.gpus, std::slice::from_ref(&fine.uuid));
+    // Its GPU's bigger instances are handed out as before.
+    assert!(take(&l, &m, "d", &[("gpupin.mig", "3g.40gb")]).is_ok());
+
+    let cleared = l.undrain(&[sick.uuid.as_str()], "root").unwrap();
+    assert_eq!(cleared, [fence]);
+    assert!(take(&l, &m, "e", &[("gpupin.devices", &sick.address())]).is_ok());
 }

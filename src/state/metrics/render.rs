@@ -145,23 +145,29 @@ pub(crate) fn render(s: &Snapshot) -> String {
         &mut out,
         "gpupin_gpu_fenced",
         "gauge",
-        "Whether a GPU is out of allocation (1) in this state: drained by an admin, or its health says it needs a reset or a reboot.",
+        "Whether a GPU is out of allocation (1) in this state: drained by an admin, or its health says it needs a reset or a reboot. A MIG instance its health took out alone has its own series (gpu=\"0:1\") while it is out.",
     );
-    for g in gpus {
-        let fence = s.fences.and_then(|f| f.of(&g.uuid));
-        let i = g.index.to_string();
+    let mut fenced = |address: &str, uuid: &str, fence: Option<&crate::model::fence::Fence>| {
         for state in [
             FenceState::Drained,
             FenceState::NeedsReset,
             FenceState::NeedsReboot,
         ] {
             let on = fence.is_some_and(|f| f.state == state);
-            let labels = [
-                ("gpu", i.as_str()),
-                ("uuid", &g.uuid),
-                ("state", state.as_str()),
-            ];
+            let labels = [("gpu", address), ("uuid", uuid), ("state", state.as_str())];
             f.sample("gpupin_gpu_fenced", &labels, u8::from(on));
+        }
+    };
+    for g in gpus {
+        fenced(
+            &g.index.to_string(),
+            &g.uuid,
+            s.fences.and_then(|f| f.of(&g.uuid)),
+        );
+    }
+    for m in gpus.iter().flat_map(|g| g.mig_instances()) {
+        if let Some(fence) = s.fences.and_then(|f| f.of(&m.uuid)) {
+            fenced(&m.address(), &m.uuid, Some(fence));
         }
     }
     let mut f = Family::start(
@@ -366,6 +372,7 @@ mod tests {
         fences.set(crate::model::fence::Fence {
             uuid: "GPU-test-0".into(),
             index: 0,
+            mig: None,
             state: FenceState::NeedsReset,
             reason: "XID 79".into(),
             by: "gpupin serve".into(),

@@ -26,7 +26,8 @@ pub struct DrainArgs {
 
 #[derive(clap::Args)]
 pub struct UndrainArgs {
-    /// The GPUs, by index, UUID or PCI bus id
+    /// The GPUs, by index, UUID or PCI bus id (a GPU's MIG instances come back with it),
+    /// or a MIG instance its health took out alone (0:1, MIG-...)
     #[arg(value_name = "GPU", required = true)]
     pub gpus: Vec<String>,
 }
@@ -96,15 +97,18 @@ pub fn run_undrain(config: &Config, args: &UndrainArgs) -> anyhow::Result<ExitCo
     let undrained = drain::undrain(config, &args.gpus, &by)?;
     for fence in &undrained.cleared {
         outln!(
-            "undrained GPU {} (was {} by {}: {}): it is handed out again",
-            fence.index,
+            "undrained {} (was {} by {}: {}): it is handed out again",
+            fence.named(),
             fence.state.as_str(),
             fence.by,
             fence.reason
         )?;
     }
-    for index in &undrained.not_fenced {
-        outln!("GPU {index} was not drained")?;
+    for address in &undrained.not_fenced {
+        match address.contains(':') {
+            true => outln!("MIG instance {address} was not out of allocation")?,
+            false => outln!("GPU {address} was not drained")?,
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

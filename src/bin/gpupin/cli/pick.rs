@@ -95,7 +95,7 @@ pub fn run(config: &Config, args: &PickArgs) -> anyhow::Result<ExitCode> {
             out!("{}", explain::table(why, inventory))?;
             // What no policy may choose from, and why.
             for fence in &fences.gpus {
-                outln!("not chosen from: GPU {} {}", fence.index, fence.why())?;
+                outln!("not chosen from: {} {}", fence.named(), fence.why())?;
             }
         }
     }

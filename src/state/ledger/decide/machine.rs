@@ -27,12 +27,13 @@ pub struct Machine<'a> {
     /// since no one is to open them.
     pub what_if: bool,
     /// The GPUs out of allocation (drained, or unhealthy): none of them, nor any of their
-    /// MIG instances, is handed out. `None`: none is.
+    /// MIG instances, is handed out; nor a MIG instance its health took out alone.
+    /// `None`: none is.
     pub fenced: Option<&'a crate::model::fence::Fences>,
 }
 
 impl<'a> Machine<'a> {
-    /// The fence of the GPU with this UUID (a MIG instance's parent's), if it has one.
+    /// The fence of the GPU (or MIG instance) with this UUID, if it has one.
     pub fn fence_of(&self, uuid: &str) -> Option<&'a crate::model::fence::Fence> {
         self.fenced?.of(uuid)
     }

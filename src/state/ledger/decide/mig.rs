@@ -32,7 +32,7 @@ pub(in crate::state::ledger) enum Unfit {
     Memory,
     Held,
     OutOfScope,
-    /// Its GPU is out of allocation (drained, or unhealthy).
+    /// It, or its GPU, is out of allocation (drained, or unhealthy).
     Fenced,
 }
 
@@ -128,7 +128,7 @@ fn fits(
     if !scope.allows(position) || !scope.within_has(&instance.uuid) {
         return Err(Unfit::OutOfScope);
     }
-    if machine.fence_of(&parent.uuid).is_some() {
+    if machine.fence_of(&parent.uuid).is_some() || machine.fence_of(&instance.uuid).is_some() {
         return Err(Unfit::Fenced);
     }
     if blocked(instance, others) {
@@ -159,6 +159,7 @@ pub(in crate::state::ledger) fn choose(
     let mut candidates: Vec<&MigInstance> = Vec::new();
     let mut matching = 0;
     let mut no_access = 0;
+    let mut fenced = 0;
     let mut free_per_parent: BTreeMap<u32, usize> = BTreeMap::new();
     for (position, parent) in inventory.gpus.iter().enumerate() {
         for instance in parent.mig_instances() {
@@ -170,6 +171,9 @@ pub(in crate::state::ledger) fn choose(
             }
             if fit == Err(Unfit::NoAccess) {
                 no_access += 1;
+            }
+            if fit == Err(Unfit::Fenced) {
+                fenced += 1;
             }
             if !blocked(instance, others) {
                 *free_per_parent.entry(parent.index).or_default() += 1;
@@ -186,7 +190,7 @@ pub(in crate::state::ledger) fn choose(
             machine,
             (count, matching, candidates.len()),
             scope,
-            no_access,
+            (no_access, fenced),
         ));
     }
     let free = |m: &MigInstance| free_per_parent.get(&m.parent_index).copied().unwrap_or(0);
@@ -247,7 +251,7 @@ fn not_enough(
     machine: &Machine,
     counts: (usize, usize, usize),
     scope: &Scope,
-    no_access: usize,
+    (no_access, fenced): (usize, usize),
 ) -> DecideError {
     let (wanted, matching, fitting) = counts;
     let what = match &request.mig {
@@ -267,6 +271,11 @@ fn not_enough(
     }
     if no_access > 0 {
         detail.push_str(&no_access_detail(machine.inventory, no_access));
+    }
+    if fenced > 0 {
+        detail.push_str(&format!(
+            "; {fenced} out of allocation (drained or unhealthy: gpupin status says why)"
+        ));
     }
     if matching == 0 {
         // A profile the machine does not have: say which it has.
@@ -330,12 +339,17 @@ pub(in crate::state::ledger) fn named(
             Ok(()) => Ok(instance.uuid.clone()),
             Err(unfit) => {
                 let holders: Vec<&str> = blockers(instance, all).map(Record::shown_name).collect();
+                // An instance its health took out alone says why, as a fenced GPU does.
+                let reason = match (unfit, machine.fence_of(&instance.uuid)) {
+                    (Unfit::Fenced, Some(fence)) => format!("it {}", fence.why()),
+                    _ => unfit.reason(instance, request, &holders.join(", ")),
+                };
                 Err(DecideError::MigUnavailable(Box::new(
                     super::MigUnavailable {
                         id: crate::model::holder::shown_id(holder.as_str()).to_string(),
                         address: instance.address(),
                         uuid: instance.uuid.clone(),
-                        reason: unfit.reason(instance, request, &holders.join(", ")),
+                        reason,
                     },
                 )))
             }

@@ -3,7 +3,7 @@
 //! requests only: its holders keep it until they end (`Ledger::holders_of_gpus` says
 //! who still has it, for `gpupin drain --wait`).
 
-use crate::model::fence::{Fence, FenceState, Fences};
+use crate::model::fence::{Fence, FenceState, FenceTarget, Fences};
 use crate::model::gpu::Gpu;
 use crate::model::health::{Action, follows};
 use crate::state::audit::{Event, EventKind, GpuRef};
@@ -28,15 +28,7 @@ impl Ledger {
         let since = crate::state::ledger::record::unix_now();
         let set: Vec<Fence> = gpus
             .iter()
-            .map(|gpu| Fence {
-                uuid: gpu.uuid.clone(),
-                index: gpu.index,
-                state: FenceState::Drained,
-                reason: reason.to_string(),
-                by: by.to_string(),
-                since,
-                until_clear: false,
-            })
+            .map(|&gpu| FenceTarget::from(gpu).fence(FenceState::Drained, reason, by, since))
             .collect();
         for fence in &set {
             fences.set(fence.clone());
@@ -49,13 +41,13 @@ impl Ledger {
         Ok(set)
     }
 
-    /// Puts `gpus` back into allocation (`gpupin undrain`): whatever fence each had, an
-    /// admin's or its health's, goes. The fences taken away (a GPU that had none is not
-    /// among them).
-    pub fn undrain(&self, gpus: &[&Gpu], by: &str) -> Result<Vec<Fence>, LedgerError> {
+    /// Puts the GPUs and MIG instances with these UUIDs back into allocation (`gpupin
+    /// undrain`): whatever fence each had, an admin's or its health's, goes. The fences
+    /// taken away (one that had none is not among them).
+    pub fn undrain(&self, uuids: &[&str], by: &str) -> Result<Vec<Fence>, LedgerError> {
         let _lock = store::lock(self.dir())?;
         let mut fences = store::fences::load(self.dir())?;
-        let cleared: Vec<Fence> = gpus.iter().filter_map(|g| fences.clear(&g.uuid)).collect();
+        let cleared: Vec<Fence> = uuids.iter().filter_map(|u| fences.clear(u)).collect();
         if cleared.is_empty() {
             return Ok(cleared);
         }
@@ -67,32 +59,29 @@ impl Ledger {
         Ok(cleared)
     }
 
-    /// Takes `gpu` out of allocation for its health (`gpupin serve`): a fence in `state`
-    /// saying `reason`; `until_clear`: it goes by itself once the condition is no longer
-    /// reported (`clear_health`). An admin's drain stands, as does a health fence as
-    /// grave or graver. The fence set, if one was.
+    /// Takes `target` (a GPU, or one MIG instance the driver blamed) out of allocation
+    /// for its health (`gpupin serve`): a fence in `state` saying `reason`;
+    /// `until_clear`: it goes by itself once the condition is no longer reported
+    /// (`clear_health`). An admin's drain stands, as does a health fence as grave or
+    /// graver. The fence set, if one was.
     pub fn fence_health(
         &self,
-        gpu: &Gpu,
+        target: FenceTarget<'_>,
         state: FenceState,
         reason: &str,
         until_clear: bool,
     ) -> Result<Option<Fence>, LedgerError> {
         let _lock = store::lock(self.dir())?;
         let mut fences = store::fences::load(self.dir())?;
-        if let Some(before) = fences.of(&gpu.uuid)
+        if let Some(before) = fences.of(target.uuid)
             && (before.state == FenceState::Drained || before.state >= state)
         {
             return Ok(None);
         }
+        let since = crate::state::ledger::record::unix_now();
         let fence = Fence {
-            uuid: gpu.uuid.clone(),
-            index: gpu.index,
-            state,
-            reason: reason.to_string(),
-            by: HEALTH_BY.to_string(),
-            since: crate::state::ledger::record::unix_now(),
             until_clear,
+            ..target.fence(state, reason, HEALTH_BY, since)
         };
         fences.set(fence.clone());
         store::fences::store(self.dir(), &fences)?;
@@ -158,11 +147,12 @@ impl Ledger {
     }
 
     /// An audit line for a health event that sets no fence (an XID whose action is to
-    /// restart the application): the GPU, what its holders should do, and why.
-    pub fn note_health(&self, gpu: &Gpu, action: &str, reason: &str) {
+    /// restart the application): the GPU (or MIG instance), what its holders should do,
+    /// and why.
+    pub fn note_health(&self, target: FenceTarget<'_>, action: &str, reason: &str) {
         self.audit_gpu(
             EventKind::Health,
-            (gpu.index, &gpu.uuid),
+            (target.index, &target.address(), target.uuid),
             HEALTH_BY,
             reason.to_string(),
             action,
@@ -179,6 +169,11 @@ impl Ledger {
                     .chain(g.mig_instances().iter().map(|m| m.uuid.as_str()))
             })
             .collect();
+        self.holders_of(&uuids)
+    }
+
+    /// The live holders that hold any of the GPUs or MIG instances with these UUIDs.
+    pub fn holders_of(&self, uuids: &[&str]) -> Result<Vec<Record>, LedgerError> {
         let records = self.records()?;
         let stale = self.stale_ids(&records);
         Ok(records
@@ -197,24 +192,24 @@ impl Ledger {
         };
         self.audit_gpu(
             kind,
-            (fence.index, &fence.uuid),
+            (fence.index, &fence.address(), &fence.uuid),
             by,
             reason,
             fence.state.as_str(),
         );
     }
 
-    /// One audit line about GPU `(index, uuid)`, named `gpu-<index>`: who, why, and a
-    /// short `code` for counting.
+    /// One audit line about GPU (or MIG instance) `(index, address, uuid)`, named
+    /// `gpu-<address>` (`gpu-3`, `gpu-3:1`): who, why, and a short `code` for counting.
     fn audit_gpu(
         &self,
         kind: EventKind,
-        (index, uuid): (u32, &str),
+        (index, address, uuid): (u32, &str, &str),
         by: &str,
         reason: String,
         code: &str,
     ) {
-        let mut event = Event::new(kind, &format!("gpu-{index}"));
+        let mut event = Event::new(kind, &format!("gpu-{address}"));
         event.user = Some(by.to_string());
         event.gpus = vec![GpuRef {
             index: Some(index),
