@@ -452,3 +452,87 @@ fn with_a_standing_pool_users_jobs_nest_in_it_and_exec_outside_never_gets_slurms
         "the pool stays"
     );
 }
+
+/// A drained GPU is refused to the prolog's hold as a held one is: with all four of
+/// Slurm's GPUs drained, a job given one fails its prolog with the drain's line, and
+/// Slurm keeps the job off the node and drains the node. After `gpupin undrain`, a resume
+/// and a release, the same job runs with its GPUs held.
+#[test]
+fn a_drained_gpu_slurm_gives_a_job_fails_its_prolog_with_the_drains_line() {
+    let test = "a_drained_gpu_slurm_gives_a_job_fails_its_prolog";
+    if !slurm_support::requirements(test) {
+        return;
+    }
+    let g = exec_support::gpupin("");
+    let cluster = Cluster::start(&g, &[]);
+    let st = g.status();
+    let drained: Vec<String> = GRES_MINORS
+        .iter()
+        .map(|m| index_of(&st, *m).to_string())
+        .collect();
+    let mut args = vec!["drain"];
+    args.extend(drained.iter().map(String::as_str));
+    args.extend(["--reason", "fan swap, ticket 4411"]);
+    exec_support::ok(&g, None, &args);
+
+    let job = BatchJob::submit(&cluster, &g, None, "gpu:1");
+    let node = cluster.until("the prolog's refusal drains the node", || {
+        let node = cluster.show("node", NODE);
+        node.contains("DRAIN").then_some(node)
+    });
+    assert!(node.contains("Reason=Prolog error"), "{node}");
+    let state = cluster.show("job", &job.id.to_string());
+    assert!(
+        state.contains("Reason=launch_failed_requeued_held"),
+        "{state}"
+    );
+    assert!(!job.file("started").exists(), "the job never ran");
+    // slurmd logs the prolog's output: gpupin's one line, naming the drain.
+    let log = cluster.slurmd_log();
+    let failed = log
+        .lines()
+        .find(|l| l.contains("prolog failed"))
+        .unwrap_or_else(|| panic!("no prolog failure in slurmd's log:\n{log}"));
+    let gpu = failed
+        .split_once("output:gpupin: cannot allocate GPU ")
+        .and_then(|(_, rest)| rest.split_once(' '))
+        .map(|(gpu, _)| gpu)
+        .unwrap_or_else(|| panic!("{failed}"));
+    assert!(drained.iter().any(|d| d == gpu), "{failed}");
+    let uuid = harness::status::uuid_of(&st, gpu.parse().unwrap());
+    assert!(
+        failed.ends_with(&format!(
+            "error: prolog failed: rc:1 output:gpupin: cannot allocate GPU {gpu} ({uuid}) for {}: it is drained by root: fan swap, ticket 4411; it comes back with gpupin undrain {gpu}",
+            job.holder()
+        )),
+        "{failed}"
+    );
+    assert!(g.holder(&job.holder()).is_none());
+
+    // Undrain, resume the node, release the job. Slurm makes a requeued job eligible only
+    // two minutes later (Reason=BeginTime): starttime=now lets it run at once.
+    let mut args = vec!["undrain"];
+    args.extend(drained.iter().map(String::as_str));
+    exec_support::ok(&g, None, &args);
+    let (nodename, id) = (format!("nodename={NODE}"), job.id.to_string());
+    let jobid = format!("jobid={id}");
+    for args in [
+        &["update", &nodename, "state=resume"][..],
+        &["release", &id],
+        &["update", &jobid, "starttime=now"],
+    ] {
+        let out = cluster.run(None, "scontrol", args);
+        assert!(
+            out.status.success(),
+            "scontrol {args:?}: {}",
+            harness::stderr(&out)
+        );
+    }
+    let env = job.started();
+    assert_eq!(
+        g.held_minors(&job.holder()),
+        minors_of(var(&env, "SLURM_JOB_GPUS"))
+    );
+    job.finish();
+    until_released(&cluster, &g, &job.holder());
+}
