@@ -179,6 +179,55 @@ mod tests {
         assert_eq!(undrained.not_fenced, ["6"]);
     }
 
+    /// Drain takes whole GPUs; undrain also takes a MIG instance its health took out
+    /// alone, and undrain of its GPU clears the instances' fences with the GPU's.
+    #[test]
+    fn undrain_takes_an_instance_and_a_gpu_clears_its_instances() {
+        use crate::model::fence::{FenceState, FenceTarget};
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            inventory: "sim:dgxa100mig".parse().unwrap(),
+            ..config(tmp.path())
+        };
+        let inventory = config.load_inventory().unwrap();
+        let parent = inventory.gpus.iter().find(|g| g.in_mig_mode()).unwrap();
+        let [a, b, ..] = parent.mig_instances() else {
+            panic!("instances")
+        };
+        let err = drain(&config, &[a.address()], "x", "root").unwrap_err();
+        assert!(matches!(err, DrainError::MigInstance { .. }), "{err}");
+        let ledger = crate::state::open_ledger(&config).unwrap();
+        for m in [a, b] {
+            ledger
+                .fence_health(
+                    FenceTarget::from(m),
+                    FenceState::NeedsReset,
+                    "XID 48",
+                    false,
+                )
+                .unwrap();
+        }
+        let undrained = undrain(&config, &[a.address(), b.uuid.clone()], "root").unwrap();
+        assert_eq!(undrained.cleared.len(), 2);
+        assert!(undrained.not_fenced.is_empty());
+        let again = undrain(&config, &[a.address()], "root").unwrap();
+        assert_eq!(again.not_fenced, [a.address()]);
+
+        ledger
+            .fence_health(
+                FenceTarget::from(b),
+                FenceState::NeedsReset,
+                "XID 48",
+                false,
+            )
+            .unwrap();
+        ledger.drain(&[parent], "fan", "root").unwrap();
+        let whole = undrain(&config, &[parent.index.to_string()], "root").unwrap();
+        let cleared: Vec<String> = whole.cleared.iter().map(|f| f.address()).collect();
+        assert_eq!(cleared, [parent.index.to_string(), b.address()]);
+        assert!(ledger.fences().unwrap().is_empty());
+    }
+
     #[test]
     fn bad_input_is_one_line_and_changes_nothing() {
         let tmp = tempfile::tempdir().unwrap();

@@ -176,13 +176,6 @@ impl Fences {
         self.of(&m.uuid).or_else(|| self.of(&m.parent_uuid))
     }
 
-    /// The fences of GPU `gpu` and of its MIG instances.
-    pub fn of_gpu_and_instances<'f>(&'f self, gpu: &'f Gpu) -> impl Iterator<Item = &'f Fence> {
-        self.gpus.iter().filter(move |f| {
-            f.uuid == gpu.uuid || gpu.mig_instances().iter().any(|m| m.uuid == f.uuid)
-        })
-    }
-
     pub fn is_empty(&self) -> bool {
         self.gpus.is_empty()
     }
@@ -252,6 +245,45 @@ mod tests {
         assert_eq!(fences.clear("GPU-a").map(|f| f.index), Some(1));
         assert_eq!(fences.clear("GPU-a"), None);
         assert!(fences.of("GPU-a").is_none());
+    }
+
+    #[test]
+    fn an_instances_fence_is_named_by_its_address_and_keeps_only_it_out() {
+        let inv = crate::host::inventory::sim::machine("dgxa100mig").unwrap();
+        let parent = inv.gpus.iter().find(|g| g.in_mig_mode()).unwrap();
+        let (one, other) = (&parent.mig_instances()[2], &parent.mig_instances()[3]);
+        let mut fences = Fences::default();
+        fences.set(FenceTarget::from(one).fence(FenceState::NeedsReset, "XID 48", "s", 5));
+        let fence = fences.of(&one.uuid).unwrap();
+        assert_eq!(fence.address(), format!("{}:2", parent.index));
+        assert_eq!(fence.named(), format!("MIG instance {}:2", parent.index));
+        assert!(
+            fence
+                .why()
+                .ends_with(&format!("gpupin undrain {}:2", parent.index))
+        );
+        assert_eq!(fences.of_instance(one), Some(fence));
+        assert_eq!(fences.of_instance(other), None);
+        // The GPU's own fence keeps every instance out, and sorts before them.
+        fences.set(FenceTarget::from(parent).fence(FenceState::Drained, "fan", "root", 6));
+        assert_eq!(
+            fences.of_instance(other).map(|f| f.state),
+            Some(FenceState::Drained)
+        );
+        assert_eq!(
+            fences.of_instance(one).map(|f| f.state),
+            Some(FenceState::NeedsReset)
+        );
+        let order: Vec<String> = fences.gpus.iter().map(Fence::address).collect();
+        assert_eq!(
+            order,
+            [parent.index.to_string(), format!("{}:2", parent.index)]
+        );
+        let whole = fences.of(&parent.uuid).unwrap();
+        assert_eq!(
+            (whole.address(), whole.named()),
+            (parent.index.to_string(), format!("GPU {}", parent.index))
+        );
     }
 
     #[test]
