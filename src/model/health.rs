@@ -74,21 +74,28 @@ impl Action {
     }
 }
 
-/// The action for an XID, from NVIDIA's XID catalog's immediate resolution bucket for the
-/// XIDs gpupin knows (the ones a shared GPU server sees); any other XID restarts the app
+/// The action for an XID, from the immediate action NVIDIA's XID catalog gives it (for
+/// Ampere and newer GPUs), for the XIDs gpupin knows; any other XID restarts the app
 /// (told, not fenced). `[health] xid` in the config overrides any of them.
 pub(crate) fn xid_action(xid: u64) -> Action {
     match xid {
-        // Preemptive cleanup after another error: nothing of its own.
-        45 => Action::Ignore,
-        // The application's own fault or a channel it lost (graphics engine exception, MMU
-        // page fault, engine timeouts, contained ECC error): restart the app.
-        8 | 13 | 31 | 32 | 43 | 68 | 69 | 94 => Action::RestartApp,
-        // The GPU's state is damaged until a reset: stopped processing, double-bit ECC
-        // error, internal microcontroller halt, row remapping recorded or failed, NVLink
-        // error, uncontained ECC error, GSP errors.
-        46 | 48 | 62 | 63 | 64 | 74 | 92 | 95 | 119 | 120 | 140 => Action::Reset,
-        // The GPU has fallen off the bus.
+        // IGNORE in the catalog: a preemptive cleanup after another error (45), a channel
+        // reset check (43), a row remap recorded or a high single-bit ECC rate (63, 92:
+        // the remap pending the poll reads fences the GPU until its reset), and the driver
+        // announcing a new recovery action (154: the poll reads the action itself).
+        43 | 45 | 63 | 92 | 154 => Action::Ignore,
+        // RESTART_APP: the application's own fault or a channel it lost (GPU stopped
+        // processing, graphics engine exception, MMU page fault, engine timeouts, a
+        // contained ECC error).
+        8 | 13 | 31 | 32 | 68 | 69 | 94 => Action::RestartApp,
+        // RESET_GPU: the GPU's state is damaged until a reset: stopped processing,
+        // double-bit ECC error, internal microcontroller halt, row remapping failed,
+        // NVLink error, uncontained ECC error, context switch timeout, security fault,
+        // GSP errors, link training failed, GPU initialisation error, NVLink5 NVLPW,
+        // NVLink software-defined error, resource retirement, fatal timeout.
+        46 | 48 | 62 | 64 | 74 | 95 | 109 | 110 | 119 | 120 | 136 | 140 | 143 | 150 | 155 | 156
+        | 158 => Action::Reset,
+        // RESTART_BM: the GPU has fallen off the bus.
         79 => Action::Reboot,
         _ => Action::RestartApp,
     }
@@ -169,6 +176,19 @@ mod tests {
         assert_eq!(judge(Signal::Xid(48), &none).0, Action::Reset);
         assert_eq!(judge(Signal::Xid(13), &none).0, Action::RestartApp);
         assert_eq!(judge(Signal::Xid(45), &none).0, Action::Ignore);
+        for (xid, action) in [
+            (43, Action::Ignore),
+            (63, Action::Ignore),
+            (92, Action::Ignore),
+            (154, Action::Ignore),
+            (94, Action::RestartApp),
+            (109, Action::Reset),
+            (143, Action::Reset),
+            (158, Action::Reset),
+            (95, Action::Reset),
+        ] {
+            assert_eq!(judge(Signal::Xid(xid), &none).0, action, "XID {xid}");
+        }
         assert_eq!(judge(Signal::Xid(9999), &none).0, Action::RestartApp);
         let mine = BTreeMap::from([(13, Action::Reset), (79, Action::Ignore)]);
         assert_eq!(judge(Signal::Xid(13), &mine).0, Action::Reset);
