@@ -8,12 +8,12 @@
 //! position, and a GPU either side lacks shows as missing there.
 
 use super::xml::{self, Element, XmlError};
+use crate::base::command::{RunError, run_within};
 use crate::model::gpu::Gpu;
 use serde::Serialize;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// The root element nvidia-smi writes.
 const ROOT: &str = "nvidia_smi_log";
@@ -115,59 +115,28 @@ pub(crate) fn parse(text: &str) -> Result<SmiLog, ParseError> {
 
 /// The program's stdout, waited for at most `TIMEOUT`.
 fn run(program: &Path) -> Result<String, SmiError> {
-    let start = |source| SmiError::Start {
-        program: program.to_path_buf(),
-        source,
-    };
-    let mut child = Command::new(program)
-        .args(["-q", "-x"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(start)?;
-    // Read in threads: a log larger than the pipe buffer would otherwise stall the child.
-    let mut stdout = child.stdout.take().expect("piped");
-    let mut stderr = child.stderr.take().expect("piped");
-    let out = std::thread::spawn(move || {
-        let mut text = Vec::new();
-        stdout.read_to_end(&mut text).map(|_| text)
-    });
-    let err = std::thread::spawn(move || {
-        let mut text = Vec::new();
-        let _ = stderr.read_to_end(&mut text);
-        text
-    });
-    let deadline = Instant::now() + TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(start)? {
-            break status;
+    let ran = match run_within(Command::new(program).args(["-q", "-x"]), TIMEOUT) {
+        Ok(ran) => ran,
+        Err(RunError::Start(source)) => {
+            return Err(SmiError::Start {
+                program: program.to_path_buf(),
+                source,
+            });
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+        Err(RunError::Timeout(_)) => {
             return Err(SmiError::Timeout {
                 program: program.to_path_buf(),
             });
         }
-        std::thread::sleep(Duration::from_millis(50));
     };
-    let stdout = out.join().expect("reader thread").map_err(start)?;
-    let stderr = err.join().expect("reader thread");
-    if !status.success() {
-        // nvidia-smi says why on stdout ("NVIDIA-SMI has failed because ...").
-        let said = [&stderr, &stdout]
-            .into_iter()
-            .map(|t| String::from_utf8_lossy(t).trim().to_string())
-            .find(|t| !t.is_empty())
-            .unwrap_or_else(|| "no reason given".into());
+    if !ran.status.success() {
         return Err(SmiError::Failed {
             program: program.to_path_buf(),
-            status,
-            reason: said.lines().next().unwrap_or_default().to_string(),
+            status: ran.status,
+            reason: ran.reason(),
         });
     }
-    Ok(String::from_utf8_lossy(&stdout).into_owned())
+    Ok(String::from_utf8_lossy(&ran.stdout).into_owned())
 }
 
 /// One GPU, both ways.
