@@ -121,6 +121,7 @@ pub mod command {
     pub use crate::jobs::kube::allocate::Granted;
     pub use crate::jobs::kube::devices::{DeviceState, MigStrategy, Unit};
     pub use crate::jobs::kube::{DEFAULT_RESOURCE, KubeError};
+    pub use crate::jobs::reset::{Outcome as ResetOutcome, ResetError};
     pub use crate::jobs::serve::{Client, Reloaded, Reply, Request};
 
     pub use crate::doctor::smi::Comparison;
@@ -197,6 +198,9 @@ pub mod command {
     }
     pub mod drain {
         pub use crate::jobs::drain::{drain, holders, undrain};
+    }
+    pub mod reset {
+        pub use crate::jobs::reset::reset;
     }
     pub mod evict {
         pub use crate::jobs::evict::{cancel_queued, check_reason, evict};

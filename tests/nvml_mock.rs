@@ -238,7 +238,16 @@ impl MockHost {
         if self.health_file().exists() {
             cmd.env("GPUPIN_MOCK_NVML_HEALTH", self.health_file());
         }
+        if self.nvml_open().exists() {
+            cmd.env("GPUPIN_MOCK_NVML_OPEN", self.nvml_open());
+        }
         cmd
+    }
+
+    /// Where the mock marks each process that has NVML open (tests/peers/mocknvml/open.go),
+    /// once a test made it.
+    fn nvml_open(&self) -> PathBuf {
+        self.root().join("nvml-open")
     }
 
     /// The mock's health file (events and error counters; tests/peers/mocknvml/health.go).
@@ -1663,6 +1672,133 @@ fn an_xid_on_a_mig_instance_fences_that_instance_alone() {
         )
     );
     host.ok(&["hold", "two", "--devices", &address, "--until-release"]);
+}
+
+/// A stand-in for `nvidia-smi --gpu-reset` (no driver here): it logs its arguments to
+/// `log` and, as the driver does, refuses while any live process has NVML open (the
+/// mock's marks), in nvidia-smi's words.
+fn reset_stand_in(dir: &Path, marks: &Path, log: &Path) -> PathBuf {
+    let smi = dir.join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> {log:?}\nfor mark in {marks:?}/*; do\n  [ -e \"$mark\" ] || continue\n  if kill -0 \"$(basename \"$mark\")\" 2>/dev/null; then\n    echo 'The following GPUs could not be reset:'\n    echo '  GPU 00000000:07:00.0: In use by another client'\n    exit 255\n  fi\ndone\necho 'GPU 00000000:07:00.0 was successfully reset.'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    smi
+}
+
+/// `gpupin reset` resets a GPU its health took out (XID 48) with nvidia-smi, once `gpupin
+/// serve`'s health watch has let go of NVML (the stand-in refuses while any process has
+/// it open, as the driver does), and the GPU is handed out again; the watch then takes
+/// NVML again and sees the next XID. A held GPU is refused, an admin's drain stays, and
+/// a reset that fails leaves the fence as it was.
+#[test]
+fn reset_lets_go_of_nvml_resets_the_gpu_and_hands_it_out_again() {
+    let test = "reset_lets_go_of_nvml_resets_the_gpu_and_hands_it_out_again";
+    let Some(host) = MockHost::new(test, "dgxa100", "nvml") else {
+        return;
+    };
+    std::fs::create_dir(host.nvml_open()).unwrap();
+    let log = host.root().join("smi.log");
+    let smi = reset_stand_in(host.root(), &host.nvml_open(), &log);
+    let smi = smi.to_str().unwrap();
+    let serve = host.serve("");
+    let fence_of =
+        |gpu: usize| -> Value { host.json(&["status", "--json"])["gpus"][gpu]["fence"].clone() };
+    let uuid = |i: usize| host.gpus()[i]["uuid"].as_str().unwrap().to_string();
+    host.set_health(&json!({"events": [{"index": 3, "type": "xid", "xid": 48}], "gpus": []}));
+    serve.until("GPU 3 fenced", &|| !fence_of(3).is_null());
+    // Delivered: a new event set (after the reset) must not see it again.
+    host.set_health(&json!({"events": [], "gpus": []}));
+    let marks: Vec<String> = std::fs::read_dir(host.nvml_open())
+        .unwrap()
+        .map(|m| m.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        marks,
+        [serve.child.id().to_string()],
+        "the watch has NVML open"
+    );
+
+    // Someone holds GPU 4: refused, nothing run, no fence left behind.
+    host.ok(&["hold", "busy", "--devices", "4", "--until-release"]);
+    let out = host.run(&["reset", "4", "--nvidia-smi", smi]);
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "gpupin: cannot reset GPU 4: busy still holds it, and a reset ends their work; wait for them (gpupin drain 4 --wait) or gpupin evict them first\n"
+    );
+    assert!(!log.exists(), "nvidia-smi was not run");
+    assert!(fence_of(4).is_null());
+
+    let said = host.ok(&["reset", "3", "--nvidia-smi", smi]);
+    assert_eq!(
+        said,
+        format!(
+            "reset GPU 3 ({}) (was needs-reset: XID 48): it is handed out again\n",
+            uuid(3)
+        ),
+        "{}",
+        serve.log()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        format!("--gpu-reset -i {}\n", uuid(3))
+    );
+    assert!(fence_of(3).is_null());
+    host.ok(&["hold", "after", "--devices", "3", "--until-release"]);
+    let audit = std::fs::read_to_string(host.root().join("state/audit.log")).unwrap();
+    assert!(
+        audit.lines().any(|l| {
+            let e: Value = serde_json::from_str(l).unwrap();
+            e["event"] == "undrain"
+                && e["holder"] == "gpu-3"
+                && e["user"] == "root"
+                && e["reason"] == "reset; was needs-reset: XID 48"
+        }),
+        "{audit}"
+    );
+    // The watch took NVML again: the next XID is seen.
+    host.set_health(&json!({"events": [{"index": 5, "type": "xid", "xid": 48}], "gpus": []}));
+    serve.until("GPU 5 fenced after the reset", &|| !fence_of(5).is_null());
+
+    // A reset that fails says why in one line and leaves the fence.
+    let failing = host.root().join("failing-smi");
+    std::fs::write(
+        &failing,
+        "#!/bin/sh\necho 'The following GPUs could not be reset:'\necho '  GPU 00000000:0F:00.0: Reset not supported.'\necho\necho 'More text.'\nexit 3\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &failing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let out = host.run(&["reset", "5", "--nvidia-smi", failing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "gpupin: could not reset GPU 5 ({}): The following GPUs could not be reset: GPU 00000000:0F:00.0: Reset not supported. (exit status: 3)\n",
+            uuid(5)
+        )
+    );
+    assert_eq!(fence_of(5)["reason"], "XID 48");
+
+    // An admin's drain stays after the reset.
+    host.ok(&["drain", "6", "--reason", "fan swap"]);
+    let said = host.ok(&["reset", "6", "--nvidia-smi", smi]);
+    assert_eq!(
+        said,
+        format!(
+            "reset GPU 6 ({}); it stays drained by root: fan swap (gpupin undrain 6 hands it out)\n",
+            uuid(6)
+        )
+    );
+    assert_eq!(fence_of(6)["state"], "drained");
 }
 
 /// A shared job's memory reservation becomes a limit the driver enforces on the job's own

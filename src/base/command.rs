@@ -26,11 +26,24 @@ impl Ran {
     /// The first line it said of why it failed: stderr's, else stdout's (nvidia-smi says
     /// why on stdout), else `no reason given`.
     pub(crate) fn reason(&self) -> String {
+        self.said(1)
+    }
+
+    /// As `reason`, its first `lines` non-empty lines joined on one line: nvidia-smi's
+    /// first line can be a heading (`The following GPUs could not be reset:`).
+    pub(crate) fn said(&self, lines: usize) -> String {
         [&self.stderr, &self.stdout]
             .into_iter()
-            .map(|t| String::from_utf8_lossy(t).trim().to_string())
-            .find(|t| !t.is_empty())
-            .and_then(|t| t.lines().next().map(|l| l.trim().to_string()))
+            .map(|t| String::from_utf8_lossy(t).into_owned())
+            .find(|t| !t.trim().is_empty())
+            .map(|t| {
+                t.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .take(lines)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
             .unwrap_or_else(|| "no reason given".into())
     }
 }
@@ -86,6 +99,7 @@ mod tests {
         assert_eq!(ran.status.code(), Some(3));
         assert_eq!(ran.stdout, b"out\n");
         assert_eq!(ran.reason(), "no luck");
+        assert_eq!(ran.said(2), "no luck more");
         let quiet = run_within(
             Command::new("sh").args(["-c", "exit 1"]),
             Duration::from_secs(30),

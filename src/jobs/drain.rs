@@ -112,7 +112,10 @@ pub fn holders(config: &Config, keys: &[String]) -> Result<Vec<Record>, DrainErr
 }
 
 /// The whole GPUs `keys` name (index, UUID, bus id), each once, in the order given.
-fn named<'i>(inventory: &'i Inventory, keys: &[String]) -> Result<Vec<&'i Gpu>, DrainError> {
+pub(crate) fn named<'i>(
+    inventory: &'i Inventory,
+    keys: &[String],
+) -> Result<Vec<&'i Gpu>, DrainError> {
     let mut gpus: Vec<&Gpu> = Vec::new();
     for key in keys {
         let gpu = match inventory.find(key) {

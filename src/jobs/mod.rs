@@ -6,4 +6,5 @@ pub(crate) mod evict;
 pub(crate) mod exec;
 pub(crate) mod hold;
 pub(crate) mod kube;
+pub(crate) mod reset;
 pub(crate) mod serve;

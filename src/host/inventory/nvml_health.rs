@@ -17,7 +17,6 @@ use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 use nvml_wrapper_sys::bindings::nvmlEventData_t;
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long one wait on the event set lasts: how soon a stop is noticed.
@@ -35,12 +34,13 @@ pub(crate) trait HealthSink {
     fn slowdowns(&mut self, uuid: &str, now: &[&'static str]);
 }
 
-/// Watches every GPU until `stop`, telling `sink`. Fails only where NVML cannot be
-/// loaded or has no GPU; a GPU that supports no event is polled only.
+/// Watches every GPU until `stop` says so, telling `sink`; NVML is let go on return.
+/// Fails only where NVML cannot be loaded or has no GPU; a GPU that supports no event is
+/// polled only.
 pub(crate) fn watch(
     poll: Duration,
     sink: &mut dyn HealthSink,
-    stop: &AtomicBool,
+    stop: &dyn Fn() -> bool,
 ) -> Result<(), InventoryError> {
     let nvml = Nvml::builder()
         .lib_path(OsStr::new(super::NVML_LIBRARY))
@@ -58,7 +58,7 @@ pub(crate) fn watch(
     }
     let set = register(&nvml, count);
     let mut next_poll = Instant::now();
-    while !stop.load(Ordering::SeqCst) {
+    while !stop() {
         if Instant::now() >= next_poll {
             for uuid in &uuids {
                 match nvml.device_by_uuid(uuid.as_str()) {

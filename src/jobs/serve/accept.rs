@@ -62,7 +62,9 @@ pub fn run(
         let stopping = Arc::clone(&stopping);
         std::thread::Builder::new()
             .name("gpupin-health".into())
-            .spawn(move || super::health::watch(|| shared.config(), &stopping))?;
+            .spawn(move || {
+                super::health::watch(|| shared.config(), &stopping, &shared.health_pause)
+            })?;
     }
     for stream in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {

@@ -19,6 +19,8 @@ pub(super) struct Shared {
     /// Replaced whole on SIGHUP; a connection keeps the one it started with.
     pub(super) config: RwLock<Arc<Config>>,
     pub(super) watcher: Watcher,
+    /// `gpupin reset`'s pause of the health watch.
+    pub(super) health_pause: super::health_pause::HealthPause,
     open: Mutex<Open>,
 }
 
@@ -53,6 +55,7 @@ impl Shared {
         Shared {
             config: RwLock::new(Arc::new(config)),
             watcher,
+            health_pause: Default::default(),
             open: Mutex::new(Open::default()),
         }
     }

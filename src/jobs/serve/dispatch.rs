@@ -71,6 +71,8 @@ pub(super) fn serve_one(shared: &Shared, peer: Peer, stream: UnixStream) -> std:
         Request::Bind { .. } => (String::new(), Err(ServeError::BindFirst)),
         Request::Hello => (String::new(), ops::hello::answer()),
         Request::Status => (String::new(), ops::status::answer(config)),
+        Request::PauseHealth { secs } => (String::new(), ops::health::pause(shared, peer, secs)),
+        Request::ResumeHealth => (String::new(), ops::health::resume(shared, peer)),
     };
     let reply = outcome.unwrap_or_else(|e| e.reply(config, peer, &holder));
     protocol::send(&mut output, &reply)

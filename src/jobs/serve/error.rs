@@ -70,6 +70,10 @@ pub(super) enum ServeError {
     /// Why the status could not be read (`report::status::served`), on one line.
     #[error("{0}")]
     Status(String),
+    #[error(
+        "the GPU health watch did not let go of NVML within {secs}s; nothing was paused: try again, or stop gpupin serve for the reset"
+    )]
+    HealthWatchHeld { secs: u64 },
 }
 
 impl ServeError {

@@ -5,6 +5,7 @@
 //! goes to no one until the reset or reboot, its holders keep it and are told through
 //! the audit log, status, the metrics and their alerts) or an audit line.
 
+use super::health_pause::HealthPause;
 use crate::base::message::one_line;
 use crate::host::inventory::InventoryError;
 use crate::host::inventory::nvml_health::{self, HealthSink};
@@ -18,7 +19,7 @@ use crate::state::ledger::lookup::Match;
 use crate::state::ledger::{HEALTH_BY, Ledger};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How long a holder evicted for its GPU's health may take to stop before it is killed.
 const EVICT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
@@ -26,7 +27,10 @@ const EVICT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Watches until `stopping`, with the config `config` gives at each event (a reload
 /// changes the XID actions from the next event on). Never fails: what cannot be watched
 /// is logged once.
-pub(super) fn watch(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool) {
+///
+/// While `pause` says so (`gpupin reset`), the watch lets go of NVML and takes it again
+/// after.
+pub(super) fn watch(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool, pause: &HealthPause) {
     let now = config();
     let nvml = match now.inventory {
         InventorySource::Nvml | InventorySource::Auto => now.health.watch,
@@ -48,14 +52,32 @@ pub(super) fn watch(config: impl Fn() -> Arc<Config>, stopping: &AtomicBool) {
         inventory,
         slowed: HashMap::new(),
     };
-    match nvml_health::watch(now.health.poll, &mut sink, stopping) {
-        Ok(()) => {}
-        Err(error @ InventoryError::NvmlUnavailable { .. }) => {
-            tracing::info!(error = %one_line(&error), "GPU health is not watched");
+    while !stopping.load(Ordering::SeqCst) {
+        if pause.paused() {
+            std::thread::sleep(PAUSED_LOOK);
+            continue;
         }
-        Err(error) => tracing::warn!(error = %one_line(&error), "GPU health watch ended"),
+        pause.holding(true);
+        let ends = || stopping.load(Ordering::SeqCst) || pause.paused();
+        let watched = nvml_health::watch(now.health.poll, &mut sink, &ends);
+        pause.holding(false);
+        match watched {
+            Ok(()) if pause.paused() => tracing::info!("GPU health watch paused for a reset"),
+            Ok(()) => {}
+            Err(error @ InventoryError::NvmlUnavailable { .. }) => {
+                tracing::info!(error = %one_line(&error), "GPU health is not watched");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(error = %one_line(&error), "GPU health watch ended");
+                return;
+            }
+        }
     }
 }
+
+/// How often a paused watch looks whether its pause is over.
+const PAUSED_LOOK: std::time::Duration = std::time::Duration::from_millis(200);
 
 struct Sink<F> {
     config: F,

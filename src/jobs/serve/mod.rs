@@ -20,6 +20,7 @@ mod connections;
 mod dispatch;
 mod error;
 mod health;
+mod health_pause;
 mod idle;
 pub(crate) mod listen;
 mod ops;
@@ -32,5 +33,6 @@ mod watch;
 
 pub use accept::run;
 pub use client::Client;
+pub(crate) use client::ClientError;
 pub use connections::Reloaded;
 pub use protocol::{Reply, Request};

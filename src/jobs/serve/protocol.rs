@@ -67,6 +67,11 @@ pub enum Request {
     Hello,
     /// The ledger as `gpupin status --json` shows it, without the GPUs' processes.
     Status,
+    /// For root (`gpupin reset`): the GPU health watch lets go of NVML for `secs` (at
+    /// most 600), answered once it has.
+    PauseHealth { secs: u64 },
+    /// For root: the health watch takes NVML again.
+    ResumeHealth,
 }
 
 impl Request {

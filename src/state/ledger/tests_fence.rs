@@ -315,3 +315,53 @@ fn an_instance_its_health_took_out_alone_is_not_handed_out_its_siblings_are() {
     assert_eq!(cleared, [fence]);
     assert!(take(&l, &m, "e", &[("gpupin.devices", &sick.address())]).is_ok());
 }
+
+/// `gpupin reset`'s two steps: while a GPU is reset nothing is handed out on it; after a
+/// reset its health fences go (an admin's drain stays); after a failed one its fence is
+/// what it was.
+#[test]
+fn a_gpu_being_reset_goes_to_no_one_and_after_it_only_an_admins_drain_stays() {
+    let (_t, l) = ledger();
+    let inv = machine(3);
+    let m = Machine::new(&inv, PolicyName::Pack);
+    let gpu = |i: usize| &inv.gpus[i];
+    l.fence_health(gpu(0).into(), FenceState::NeedsReset, "XID 48", false)
+        .unwrap();
+    l.drain(&[gpu(2)], "fan swap", "alice").unwrap();
+    let before = l.begin_reset(&[gpu(0), gpu(1), gpu(2)], "root").unwrap();
+    assert_eq!(
+        before[0].as_ref().map(|f| f.state),
+        Some(FenceState::NeedsReset)
+    );
+    assert_eq!(before[1], None);
+    let err = take(&l, &m, "a", &[("gpupin.devices", "1")]).unwrap_err();
+    assert!(
+        err.contains("it is drained by root: being reset (gpupin reset)"),
+        "{err}"
+    );
+
+    // GPU 0's reset failed: still needs one. GPU 1's went through: back. GPU 2's too,
+    // and it stays drained.
+    assert_eq!(
+        l.end_reset(gpu(0), before[0].as_ref(), Some("In use"), "root")
+            .unwrap(),
+        None
+    );
+    assert_eq!(l.fences().unwrap().of("GPU-test-0"), before[0].as_ref());
+    assert_eq!(l.end_reset(gpu(1), None, None, "root").unwrap(), None);
+    assert_eq!(take(&l, &m, "b", &[("gpupin.devices", "1")]).unwrap(), [1]);
+    assert_eq!(
+        l.end_reset(gpu(2), before[2].as_ref(), None, "root")
+            .unwrap(),
+        None
+    );
+    assert_eq!(l.fences().unwrap().of("GPU-test-2"), before[2].as_ref());
+
+    // Once it goes through, GPU 0's health fence is cleared and said so.
+    let again = l.begin_reset(&[gpu(0)], "root").unwrap();
+    let cleared = l
+        .end_reset(gpu(0), again[0].as_ref(), None, "root")
+        .unwrap();
+    assert_eq!(cleared.map(|f| f.reason), Some("XID 48".to_string()));
+    assert!(l.fences().unwrap().of("GPU-test-0").is_none());
+}

@@ -299,6 +299,7 @@ func nvmlInit_v2() C.int {
 		if r := load(); r != nvml.SUCCESS {
 			return ret(r)
 		}
+		markOpen(true)
 	}
 	inits++
 	return ret(nvml.SUCCESS)
@@ -315,6 +316,9 @@ func nvmlShutdown() C.int {
 		return ret(nvml.ERROR_UNINITIALIZED)
 	}
 	inits--
+	if inits == 0 {
+		markOpen(false)
+	}
 	return ret(nvml.SUCCESS)
 }
 

@@ -1,9 +1,10 @@
-//! `gpupin drain GPU... --reason TEXT [--wait]` and `gpupin undrain GPU...`: root takes
-//! whole GPUs out of allocation for maintenance and puts them back (`gpupin::command::
-//! drain`). New requests skip a drained GPU at once; its holders keep it until they end;
-//! `--wait` returns when none has it any more.
+//! `gpupin drain GPU... --reason TEXT [--wait]`, `gpupin undrain GPU...` and `gpupin
+//! reset GPU...`: root takes whole GPUs out of allocation for maintenance and puts them
+//! back (`gpupin::command::drain`), and resets them (`gpupin::command::reset`). New
+//! requests skip a drained GPU at once; its holders keep it until they end; `--wait`
+//! returns when none has it any more.
 
-use gpupin::command::{Config, Record, drain};
+use gpupin::command::{Config, Record, drain, reset};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -30,6 +31,16 @@ pub struct UndrainArgs {
     /// or a MIG instance its health took out alone (0:1, MIG-...)
     #[arg(value_name = "GPU", required = true)]
     pub gpus: Vec<String>,
+}
+
+#[derive(clap::Args)]
+pub struct ResetArgs {
+    /// The GPUs, by index, UUID or PCI bus id
+    #[arg(value_name = "GPU", required = true)]
+    pub gpus: Vec<String>,
+    /// nvidia-smi: a path, or a name looked up on PATH
+    #[arg(long, value_name = "PROGRAM", default_value = "nvidia-smi")]
+    pub nvidia_smi: std::path::PathBuf,
 }
 
 /// What every user may get changes: root only (sudo keeps who asked in the trail).
@@ -123,4 +134,42 @@ fn names(records: &[Record]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+pub fn run_reset(config: &Config, args: &ResetArgs) -> anyhow::Result<ExitCode> {
+    as_root("reset")?;
+    let by = super::release::operator();
+    let outcomes = reset::reset(config, &args.gpus, &by, &args.nvidia_smi)?;
+    let mut failed = false;
+    for o in &outcomes {
+        match (&o.result, &o.still_drained) {
+            (Err(why), _) => {
+                failed = true;
+                eprintln!(
+                    "gpupin: could not reset GPU {} ({}): {why}",
+                    o.index, o.uuid
+                );
+            }
+            (Ok(_), Some(drain)) => outln!(
+                "reset GPU {} ({}); it stays drained by {}: {} (gpupin undrain {} hands it out)",
+                o.index,
+                o.uuid,
+                drain.by,
+                drain.reason,
+                o.index
+            )?,
+            (Ok(Some(was)), None) => outln!(
+                "reset GPU {} ({}) (was {}: {}): it is handed out again",
+                o.index,
+                o.uuid,
+                was.state.as_str(),
+                was.reason
+            )?,
+            (Ok(None), None) => outln!("reset GPU {} ({})", o.index, o.uuid)?,
+        }
+    }
+    Ok(match failed {
+        true => ExitCode::FAILURE,
+        false => ExitCode::SUCCESS,
+    })
 }

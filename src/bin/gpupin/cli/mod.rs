@@ -124,6 +124,11 @@ pub enum Command {
     Drain(drain::DrainArgs),
     /// Put drained GPUs (or GPUs whose health took them out) back into allocation
     Undrain(drain::UndrainArgs),
+    /// Reset GPUs with nvidia-smi --gpu-reset (none may hold them); those whose health took them out are handed out again
+    #[command(
+        after_long_help = "gpupin serve's health watch lets go of NVML while the GPUs are reset (the driver resets no GPU a process has open); other NVML clients (DCGM, nvidia-persistenced) must be stopped by you. An admin's drain stays after the reset.\n\nExamples:\n  sudo gpupin reset 3\n  sudo gpupin reset 3 5"
+    )]
+    Reset(drain::ResetArgs),
     /// Start real containers on a simulated machine and show gpupin at work
     #[cfg(feature = "demo")]
     Demo(demo::DemoArgs),
@@ -348,6 +353,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Evict(args) => evict::run(&config, &args),
         Command::Drain(args) => drain::run_drain(&config, &args),
         Command::Undrain(args) => drain::run_undrain(&config, &args),
+        Command::Reset(args) => drain::run_reset(&config, &args),
         Command::Log(args) => log::run(&config, &args),
         Command::Usage(args) => usage::run(&config, &args),
         #[cfg(feature = "demo")]

@@ -5,6 +5,7 @@
 
 pub(super) mod evict;
 pub(super) mod exec;
+pub(super) mod health;
 pub(super) mod hello;
 pub(super) mod hold;
 pub(super) mod key;

@@ -13,6 +13,10 @@ use crate::state::ledger::{Ledger, LedgerError, store};
 /// Who sets and clears health fences, in status and the audit log.
 pub(crate) const HEALTH_BY: &str = "gpupin serve";
 
+/// The reason of the drain that keeps a GPU out of allocation while `gpupin reset`
+/// resets it.
+pub(crate) const RESETTING: &str = "being reset (gpupin reset)";
+
 impl Ledger {
     /// The GPUs out of allocation now. A fences file that cannot be trusted is an error
     /// (`LedgerError::CorruptFences`), as it is to every allocation.
@@ -141,6 +145,88 @@ impl Ledger {
         store::fences::store(self.dir(), &fences)?;
         if let Some(fence) = &cleared {
             self.audit_fence(EventKind::Undrain, fence, HEALTH_BY);
+        }
+        self.changed();
+        Ok(cleared)
+    }
+
+    /// `gpupin reset`'s first step, under the lock: each of `gpus` out of allocation while
+    /// it is reset (a drain saying `RESETTING` by `by`, where it had no fence), so that
+    /// nothing is handed out between the look for its holders and the reset. The fences
+    /// they had before, in order.
+    pub fn begin_reset(&self, gpus: &[&Gpu], by: &str) -> Result<Vec<Option<Fence>>, LedgerError> {
+        let _lock = store::lock(self.dir())?;
+        let mut fences = store::fences::load(self.dir())?;
+        let before: Vec<Option<Fence>> = gpus.iter().map(|g| fences.of(&g.uuid).cloned()).collect();
+        let since = crate::state::ledger::record::unix_now();
+        for (gpu, had) in gpus.iter().zip(&before) {
+            if had.is_none() {
+                let target = FenceTarget::from(*gpu);
+                fences.set(target.fence(FenceState::Drained, RESETTING, by, since));
+            }
+        }
+        store::fences::store(self.dir(), &fences)?;
+        self.changed();
+        Ok(before)
+    }
+
+    /// `gpupin reset`'s last step for `gpu`, under the lock. After a reset that
+    /// `succeeded`: its health fences (its own, its MIG instances') and the drain
+    /// `begin_reset` set go, an admin's drain stays, and an audit line says so (`undrain`
+    /// where a fence went, else `health` with code `reset`). After one that failed
+    /// (`failed`: nvidia-smi's line): its fence is what it was `before`, and a `health`
+    /// line (code `reset-failed`) says why. The health fence the reset cleared, if any.
+    pub fn end_reset(
+        &self,
+        gpu: &Gpu,
+        before: Option<&Fence>,
+        failed: Option<&str>,
+        by: &str,
+    ) -> Result<Option<Fence>, LedgerError> {
+        let _lock = store::lock(self.dir())?;
+        let mut fences = store::fences::load(self.dir())?;
+        fences.clear(&gpu.uuid);
+        let mut cleared = None;
+        match (failed, before) {
+            (Some(_), Some(had)) => {
+                fences.set(had.clone());
+            }
+            (Some(_), None) => {}
+            (None, Some(had)) if had.state == FenceState::Drained => {
+                fences.set(had.clone());
+            }
+            (None, had) => {
+                for m in gpu.mig_instances() {
+                    fences.clear(&m.uuid);
+                }
+                cleared = had.cloned();
+            }
+        }
+        store::fences::store(self.dir(), &fences)?;
+        let target = FenceTarget::from(gpu);
+        let refs = (gpu.index, target.address(), gpu.uuid.as_str());
+        match (failed, &cleared) {
+            (Some(why), _) => self.audit_gpu(
+                EventKind::Health,
+                (refs.0, &refs.1, refs.2),
+                by,
+                format!("nvidia-smi --gpu-reset failed: {why}"),
+                "reset-failed",
+            ),
+            (None, Some(fence)) => self.audit_gpu(
+                EventKind::Undrain,
+                (refs.0, &refs.1, refs.2),
+                by,
+                format!("reset; was {}: {}", fence.state.as_str(), fence.reason),
+                fence.state.as_str(),
+            ),
+            (None, None) => self.audit_gpu(
+                EventKind::Health,
+                (refs.0, &refs.1, refs.2),
+                by,
+                "reset with nvidia-smi --gpu-reset".into(),
+                "reset",
+            ),
         }
         self.changed();
         Ok(cleared)
