@@ -1733,6 +1733,8 @@ fn reset_lets_go_of_nvml_resets_the_gpu_and_hands_it_out_again() {
     );
     assert!(!log.exists(), "nvidia-smi was not run");
     assert!(fence_of(4).is_null());
+    let trail = || std::fs::read_to_string(host.root().join("state/audit.log")).unwrap();
+    assert!(!trail().contains("\"holder\":\"gpu-4\""), "{}", trail());
 
     let said = host.ok(&["reset", "3", "--nvidia-smi", smi]);
     assert_eq!(
@@ -1787,6 +1789,13 @@ fn reset_lets_go_of_nvml_resets_the_gpu_and_hands_it_out_again() {
         )
     );
     assert_eq!(fence_of(5)["reason"], "XID 48");
+    assert!(
+        trail()
+            .lines()
+            .any(|l| l.contains("\"holder\":\"gpu-5\"") && l.contains("\"code\":\"reset-failed\"")),
+        "{}",
+        trail()
+    );
 
     // An admin's drain stays after the reset.
     host.ok(&["drain", "6", "--reason", "fan swap"]);

@@ -9,9 +9,9 @@ use crate::host::inventory::InventoryError;
 use crate::input::config::Config;
 use crate::jobs::drain::DrainError;
 use crate::jobs::serve::{Client, ClientError, Request};
-use crate::model::fence::Fence;
+use crate::model::fence::{Fence, FenceState};
 use crate::model::gpu::Gpu;
-use crate::state::ledger::{Ledger, LedgerError, Record};
+use crate::state::ledger::{Ledger, LedgerError, RESETTING, Record, ResetEnd};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -46,6 +46,10 @@ pub enum ResetError {
     MigInstances { gpu: u32, uuid: String },
     #[error("cannot pause gpupin serve's GPU health watch for the reset: {0}")]
     Pause(String),
+    #[error(
+        "cannot reset GPU {gpu}: {by}'s gpupin reset is resetting it now; if none runs, gpupin undrain {gpu} ends that"
+    )]
+    Resetting { gpu: u32, by: String },
 }
 
 /// What became of one GPU.
@@ -79,10 +83,14 @@ pub fn reset(
     let before = ledger.begin_reset(&gpus, by)?;
     let give_back = |ledger: &Ledger| {
         for (gpu, had) in gpus.iter().zip(&before) {
-            let _ = ledger.end_reset(gpu, had.as_ref(), Some("not run"), by);
+            let _ = ledger.end_reset(gpu, had.as_ref(), ResetEnd::NotRun, by);
         }
     };
-    if let Err(error) = refuse_held(&ledger, &gpus) {
+    let refused = match already_resetting(&gpus, &before) {
+        Some(error) => Err(error),
+        None => refuse_held(&ledger, &gpus),
+    };
+    if let Err(error) = refused {
         give_back(&ledger);
         return Err(error);
     }
@@ -104,19 +112,35 @@ pub fn reset(
     }
     let mut outcomes = Vec::new();
     for ((gpu, had), result) in gpus.iter().zip(&before).zip(results) {
-        let failed = result.as_ref().err().map(String::as_str);
-        let cleared = ledger.end_reset(gpu, had.as_ref(), failed, by)?;
+        let end = match &result {
+            Ok(()) => ResetEnd::Done,
+            Err(why) => ResetEnd::Failed(why),
+        };
+        let cleared = ledger.end_reset(gpu, had.as_ref(), end, by)?;
         outcomes.push(Outcome {
             index: gpu.index,
             uuid: gpu.uuid.clone(),
             still_drained: had
                 .as_ref()
-                .filter(|f| f.state == crate::model::fence::FenceState::Drained)
+                .filter(|f| f.state == FenceState::Drained)
                 .cloned(),
             result: result.map(|()| cleared),
         });
     }
     Ok(outcomes)
+}
+
+/// Refuses a GPU another `gpupin reset` is resetting now (its drain says so).
+fn already_resetting(gpus: &[&Gpu], before: &[Option<Fence>]) -> Option<ResetError> {
+    gpus.iter().zip(before).find_map(|(gpu, had)| {
+        let had = had.as_ref()?;
+        (had.state == FenceState::Drained && had.reason == RESETTING).then(|| {
+            ResetError::Resetting {
+                gpu: gpu.index,
+                by: had.by.clone(),
+            }
+        })
+    })
 }
 
 /// Refuses a GPU that someone holds: the reset would end their work.
@@ -165,5 +189,33 @@ fn run_reset(nvidia_smi: &Path, gpu: &Gpu) -> Result<(), String> {
         Ok(ran) => Err(format!("{} ({})", ran.said(2), ran.status)),
         Err(error @ RunError::Start(_)) => Err(format!("{}: {error}", nvidia_smi.display())),
         Err(error @ RunError::Timeout(_)) => Err(error.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fence::FenceTarget;
+
+    /// A GPU another reset drained for itself is refused; an admin's drain or a health
+    /// fence is not (those GPUs are what a reset is for).
+    #[test]
+    fn a_gpu_another_reset_is_resetting_is_refused() {
+        let inv = crate::policy::testing::machine(2);
+        let gpus: Vec<&Gpu> = inv.gpus.iter().collect();
+        let fence =
+            |reason: &str, state| Some(FenceTarget::from(gpus[1]).fence(state, reason, "bob", 1));
+        let err = already_resetting(&gpus, &[None, fence(RESETTING, FenceState::Drained)]).unwrap();
+        assert_eq!(
+            err.to_string(),
+            "cannot reset GPU 1: bob's gpupin reset is resetting it now; if none runs, gpupin undrain 1 ends that"
+        );
+        assert!(
+            already_resetting(&gpus, &[None, fence("fan swap", FenceState::Drained)]).is_none()
+        );
+        assert!(
+            already_resetting(&gpus, &[None, fence(RESETTING, FenceState::NeedsReset)]).is_none()
+        );
+        assert!(already_resetting(&gpus, &[None, None]).is_none());
     }
 }

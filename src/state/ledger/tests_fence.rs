@@ -343,15 +343,23 @@ fn a_gpu_being_reset_goes_to_no_one_and_after_it_only_an_admins_drain_stays() {
     // GPU 0's reset failed: still needs one. GPU 1's went through: back. GPU 2's too,
     // and it stays drained.
     assert_eq!(
-        l.end_reset(gpu(0), before[0].as_ref(), Some("In use"), "root")
-            .unwrap(),
+        l.end_reset(
+            gpu(0),
+            before[0].as_ref(),
+            ResetEnd::Failed("In use"),
+            "root"
+        )
+        .unwrap(),
         None
     );
     assert_eq!(l.fences().unwrap().of("GPU-test-0"), before[0].as_ref());
-    assert_eq!(l.end_reset(gpu(1), None, None, "root").unwrap(), None);
+    assert_eq!(
+        l.end_reset(gpu(1), None, ResetEnd::Done, "root").unwrap(),
+        None
+    );
     assert_eq!(take(&l, &m, "b", &[("gpupin.devices", "1")]).unwrap(), [1]);
     assert_eq!(
-        l.end_reset(gpu(2), before[2].as_ref(), None, "root")
+        l.end_reset(gpu(2), before[2].as_ref(), ResetEnd::Done, "root")
             .unwrap(),
         None
     );
@@ -360,7 +368,7 @@ fn a_gpu_being_reset_goes_to_no_one_and_after_it_only_an_admins_drain_stays() {
     // Once it goes through, GPU 0's health fence is cleared and said so.
     let again = l.begin_reset(&[gpu(0)], "root").unwrap();
     let cleared = l
-        .end_reset(gpu(0), again[0].as_ref(), None, "root")
+        .end_reset(gpu(0), again[0].as_ref(), ResetEnd::Done, "root")
         .unwrap();
     assert_eq!(cleared.map(|f| f.reason), Some("XID 48".to_string()));
     assert!(l.fences().unwrap().of("GPU-test-0").is_none());

@@ -17,6 +17,17 @@ pub(crate) const HEALTH_BY: &str = "gpupin serve";
 /// resets it.
 pub(crate) const RESETTING: &str = "being reset (gpupin reset)";
 
+/// How `gpupin reset` ended for one GPU (`Ledger::end_reset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResetEnd<'a> {
+    /// Refused before nvidia-smi ran (someone holds a GPU of the command).
+    NotRun,
+    /// nvidia-smi failed, saying this.
+    Failed(&'a str),
+    /// The GPU was reset.
+    Done,
+}
+
 impl Ledger {
     /// The GPUs out of allocation now. A fences file that cannot be trusted is an error
     /// (`LedgerError::CorruptFences`), as it is to every allocation.
@@ -154,7 +165,11 @@ impl Ledger {
     /// it is reset (a drain saying `RESETTING` by `by`, where it had no fence), so that
     /// nothing is handed out between the look for its holders and the reset. The fences
     /// they had before, in order.
-    pub fn begin_reset(&self, gpus: &[&Gpu], by: &str) -> Result<Vec<Option<Fence>>, LedgerError> {
+    pub(crate) fn begin_reset(
+        &self,
+        gpus: &[&Gpu],
+        by: &str,
+    ) -> Result<Vec<Option<Fence>>, LedgerError> {
         let _lock = store::lock(self.dir())?;
         let mut fences = store::fences::load(self.dir())?;
         let before: Vec<Option<Fence>> = gpus.iter().map(|g| fences.of(&g.uuid).cloned()).collect();
@@ -170,59 +185,60 @@ impl Ledger {
         Ok(before)
     }
 
-    /// `gpupin reset`'s last step for `gpu`, under the lock. After a reset that
-    /// `succeeded`: its health fences (its own, its MIG instances') and the drain
-    /// `begin_reset` set go, an admin's drain stays, and an audit line says so (`undrain`
-    /// where a fence went, else `health` with code `reset`). After one that failed
-    /// (`failed`: nvidia-smi's line): its fence is what it was `before`, and a `health`
-    /// line (code `reset-failed`) says why. The health fence the reset cleared, if any.
-    pub fn end_reset(
+    /// `gpupin reset`'s last step for `gpu`, under the lock. After a reset that went
+    /// through (`ResetEnd::Done`): its health fences (its own, its MIG instances') and the
+    /// drain `begin_reset` set go, an admin's drain stays, and an audit line says so
+    /// (`undrain` where a fence went, else `health` with code `reset`). After one that
+    /// failed (`Failed`: nvidia-smi's line), its fence is what it was `before`, and a
+    /// `health` line (code `reset-failed`) says why; after none (`NotRun`: refused before
+    /// it), the same without a line. The health fence the reset cleared, if any.
+    pub(crate) fn end_reset(
         &self,
         gpu: &Gpu,
         before: Option<&Fence>,
-        failed: Option<&str>,
+        end: ResetEnd<'_>,
         by: &str,
     ) -> Result<Option<Fence>, LedgerError> {
         let _lock = store::lock(self.dir())?;
         let mut fences = store::fences::load(self.dir())?;
         fences.clear(&gpu.uuid);
         let mut cleared = None;
-        match (failed, before) {
-            (Some(_), Some(had)) => {
-                fences.set(had.clone());
-            }
-            (Some(_), None) => {}
-            (None, Some(had)) if had.state == FenceState::Drained => {
-                fences.set(had.clone());
-            }
-            (None, had) => {
+        match (end, before) {
+            (ResetEnd::Done, Some(had)) if had.state != FenceState::Drained => {
                 for m in gpu.mig_instances() {
                     fences.clear(&m.uuid);
                 }
-                cleared = had.cloned();
+                cleared = Some(had.clone());
             }
+            (ResetEnd::Done, None) => {}
+            // An admin's drain stays; a reset that did not go through changes nothing.
+            (_, Some(had)) => {
+                fences.set(had.clone());
+            }
+            (_, None) => {}
         }
         store::fences::store(self.dir(), &fences)?;
-        let target = FenceTarget::from(gpu);
-        let refs = (gpu.index, target.address(), gpu.uuid.as_str());
-        match (failed, &cleared) {
-            (Some(why), _) => self.audit_gpu(
+        let address = FenceTarget::from(gpu).address();
+        let refs = (gpu.index, address.as_str(), gpu.uuid.as_str());
+        match (end, &cleared) {
+            (ResetEnd::NotRun, _) => {}
+            (ResetEnd::Failed(why), _) => self.audit_gpu(
                 EventKind::Health,
-                (refs.0, &refs.1, refs.2),
+                refs,
                 by,
                 format!("nvidia-smi --gpu-reset failed: {why}"),
                 "reset-failed",
             ),
-            (None, Some(fence)) => self.audit_gpu(
+            (ResetEnd::Done, Some(fence)) => self.audit_gpu(
                 EventKind::Undrain,
-                (refs.0, &refs.1, refs.2),
+                refs,
                 by,
                 format!("reset; was {}: {}", fence.state.as_str(), fence.reason),
                 fence.state.as_str(),
             ),
-            (None, None) => self.audit_gpu(
+            (ResetEnd::Done, None) => self.audit_gpu(
                 EventKind::Health,
-                (refs.0, &refs.1, refs.2),
+                refs,
                 by,
                 "reset with nvidia-smi --gpu-reset".into(),
                 "reset",

@@ -18,7 +18,8 @@ mod remove;
 pub(in crate::state::ledger) mod within;
 
 pub(crate) use claim::{ClaimError, ClaimToken};
-pub(crate) use fence::HEALTH_BY;
+pub(crate) use fence::ResetEnd;
+pub(crate) use fence::{HEALTH_BY, RESETTING};
 pub(crate) use idle::{Idle, IdleRule};
 pub use release::Releaser;
 pub use remove::Released;
