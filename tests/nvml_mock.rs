@@ -280,6 +280,11 @@ impl MockHost {
     }
 
     /// Sets the figures the mock answers from the next gpupin on.
+    /// GPU `gpu`'s fence as `gpupin status --json` shows it (null: none).
+    fn fence_of(&self, gpu: usize) -> Value {
+        self.json(&["status", "--json"])["gpus"][gpu]["fence"].clone()
+    }
+
     fn set_live(&self, figures: Value) {
         std::fs::write(self.live_file(), figures.to_string()).unwrap();
     }
@@ -1397,8 +1402,7 @@ fn serve_fences_the_gpus_whose_health_needs_a_reset_or_a_reboot() {
         return;
     };
     let serve = host.serve("");
-    let fence_of =
-        |gpu: usize| -> Value { host.json(&["status", "--json"])["gpus"][gpu]["fence"].clone() };
+    let fence_of = |gpu: usize| host.fence_of(gpu);
     let until = |what: &str, done: &dyn Fn() -> bool| serve.until(what, done);
 
     // Each rewrite of the file keeps the events fired: the mock delivers each once.
@@ -1532,8 +1536,7 @@ fn a_gpu_the_driver_asks_to_reset_comes_back_after_the_reset() {
         return;
     };
     let serve = host.serve("");
-    let fence_of =
-        |gpu: usize| -> Value { host.json(&["status", "--json"])["gpus"][gpu]["fence"].clone() };
+    let fence_of = |gpu: usize| host.fence_of(gpu);
     let fired = json!([
         {"index": 2, "type": "xid", "xid": 48},
         {"index": 5, "type": "xid", "xid": 48},
@@ -1706,8 +1709,7 @@ fn reset_lets_go_of_nvml_resets_the_gpu_and_hands_it_out_again() {
     let smi = reset_stand_in(host.root(), &host.nvml_open(), &log);
     let smi = smi.to_str().unwrap();
     let serve = host.serve("");
-    let fence_of =
-        |gpu: usize| -> Value { host.json(&["status", "--json"])["gpus"][gpu]["fence"].clone() };
+    let fence_of = |gpu: usize| host.fence_of(gpu);
     let uuid = |i: usize| host.gpus()[i]["uuid"].as_str().unwrap().to_string();
     host.set_health(&json!({"events": [{"index": 3, "type": "xid", "xid": 48}], "gpus": []}));
     serve.until("GPU 3 fenced", &|| !fence_of(3).is_null());

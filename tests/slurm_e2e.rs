@@ -144,6 +144,27 @@ fn minors_at(st: &Value, indices: &str) -> Vec<u32> {
     minors
 }
 
+/// What an admin sees when the prolog refuses `job`: the node drained with `Prolog
+/// error`, the job requeued held, never started; and slurmd's log line of the failure.
+fn prolog_failure(cluster: &Cluster, job: &BatchJob) -> String {
+    let node = cluster.until("the prolog's refusal drains the node", || {
+        let node = cluster.show("node", NODE);
+        node.contains("DRAIN").then_some(node)
+    });
+    assert!(node.contains("Reason=Prolog error"), "{node}");
+    let state = cluster.show("job", &job.id.to_string());
+    assert!(
+        state.contains("Reason=launch_failed_requeued_held"),
+        "{state}"
+    );
+    assert!(!job.file("started").exists(), "the job never ran");
+    let log = cluster.slurmd_log();
+    log.lines()
+        .find(|l| l.contains("prolog failed"))
+        .unwrap_or_else(|| panic!("no prolog failure in slurmd's log:\n{log}"))
+        .to_string()
+}
+
 fn until_released(cluster: &Cluster, g: &Gpupin, holder: &str) {
     cluster.until(&format!("the epilog releases {holder}"), || {
         g.holder(holder).is_none().then_some(())
@@ -313,23 +334,8 @@ fn a_jobs_gpus_are_held_while_it_runs_and_containers_inside_it_get_them() {
     // thinks are free. A job given one of them fails its prolog, and Slurm keeps the job
     // off the node and drains it, instead of running two users on one GPU.
     let clash = BatchJob::submit(&cluster, g, None, "gpu:4");
-    let node = cluster.until("the prolog's refusal drains the node", || {
-        let node = cluster.show("node", NODE);
-        node.contains("DRAIN").then_some(node)
-    });
-    assert!(node.contains("Reason=Prolog error"), "{node}");
-    let state = cluster.show("job", &clash.id.to_string());
-    assert!(
-        state.contains("Reason=launch_failed_requeued_held"),
-        "{state}"
-    );
-    assert!(!clash.file("started").exists(), "the job never ran");
     // slurmd logs the prolog's output: gpupin's one line, naming the holder in the way.
-    let log = cluster.slurmd_log();
-    let failed = log
-        .lines()
-        .find(|l| l.contains("prolog failed"))
-        .unwrap_or_else(|| panic!("no prolog failure in slurmd's log:\n{log}"));
+    let failed = prolog_failure(&cluster, &clash);
     assert!(
         failed.contains("output:gpupin: cannot allocate")
             && failed.contains(&format!(
@@ -476,23 +482,8 @@ fn a_drained_gpu_slurm_gives_a_job_fails_its_prolog_with_the_drains_line() {
     exec_support::ok(&g, None, &args);
 
     let job = BatchJob::submit(&cluster, &g, None, "gpu:1");
-    let node = cluster.until("the prolog's refusal drains the node", || {
-        let node = cluster.show("node", NODE);
-        node.contains("DRAIN").then_some(node)
-    });
-    assert!(node.contains("Reason=Prolog error"), "{node}");
-    let state = cluster.show("job", &job.id.to_string());
-    assert!(
-        state.contains("Reason=launch_failed_requeued_held"),
-        "{state}"
-    );
-    assert!(!job.file("started").exists(), "the job never ran");
     // slurmd logs the prolog's output: gpupin's one line, naming the drain.
-    let log = cluster.slurmd_log();
-    let failed = log
-        .lines()
-        .find(|l| l.contains("prolog failed"))
-        .unwrap_or_else(|| panic!("no prolog failure in slurmd's log:\n{log}"));
+    let failed = prolog_failure(&cluster, &job);
     let gpu = failed
         .split_once("output:gpupin: cannot allocate GPU ")
         .and_then(|(_, rest)| rest.split_once(' '))
