@@ -209,6 +209,18 @@ fn an_xid_fence_follows_the_drivers_condition_and_goes_with_its_reset() {
     let (_t, l) = ledger();
     let inv = machine(3);
     let gpu = |i: usize| &inv.gpus[i];
+    // A condition's fence goes by itself once the condition does.
+    let remap = l
+        .fence_health(
+            gpu(0).into(),
+            FenceState::NeedsReset,
+            "row remap pending",
+            true,
+        )
+        .unwrap()
+        .unwrap();
+    assert!(remap.until_clear);
+    assert_eq!(l.clear_health(gpu(0)).unwrap(), Some(remap));
     l.fence_health(gpu(0).into(), FenceState::NeedsReset, "XID 48", false)
         .unwrap();
     assert_eq!(
@@ -372,4 +384,45 @@ fn a_gpu_being_reset_goes_to_no_one_and_after_it_only_an_admins_drain_stays() {
         .unwrap();
     assert_eq!(cleared.map(|f| f.reason), Some("XID 48".to_string()));
     assert!(l.fences().unwrap().of("GPU-test-0").is_none());
+}
+
+/// Every fence set or taken away, and every health event that fences nothing, is a line
+/// of the trail: what, which GPU (or instance) by the name people use, who, why.
+#[test]
+fn fences_and_health_events_are_in_the_trail() {
+    let (_t, l) = ledger();
+    let inv = sim::machine("dgxa100mig").unwrap();
+    let whole = inv.gpus.iter().find(|g| !g.in_mig_mode()).unwrap();
+    let instance = inv.mig_instances().next().unwrap();
+    l.drain(&[whole], "fan swap", "alice").unwrap();
+    l.fence_health(instance.into(), FenceState::NeedsReset, "XID 48", false)
+        .unwrap();
+    l.note_health(whole.into(), "restart-app", "XID 13");
+    l.undrain(&[whole.uuid.as_str()], "root").unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(l.dir().join("audit.log"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let seen: Vec<[String; 5]> = lines
+        .iter()
+        .map(|e| {
+            ["event", "holder", "user", "code", "reason"]
+                .map(|k| e[k].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    let gpu = format!("gpu-{}", whole.index);
+    let inst = format!("gpu-{}", instance.address());
+    let row = |a: &str, b: &str, c: &str, d: &str, e: &str| [a, b, c, d, e].map(str::to_string);
+    assert_eq!(
+        seen,
+        [
+            row("drain", &gpu, "alice", "drained", "fan swap"),
+            row("drain", &inst, "gpupin serve", "needs-reset", "XID 48"),
+            row("health", &gpu, "gpupin serve", "restart-app", "XID 13"),
+            row("undrain", &gpu, "root", "drained", "was drained: fan swap"),
+        ]
+    );
+    assert_eq!(lines[1]["gpus"][0]["uuid"], instance.uuid.as_str());
+    assert_eq!(lines[1]["gpus"][0]["index"], instance.parent_index);
 }

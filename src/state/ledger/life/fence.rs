@@ -125,11 +125,8 @@ impl Ledger {
         let Some(before) = fences.of(&gpu.uuid) else {
             return Ok(None);
         };
-        if before.by != HEALTH_BY
-            || before.state == FenceState::Drained
-            || before.until_clear
-            || !follows(before.state, condition)
-        {
+        // Only the health's own fences: an admin's drain (or a reset's) is not its.
+        if before.by != HEALTH_BY || before.until_clear || !follows(before.state, condition) {
             return Ok(None);
         }
         let fence = Fence {
