@@ -74,12 +74,7 @@ pub fn undrain(config: &Config, keys: &[String], by: &str) -> Result<Undrained, 
     let mut named: Vec<(String, Vec<&str>)> = Vec::new();
     for key in keys {
         let (address, uuids) = match inventory.find(key) {
-            Some(gpu) => (
-                gpu.index.to_string(),
-                std::iter::once(gpu.uuid.as_str())
-                    .chain(gpu.mig_instances().iter().map(|m| m.uuid.as_str()))
-                    .collect(),
-            ),
+            Some(gpu) => (gpu.index.to_string(), gpu.uuids().collect()),
             None => match inventory.find_mig(key) {
                 Some(m) => (m.address(), vec![m.uuid.as_str()]),
                 None => return Err(unknown(&inventory, key)),

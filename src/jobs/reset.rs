@@ -145,14 +145,19 @@ fn already_resetting(gpus: &[&Gpu], before: &[Option<Fence>]) -> Option<ResetErr
 
 /// Refuses a GPU that someone holds: the reset would end their work.
 fn refuse_held(ledger: &Ledger, gpus: &[&Gpu]) -> Result<(), ResetError> {
+    // The ledger read once for all of them.
+    let live = ledger.holders_of_gpus(gpus)?;
     for gpu in gpus {
-        let holders: Vec<Record> = ledger.holders_of_gpus(&[gpu])?;
+        let holders: Vec<&Record> = live
+            .iter()
+            .filter(|r| r.gpus.iter().any(|u| gpu.uuids().any(|own| own == u)))
+            .collect();
         if !holders.is_empty() {
             return Err(ResetError::Held {
                 gpu: gpu.index,
                 holders: holders
                     .iter()
-                    .map(Record::shown_name)
+                    .map(|r| r.shown_name())
                     .collect::<Vec<_>>()
                     .join(", "),
                 has: if holders.len() == 1 { "holds" } else { "hold" },

@@ -36,6 +36,12 @@ impl Gpu {
     pub fn mig_instances(&self) -> &[MigInstance] {
         self.mig.as_deref().unwrap_or(&[])
     }
+
+    /// Its UUID, then its MIG instances': every unit of it the ledger may key.
+    pub fn uuids(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.uuid.as_str())
+            .chain(self.mig_instances().iter().map(|m| m.uuid.as_str()))
+    }
 }
 
 /// A character device node a container needs, with its path inside the container.

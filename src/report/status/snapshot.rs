@@ -132,8 +132,7 @@ impl Snapshot {
         let now = SystemTime::now();
         // A GPU's holders, or for a GPU in MIG mode its instances'.
         let holders = |g: &Gpu| {
-            std::iter::once(g.uuid.as_str())
-                .chain(g.mig_instances().iter().map(|m| m.uuid.as_str()))
+            g.uuids()
                 .flat_map(|uuid| holders_of(uuid, &self.records))
                 .collect::<Vec<_>>()
         };

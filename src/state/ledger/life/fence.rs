@@ -261,13 +261,7 @@ impl Ledger {
     /// The live holders that hold any of `gpus` (a MIG instance of one included): who a
     /// drained GPU waits for.
     pub fn holders_of_gpus(&self, gpus: &[&Gpu]) -> Result<Vec<Record>, LedgerError> {
-        let uuids: Vec<&str> = gpus
-            .iter()
-            .flat_map(|g| {
-                std::iter::once(g.uuid.as_str())
-                    .chain(g.mig_instances().iter().map(|m| m.uuid.as_str()))
-            })
-            .collect();
+        let uuids: Vec<&str> = gpus.iter().flat_map(|g| g.uuids()).collect();
         self.holders_of(&uuids)
     }
 
