@@ -8,6 +8,7 @@ mod exec_support;
 
 use exec_support::{User, audit, gpupin, ok, refused, requirements, run};
 use serde_json::Value;
+use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -193,4 +194,67 @@ fn exec_id(g: &gpupin_sandbox::harness::Gpupin) -> String {
         .and_then(|e| e["holder"].as_str())
         .unwrap()
         .to_string()
+}
+
+/// A user who could pause `gpupin serve`'s GPU health watch (what `gpupin reset` asks
+/// for) would keep every GPU's failures from being seen: the daemon refuses the pause and
+/// the resume from anyone but root, audits the attempt and goes on; `gpupin reset` itself
+/// is root's.
+#[test]
+fn only_root_pauses_the_health_watch_or_resets_a_gpu() {
+    let test = "only_root_pauses_the_health_watch";
+    if !requirements(test) {
+        return;
+    }
+    let g = gpupin("");
+    let mut daemon = exec_support::Daemon::start(&g);
+    let mallory = User::create("hpm");
+    let socket = g.state_dir.join("gpupin.sock");
+    // A hand-made client, run as the user: the kernel tells the daemon who connects.
+    let ask = |request: &str| -> Value {
+        let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(sys.argv[2].encode()+b'\\n')\nprint(s.makefile().readline(),end='')";
+        let out = std::process::Command::new("python3")
+            .args(["-c", script])
+            .arg(&socket)
+            .arg(request)
+            .uid(mallory.uid)
+            .gid(mallory.gid)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let paused = ask(r#"{"op":"pause_health","secs":600}"#);
+    assert_eq!(
+        paused["error"],
+        format!(
+            "only root may pause the GPU health watch (uid {} asked)",
+            mallory.uid
+        )
+    );
+    let resumed = ask(r#"{"op":"resume_health"}"#);
+    assert_eq!(
+        resumed["error"],
+        format!(
+            "only root may resume the GPU health watch (uid {} asked)",
+            mallory.uid
+        )
+    );
+    let refusals: Vec<Value> = audit(&g)
+        .into_iter()
+        .filter(|e| e["event"] == "refuse" && e["code"] == "not_yours")
+        .collect();
+    assert_eq!(refusals.len(), 2, "{refusals:?}");
+    assert!(daemon.running(), "{}", daemon.log());
+
+    let line = refused(&g, Some(&mallory), &["reset", "1"]);
+    assert_eq!(
+        line,
+        "gpupin: gpupin reset changes which GPUs everyone may get: run it as root (sudo gpupin reset ...)"
+    );
 }

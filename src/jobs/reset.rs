@@ -31,7 +31,7 @@ pub enum ResetError {
     #[error(transparent)]
     Inventory(#[from] InventoryError),
     #[error(transparent)]
-    Named(#[from] DrainError),
+    Named(DrainError),
     #[error(
         "cannot reset GPU {gpu}: {holders} still {has} it, and a reset ends their work; wait for them (gpupin drain {gpu} --wait) or gpupin evict them first"
     )]
@@ -44,6 +44,10 @@ pub enum ResetError {
         "cannot reset GPU {gpu}: it is in MIG mode with instances, which a reset destroys; reset it with nvidia-smi --gpu-reset -i {uuid}, create its instances again, then gpupin undrain {gpu}"
     )]
     MigInstances { gpu: u32, uuid: String },
+    #[error(
+        "{key:?} is a MIG instance: gpupin reset takes whole GPUs, and a reset is its GPU's (GPU {gpu})"
+    )]
+    MigInstanceNamed { key: String, gpu: u32 },
     #[error("cannot pause gpupin serve's GPU health watch for the reset: {0}")]
     Pause(String),
     #[error(
@@ -72,7 +76,11 @@ pub fn reset(
     nvidia_smi: &Path,
 ) -> Result<Vec<Outcome>, ResetError> {
     let inventory = config.load_inventory()?;
-    let gpus = crate::jobs::drain::named(&inventory, keys)?;
+    let gpus = crate::jobs::drain::named(&inventory, keys).map_err(|e| match e {
+        // drain's words for it would send the admin to drain.
+        DrainError::MigInstance { key, gpu } => ResetError::MigInstanceNamed { key, gpu },
+        other => ResetError::Named(other),
+    })?;
     if let Some(gpu) = gpus.iter().find(|g| !g.mig_instances().is_empty()) {
         return Err(ResetError::MigInstances {
             gpu: gpu.index,
@@ -222,5 +230,22 @@ mod tests {
             already_resetting(&gpus, &[None, fence(RESETTING, FenceState::NeedsReset)]).is_none()
         );
         assert!(already_resetting(&gpus, &[None, None]).is_none());
+    }
+
+    /// A MIG instance named is refused in reset's words, not drain's, changing nothing.
+    #[test]
+    fn a_mig_instance_named_is_refused_in_one_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = Config {
+            inventory: "sim:dgxa100mig".parse().unwrap(),
+            ..crate::input::config::testing::sim8_in(tmp.path())
+        };
+        let err = reset(&config, &["0:1".into()], "root", Path::new("/bin/false")).unwrap_err();
+        assert_eq!(
+            crate::base::message::one_line(&err),
+            "\"0:1\" is a MIG instance: gpupin reset takes whole GPUs, and a reset is its GPU's (GPU 0)"
+        );
+        let ledger = crate::state::open_ledger(&config).unwrap();
+        assert!(ledger.fences().unwrap().is_empty());
     }
 }
